@@ -90,6 +90,8 @@ class Device {
   // else the current mode.
   int target_mode() const;
   bool busy() const { return busy_; }
+  // I/O in flight or queued (a transition alone is not work).
+  bool has_work() const { return busy_ || !queue_.empty(); }
   bool idle() const { return !busy_ && !transitioning_ && queue_.empty(); }
   // When the device last became idle (no I/O in flight or queued).
   TimePoint idle_since() const { return idle_since_; }
