@@ -1,6 +1,7 @@
 #include "common/simulator.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -122,11 +123,14 @@ class Run {
     }
   }
 
+  // The simulated cache has no byte cap, so Insert cannot fail or evict.
   void AddToCache(const std::string& key, Bytes size) {
     CacheEntry e;
     e.size = size;
-    e.residence = Residence::kDisk;
-    index_.Insert(key, e);
+    e.where = Residence::kDisk;
+    Result<std::vector<std::string>> evicted = index_.Insert(key, e);
+    assert(evicted.ok() && evicted->empty());
+    (void)evicted;
   }
 
   void Issue(const Trace& t, std::size_t i, std::function<void()> done) {
@@ -169,7 +173,7 @@ class Run {
     const CacheEntry* entry = index_.Find(key);
     if (entry) index_.Touch(key);
     bool queued = entry && queue_->Contains(key);
-    bool on_disk = entry && HasResidence(entry->residence, Residence::kDisk);
+    bool on_disk = entry && entry->where.Has(Residence::kDisk);
     Source source = Source::kNetwork;
     if (options_.policy != SimPolicy::kAdaptive) {
       if (queued) source = Source::kMemory;
@@ -217,10 +221,7 @@ class Run {
 
   // A fetched object enters the cache: a background write of its body.
   void Fill(const std::string& key, Bytes size) {
-    CacheEntry e;
-    e.size = size;
-    e.residence = Residence::kDisk;
-    index_.Insert(key, e);
+    AddToCache(key, size);
     WriteRecord r;
     r.key = key;
     r.length = size;
