@@ -41,6 +41,7 @@ enum class Residence : std::uint8_t {
   kWriteQueue = 1 << 0,  // deferred write, still in memory
   kFlashLog = 1 << 1,    // spilled to the flash log (NVCache role)
   kDisk = 1 << 2,        // in the disk cache
+  kMemory = 1 << 3,      // a clean copy in RAM (the page cache)
 };
 
 // A small set of Residences (an object may be both queued and on disk, e.g. after an update
@@ -72,7 +73,7 @@ class Residences {
   friend constexpr bool operator==(Residences, Residences) = default;
 
  private:
-  static constexpr std::uint8_t kAllBits = 0x7;
+  static constexpr std::uint8_t kAllBits = 0xf;
   std::uint8_t bits_ = 0;
 };
 

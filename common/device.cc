@@ -115,7 +115,10 @@ IoPlan Device::PlanIo(const IoRequest& io, int mode, TimePoint start) const {
     Bandwidth bw = io.write ? (m.io.write_bandwidth.is_zero() ? link_->up : m.io.write_bandwidth)
                             : (m.io.read_bandwidth.is_zero() ? link_->down : m.io.read_bandwidth);
     TimePoint t = start;
-    for (int i = 0; i < link_->round_trips; ++i) {
+    bool warm = last_transfer_end_ && link_->keepalive > Duration::zero() &&
+                start - *last_transfer_end_ <= link_->keepalive;
+    int round_trips = warm ? link_->warm_round_trips : link_->round_trips;
+    for (int i = 0; i < round_trips; ++i) {
       t += link_->rtt();
       if (m.beacon_interval > Duration::zero()) {
         // The reply waits at the access point for the next beacon.
@@ -200,6 +203,7 @@ void Device::BeginIo(Op op) {
 
 void Device::EndIo() {
   busy_ = false;
+  if (profile_.kind == DeviceKind::kNetwork) last_transfer_end_ = clock_.Now();
   Report(mode_, IdlePower(mode_));
   Op op = std::move(current_);
   current_ = Op();

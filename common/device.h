@@ -109,7 +109,9 @@ class Device {
 
   // The phases of an I/O started at `start` in `mode` (which must serve I/O). Network round
   // trips in a beacon mode end at the next beacon after the reply arrives; beacons fall on
-  // multiples of the beacon interval since the clock's epoch (DESIGN §7).
+  // multiples of the beacon interval since the clock's epoch (DESIGN §7). A network request
+  // within the link's keep-alive time of the last transfer's end reuses the connection
+  // (Link::warm_round_trips).
   IoPlan PlanIo(const IoRequest& io, int mode, TimePoint start) const;
 
   void AssertInvariants() const;
@@ -147,6 +149,7 @@ class Device {
   TimePoint busy_until_{};
   TimePoint transition_end_{};
   TimePoint idle_since_{};
+  std::optional<TimePoint> last_transfer_end_;  // network: for connection reuse
   TimerId timer_ = kNoTimer;       // transition end, I/O phase or I/O end
   TimerId pump_timer_ = kNoTimer;  // deferred start of work submitted while idle
 };

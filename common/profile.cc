@@ -291,8 +291,13 @@ Result<MachineProfile> ParseMachineProfile(const std::string& text, const std::s
   m.link.down = Bandwidth::KilobitsPerSecond(l.Number("down_kbit_s", true));
   m.link.up = Bandwidth::KilobitsPerSecond(l.Number("up_kbit_s", true));
   m.link.round_trips = static_cast<int>(l.Number("round_trips", false, 1));
+  m.link.warm_round_trips = static_cast<int>(l.Number("warm_round_trips", false, m.link.round_trips));
+  m.link.keepalive = Seconds(l.Number("keepalive_s", false, 0));
   if (!l.status().ok()) return l.status();
   if (m.link.down.is_zero() || m.link.up.is_zero()) return Bad(source, link->source(), "link bandwidths must be positive");
+  if (m.link.round_trips < 1 || m.link.warm_round_trips < 1 || m.link.warm_round_trips > m.link.round_trips) {
+    return Bad(source, link->source(), "round_trips must be ≥ 1 and warm_round_trips between 1 and round_trips");
+  }
   const toml::node* devs = t.get("devices");
   const toml::array* arr = devs ? devs->as_array() : nullptr;
   if (!arr) return Bad(source, t.source(), "a machine profile needs devices = [\"name\", ...]");

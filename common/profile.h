@@ -88,6 +88,11 @@ struct Link {
   // Round trips before the first byte of a reply (connection set-up, request, slow start),
   // chosen so the paper's Figure 3 calibration holds (DESIGN §5).
   int round_trips = 1;
+  // A request on a connection kept alive from an earlier transfer skips the handshake: it
+  // takes `warm_round_trips`, if it starts within `keepalive` of the last transfer's end
+  // (zero keepalive: every request opens a new connection).
+  int warm_round_trips = 1;
+  Duration keepalive{0};
   Duration rtt() const { return 2 * one_way_delay; }
 };
 

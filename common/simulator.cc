@@ -32,7 +32,8 @@ class Run {
         network_(clock_, network, &machine.link,
                  options.policy == SimPolicy::kNone ? network.HighPowerMode() : network.LowestMode()),
         cost_(pm_, CostModel::Options{.ghost_hints = options.ghost_hints}),
-        index_(clock_) {
+        index_(clock_),
+        page_cache_(clock_, options.page_cache) {
     storage_id_ = pm_.Register(&storage_, MakeStoragePolicy());
     network_id_ = pm_.Register(&network_, MakeNetworkPolicy());
     WriteQueueOptions wq;
@@ -63,8 +64,10 @@ class Run {
       TimePoint at = std::max(clock_.Now(), EventTime(trace, i));
       clock_.ScheduleAt(at, [&, next, i] {
         TimePoint start = clock_.Now();
+        log_.push_back({start, Duration::zero(), "", 0, ""});
         Issue(trace, i, [&, next, i, start] {
           responses_.push_back(clock_.Now() - start);
+          log_[i].response = clock_.Now() - start;
           (*next)(i + 1);
         });
       });
@@ -158,9 +161,11 @@ class Run {
           r.offset = e.sector * kSectorSize;
           r.length = size;
           queue_->Add(std::move(r));
+          Note("block", size, "write");
           clock_.ScheduleAfter(Duration::zero(), std::move(done));
         } else {
           ++sources_["disk"];
+          Note("block", size, "disk");
           storage_.Submit({size, false}, std::move(done));
         }
         break;
@@ -172,7 +177,8 @@ class Run {
   void Read(const std::string& key, Bytes size, std::function<void()> done) {
     const CacheEntry* entry = index_.Find(key);
     if (entry) index_.Touch(key);
-    bool queued = entry && queue_->Contains(key);
+    bool queued = (entry && queue_->Contains(key)) || page_cache_.Touch(key);
+    Remember(key, size);
     bool on_disk = entry && entry->where.Has(Residence::kDisk);
     Source source = Source::kNetwork;
     if (options_.policy != SimPolicy::kAdaptive) {
@@ -187,6 +193,7 @@ class Run {
       source = c.chosen.holder.source;
     }
     ++sources_[SourceName(source)];
+    Note(key, size, SourceName(source));
     switch (source) {
       case Source::kMemory:
         clock_.ScheduleAfter(CostModel::Options().memory_bandwidth.TimeFor(size), std::move(done));
@@ -204,8 +211,18 @@ class Run {
     }
   }
 
+  // The object's bytes pass through RAM: keep a clean copy (LRU within the page cache).
+  void Remember(const std::string& key, Bytes size) {
+    if (options_.page_cache == 0 || size > options_.page_cache) return;
+    CacheEntry e;
+    e.size = size;
+    e.where = Residence::kMemory;
+    (void)page_cache_.Insert(key, e);  // evicts the least recently used copies
+  }
+
   void Upload(Bytes size, std::function<void()> done) {
     ++uploads_;
+    Note("upload", size, "upload");
     Transfer({size, true}, std::move(done));
   }
 
@@ -222,10 +239,19 @@ class Run {
   // A fetched object enters the cache: a background write of its body.
   void Fill(const std::string& key, Bytes size) {
     AddToCache(key, size);
+    Remember(key, size);
     WriteRecord r;
     r.key = key;
     r.length = size;
     queue_->Add(std::move(r));
+  }
+
+  // Describes the request being issued (the last one logged).
+  void Note(const std::string& key, Bytes size, const char* source) {
+    RequestRecord& r = log_.back();
+    r.key = key;
+    r.size = size;
+    r.source = source;
   }
 
   SimResult Report(const Trace& trace) {
@@ -272,6 +298,7 @@ class Run {
     r.uploads = uploads_;
     r.write_batches = write_batches_;
     r.bytes_written = bytes_written_;
+    r.log = std::move(log_);
     return r;
   }
 
@@ -285,8 +312,10 @@ class Run {
   DeviceId network_id_ = -1;
   CostModel cost_;
   CacheIndex index_;
+  CacheIndex page_cache_;  // clean copies in RAM
   std::unique_ptr<WriteQueue> queue_;
   std::vector<Duration> responses_;
+  std::vector<RequestRecord> log_;
   std::map<std::string, int> sources_;
   int uploads_ = 0;
   int write_batches_ = 0;

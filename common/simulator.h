@@ -20,6 +20,10 @@
 // last request has completed and every deferred write has been flushed, and that flush's
 // energy counts. Response time runs from a request's start to its last byte.
 //
+// Every policy keeps recently read and written objects in a RAM page cache (LRU, byte cap
+// `page_cache`), as the kernel does under the live filesystem; a read that hits it is served
+// from memory.
+//
 // Web: `cached 1` objects are in the disk cache at the start; others come from the network and
 // are then cached. Mail: the mailbox is cached at the start (disconnected operation); READ
 // reads a message, SEND uploads one and files a copy (a background write). Block: R reads
@@ -50,6 +54,9 @@ struct SimOptions {
   bool ghost_hints = true;          // adaptive only
   DiskPolicyKind disk_policy = DiskPolicyKind::kStpm;  // adaptive only
   Bytes write_queue_cap = 4 * 1024 * 1024;             // DESIGN §3.5 default
+  // RAM that keeps clean copies of recently read or written objects (the page cache: the
+  // live filesystem's reads of such objects never reach the daemon). 0 disables it.
+  Bytes page_cache = 8 * 1024 * 1024;
   bool compute_lower_bound = true;  // runs the no-power-management replay as well
 };
 
@@ -64,6 +71,15 @@ struct DeviceResult {
   int transitions = 0;
   int ghost_hints_received = 0;
   std::string policy;  // the policy's Describe() at the end of the run
+};
+
+// One request as the client saw it.
+struct RequestRecord {
+  TimePoint start;
+  Duration response{0};
+  std::string key;
+  Bytes size = 0;
+  std::string source;  // memory, disk, network (upload for SEND, write for block W)
 };
 
 struct SimResult {
@@ -86,6 +102,7 @@ struct SimResult {
   int uploads = 0;
   int write_batches = 0;
   Bytes bytes_written = 0;
+  std::vector<RequestRecord> log;  // every request, in order
 };
 
 const char* SimPolicyName(SimPolicy p);

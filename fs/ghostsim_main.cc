@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   bool pretty = false;
   std::string sweep;
   std::string trace_path;
+  std::string requests_path;
   app.add_option("--profile", profile,
                  "machine or device profile: a shipped name (" + ghost::DefaultProfileDir() +
                      ") or a .toml file")
@@ -78,6 +80,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--knob-sweep", sweep, "run once per knob value, e.g. 0,50,90,95,99,100");
   app.add_flag("--pretty", pretty, "indent the JSON");
+  app.add_option("--requests", requests_path,
+                 "also write every request (start_s, response_ms, source, size, key) as CSV "
+                 "to this file (the last run's, with --knob-sweep)");
   app.add_option("TRACE", trace_path, "trace file (see common/traces/README.md)")->required();
   try {
     app.parse(argc, argv);
@@ -110,6 +115,15 @@ int main(int argc, char** argv) {
     ghost::Result<ghost::SimResult> r = ghost::Simulate(*machine, *trace, o);
     if (!r.ok()) return Fail(r.status().message());
     std::cout << ghost::ToJson(*r).dump(pretty ? 2 : -1) << "\n";
+    if (!requests_path.empty()) {
+      std::ofstream csv(requests_path);
+      if (!csv) return Fail("cannot write " + requests_path);
+      csv << "start_s,response_ms,source,size,key\n";
+      for (const ghost::RequestRecord& q : r->log) {
+        csv << ghost::ToSeconds(q.start) << "," << ghost::ToMillis(q.response) << "," << q.source << ","
+            << q.size << "," << q.key << "\n";
+      }
+    }
   }
   return 0;
 }

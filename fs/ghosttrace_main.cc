@@ -128,6 +128,7 @@ int Main(int argc, char** argv) {
   std::uint64_t seed = 1;
   double duration_s = 0;
   std::size_t objects = WebTraceOptions{}.unique_objects;
+  double revisits = WebTraceOptions{}.revisit_fraction;
   std::size_t messages = MailTraceOptions{}.messages;
   std::size_t sends = MailTraceOptions{}.sends;
   std::string output;
@@ -152,6 +153,9 @@ int Main(int argc, char** argv) {
     sub->add_option("--objects", objects, "distinct URLs")
         ->capture_default_str()
         ->check(CLI::Range(std::size_t{0}, std::size_t{1'000'000}));
+    sub->add_option("--revisits", revisits, "fraction of page views that revisit an earlier page")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 0.95));
   }
   CLI::App* mail = generator("mail", "a user catching up on mail: READs of INBOX and SENDs",
                              ToSeconds(MailTraceOptions{}.duration));
@@ -180,6 +184,7 @@ int Main(int argc, char** argv) {
     WebTraceOptions o;
     o.seed = seed;
     o.unique_objects = objects;
+    o.revisit_fraction = revisits;
     if (custom_duration) o.duration = Seconds(duration_s);
     return Emit(web->parsed() ? GenerateWebTrace(o) : GenerateAllCachedWebTrace(o), output,
                 command);

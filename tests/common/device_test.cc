@@ -122,3 +122,22 @@ TEST_F(DeviceTest, EventsReportModesAndIo) {
 
 }  // namespace
 }  // namespace ghost
+
+namespace ghost {
+namespace {
+
+TEST_F(DeviceTest, KeptAliveConnectionSkipsTheHandshake) {
+  Device net(clock_, Net(), &machine_.link, 0);  // CAM: round trips are plain RTTs
+  ASSERT_EQ(machine_.link.round_trips, 4);
+  ASSERT_EQ(machine_.link.warm_round_trips, 3);
+  EXPECT_EQ(net.PlanIo({0, false}, 0, clock_.Now()).wait, 4 * machine_.link.rtt());  // cold
+  net.Submit({1000, false}, nullptr);
+  clock_.RunUntilIdle();
+  EXPECT_EQ(net.PlanIo({0, false}, 0, clock_.Now() + Seconds(1)).wait, 3 * machine_.link.rtt());
+  // After the keep-alive time the connection is gone.
+  EXPECT_EQ(net.PlanIo({0, false}, 0, clock_.Now() + machine_.link.keepalive + Seconds(1)).wait,
+            4 * machine_.link.rtt());
+}
+
+}  // namespace
+}  // namespace ghost

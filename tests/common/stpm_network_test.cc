@@ -21,10 +21,16 @@ constexpr Duration kThink = Millis(100);  // between the transfers of a run
 constexpr Duration kBetweenRuns = Seconds(5);
 
 // One machine: the Cisco 350 behind the ipaq-2004 link, base power 1.44 W, the card starting
-// in PSM and managed by an StpmNetworkPolicy.
+// in PSM and managed by an StpmNetworkPolicy. Every transfer opens a new connection (no
+// keep-alive), so each pays the full round trips of the link.
+Link ColdLink(Link link) {
+  link.keepalive = Duration::zero();
+  return link;
+}
+
 struct Rig {
   Rig(const MachineProfile& machine, const DeviceProfile& card, int knob)
-      : link(machine.link), nic(clock, card, &link, kPsm), pm(clock, Power::Watts(1.44), knob) {
+      : link(ColdLink(machine.link)), nic(clock, card, &link, kPsm), pm(clock, Power::Watts(1.44), knob) {
     auto p = std::make_unique<StpmNetworkPolicy>();
     policy = p.get();
     id = pm.Register(&nic, std::move(p));
