@@ -1,5 +1,7 @@
 #include "common/write_queue.h"
 
+#include <cstring>
+
 #include <cassert>
 #include <cstdio>
 #include <cstdlib>
@@ -293,6 +295,27 @@ std::optional<std::string> WriteQueue::Read(const std::string& key, Bytes offset
     }
   }
   return std::nullopt;
+}
+
+Bytes WriteQueue::QueuedEnd(const std::string& key) const {
+  Bytes end = 0;
+  for (const WriteRecord* r : PendingRecords(key)) end = std::max(end, r->offset + r->length);
+  return end;
+}
+
+void WriteQueue::Overlay(const std::string& key, Bytes offset, char* buf, std::size_t length) const {
+  std::vector<const WriteRecord*> pending = PendingRecords(key);
+  if (pending.empty() || length == 0) return;
+  for (const WriteRecord& r : MergeWriteRecords(pending)) {
+    Bytes from = std::max(offset, r.offset);
+    Bytes to = std::min(offset + length, r.offset + r.length);
+    if (from >= to) continue;
+    if (r.data.empty()) {
+      std::memset(buf + (from - offset), 0, to - from);
+    } else {
+      std::memcpy(buf + (from - offset), r.data.data() + (from - r.offset), to - from);
+    }
+  }
 }
 
 bool WriteQueue::Covers(const std::string& key, Bytes offset, Bytes length) const {

@@ -135,6 +135,12 @@ class WriteQueue {
   bool Contains(const std::string& key) const;
   // Distinct bytes of `key` held by pending writes (queued or with the writer).
   Bytes QueuedBytes(const std::string& key) const;
+  // One past the last byte of `key` that is not yet durable (0 if none): a file's size must
+  // cover queued writes beyond its end on the disk.
+  Bytes QueuedEnd(const std::string& key) const;
+  // Copies every byte of `key` that is not yet durable and falls in [offset, offset + length)
+  // over `buf` (later writes win), leaving the other bytes of `buf` as they are.
+  void Overlay(const std::string& key, Bytes offset, char* buf, std::size_t length) const;
 
   // Bytes waiting in the queue (the sum of lengths that the cap applies to), and records.
   Bytes queued_bytes() const { return queued_bytes_; }

@@ -1,0 +1,62 @@
+// GhostfsOptions: every setting of the ghostfs daemon, from the command line or a config file
+// (TOML, the same keys), parsed once and passed by const& (after leveldb's options.h).
+//
+// Config file (all keys optional; the command line wins over the file):
+//
+//   cache = "/var/cache/ghost"        # cache directory (created if missing)
+//   cache_size = "2G"                 # hard byte cap of the cache (K, M, G suffixes)
+//   profile = "ipaq-2004"             # emulated devices; absent: devices always ready
+//   knob = 50                         # 0 = save energy … 100 = performance
+//   control = "/run/ghost/control.sock"
+//   max_stale = 0                     # seconds a stale object may still be served
+//   heuristic_freshness = 300         # seconds, when a reply gives no freshness at all
+//   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
+//   [origins]
+//   www = "http://127.0.0.1:8080/"
+//
+// Thread-safety: plain values; the parsers are reentrant.
+#ifndef GHOST_COMMON_CONFIG_H_
+#define GHOST_COMMON_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+
+namespace ghost {
+
+struct Origin {
+  std::string name;  // the top-level directory: [A-Za-z0-9._-]+, not "local", not "." / ".."
+  std::string url;   // http:// or https://, ending in '/'
+};
+
+struct GhostfsOptions {
+  std::string cache_dir;
+  Bytes cache_size = 0;  // 0 = unlimited
+  std::vector<Origin> origins;
+  std::string profile;   // empty: an ideal machine whose devices are always ready
+  int knob = 50;
+  std::string control_path;  // empty: no control socket
+  Duration max_stale{0};
+  Duration heuristic_freshness = std::chrono::seconds(300);
+  Bytes write_queue_cap = 4 * 1024 * 1024;
+  bool foreground = false;
+  std::string mountpoint;
+  std::vector<std::string> fuse_options;  // the -o options, passed to libfuse
+};
+
+// "NAME=URL" → Origin, validated (name and URL rules above).
+[[nodiscard]] Result<Origin> ParseOrigin(const std::string& spec);
+// "4096", "64K", "2M", "1G" (binary multiples) → bytes.
+[[nodiscard]] Result<Bytes> ParseSize(const std::string& text);
+// Reads a config file into `options` (keys present in the file overwrite the fields).
+// Errors name the file and line.
+[[nodiscard]] Status LoadConfigFile(const std::string& path, GhostfsOptions* options);
+// Checks the combination: a cache dir, at least one origin or none (local only is fine),
+// unique origin names, knob in 0..100.
+[[nodiscard]] Status Validate(const GhostfsOptions& options);
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_CONFIG_H_

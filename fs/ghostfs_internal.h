@@ -1,0 +1,200 @@
+// The ghostfs daemon's internals, shared by its source files (ghostfs.cc: loop, FUSE table,
+// root and local/; origin_tree.cc: HTTP origins and the read path; control_ops.cc: the
+// control socket's operations). Nothing outside fs/ may include this.
+//
+// Thread-safety: everything runs on the daemon's one event-loop thread.
+#ifndef GHOST_FS_GHOSTFS_INTERNAL_H_
+#define GHOST_FS_GHOSTFS_INTERNAL_H_
+
+#define FUSE_USE_VERSION 34
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/autoindex.h"
+#include "common/cache_store.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "common/control.h"
+#include "common/cost_model.h"
+#include "common/device.h"
+#include "common/file_io.h"
+#include "common/http_fetcher.h"
+#include "common/power_manager.h"
+#include "common/profile.h"
+#include "common/write_queue.h"
+#include "fs/ghostfs.h"
+#include "fs/inode_table.h"
+
+struct event;
+struct event_base;
+
+namespace ghost {
+
+// What a read of an origin file last did, for the user.ghost.* attributes.
+struct Decision {
+  std::string source;     // memory | disk | network | stale
+  nlohmann::json cost;    // the estimates behind it
+};
+
+// A directory listing of an origin, as parsed from its HTML index.
+struct Listing {
+  std::vector<DirEntry> entries;
+  TimePoint expires{};
+  bool from_saved = false;  // loaded from the cache (possibly stale)
+};
+
+// An object being fetched from an origin: the bytes so far, and the reads waiting for more.
+struct Stream {
+  std::string key;       // cache key (the URL)
+  std::string data;
+  std::optional<Bytes> size;  // from Content-Length, once known
+  bool done = false;
+  Status status;         // set when done
+  bool emulated_ready = false;  // the emulated network device finished its part
+  bool no_body = false;   // a 304 or an error status: nothing to stream or cache
+  bool replaces = false;  // a changed object on revalidation: the fill replaces the copy
+  FetchId fetch = 0;
+  CacheEntry meta;       // validators and freshness from the reply head
+  bool storable = false;
+  struct Waiter {
+    fuse_req_t req;
+    Bytes offset;
+    std::size_t size;
+  };
+  std::deque<Waiter> waiters;
+  int opens = 0;
+};
+
+// One open file.
+struct Handle {
+  NodeKind kind = NodeKind::kLocal;
+  int fd = -1;                    // local/: the backing file
+  std::string key;                // origin: the URL; local/: the write-queue key
+  std::string source;             // origin: where this open reads from
+  std::shared_ptr<Stream> stream; // origin, network source
+};
+
+class Daemon final : public GhostFs {
+ public:
+  explicit Daemon(const GhostfsOptions& options);
+  ~Daemon() override;
+  Status Init();
+  int Run() override;
+
+  // ---- FUSE operations (one handler per op; every request gets exactly one reply) ----
+  void OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void OpForget(fuse_ino_t ino, uint64_t nlookup);
+  void OpGetattr(fuse_req_t req, fuse_ino_t ino);
+  void OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi);
+  void OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+  void OpReleasedir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi);
+  void OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi);
+  void OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi);
+  void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
+  void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
+  void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode);
+  void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name);
+  void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
+                const char* newname, unsigned int flags);
+  void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size);
+  void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+  void OpStatfs(fuse_req_t req, fuse_ino_t ino);
+
+ private:
+  // ---- set-up ----
+  Status LoadMachine();
+  Status OpenCache();
+  Status StartControl();
+  void OnFuseReadable();
+  void Shutdown();
+
+  // ---- attributes ----
+  struct stat DirStat(fuse_ino_t ino) const;
+  void ReplyEntry(fuse_req_t req, Node* n, const struct stat& st);
+
+  // ---- local/ ----
+  std::string LocalPath(const std::string& rel) const;  // relative to the local dirfd
+  static bool BadName(const char* name);
+  void LocalLookup(fuse_req_t req, Node* parent, const char* name);
+  Status LocalStat(const std::string& rel, struct stat* st);
+  std::string LocalKey(ino_t backing_ino) const { return "local:" + std::to_string(backing_ino); }
+  void FlushLocal(const std::string& key, std::function<void(Status)> done);
+  void LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off);
+  // The write queue's writer. Batches are applied one after another, in order.
+  void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
+  void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
+
+  // ---- origins (origin_tree.cc) ----
+  void OriginLookup(fuse_req_t req, Node* parent, const char* name);
+  void OriginGetattr(fuse_req_t req, Node* n);
+  void OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off);
+  void OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi);
+  void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off);
+  void OriginRelease(Handle& h);
+  // Answers the reads of `st` that its data (or its end) can answer.
+  void ServeStream(Stream& st);
+  std::optional<std::string> OriginXattr(Node* n, const std::string& name);
+  std::string OriginUrl(const Node* n) const;
+  // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
+  void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
+  void FillCommitted(const std::string& key);
+
+  // ---- control socket (control_ops.cc) ----
+  void HandleControl(const nlohmann::json& request, ControlServer::Reply reply);
+  nlohmann::json DevicesJson() const;
+  nlohmann::json StatsJson() const;
+  void PublishModes();
+
+ public:
+  // State the control operations and origin tree reach.
+  GhostfsOptions options_;
+  event_base* base_ = nullptr;
+  std::unique_ptr<RealClock> clock_;
+  MachineProfile machine_;
+  std::unique_ptr<Device> disk_, net_;
+  std::unique_ptr<PowerManager> pm_;
+  DeviceId disk_id_ = -1, net_id_ = -1;
+  std::unique_ptr<CostModel> cost_;
+  std::unique_ptr<FileIo> io_;
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<WriteQueue> queue_;
+  std::unique_ptr<HttpFetcher> http_;
+  std::unique_ptr<ControlServer> control_;
+  InodeTable inodes_;
+  fuse_session* se_ = nullptr;
+  event* fuse_ev_ = nullptr;
+  std::vector<event*> signal_evs_;
+  int local_dirfd_ = -1;
+  TimePoint started_{};
+
+  std::uint64_t next_fh_ = 1;
+  std::map<std::uint64_t, Handle> handles_;
+  std::map<std::string, Listing> listings_;               // by directory URL
+  std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
+  std::map<std::string, CacheEntry> pending_fills_;       // queued fills: their metadata
+  std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
+  bool writing_ = false;
+  std::map<ino_t, std::string> local_paths_;              // backing inode → rel path (for the writer)
+  std::map<fuse_ino_t, Decision> decisions_;
+  std::map<std::string, int> requests_by_source_;
+  std::uint64_t bytes_from_network_ = 0;
+  std::uint64_t bytes_from_cache_ = 0;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_FS_GHOSTFS_INTERNAL_H_

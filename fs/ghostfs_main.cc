@@ -1,0 +1,100 @@
+// ghostfs: mounts the energy-aware caching file system. See `ghostfs --help`.
+//
+// Exit codes: 0 clean unmount, 1 runtime failure (mount, cache), 2 bad options or config.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "common/config.h"
+#include "common/profile.h"
+#include "fs/ghostfs.h"
+
+int main(int argc, char** argv) {
+  ghost::GhostfsOptions o;
+  std::vector<std::string> origins;
+  std::string config, cache_size, max_stale, knob_text;
+  CLI::App app{
+      "ghostfs: an energy-aware caching file system over HTTP(S) origins.\n\n"
+      "Each origin appears as MOUNTPOINT/NAME/ (URL paths as files, HTML directory listings as\n"
+      "directories, read-only); MOUNTPOINT/local/ is an ordinary writable tree kept in the cache\n"
+      "directory. For every read, ghostfs picks the cached copy or the network, whichever costs\n"
+      "less given the devices' power modes and the knob (DESIGN.md §3.4)."};
+  app.add_flag("-f,--foreground", o.foreground, "stay in the foreground (log to stderr)");
+  app.add_option("--cache", o.cache_dir, "cache directory (created if missing); holds objects, the index and local/");
+  app.add_option("--origin", origins, "NAME=URL of an HTTP(S) origin, shown as MOUNTPOINT/NAME (repeatable)");
+  app.add_option("--profile", o.profile,
+                 "emulate the devices of this profile (a name from " + ghost::DefaultProfileDir() +
+                     " or a .toml file): power modes, spin-up and beacon delays, energy. Without it the "
+                     "devices are always ready and nothing is injected");
+  app.add_option("--knob", knob_text, "0 saves energy … 100 favours performance (default 50)");
+  app.add_option("--control", o.control_path, "Unix socket for ghostctl (mode 0600), e.g. /run/ghost/control.sock");
+  app.add_option("--config", config, "TOML file with the same settings (see common/config.h); the command line wins");
+  app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
+  app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
+  app.add_option("-o", o.fuse_options, "FUSE mount options (e.g. -o allow_other), repeatable");
+  app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ghostfs: %s (see --help)\n", e.what());
+    return 2;
+  }
+  auto fail = [](const std::string& msg) {
+    std::fprintf(stderr, "ghostfs: %s\n", msg.c_str());
+    return 2;
+  };
+  // The file first, then the command line over it.
+  if (!config.empty()) {
+    ghost::GhostfsOptions file;
+    if (ghost::Status s = ghost::LoadConfigFile(config, &file); !s.ok()) return fail(s.message());
+    if (o.cache_dir.empty()) o.cache_dir = file.cache_dir;
+    if (o.profile.empty()) o.profile = file.profile;
+    if (o.control_path.empty()) o.control_path = file.control_path;
+    if (knob_text.empty()) o.knob = file.knob;
+    if (cache_size.empty()) o.cache_size = file.cache_size;
+    if (max_stale.empty()) o.max_stale = file.max_stale;
+    o.heuristic_freshness = file.heuristic_freshness;
+    o.write_queue_cap = file.write_queue_cap;
+    o.origins = file.origins;
+  }
+  for (const std::string& spec : origins) {
+    ghost::Result<ghost::Origin> origin = ghost::ParseOrigin(spec);
+    if (!origin.ok()) return fail(origin.status().message());
+    o.origins.push_back(*origin);
+  }
+  if (!knob_text.empty()) {
+    try {
+      std::size_t used = 0;
+      o.knob = std::stoi(knob_text, &used);
+      if (used != knob_text.size()) throw std::invalid_argument(knob_text);
+    } catch (...) {
+      return fail("--knob \"" + knob_text + "\" is not a number in 0..100");
+    }
+  }
+  if (!cache_size.empty()) {
+    ghost::Result<ghost::Bytes> b = ghost::ParseSize(cache_size);
+    if (!b.ok()) return fail("--cache-size: " + b.status().message());
+    o.cache_size = *b;
+  }
+  if (!max_stale.empty()) {
+    try {
+      double s = std::stod(max_stale);
+      if (s < 0) throw std::invalid_argument(max_stale);
+      o.max_stale = ghost::Seconds(s);
+    } catch (...) {
+      return fail("--max-stale \"" + max_stale + "\" is not a number of seconds");
+    }
+  }
+  ghost::Result<std::unique_ptr<ghost::GhostFs>> fs = ghost::GhostFs::Create(o);
+  if (!fs.ok()) {
+    std::fprintf(stderr, "ghostfs: %s\n", fs.status().message().c_str());
+    return fs.status().code() == ghost::Status::Code::kInvalidArgument ||
+                   fs.status().code() == ghost::Status::Code::kNotFound
+               ? 2
+               : 1;
+  }
+  return (*fs)->Run();
+}

@@ -1,0 +1,495 @@
+// HTTP origins: the namespace (listings as directories) and the read path (DESIGN §3.4):
+// on open, the cost model picks the disk cache or the network; a network read streams to the
+// reader while it arrives and then fills the cache through the write queue; stale copies are
+// revalidated; an unreachable origin serves what the cache holds.
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+
+#include "common/http_freshness.h"
+#include "fs/ghostfs_internal.h"
+
+namespace ghost {
+namespace {
+
+constexpr double kAttrTimeout = 1.0;
+
+std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
+
+// Percent-encodes one path component for a URL (RFC 3986 unreserved characters stay).
+std::string EncodeComponent(const std::string& s) {
+  static const char* kHex = "0123456789ABCDEF";
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+std::string DirOf(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+std::string BaseOf(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+int ErrnoFor(const Status& s, int http_status) {
+  if (http_status == 404 || http_status == 410) return ENOENT;
+  if (http_status == 403 || http_status == 401) return EACCES;
+  if (!s.ok()) return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ? ENOTCONN : EIO;
+  return EIO;
+}
+
+const char kListingPrefix[] = "listing:";
+
+}  // namespace
+
+std::string Daemon::OriginUrl(const Node* n) const {
+  std::string url = options_.origins[n->origin].url;
+  std::string component;
+  for (std::size_t i = 0; i <= n->path.size(); ++i) {
+    if (i == n->path.size() || n->path[i] == '/') {
+      if (!component.empty()) url += EncodeComponent(component) + "/";
+      component.clear();
+    } else {
+      component.push_back(n->path[i]);
+    }
+  }
+  if (n->kind == NodeKind::kOriginFile && url.ends_with("/")) url.pop_back();
+  return url;
+}
+
+void Daemon::WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then) {
+  Node probe;
+  probe.kind = NodeKind::kOriginDir;
+  probe.origin = origin;
+  probe.path = dir;
+  std::string url = OriginUrl(&probe);
+  auto it = listings_.find(url);
+  if (it != listings_.end() && it->second.expires > clock_->Now()) return then(&it->second);
+
+  auto body = std::make_shared<std::string>();
+  auto status = std::make_shared<int>(0);
+  HttpFetcher::Callbacks cb;
+  cb.on_head = [status](const HttpResponseHead& h) {
+    *status = h.status;
+    return true;
+  };
+  cb.on_data = [body](std::string_view d) {
+    if (body->size() + d.size() > (16u << 20)) return false;  // no listing is 16 MiB
+    body->append(d);
+    return true;
+  };
+  cb.on_done = [this, url, body, status, then](Status s) {
+    if (s.ok() && *status == 200) {
+      Result<std::vector<DirEntry>> entries = ParseAutoindex(*body);
+      if (entries.ok()) {
+        Listing& l = listings_[url];
+        l.entries = std::move(entries).value();
+        l.expires = clock_->Now() + options_.heuristic_freshness;
+        l.from_saved = false;
+        // Saved with the cache, so the tree can be listed offline.
+        CacheEntry meta;
+        meta.size = body->size();
+        meta.content_type = "text/html";
+        pending_fills_[kListingPrefix + url] = meta;
+        WriteRecord r;
+        r.key = std::string("fill:") + kListingPrefix + url;
+        r.length = body->size();
+        r.data = std::move(*body);
+        queue_->Add(std::move(r));
+        return then(&l);
+      }
+      std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), entries.status().message().c_str());
+      return then(Status::NotSupported(url + " is not an HTML directory listing"));
+    }
+    // Offline or failing: the listing we had, or the saved one.
+    auto have = listings_.find(url);
+    if (have != listings_.end() && *status != 404) return then(&have->second);
+    std::string key = kListingPrefix + url;
+    const CacheEntry* saved = store_->index().Find(key);
+    if (!saved || *status == 404) {
+      if (*status == 404) return then(Status::NotFound(url));
+      return then(s.ok() ? Status::IoError(url + ": HTTP " + std::to_string(*status))
+                         : Status::Unavailable(url + ": " + s.message()));
+    }
+    auto buf = std::make_shared<std::string>(saved->size, '\0');
+    store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+                     [this, url, buf, then](Result<std::size_t> n) {
+                       if (!n.ok()) return then(n.status());
+                       buf->resize(*n);
+                       Result<std::vector<DirEntry>> entries = ParseAutoindex(*buf);
+                       if (!entries.ok()) return then(entries.status());
+                       Listing& l = listings_[url];
+                       l.entries = std::move(entries).value();
+                       l.expires = clock_->Now();  // stale: try the origin again next time
+                       l.from_saved = true;
+                       then(&l);
+                     });
+  };
+  HttpRequest rq;
+  rq.url = url;
+  http_->Fetch(std::move(rq), std::move(cb));
+}
+
+namespace {
+
+struct stat FileStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime) {
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode = S_IFREG | 0444;
+  st.st_nlink = 1;
+  st.st_size = static_cast<off_t>(size);
+  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  if (mtime) st.st_mtim.tv_sec = *mtime;
+  return st;
+}
+
+const DirEntry* FindEntry(const Listing& l, const std::string& name) {
+  for (const DirEntry& e : l.entries) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void Daemon::OriginLookup(fuse_req_t req, Node* parent, const char* name_c) {
+  std::string name = name_c;
+  int origin = parent->origin;
+  std::string dir = parent->path;
+  WithListing(origin, dir, [this, req, origin, dir, name](Result<const Listing*> l) {
+    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    const DirEntry* e = FindEntry(**l, name);
+    if (!e) return (void)fuse_reply_err(req, ENOENT);
+    std::string path = InodeTable::Join(dir, name);
+    if (e->is_dir) {
+      Node* n = inodes_.Lookup(NodeKind::kOriginDir, origin, path);
+      return ReplyEntry(req, n, DirStat(n->ino));
+    }
+    Node* n = inodes_.Lookup(NodeKind::kOriginFile, origin, path);
+    std::string url = OriginUrl(n);
+    // The cached copy's size is exact; a listing's may be missing (Apache's "1.2K").
+    const CacheEntry* cached = store_->index().Find(url);
+    std::optional<Bytes> size = cached ? std::optional<Bytes>(cached->size) : e->size;
+    if (size) return ReplyEntry(req, n, FileStat(n->ino, *size, e->mtime_unix));
+    fuse_ino_t ino = n->ino;
+    auto mtime = e->mtime_unix;
+    HttpRequest head;
+    head.url = url;
+    head.head = true;
+    auto length = std::make_shared<std::optional<Bytes>>();
+    HttpFetcher::Callbacks cb;
+    cb.on_head = [length](const HttpResponseHead& h) {
+      if (h.status == 200) *length = h.content_length;
+      return true;
+    };
+    cb.on_done = [this, req, ino, mtime, length](Status) {
+      Node* node = inodes_.Find(ino);
+      if (!node) return (void)fuse_reply_err(req, ENOENT);
+      // Unknown length: 0 until read (like /proc); reads go past it with direct_io.
+      ReplyEntry(req, node, FileStat(ino, length->value_or(0), mtime));
+    };
+    http_->Fetch(std::move(head), std::move(cb));
+  });
+}
+
+void Daemon::OriginGetattr(fuse_req_t req, Node* n) {
+  if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(DirStat(n->ino)), kAttrTimeout);
+  std::string url = OriginUrl(n);
+  // Served from memory: the cache index or the parent's listing; no disk, no network.
+  if (const CacheEntry* c = store_->index().Find(url)) {
+    struct stat st = FileStat(n->ino, c->size, std::nullopt);
+    return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+  if (auto s = streams_.find(url); s != streams_.end() && s->second->size) {
+    struct stat st = FileStat(n->ino, *s->second->size, std::nullopt);
+    return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+  fuse_ino_t ino = n->ino;
+  std::string name = BaseOf(n->path);
+  WithListing(n->origin, DirOf(n->path), [this, req, ino, name](Result<const Listing*> l) {
+    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    const DirEntry* e = FindEntry(**l, name);
+    if (!e) return (void)fuse_reply_err(req, ENOENT);
+    struct stat st = FileStat(ino, e->size.value_or(0), e->mtime_unix);
+    fuse_reply_attr(req, &st, kAttrTimeout);
+  });
+}
+
+void Daemon::OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
+  fuse_ino_t ino = n->ino;
+  WithListing(n->origin, n->path, [req, ino, size, off](Result<const Listing*> l) {
+    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    std::vector<char> buf(size);
+    std::size_t used = 0;
+    off_t index = 0;
+    auto add = [&](const std::string& name, mode_t mode) {
+      ++index;
+      if (index <= off) return true;
+      struct stat st {};
+      st.st_ino = name == "." ? ino : FUSE_UNKNOWN_INO;
+      st.st_mode = mode;
+      std::size_t need = fuse_add_direntry(req, buf.data() + used, buf.size() - used, name.c_str(), &st, index);
+      if (need > buf.size() - used) return false;
+      used += need;
+      return true;
+    };
+    if (add(".", S_IFDIR) && add("..", S_IFDIR)) {
+      for (const DirEntry& e : (*l)->entries) {
+        if (!add(e.name, e.is_dir ? S_IFDIR : S_IFREG)) break;
+      }
+    }
+    fuse_reply_buf(req, buf.data(), used);
+  });
+}
+
+void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
+  std::string url = OriginUrl(n);
+  fuse_ino_t ino = n->ino;
+  fuse_file_info info = *fi;
+  const CacheEntry* cached = store_->index().Find(url);
+  TimePoint now = clock_->Now();
+
+  auto open_handle = [this, req, info, url](const std::string& source, std::shared_ptr<Stream> stream) mutable {
+    Handle h;
+    h.kind = NodeKind::kOriginFile;
+    h.key = url;
+    h.source = source;
+    h.stream = std::move(stream);
+    if (h.stream) ++h.stream->opens;
+    info.fh = next_fh_++;
+    // A network read's length may differ from what stat said; let reads go to EOF.
+    info.direct_io = source == "network" ? 1 : 0;
+    info.keep_cache = source == "disk" ? 1 : 0;
+    handles_[info.fh] = std::move(h);
+    ++requests_by_source_[source];
+    if (control_) control_->Publish("stats", StatsJson());
+    fuse_reply_open(req, &info);
+  };
+
+  // Network: stream the object (or join a stream already running); the open is answered
+  // once the reply's head says whether there is a body.
+  auto from_network = [this, ino, url, open_handle, req, cached = cached != nullptr](const std::string& validator_etag,
+                                                                                   const std::string& validator_date) mutable {
+    auto running = streams_.find(url);
+    if (running != streams_.end() && validator_etag.empty()) {
+      decisions_[ino].source = "network";
+      return open_handle("network", running->second);
+    }
+    auto st = std::make_shared<Stream>();
+    st->key = url;
+    streams_[url] = st;
+    auto opened = std::make_shared<bool>(false);
+    HttpRequest rq;
+    rq.url = url;
+    rq.if_none_match = validator_etag;
+    rq.if_modified_since = validator_date;
+    bool revalidating = !validator_etag.empty() || !validator_date.empty();
+    // The emulated card carries the transfer (its mode decides the delay, DESIGN §7).
+    pm_->TransferBegin(net_id_);
+    HttpFetcher::Callbacks cb;
+    cb.on_head = [this, st, opened, open_handle, req, ino, url, revalidating](const HttpResponseHead& h) mutable {
+      if (revalidating && h.status == 304) {
+        // Still good: refresh the copy's freshness and read it from the disk.
+        FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
+        (void)store_->UpdateMeta(url, [&](CacheEntry& e) {
+          e.expires = clock_->Now() + f.lifetime;
+          if (!h.etag.empty()) e.etag = h.etag;
+        });
+        streams_.erase(url);
+        st->no_body = true;
+        *opened = true;
+        decisions_[ino].source = "revalidated";
+        open_handle("disk", nullptr);
+        ++requests_by_source_["revalidated"];
+        return false;  // no body to wait for
+      }
+      if (h.status != 200) {
+        st->status = Status::IoError(url + ": HTTP " + std::to_string(h.status));
+        st->no_body = true;
+        *opened = true;
+        streams_.erase(url);
+        fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
+        return false;
+      }
+      st->size = h.content_length;
+      st->replaces = revalidating;
+      FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
+      st->storable = f.storable;
+      st->meta.etag = h.etag;
+      st->meta.last_modified = h.last_modified;
+      st->meta.content_type = h.content_type;
+      st->meta.expires = clock_->Now() + f.lifetime;
+      *opened = true;
+      decisions_[ino].source = "network";
+      open_handle("network", st);
+      return true;
+    };
+    cb.on_data = [this, st](std::string_view d) {
+      st->data.append(d);
+      bytes_from_network_ += d.size();
+      ServeStream(*st);
+      return true;
+    };
+    cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
+      pm_->TransferEnd(net_id_);
+      if (st->no_body) return;
+      st->done = true;
+      st->status = s;
+      if (streams_.count(url) && streams_[url] == st) streams_.erase(url);
+      if (!*opened) {
+        *opened = true;
+        // Unreachable: serve the cached copy if there is one (stale), else a clear errno.
+        if (cached && store_->index().Find(url)) {
+          std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy\n", url.c_str(), s.message().c_str());
+          ++requests_by_source_["stale"];
+          return open_handle("disk", nullptr);
+        }
+        std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), s.message().c_str());
+        return (void)fuse_reply_err(req, ErrnoFor(s, 0));
+      }
+      ServeStream(*st);  // reads still waiting get what there is (EOF), or the error
+      bool complete = s.ok() && (!st->size || *st->size == st->data.size());
+      if (!complete) {
+        std::fprintf(stderr, "ghostfs: %s: incomplete (%s); not cached\n", url.c_str(), s.message().c_str());
+        return;
+      }
+      if (!st->storable || (store_->index().Find(url) && !st->replaces)) return;
+      // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
+      CacheEntry meta = st->meta;
+      meta.size = st->data.size();
+      pending_fills_[url] = meta;
+      WriteRecord r;
+      r.key = "fill:" + url;
+      r.length = st->data.size();
+      r.data = st->data;
+      queue_->Add(std::move(r));
+    };
+    st->fetch = http_->Fetch(std::move(rq), std::move(cb));
+    // The emulated card carries the same transfer; data reaches readers once both the real
+    // bytes and the card's modelled delay (mode change, beacons, DESIGN §7) are through.
+    Bytes expected = 0;
+    if (const CacheEntry* e = store_->index().Find(url)) expected = e->size;
+    net_->Submit({expected, false}, [this, st] {
+      st->emulated_ready = true;
+      ServeStream(*st);
+    });
+  };
+
+  if (!cached) return from_network("", "");
+
+  bool fresh = cached->expires && *cached->expires + options_.max_stale > now;
+  if (!fresh) return from_network(cached->etag.empty() ? "" : cached->etag, cached->last_modified);
+
+  // Cached and fresh: the cost model chooses (and hints the ideal device).
+  Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
+  Choice c = cost_->Choose(holders, cached->size);
+  nlohmann::json cost = nlohmann::json::object();
+  for (const SourceEstimate& e : c.candidates) {
+    cost[SourceName(e.holder.source)] = {{"time_ms", ToMillis(e.time)}, {"energy_j", e.energy.joules()}, {"cost", e.cost}};
+  }
+  cost["knob"] = pm_->knob();
+  cost["chosen"] = SourceName(c.chosen.holder.source);
+  cost["ideal"] = SourceName(c.ideal.holder.source);
+  cost["ghost_hint"] = c.hinted;
+  decisions_[ino].cost = cost;
+  if (c.chosen.holder.source == Source::kNetwork) return from_network("", "");
+  decisions_[ino].source = "disk";
+  store_->Touch(url);
+  open_handle("disk", nullptr);
+}
+
+void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
+  Bytes offset = static_cast<Bytes>(off);
+  if (h.stream) {
+    h.stream->waiters.push_back({req, offset, size});
+    ServeStream(*h.stream);
+    return;
+  }
+  // From the disk cache (through io_uring), with the emulated disk doing the same work.
+  const CacheEntry* e = store_->index().Find(h.key);
+  if (!e) return (void)fuse_reply_err(req, EIO);  // evicted under an open handle
+  if (offset >= e->size) return (void)fuse_reply_buf(req, nullptr, 0);
+  std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, e->size - offset));
+  auto buf = std::make_shared<std::string>(want, '\0');
+  auto pending = std::make_shared<int>(2);
+  auto result = std::make_shared<Result<std::size_t>>(Status::Internal("unset"));
+  auto finish = [req, buf, pending, result] {
+    if (--*pending > 0) return;
+    if (!result->ok()) return (void)fuse_reply_err(req, result->status().ToErrno());
+    fuse_reply_buf(req, buf->data(), **result);
+  };
+  disk_->Submit({want, false}, finish);
+  bytes_from_cache_ += want;
+  store_->ReadBody(h.key, offset, std::span<char>(buf->data(), buf->size()), [result, finish](Result<std::size_t> n) {
+    *result = std::move(n);
+    finish();
+  });
+}
+
+void Daemon::ServeStream(Stream& st) {
+  if (!st.emulated_ready) return;
+  while (!st.waiters.empty()) {
+    Stream::Waiter& w = st.waiters.front();
+    bool have = st.data.size() >= w.offset + w.size;
+    if (!have && !st.done) break;
+    if (!have && !st.status.ok()) {
+      fuse_reply_err(w.req, EIO);
+    } else {
+      std::size_t from = std::min<std::size_t>(w.offset, st.data.size());
+      std::size_t n = std::min<std::size_t>(w.size, st.data.size() - from);
+      fuse_reply_buf(w.req, st.data.data() + from, n);
+    }
+    st.waiters.pop_front();
+  }
+}
+
+void Daemon::OriginRelease(Handle& h) {
+  if (!h.stream) return;
+  Stream& st = *h.stream;
+  --st.opens;
+  // Nobody reads it any more: a fetch still running may finish into the cache; readers'
+  // waiters were answered or belong to other handles.
+}
+
+std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name) {
+  std::string url = OriginUrl(n);
+  const CacheEntry* e = store_->index().Find(url);
+  auto d = decisions_.find(n->ino);
+  if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
+  if (name == "user.ghost.source") return d == decisions_.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+  if (name == "user.ghost.cost") {
+    if (d == decisions_.end() || d->second.cost.is_null()) return std::nullopt;
+    return d->second.cost.dump();
+  }
+  if (name == "user.http.etag") {
+    if (!e || e->etag.empty()) return std::nullopt;
+    return e->etag;
+  }
+  if (name == "user.http.content_type") {
+    if (!e || e->content_type.empty()) return std::nullopt;
+    return e->content_type;
+  }
+  return std::nullopt;
+}
+
+void Daemon::FillCommitted(const std::string& key) {
+  if (control_) control_->Publish("stats", StatsJson());
+  (void)key;
+}
+
+}  // namespace ghost
