@@ -349,9 +349,9 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
   if (!out.Add(".", ino, S_IFDIR) || !out.Add("..", ino, S_IFDIR)) return out.Reply();
   if (n->kind == NodeKind::kRoot) {
     for (const Origin& o : options_.origins) {
-      if (!out.Add(o.name, FUSE_UNKNOWN_INO, S_IFDIR)) return out.Reply();
+      if (!out.Add(o.name, kUnknownIno, S_IFDIR)) return out.Reply();
     }
-    out.Add(kLocalName, FUSE_UNKNOWN_INO, S_IFDIR);
+    out.Add(kLocalName, kUnknownIno, S_IFDIR);
     return out.Reply();
   }
   // local/
@@ -371,7 +371,7 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
   closedir(d);
   std::sort(entries.begin(), entries.end());  // stable offsets across calls
   for (auto& [name, mode] : entries) {
-    if (!out.Add(name, FUSE_UNKNOWN_INO, mode)) break;
+    if (!out.Add(name, kUnknownIno, mode)) break;
   }
   out.Reply();
 }

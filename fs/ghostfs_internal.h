@@ -6,7 +6,7 @@
 #ifndef GHOST_FS_GHOSTFS_INTERNAL_H_
 #define GHOST_FS_GHOSTFS_INTERNAL_H_
 
-#define FUSE_USE_VERSION 34
+
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/autoindex.h"
+#include "common/http_freshness.h"
 #include "common/cache_store.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -30,6 +31,7 @@
 #include "common/http_fetcher.h"
 #include "common/power_manager.h"
 #include "common/profile.h"
+#include "common/uring_file_io.h"
 #include "common/write_queue.h"
 #include "fs/ghostfs.h"
 #include "fs/inode_table.h"
@@ -38,6 +40,9 @@ struct event;
 struct event_base;
 
 namespace ghost {
+
+// readdir entries whose inode the kernel must look up (libfuse passes 0xffffffff as "unknown").
+inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
 
 // What a read of an origin file last did, for the user.ghost.* attributes.
 struct Decision {

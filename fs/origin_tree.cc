@@ -241,7 +241,7 @@ void Daemon::OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
       ++index;
       if (index <= off) return true;
       struct stat st {};
-      st.st_ino = name == "." ? ino : FUSE_UNKNOWN_INO;
+      st.st_ino = name == "." ? ino : kUnknownIno;
       st.st_mode = mode;
       std::size_t need = fuse_add_direntry(req, buf.data() + used, buf.size() - used, name.c_str(), &st, index);
       if (need > buf.size() - used) return false;
@@ -307,7 +307,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         // Still good: refresh the copy's freshness and read it from the disk.
         FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
         (void)store_->UpdateMeta(url, [&](CacheEntry& e) {
-          e.expires = clock_->Now() + f.lifetime;
+          e.expires = f.fresh_until;
           if (!h.etag.empty()) e.etag = h.etag;
         });
         streams_.erase(url);
@@ -333,7 +333,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       st->meta.etag = h.etag;
       st->meta.last_modified = h.last_modified;
       st->meta.content_type = h.content_type;
-      st->meta.expires = clock_->Now() + f.lifetime;
+      st->meta.expires = f.fresh_until;
       *opened = true;
       decisions_[ino].source = "network";
       open_handle("network", st);

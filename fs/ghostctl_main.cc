@@ -1,0 +1,480 @@
+// ghostctl: the command-line client of ghostfs's control socket (DESIGN §4.2; the protocol and
+// the shapes of the results are in common/control.h).
+//
+//   ghostctl [--control PATH] [--json] devices | knob [K] | stats | status PATH | flush | watch
+//
+// Human-readable output by default, the raw JSON result with --json. `watch` subscribes to
+// mode changes and stats and redraws on every pushed event; it never polls the daemon.
+//
+// Exit codes: 0 success, 1 ghostfs is not running or refused the request, 2 bad arguments.
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/control.h"
+#include "common/units.h"
+
+namespace {
+
+using nlohmann::json;
+
+constexpr int kFailed = 1;
+constexpr int kUsage = 2;
+// Replies to everything but flush come at once from a healthy daemon; a wedged one should not
+// hang a shell forever.
+constexpr ghost::Duration kCallTimeout = ghost::Seconds(30);
+
+int Usage(const std::string& msg) {
+  std::fprintf(stderr, "ghostctl: %s\nRun 'ghostctl --help' for usage.\n", msg.c_str());
+  return kUsage;
+}
+
+int Failed(const std::string& msg) {
+  std::fprintf(stderr, "ghostctl: %s\n", msg.c_str());
+  return kFailed;
+}
+
+// ---- Reading results that may lack fields ----
+
+// The member at `keys` below `j`, or null when any step is missing.
+const json* Find(const json& j, std::initializer_list<const char*> keys) {
+  const json* at = &j;
+  for (const char* k : keys) {
+    if (!at->is_object()) return nullptr;
+    auto it = at->find(k);
+    if (it == at->end()) return nullptr;
+    at = &*it;
+  }
+  return at;
+}
+
+std::optional<double> Number(const json& j, std::initializer_list<const char*> keys) {
+  const json* v = Find(j, keys);
+  if (v == nullptr || !v->is_number()) return std::nullopt;
+  return v->get<double>();
+}
+
+std::string Text(const json& j, std::initializer_list<const char*> keys) {
+  const json* v = Find(j, keys);
+  if (v == nullptr || v->is_null()) return "-";
+  if (v->is_string()) return v->get<std::string>();
+  return v->dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::string Printf(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+std::string PowerText(std::optional<double> w) {
+  if (!w) return "-";
+  if (*w >= 1 || *w == 0) return Printf("%.2f W", *w);
+  return Printf("%.0f mW", *w * 1e3);
+}
+
+std::string EnergyText(std::optional<double> j) {
+  if (!j) return "-";
+  if (std::fabs(*j) >= 1e4) return Printf("%.2f kJ", *j / 1e3);
+  if (std::fabs(*j) >= 100) return Printf("%.1f J", *j);
+  return Printf("%.2f J", *j);
+}
+
+std::string BytesText(std::optional<double> b) {
+  if (!b) return "-";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = *b;
+  int u = 0;
+  while (std::fabs(v) >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  if (u == 0) return Printf("%.0f B", v);
+  return Printf("%.1f ", v) + units[u];
+}
+
+std::string DurationText(std::optional<double> s) {
+  if (!s) return "-";
+  if (*s < 60) return Printf("%.1f s", *s);
+  auto total = static_cast<long long>(*s);
+  char buf[64];
+  if (total < 3600) {
+    std::snprintf(buf, sizeof(buf), "%lldm %02llds", total / 60, total % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%lldh %02lldm %02llds", total / 3600, total / 60 % 60, total % 60);
+  }
+  return buf;
+}
+
+std::string CountText(std::optional<double> n) {
+  if (!n) return "-";
+  return Printf("%.0f", *n);
+}
+
+// Columns padded to their widest cell; the last column is not padded.
+std::string Table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width;
+  for (const auto& r : rows) {
+    if (width.size() < r.size()) width.resize(r.size(), 0);
+    for (std::size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  std::string out;
+  for (const auto& r : rows) {
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      out += r[i];
+      if (i + 1 < r.size()) out += std::string(width[i] - r[i].size() + 3, ' ');
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+// "memory 0, disk 3, network 5": the three sources in the model's order, then any others.
+std::string RequestsText(const json& stats, const char* sep) {
+  const json* req = Find(stats, {"requests"});
+  if (req == nullptr || !req->is_object()) return "-";
+  std::string out;
+  auto add = [&](const std::string& name, const json& v) {
+    if (!out.empty()) out += sep;
+    out += name + " " + (v.is_number() ? CountText(v.get<double>()) : std::string("-"));
+  };
+  for (const char* k : {"memory", "disk", "network"}) {
+    if (auto it = req->find(k); it != req->end()) add(k, *it);
+  }
+  for (const auto& [k, v] : req->items()) {
+    if (k != "memory" && k != "disk" && k != "network") add(k, v);
+  }
+  return out.empty() ? "-" : out;
+}
+
+// ---- The commands ----
+
+std::string DevicesText(const json& devices) {
+  std::vector<std::vector<std::string>> rows = {{"DEVICE", "KIND", "MODE", "POWER", "POLICY"}};
+  if (devices.is_array()) {
+    for (const json& d : devices) {
+      rows.push_back({Text(d, {"name"}), Text(d, {"kind"}), Text(d, {"mode"}),
+                      PowerText(Number(d, {"power_w"})), Text(d, {"policy"})});
+    }
+  }
+  if (rows.size() == 1) return "no devices registered\n";
+  return Table(rows);
+}
+
+std::string StatsText(const json& s) {
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"uptime", DurationText(Number(s, {"uptime_s"}))});
+  rows.push_back({"knob", CountText(Number(s, {"knob"}))});
+  std::string energy = EnergyText(Number(s, {"energy_j", "total"})) + " total";
+  if (auto base = Number(s, {"energy_j", "base"})) energy += ", base " + EnergyText(base);
+  rows.push_back({"energy", energy});
+  if (const json* devs = Find(s, {"energy_j", "devices"}); devs != nullptr && devs->is_object()) {
+    for (const auto& [name, j] : devs->items()) {
+      rows.push_back({"  " + name, j.is_number() ? EnergyText(j.get<double>()) : "-"});
+    }
+  }
+  rows.push_back({"requests", RequestsText(s, ", ")});
+  rows.push_back({"ghost hints", CountText(Number(s, {"ghost_hints_sent"})) + " sent"});
+  std::string wq = BytesText(Number(s, {"write_queue", "queued_bytes"})) + " queued, " +
+                   CountText(Number(s, {"write_queue", "flushes"})) + " flushes";
+  rows.push_back({"write queue", wq});
+  std::string cache = CountText(Number(s, {"cache", "objects"})) + " objects, " +
+                      BytesText(Number(s, {"cache", "bytes"}));
+  if (auto cap = Number(s, {"cache", "capacity"})) cache += " of " + BytesText(cap);
+  rows.push_back({"cache", cache});
+  return Table(rows);
+}
+
+std::string StatusText(const json& r) {
+  std::string cached = "-";
+  if (const json* c = Find(r, {"cached"}); c != nullptr && c->is_boolean()) {
+    cached = c->get<bool>() ? "yes" : "no";
+  }
+  std::string size = "-";
+  if (auto b = Number(r, {"size"})) size = BytesText(b) + " (" + CountText(b) + " bytes)";
+  return Table({{"path", Text(r, {"path"})},
+                {"cached", cached},
+                {"size", size},
+                {"source preference", Text(r, {"source_preference"})},
+                {"last source", Text(r, {"last_source"})},
+                {"cost", Text(r, {"cost"})}});
+}
+
+std::string KnobText(const json& r) {
+  std::string out = "knob " + CountText(Number(r, {"knob"}));
+  if (auto prev = Number(r, {"previous"})) out += " (was " + CountText(prev) + ")";
+  return out + "\n";
+}
+
+std::string FlushText(const json& r) {
+  std::string out = "flushed";
+  if (auto b = Number(r, {"flushed_bytes"})) out += " " + BytesText(b);
+  if (auto d = Number(r, {"duration_s"})) out += " in " + DurationText(d);
+  return out + "\n";
+}
+
+// ---- watch ----
+
+// What `watch` shows: the devices table and the stats, kept current by pushed events.
+struct WatchView {
+  json devices = json::array();
+  json stats = json::object();
+
+  // A modes event: {"device":name,"id":n,"mode":..,"mode_index":..,"power_w":..}.
+  void ApplyMode(const json& m) {
+    if (!m.is_object()) return;
+    json* target = nullptr;
+    for (json& d : devices) {
+      bool same_id = m.contains("id") && d.contains("id") && m["id"] == d["id"];
+      bool same_name = m.contains("device") && d.contains("name") && m["device"] == d["name"];
+      if (same_id || same_name) target = &d;
+    }
+    if (target == nullptr) {
+      devices.push_back({{"name", m.value("device", json("?"))}});
+      target = &devices.back();
+    }
+    for (const char* k : {"mode", "mode_index", "power_w"}) {
+      if (m.contains(k)) (*target)[k] = m[k];
+    }
+  }
+
+  void Apply(const json& event) {
+    std::string topic = Text(event, {"event"});
+    const json* data = Find(event, {"data"});
+    if (data == nullptr) return;
+    if (topic == "modes") ApplyMode(*data);
+    if (topic == "stats" && data->is_object()) stats = *data;
+  }
+
+  std::string Energy(const json& d) const {
+    const json* name = Find(d, {"name"});
+    if (name == nullptr || !name->is_string()) return "-";
+    return EnergyText(Number(stats, {"energy_j", "devices", name->get<std::string>().c_str()}));
+  }
+
+  // The full-screen view (for a terminal).
+  std::string Screen(const std::string& control) const {
+    std::string out = "ghostfs at " + control + "   up " + DurationText(Number(stats, {"uptime_s"})) +
+                      "   knob " + CountText(Number(stats, {"knob"})) + "   (Ctrl-C quits)\n\n";
+    std::vector<std::vector<std::string>> rows = {{"DEVICE", "MODE", "POWER", "ENERGY"}};
+    for (const json& d : devices) {
+      rows.push_back({Text(d, {"name"}), Text(d, {"mode"}), PowerText(Number(d, {"power_w"})), Energy(d)});
+    }
+    out += Table(rows) + "\n";
+    std::string energy = EnergyText(Number(stats, {"energy_j", "total"}));
+    if (auto base = Number(stats, {"energy_j", "base"})) energy += " (base " + EnergyText(base) + ")";
+    out += Table({{"energy", energy},
+                  {"requests", RequestsText(stats, "   ")},
+                  {"ghost hints", CountText(Number(stats, {"ghost_hints_sent"})) + " sent"}});
+    return out;
+  }
+
+  // One line per update (for a pipe or a log).
+  std::string Line() const {
+    std::string out = "uptime=" + Printf("%.1f", Number(stats, {"uptime_s"}).value_or(0)) + "s";
+    for (const json& d : devices) out += " " + Text(d, {"name"}) + "=" + Text(d, {"mode"});
+    out += " energy=" + Printf("%.2f", Number(stats, {"energy_j", "total"}).value_or(0)) + "J";
+    out += " requests=[" + RequestsText(stats, ",") + "]";
+    out += " hints=" + CountText(Number(stats, {"ghost_hints_sent"}));
+    return out + "\n";
+  }
+};
+
+// Ctrl-C (SIGINT) and SIGTERM arrive as readable bytes on a signalfd, polled with the socket,
+// so the program leaves through main's normal return.
+class SignalEvents {
+ public:
+  SignalEvents() {
+    sigemptyset(&mask_);
+    sigaddset(&mask_, SIGINT);
+    sigaddset(&mask_, SIGTERM);
+    sigprocmask(SIG_BLOCK, &mask_, nullptr);
+    fd_ = signalfd(-1, &mask_, SFD_CLOEXEC);
+  }
+  ~SignalEvents() {
+    if (fd_ >= 0) close(fd_);
+    sigprocmask(SIG_UNBLOCK, &mask_, nullptr);
+  }
+  SignalEvents(const SignalEvents&) = delete;
+  SignalEvents& operator=(const SignalEvents&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  sigset_t mask_;
+  int fd_ = -1;
+};
+
+int Watch(ghost::ControlClient& client, const std::string& control, bool raw_json) {
+  SignalEvents signals;
+  if (signals.fd() < 0) return Failed(std::string("signalfd: ") + std::strerror(errno));
+  auto sub = client.Call("subscribe", {{"topics", {"modes", "stats"}}}, kCallTimeout);
+  if (!sub.ok()) return Failed(sub.status().message());
+
+  // The snapshots and the events share one ordered stream: events queued before a snapshot's
+  // reply are older than it. Mode events before the devices reply and stats events before the
+  // stats reply are dropped; mode events between the two replies are newer, and kept.
+  WatchView view;
+  auto devices = client.Call("devices", json::object(), kCallTimeout);
+  if (!devices.ok()) return Failed(devices.status().message());
+  client.DiscardQueuedEvents();
+  auto stats = client.Call("stats", json::object(), kCallTimeout);
+  if (!stats.ok()) return Failed(stats.status().message());
+  if (devices->is_array()) view.devices = *devices;
+  if (stats->is_object()) view.stats = *stats;
+  for (std::size_t n = client.queued_events(); n > 0; --n) {
+    auto ev = client.ReadEvent(ghost::Duration(0));
+    if (ev.ok() && Text(*ev, {"event"}) == "modes" && !raw_json) view.Apply(*ev);
+  }
+
+  const bool tty = isatty(STDOUT_FILENO) == 1;
+  auto draw = [&] {
+    if (raw_json) return;
+    if (tty) {
+      std::cout << "\x1b[H\x1b[2J" << view.Screen(control) << std::flush;
+    } else {
+      std::cout << view.Line() << std::flush;
+    }
+  };
+  draw();
+  for (;;) {
+    if (client.queued_events() == 0) {
+      pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {client.fd(), POLLIN, 0}};
+      if (poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return Failed(std::string("poll: ") + std::strerror(errno));
+      }
+      if (fds[0].revents != 0) break;  // Ctrl-C: a clean exit
+      auto first = client.ReadEvent(ghost::Duration(0));
+      if (!first.ok()) {
+        if (first.status().code() == ghost::Status::Code::kTimedOut) continue;  // part of a line
+        if (tty && !raw_json) std::cout << "\n";
+        return Failed(first.status().message());
+      }
+      if (raw_json) std::cout << first->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      view.Apply(*first);
+    }
+    // Apply everything already here, then draw once.
+    while (client.queued_events() > 0) {
+      auto ev = client.ReadEvent(ghost::Duration(0));
+      if (!ev.ok()) break;
+      if (raw_json) std::cout << ev->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      view.Apply(*ev);
+    }
+    if (raw_json) std::cout << std::flush;
+    draw();
+  }
+  if (tty && !raw_json) std::cout << "\n";
+  return 0;
+}
+
+// "70" → 70; anything but an integer in 0..100 is a usage error.
+bool ParseKnob(const std::string& text, int* knob) {
+  std::size_t used = 0;
+  int k = -1;
+  try {
+    k = std::stoi(text, &used);
+  } catch (...) {
+    return false;
+  }
+  if (used != text.size() || k < 0 || k > 100) return false;
+  *knob = k;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "ghostctl: talk to the ghostfs daemon through its control socket (DESIGN §4.2).\n"
+      "  devices        devices, their power modes and policies\n"
+      "  knob [K]       print the performance/energy knob, or set it (0 saves energy, 100 "
+      "performance)\n"
+      "  stats          uptime, energy, requests by source, ghost hints, write queue, cache\n"
+      "  status PATH    cache status of a file in the mount\n"
+      "  flush          write deferred writes now (waits until they are on the device)\n"
+      "  watch          live view of device modes, energy and requests (Ctrl-C quits)"};
+  std::string control = ghost::DefaultControlPath();
+  bool raw_json = false;
+  app.add_option("--control", control, "control socket of ghostfs ($GHOST_CONTROL)")
+      ->capture_default_str();
+  app.add_flag("--json", raw_json, "print the raw JSON result");
+  app.require_subcommand(1, 1);
+  app.fallthrough();  // so `ghostctl stats --json` works as well as `ghostctl --json stats`
+
+  CLI::App* devices = app.add_subcommand("devices", "devices, their power modes and policies");
+  CLI::App* knob = app.add_subcommand("knob", "print the knob K, or set it to K");
+  std::string knob_text;
+  knob->add_option("K", knob_text, "new knob value, 0 (save energy) .. 100 (performance)");
+  CLI::App* stats = app.add_subcommand("stats", "energy and activity since ghostfs started");
+  CLI::App* status = app.add_subcommand("status", "cache status of a file in the mount");
+  std::string status_path;
+  status->add_option("PATH", status_path, "a file in the mount")->required();
+  CLI::App* flush = app.add_subcommand("flush", "write deferred writes to their devices now");
+  CLI::App* watch = app.add_subcommand("watch", "live view; redrawn on every change");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return Usage(e.what());
+  }
+
+  int knob_value = -1;
+  if (knob->parsed() && !knob_text.empty() && !ParseKnob(knob_text, &knob_value)) {
+    return Usage("knob: \"" + knob_text + "\" is not a knob value in 0..100 " +
+                 "(0 saves energy, 100 performance)");
+  }
+  if (status->parsed()) {
+    std::error_code ec;
+    std::filesystem::path abs = std::filesystem::absolute(status_path, ec);
+    if (!ec) status_path = abs.lexically_normal().string();
+  }
+
+  ghost::Result<ghost::ControlClient> client = ghost::ControlClient::Connect(control);
+  if (!client.ok()) return Failed(client.status().message());
+
+  if (watch->parsed()) return Watch(*client, control, raw_json);
+
+  std::string op;
+  json args = json::object();
+  std::optional<ghost::Duration> timeout = kCallTimeout;
+  if (devices->parsed()) op = "devices";
+  if (stats->parsed()) op = "stats";
+  if (knob->parsed()) {
+    op = "knob";
+    if (knob_value >= 0) args["value"] = knob_value;
+  }
+  if (status->parsed()) {
+    op = "status";
+    args["path"] = status_path;
+  }
+  if (flush->parsed()) {
+    op = "flush";
+    timeout.reset();  // as long as the device takes to wake and write
+  }
+  ghost::Result<json> result = client->Call(op, args, timeout);
+  if (!result.ok()) return Failed(result.status().message());
+  if (raw_json) {
+    std::cout << result->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    return 0;
+  }
+  if (op == "devices") std::cout << DevicesText(*result);
+  if (op == "stats") std::cout << StatsText(*result);
+  if (op == "knob") std::cout << KnobText(*result);
+  if (op == "status") std::cout << StatusText(*result);
+  if (op == "flush") std::cout << FlushText(*result);
+  return 0;
+}

@@ -1,0 +1,253 @@
+"""Shared pieces of the integration tests: TAP output, a real nginx on loopback, a mounted
+ghostfs. Every test gets a fresh temporary directory; mounts and processes are cleaned up even
+when a test fails (atexit + signal handlers)."""
+import atexit
+import hashlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+SKIP = 77
+
+
+class Tap:
+    def __init__(self, planned):
+        self.n = 0
+        self.failed = 0
+        print(f"1..{planned}", flush=True)
+
+    def check(self, ok, name, detail=""):
+        self.n += 1
+        print(f"{'ok' if ok else 'not ok'} {self.n} - {name}", flush=True)
+        if not ok:
+            self.failed += 1
+            for line in str(detail).splitlines()[:20]:
+                print(f"# {line}", flush=True)
+        return ok
+
+    def skip_rest(self, planned, why):
+        while self.n < planned:
+            self.n += 1
+            print(f"ok {self.n} # SKIP {why}", flush=True)
+
+    def done(self):
+        sys.exit(1 if self.failed else 0)
+
+
+def skip_all(why):
+    print(f"1..0 # SKIP {why}", flush=True)
+    sys.exit(0)
+
+
+def require_root_and_fuse():
+    if os.geteuid() != 0:
+        skip_all("needs root to mount")
+    if not os.path.exists("/dev/fuse"):
+        skip_all("/dev/fuse is missing")
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+_cleanups = []
+
+
+def on_exit(fn):
+    _cleanups.append(fn)
+
+
+def _run_cleanups(*_):
+    while _cleanups:
+        fn = _cleanups.pop()
+        try:
+            fn()
+        except Exception as e:  # cleanup must go on
+            print(f"# cleanup: {e}", flush=True)
+
+
+atexit.register(_run_cleanups)
+for _sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_sig, lambda *a: (_run_cleanups(), sys.exit(1)))
+
+
+def tempdir(prefix="ghost-test-"):
+    d = tempfile.mkdtemp(prefix=prefix)
+    on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
+    return d
+
+
+class Nginx:
+    """nginx serving `root` with autoindex on 127.0.0.1, in the foreground, its own config."""
+
+    def __init__(self, root, extra_location=""):
+        self.root = root
+        self.dir = tempdir("ghost-nginx-")
+        self.port = free_port()
+        self.access_log = os.path.join(self.dir, "access.log")
+        self.extra = extra_location
+        self.proc = None
+
+    def conf(self):
+        return f"""
+worker_processes 1;
+user root;
+daemon off;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log warn;
+events {{ worker_connections 64; }}
+http {{
+  access_log {self.access_log};
+  client_body_temp_path {self.dir}/body;
+  proxy_temp_path {self.dir}/proxy;
+  fastcgi_temp_path {self.dir}/fastcgi;
+  uwsgi_temp_path {self.dir}/uwsgi;
+  scgi_temp_path {self.dir}/scgi;
+  types {{ text/html html; text/plain txt; application/octet-stream bin; text/css css; }}
+  server {{
+    listen 127.0.0.1:{self.port};
+    root {self.root};
+    autoindex on;
+    {self.extra}
+  }}
+}}
+"""
+
+    def start(self):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(nginx):
+            return False
+        with open(os.path.join(self.dir, "nginx.conf"), "w") as f:
+            f.write(self.conf())
+        self.proc = subprocess.Popen([nginx, "-c", os.path.join(self.dir, "nginx.conf"), "-p", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        on_exit(self.stop)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return True
+            except OSError:
+                time.sleep(0.05)
+        return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None
+
+    def url(self):
+        return f"http://127.0.0.1:{self.port}/"
+
+    def log_lines(self):
+        try:
+            with open(self.access_log) as f:
+                return f.read().splitlines()
+        except OSError:
+            return []
+
+
+def build_dir():
+    return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
+
+
+class Ghostfs:
+    def __init__(self, mnt, cache, origins, args=(), control=None):
+        self.mnt = mnt
+        self.cache = cache
+        self.origins = origins
+        self.args = list(args)
+        self.control = control
+        self.proc = None
+        self.log = os.path.join(tempdir("ghost-log-"), "ghostfs.log")
+
+    def start(self, timeout=10):
+        exe = os.path.join(build_dir(), "fs", "ghostfs")
+        cmd = [exe, "-f", "--cache", self.cache]
+        for name, url in self.origins.items():
+            cmd += ["--origin", f"{name}={url}"]
+        if self.control:
+            cmd += ["--control", self.control]
+        cmd += self.args + [self.mnt]
+        self.logf = open(self.log, "a")
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT)
+        on_exit(self.stop)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if os.path.ismount(self.mnt):
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.05)
+        return False
+
+    def stop(self):
+        if self.proc is None:
+            return
+        if os.path.ismount(self.mnt):
+            subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if os.path.ismount(self.mnt):
+            subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
+        self.proc = None
+
+    def kill9(self):
+        self.proc.kill()
+        self.proc.wait()
+        subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
+        self.proc = None
+
+    def output(self):
+        try:
+            with open(self.log) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+def make_tree(root, seed=1):
+    """A tree with small, large and nested files; returns {relative path: sha256}."""
+    rng = random.Random(seed)
+    sums = {}
+    layout = {
+        "small.txt": 100, "empty.txt": 0, "page.html": 5000, "medium.bin": 300_000,
+        "large.bin": 6 * 1024 * 1024, "dir1/a.txt": 4096, "dir1/b.bin": 70_000,
+        "dir1/sub/deep.txt": 12_345, "dir2/with space.txt": 777, "dir2/ünï.txt": 64,
+    }
+    for rel, size in layout.items():
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = rng.randbytes(size)
+        with open(path, "wb") as f:
+            f.write(data)
+        sums[rel] = hashlib.sha256(data).hexdigest()
+    return sums
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 20)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
