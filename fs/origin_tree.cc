@@ -274,7 +274,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     info.fh = next_fh_++;
     // A network read's length may differ from what stat said; let reads go to EOF.
     info.direct_io = source == "network" ? 1 : 0;
-    info.keep_cache = source == "disk" ? 1 : 0;
+    info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
     handles_[info.fh] = std::move(h);
     ++requests_by_source_[source];
     if (control_) control_->Publish("stats", StatsJson());
@@ -390,6 +390,11 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     });
   };
 
+  // A fill still waiting in the write queue is read from memory (DESIGN §3.5).
+  if (!cached && queue_->Contains("fill:" + url)) {
+    decisions_[ino].source = "memory";
+    return open_handle("memory", nullptr);
+  }
   if (!cached) return from_network("", "");
 
   bool fresh = cached->expires && *cached->expires + options_.max_stale > now;
@@ -419,6 +424,20 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
     h.stream->waiters.push_back({req, offset, size});
     ServeStream(*h.stream);
     return;
+  }
+  if (h.source == "memory") {
+    std::string key = "fill:" + h.key;
+    Bytes end = queue_->QueuedEnd(key);
+    if (end == 0 && !queue_->Contains(key)) {
+      // Flushed meanwhile: the copy is on the disk now.
+      if (store_->index().Find(h.key)) h.source = "disk";
+      else return (void)fuse_reply_err(req, EIO);
+    } else {
+      std::size_t n = offset < end ? static_cast<std::size_t>(std::min<Bytes>(size, end - offset)) : 0;
+      std::string buf(n, '\0');
+      queue_->Overlay(key, offset, buf.data(), n);
+      return (void)fuse_reply_buf(req, buf.data(), n);
+    }
   }
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
   const CacheEntry* e = store_->index().Find(h.key);

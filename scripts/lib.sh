@@ -10,6 +10,7 @@ GHOST_PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   libevent-dev libcurl4-openssl-dev libsqlite3-dev liburing-dev libfuse3-dev fuse3
+  nginx-light curl
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

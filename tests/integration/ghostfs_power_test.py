@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""ghostfs with emulated devices (--profile ipaq-2004) and its control socket: ghostctl
+devices / knob / stats / status / flush / watch, deferred writes to a sleeping disk (reads see
+them, the power callback or a flush writes them, fsync makes them durable), fills from memory,
+and the cache's byte cap. TAP; skipped without root, /dev/fuse or nginx."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+PLAN = 18
+
+
+def ghostctl(ctl, *args, check=True):
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    r = subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"ghostctl {' '.join(args)}: {r.stderr}")
+    return r
+
+
+def jctl(ctl, *args):
+    return json.loads(ghostctl(ctl, "--json", *args).stdout)
+
+
+def disk(ctl):
+    return [d for d in jctl(ctl, "devices") if d["kind"] == "disk"][0]
+
+
+def wait_for(pred, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def main():
+    h.require_root_and_fuse()
+    work = h.tempdir()
+    root = os.path.join(work, "origin")
+    os.makedirs(root)
+    sums = h.make_tree(root)
+    # Explicit freshness, so cached copies are fresh and the cost model decides.
+    nginx = h.Nginx(root, extra_location="expires 1h;")
+    if not nginx.start():
+        h.skip_all("nginx is not installed or did not start")
+    t = h.Tap(PLAN)
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    ctl = os.path.join(work, "control.sock")
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
+                   args=["--profile", "ipaq-2004", "--knob", "50"], control=ctl)
+    if not t.check(fs.start(), "mounts with the ipaq-2004 profile and a control socket", fs.output()):
+        t.skip_rest(PLAN, "not mounted")
+        t.done()
+    www = os.path.join(mnt, "www")
+    local = os.path.join(mnt, "local")
+
+    devs = jctl(ctl, "devices")
+    t.check([d["name"] for d in devs] == ["microdrive-1gb", "cisco-350"] and devs[1]["mode"] == "PSM",
+            "ghostctl devices lists the emulated disk and card (card starts in PSM)", devs)
+    t.check(oct(os.stat(ctl).st_mode & 0o777) == "0o600", "the control socket is mode 0600")
+
+    # The STPM disk module spins the idle disk down (K=50: standby after 4.35 s).
+    t.check(wait_for(lambda: disk(ctl)["mode"] == "standby", 15), "the idle disk reaches standby", disk(ctl))
+
+    # Writes to local/ wait in memory while the disk sleeps, and reads see them.
+    p = os.path.join(local, "queued.txt")
+    with open(p, "w") as f:
+        f.write("deferred\n")
+    stats = jctl(ctl, "stats")
+    with open(p) as f:
+        seen = f.read()
+    t.check(stats["write_queue"]["queued_bytes"] > 0 and disk(ctl)["mode"] == "standby",
+            "a write to local/ is queued while the disk stays in standby", stats["write_queue"])
+    t.check(seen == "deferred\n", "reads see queued data")
+    backing = os.path.join(fs.cache, "local", "queued.txt")
+    t.check(os.path.getsize(backing) == 0, "nothing reached the disk yet", os.path.getsize(backing))
+
+    # An uncached object is fetched while the disk sleeps: its fill waits in the queue too,
+    # and a second read of it is served from memory.
+    ok = h.sha256_file(os.path.join(www, "medium.bin")) == sums["medium.bin"]
+    again = h.sha256_file(os.path.join(www, "medium.bin")) == sums["medium.bin"]
+    src = os.getxattr(os.path.join(www, "medium.bin"), "user.ghost.source").decode()
+    t.check(ok and again and src == "memory", "a queued fill is read back from memory", src)
+
+    # ghostctl flush writes everything (spinning the disk up).
+    r = ghostctl(ctl, "flush")
+    stats = jctl(ctl, "stats")
+    with open(backing) as f:
+        on_disk = f.read()
+    t.check(stats["write_queue"]["queued_bytes"] == 0 and on_disk == "deferred\n",
+            "ghostctl flush writes the queue to the disk", (r.stdout, stats["write_queue"]))
+    t.check(disk(ctl)["mode"] == "performance-idle", "the flush spun the disk up", disk(ctl))
+    st = jctl(ctl, "status", os.path.join(www, "medium.bin"))
+    t.check(st["cached"] is True and st["size"] == 300_000, "ghostctl status shows the object cached", st)
+
+    # fsync returns only when the data is on the disk (it may spin the disk up).
+    t.check(wait_for(lambda: disk(ctl)["mode"] == "standby", 15), "the disk sleeps again")
+    fd = os.open(os.path.join(local, "synced.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 10000)
+    os.fsync(fd)
+    size = os.path.getsize(os.path.join(fs.cache, "local", "synced.bin"))
+    os.close(fd)
+    t.check(size == 10000, "fsync makes queued data durable", size)
+
+    # The knob retunes STPM live.
+    ghostctl(ctl, "knob", "90")
+    d = disk(ctl)
+    t.check(jctl(ctl, "knob")["knob"] == 90 and "K=90" in d["policy"], "ghostctl knob 90 retunes the policies", d["policy"])
+
+    # watch: pushed updates (one line per update when not a terminal).
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    w = subprocess.Popen([exe, "--control", ctl, "watch"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(0.5)
+    ghostctl(ctl, "knob", "60")
+    with open(os.path.join(www, "small.txt"), "rb") as f:
+        f.read()
+    time.sleep(0.5)
+    w.terminate()
+    out, _ = w.communicate(timeout=5)
+    t.check(w.returncode in (0, -15) and "microdrive-1gb" in out and len(out.splitlines()) >= 2,
+            "ghostctl watch prints pushed updates", out[-500:])
+
+    stats = jctl(ctl, "stats")
+    t.check(stats["energy_j"]["total"] > 0 and sum(stats["requests"].values()) >= 3,
+            "ghostctl stats reports energy and requests by source", stats)
+    fs.stop()
+
+    # The byte cap holds as data is added; an object over the cap is served, not cached.
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache-small"), {"www": nginx.url()},
+                   args=["--cache-size", "400K"], control=ctl)
+    t.check(fs.start(), "mounts with --cache-size 400K", fs.output())
+    for rel in ["medium.bin", "dir1/b.bin", "page.html", "large.bin", "dir1/sub/deep.txt"]:
+        h.sha256_file(os.path.join(www, rel))
+    time.sleep(0.5)
+    stats = jctl(ctl, "stats")
+    big = os.getxattr(os.path.join(www, "large.bin"), "user.ghost.cached").decode()
+    t.check(stats["cache"]["bytes"] <= 400 * 1024 and big == "0",
+            "the cache stays under its cap and refuses an object over it", (stats["cache"], big))
+    fs.stop()
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
