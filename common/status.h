@@ -60,7 +60,9 @@ class [[nodiscard]] Status {
   // Returns this status with `context` prepended to the message ("context: message").
   Status WithContext(const std::string& context) const {
     if (ok()) return *this;
-    return Status(code_, context + ": " + message_);
+    Status s(code_, context + ": " + message_);
+    s.errno_ = errno_;  // the errno still describes the failure
+    return s;
   }
 
  private:
