@@ -77,6 +77,8 @@ struct Stream {
   };
   std::deque<Waiter> waiters;
   int opens = 0;
+  // Pieces fetched with range requests for reads far ahead of the stream (by first byte).
+  std::map<Bytes, std::string> ranges;
 };
 
 // One open file.
@@ -152,6 +154,8 @@ class Daemon final : public GhostFs {
   void OriginRelease(Handle& h);
   // Answers the reads of `st` that its data (or its end) can answer.
   void ServeStream(Stream& st);
+  // A read far beyond what has arrived: answered from a range request (DESIGN §4).
+  void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
   std::optional<std::string> OriginXattr(Node* n, const std::string& name);
   std::string OriginUrl(const Node* n) const;
   // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.

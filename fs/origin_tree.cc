@@ -52,6 +52,10 @@ int ErrnoFor(const Status& s, int http_status) {
 }
 
 const char kListingPrefix[] = "listing:";
+// A read this far beyond the bytes that have arrived gets its own range request, in pieces
+// of at least kRangePiece.
+constexpr Bytes kReadAheadGap = 1 << 20;
+constexpr Bytes kRangePiece = 1 << 20;
 
 }  // namespace
 
@@ -421,8 +425,18 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
 void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
   Bytes offset = static_cast<Bytes>(off);
   if (h.stream) {
-    h.stream->waiters.push_back({req, offset, size});
-    ServeStream(*h.stream);
+    Stream& st = *h.stream;
+    // Already fetched by a range request?
+    for (auto& [first, piece] : st.ranges) {
+      if (offset >= first && offset + size <= first + piece.size()) {
+        return (void)fuse_reply_buf(req, piece.data() + (offset - first), size);
+      }
+    }
+    if (!st.done && offset > st.data.size() + kReadAheadGap && (!st.size || offset < *st.size)) {
+      return ReadAhead(req, h.stream, offset, size);
+    }
+    st.waiters.push_back({req, offset, size});
+    ServeStream(st);
     return;
   }
   if (h.source == "memory") {
@@ -458,6 +472,39 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
     *result = std::move(n);
     finish();
   });
+}
+
+void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size) {
+  Bytes len = std::max<Bytes>(size, kRangePiece);
+  if (st->size) len = std::min<Bytes>(len, *st->size - offset);
+  HttpRequest rq;
+  rq.url = st->key;
+  rq.range = std::make_pair(offset, offset + len - 1);
+  auto piece = std::make_shared<std::string>();
+  auto ok = std::make_shared<bool>(false);
+  HttpFetcher::Callbacks cb;
+  cb.on_head = [ok, offset](const HttpResponseHead& h) {
+    *ok = h.status == 206 && h.content_range && h.content_range->first == offset;
+    return *ok;
+  };
+  cb.on_data = [piece](std::string_view d) {
+    piece->append(d);
+    return true;
+  };
+  cb.on_done = [this, req, st, offset, size, piece, ok](Status s) {
+    if (s.ok() && *ok) {
+      bytes_from_network_ += piece->size();
+      std::size_t n = std::min<std::size_t>(size, piece->size());
+      fuse_reply_buf(req, piece->data(), n);
+      if (st->ranges.size() >= 8) st->ranges.erase(st->ranges.begin());
+      st->ranges[offset] = std::move(*piece);
+      return;
+    }
+    // No range support (or it failed): wait for the stream like any other read.
+    st->waiters.push_back({req, offset, size});
+    ServeStream(*st);
+  };
+  http_->Fetch(std::move(rq), std::move(cb));
 }
 
 void Daemon::ServeStream(Stream& st) {
