@@ -156,10 +156,10 @@ Status Daemon::StartControl() {
 // ---- the loop ----
 
 void Daemon::OnFuseReadable() {
-  fuse_buf buf{};
-  int n = fuse_session_receive_buf(se_, &buf);
-  if (n > 0) fuse_session_process_buf(se_, &buf);
-  std::free(buf.mem);
+  // One buffer for every request (libfuse allocates it on first use): a fresh megabyte per
+  // request would cost an mmap and page faults each time.
+  int n = fuse_session_receive_buf(se_, &fuse_buf_);
+  if (n > 0) fuse_session_process_buf(se_, &fuse_buf_);
   if (n < 0 && n != -EINTR && n != -EAGAIN) fuse_session_exit(se_);
   if (fuse_session_exited(se_)) Shutdown();
 }
@@ -539,6 +539,7 @@ void Daemon::OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
     if (it->second.kind == NodeKind::kLocal) {
       close(it->second.fd);
     } else {
+      if (it->second.fd >= 0) close(it->second.fd);
       OriginRelease(it->second);
     }
     handles_.erase(it);
@@ -809,6 +810,8 @@ int Daemon::Run() {
   std::signal(SIGPIPE, SIG_IGN);
   event_base_dispatch(base_);
   event_del(fuse_ev_);
+  std::free(fuse_buf_.mem);
+  fuse_buf_.mem = nullptr;
   fuse_session_unmount(se_);
   fuse_session_destroy(se_);
   se_ = nullptr;

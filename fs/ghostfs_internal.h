@@ -84,7 +84,7 @@ struct Stream {
 // One open file.
 struct Handle {
   NodeKind kind = NodeKind::kLocal;
-  int fd = -1;                    // local/: the backing file
+  int fd = -1;                    // local/: the backing file; origin: the cached body
   std::string key;                // origin: the URL; local/: the write-queue key
   std::string source;             // origin: where this open reads from
   std::shared_ptr<Stream> stream; // origin, network source
@@ -186,6 +186,7 @@ class Daemon final : public GhostFs {
   InodeTable inodes_;
   fuse_session* se_ = nullptr;
   event* fuse_ev_ = nullptr;
+  fuse_buf fuse_buf_{};  // reused for every request
   std::vector<event*> signal_evs_;
   int local_dirfd_ = -1;
   TimePoint started_{};

@@ -2,7 +2,9 @@
 // on open, the cost model picks the disk cache or the network; a network read streams to the
 // reader while it arrives and then fills the cache through the write queue; stale copies are
 // revalidated; an unreachable origin serves what the cache holds.
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -273,6 +275,12 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     h.kind = NodeKind::kOriginFile;
     h.key = url;
     h.source = source;
+    if (source == "disk") {
+      // Opened once per open file, not per read; stays readable even if evicted meanwhile.
+      h.fd = ::open(store_->BodyPath(url).c_str(), O_RDONLY | O_CLOEXEC);
+      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
+      store_->Touch(url);
+    }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
     info.fh = next_fh_++;
@@ -444,8 +452,10 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
     Bytes end = queue_->QueuedEnd(key);
     if (end == 0 && !queue_->Contains(key)) {
       // Flushed meanwhile: the copy is on the disk now.
-      if (store_->index().Find(h.key)) h.source = "disk";
-      else return (void)fuse_reply_err(req, EIO);
+      if (!store_->index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
+      h.source = "disk";
+      h.fd = ::open(store_->BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
+      if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
     } else {
       std::size_t n = offset < end ? static_cast<std::size_t>(std::min<Bytes>(size, end - offset)) : 0;
       std::string buf(n, '\0');
@@ -454,21 +464,28 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
     }
   }
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
+  // The size of the body this handle opened (it stays readable if evicted meanwhile).
   const CacheEntry* e = store_->index().Find(h.key);
-  if (!e) return (void)fuse_reply_err(req, EIO);  // evicted under an open handle
-  if (offset >= e->size) return (void)fuse_reply_buf(req, nullptr, 0);
-  std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, e->size - offset));
+  Bytes body_size = 0;
+  struct stat st;
+  if (e) body_size = e->size;
+  else if (fstat(h.fd, &st) == 0) body_size = static_cast<Bytes>(st.st_size);
+  if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
+  std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, body_size - offset));
   auto buf = std::make_shared<std::string>(want, '\0');
-  auto pending = std::make_shared<int>(2);
   auto result = std::make_shared<Result<std::size_t>>(Status::Internal("unset"));
-  auto finish = [req, buf, pending, result] {
-    if (--*pending > 0) return;
+  auto reply = [req, buf, result] {
     if (!result->ok()) return (void)fuse_reply_err(req, result->status().ToErrno());
     fuse_reply_buf(req, buf->data(), **result);
   };
-  disk_->Submit({want, false}, finish);
   bytes_from_cache_ += want;
-  store_->ReadBody(h.key, offset, std::span<char>(buf->data(), buf->size()), [result, finish](Result<std::size_t> n) {
+  bool emulated = !options_.profile.empty();
+  auto pending = std::make_shared<int>(emulated ? 2 : 1);
+  auto finish = [pending, reply] {
+    if (--*pending == 0) reply();
+  };
+  if (emulated) disk_->Submit({want, false}, finish);  // the emulated disk does the same work
+  io_->Read(h.fd, offset, std::span<char>(buf->data(), buf->size()), [result, finish](Result<std::size_t> n) {
     *result = std::move(n);
     finish();
   });
