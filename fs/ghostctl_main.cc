@@ -114,7 +114,8 @@ std::string DurationText(std::optional<double> s) {
   if (total < 3600) {
     std::snprintf(buf, sizeof(buf), "%lldm %02llds", total / 60, total % 60);
   } else {
-    std::snprintf(buf, sizeof(buf), "%lldh %02lldm %02llds", total / 3600, total / 60 % 60, total % 60);
+    std::snprintf(buf, sizeof(buf), "%lldh %02lldm %02llds", total / 3600, total / 60 % 60,
+                  total % 60);
   }
   return buf;
 }
@@ -122,6 +123,11 @@ std::string DurationText(std::optional<double> s) {
 std::string CountText(std::optional<double> n) {
   if (!n) return "-";
   return Printf("%.0f", *n);
+}
+
+// "1 flush", "3 flushes", "- flushes".
+std::string CountOf(std::optional<double> n, const std::string& one, const std::string& many) {
+  return CountText(n) + " " + (n && *n == 1 ? one : many);
 }
 
 // Columns padded to their widest cell; the last column is not padded.
@@ -143,13 +149,13 @@ std::string Table(const std::vector<std::vector<std::string>>& rows) {
 }
 
 // "memory 0, disk 3, network 5": the three sources in the model's order, then any others.
-std::string RequestsText(const json& stats, const char* sep) {
+std::string RequestsText(const json& stats, const char* sep, const char* is = " ") {
   const json* req = Find(stats, {"requests"});
   if (req == nullptr || !req->is_object()) return "-";
   std::string out;
   auto add = [&](const std::string& name, const json& v) {
     if (!out.empty()) out += sep;
-    out += name + " " + (v.is_number() ? CountText(v.get<double>()) : std::string("-"));
+    out += name + is + (v.is_number() ? CountText(v.get<double>()) : std::string("-"));
   };
   for (const char* k : {"memory", "disk", "network"}) {
     if (auto it = req->find(k); it != req->end()) add(k, *it);
@@ -189,9 +195,9 @@ std::string StatsText(const json& s) {
   rows.push_back({"requests", RequestsText(s, ", ")});
   rows.push_back({"ghost hints", CountText(Number(s, {"ghost_hints_sent"})) + " sent"});
   std::string wq = BytesText(Number(s, {"write_queue", "queued_bytes"})) + " queued, " +
-                   CountText(Number(s, {"write_queue", "flushes"})) + " flushes";
+                   CountOf(Number(s, {"write_queue", "flushes"}), "flush", "flushes");
   rows.push_back({"write queue", wq});
-  std::string cache = CountText(Number(s, {"cache", "objects"})) + " objects, " +
+  std::string cache = CountOf(Number(s, {"cache", "objects"}), "object", "objects") + ", " +
                       BytesText(Number(s, {"cache", "bytes"}));
   if (auto cap = Number(s, {"cache", "capacity"})) cache += " of " + BytesText(cap);
   rows.push_back({"cache", cache});
@@ -205,12 +211,16 @@ std::string StatusText(const json& r) {
   }
   std::string size = "-";
   if (auto b = Number(r, {"size"})) size = BytesText(b) + " (" + CountText(b) + " bytes)";
-  return Table({{"path", Text(r, {"path"})},
-                {"cached", cached},
-                {"size", size},
-                {"source preference", Text(r, {"source_preference"})},
-                {"last source", Text(r, {"last_source"})},
-                {"cost", Text(r, {"cost"})}});
+  std::vector<std::vector<std::string>> rows = {{"path", Text(r, {"path"})}};
+  if (Find(r, {"url"}) != nullptr) rows.push_back({"url", Text(r, {"url"})});
+  std::vector<std::vector<std::string>> rest = {
+      {"cached", cached},
+      {"size", size},
+      {"source preference", Text(r, {"source_preference"})},
+      {"last source", Text(r, {"last_source"})},
+      {"cost", Text(r, {"cost"})}};
+  rows.insert(rows.end(), rest.begin(), rest.end());
+  return Table(rows);
 }
 
 std::string KnobText(const json& r) {
@@ -233,17 +243,22 @@ struct WatchView {
   json devices = json::array();
   json stats = json::object();
 
-  // A modes event: {"device":name,"id":n,"mode":..,"mode_index":..,"power_w":..}.
+  // A modes event: the whole devices array, or one device {"device":name,"id":n,"mode":..}.
   void ApplyMode(const json& m) {
-    if (!m.is_object()) return;
+    if (m.is_array()) {
+      devices = m;
+      return;
+    }
+    if (!m.is_object() || !devices.is_array()) return;
+    const json name = m.contains("device") ? m["device"] : m.value("name", json());
     json* target = nullptr;
     for (json& d : devices) {
       bool same_id = m.contains("id") && d.contains("id") && m["id"] == d["id"];
-      bool same_name = m.contains("device") && d.contains("name") && m["device"] == d["name"];
+      bool same_name = !name.is_null() && d.contains("name") && name == d["name"];
       if (same_id || same_name) target = &d;
     }
     if (target == nullptr) {
-      devices.push_back({{"name", m.value("device", json("?"))}});
+      devices.push_back({{"name", name.is_null() ? json("?") : name}});
       target = &devices.back();
     }
     for (const char* k : {"mode", "mode_index", "power_w"}) {
@@ -267,15 +282,18 @@ struct WatchView {
 
   // The full-screen view (for a terminal).
   std::string Screen(const std::string& control) const {
-    std::string out = "ghostfs at " + control + "   up " + DurationText(Number(stats, {"uptime_s"})) +
-                      "   knob " + CountText(Number(stats, {"knob"})) + "   (Ctrl-C quits)\n\n";
+    std::string out = "ghostfs at " + control + "   up " +
+                      DurationText(Number(stats, {"uptime_s"})) + "   knob " +
+                      CountText(Number(stats, {"knob"})) + "   (Ctrl-C quits)\n\n";
     std::vector<std::vector<std::string>> rows = {{"DEVICE", "MODE", "POWER", "ENERGY"}};
     for (const json& d : devices) {
-      rows.push_back({Text(d, {"name"}), Text(d, {"mode"}), PowerText(Number(d, {"power_w"})), Energy(d)});
+      rows.push_back(
+          {Text(d, {"name"}), Text(d, {"mode"}), PowerText(Number(d, {"power_w"})), Energy(d)});
     }
     out += Table(rows) + "\n";
     std::string energy = EnergyText(Number(stats, {"energy_j", "total"}));
-    if (auto base = Number(stats, {"energy_j", "base"})) energy += " (base " + EnergyText(base) + ")";
+    if (auto base = Number(stats, {"energy_j", "base"}))
+      energy += " (base " + EnergyText(base) + ")";
     out += Table({{"energy", energy},
                   {"requests", RequestsText(stats, "   ")},
                   {"ghost hints", CountText(Number(stats, {"ghost_hints_sent"})) + " sent"}});
@@ -287,7 +305,7 @@ struct WatchView {
     std::string out = "uptime=" + Printf("%.1f", Number(stats, {"uptime_s"}).value_or(0)) + "s";
     for (const json& d : devices) out += " " + Text(d, {"name"}) + "=" + Text(d, {"mode"});
     out += " energy=" + Printf("%.2f", Number(stats, {"energy_j", "total"}).value_or(0)) + "J";
-    out += " requests=[" + RequestsText(stats, ",") + "]";
+    out += " requests=" + RequestsText(stats, ",", ":");
     out += " hints=" + CountText(Number(stats, {"ghost_hints_sent"}));
     return out + "\n";
   }
@@ -311,6 +329,12 @@ class SignalEvents {
   SignalEvents(const SignalEvents&) = delete;
   SignalEvents& operator=(const SignalEvents&) = delete;
   int fd() const { return fd_; }
+  // Takes the pending signal, so that unblocking at exit does not deliver it again.
+  void Consume() {
+    signalfd_siginfo info;
+    while (read(fd_, &info, sizeof(info)) < 0 && errno == EINTR) {
+    }
+  }
 
  private:
   sigset_t mask_;
@@ -356,14 +380,18 @@ int Watch(ghost::ControlClient& client, const std::string& control, bool raw_jso
         if (errno == EINTR) continue;
         return Failed(std::string("poll: ") + std::strerror(errno));
       }
-      if (fds[0].revents != 0) break;  // Ctrl-C: a clean exit
+      if (fds[0].revents != 0) {  // Ctrl-C: a clean exit
+        signals.Consume();
+        break;
+      }
       auto first = client.ReadEvent(ghost::Duration(0));
       if (!first.ok()) {
         if (first.status().code() == ghost::Status::Code::kTimedOut) continue;  // part of a line
         if (tty && !raw_json) std::cout << "\n";
         return Failed(first.status().message());
       }
-      if (raw_json) std::cout << first->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      if (raw_json)
+        std::cout << first->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
       view.Apply(*first);
     }
     // Apply everything already here, then draw once.

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# ghostctl's command line without a daemon: bad arguments are usage errors (exit 2, a message
+# naming the problem, nothing on stdout); a missing daemon is a one-line "is ghostfs running?"
+# (exit 1). TAP output, one line per check.
+# Usage: ghostctl_cli_test.sh GHOSTCTL
+set -u
+GHOSTCTL=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+sock="$tmp/control.sock"  # nothing listens here
+n=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+
+# expect NAME CODE PATTERN ARGS...: exit code CODE, stderr matching PATTERN, nothing on stdout.
+expect() {
+  local name=$1 code=$2 pattern=$3
+  shift 3
+  GHOST_CONTROL="$sock" "$GHOSTCTL" "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  local rc=$?
+  if [ $rc -eq "$code" ] && grep -qE -- "$pattern" "$tmp/err" && [ ! -s "$tmp/out" ]; then
+    ok "$name"
+  else
+    not_ok "$name" "exit $rc (want $code); stderr: $(head -c 300 "$tmp/err"); stdout: $(head -c 200 "$tmp/out")"
+  fi
+}
+
+echo "1..14"
+
+expect "no command is a usage error" 2 "subcommand is required"
+expect "an unknown command is a usage error" 2 "ghostctl: " frobnicate
+expect "an unknown option is a usage error" 2 "--bogus" --bogus devices
+expect "status without PATH is a usage error" 2 "PATH" status
+expect "knob out of range is a usage error" 2 "\"170\" is not a knob value in 0..100" knob 170
+expect "knob that is not a number is a usage error" 2 "\"high\" is not a knob value" knob high
+expect "extra arguments are a usage error" 2 "ghostctl: " stats extra
+expect "--control without a path is a usage error" 2 "--control" devices --control
+
+not_running="^ghostctl: cannot connect to .*: is ghostfs running\? \(--control PATH\)$"
+expect "devices without a daemon says ghostfs is not running" 1 "$not_running" devices
+expect "stats --json without a daemon says so too" 1 "$not_running" stats --json
+expect "--control names the socket in the message" 1 "cannot connect to $tmp/other.sock" \
+  --control "$tmp/other.sock" knob 70
+expect "watch without a daemon says so" 1 "$not_running" watch
+
+GHOST_CONTROL="$sock" "$GHOSTCTL" stats >/dev/null 2>"$tmp/err"
+[ "$(wc -l <"$tmp/err")" -eq 1 ] && ok "the not-running message is one line" \
+  || not_ok "one-line message" "$(cat "$tmp/err")"
+
+if "$GHOSTCTL" --help >"$tmp/help" 2>&1 && grep -q -- "--control" "$tmp/help" && grep -q "watch" "$tmp/help"; then
+  ok "--help lists the options and commands (exit 0)"
+else
+  not_ok "--help" "$(head -c 300 "$tmp/help")"
+fi
