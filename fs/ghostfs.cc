@@ -736,6 +736,11 @@ namespace {
 const fuse_lowlevel_ops* Operations() {
   static fuse_lowlevel_ops ops = [] {
     fuse_lowlevel_ops o{};
+    o.init = [](void*, fuse_conn_info* conn) {
+      // Large sequential reads in few requests: let the kernel read ahead up to 1 MiB.
+      conn->max_readahead = 1 << 20;
+      if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+    };
     o.lookup = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpLookup(r, p, n); };
     o.forget = [](fuse_req_t r, fuse_ino_t i, uint64_t n) {
       Self(r)->OpForget(i, n);
