@@ -50,7 +50,8 @@ nlohmann::json Daemon::StatsJson() const {
           {"cache",
            {{"objects", store_->index().size()},
             {"bytes", store_->index().total_bytes()},
-            {"capacity", options_.cache_size}}}};
+            // null: no cap
+            {"capacity", options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
 }
 
 void Daemon::PublishModes() {
