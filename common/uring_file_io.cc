@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <cassert>
 #include <cerrno>
 #include <climits>
@@ -17,13 +21,65 @@
 
 namespace ghost {
 
+// The kernel hands buffered writes, fsyncs and uncached reads to an io-wq worker pool that
+// belongs to the task that called io_uring_enter, and keeps its last worker alive, waking
+// every 5 s, for as long as that task lives. So the loop thread prepares entries but never
+// enters the kernel itself: a submitter thread does, and exits once nothing has been
+// submitted for kSubmitterIdle and the kernel holds no request of ours — taking its workers
+// with it, so an idle daemon makes no wake-ups. (Requests of an exiting task are cancelled,
+// hence the "holds no request" condition.)
+//
+// Lock order: `mu` only; it guards the submission queue (io_uring_get_sqe on the loop thread,
+// io_uring_submit on the submitter) and the fields below it.
+constexpr auto kSubmitterIdle = std::chrono::seconds(2);
+
 struct UringFileIo::Ring {
   io_uring ring{};
   bool initialized = false;
   UniqueFd eventfd;
   event* eventfd_event = nullptr;
 
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread submitter;
+  bool running = false;         // the submitter thread is (still) in its loop
+  bool submit_pending = false;  // new entries wait in the submission queue
+  bool stop = false;
+  std::size_t kernel_held = 0;  // mirror of in_flight_, for the submitter's exit decision
+
+  void SubmitterLoop() {
+    std::unique_lock lock(mu);
+    while (!stop) {
+      if (submit_pending) {
+        submit_pending = false;
+        int ret;
+        do {
+          ret = io_uring_submit(&ring);
+        } while (ret == -EINTR);
+        // EAGAIN/EBUSY: the entries stay queued; the loop asks again after a completion.
+        if (ret < 0 && ret != -EAGAIN && ret != -EBUSY) {
+          std::fprintf(stderr, "ghost: UringFileIo: io_uring_submit failed: %s\n", std::strerror(-ret));
+          std::abort();  // requests would wait forever: a broken ring is not recoverable here
+        }
+        continue;
+      }
+      bool woken = cv.wait_for(lock, kSubmitterIdle, [this] { return stop || submit_pending; });
+      if (!woken && kernel_held == 0 && io_uring_sq_ready(&ring) == 0) break;
+    }
+    running = false;
+  }
+
+  void StopSubmitter() {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (submitter.joinable()) submitter.join();
+  }
+
   ~Ring() {
+    StopSubmitter();
     if (eventfd_event != nullptr) event_free(eventfd_event);
     if (initialized) io_uring_queue_exit(&ring);  // before the eventfd it may signal
   }
@@ -75,6 +131,7 @@ UringFileIo::UringFileIo(event_base* base, std::unique_ptr<Ring> ring,
 }
 
 UringFileIo::~UringFileIo() {
+  ring_->StopSubmitter();
   // The kernel may still be writing into read buffers or reading write data: wait for every
   // request it holds before anything is freed. Callbacks are dropped, not run.
   while (in_flight_ > 0) {
@@ -139,6 +196,7 @@ void UringFileIo::Enqueue(std::unique_ptr<Request> req) {
 
 bool UringFileIo::Prepare(std::unique_ptr<Request>& req) {
   if (in_flight_ >= capacity_) return false;
+  std::lock_guard lock(ring_->mu);
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
   if (sqe == nullptr) return false;
   std::size_t rest = req->size - req->moved;
@@ -156,6 +214,7 @@ bool UringFileIo::Prepare(std::unique_ptr<Request>& req) {
   }
   io_uring_sqe_set_data(sqe, req.release());  // owned by the ring until its completion
   ++in_flight_;
+  ring_->kernel_held = in_flight_;
   return true;
 }
 
@@ -165,18 +224,17 @@ void UringFileIo::Pump() {
 }
 
 void UringFileIo::Submit() {
-  if (io_uring_sq_ready(&ring_->ring) == 0) return;
-  int ret;
-  do {
-    ret = io_uring_submit(&ring_->ring);
-  } while (ret == -EINTR);
-  if (ret >= 0) return;
-  // Entries the kernel did not take stay in the submission queue; the next Submit (after a
-  // completion frees resources) hands them over again. That needs a completion to come.
-  bool completion_expected = in_flight_ > io_uring_sq_ready(&ring_->ring);
-  if ((ret == -EAGAIN || ret == -EBUSY) && completion_expected) return;
-  std::fprintf(stderr, "ghost: UringFileIo: io_uring_submit failed: %s\n", std::strerror(-ret));
-  std::abort();  // requests would wait forever: a broken ring is not recoverable here
+  {
+    std::lock_guard lock(ring_->mu);
+    if (io_uring_sq_ready(&ring_->ring) == 0) return;
+    ring_->submit_pending = true;
+    if (!ring_->running) {
+      if (ring_->submitter.joinable()) ring_->submitter.join();  // it has left its loop
+      ring_->running = true;
+      ring_->submitter = std::thread([ring = ring_.get()] { ring->SubmitterLoop(); });
+    }
+  }
+  ring_->cv.notify_one();
 }
 
 void UringFileIo::UpdateArmed() {
@@ -204,6 +262,10 @@ void UringFileIo::OnEventFd(int, short, void* arg) {
   }
   io_uring_cq_advance(&self->ring_->ring, static_cast<unsigned>(completed.size()));
   self->in_flight_ -= completed.size();
+  {
+    std::lock_guard lock(self->ring_->mu);
+    self->ring_->kernel_held = self->in_flight_;
+  }
 
   // Requests made by the callbacks are prepared now and submitted together below.
   self->reaping_ = true;

@@ -15,6 +15,11 @@
 // Destroying a UringFileIo waits (blocking) for the requests the kernel already holds, so no
 // buffer is freed under the kernel, then drops every pending callback without running it.
 //
+// The loop thread prepares ring entries; a short-lived submitter thread enters the kernel
+// and exits after 2 s without submissions once nothing is in flight, so the kernel's io-wq
+// worker for buffered writes ends with it and an idle daemon makes no wake-ups (see
+// uring_file_io.cc).
+//
 // Thread-safety: not thread-safe; every call on the thread that runs the event_base. Do not
 // destroy it from inside one of its own callbacks.
 #ifndef GHOST_COMMON_URING_FILE_IO_H_
