@@ -295,7 +295,19 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
 
   // Network: stream the object (or join a stream already running); the open is answered
   // once the reply's head says whether there is a body.
-  auto from_network = [this, ino, url, open_handle, req, cached = cached != nullptr](const std::string& validator_etag,
+  // The size the emulated card will carry: the cached copy's, else the parent listing's.
+  Bytes listed_size = 0;
+  {
+    Node parent;
+    parent.kind = NodeKind::kOriginDir;
+    parent.origin = n->origin;
+    parent.path = DirOf(n->path);
+    auto l = listings_.find(OriginUrl(&parent));
+    if (l != listings_.end()) {
+      if (const DirEntry* e = FindEntry(l->second, BaseOf(n->path)); e && e->size) listed_size = *e->size;
+    }
+  }
+  auto from_network = [this, ino, url, open_handle, req, listed_size, cached = cached != nullptr](const std::string& validator_etag,
                                                                                    const std::string& validator_date) mutable {
     auto running = streams_.find(url);
     if (running != streams_.end() && validator_etag.empty()) {
@@ -394,7 +406,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     st->fetch = http_->Fetch(std::move(rq), std::move(cb));
     // The emulated card carries the same transfer; data reaches readers once both the real
     // bytes and the card's modelled delay (mode change, beacons, DESIGN §7) are through.
-    Bytes expected = 0;
+    Bytes expected = listed_size;
     if (const CacheEntry* e = store_->index().Find(url)) expected = e->size;
     net_->Submit({expected, false}, [this, st] {
       st->emulated_ready = true;
