@@ -41,15 +41,8 @@ def wait_for(pred, timeout):
 
 
 def main():
-    h.require_root_and_fuse()
-    work = h.tempdir()
-    root = os.path.join(work, "origin")
-    os.makedirs(root)
-    sums = h.make_tree(root)
     # Explicit freshness, so cached copies are fresh and the cost model decides.
-    nginx = h.Nginx(root, extra_location="expires 1h;")
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    work, root, sums, nginx = h.serve_tree(extra_location="expires 1h;")
     t = h.Tap(PLAN)
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)

@@ -13,16 +13,9 @@ PLAN = 5
 
 
 def main():
-    h.require_root_and_fuse()
-    work = h.tempdir()
-    root = os.path.join(work, "origin")
-    os.makedirs(root)
-    sums = h.make_tree(root)
+    work, root, sums, nginx = h.serve_tree(extra_location="limit_rate 2m;")
     with open(os.path.join(root, "large.bin"), "rb") as f:
         large = f.read()
-    nginx = h.Nginx(root, extra_location="limit_rate 2m;")
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)

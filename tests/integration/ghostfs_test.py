@@ -15,14 +15,7 @@ PLAN = 25
 
 
 def main():
-    h.require_root_and_fuse()
-    work = h.tempdir()
-    root = os.path.join(work, "origin")
-    os.makedirs(root)
-    sums = h.make_tree(root)
-    nginx = h.Nginx(root)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    work, root, sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
     mnt = os.path.join(work, "mnt")
     cache = os.path.join(work, "cache")

@@ -251,3 +251,17 @@ def sha256_file(path):
                 break
             h.update(b)
     return h.hexdigest()
+
+
+def serve_tree(extra_location=""):
+    """The common start of a mount test: root and /dev/fuse (else skip), a fresh work dir, the
+    generated tree served by nginx (else skip). Returns (work, origin root, sums, nginx)."""
+    require_root_and_fuse()
+    work = tempdir()
+    root = os.path.join(work, "origin")
+    os.makedirs(root)
+    sums = make_tree(root)
+    nginx = Nginx(root, extra_location=extra_location)
+    if not nginx.start():
+        skip_all("nginx is not installed or did not start")
+    return work, root, sums, nginx
