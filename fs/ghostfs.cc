@@ -185,13 +185,18 @@ struct stat Daemon::DirStat(fuse_ino_t ino) const {
   return st;
 }
 
-void Daemon::ReplyEntry(fuse_req_t req, Node* n, const struct stat& st) {
+fuse_entry_param Daemon::EntryFor(Node* n, const struct stat& st) {
   fuse_entry_param e{};
   e.ino = n->ino;
   e.attr = st;
   e.attr.st_ino = n->ino;
   e.attr_timeout = kAttrTimeout;
   e.entry_timeout = kAttrTimeout;
+  return e;
+}
+
+void Daemon::ReplyEntry(fuse_req_t req, Node* n, const struct stat& st) {
+  fuse_entry_param e = EntryFor(n, st);
   fuse_reply_entry(req, &e);
 }
 
@@ -421,12 +426,7 @@ void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_
   h.key = LocalKey(st.st_ino);
   fi->fh = next_fh_++;
   handles_[fi->fh] = std::move(h);
-  fuse_entry_param e{};
-  e.ino = n->ino;
-  e.attr = st;
-  e.attr.st_ino = n->ino;
-  e.attr_timeout = kAttrTimeout;
-  e.entry_timeout = kAttrTimeout;
+  fuse_entry_param e = EntryFor(n, st);
   fuse_reply_create(req, &e, fi);
 }
 

@@ -131,6 +131,7 @@ class Daemon final : public GhostFs {
 
   // ---- attributes ----
   struct stat DirStat(fuse_ino_t ino) const;
+  static fuse_entry_param EntryFor(Node* n, const struct stat& st);
   void ReplyEntry(fuse_req_t req, Node* n, const struct stat& st);
 
   // ---- local/ ----
