@@ -637,6 +637,19 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     st = db_->Run(db_->update_access, "saving an access time");
     if (!st.ok()) break;
   }
+  for (const std::string& key : dirty_meta_) {
+    if (!st.ok()) break;
+    const CacheEntry* e = index_.Find(key);
+    if (e == nullptr) continue;
+    Stmt& s = db_->update_meta;
+    s.Bind(1, key);
+    s.Bind(2, e->etag);
+    s.Bind(3, e->last_modified);
+    s.Bind(4, e->content_type);
+    s.Bind(5, e->expires ? std::optional<std::int64_t>(ToStored(*e->expires)) : std::nullopt);
+    s.Bind(6, ToStored(e->fetched));
+    st = db_->Run(s, "updating the metadata of " + Quote(key));
+  }
   if (st.ok()) st = changes();
   if (st.ok()) st = db_->Run(db_->commit, "committing a transaction");
   if (!st.ok()) {
@@ -644,12 +657,16 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     return st;
   }
   dirty_access_.clear();
+  dirty_meta_.clear();
   return ghost::Status::Ok();
 }
 
 ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
   if (keys.empty()) return ghost::Status::Ok();
-  for (const std::string& key : keys) dirty_access_.erase(key);
+  for (const std::string& key : keys) {
+    dirty_access_.erase(key);
+    dirty_meta_.erase(key);
+  }
   ghost::Status st = Batch([&]() -> ghost::Status {
     for (const std::string& key : keys) {
       db_->delete_key.Bind(1, key);
@@ -686,17 +703,14 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
   updated.where = current->where;
   updated.last_access = current->last_access;
   index_.Update(key, [&](CacheEntry& e) { e = updated; });
-  return Batch([&]() -> ghost::Status {
-    Stmt& s = db_->update_meta;
-    s.Bind(1, key);
-    s.Bind(2, updated.etag);
-    s.Bind(3, updated.last_modified);
-    s.Bind(4, updated.content_type);
-    s.Bind(5, updated.expires ? std::optional<std::int64_t>(ToStored(*updated.expires))
-                              : std::nullopt);
-    s.Bind(6, ToStored(updated.fetched));
-    return db_->Run(s, "updating the metadata of " + Quote(key));
-  });
+  dirty_meta_.insert(key);
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::SaveIndex() {
+  if (closed_) return ClosedError();
+  if (unsaved_index_changes() == 0) return ghost::Status::Ok();
+  return Batch([] { return ghost::Status::Ok(); });
 }
 
 ghost::Status CacheStore::Erase(const std::string& key) {
@@ -919,7 +933,11 @@ ghost::Status CacheStore::Publish(Fill& fill) {
   assert(evicted.ok() && "the size was checked against the cap above");
   const CacheEntry& stored = *index_.Find(key);
   dirty_access_.erase(key);
-  for (const std::string& k : *evicted) dirty_access_.erase(k);
+  dirty_meta_.erase(key);  // the row is written whole below
+  for (const std::string& k : *evicted) {
+    dirty_access_.erase(k);
+    dirty_meta_.erase(k);
+  }
   ghost::Status st = Batch([&]() -> ghost::Status {
     db_->BindObject(
         db_->upsert_complete, key, stored, ToStored(stored.fetched), ToStored(stored.last_access),

@@ -128,10 +128,17 @@ class CacheStore {
   // Pending appends and a pending commit of it report an error. Unknown ids are ignored.
   void AbortFill(FillId id);
 
-  // Changes `key`'s metadata (validators, content type, expiry, fetched; e.g. after a 304)
-  // in memory and in sqlite, keeping its LRU position. Changes by `fn` to size, where and
-  // last_access are ignored. NotFound if `key` is not cached.
+  // Changes `key`'s metadata (validators, content type, expiry, fetched; e.g. after a 304),
+  // keeping its LRU position. Changes by `fn` to size, where and last_access are ignored.
+  // In memory now; persisted, like access times, with the next transaction, SaveIndex or
+  // Close: a caller that defers disk writes (DESIGN §3.5) decides when. A crash loses the
+  // change, which costs one more revalidation, never a wrong body. NotFound if `key` is not
+  // cached.
   ghost::Status UpdateMeta(const std::string& key, const std::function<void(CacheEntry&)>& fn);
+  // Writes the metadata changes and access times not yet in sqlite, in one transaction.
+  ghost::Status SaveIndex();
+  // Rows whose metadata or access time sqlite does not have yet.
+  std::size_t unsaved_index_changes() const { return dirty_access_.size() + dirty_meta_.size(); }
   // Removes `key`'s body and row. NotFound if it is not cached.
   ghost::Status Erase(const std::string& key);
   // Records an access: `key` becomes the most recently used. In memory now; persisted with
@@ -205,6 +212,7 @@ class CacheStore {
   std::map<FillId, Fill> fills_;
   FillId next_fill_id_ = 1;
   std::unordered_set<std::string> dirty_access_;  // keys whose access time sqlite lacks
+  std::unordered_set<std::string> dirty_meta_;    // keys whose UpdateMeta sqlite lacks
   bool closed_ = false;
   // Callbacks hold a weak_ptr to this: once the store is gone they do nothing.
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);

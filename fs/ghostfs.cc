@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "common/stpm_disk.h"
 #include "common/stpm_network.h"
@@ -580,6 +582,7 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
   // The emulated disk does the same amount of work (it may need to spin up first).
   ++*pending;
   disk_->Submit({total, true}, finish);
+  bool save_index = false;  // metadata changes (after a 304) wait for a batch, too
   for (WriteRecord& r : batch) {
     if (r.key.starts_with("local:")) {
       ino_t ino = static_cast<ino_t>(std::stoull(r.key.substr(6)));
@@ -600,6 +603,8 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
         close(fd);
         finish();
       });
+    } else if (r.key.starts_with("index:")) {
+      save_index = true;
     } else if (r.key.starts_with("fill:")) {
       std::string url = r.key.substr(5);
       auto meta = pending_fills_.find(url);
@@ -626,6 +631,9 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
         });
       });
     }
+  }
+  if (save_index) {
+    if (Status s = store_->SaveIndex(); !s.ok()) std::fprintf(stderr, "ghostfs: saving the cache index: %s\n", s.ToString().c_str());
   }
   finish();
 }
@@ -733,12 +741,37 @@ void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
 
 namespace {
 
+constexpr unsigned kReadAheadBytes = 1 << 20;
+
+// A FUSE mount's read-ahead window is the smaller of max_readahead and its backing device
+// info's read_ahead_kb, which starts at 128 KiB: raise the latter (root only; best effort).
+// The bdi is named after the mount's device number, found in /proc/self/mountinfo because a
+// stat of our own mount point would wait for the loop that is not running yet.
+void RaiseReadAhead(const std::string& mountpoint) {
+  std::ifstream mounts("/proc/self/mountinfo");
+  std::string line;
+  std::string dev;
+  while (std::getline(mounts, line)) {
+    // "id parent major:minor root mountpoint ..." (mount points with blanks are escaped as \040)
+    std::istringstream fields(line);
+    std::string id, parent, majmin, root, point;
+    if (fields >> id >> parent >> majmin >> root >> point && point == mountpoint) dev = majmin;
+  }
+  if (dev.empty()) return;
+  std::ofstream ra("/sys/class/bdi/" + dev + "/read_ahead_kb");
+  ra << kReadAheadBytes / 1024;
+}
+
 const fuse_lowlevel_ops* Operations() {
   static fuse_lowlevel_ops ops = [] {
     fuse_lowlevel_ops o{};
     o.init = [](void*, fuse_conn_info* conn) {
-      // Large sequential reads in few requests: let the kernel read ahead up to 1 MiB.
-      conn->max_readahead = 1 << 20;
+      // Large sequential reads in few requests: let the kernel read ahead up to 1 MiB, in
+      // 1 MiB requests (libfuse derives the kernel's max_pages from max_write). Every request
+      // is a round trip through the loop. The kernel also caps read-ahead at the mount's bdi
+      // setting, which RaiseReadAhead lifts.
+      conn->max_readahead = kReadAheadBytes;
+      conn->max_write = kReadAheadBytes;
       if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
     };
     o.lookup = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpLookup(r, p, n); };
@@ -792,11 +825,15 @@ int Daemon::Run() {
     std::fprintf(stderr, "ghostfs: bad FUSE options\n");
     return 2;
   }
+  // Resolved before mounting: afterwards a lookup of the mount point waits for this loop.
+  std::error_code ec;
+  std::string mount_path = std::filesystem::canonical(options_.mountpoint, ec).string();
   if (fuse_session_mount(se_, options_.mountpoint.c_str()) != 0) {
     std::fprintf(stderr, "ghostfs: cannot mount on %s\n", options_.mountpoint.c_str());
     fuse_session_destroy(se_);
     return 1;
   }
+  if (!ec) RaiseReadAhead(mount_path);
   if (!options_.foreground && fuse_daemonize(0) != 0) {
     fuse_session_unmount(se_);
     fuse_session_destroy(se_);

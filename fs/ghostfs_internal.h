@@ -43,6 +43,8 @@ namespace ghost {
 
 // readdir entries whose inode the kernel must look up (libfuse passes 0xffffffff as "unknown").
 inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
+// What one index row update costs the disk in the write queue: one sqlite page.
+constexpr Bytes kIndexRowBytes = 4096;
 
 // What a read of an origin file last did, for the user.ghost.* attributes.
 struct Decision {
@@ -159,6 +161,8 @@ class Daemon final : public GhostFs {
   void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
   std::optional<std::string> OriginXattr(Node* n, const std::string& name);
   std::string OriginUrl(const Node* n) const;
+  std::optional<std::int64_t> FileMtime(const DirEntry* listed, const CacheEntry* cached) const;
+  const DirEntry* ListedEntry(const Node* n) const;  // from the listing in memory, if any
   // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
   void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
   void FillCommitted(const std::string& key);

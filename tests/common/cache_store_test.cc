@@ -539,7 +539,12 @@ TEST_F(CacheStoreTest, UpdateMetaIsPersistedAndKeepsSizeAndOrder) {
   });
   ASSERT_TRUE(st.ok()) << st.ToString();
   EXPECT_EQ(store_->index().Find("a")->size, 4u);
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"2\"");  // in memory at once
   EXPECT_EQ(LruOrder(), (Keys{"a", "b"}));
+  // Not in sqlite yet: the caller decides when the disk is written (deferred writes).
+  EXPECT_EQ(store_->unsaved_index_changes(), 1u);
+  ASSERT_TRUE(store_->SaveIndex().ok());
+  EXPECT_EQ(store_->unsaved_index_changes(), 0u);
   Reopen();
   const CacheEntry* a = store_->index().Find("a");
   ASSERT_NE(a, nullptr);
@@ -572,6 +577,37 @@ TEST_F(CacheStoreTest, FillOfADroppedStoreIsGoneAfterReopen) {
   Reopen();
   EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
   EXPECT_TRUE(ObjectFiles().empty());
+}
+
+TEST_F(CacheStoreTest, UpdateMetaReachesSqliteOnlyWhenSaved) {
+  Reopen();
+  ASSERT_TRUE(Fill("a", "aaaa", Meta("\"1\"")).ok());
+  store_.reset();
+  // A child updates the metadata, saves it or not, and dies without running any destructor.
+  auto crash_after_update = [&](bool save) {
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      event_base* base = event_base_new();
+      SyncFileIo io(base);
+      Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, Options());
+      if (!store.ok()) ::_exit(2);
+      if (!(*store)->UpdateMeta("a", [&](CacheEntry& e) { e.etag = save ? "\"saved\"" : "\"lost\""; }).ok()) ::_exit(3);
+      if (save && !(*store)->SaveIndex().ok()) ::_exit(4);
+      ::_exit(0);
+    }
+    int wstatus = 0;
+    EXPECT_EQ(::waitpid(pid, &wstatus, 0), pid);
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  };
+  crash_after_update(false);
+  Reopen();
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"1\"");  // lost with the crash: revalidated again
+  store_.reset();
+  crash_after_update(true);
+  Reopen();
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"saved\"");
+  EXPECT_EQ(*ReadAll("a"), "aaaa");
 }
 
 TEST_F(CacheStoreTest, FillCutShortByACrashIsGoneAfterReopen) {

@@ -12,7 +12,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 18
+PLAN = 21
 
 
 def ghostctl(ctl, *args, check=True):
@@ -138,6 +138,31 @@ def main():
     t.check(stats["cache"]["bytes"] <= 400 * 1024 and big == "0",
             "the cache stays under its cap and refuses an object over it", (stats["cache"], big))
     fs.stop()
+
+    # A revalidation (304) while the disk sleeps: the index row waits in the write queue too.
+    # The body comes from the kernel's page cache (kept across opens), so the disk stays down.
+    short = h.Nginx(root, extra_location="expires 1s;")
+    t.check(short.start(), "a second nginx serves the tree with 1 s freshness")
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache-304"), {"short": short.url()},
+                   args=["--profile", "ipaq-2004"], control=ctl)
+    fs.start()
+    page = os.path.join(mnt, "short", "page.html")
+    h.sha256_file(page)
+    ghostctl(ctl, "flush")
+    h.sha256_file(page)  # the kernel keeps these pages for the next open
+    slept = wait_for(lambda: disk(ctl)["mode"] == "standby", 15)
+    time.sleep(1.5)  # stale now
+    same = h.sha256_file(page) == sums["page.html"]
+    revalidated = [l for l in short.log_lines() if "page.html" in l and " 304 " in l]
+    stats = jctl(ctl, "stats")
+    t.check(slept and same and revalidated and stats["write_queue"]["queued_bytes"] == 4096
+            and disk(ctl)["mode"] == "standby",
+            "after a 304 the index update is queued (one page) while the disk stays in standby",
+            (revalidated, stats["write_queue"], disk(ctl)["mode"]))
+    ghostctl(ctl, "flush")
+    t.check(jctl(ctl, "stats")["write_queue"]["queued_bytes"] == 0, "ghostctl flush saves the index update")
+    fs.stop()
+    short.stop()
     t.done()
 
 

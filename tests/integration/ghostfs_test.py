@@ -11,7 +11,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 25
+PLAN = 26
 
 
 def main():
@@ -33,6 +33,7 @@ def main():
     t.check(sorted(os.listdir(os.path.join(www, "dir1"))) == ["a.txt", "b.bin", "sub"], "nested listings",
             os.listdir(os.path.join(www, "dir1")))
 
+    mtimes_before = {rel: os.stat(os.path.join(www, rel)).st_mtime for rel in sums}
     bad = [rel for rel, s in sums.items() if h.sha256_file(os.path.join(www, rel)) != s]
     t.check(not bad, "every file reads byte-identical to the origin (small, large, nested, odd names)", bad)
     sizes = [rel for rel in sums if os.stat(os.path.join(www, rel)).st_size != os.path.getsize(os.path.join(root, rel))]
@@ -43,6 +44,10 @@ def main():
     time.sleep(0.5)
     cached = os.getxattr(os.path.join(www, "page.html"), "user.ghost.cached").decode()
     t.check(cached == "1", "a read object is cached (user.ghost.cached)", cached)
+    time.sleep(1.1)  # past the attribute timeout: stat asks the daemon again
+    moved = {rel: (m, os.stat(os.path.join(www, rel)).st_mtime) for rel, m in mtimes_before.items()
+             if os.stat(os.path.join(www, rel)).st_mtime != m or m == 0}
+    t.check(not moved, "mtimes are non-zero and the same before and after caching", moved)
     etag = os.getxattr(os.path.join(www, "page.html"), "user.http.etag").decode()
     ctype = os.getxattr(os.path.join(www, "page.html"), "user.http.content_type").decode()
     t.check(etag.startswith('"') and ctype.startswith("text/html"), "user.http.etag and user.http.content_type",
