@@ -11,6 +11,7 @@ GHOST_PACKAGES=(
   libgtest-dev libgmock-dev
   libevent-dev libcurl4-openssl-dev libsqlite3-dev liburing-dev libfuse3-dev fuse3
   nginx-light curl
+  libnetfilter-queue-dev iptables iputils-ping
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
