@@ -1,0 +1,96 @@
+// CacheBackend: what ghostproxy needs from the cache it shares with ghostfs (DESIGN §3.4, §4).
+//
+// The proxy speaks HTTP and decides what is cacheable (RFC 9111); the backend keeps the
+// objects and makes the power-aware choices. The product's backend is GhostfsBackend
+// (proxy/ghostfs_backend.h): the running ghostfs daemon's cache store, reached through its
+// control socket (lookups, cost-model choices, hints) and its mount (bodies are read from and
+// written into MOUNTPOINT/.ghost/, so fills go through the daemon's deferred write queue).
+// Tests use MemoryBackend (tests/proxy/memory_backend.h).
+//
+// Keys are opaque strings chosen by the proxy: the absolute URL, or the URL plus the values
+// of the request headers named by the stored response's Vary (see StoreKey in proxy.h).
+//
+// Asynchronous: every callback runs later on the proxy's event loop, never inside the call
+// that took it, exactly once (unless the backend is destroyed first: then never).
+#ifndef GHOST_PROXY_CACHE_BACKEND_H_
+#define GHOST_PROXY_CACHE_BACKEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "common/units.h"
+
+namespace ghost {
+
+// A response as stored: status, the end-to-end header fields (hop-by-hop ones removed) and
+// the body's length. The proxy serializes it; the backend keeps it verbatim.
+struct StoredResponse {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  Bytes size = 0;
+  // Unix seconds: when the response was received (RFC 9111 §4.2.3 response_time), and when
+  // it stops being fresh (nullopt: the proxy computes freshness from the headers).
+  std::int64_t stored_unix = 0;
+  std::optional<std::int64_t> expires_unix;
+};
+
+// Where the cost model says a cached object should come from right now.
+enum class CacheChoice { kDisk, kNetwork };
+
+struct CacheLookup {
+  bool cached = false;
+  StoredResponse response;              // when cached
+  CacheChoice choice = CacheChoice::kDisk;  // when cached: the cheaper source now
+  bool ghost_hint = false;              // the choice sent the disk a ghost hint
+};
+
+// Receives one body being stored. Write calls are ordered; Commit makes the object visible
+// (atomically: a reader sees the old object or the new one, never half of one); Abort, or
+// destroying the writer without Commit, discards it.
+class CacheWriter {
+ public:
+  virtual ~CacheWriter() = default;
+  virtual void Write(std::string data) = 0;
+  virtual void Commit(std::function<void(Status)> done) = 0;
+  virtual void Abort() = 0;
+};
+
+class CacheBackend {
+ public:
+  virtual ~CacheBackend() = default;
+
+  // Looks `key` up and, if it is cached, asks the cost model where to read it from (sending
+  // the disk a ghost hint when the network wins although its ideal mode would not have).
+  virtual void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) = 0;
+
+  // Streams bytes [offset, offset + length) of a cached body: `on_data` gets them in order
+  // (return false to stop early), then `done` once. An object evicted meanwhile is an error.
+  virtual void ReadBody(const std::string& key, Bytes offset, Bytes length,
+                        std::function<bool(std::string_view)> on_data,
+                        std::function<void(Status)> done) = 0;
+
+  // Starts storing `head` (and then its body) under `key`, replacing what is there.
+  virtual std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) = 0;
+
+  // A 304 refreshed a stored response: replaces its header fields and freshness, keeps the body.
+  virtual void Refresh(const std::string& key, const StoredResponse& head) = 0;
+
+  // Removes `key` (a response that may no longer be stored, RFC 9111 §4.4).
+  virtual void Invalidate(const std::string& key) = 0;
+
+  // Discloses a network transfer to the power manager (DESIGN §3.4): begin before the request
+  // goes out, end when the response is complete (or failed).
+  virtual void TransferBegin() = 0;
+  virtual void TransferEnd(Bytes bytes) = 0;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_PROXY_CACHE_BACKEND_H_
