@@ -92,6 +92,9 @@ struct CacheEntry {
   std::optional<TimePoint> expires;
   TimePoint fetched{};      // when the body was fetched from the origin
   TimePoint last_access{};  // when it was last read (or inserted)
+  // The stored response head of an object the proxy cached (its own serialization, opaque to
+  // the cache); empty for objects ghostfs fetched itself.
+  std::string response;
 
   bool Expired(TimePoint now) const { return expires.has_value() && *expires <= now; }
 };

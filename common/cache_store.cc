@@ -236,10 +236,12 @@ struct DbCloser {
   void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
 };
 
-constexpr int kSchemaVersion = 1;
+// Version 2 added objects.response (the proxy's stored response head); version 1 indexes are
+// upgraded in place.
+constexpr int kSchemaVersion = 2;
 
 constexpr char kObjectColumns[] =
-    "key, size, etag, last_modified, content_type, expires_us, fetched_us, accessed_us";
+    "key, size, etag, last_modified, content_type, expires_us, fetched_us, accessed_us, response";
 
 }  // namespace
 
@@ -337,23 +339,23 @@ struct CacheStore::Db {
         {&commit, "COMMIT"},
         {&rollback, "ROLLBACK"},
         {&insert_pending, "INSERT INTO objects(" + cols +
-                              ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0) "
+                              ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0) "
                               "ON CONFLICT(key) DO NOTHING"},
         {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
         {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
         {&upsert_complete,
          "INSERT INTO objects(" + cols +
-             ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1) "
+             ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1) "
              "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
              "last_modified = excluded.last_modified, content_type = excluded.content_type, "
              "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
-             "accessed_us = excluded.accessed_us, complete = 1"},
+             "accessed_us = excluded.accessed_us, response = excluded.response, complete = 1"},
         {&delete_key, "DELETE FROM objects WHERE key = ?1"},
         {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
         {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE key = ?1"},
         {&update_meta,
          "UPDATE objects SET etag = ?2, last_modified = ?3, content_type = ?4, expires_us = ?5, "
-         "fetched_us = ?6 WHERE key = ?1 AND complete = 1"},
+         "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -382,7 +384,15 @@ struct CacheStore::Db {
       std::string sql =
           "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
-    } else if (std::int64_t v = q.Int(0); v != kSchemaVersion) {
+    } else if (std::int64_t v = q.Int(0); v == 1) {
+      q = Stmt();
+      if (ghost::Status st = Exec(
+              "ALTER TABLE objects ADD COLUMN response TEXT NOT NULL DEFAULT ''; "
+              "UPDATE schema_version SET version = 2");
+          !st.ok()) {
+        return st;
+      }
+    } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
           ", but this ghost reads version " + std::to_string(kSchemaVersion) +
@@ -393,10 +403,10 @@ struct CacheStore::Db {
         "key TEXT PRIMARY KEY NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL DEFAULT '', "
         "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
         "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
-        "complete INTEGER NOT NULL)");
+        "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '')");
   }
 
-  // Binds ?1..?8 of insert_pending / upsert_complete.
+  // Binds ?1..?9 of insert_pending / upsert_complete.
   void BindObject(Stmt& s, const std::string& key, const CacheEntry& e, std::int64_t fetched_us,
                   std::int64_t accessed_us, std::optional<std::int64_t> expires_us) {
     s.Bind(1, key);
@@ -407,6 +417,7 @@ struct CacheStore::Db {
     s.Bind(6, expires_us);
     s.Bind(7, fetched_us);
     s.Bind(8, accessed_us);
+    s.Bind(9, e.response);
   }
 };
 
@@ -503,6 +514,7 @@ ghost::Status CacheStore::Load() {
       if (!q.IsNull(5)) e.expires = FromStored(q.Int(5));
       e.fetched = FromStored(q.Int(6));
       e.last_access = FromStored(q.Int(7));
+      e.response = q.Text(8);
       // A body that is missing or the wrong length (lost by a power cut, or edited) is
       // never served.
       struct stat sb;
@@ -648,6 +660,7 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     s.Bind(4, e->content_type);
     s.Bind(5, e->expires ? std::optional<std::int64_t>(ToStored(*e->expires)) : std::nullopt);
     s.Bind(6, ToStored(e->fetched));
+    s.Bind(7, e->response);
     st = db_->Run(s, "updating the metadata of " + Quote(key));
   }
   if (st.ok()) st = changes();

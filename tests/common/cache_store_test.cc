@@ -579,6 +579,38 @@ TEST_F(CacheStoreTest, FillOfADroppedStoreIsGoneAfterReopen) {
   EXPECT_TRUE(ObjectFiles().empty());
 }
 
+TEST_F(CacheStoreTest, StoredResponseHeadRoundTripsAndVersion1IndexesAreUpgraded) {
+  Reopen();
+  CacheEntry meta = Meta("\"1\"");
+  meta.response = R"({"status":200,"headers":[["Vary","Accept-Encoding"]]})";
+  ASSERT_TRUE(Fill("proxied", "body", meta).ok());
+  ASSERT_TRUE(Fill("plain", "text").ok());
+  Reopen();
+  EXPECT_EQ(store_->index().Find("proxied")->response, meta.response);
+  EXPECT_EQ(store_->index().Find("plain")->response, "");
+  ASSERT_TRUE(store_->UpdateMeta("proxied", [](CacheEntry& e) { e.response = "{}"; }).ok());
+  Reopen();
+  EXPECT_EQ(store_->index().Find("proxied")->response, "{}");
+
+  // An index written by the version before the column existed opens and keeps its objects.
+  store_.reset();
+  ExecSql("ALTER TABLE objects DROP COLUMN response; UPDATE schema_version SET version = 1");
+  Reopen();
+  ASSERT_NE(store_->index().Find("plain"), nullptr);
+  EXPECT_EQ(*ReadAll("plain"), "text");
+  EXPECT_EQ(store_->index().Find("proxied")->response, "");
+  store_.reset();
+  // A version from the future is refused with a message, not misread.
+  ExecSql("UPDATE schema_version SET version = 99");
+  event_base* base = event_base_new();
+  SyncFileIo io(base);
+  Result<std::unique_ptr<CacheStore>> future = CacheStore::Open(dir_, 0, clock_, io, Options());
+  ASSERT_FALSE(future.ok());
+  EXPECT_NE(future.status().message().find("schema version 99"), std::string::npos) << future.status().ToString();
+  event_base_free(base);
+  ExecSql("UPDATE schema_version SET version = 2");
+}
+
 TEST_F(CacheStoreTest, UpdateMetaReachesSqliteOnlyWhenSaved) {
   Reopen();
   ASSERT_TRUE(Fill("a", "aaaa", Meta("\"1\"")).ok());
