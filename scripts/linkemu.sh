@@ -59,7 +59,7 @@ die() {
 }
 usage() {
   say "$*"
-  say "usage: linkemu.sh up|down|exec|status|selftest|check [options] (see the header of $0)"
+  say "usage: linkemu.sh up|down|exec|status|selftest|check [options]; run linkemu.sh --help"
   exit 2
 }
 
@@ -248,11 +248,18 @@ cmd_up() {
   done
   [ -x "$nfq_delay" ] ||
     die "no nfq_delay at $nfq_delay (build it: ninja -C \$GHOST_BUILD, needs libnetfilter-queue-dev; or --nfq-delay PATH)"
+  # One up at a time, so that the checks below and the creation they guard are one step for
+  # concurrent ups (same name or same subnet). Released when up ends; the delayer does not
+  # inherit it.
+  local lock
+  mkdir -p "$STATE_ROOT" || die "cannot create $STATE_ROOT"
+  exec {lock}>"$STATE_ROOT/.lock" || die "cannot open $STATE_ROOT/.lock"
+  flock -w 30 "$lock" || die "another linkemu.sh up holds $STATE_ROOT/.lock"
   netns_exists "$ns" && die "namespace $ns already exists; run linkemu.sh down --name $name first"
   netns_exists "$link_ns" &&
     die "namespace $link_ns already exists; run linkemu.sh down --name $name first"
   iface_exists "$host_if" && die "interface $host_if already exists; run linkemu.sh down --name $name first (or choose another --name)"
-  ip -4 -o addr show | grep -qE "inet $subnet\.[0-9]+/" &&
+  ip -4 -o addr show | grep -qE "inet ${subnet//./\\.}\.[0-9]+/" &&
     die "the host already has an address in $subnet.0/24; choose another --subnet"
   [ -e "$state" ] && rm -rf "$state"
 
@@ -328,7 +335,7 @@ EOF
   # session, so a Ctrl-C meant for a later command in this terminal does not reach it.
   setsid ip netns exec "$link_ns" "$nfq_delay" --queue 0 --queue 1 \
     --delay-ms "$down_delay_ms" --delay-ms "$up_delay_ms" --link "$name" \
-    </dev/null >"$state/delayer.log" 2>&1 &
+    </dev/null >"$state/delayer.log" 2>&1 {lock}>&- &
   local pid=$!
   echo "$pid" >"$state/delayer.pid"
   local ready=''
@@ -351,6 +358,7 @@ EOF
 
   date +%s >"$state/up"
   trap - EXIT INT TERM
+  exec {lock}>&-
   say "link $name up: host $host_if $host_ip <-> $ns_ip in namespace $ns;" \
     "delay ${down_delay_ms} ms down / ${up_delay_ms} ms up;" \
     "rate $(fmt_kbit "$down_kbit") down / $(fmt_kbit "$up_kbit") up"

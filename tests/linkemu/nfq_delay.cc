@@ -167,7 +167,7 @@ class DelayedQueue {
   // Shutdown: accepts everything still held (and any id up to the newest seen).
   void AcceptAll() {
     line_.TakeAll();
-    if (newest_) Accept(*newest_);
+    if (newest_ && newest_ != accepted_) Accept(*newest_);
   }
 
   void Unbind() {
@@ -206,6 +206,7 @@ class DelayedQueue {
   // One verdict accepts every packet of the queue with an id up to `last`, in queue order.
   void Accept(std::uint32_t last) {
     ++verdicts_;
+    accepted_ = last;
     if (nfq_set_verdict_batch(qh_, last, NF_ACCEPT) < 0) {
       if (verdict_errors_++ == 0) {
         std::fprintf(stderr, "nfq_delay: queue %d: verdict failed: %s\n", num_,
@@ -219,7 +220,8 @@ class DelayedQueue {
   nfq_q_handle* qh_ = nullptr;
   std::unique_ptr<Fd> timer_;
   std::optional<Nanos> armed_;
-  std::optional<std::uint32_t> newest_;
+  std::optional<std::uint32_t> newest_;    // the last packet read
+  std::optional<std::uint32_t> accepted_;  // the last id given a verdict
   std::uint64_t packets_ = 0;
   std::uint64_t verdicts_ = 0;
   std::uint64_t verdict_errors_ = 0;
@@ -251,6 +253,9 @@ class Delayer {
       if (!queues_.back()->Bind(handle_.get(), opt_.maxlen)) return false;
     }
 
+    // A shell starts background jobs with SIGINT ignored, and an ignored signal never reaches
+    // the signalfd: take the default back before blocking.
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) signal(sig, SIG_DFL);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
