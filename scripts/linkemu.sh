@@ -499,6 +499,9 @@ def serve(addr):
                 while True:
                     c.sendall(buf)
             elif mode == b"U":
+                # Reports leave at once (no Nagle), so their arrival times are their send times
+                # plus the constant downlink delay.
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 count, last = 0, 0.0
                 while True:
                     d = c.recv(1 << 16)
@@ -526,11 +529,17 @@ def tbf_bytes(link_ns, dev):
     return None
 
 def rate(samples, lo, hi):
-    """bit/s between the first sample at or after lo and the last at or before hi."""
+    """bit/s: the least-squares slope of (time, bytes) over the samples in [lo, hi], so that
+    jitter in when a sample was taken (scheduling, a report's trip) does not weigh as it would
+    at two end points."""
     inside = [s for s in samples if lo <= s[0] <= hi]
     if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
         raise SystemExit("too few samples to measure a rate")
-    return 8 * (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
+    n = len(inside)
+    mt = sum(t for t, _ in inside) / n
+    mb = sum(b for _, b in inside) / n
+    var = sum((t - mt) ** 2 for t, _ in inside)
+    return 8 * sum((t - mt) * (b - mb) for t, b in inside) / var
 
 def measure(mode, src, dst, port, warm, dur, link_ns, dev):
     warm, dur = float(warm), float(dur)
