@@ -30,8 +30,21 @@ bool IsWs(unsigned char c) { return c == ' ' || c == '\t'; }
 bool IsTokenChar(unsigned char c) {
   if (IsDigit(c) || IsAlpha(c)) return true;
   switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
-    case '.': case '^': case '_': case '`': case '|': case '~':
+    case '!':
+    case '#':
+    case '$':
+    case '%':
+    case '&':
+    case '\'':
+    case '*':
+    case '+':
+    case '-':
+    case '.':
+    case '^':
+    case '_':
+    case '`':
+    case '|':
+    case '~':
       return true;
     default:
       return false;
@@ -159,7 +172,7 @@ struct TransferCodings {
   bool empty = true;
   bool chunked_last = false;
   bool chunked_not_last = false;  // another coding follows chunked (or chunked twice)
-  std::string other;            // the first coding that is not chunked
+  std::string other;              // the first coding that is not chunked
 };
 
 TransferCodings ReadTransferCodings(const HeaderList& headers) {
@@ -197,13 +210,18 @@ bool AppendFields(const HeaderList& fields, std::string* out) {
 
 int HttpStatusFor(ParseErrorCode code) {
   switch (code) {
-    case ParseErrorCode::kNone: return 0;
-    case ParseErrorCode::kStartLineTooLong: return 414;
+    case ParseErrorCode::kNone:
+      return 0;
+    case ParseErrorCode::kStartLineTooLong:
+      return 414;
     case ParseErrorCode::kHeadersTooLarge:
     case ParseErrorCode::kTooManyHeaders:
-    case ParseErrorCode::kTrailersTooLarge: return 431;
-    case ParseErrorCode::kUnsupportedTransferCoding: return 501;
-    case ParseErrorCode::kVersionNotSupported: return 505;
+    case ParseErrorCode::kTrailersTooLarge:
+      return 431;
+    case ParseErrorCode::kUnsupportedTransferCoding:
+      return 501;
+    case ParseErrorCode::kVersionNotSupported:
+      return 505;
     case ParseErrorCode::kBadStartLine:
     case ParseErrorCode::kBadTarget:
     case ParseErrorCode::kBadHeader:
@@ -214,70 +232,122 @@ int HttpStatusFor(ParseErrorCode code) {
     case ParseErrorCode::kConflictingFraming:
     case ParseErrorCode::kBadTransferEncoding:
     case ParseErrorCode::kBadChunk:
-    case ParseErrorCode::kTruncated: return 400;
+    case ParseErrorCode::kTruncated:
+      return 400;
   }
   return 400;
 }
 
 std::string_view ToString(ParseErrorCode code) {
   switch (code) {
-    case ParseErrorCode::kNone: return "ok";
-    case ParseErrorCode::kBadStartLine: return "bad start line";
-    case ParseErrorCode::kBadTarget: return "bad request-target";
-    case ParseErrorCode::kStartLineTooLong: return "start line too long";
-    case ParseErrorCode::kVersionNotSupported: return "HTTP version not supported";
-    case ParseErrorCode::kBadHeader: return "bad header field";
-    case ParseErrorCode::kWhitespaceBeforeColon: return "whitespace before colon";
-    case ParseErrorCode::kObsFold: return "obsolete line folding";
-    case ParseErrorCode::kHeadersTooLarge: return "header section too large";
-    case ParseErrorCode::kTooManyHeaders: return "too many header fields";
-    case ParseErrorCode::kBadHost: return "bad Host";
-    case ParseErrorCode::kBadContentLength: return "bad Content-Length";
-    case ParseErrorCode::kConflictingFraming: return "conflicting framing";
-    case ParseErrorCode::kBadTransferEncoding: return "bad Transfer-Encoding";
-    case ParseErrorCode::kUnsupportedTransferCoding: return "unsupported transfer coding";
-    case ParseErrorCode::kBadChunk: return "bad chunk";
-    case ParseErrorCode::kTrailersTooLarge: return "trailer section too large";
-    case ParseErrorCode::kTruncated: return "truncated message";
+    case ParseErrorCode::kNone:
+      return "ok";
+    case ParseErrorCode::kBadStartLine:
+      return "bad start line";
+    case ParseErrorCode::kBadTarget:
+      return "bad request-target";
+    case ParseErrorCode::kStartLineTooLong:
+      return "start line too long";
+    case ParseErrorCode::kVersionNotSupported:
+      return "HTTP version not supported";
+    case ParseErrorCode::kBadHeader:
+      return "bad header field";
+    case ParseErrorCode::kWhitespaceBeforeColon:
+      return "whitespace before colon";
+    case ParseErrorCode::kObsFold:
+      return "obsolete line folding";
+    case ParseErrorCode::kHeadersTooLarge:
+      return "header section too large";
+    case ParseErrorCode::kTooManyHeaders:
+      return "too many header fields";
+    case ParseErrorCode::kBadHost:
+      return "bad Host";
+    case ParseErrorCode::kBadContentLength:
+      return "bad Content-Length";
+    case ParseErrorCode::kConflictingFraming:
+      return "conflicting framing";
+    case ParseErrorCode::kBadTransferEncoding:
+      return "bad Transfer-Encoding";
+    case ParseErrorCode::kUnsupportedTransferCoding:
+      return "unsupported transfer coding";
+    case ParseErrorCode::kBadChunk:
+      return "bad chunk";
+    case ParseErrorCode::kTrailersTooLarge:
+      return "trailer section too large";
+    case ParseErrorCode::kTruncated:
+      return "truncated message";
   }
   return "unknown";
 }
 
 std::string_view ReasonPhrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 101: return "Switching Protocols";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 203: return "Non-Authoritative Information";
-    case 204: return "No Content";
-    case 206: return "Partial Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 303: return "See Other";
-    case 304: return "Not Modified";
-    case 307: return "Temporary Redirect";
-    case 308: return "Permanent Redirect";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 407: return "Proxy Authentication Required";
-    case 408: return "Request Timeout";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 416: return "Range Not Satisfiable";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
+    case 100:
+      return "Continue";
+    case 101:
+      return "Switching Protocols";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 203:
+      return "Non-Authoritative Information";
+    case 204:
+      return "No Content";
+    case 206:
+      return "Partial Content";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 303:
+      return "See Other";
+    case 304:
+      return "Not Modified";
+    case 307:
+      return "Temporary Redirect";
+    case 308:
+      return "Permanent Redirect";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 407:
+      return "Proxy Authentication Required";
+    case 408:
+      return "Request Timeout";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
+    case 414:
+      return "URI Too Long";
+    case 416:
+      return "Range Not Satisfiable";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Unknown";
   }
 }
 
@@ -308,9 +378,9 @@ std::string HeaderList::FindAll(std::string_view name) const {
 }
 
 std::size_t HeaderList::Count(std::string_view name) const {
-  return static_cast<std::size_t>(std::count_if(
-      fields_.begin(), fields_.end(),
-      [name](const HeaderField& f) { return EqualsIgnoreCase(f.name, name); }));
+  return static_cast<std::size_t>(
+      std::count_if(fields_.begin(), fields_.end(),
+                    [name](const HeaderField& f) { return EqualsIgnoreCase(f.name, name); }));
 }
 
 std::size_t HeaderList::Remove(std::string_view name) {
@@ -408,9 +478,11 @@ Result<HostPort> SplitAuthority(std::string_view authority, bool require_port) {
   }
   unsigned port = 0;
   for (unsigned char c : rest.substr(1)) {
-    if (!IsDigit(c)) return Status::InvalidArgument("port in " + Quote(authority) + " is not a number");
+    if (!IsDigit(c))
+      return Status::InvalidArgument("port in " + Quote(authority) + " is not a number");
     port = port * 10 + (c - '0');
-    if (port > 65535) return Status::InvalidArgument("port in " + Quote(authority) + " is over 65535");
+    if (port > 65535)
+      return Status::InvalidArgument("port in " + Quote(authority) + " is over 65535");
   }
   if (port == 0) return Status::InvalidArgument("port 0 in " + Quote(authority));
   hp.port = static_cast<std::uint16_t>(port);
@@ -435,11 +507,13 @@ Result<AbsoluteUrl> SplitAbsoluteUrl(std::string_view url) {
     c = LowerAscii(c);
   }
   if (scheme == "https") {
-    return Status::NotSupported("https:// URLs are not forwarded in the clear; clients reach "
-                                "https origins through CONNECT");
+    return Status::NotSupported(
+        "https:// URLs are not forwarded in the clear; clients reach "
+        "https origins through CONNECT");
   }
   if (scheme != "http") {
-    return Status::NotSupported("scheme " + Quote(scheme) + " is not supported; the proxy "
+    return Status::NotSupported("scheme " + Quote(scheme) +
+                                " is not supported; the proxy "
                                 "forwards http:// URLs (and CONNECT tunnels)");
   }
   std::string_view rest = url.substr(colon + 1);
@@ -461,7 +535,8 @@ Result<AbsoluteUrl> SplitAbsoluteUrl(std::string_view url) {
   u.scheme = std::move(scheme);
   u.host = std::move(hp->host);
   u.port = hp->port != 0 ? hp->port : 80;
-  const std::string_view path = end == std::string_view::npos ? std::string_view() : rest.substr(end);
+  const std::string_view path =
+      end == std::string_view::npos ? std::string_view() : rest.substr(end);
   if (path.empty() || path.front() == '?') u.path = "/";
   u.path.append(path);
   return u;
@@ -507,9 +582,9 @@ MessageParser::MessageParser(const Limits& limits, bool is_request)
 void MessageParser::AssertInvariants() const {
   assert(state_ != State::kError || !error_.ok());
   assert(state_ == State::kError || error_.ok());
-  assert(line_taken_ || line_.size() <= std::max({limits_.max_start_line, limits_.max_header_bytes,
-                                                  limits_.max_chunk_line,
-                                                  limits_.max_trailer_bytes}));
+  assert(line_taken_ ||
+         line_.size() <= std::max({limits_.max_start_line, limits_.max_header_bytes,
+                                   limits_.max_chunk_line, limits_.max_trailer_bytes}));
   assert(state_ != State::kChunkData || remaining_ > 0);
 }
 
@@ -650,9 +725,15 @@ Event MessageParser::Parse(std::string_view in) {
         if (!OnHeadComplete()) return {EventType::kError, pos, {}};
         switch (framing_) {
           case BodyFraming::kNone:
-          case BodyFraming::kContentLength: state_ = State::kFixedBody; break;
-          case BodyFraming::kChunked: state_ = State::kChunkSize; break;
-          case BodyFraming::kUntilClose: state_ = State::kUntilClose; break;
+          case BodyFraming::kContentLength:
+            state_ = State::kFixedBody;
+            break;
+          case BodyFraming::kChunked:
+            state_ = State::kChunkSize;
+            break;
+          case BodyFraming::kUntilClose:
+            state_ = State::kUntilClose;
+            break;
         }
         return {EventType::kHead, pos, {}};
       }
@@ -679,8 +760,8 @@ Event MessageParser::Parse(std::string_view in) {
         if (pos == in.size()) return {EventType::kNeedMore, pos, {}};
         const char want = state_ == State::kChunkDataCr ? '\r' : '\n';
         if (in[pos] != want) {
-          Fail(ParseErrorCode::kBadChunk, "chunk data is not followed by CR LF (got " +
-                                              Quote(in.substr(pos, 1)) + ")");
+          Fail(ParseErrorCode::kBadChunk,
+               "chunk data is not followed by CR LF (got " + Quote(in.substr(pos, 1)) + ")");
           return {EventType::kError, pos, {}};
         }
         ++pos;
@@ -819,8 +900,9 @@ bool MessageParser::OnFieldLine(std::string_view line, bool trailers) {
   }
   const std::string_view value = TrimOws(line.substr(j + 1));
   if (!IsFieldValue(value)) {
-    return Fail(ParseErrorCode::kBadHeader, std::string(section) + " field " + Quote(name) +
-                                                " has control characters (CR, NUL...) in its value");
+    return Fail(ParseErrorCode::kBadHeader,
+                std::string(section) + " field " + Quote(name) +
+                    " has control characters (CR, NUL...) in its value");
   }
   fields.Add(std::string(name), std::string(value));
   return true;
@@ -849,9 +931,9 @@ Event MessageParser::Eof() {
     default:
       break;
   }
-  Fail(ParseErrorCode::kTruncated,
-       "connection closed in the middle of a " + std::string(is_request_ ? "request" : "response") +
-           " (after " + std::to_string(body_bytes_) + " body bytes)");
+  Fail(ParseErrorCode::kTruncated, "connection closed in the middle of a " +
+                                       std::string(is_request_ ? "request" : "response") +
+                                       " (after " + std::to_string(body_bytes_) + " body bytes)");
   return {EventType::kError, 0, {}};
 }
 
@@ -902,10 +984,10 @@ bool RequestParser::OnStartLine(std::string_view line) {
   } else {
     // absolute-form: scheme ":" ... (RFC 3986 §3.1); SplitAbsoluteUrl checks the rest.
     std::size_t i = 0;
-    while (i < target.size() && (IsAlpha(static_cast<unsigned char>(target[i])) ||
-                                 (i > 0 && (IsDigit(static_cast<unsigned char>(target[i])) ||
-                                            target[i] == '+' || target[i] == '-' ||
-                                            target[i] == '.')))) {
+    while (i < target.size() &&
+           (IsAlpha(static_cast<unsigned char>(target[i])) ||
+            (i > 0 && (IsDigit(static_cast<unsigned char>(target[i])) || target[i] == '+' ||
+                       target[i] == '-' || target[i] == '.')))) {
       ++i;
     }
     if (i == 0 || i == target.size() || target[i] != ':') {
@@ -947,8 +1029,7 @@ bool RequestParser::OnHeadComplete() {
                   "pattern)");
     }
     if (head_.version_minor == 0) {
-      return Fail(ParseErrorCode::kBadTransferEncoding,
-                  "Transfer-Encoding in an HTTP/1.0 request");
+      return Fail(ParseErrorCode::kBadTransferEncoding, "Transfer-Encoding in an HTTP/1.0 request");
     }
     if (te.empty) return Fail(ParseErrorCode::kBadTransferEncoding, "Transfer-Encoding is empty");
     if (!te.chunked_last) {
@@ -1000,15 +1081,15 @@ bool ResponseParser::OnStartLine(std::string_view line) {
                 "origin answered in " + Quote(line.substr(0, sp)) + ", not HTTP/1.x");
   }
   const std::string_view rest = sp == std::string_view::npos ? "" : line.substr(sp + 1);
-  if (minor < 0 || rest.size() < 3 || !IsDigit(rest[0]) || !IsDigit(rest[1]) ||
-      !IsDigit(rest[2]) || (rest.size() > 3 && rest[3] != ' ')) {
+  if (minor < 0 || rest.size() < 3 || !IsDigit(rest[0]) || !IsDigit(rest[1]) || !IsDigit(rest[2]) ||
+      (rest.size() > 3 && rest[3] != ' ')) {
     return Fail(ParseErrorCode::kBadStartLine,
                 "status-line " + Quote(line) + " is not \"HTTP/1.1 200 reason\"");
   }
   const int status = (rest[0] - '0') * 100 + (rest[1] - '0') * 10 + (rest[2] - '0');
   if (status < 100 || status > 599) {
-    return Fail(ParseErrorCode::kBadStartLine, "status " + std::to_string(status) +
-                                                   " is not in 100..599");
+    return Fail(ParseErrorCode::kBadStartLine,
+                "status " + std::to_string(status) + " is not in 100..599");
   }
   const std::string_view reason = rest.size() > 3 ? rest.substr(4) : std::string_view();
   if (!IsFieldValue(reason)) {
@@ -1046,9 +1127,9 @@ bool ResponseParser::OnHeadComplete() {
                   "Transfer-Encoding in an HTTP/1.0 response");
     }
     if (te.chunked_not_last) {
-      return Fail(ParseErrorCode::kBadTransferEncoding,
-                  "Transfer-Encoding " + Quote(h.FindAll("Transfer-Encoding")) +
-                      " applies a coding after chunked");
+      return Fail(ParseErrorCode::kBadTransferEncoding, "Transfer-Encoding " +
+                                                            Quote(h.FindAll("Transfer-Encoding")) +
+                                                            " applies a coding after chunked");
     }
     // chunked last: chunked framing (other codings stay in the body for the client);
     // otherwise the body runs until close (§6.3 item 4).
@@ -1084,8 +1165,9 @@ Status AppendRequestHead(const RequestHead& head, std::string* out) {
   out->append("\r\n");
   if (!AppendFields(head.headers, out)) {
     out->resize(old);
-    return Status::InvalidArgument("a header field of the request cannot be sent (name not a "
-                                   "token, or CR/LF/control bytes in a value)");
+    return Status::InvalidArgument(
+        "a header field of the request cannot be sent (name not a "
+        "token, or CR/LF/control bytes in a value)");
   }
   return Status::Ok();
 }
@@ -1106,8 +1188,9 @@ Status AppendResponseHead(const ResponseHead& head, std::string* out) {
   out->append("\r\n");
   if (!AppendFields(head.headers, out)) {
     out->resize(old);
-    return Status::InvalidArgument("a header field of the response cannot be sent (name not a "
-                                   "token, or CR/LF/control bytes in a value)");
+    return Status::InvalidArgument(
+        "a header field of the response cannot be sent (name not a "
+        "token, or CR/LF/control bytes in a value)");
   }
   return Status::Ok();
 }
@@ -1137,8 +1220,9 @@ Status AppendLastChunk(const HeaderList& trailers, std::string* out) {
   out->append("0\r\n");
   if (!AppendFields(trailers, out)) {
     out->resize(old);
-    return Status::InvalidArgument("a trailer field cannot be sent (name not a token, or "
-                                   "CR/LF/control bytes in a value)");
+    return Status::InvalidArgument(
+        "a trailer field cannot be sent (name not a token, or "
+        "CR/LF/control bytes in a value)");
   }
   return Status::Ok();
 }

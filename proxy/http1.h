@@ -69,23 +69,23 @@ struct Limits {
 // a response error always becomes 502 Bad Gateway.
 enum class ParseErrorCode {
   kNone = 0,
-  kBadStartLine,         // 400: request-line / status-line syntax
-  kBadTarget,            // 400: request-target syntax or form not allowed for the method
-  kStartLineTooLong,     // 414: longer than Limits::max_start_line
-  kVersionNotSupported,  // 505: HTTP/x.y with x != 1
-  kBadHeader,            // 400: field line syntax (name not a token, no colon, bad bytes)
-  kWhitespaceBeforeColon,  // 400: "Name : value" (RFC 9112 §5.1)
-  kObsFold,              // 400: a field line starting with whitespace (RFC 9112 §5.2)
-  kHeadersTooLarge,      // 431: more than Limits::max_header_bytes
-  kTooManyHeaders,       // 431: more than Limits::max_headers field lines
-  kBadHost,              // 400: HTTP/1.1 without Host, several Host fields, or a bad Host
-  kBadContentLength,     // 400: not digits, overflow, or differing values
-  kConflictingFraming,   // 400: both Transfer-Encoding and Content-Length (smuggling)
-  kBadTransferEncoding,  // 400: chunked not last or twice, empty, or in HTTP/1.0
+  kBadStartLine,               // 400: request-line / status-line syntax
+  kBadTarget,                  // 400: request-target syntax or form not allowed for the method
+  kStartLineTooLong,           // 414: longer than Limits::max_start_line
+  kVersionNotSupported,        // 505: HTTP/x.y with x != 1
+  kBadHeader,                  // 400: field line syntax (name not a token, no colon, bad bytes)
+  kWhitespaceBeforeColon,      // 400: "Name : value" (RFC 9112 §5.1)
+  kObsFold,                    // 400: a field line starting with whitespace (RFC 9112 §5.2)
+  kHeadersTooLarge,            // 431: more than Limits::max_header_bytes
+  kTooManyHeaders,             // 431: more than Limits::max_headers field lines
+  kBadHost,                    // 400: HTTP/1.1 without Host, several Host fields, or a bad Host
+  kBadContentLength,           // 400: not digits, overflow, or differing values
+  kConflictingFraming,         // 400: both Transfer-Encoding and Content-Length (smuggling)
+  kBadTransferEncoding,        // 400: chunked not last or twice, empty, or in HTTP/1.0
   kUnsupportedTransferCoding,  // 501: a transfer coding other than chunked
-  kBadChunk,             // 400: chunk size not hex, overflow, bad extension, no CR LF
-  kTrailersTooLarge,     // 431: trailer section over its limits
-  kTruncated,            // 400: the peer closed in the middle of a message
+  kBadChunk,                   // 400: chunk size not hex, overflow, bad extension, no CR LF
+  kTrailersTooLarge,           // 431: trailer section over its limits
+  kTruncated,                  // 400: the peer closed in the middle of a message
 };
 
 // The HTTP status a proxy answers to a request that failed with `code` (0 for kNone).
@@ -117,7 +117,9 @@ struct HeaderField {
 // Header (or trailer) fields in arrival order. Names compare ASCII case-insensitively.
 class HeaderList {
  public:
-  void Add(std::string name, std::string value) { fields_.push_back({std::move(name), std::move(value)}); }
+  void Add(std::string name, std::string value) {
+    fields_.push_back({std::move(name), std::move(value)});
+  }
   // The value of the first field named `name`, or nullptr.
   const std::string* Find(std::string_view name) const;
   // Every value of the fields named `name`, joined with ", " (RFC 9110 §5.3); empty if none.
@@ -150,8 +152,9 @@ class HeaderList {
 // The header fields that describe one connection and must not be forwarded (RFC 9110 §7.6.1,
 // plus the proxy authentication fields and the non-standard Proxy-Connection).
 inline constexpr std::array<std::string_view, 9> kHopByHopHeaders = {
-    "Connection", "Keep-Alive",          "Proxy-Connection",   "TE",     "Trailer",
-    "Transfer-Encoding", "Upgrade",      "Proxy-Authorization", "Proxy-Authenticate"};
+    "Connection", "Keep-Alive",          "Proxy-Connection",   "TE", "Trailer", "Transfer-Encoding",
+    "Upgrade",    "Proxy-Authorization", "Proxy-Authenticate",
+};
 
 // True when `name` is one of kHopByHopHeaders.
 bool IsHopByHopHeader(std::string_view name);
@@ -166,8 +169,8 @@ bool WantsKeepAlive(int version_minor, const HeaderList& headers);
 // ---- URLs and authorities ----
 
 struct HostPort {
-  std::string host;          // lower case; an IPv6 literal keeps its brackets ("[::1]")
-  std::uint16_t port = 0;    // 0 when absent and not required
+  std::string host;        // lower case; an IPv6 literal keeps its brackets ("[::1]")
+  std::uint16_t port = 0;  // 0 when absent and not required
 };
 
 // Splits "host[:port]" (authority-form of CONNECT with require_port, or a Host field). The host
@@ -322,9 +325,22 @@ class MessageParser {
   const bool is_request_;
 
  private:
+  // Each state: what it waits for → the state that follows. Bad input from any state → kError.
   enum class State {
-    kStartLine, kHeaders, kFixedBody, kChunkSize, kChunkData, kChunkDataCr, kChunkDataLf,
-    kTrailers, kUntilClose, kMessageDone, kTunnel, kEnded, kError,
+    kStartLine,    // a request/status line        → kHeaders (empty lines: stay)
+    kHeaders,      // field lines, empty line      → by framing: kFixedBody / kChunkSize /
+                   //                                kUntilClose (event kHead)
+    kFixedBody,    // remaining_ body bytes        → kMessageDone or kTunnel when 0 left
+    kChunkSize,    // a chunk-size line (CR LF)    → kChunkData (n > 0) / kTrailers (n = 0)
+    kChunkData,    // remaining_ chunk bytes       → kChunkDataCr
+    kChunkDataCr,  // CR                           → kChunkDataLf
+    kChunkDataLf,  // LF                           → kChunkSize
+    kTrailers,     // trailer lines, empty line    → kMessageDone
+    kUntilClose,   // body bytes until Eof()       → kEnded
+    kMessageDone,  // the next Parse call          → kStartLine (a new message)
+    kTunnel,       // nothing: not HTTP any more   → (Reset)
+    kEnded,        // nothing: Eof() was called    → (Reset)
+    kError,        // nothing: error_ is set       → (Reset)
   };
   enum class LineStatus { kLine, kNeedMore, kTooLong };
 
@@ -341,13 +357,13 @@ class MessageParser {
   void AssertInvariants() const;
 
   State state_ = State::kStartLine;
-  std::string line_;          // bytes of an incomplete line (capacity reused)
-  bool line_taken_ = false;   // line_ holds a line already returned by TakeLine
-  std::size_t empty_lines_ = 0;   // empty lines before the start line
-  std::size_t head_bytes_ = 0;    // field-line bytes of the head or trailer section so far
+  std::string line_;             // bytes of an incomplete line (capacity reused)
+  bool line_taken_ = false;      // line_ holds a line already returned by TakeLine
+  std::size_t empty_lines_ = 0;  // empty lines before the start line
+  std::size_t head_bytes_ = 0;   // field-line bytes of the head or trailer section so far
   BodyFraming framing_ = BodyFraming::kNone;
   bool tunnel_after_ = false;
-  Bytes remaining_ = 0;       // body bytes left in the fixed body or the current chunk
+  Bytes remaining_ = 0;  // body bytes left in the fixed body or the current chunk
   Bytes body_bytes_ = 0;
   HeaderList trailers_;
   ParseError error_;

@@ -41,10 +41,10 @@ std::string Fields(const HeaderList& h) {
 }
 
 std::string Describe(const RequestHead& h) {
-  return "req " + h.method + " " + h.target + " " + std::to_string(static_cast<int>(h.target_form)) +
-         " 1." + std::to_string(h.version_minor) + " [" + Fields(h.headers) + "] " +
-         std::to_string(static_cast<int>(h.framing)) + ":" + std::to_string(h.content_length) +
-         (h.keep_alive ? " ka" : " close");
+  return "req " + h.method + " " + h.target + " " +
+         std::to_string(static_cast<int>(h.target_form)) + " 1." + std::to_string(h.version_minor) +
+         " [" + Fields(h.headers) + "] " + std::to_string(static_cast<int>(h.framing)) + ":" +
+         std::to_string(h.content_length) + (h.keep_alive ? " ka" : " close");
 }
 
 std::string Describe(const ResponseHead& h) {
@@ -75,7 +75,8 @@ Limits HugeLimits() {
 // Re-parses a serialized head and checks it reads back the same.
 void RoundTrip(const RequestHead& head) {
   std::string wire;
-  if (!AppendRequestHead(head, &wire).ok()) Die("parsed request head does not serialize", Describe(head));
+  if (!AppendRequestHead(head, &wire).ok())
+    Die("parsed request head does not serialize", Describe(head));
   RequestParser p(HugeLimits());
   const Event e = p.Parse(wire);
   if (e.type != EventType::kHead || e.consumed != wire.size() ||
@@ -87,7 +88,8 @@ void RoundTrip(const RequestHead& head) {
 
 void RoundTrip(const ResponseHead& head, std::string_view method) {
   std::string wire;
-  if (!AppendResponseHead(head, &wire).ok()) Die("parsed response head does not serialize", Describe(head));
+  if (!AppendResponseHead(head, &wire).ok())
+    Die("parsed response head does not serialize", Describe(head));
   ResponseParser p(HugeLimits());
   p.SetRequestMethod(method);
   const Event e = p.Parse(wire);

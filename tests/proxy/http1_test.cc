@@ -12,20 +12,28 @@ namespace {
 
 std::string FormName(TargetForm f) {
   switch (f) {
-    case TargetForm::kOrigin: return "origin";
-    case TargetForm::kAbsolute: return "absolute";
-    case TargetForm::kAuthority: return "authority";
-    case TargetForm::kAsterisk: return "asterisk";
+    case TargetForm::kOrigin:
+      return "origin";
+    case TargetForm::kAbsolute:
+      return "absolute";
+    case TargetForm::kAuthority:
+      return "authority";
+    case TargetForm::kAsterisk:
+      return "asterisk";
   }
   return "?";
 }
 
 std::string FramingName(BodyFraming f, Bytes length) {
   switch (f) {
-    case BodyFraming::kNone: return "none";
-    case BodyFraming::kContentLength: return "cl:" + std::to_string(length);
-    case BodyFraming::kChunked: return "chunked";
-    case BodyFraming::kUntilClose: return "close";
+    case BodyFraming::kNone:
+      return "none";
+    case BodyFraming::kContentLength:
+      return "cl:" + std::to_string(length);
+    case BodyFraming::kChunked:
+      return "chunked";
+    case BodyFraming::kUntilClose:
+      return "close";
   }
   return "?";
 }
@@ -179,13 +187,14 @@ ParseErrorCode ResponseError(std::string_view bytes) {
 
 TEST(RequestParserTest, ParsesOriginForm) {
   EXPECT_EQ(ParseRequests("GET /a/b?c=d HTTP/1.1\r\nHost: example.com\r\n\r\n"),
-            (std::vector<std::string>{
-                "head GET /a/b?c=d origin 1.1 [Host=example.com] none ka", "complete"}));
+            (std::vector<std::string>{"head GET /a/b?c=d origin 1.1 [Host=example.com] none ka",
+                                      "complete"}));
 }
 
 TEST(RequestParserTest, ParsesAbsoluteFormAndSplitsIt) {
   RequestParser p;
-  const std::string req = "GET http://Example.COM:8080/x?y HTTP/1.1\r\nHost: example.com:8080\r\n\r\n";
+  const std::string req =
+      "GET http://Example.COM:8080/x?y HTTP/1.1\r\nHost: example.com:8080\r\n\r\n";
   const Event e = p.Parse(req);
   ASSERT_EQ(e.type, EventType::kHead);
   EXPECT_EQ(e.consumed, req.size());
@@ -271,21 +280,21 @@ TEST(RequestParserTest, Http11NeedsExactlyOneValidHost) {
 
 TEST(RequestParserTest, RejectsBadRequestLinesWith400) {
   for (std::string_view line : {
-           "GET /",                    // HTTP/0.9
-           "GET / HTTP/1.1 extra",     //
-           "GET  / HTTP/1.1",          // two spaces
-           "GET /  HTTP/1.1",          //
-           " GET / HTTP/1.1",          //
-           "GET\t/ HTTP/1.1",          //
-           "G(T / HTTP/1.1",           // method not a token
-           "GET / http/1.1",           //
-           "GET / HTTP/1.10",          //
-           "GET / HTTP/1",             //
-           "GET / HTTP/1.x",           //
-           "GET /\x01 HTTP/1.1",       //
-           "GET / HTTP/1.1\r",         // bare CR before CR LF
-           "GET /a\rb HTTP/1.1",       //
-           "",                         // only empty lines, then junk below
+           "GET /",                 // HTTP/0.9
+           "GET / HTTP/1.1 extra",  //
+           "GET  / HTTP/1.1",       // two spaces
+           "GET /  HTTP/1.1",       //
+           " GET / HTTP/1.1",       //
+           "GET\t/ HTTP/1.1",       //
+           "G(T / HTTP/1.1",        // method not a token
+           "GET / http/1.1",        //
+           "GET / HTTP/1.10",       //
+           "GET / HTTP/1",          //
+           "GET / HTTP/1.x",        //
+           "GET /\x01 HTTP/1.1",    //
+           "GET / HTTP/1.1\r",      // bare CR before CR LF
+           "GET /a\rb HTTP/1.1",    //
+           "",                      // only empty lines, then junk below
        }) {
     const std::string req = std::string(line) + "\r\nHost: h\r\n\r\n";
     EXPECT_EQ(RequestStatus(req), 400) << line;
@@ -303,9 +312,9 @@ TEST(RequestParserTest, OtherHttpVersionsAre505) {
 }
 
 TEST(RequestParserTest, AcceptsHttp10AndLineFeedOnlyLines) {
-  EXPECT_EQ(ParseRequests("GET /x HTTP/1.0\nUser-Agent: a\n\n"),
-            (std::vector<std::string>{"head GET /x origin 1.0 [User-Agent=a] none close",
-                                      "complete"}));
+  EXPECT_EQ(
+      ParseRequests("GET /x HTTP/1.0\nUser-Agent: a\n\n"),
+      (std::vector<std::string>{"head GET /x origin 1.0 [User-Agent=a] none close", "complete"}));
 }
 
 TEST(RequestParserTest, IgnoresAFewEmptyLinesBeforeTheRequestLine) {
@@ -313,7 +322,8 @@ TEST(RequestParserTest, IgnoresAFewEmptyLinesBeforeTheRequestLine) {
             "head GET / origin 1.1 [Host=h] none ka");
   std::string many;
   for (int i = 0; i < 9; ++i) many += "\r\n";
-  EXPECT_EQ(RequestError(many + "GET / HTTP/1.1\r\nHost: h\r\n\r\n"), ParseErrorCode::kBadStartLine);
+  EXPECT_EQ(RequestError(many + "GET / HTTP/1.1\r\nHost: h\r\n\r\n"),
+            ParseErrorCode::kBadStartLine);
 }
 
 // ---- Limits ----
@@ -399,14 +409,14 @@ TEST(RequestParserTest, WhitespaceBetweenNameAndColonIs400) {
 
 TEST(RequestParserTest, RejectsMalformedFieldLines) {
   for (std::string_view field : std::initializer_list<std::string_view>{
-           "NoColon",            //
-           ": no name",          //
-           "Bad Name: v",        //
-           "B@d: v",             //
-           "X: a\x01z",          // control byte
-           "X: a\x7f",           // DEL
+           "NoColon",                       //
+           ": no name",                     //
+           "Bad Name: v",                   //
+           "B@d: v",                        //
+           "X: a\x01z",                     // control byte
+           "X: a\x7f",                      // DEL
            std::string_view("X: a\0b", 6),  // NUL
-           "X: a\rb",            // bare CR
+           "X: a\rb",                       // bare CR
        }) {
     const std::string req = "GET / HTTP/1.1\r\nHost: h\r\n" + std::string(field) + "\r\n\r\n";
     EXPECT_EQ(RequestError(req), ParseErrorCode::kBadHeader) << field;
@@ -420,9 +430,8 @@ TEST(RequestParserTest, RejectsMalformedFieldLines) {
 
 TEST(RequestParserTest, ContentLengthBody) {
   EXPECT_EQ(ParseRequests("POST /f HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\nhello"),
-            (std::vector<std::string>{
-                "head POST /f origin 1.1 [Host=h|Content-Length=5] cl:5 ka", "body:hello",
-                "complete"}));
+            (std::vector<std::string>{"head POST /f origin 1.1 [Host=h|Content-Length=5] cl:5 ka",
+                                      "body:hello", "complete"}));
 }
 
 TEST(RequestParserTest, ContentLengthAndTransferEncodingTogetherAre400) {
@@ -431,8 +440,8 @@ TEST(RequestParserTest, ContentLengthAndTransferEncodingTogetherAre400) {
            "Transfer-Encoding: chunked\r\nContent-Length: 5",
            "Transfer-Encoding: chunked\r\nContent-Length: 0",
        }) {
-    const std::string req = "POST / HTTP/1.1\r\nHost: h\r\n" + std::string(fields) +
-                            "\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    const std::string req =
+        "POST / HTTP/1.1\r\nHost: h\r\n" + std::string(fields) + "\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
     EXPECT_EQ(RequestError(req), ParseErrorCode::kConflictingFraming) << fields;
     EXPECT_EQ(RequestStatus(req), 400) << fields;
   }
@@ -452,14 +461,13 @@ TEST(RequestParserTest, DifferingContentLengthsAre400) {
 }
 
 TEST(RequestParserTest, ContentLengthMustBeDigits) {
-  for (std::string_view v : {"+5", "-1", "5a", "0x5", "1 2", "", ",", "5,", "5.0",
-                             "99999999999999999999999"}) {
+  for (std::string_view v :
+       {"+5", "-1", "5a", "0x5", "1 2", "", ",", "5,", "5.0", "99999999999999999999999"}) {
     const std::string req =
         "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: " + std::string(v) + "\r\n\r\n";
     EXPECT_EQ(RequestError(req), ParseErrorCode::kBadContentLength) << v;
   }
-  EXPECT_EQ(ParseRequests("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\nabcdefg")
-                .at(1),
+  EXPECT_EQ(ParseRequests("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 007\r\n\r\nabcdefg").at(1),
             "body:abcdefg");
 }
 
@@ -615,9 +623,11 @@ TEST(RequestParserTest, SameErrorsFedOneByteAtATime) {
   limits.max_headers = 3;
   for (std::string_view bad : {
            "GET / HTTP/2.0\r\n\r\n",
-           "GET /" "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa HTTP/1.1\r\n\r\n",
+           "GET /"
+           "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa HTTP/1.1\r\n\r\n",
            "GET / HTTP/1.1\r\nHost: h\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n",
-           "GET / HTTP/1.1\r\nHost: h\r\nA: 11111111111111111111111111111111111111111111111\r\n\r\n",
+           "GET / HTTP/1.1\r\nHost: h\r\nA: "
+           "11111111111111111111111111111111111111111111111\r\n\r\n",
            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloX",
            "GET / HTTP/1.1\r\nHost : h\r\n\r\n",
        }) {
@@ -632,9 +642,9 @@ TEST(RequestParserTest, SameErrorsFedOneByteAtATime) {
 // ---- End of stream ----
 
 TEST(RequestParserTest, EofBetweenMessagesIsClean) {
-  EXPECT_EQ(ParseRequests("GET / HTTP/1.1\r\nHost: h\r\n\r\n", Limits(), true),
-            (std::vector<std::string>{"head GET / origin 1.1 [Host=h] none ka", "complete",
-                                      "end"}));
+  EXPECT_EQ(
+      ParseRequests("GET / HTTP/1.1\r\nHost: h\r\n\r\n", Limits(), true),
+      (std::vector<std::string>{"head GET / origin 1.1 [Host=h] none ka", "complete", "end"}));
   EXPECT_EQ(ParseRequests("", Limits(), true), (std::vector<std::string>{"end"}));
 }
 
@@ -671,9 +681,9 @@ TEST(RequestParserTest, KeepAliveFollowsVersionAndConnection) {
 
 TEST(RequestParserTest, ErrorsCarryTheStatusAndAMessage) {
   RequestParser p;
-  EXPECT_EQ(p.Parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
-                .type,
-            EventType::kError);
+  EXPECT_EQ(
+      p.Parse("GET / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n").type,
+      EventType::kError);
   EXPECT_EQ(p.error().http_status, 400);
   EXPECT_NE(p.error().message.find("disagree"), std::string::npos) << p.error().message;
   const Status s = p.error().ToStatus();
@@ -693,28 +703,28 @@ TEST(RequestParserTest, ErrorsCarryTheStatusAndAMessage) {
 // ---- Responses ----
 
 TEST(ResponseParserTest, ContentLengthAndChunkedBodies) {
-  EXPECT_EQ(ParseResponses("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"
-                           "HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n"
-                           "2\r\nno\r\n0\r\n\r\n"),
-            (std::vector<std::string>{"head 1.1 200 OK [Content-Length=3] cl:3 ka", "body:abc",
-                                      "complete",
-                                      "head 1.1 404 Not Found [Transfer-Encoding=chunked] chunked ka",
-                                      "body:no", "complete"}));
+  EXPECT_EQ(
+      ParseResponses("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc"
+                     "HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     "2\r\nno\r\n0\r\n\r\n"),
+      (std::vector<std::string>{
+          "head 1.1 200 OK [Content-Length=3] cl:3 ka", "body:abc", "complete",
+          "head 1.1 404 Not Found [Transfer-Encoding=chunked] chunked ka", "body:no", "complete"}));
 }
 
 TEST(ResponseParserTest, BodyWithoutFramingRunsUntilClose) {
   const std::vector<std::string> expected = {"head 1.0 200 OK [Server=x] close close",
                                              "body:everything until close", "complete"};
-  EXPECT_EQ(ParseResponses("HTTP/1.0 200 OK\r\nServer: x\r\n\r\neverything until close", "GET",
-                           true),
-            expected);
+  EXPECT_EQ(
+      ParseResponses("HTTP/1.0 200 OK\r\nServer: x\r\n\r\neverything until close", "GET", true),
+      expected);
   ResponseParser p;
   EXPECT_EQ(Feed(p, Bytewise("HTTP/1.0 200 OK\r\nServer: x\r\n\r\neverything until close"), true),
             expected);
   // A transfer coding that is not chunked last also runs until close (RFC 9112 §6.3 item 4).
-  EXPECT_EQ(ParseResponses("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nzz", "GET", true)
-                .at(0),
-            "head 1.1 200 OK [Transfer-Encoding=gzip] close close");
+  EXPECT_EQ(
+      ParseResponses("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nzz", "GET", true).at(0),
+      "head 1.1 200 OK [Transfer-Encoding=gzip] close close");
 }
 
 TEST(ResponseParserTest, ResponsesWithoutBodies) {
@@ -727,9 +737,9 @@ TEST(ResponseParserTest, ResponsesWithoutBodies) {
                 "head 1.1 304 Not Modified [Transfer-Encoding=chunked] none ka", "complete",
                 "head 1.1 200 OK [Content-Length=1] cl:1 ka", "body:x", "complete"}));
   // The response to HEAD.
-  EXPECT_EQ(ParseResponses("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", "HEAD"),
-            (std::vector<std::string>{"head 1.1 200 OK [Content-Length=1000] none ka",
-                                      "complete"}));
+  EXPECT_EQ(
+      ParseResponses("HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n", "HEAD"),
+      (std::vector<std::string>{"head 1.1 200 OK [Content-Length=1000] none ka", "complete"}));
   // Interim responses before the final one.
   EXPECT_EQ(ParseResponses("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
                            "Link: </s.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
@@ -740,10 +750,10 @@ TEST(ResponseParserTest, ResponsesWithoutBodies) {
 }
 
 TEST(ResponseParserTest, SwitchingProtocolsAndConnectStartATunnel) {
-  EXPECT_EQ(ParseResponses("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nWS"),
-            (std::vector<std::string>{
-                "head 1.1 101 Switching Protocols [Upgrade=websocket] none close", "complete",
-                "tunnel:WS"}));
+  EXPECT_EQ(
+      ParseResponses("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nWS"),
+      (std::vector<std::string>{"head 1.1 101 Switching Protocols [Upgrade=websocket] none close",
+                                "complete", "tunnel:WS"}));
   EXPECT_EQ(ParseResponses("HTTP/1.1 200 Connection established\r\n\r\nTLS", "CONNECT"),
             (std::vector<std::string>{"head 1.1 200 Connection established [] none close",
                                       "complete", "tunnel:TLS"}));
@@ -897,20 +907,20 @@ TEST(UrlTest, RejectsMalformedUrls) {
            "http://example.com:0/",          // bad ports
            "http://example.com:65536/",      //
            "http://example.com:99999999999999999999/",
-           "http://example.com:-1/",         //
-           "http://example.com:8a/",         //
-           "http://example.com/a#frag",      // fragment
-           "http:example.com/",              // no //
-           "http:///path",                   // empty host
-           "http://exa mple.com/",           //
-           "http://exa%41mple.com/",         //
-           "http://[::1/",                   //
-           "http://[zz]/",                   //
-           "http://[::1]x/",                 //
-           "http://h/\x01",                  //
-           "://h/",                          //
-           "1http://h/",                     //
-           "/just/a/path",                   //
+           "http://example.com:-1/",     //
+           "http://example.com:8a/",     //
+           "http://example.com/a#frag",  // fragment
+           "http:example.com/",          // no //
+           "http:///path",               // empty host
+           "http://exa mple.com/",       //
+           "http://exa%41mple.com/",     //
+           "http://[::1/",               //
+           "http://[zz]/",               //
+           "http://[::1]x/",             //
+           "http://h/\x01",              //
+           "://h/",                      //
+           "1http://h/",                 //
+           "/just/a/path",               //
        }) {
     Result<AbsoluteUrl> u = SplitAbsoluteUrl(url);
     EXPECT_FALSE(u.ok()) << url;
@@ -995,10 +1005,10 @@ TEST(SerializerTest, ResponseHeadAndChunksRoundTripThroughTheParser) {
   trailers.Add("Digest", "d");
   ASSERT_TRUE(AppendLastChunk(trailers, &out).ok());
   EXPECT_NE(out.find("\r\n12c\r\nxxx"), std::string::npos);
-  EXPECT_EQ(ParseResponses(out),
-            (std::vector<std::string>{
-                "head 1.1 404 Not Found [Transfer-Encoding=chunked] chunked ka",
-                "body:hello " + std::string(300, 'x'), "complete [Digest=d]"}));
+  EXPECT_EQ(
+      ParseResponses(out),
+      (std::vector<std::string>{"head 1.1 404 Not Found [Transfer-Encoding=chunked] chunked ka",
+                                "body:hello " + std::string(300, 'x'), "complete [Digest=d]"}));
 }
 
 TEST(SerializerTest, ChunkHeadersAreLowerCaseHex) {
