@@ -161,6 +161,19 @@ std::string CheckArguments(const std::string& op, const json& r) {
       std::int64_t k = it->get<std::int64_t>();
       if (k < 0 || k > 100) return std::to_string(k) + " is outside 0..100";
     }
+  } else if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
+    auto key = r.find("key");
+    if (key == r.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
+      return "needs \"key\", a non-empty string (the cache key)";
+    }
+    for (const char* field : {"response", "etag", "last_modified", "content_type"}) {
+      auto it = r.find(field);
+      if (it != r.end() && !it->is_string()) return std::string("\"") + field + "\" must be a string";
+    }
+    auto x = r.find("expires_unix");
+    if (x != r.end() && !x->is_null() && !x->is_number_integer()) {
+      return "\"expires_unix\" must be an integer (Unix seconds) or null";
+    }
   } else if (op == "subscribe") {
     auto it = r.find("topics");
     bool good = it != r.end() && it->is_array() && !it->empty();

@@ -55,6 +55,22 @@
 //        "cache":{"objects":42,"bytes":1048576,"capacity":67108864}}
 //   flush  write every deferred write to its device now; replies when done (asynchronous).
 //       Result: {"flushed_bytes":4096,"duration_s":1.2}
+//
+//   The shared store (ghostproxy's cache is the daemon's: fs/store_tree.cc). K is an opaque
+//   non-empty cache key (the proxy uses the URL, plus the Vary'd request headers).
+//   lookup {"key": K}  is K cached, and where should it be read from now? The daemon runs the
+//       cost model (sending the disk a ghost hint when the network wins). Result:
+//       {"cached":false}, or {"cached":true,"size":5120,"response":"<the stored head>",
+//        "choice":"disk"|"network","source":"disk"|"memory"|"network","ghost_hint":false,
+//        "cost":{...the estimates, as the user.ghost.cost attribute shows them...},
+//        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>"}   (read the body there)
+//   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
+//          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
+//       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
+//       body there; closing the file hands it to the write queue, replacing any object at K.
+//   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
+//       keeps the body. Result: {}; an error if K is not cached.
+//   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
 //   subscribe {"topics": [T...]}  answered by the server itself: from the reply on, every
 //       event published on those topics is pushed to this connection until it closes
 //       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
@@ -108,8 +124,9 @@ struct sockaddr;
 namespace ghost {
 
 // The ops a request may name, and the topics a subscription may hold.
-inline constexpr std::array<std::string_view, 7> kControlOps = {
-    "status", "hint", "knob", "devices", "stats", "flush", "subscribe"};
+inline constexpr std::array<std::string_view, 11> kControlOps = {
+    "status", "hint", "knob", "devices", "stats", "flush", "subscribe",
+    "lookup", "store", "refresh", "invalidate"};
 inline constexpr std::array<std::string_view, 3> kControlTopics = {"modes", "stats", "events"};
 
 // $GHOST_CONTROL if set and non-empty, else /run/ghost/control.sock.

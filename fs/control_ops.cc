@@ -42,6 +42,7 @@ nlohmann::json Daemon::StatsJson() const {
           {"requests", requests},
           {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
           {"ghost_hints_sent", cost_->hints_sent()},
+          {"proxy", StoreStatsJson()},
           {"write_queue",
            {{"queued_bytes", queue_->queued_bytes()},
             {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
@@ -98,6 +99,9 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
     else if (kind == "transfer_end") pm_->TransferEnd(id);
     else if (kind != "background") return reply.Error("hint: kind must be ghost, transfer_begin, transfer_end or background");
     return reply(nlohmann::json::object());
+  }
+  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
+    return StoreControl(op, request, std::move(reply));
   }
   if (op == "status") {
     std::string path = request.value("path", "");

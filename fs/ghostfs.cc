@@ -24,6 +24,7 @@ namespace {
 
 constexpr double kAttrTimeout = 1.0;  // seconds the kernel may cache attributes and entries
 constexpr const char* kLocalName = "local";
+constexpr const char* kStoreName = ".ghost";  // the shared store (store_tree.cc); not listed
 
 Daemon* Self(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
 
@@ -221,6 +222,10 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
         if (Status s = LocalStat("", &st); !s.ok()) return ReplyErr(req, s);
         return ReplyEntry(req, n, st);
       }
+      if (std::strcmp(name, kStoreName) == 0) {
+        Node* n = inodes_.Lookup(NodeKind::kStoreDir, -1, "");
+        return ReplyEntry(req, n, StoreStat(n));
+      }
       for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
         if (options_.origins[i].name == name) {
           Node* n = inodes_.Lookup(NodeKind::kOriginDir, i, "");
@@ -231,7 +236,10 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     }
     case NodeKind::kLocal: return LocalLookup(req, p, name);
     case NodeKind::kOriginDir: return OriginLookup(req, p, name);
-    case NodeKind::kOriginFile: return (void)fuse_reply_err(req, ENOTDIR);
+    case NodeKind::kStoreDir: return StoreLookup(req, p, name);
+    case NodeKind::kOriginFile:
+    case NodeKind::kStoreObject:
+    case NodeKind::kStoreFill: return (void)fuse_reply_err(req, ENOTDIR);
   }
 }
 
@@ -254,6 +262,9 @@ void Daemon::OpGetattr(fuse_req_t req, fuse_ino_t ino) {
     }
     case NodeKind::kOriginDir:
     case NodeKind::kOriginFile: return OriginGetattr(req, n);
+    case NodeKind::kStoreDir:
+    case NodeKind::kStoreObject:
+    case NodeKind::kStoreFill: return StoreGetattr(req, n);
   }
 }
 
@@ -311,7 +322,9 @@ void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to
 void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENOTDIR);
+  if (n->kind == NodeKind::kOriginFile || n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill) {
+    return (void)fuse_reply_err(req, ENOTDIR);
+  }
   fi->fh = 0;
   fuse_reply_open(req, fi);
 }
@@ -352,14 +365,12 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kOriginDir) return OriginReaddir(req, n, size, off);
-  DirBuffer out(req, size, off);
-  if (!out.Add(".", ino, S_IFDIR) || !out.Add("..", ino, S_IFDIR)) return out.Reply();
+  if (n->kind == NodeKind::kStoreDir) return StoreReaddir(req, n, size, off);
   if (n->kind == NodeKind::kRoot) {
-    for (const Origin& o : options_.origins) {
-      if (!out.Add(o.name, kUnknownIno, S_IFDIR)) return out.Reply();
-    }
-    out.Add(kLocalName, kUnknownIno, S_IFDIR);
-    return out.Reply();
+    std::vector<std::pair<std::string, mode_t>> entries;
+    for (const Origin& o : options_.origins) entries.emplace_back(o.name, S_IFDIR);
+    entries.emplace_back(kLocalName, S_IFDIR);
+    return ReplyDirEntries(req, ino, size, off, entries);
   }
   // local/
   int fd = n->path.empty() ? dup(local_dirfd_)
@@ -377,8 +388,16 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
   }
   closedir(d);
   std::sort(entries.begin(), entries.end());  // stable offsets across calls
-  for (auto& [name, mode] : entries) {
-    if (!out.Add(name, kUnknownIno, mode)) break;
+  ReplyDirEntries(req, ino, size, off, entries);
+}
+
+void Daemon::ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                             const std::vector<std::pair<std::string, mode_t>>& entries) {
+  DirBuffer out(req, size, off);
+  if (out.Add(".", ino, S_IFDIR) && out.Add("..", ino, S_IFDIR)) {
+    for (const auto& [name, mode] : entries) {
+      if (!out.Add(name, kUnknownIno, mode)) break;
+    }
   }
   out.Reply();
 }
@@ -435,7 +454,10 @@ void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_
 void Daemon::OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kRoot || n->kind == NodeKind::kOriginDir) return (void)fuse_reply_err(req, EISDIR);
+  if (n->kind == NodeKind::kRoot || n->kind == NodeKind::kOriginDir || n->kind == NodeKind::kStoreDir) {
+    return (void)fuse_reply_err(req, EISDIR);
+  }
+  if (n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill) return StoreOpen(req, n, fi);
   if (n->kind == NodeKind::kOriginFile) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
     return OriginOpen(req, n, fi);
@@ -477,7 +499,8 @@ void Daemon::OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_fil
   auto it = handles_.find(fi->fh);
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
   if (it->second.kind == NodeKind::kLocal) return LocalRead(req, it->second, size, off);
-  OriginRead(req, it->second, size, off);
+  if (it->second.kind == NodeKind::kStoreFill) return (void)fuse_reply_err(req, EBADF);  // write-only
+  OriginRead(req, it->second, size, off, fi->fh);
 }
 
 void Daemon::LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
@@ -499,6 +522,7 @@ void Daemon::OpWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, o
   auto it = handles_.find(fi->fh);
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
   Handle& h = it->second;
+  if (h.kind == NodeKind::kStoreFill) return StoreWrite(req, h, buf, size, off);
   if (h.kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
   if (fi->flags & O_APPEND) {
     struct stat st;
@@ -518,7 +542,11 @@ void Daemon::FlushLocal(const std::string& key, std::function<void(Status)> done
   queue_->FlushAll([done = std::move(done)] { done(Status::Ok()); });
 }
 
-void Daemon::OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+void Daemon::OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  auto it = handles_.find(fi->fh);
+  if (it != handles_.end() && it->second.kind == NodeKind::kStoreFill) StoreHandOver(it->second);
+  fuse_reply_err(req, 0);
+}
 
 void Daemon::OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
   auto it = handles_.find(fi->fh);
@@ -540,6 +568,8 @@ void Daemon::OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   if (it != handles_.end()) {
     if (it->second.kind == NodeKind::kLocal) {
       close(it->second.fd);
+    } else if (it->second.kind == NodeKind::kStoreFill) {
+      StoreHandOver(it->second);
     } else {
       if (it->second.fd >= 0) close(it->second.fd);
       OriginRelease(it->second);
@@ -618,15 +648,18 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
       }
       ++*pending;
       FillId id = *fill;
+      ++writing_fills_[url];
       store_->AppendFill(id, std::move(r.data), [this, id, url, finish](Status s) {
         if (!s.ok()) {
           std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), s.ToString().c_str());
           store_->AbortFill(id);
+          FillSettled(url);
           return finish();
         }
         store_->CommitFill(id, [this, url, finish](Status c) {
           if (!c.ok()) std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), c.ToString().c_str());
           else FillCommitted(url);
+          FillSettled(url);
           finish();
         });
       });
@@ -833,6 +866,7 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  mount_path_ = ec ? options_.mountpoint : mount_path;
   if (!ec) RaiseReadAhead(mount_path);
   if (!options_.foreground && fuse_daemonize(0) != 0) {
     fuse_session_unmount(se_);

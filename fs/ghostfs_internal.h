@@ -10,6 +10,7 @@
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
+#include <ctime>
 #include <deque>
 #include <map>
 #include <memory>
@@ -45,11 +46,27 @@ namespace ghost {
 inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
 // What one index row update costs the disk in the write queue: one sqlite page.
 constexpr Bytes kIndexRowBytes = 4096;
+// .ghost/ entries change only through the control socket: short attribute timeouts.
+constexpr double kStoreAttrTimeout = 0.0;
+
+inline std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
 
 // What a read of an origin file last did, for the user.ghost.* attributes.
 struct Decision {
   std::string source;     // memory | disk | network | stale
   nlohmann::json cost;    // the estimates behind it
+};
+
+// A body the proxy is handing over through .ghost/fill/<token> (fs/store_tree.cc).
+struct StoreFill {
+  std::string key;
+  CacheEntry meta;
+  std::string data;
+  bool handed_over = false;
+};
+
+struct StoreStats {
+  std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
 };
 
 // A directory listing of an origin, as parsed from its HTML index.
@@ -153,7 +170,8 @@ class Daemon final : public GhostFs {
   void OriginGetattr(fuse_req_t req, Node* n);
   void OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off);
   void OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi);
-  void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off);
+  // `fh` is h's file handle (to find it again after waiting).
+  void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
   void OriginRelease(Handle& h);
   // Answers the reads of `st` that its data (or its end) can answer.
   void ServeStream(Stream& st);
@@ -161,11 +179,33 @@ class Daemon final : public GhostFs {
   void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
   std::optional<std::string> OriginXattr(Node* n, const std::string& name);
   std::string OriginUrl(const Node* n) const;
+  // The estimates behind a cost-model choice, as user.ghost.cost and "lookup" show them.
+  nlohmann::json CostJson(const Choice& c) const;
   std::optional<std::int64_t> FileMtime(const DirEntry* listed, const CacheEntry* cached) const;
   const DirEntry* ListedEntry(const Node* n) const;  // from the listing in memory, if any
   // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
   void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
   void FillCommitted(const std::string& key);
+  // A fill handed to the cache store finished (committed or not): runs what waited for it.
+  void FillSettled(const std::string& key);
+  // Runs `fn` now, or once the fill of `key` being written settles.
+  void WhenFillSettles(const std::string& key, std::function<void()> fn);
+
+  // ---- the shared store .ghost/ (store_tree.cc) ----
+  std::string StoreName(const std::string& key) const;
+  struct stat StoreStat(const Node* n) const;
+  const std::string* StoreKey(const std::string& name) const;
+  void StoreLookup(fuse_req_t req, Node* parent, const char* name);
+  void StoreGetattr(fuse_req_t req, Node* n);
+  void StoreReaddir(fuse_req_t req, Node* n, size_t size, off_t off);
+  void StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi);
+  void StoreWrite(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off);
+  void StoreHandOver(Handle& h);
+  void StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply);
+  nlohmann::json StoreStatsJson() const;
+  // Replies to a readdir with ".", ".." and `entries`, from offset `off` on.
+  void ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                       const std::vector<std::pair<std::string, mode_t>>& entries);
 
   // ---- control socket (control_ops.cc) ----
   void HandleControl(const nlohmann::json& request, ControlServer::Reply reply);
@@ -201,6 +241,8 @@ class Daemon final : public GhostFs {
   std::map<std::string, Listing> listings_;               // by directory URL
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<std::string, CacheEntry> pending_fills_;       // queued fills: their metadata
+  std::map<std::string, int> writing_fills_;              // fills being written, by key
+  std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
   std::map<ino_t, std::string> local_paths_;              // backing inode → rel path (for the writer)
@@ -208,6 +250,11 @@ class Daemon final : public GhostFs {
   std::map<std::string, int> requests_by_source_;
   std::uint64_t bytes_from_network_ = 0;
   std::uint64_t bytes_from_cache_ = 0;
+  std::string mount_path_;                                // canonical, for paths handed out
+  std::map<std::string, StoreFill> store_fills_;          // by token
+  std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key
+  std::uint64_t next_store_token_ = 1;
+  StoreStats store_stats_;
 };
 
 }  // namespace ghost

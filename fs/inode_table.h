@@ -24,6 +24,11 @@ enum class NodeKind {
   kOriginDir,  // a directory of an HTTP origin ("" is the origin's root)
   kOriginFile,
   kLocal,      // an entry of local/ (file or directory; "" is local/ itself)
+  // The shared store .ghost/ (fs/store_tree.cc): "" itself, "objects" and "fill" directories,
+  // then "objects/<hash>" and "fill/<token>" files.
+  kStoreDir,
+  kStoreObject,
+  kStoreFill,
 };
 
 struct Node {

@@ -19,7 +19,6 @@ namespace {
 
 constexpr double kAttrTimeout = 1.0;
 
-std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
 
 // Percent-encodes one path component for a URL (RFC 3986 unreserved characters stay).
 std::string EncodeComponent(const std::string& s) {
@@ -454,6 +453,14 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   // Cached and fresh: the cost model chooses (and hints the ideal device).
   Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
   Choice c = cost_->Choose(holders, cached->size);
+  decisions_[ino].cost = CostJson(c);
+  if (c.chosen.holder.source == Source::kNetwork) return from_network("", "");
+  decisions_[ino].source = "disk";
+  store_->Touch(url);
+  open_handle("disk", nullptr);
+}
+
+nlohmann::json Daemon::CostJson(const Choice& c) const {
   nlohmann::json cost = nlohmann::json::object();
   for (const SourceEstimate& e : c.candidates) {
     cost[SourceName(e.holder.source)] = {{"time_ms", ToMillis(e.time)}, {"energy_j", e.energy.joules()}, {"cost", e.cost}};
@@ -462,14 +469,10 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   cost["chosen"] = SourceName(c.chosen.holder.source);
   cost["ideal"] = SourceName(c.ideal.holder.source);
   cost["ghost_hint"] = c.hinted;
-  decisions_[ino].cost = cost;
-  if (c.chosen.holder.source == Source::kNetwork) return from_network("", "");
-  decisions_[ino].source = "disk";
-  store_->Touch(url);
-  open_handle("disk", nullptr);
+  return cost;
 }
 
-void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
+void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t h_fh) {
   Bytes offset = static_cast<Bytes>(off);
   if (h.stream) {
     Stream& st = *h.stream;
@@ -490,7 +493,15 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
     std::string key = "fill:" + h.key;
     Bytes end = queue_->QueuedEnd(key);
     if (end == 0 && !queue_->Contains(key)) {
-      // Flushed meanwhile: the copy is on the disk now.
+      // Flushed meanwhile: the copy is on the disk now, or about to be.
+      if (writing_fills_.count(h.key)) {
+        std::uint64_t fh = h_fh;
+        return WhenFillSettles(h.key, [this, req, fh, size, off] {
+          auto it = handles_.find(fh);
+          if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
+          OriginRead(req, it->second, size, off, fh);
+        });
+      }
       if (!store_->index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
       h.source = "disk";
       h.fd = ::open(store_->BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
@@ -617,6 +628,20 @@ std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name)
     return e->content_type;
   }
   return std::nullopt;
+}
+
+void Daemon::FillSettled(const std::string& key) {
+  auto w = writing_fills_.find(key);
+  if (w == writing_fills_.end() || --w->second > 0) return;
+  writing_fills_.erase(w);
+  auto waiters = fill_waiters_.extract(key);
+  if (waiters.empty()) return;
+  for (auto& fn : waiters.mapped()) fn();
+}
+
+void Daemon::WhenFillSettles(const std::string& key, std::function<void()> fn) {
+  if (!writing_fills_.count(key)) return fn();
+  fill_waiters_[key].push_back(std::move(fn));
 }
 
 void Daemon::FillCommitted(const std::string& key) {

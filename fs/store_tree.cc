@@ -1,0 +1,300 @@
+// The shared store: MOUNTPOINT/.ghost/, through which ghostproxy uses this daemon's cache
+// (DESIGN §3.4, §4; the proxy's side is proxy/ghostfs_backend.cc).
+//
+// One cache, one owner: the daemon keeps the index, the bodies, the byte cap, the write queue
+// and the power model; the proxy speaks HTTP and decides what is cacheable. They meet in two
+// places:
+//   - the control socket (common/control.h): "lookup" answers whether a key is cached, its
+//     stored response head and where the cost model says to read it from right now (sending
+//     the disk a ghost hint when the network wins); "store" opens a fill; "refresh" replaces
+//     a stored head after a 304; "invalidate" drops a key;
+//   - this directory: .ghost/objects/<hash> reads a cached body (hash = hex SHA-256 of the
+//     key, the name a "lookup" returns) through the same read path as an origin file — the
+//     write queue's copy while its fill waits, else the disk via io_uring, with the emulated
+//     disk doing the same work; .ghost/fill/<token> (from "store") takes the body's bytes,
+//     and closing it hands the fill to the write queue like any fill of ghostfs's own, so a
+//     sleeping disk is not woken for it (DESIGN §3.5).
+// .ghost/ is not listed in the mount's root, and nothing in it can be created, renamed or
+// removed by name: only the control socket makes names appear.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <random>
+
+#include "fs/ghostfs_internal.h"
+
+namespace ghost {
+
+namespace {
+
+constexpr const char* kObjectsDir = "objects";
+constexpr const char* kFillDir = "fill";
+// A body handed over through .ghost/fill is held in memory until its fill is queued: bigger
+// ones are refused (the proxy then serves without storing).
+constexpr Bytes kMaxStoreFill = 256ull << 20;
+
+std::string After(const std::string& path, const char* dir) {
+  std::string prefix = std::string(dir) + "/";
+  return path.starts_with(prefix) ? path.substr(prefix.size()) : std::string();
+}
+
+}  // namespace
+
+std::string Daemon::StoreName(const std::string& key) const {
+  std::string body = store_->BodyPath(key);
+  return body.substr(body.rfind('/') + 1);
+}
+
+struct stat Daemon::StoreStat(const Node* n) const {
+  struct stat st {};
+  st.st_ino = n->ino;
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  if (n->kind == NodeKind::kStoreDir) {
+    st.st_mode = S_IFDIR | 0500;
+    st.st_nlink = 2;
+    return st;
+  }
+  st.st_nlink = 1;
+  if (n->kind == NodeKind::kStoreFill) {
+    st.st_mode = S_IFREG | 0200;
+    auto f = store_fills_.find(After(n->path, kFillDir));
+    if (f != store_fills_.end()) st.st_size = static_cast<off_t>(f->second.data.size());
+    return st;
+  }
+  st.st_mode = S_IFREG | 0400;
+  auto k = store_keys_.find(After(n->path, kObjectsDir));
+  if (k != store_keys_.end()) {
+    if (const CacheEntry* e = store_->index().Find(k->second)) {
+      st.st_size = static_cast<off_t>(e->size);
+    } else {
+      st.st_size = static_cast<off_t>(queue_->QueuedEnd("fill:" + k->second));
+    }
+  }
+  st.st_blocks = (st.st_size + 511) / 512;
+  return st;
+}
+
+// The object behind .ghost/objects/<name>: cached, or its fill still in the write queue.
+const std::string* Daemon::StoreKey(const std::string& name) const {
+  auto k = store_keys_.find(name);
+  if (k == store_keys_.end()) return nullptr;
+  if (!store_->index().Find(k->second) &&
+      !(pending_fills_.count(k->second) && queue_->Contains("fill:" + k->second))) {
+    return nullptr;
+  }
+  return &k->second;
+}
+
+void Daemon::StoreLookup(fuse_req_t req, Node* parent, const char* name_c) {
+  std::string name = name_c;
+  if (parent->path.empty()) {
+    if (name != kObjectsDir && name != kFillDir) return (void)fuse_reply_err(req, ENOENT);
+    Node* n = inodes_.Lookup(NodeKind::kStoreDir, -1, name);
+    return ReplyEntry(req, n, StoreStat(n));
+  }
+  if (parent->path == kObjectsDir) {
+    if (!StoreKey(name)) return (void)fuse_reply_err(req, ENOENT);
+    Node* n = inodes_.Lookup(NodeKind::kStoreObject, -1, InodeTable::Join(kObjectsDir, name));
+    return ReplyEntry(req, n, StoreStat(n));
+  }
+  if (!store_fills_.count(name)) return (void)fuse_reply_err(req, ENOENT);
+  Node* n = inodes_.Lookup(NodeKind::kStoreFill, -1, InodeTable::Join(kFillDir, name));
+  ReplyEntry(req, n, StoreStat(n));
+}
+
+void Daemon::StoreGetattr(fuse_req_t req, Node* n) {
+  struct stat st = StoreStat(n);
+  fuse_reply_attr(req, &st, kStoreAttrTimeout);
+}
+
+void Daemon::StoreReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
+  // Only .ghost/ itself lists anything: objects and fills are reached by the names the
+  // control socket hands out.
+  std::vector<std::pair<std::string, mode_t>> entries;
+  if (n->path.empty()) entries = {{kFillDir, S_IFDIR}, {kObjectsDir, S_IFDIR}};
+  ReplyDirEntries(req, n->ino, size, off, entries);
+}
+
+void Daemon::StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
+  Handle h;
+  h.kind = n->kind;
+  if (n->kind == NodeKind::kStoreFill) {
+    if ((fi->flags & O_ACCMODE) != O_WRONLY) return (void)fuse_reply_err(req, EACCES);
+    std::string token = After(n->path, kFillDir);
+    auto f = store_fills_.find(token);
+    if (f == store_fills_.end() || f->second.handed_over) return (void)fuse_reply_err(req, ENOENT);
+    h.key = token;
+  } else {
+    if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EACCES);
+    const std::string* key = StoreKey(After(n->path, kObjectsDir));
+    if (!key) return (void)fuse_reply_err(req, ENOENT);
+    h.key = *key;
+    if (store_->index().Find(*key)) {
+      h.source = "disk";
+      h.fd = ::open(store_->BodyPath(*key).c_str(), O_RDONLY | O_CLOEXEC);
+      if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
+      posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      store_->Touch(*key);
+    } else {
+      h.source = "memory";  // its fill still waits in the write queue
+    }
+  }
+  // The proxy reads each body once, and a key's body can be replaced: no page cache.
+  fi->direct_io = 1;
+  fi->keep_cache = 0;
+  fi->fh = next_fh_++;
+  handles_[fi->fh] = std::move(h);
+  fuse_reply_open(req, fi);
+}
+
+void Daemon::StoreWrite(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off) {
+  auto f = store_fills_.find(h.key);
+  if (f == store_fills_.end() || f->second.handed_over) return (void)fuse_reply_err(req, EBADF);
+  std::string& data = f->second.data;
+  Bytes end = static_cast<Bytes>(off) + size;
+  if (end > kMaxStoreFill) return (void)fuse_reply_err(req, EFBIG);
+  if (data.size() < end) data.resize(end);
+  data.replace(static_cast<std::size_t>(off), size, buf, size);
+  fuse_reply_write(req, size);
+}
+
+// The first close of a fill's file hands the body to the write queue (close() returns after
+// this, so a "lookup" right after it finds the object).
+void Daemon::StoreHandOver(Handle& h) {
+  auto f = store_fills_.find(h.key);
+  if (f == store_fills_.end() || f->second.handed_over) return;
+  StoreFill& fill = f->second;
+  fill.handed_over = true;
+  CacheEntry meta = fill.meta;
+  meta.size = fill.data.size();
+  pending_fills_[fill.key] = meta;
+  WriteRecord r;
+  r.key = "fill:" + fill.key;
+  r.length = fill.data.size();
+  r.data = std::move(fill.data);
+  queue_->Add(std::move(r));
+  ++store_stats_.fills;
+  store_fills_.erase(f);
+}
+
+// ---- control operations ----
+
+namespace {
+
+// Unix seconds to the daemon clock's time (cache entries keep the clock's time).
+TimePoint FromUnix(const Clock& clock, std::int64_t unix_seconds) {
+  return clock.Now() + Seconds(static_cast<double>(unix_seconds - UnixNow()));
+}
+
+void ReadStoredFields(const nlohmann::json& request, const Clock& clock, CacheEntry* e) {
+  if (auto it = request.find("response"); it != request.end()) e->response = it->get<std::string>();
+  if (auto it = request.find("etag"); it != request.end()) e->etag = it->get<std::string>();
+  if (auto it = request.find("last_modified"); it != request.end()) e->last_modified = it->get<std::string>();
+  if (auto it = request.find("content_type"); it != request.end()) e->content_type = it->get<std::string>();
+  if (auto it = request.find("expires_unix"); it != request.end()) {
+    if (it->is_null()) {
+      e->expires.reset();
+    } else {
+      e->expires = FromUnix(clock, it->get<std::int64_t>());
+    }
+  }
+}
+
+}  // namespace
+
+void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply) {
+  const std::string key = request.value("key", "");
+  if (op == "lookup") {
+    ++store_stats_.lookups;
+    const CacheEntry* e = store_->index().Find(key);
+    // A fill queued and not yet being written (one being written shows up when it commits).
+    if (!e && writing_fills_.count(key)) {
+      // Being written right now: answer once it is in the index.
+      return WhenFillSettles(key, [this, op, request, reply = std::move(reply)]() mutable {
+        --store_stats_.lookups;
+        StoreControl(op, request, std::move(reply));
+      });
+    }
+    auto pending = pending_fills_.find(key);
+    bool queued = !e && pending != pending_fills_.end() && queue_->Contains("fill:" + key);
+    if (!e && !queued) return reply({{"cached", false}});
+    std::string name = StoreName(key);
+    store_keys_[name] = key;
+    nlohmann::json out = {{"cached", true}, {"path", mount_path_ + "/.ghost/objects/" + name}};
+    if (queued) {
+      // Its fill still waits in the write queue: read from memory, nothing to choose.
+      const CacheEntry& meta = pending->second;
+      out["size"] = queue_->QueuedEnd("fill:" + key);
+      out["response"] = meta.response;
+      out["choice"] = "disk";
+      out["source"] = "memory";
+      out["ghost_hint"] = false;
+      ++requests_by_source_["memory"];
+      ++store_stats_.hits;
+      return reply(out);
+    }
+    // The same choice an open of an origin file makes (common/cost_model.h).
+    Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
+    Choice c = cost_->Choose(holders, e->size);
+    bool disk = c.chosen.holder.source == Source::kDisk;
+    out["size"] = e->size;
+    out["response"] = e->response;
+    out["choice"] = disk ? "disk" : "network";
+    out["source"] = disk ? "disk" : "network";
+    out["ghost_hint"] = c.hinted;
+    out["cost"] = CostJson(c);
+    ++requests_by_source_[disk ? "disk" : "network"];
+    ++(disk ? store_stats_.hits : store_stats_.network_preferred);
+    if (control_) control_->Publish("stats", StatsJson());
+    return reply(out);
+  }
+  if (op == "store") {
+    CacheEntry meta;
+    ReadStoredFields(request, *clock_, &meta);
+    meta.fetched = clock_->Now();
+    std::uint64_t r = std::random_device{}();
+    char token[40];
+    std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
+                  static_cast<unsigned long long>(r << 32 ^ std::random_device{}()));
+    StoreFill& f = store_fills_[token];
+    f.key = key;
+    f.meta = std::move(meta);
+    return reply({{"path", mount_path_ + "/.ghost/fill/" + token}});
+  }
+  if (op == "refresh") {
+    Status s = store_->UpdateMeta(key, [&](CacheEntry& e) {
+      ReadStoredFields(request, *clock_, &e);
+      e.fetched = clock_->Now();
+    });
+    if (!s.ok()) return reply.Error("refresh: " + s.message());
+    // The index row reaches sqlite with the next write batch (DESIGN §3.5).
+    WriteRecord w;
+    w.key = "index:" + key;
+    w.length = kIndexRowBytes;
+    queue_->Add(std::move(w));
+    ++store_stats_.refreshes;
+    return reply(nlohmann::json::object());
+  }
+  if (op == "invalidate") {
+    // A fill still queued is dropped too: the writer skips fills without their metadata.
+    bool queued = pending_fills_.erase(key) > 0;
+    Status s = store_->Erase(key);
+    if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
+    return reply({{"removed", s.ok() || queued}});
+  }
+  reply.Error("unknown op \"" + op + "\"");
+}
+
+nlohmann::json Daemon::StoreStatsJson() const {
+  return {{"lookups", store_stats_.lookups},
+          {"hits", store_stats_.hits},
+          {"network_preferred", store_stats_.network_preferred},
+          {"fills", store_stats_.fills},
+          {"refreshes", store_stats_.refreshes},
+          {"open_fills", store_fills_.size()}};
+}
+
+}  // namespace ghost

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""The shared store ghostproxy uses (fs/store_tree.cc, common/control.h): lookup / store /
+refresh / invalidate over the control socket, bodies through MOUNTPOINT/.ghost/, fills through
+the deferred write queue (a sleeping disk stays asleep, reads see the queued copy), the cost
+model's choice with ghost hints, persistence across a remount, and bad requests. TAP; skipped
+without root, /dev/fuse or nginx."""
+import errno
+import json
+import os
+import socket
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+PLAN = 18
+
+
+class Control:
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(path)
+        self.f = self.sock.makefile("rw")
+        self.next_id = 1
+
+    def call(self, op, **args):
+        self.next_id += 1
+        self.f.write(json.dumps({"id": self.next_id, "op": op, **args}) + "\n")
+        self.f.flush()
+        reply = json.loads(self.f.readline())
+        assert reply["id"] == self.next_id, reply
+        return reply
+
+    def ok(self, op, **args):
+        r = self.call(op, **args)
+        if not r["ok"]:
+            raise RuntimeError(f"{op}: {r['error']}")
+        return r["result"]
+
+    def close(self):
+        self.f.close()
+        self.sock.close()
+
+
+def store(ctl, key, body, **fields):
+    path = ctl.ok("store", key=key, **fields)["path"]
+    with open(path, "wb") as w:
+        w.write(body)
+    return path
+
+
+def errno_of(fn):
+    try:
+        fn()
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def disk_mode(ctl):
+    return [d for d in ctl.ok("devices") if d["kind"] == "disk"][0]["mode"]
+
+
+def wait_for(pred, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def main():
+    work, root, sums, nginx = h.serve_tree()
+    t = h.Tap(PLAN)
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    sock = os.path.join(work, "control.sock")
+    cache = os.path.join(work, "cache")
+    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, args=["--profile", "ipaq-2004"], control=sock)
+    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
+        t.skip_rest(PLAN, "not mounted")
+        t.done()
+    ctl = Control(sock)
+
+    t.check(ctl.ok("lookup", key="http://example.test/a") == {"cached": False}, "an unknown key is not cached")
+
+    body = os.urandom(300_000)
+    head = json.dumps({"status": 200, "headers": [["Content-Type", "application/octet-stream"]]})
+    store(ctl, "http://example.test/a", body, response=head, etag='"v1"', expires_unix=int(time.time()) + 3600)
+    store(ctl, "http://example.test/small", b"s" * 20_000, response="{}")
+    got = ctl.ok("lookup", key="http://example.test/a")
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    t.check(got["cached"] and got["size"] == len(body) and got["response"] == head and read == body,
+            "a stored body reads back byte-identical through .ghost/objects, with its stored head",
+            {k: v for k, v in got.items() if k != "response"})
+
+    t.check(".ghost" not in os.listdir(mnt) and sorted(os.listdir(os.path.join(mnt, ".ghost"))) == ["fill", "objects"],
+            ".ghost/ is not listed in the root and holds fill/ and objects/", os.listdir(mnt))
+    objects = os.path.join(mnt, ".ghost", "objects")
+    bad = {
+        "unknown object": errno_of(lambda: open(os.path.join(objects, "0" * 64), "rb")),
+        "object opened for writing": errno_of(lambda: open(got["path"], "r+b")),
+        "create in objects/": errno_of(lambda: open(os.path.join(objects, "new"), "wb")),
+        "unlink an object": errno_of(lambda: os.unlink(got["path"])),
+    }
+    t.check(bad == {"unknown object": errno.ENOENT, "object opened for writing": errno.EACCES,
+                    "create in objects/": errno.EROFS, "unlink an object": errno.EROFS},
+            "objects are read-only and reached only by the names lookup hands out", bad)
+
+    # The disk sleeps: a fill waits in the write queue, a lookup reads it from memory.
+    t.check(wait_for(lambda: disk_mode(ctl) == "standby", 15), "the idle disk reaches standby")
+    small = b"queued body\n" * 100
+    store(ctl, "http://example.test/b", small, response="{}")
+    got = ctl.ok("lookup", key="http://example.test/b")
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    queued = ctl.ok("stats")["write_queue"]["queued_bytes"]
+    t.check(got["source"] == "memory" and read == small and queued >= len(small) and disk_mode(ctl) == "standby",
+            "a fill made while the disk sleeps is queued and read from memory; the disk stays in standby",
+            (got["source"], queued, disk_mode(ctl)))
+
+    # Knob 100 (performance): a small cached object on a sleeping disk comes from the network
+    # (no spin-up to wait for), and the disk hears a ghost hint (its ideal mode would have won).
+    ctl.ok("knob", value=100)
+    hints_before = ctl.ok("stats")["ghost_hints_sent"]
+    got = ctl.ok("lookup", key="http://example.test/small")
+    stats = ctl.ok("stats")
+    t.check(got["choice"] == "network" and got["ghost_hint"] and stats["ghost_hints_sent"] == hints_before + 1
+            and stats["proxy"]["network_preferred"] == 1,
+            "at K=100 with the disk in standby the network wins and the disk gets a ghost hint",
+            (got["choice"], got["ghost_hint"], got.get("cost"), stats["proxy"]))
+    ctl.ok("knob", value=50)
+
+    ctl.ok("refresh", key="http://example.test/a", response='{"status":200,"refreshed":true}', etag='"v2"')
+    got = ctl.ok("lookup", key="http://example.test/a")
+    t.check(got["response"] == '{"status":200,"refreshed":true}' and got["size"] == len(body),
+            "refresh replaces the stored head and keeps the body", got["response"])
+    r = ctl.call("refresh", key="http://example.test/none", response="{}")
+    t.check(not r["ok"] and "not in the cache" in r["error"], "refresh of an uncached key is an error", r)
+
+    store(ctl, "http://example.test/c", b"old", response="{}")
+    store(ctl, "http://example.test/c", b"new body", response='{"v":2}')
+    got = ctl.ok("lookup", key="http://example.test/c")
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    t.check(read == b"new body" and got["response"] == '{"v":2}', "a second store replaces the object", read)
+
+    gone = ctl.ok("invalidate", key="http://example.test/c")
+    t.check(gone == {"removed": True} and ctl.ok("lookup", key="http://example.test/c") == {"cached": False}
+            and ctl.ok("invalidate", key="http://example.test/c") == {"removed": False},
+            "invalidate drops a key (and says so)", gone)
+
+    replies = {
+        "no key": ctl.call("lookup"),
+        "empty key": ctl.call("store", key=""),
+        "bad expires": ctl.call("store", key="k", expires_unix="soon"),
+        "bad response": ctl.call("refresh", key="k", response=7),
+    }
+    t.check(all(not r["ok"] and r["error"] for r in replies.values()),
+            "malformed store requests get error replies", replies)
+    t.check(ctl.ok("lookup", key="http://example.test/a")["cached"], "the daemon answers after bad requests")
+
+    path = ctl.ok("store", key="http://example.test/d")["path"]
+    t.check(errno_of(lambda: open(path, "rb")) == errno.EACCES, "a fill cannot be opened for reading")
+
+    ctl.ok("flush")
+    ctl.close()
+    fs.stop()
+    t.check(fs.start(), "remounts", fs.output())
+    ctl = Control(sock)
+    got = ctl.ok("lookup", key="http://example.test/a")
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    t.check(read == body and got["response"] == '{"status":200,"refreshed":true}',
+            "stored objects and their refreshed heads survive a remount", got.get("response"))
+    got = ctl.ok("lookup", key="http://example.test/b")
+    t.check(got["cached"] and got["source"] == "disk", "the fill that was queued is on the disk now", got)
+    ctl.close()
+    fs.stop()
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
