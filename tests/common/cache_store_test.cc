@@ -603,10 +603,15 @@ TEST_F(CacheStoreTest, StoredResponseHeadRoundTripsAndVersion1IndexesAreUpgraded
   // A version from the future is refused with a message, not misread.
   ExecSql("UPDATE schema_version SET version = 99");
   event_base* base = event_base_new();
-  SyncFileIo io(base);
-  Result<std::unique_ptr<CacheStore>> future = CacheStore::Open(dir_, 0, clock_, io, Options());
-  ASSERT_FALSE(future.ok());
-  EXPECT_NE(future.status().message().find("schema version 99"), std::string::npos) << future.status().ToString();
+  {
+    SyncFileIo io(base);  // gone before its base
+    Result<std::unique_ptr<CacheStore>> future = CacheStore::Open(dir_, 0, clock_, io, Options());
+    EXPECT_FALSE(future.ok());
+    if (!future.ok()) {
+      EXPECT_NE(future.status().message().find("schema version 99"), std::string::npos)
+          << future.status().ToString();
+    }
+  }
   event_base_free(base);
   ExecSql("UPDATE schema_version SET version = 2");
 }
