@@ -603,14 +603,18 @@ void ControlServer::Close(Connection& c) {
 
 // ---- Client ----
 
-Result<ControlClient> ControlClient::Connect(const std::string& path) {
+namespace {
+
+// A connected (blocking) socket to the server at `path`, with the user-facing errors
+// ControlClient::Connect documents.
+Result<int> ConnectControlSocket(const std::string& path) {
   Result<sockaddr_un> addr = UnixAddress(path);
   if (!addr.ok()) return addr.status();
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno(errno, "socket");
-  ControlClient client(fd);
   if (ConnectTo(fd, *addr) != 0) {
     int err = errno;
+    ::close(fd);
     switch (err) {
       case ENOENT:
       case ECONNREFUSED:
@@ -626,7 +630,109 @@ Result<ControlClient> ControlClient::Connect(const std::string& path) {
         return Status::FromErrno(err, "cannot connect to " + path);
     }
   }
-  return client;
+  return fd;
+}
+
+}  // namespace
+
+Result<ControlClient> ControlClient::Connect(const std::string& path) {
+  Result<int> fd = ConnectControlSocket(path);
+  if (!fd.ok()) return fd.status();
+  return ControlClient(*fd);
+}
+
+// ---- AsyncControlClient ----
+
+void AsyncControlClient::BevDeleter::operator()(bufferevent* b) const { bufferevent_free(b); }
+
+AsyncControlClient::AsyncControlClient(event_base* base, std::string path)
+    : base_(base), path_(std::move(path)) {}
+
+AsyncControlClient::~AsyncControlClient() = default;
+
+Result<std::unique_ptr<AsyncControlClient>> AsyncControlClient::Connect(event_base* base,
+                                                                        const std::string& path) {
+  std::unique_ptr<AsyncControlClient> c(new AsyncControlClient(base, path));
+  if (Status s = c->Open(); !s.ok()) return s;
+  return c;
+}
+
+Status AsyncControlClient::Open() {
+  Result<int> fd = ConnectControlSocket(path_);
+  if (!fd.ok()) return fd.status();
+  evutil_make_socket_nonblocking(*fd);
+  bufferevent* bev = bufferevent_socket_new(base_, *fd, BEV_OPT_CLOSE_ON_FREE);
+  if (bev == nullptr) {
+    ::close(*fd);
+    return Status::Internal("bufferevent_socket_new failed");
+  }
+  bev_.reset(bev);
+  bufferevent_setcb(bev, &AsyncControlClient::OnRead, nullptr, &AsyncControlClient::OnEvent, this);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+  return Status::Ok();
+}
+
+void AsyncControlClient::Call(const std::string& op, nlohmann::json args, Done done) {
+  if (!bev_) {
+    if (Status s = Open(); !s.ok()) {
+      // Never inside the call: the caller may hold state the callback changes.
+      Defer([done = std::move(done), s] { done(s); });
+      return;
+    }
+  }
+  if (!args.is_object()) args = nlohmann::json::object();
+  std::int64_t id = next_id_++;
+  args["id"] = id;
+  args["op"] = op;
+  std::string line = args.dump() + "\n";
+  waiting_.emplace(id, std::move(done));
+  bufferevent_write(bev_.get(), line.data(), line.size());
+}
+
+void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
+  auto* self = static_cast<AsyncControlClient*>(arg);
+  evbuffer* in = bufferevent_get_input(bev);
+  while (true) {
+    std::size_t len = 0;
+    char* line = evbuffer_readln(in, &len, EVBUFFER_EOL_LF);
+    if (line == nullptr) break;
+    std::string text(line, len);
+    std::free(line);
+    nlohmann::json msg = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!msg.is_object() || !msg.contains("id") || !msg["id"].is_number_integer()) continue;  // events
+    auto it = self->waiting_.find(msg["id"].get<std::int64_t>());
+    if (it == self->waiting_.end()) continue;
+    Done done = std::move(it->second);
+    self->waiting_.erase(it);
+    if (msg.value("ok", false)) {
+      done(msg.contains("result") ? msg["result"] : nlohmann::json());
+    } else {
+      done(Status::InvalidArgument(msg.value("error", std::string("error reply without a message"))));
+    }
+  }
+}
+
+void AsyncControlClient::OnEvent(bufferevent*, short what, void* arg) {
+  auto* self = static_cast<AsyncControlClient*>(arg);
+  if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  // The daemon went away: everything waiting fails; the next Call reconnects.
+  self->bev_.reset();
+  auto waiting = std::move(self->waiting_);
+  self->waiting_.clear();
+  for (auto& [id, done] : waiting) {
+    done(Status::Unavailable("the ghostfs control socket " + self->path_ + " closed the connection"));
+  }
+}
+
+void AsyncControlClient::Defer(std::function<void()> fn) {
+  auto* box = new std::function<void()>(std::move(fn));
+  event_base_once(
+      base_, -1, EV_TIMEOUT,
+      [](evutil_socket_t, short, void* arg) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+        (*f)();
+      },
+      box, nullptr);
 }
 
 ControlClient::ControlClient(ControlClient&& other) noexcept

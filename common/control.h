@@ -279,6 +279,44 @@ class ControlClient {
   std::map<std::int64_t, nlohmann::json> replies_;  // by id, until their Call takes them
 };
 
+// Client of the control socket on an event loop (ghostproxy): requests go out at once and may
+// overlap; each reply is matched by id and handed to its callback on the loop, never inside
+// Call. If the connection drops, every waiting callback gets kUnavailable and the next Call
+// reconnects. Pushed events are ignored (this client does not subscribe).
+class AsyncControlClient {
+ public:
+  using Done = std::function<void(Result<nlohmann::json>)>;
+
+  // Connects now, so a wrong path fails at start with ControlClient::Connect's messages.
+  // `base` is borrowed and must outlive the client.
+  static Result<std::unique_ptr<AsyncControlClient>> Connect(event_base* base,
+                                                             const std::string& path);
+  ~AsyncControlClient();  // pending callbacks are dropped
+  AsyncControlClient(const AsyncControlClient&) = delete;
+  AsyncControlClient& operator=(const AsyncControlClient&) = delete;
+
+  // Sends {"id":n,"op":op,...args}; `done` gets the reply's "result", an error reply as
+  // kInvalidArgument with the server's message, or kUnavailable.
+  void Call(const std::string& op, nlohmann::json args, Done done);
+  std::size_t pending() const { return waiting_.size(); }
+
+ private:
+  struct BevDeleter {
+    void operator()(bufferevent* b) const;
+  };
+  AsyncControlClient(event_base* base, std::string path);
+  Status Open();
+  void Defer(std::function<void()> fn);
+  static void OnRead(bufferevent* bev, void* arg);
+  static void OnEvent(bufferevent* bev, short what, void* arg);
+
+  event_base* base_;
+  std::string path_;
+  std::unique_ptr<bufferevent, BevDeleter> bev_;
+  std::int64_t next_id_ = 1;
+  std::map<std::int64_t, Done> waiting_;
+};
+
 }  // namespace ghost
 
 #endif  // GHOST_COMMON_CONTROL_H_

@@ -234,7 +234,6 @@ TEST_F(ControlTest, RepliesEchoTheRequestIds) {
 
 TEST_F(ControlTest, AsynchronousReplyArrivesWhenTheOpCompletes) {
   Start();
-  std::promise<void> seen;
   std::future<void> flush_seen = seen.get_future();
   OnLoop([&] { flush_seen_.emplace(std::move(seen)); });
   auto flushing = std::async(std::launch::async, [this] {
@@ -640,6 +639,79 @@ TEST_F(ControlTest, DefaultPathComesFromGhostControl) {
   EXPECT_EQ(DefaultControlPath(), "/tmp/elsewhere.sock");
   ::unsetenv("GHOST_CONTROL");
   EXPECT_EQ(DefaultControlPath(), "/run/ghost/control.sock");
+}
+
+}  // namespace
+}  // namespace ghost
+
+namespace ghost {
+namespace {
+
+TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnects) {
+  Start();
+  std::unique_ptr<AsyncControlClient> client = OnLoop([&] {
+    auto c = AsyncControlClient::Connect(base_, path_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  });
+  ASSERT_NE(client, nullptr);
+
+  // Three calls in flight at once; each callback gets its own reply, never inside Call.
+  std::promise<void> all;
+  std::vector<std::string> got;
+  bool inside_call = false;
+  OnLoop([&] {
+    auto note = [&](std::string what) {
+      EXPECT_FALSE(inside_call);
+      got.push_back(std::move(what));
+      if (got.size() == 3) all.set_value();
+    };
+    inside_call = true;
+    client->Call("knob", {{"value", 70}}, [=](Result<json> r) { note(r.ok() ? "knob " + r->dump() : r.status().ToString()); });
+    client->Call("stats", {}, [=](Result<json> r) { note(r.ok() ? "stats " + std::to_string((*r)["knob"].get<int>()) : "stats failed"); });
+    client->Call("knob", {{"value", 170}}, [=](Result<json> r) {
+      note(r.ok() ? "bad knob accepted" : "bad knob: " + std::string(r.status().code() == Status::Code::kInvalidArgument ? "invalid" : "other"));
+    });
+    inside_call = false;
+    return 0;
+  });
+  ASSERT_EQ(all.get_future().wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(got, (std::vector<std::string>{R"(knob {"knob":70,"previous":50})", "stats 70", "bad knob: invalid"}));
+
+  // The daemon goes away with a request outstanding: it fails as kUnavailable.
+  std::promise<Status::Code> lost;
+  flush_seen_.emplace();
+  std::future<void> flush_arrived = flush_seen_->get_future();
+  OnLoop([&] {
+    client->Call("flush", {}, [&](Result<json> r) { lost.set_value(r.ok() ? Status::Code::kOk : r.status().code()); });
+    return 0;
+  });
+  ASSERT_EQ(flush_arrived.wait_for(kWait), std::future_status::ready);
+  OnLoop([&] {
+    flushes_.clear();
+    server_.reset();
+    return 0;
+  });
+  auto lost_code = lost.get_future();
+  ASSERT_EQ(lost_code.wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(lost_code.get(), Status::Code::kUnavailable);
+
+  // A new daemon on the same path: the next call reconnects.
+  std::promise<std::string> again;
+  OnLoop([&] {
+    auto server = ControlServer::Listen(base_, path_, [this](const json& rq, ControlServer::Reply reply) { Handle(rq, reply); });
+    EXPECT_TRUE(server.ok());
+    server_ = std::move(*server);
+    client->Call("stats", {}, [&](Result<json> r) { again.set_value(r.ok() ? r->dump() : r.status().ToString()); });
+    return 0;
+  });
+  auto again_f = again.get_future();
+  ASSERT_EQ(again_f.wait_for(kWait), std::future_status::ready);
+  EXPECT_NE(again_f.get().find("\"knob\":70"), std::string::npos);
+  OnLoop([&] {
+    client.reset();
+    return 0;
+  });
 }
 
 }  // namespace
