@@ -234,6 +234,7 @@ TEST_F(ControlTest, RepliesEchoTheRequestIds) {
 
 TEST_F(ControlTest, AsynchronousReplyArrivesWhenTheOpCompletes) {
   Start();
+  std::promise<void> seen;
   std::future<void> flush_seen = seen.get_future();
   OnLoop([&] { flush_seen_.emplace(std::move(seen)); });
   auto flushing = std::async(std::launch::async, [this] {
