@@ -63,11 +63,13 @@
 //       {"cached":false}, or {"cached":true,"size":5120,"response":"<the stored head>",
 //        "choice":"disk"|"network","source":"disk"|"memory"|"network","ghost_hint":false,
 //        "cost":{...the estimates, as the user.ghost.cost attribute shows them...},
+//        "etag":"\"5f-1\"","last_modified":"...","content_type":"text/html","expires_unix":N|null,
 //        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>"}   (read the body there)
 //   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
 //          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
 //       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
-//       body there; closing the file hands it to the write queue, replacing any object at K.
+//       body there; closing the file hands it to the write queue, replacing any object at K;
+//       unlinking it first abandons the fill.
 //   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
 //       keeps the body. Result: {}; an error if K is not cached.
 //   invalidate {"key": K}  drops K. Result: {"removed":true|false}.

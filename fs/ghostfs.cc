@@ -684,6 +684,7 @@ void Daemon::OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t
 void Daemon::OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kStoreDir) return StoreUnlink(req, p, name);
   if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
   if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
   std::string rel = InodeTable::Join(p->path, name);

@@ -201,6 +201,7 @@ class Daemon final : public GhostFs {
   void StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi);
   void StoreWrite(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off);
   void StoreHandOver(Handle& h);
+  void StoreUnlink(fuse_req_t req, Node* parent, const char* name);
   void StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply);
   nlohmann::json StoreStatsJson() const;
   // Replies to a readdir with ".", ".." and `entries`, from offset `off` on.

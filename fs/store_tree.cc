@@ -224,6 +224,14 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     std::string name = StoreName(key);
     store_keys_[name] = key;
     nlohmann::json out = {{"cached", true}, {"path", mount_path_ + "/.ghost/objects/" + name}};
+    // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
+    const CacheEntry& known = e ? *e : pending->second;
+    out["etag"] = known.etag;
+    out["last_modified"] = known.last_modified;
+    out["content_type"] = known.content_type;
+    out["expires_unix"] = known.expires ? nlohmann::json(UnixNow() + static_cast<std::int64_t>(
+                                                             ToSeconds(*known.expires - clock_->Now())))
+                                        : nlohmann::json();
     if (queued) {
       // Its fill still waits in the write queue: read from memory, nothing to choose.
       const CacheEntry& meta = pending->second;
@@ -286,6 +294,15 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     return reply({{"removed", s.ok() || queued}});
   }
   reply.Error("unknown op \"" + op + "\"");
+}
+
+// Unlinking .ghost/fill/<token> before closing it abandons the fill.
+void Daemon::StoreUnlink(fuse_req_t req, Node* parent, const char* name) {
+  if (parent->path != kFillDir) return (void)fuse_reply_err(req, EROFS);
+  auto f = store_fills_.find(name);
+  if (f == store_fills_.end()) return (void)fuse_reply_err(req, ENOENT);
+  store_fills_.erase(f);
+  fuse_reply_err(req, 0);
 }
 
 nlohmann::json Daemon::StoreStatsJson() const {

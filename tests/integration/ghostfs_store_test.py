@@ -14,7 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 18
+PLAN = 19
 
 
 class Control:
@@ -166,6 +166,15 @@ def main():
 
     path = ctl.ok("store", key="http://example.test/d")["path"]
     t.check(errno_of(lambda: open(path, "rb")) == errno.EACCES, "a fill cannot be opened for reading")
+
+    path = ctl.ok("store", key="http://example.test/e", response="{}")["path"]
+    with open(path, "wb") as w:
+        w.write(b"half a body")
+        w.flush()
+        os.unlink(path)
+    t.check(ctl.ok("lookup", key="http://example.test/e") == {"cached": False}
+            and ctl.ok("stats")["proxy"]["open_fills"] == 1,  # only d's, never written
+            "unlinking a fill before closing it abandons the fill", ctl.ok("stats")["proxy"])
 
     ctl.ok("flush")
     ctl.close()

@@ -1,0 +1,409 @@
+// GhostfsBackend (see ghostfs_backend.h for how ghostproxy and ghostfs share one cache).
+#include "proxy/ghostfs_backend.h"
+
+#include <event2/event.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "common/control.h"
+#include "common/file_io.h"
+#include "common/http_message.h"
+#include "common/uring_file_io.h"
+
+namespace ghost {
+
+namespace {
+
+using nlohmann::json;
+
+// Bodies are read and written in pieces of this size (one io_uring request each).
+constexpr std::size_t kPiece = 256 * 1024;
+
+std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
+
+void LogError(const std::string& what, const Status& s) {
+  std::fprintf(stderr, "ghostproxy: %s: %s\n", what.c_str(), s.ToString().c_str());
+}
+
+// Runs `fn` on the loop's next turn (callbacks never run inside the call that took them).
+void Defer(event_base* base, std::function<void()> fn) {
+  auto* box = new std::function<void()>(std::move(fn));
+  event_base_once(
+      base, -1, EV_TIMEOUT,
+      [](evutil_socket_t, short, void* arg) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+        (*f)();
+      },
+      box, nullptr);
+}
+
+// The fields of the control protocol's "store"/"refresh" that the daemon's index keeps.
+json StoreArgs(const std::string& key, const StoredResponse& head) {
+  json args = {{"key", key}, {"response", SerializeStoredResponse(head)}};
+  for (const auto& [name, value] : head.headers) {
+    if (EqualsIgnoreCase(name, "ETag")) args["etag"] = value;
+    if (EqualsIgnoreCase(name, "Last-Modified")) args["last_modified"] = value;
+    if (EqualsIgnoreCase(name, "Content-Type")) args["content_type"] = value;
+  }
+  args["expires_unix"] = head.expires_unix ? json(*head.expires_unix) : json();
+  return args;
+}
+
+// A stored head for an object ghostfs fetched itself (no "response" in the index).
+StoredResponse HeadFromIndex(const json& r) {
+  StoredResponse head;
+  head.status = 200;
+  head.size = r.value("size", Bytes{0});
+  for (const char* field : {"content_type", "etag", "last_modified"}) {
+    std::string value = r.contains(field) && r[field].is_string() ? r[field].get<std::string>() : "";
+    if (value.empty()) continue;
+    std::string name = std::string(field) == "content_type" ? "Content-Type"
+                       : std::string(field) == "etag"       ? "ETag"
+                                                            : "Last-Modified";
+    head.headers.emplace_back(name, value);
+  }
+  head.stored_unix = UnixNow();
+  if (r.contains("expires_unix") && r["expires_unix"].is_number_integer()) {
+    head.expires_unix = r["expires_unix"].get<std::int64_t>();
+  }
+  return head;
+}
+
+// One body being handed to the daemon through .ghost/fill/<token>. Shared with the
+// callbacks of its control request and writes, so it outlives an early-destroyed writer.
+struct FillState : std::enable_shared_from_this<FillState> {
+  event_base* base = nullptr;
+  FileIo* io = nullptr;
+  std::weak_ptr<bool> backend_alive;
+  bool answered = false;  // "store" answered (with `path`, or an error in `status`)
+  std::string path;
+  int fd = -1;
+  Bytes offset = 0;
+  std::deque<std::string> waiting;  // written before the path was known
+  int in_flight = 0;
+  Status status = Status::Ok();
+  bool abandoned = false;
+  std::function<void(Status)> commit_done;
+
+  void Start(std::string p) {
+    answered = true;
+    path = std::move(p);
+    if (abandoned) {
+      ::unlink(path.c_str());  // the daemon drops the fill it opened for us
+      return;
+    }
+    fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) {
+      status = Status::FromErrno(errno, "opening " + path);
+    } else {
+      while (!waiting.empty()) {
+        Send(std::move(waiting.front()));
+        waiting.pop_front();
+      }
+    }
+    MaybeFinish();
+  }
+
+  void Send(std::string data) {
+    Bytes at = offset;
+    offset += data.size();
+    ++in_flight;
+    std::weak_ptr<bool> alive = backend_alive;
+    // The state stays until the write completes, even if its writer is gone.
+    io->Write(fd, at, std::move(data), [this, alive, keep = shared_from_this()](Result<std::size_t> n) {
+      if (alive.expired()) return;
+      --in_flight;
+      if (!n.ok() && status.ok()) status = n.status();
+      MaybeFinish();
+    });
+  }
+
+  void MaybeFinish() {
+    if (!commit_done || in_flight > 0 || !answered) return;
+    Status s = status;
+    if (fd >= 0) {
+      // close() makes the daemon hand the fill to its write queue (fs/store_tree.cc); after a
+      // failed write, unlinking first abandons it instead.
+      if (!s.ok()) ::unlink(path.c_str());
+      if (::close(fd) != 0 && s.ok()) s = Status::FromErrno(errno, "closing " + path);
+      fd = -1;
+    }
+    auto done = std::move(commit_done);
+    commit_done = nullptr;
+    done(s);
+  }
+
+  void Abandon() {
+    abandoned = true;
+    waiting.clear();
+    if (fd >= 0) {
+      ::unlink(path.c_str());
+      ::close(fd);
+      fd = -1;
+    }
+  }
+};
+
+class GhostfsWriter final : public CacheWriter {
+ public:
+  explicit GhostfsWriter(std::shared_ptr<FillState> state) : state_(std::move(state)) {}
+  ~GhostfsWriter() override {
+    if (!committed_) Abort();
+  }
+
+  void Write(std::string data) override {
+    FillState& s = *state_;
+    if (s.abandoned || !s.status.ok() || data.empty()) return;
+    if (s.fd < 0) {
+      s.waiting.push_back(std::move(data));
+      return;
+    }
+    s.Send(std::move(data));
+  }
+
+  void Commit(std::function<void(Status)> done) override {
+    committed_ = true;
+    FillState& s = *state_;
+    if (s.abandoned) {
+      Defer(s.base, [done = std::move(done)] { done(Status::Internal("commit of an aborted fill")); });
+      return;
+    }
+    // Keep the state alive until the commit is through.
+    s.commit_done = [keep = state_, done = std::move(done)](Status st) { done(st); };
+    event_base* base = s.base;
+    std::weak_ptr<FillState> weak = state_;
+    Defer(base, [weak] {
+      if (auto st = weak.lock()) st->MaybeFinish();
+    });
+  }
+
+  void Abort() override {
+    committed_ = true;
+    state_->Abandon();
+  }
+
+ private:
+  std::shared_ptr<FillState> state_;
+  bool committed_ = false;
+};
+
+class GhostfsBackend final : public CacheBackend {
+ public:
+  GhostfsBackend(event_base* base, std::string mount, std::unique_ptr<AsyncControlClient> ctl,
+                 std::unique_ptr<FileIo> io)
+      : base_(base), mount_(std::move(mount)), ctl_(std::move(ctl)), io_(std::move(io)) {
+    // The network device that transfer hints are about.
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call("devices", json::object(), [this, alive](Result<json> r) {
+      if (alive.expired() || !r.ok() || !r->is_array()) return;
+      for (const json& d : *r) {
+        if (d.value("kind", "") == "network" && d.contains("id")) {
+          network_device_ = d["id"].get<int>();
+          break;
+        }
+      }
+    });
+  }
+
+  void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call("lookup", {{"key", key}}, [this, alive, key, done = std::move(done)](Result<json> r) {
+      if (alive.expired()) return;
+      if (!r.ok()) return done(r.status());
+      CacheLookup out;
+      if (!r->value("cached", false)) {
+        paths_.erase(key);
+        return done(out);
+      }
+      std::string response = r->value("response", "");
+      if (response.empty()) {
+        out.response = HeadFromIndex(*r);
+      } else {
+        Result<StoredResponse> head = ParseStoredResponse(response);
+        if (!head.ok()) {
+          LogError("the stored head of " + key + " is unreadable; treating it as not cached", head.status());
+          return done(CacheLookup{});
+        }
+        out.response = std::move(*head);
+      }
+      out.cached = true;
+      out.response.size = r->value("size", Bytes{0});
+      out.choice = r->value("choice", "disk") == "network" ? CacheChoice::kNetwork : CacheChoice::kDisk;
+      out.ghost_hint = r->value("ghost_hint", false);
+      paths_[key] = r->value("path", "");
+      done(std::move(out));
+    });
+  }
+
+  void ReadBody(const std::string& key, Bytes offset, Bytes length,
+                std::function<bool(std::string_view)> on_data, std::function<void(Status)> done) override {
+    auto p = paths_.find(key);
+    if (p == paths_.end() || p->second.empty()) {
+      Defer(base_, [done = std::move(done), key] { done(Status::NotFound("not looked up: " + key)); });
+      return;
+    }
+    int fd = ::open(p->second.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      Status s = Status::FromErrno(errno, "opening the cached body of " + key);
+      Defer(base_, [done = std::move(done), s] { done(s); });
+      return;
+    }
+    auto read = std::make_shared<BodyRead>();
+    read->fd = fd;
+    read->next = offset;
+    read->end = offset + length;
+    read->on_data = std::move(on_data);
+    read->done = std::move(done);
+    read->buf.resize(kPiece);
+    ReadPiece(read);
+  }
+
+  std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) override {
+    auto state = std::make_shared<FillState>();
+    state->base = base_;
+    state->io = io_.get();
+    state->backend_alive = alive_;
+    std::weak_ptr<FillState> weak = state;
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call("store", StoreArgs(key, head), [weak, alive, key](Result<json> r) {
+      if (alive.expired()) return;
+      auto st = weak.lock();
+      if (!st) return;  // the writer went away before the daemon answered: nothing to hand over
+      if (!r.ok() || !r->contains("path")) {
+        st->status = r.ok() ? Status::Internal("store reply without a path") : r.status();
+        LogError("not storing " + key, st->status);
+        st->answered = true;
+        st->MaybeFinish();
+        return;
+      }
+      st->Start((*r)["path"].get<std::string>());
+    });
+    return std::make_unique<GhostfsWriter>(state);
+  }
+
+  void Refresh(const std::string& key, const StoredResponse& head) override {
+    ctl_->Call("refresh", StoreArgs(key, head), [key](Result<json> r) {
+      if (!r.ok()) LogError("refreshing " + key, r.status());
+    });
+  }
+
+  void Invalidate(const std::string& key) override {
+    paths_.erase(key);
+    ctl_->Call("invalidate", {{"key", key}}, [key](Result<json> r) {
+      if (!r.ok()) LogError("invalidating " + key, r.status());
+    });
+  }
+
+  void TransferBegin() override { Hint("transfer_begin"); }
+  void TransferEnd(Bytes) override { Hint("transfer_end"); }
+
+ private:
+  struct BodyRead {
+    int fd = -1;
+    Bytes next = 0, end = 0;
+    std::string buf;
+    std::function<bool(std::string_view)> on_data;
+    std::function<void(Status)> done;
+    ~BodyRead() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+
+  void ReadPiece(std::shared_ptr<BodyRead> read) {
+    std::size_t want = static_cast<std::size_t>(std::min<Bytes>(kPiece, read->end - read->next));
+    if (want == 0) {
+      auto done = std::move(read->done);
+      Defer(base_, [done = std::move(done)] { done(Status::Ok()); });
+      return;
+    }
+    std::weak_ptr<bool> alive = alive_;
+    io_->Read(read->fd, read->next, std::span<char>(read->buf.data(), want),
+              [this, alive, read](Result<std::size_t> n) {
+                if (alive.expired()) return;
+                if (!n.ok()) return read->done(n.status());
+                if (*n == 0) return read->done(Status::IoError("the cached body ended early"));
+                read->next += *n;
+                if (!read->on_data(std::string_view(read->buf.data(), *n))) return read->done(Status::Ok());
+                ReadPiece(read);
+              });
+  }
+
+  void Hint(const char* kind) {
+    if (!network_device_) return;
+    ctl_->Call("hint", {{"kind", kind}, {"device", *network_device_}}, [kind](Result<json> r) {
+      if (!r.ok()) LogError(std::string("sending a ") + kind + " hint", r.status());
+    });
+  }
+
+  event_base* base_;
+  std::string mount_;
+  std::unique_ptr<AsyncControlClient> ctl_;
+  std::unique_ptr<FileIo> io_;
+  std::map<std::string, std::string> paths_;  // key → .ghost/objects path, from its last lookup
+  std::optional<int> network_device_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace
+
+std::string SerializeStoredResponse(const StoredResponse& r) {
+  json headers = json::array();
+  for (const auto& [name, value] : r.headers) headers.push_back({name, value});
+  return json{{"status", r.status},
+              {"headers", headers},
+              {"stored_unix", r.stored_unix},
+              {"expires_unix", r.expires_unix ? json(*r.expires_unix) : json()}}
+      .dump();
+}
+
+Result<StoredResponse> ParseStoredResponse(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  auto bad = [&](const char* what) { return Status::InvalidArgument(std::string("stored head: ") + what); };
+  if (!j.is_object()) return bad("not a JSON object");
+  StoredResponse r;
+  if (!j.contains("status") || !j["status"].is_number_integer()) return bad("no status");
+  r.status = j["status"].get<int>();
+  if (r.status < 100 || r.status > 999) return bad("status out of range");
+  if (!j.contains("headers") || !j["headers"].is_array()) return bad("no header list");
+  for (const json& h : j["headers"]) {
+    if (!h.is_array() || h.size() != 2 || !h[0].is_string() || !h[1].is_string()) return bad("a header is not [name, value]");
+    r.headers.emplace_back(h[0].get<std::string>(), h[1].get<std::string>());
+  }
+  if (j.contains("stored_unix") && j["stored_unix"].is_number_integer()) r.stored_unix = j["stored_unix"].get<std::int64_t>();
+  if (j.contains("expires_unix") && j["expires_unix"].is_number_integer()) r.expires_unix = j["expires_unix"].get<std::int64_t>();
+  return r;
+}
+
+Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base, const std::string& mountpoint,
+                                                         const std::string& control_path) {
+  std::string mount = mountpoint;
+  while (mount.size() > 1 && mount.back() == '/') mount.pop_back();
+  struct stat st;
+  if (::stat((mount + "/.ghost").c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(mountpoint + " is not a ghostfs mount (no .ghost/ in it): start ghostfs "
+                                   "there first, or pass --mount with its mount point");
+  }
+  Result<std::unique_ptr<AsyncControlClient>> ctl = AsyncControlClient::Connect(base, control_path);
+  if (!ctl.ok()) return ctl.status();
+  std::unique_ptr<FileIo> io;
+  Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base);
+  if (uring.ok()) {
+    io = std::move(*uring);
+  } else {
+    LogError("io_uring unavailable; reading and writing bodies with pread/pwrite", uring.status());
+    io = std::make_unique<SyncFileIo>(base);
+  }
+  return std::unique_ptr<CacheBackend>(
+      std::make_unique<GhostfsBackend>(base, mount, std::move(*ctl), std::move(io)));
+}
+
+}  // namespace ghost

@@ -1,0 +1,48 @@
+// GhostfsBackend: ghostproxy's cache is the running ghostfs daemon's (DESIGN §3.4, §4).
+//
+// How the two processes share one cache (the daemon's side is fs/store_tree.cc):
+//   - The daemon owns everything that persists or costs energy: the sqlite index, the bodies,
+//     the byte cap, the write queue, the emulated devices and the cost model.
+//   - The proxy asks over the control socket (common/control.h, AsyncControlClient): "lookup"
+//     returns whether a key is cached, its stored response head and the cost model's choice
+//     (the daemon sends the disk a ghost hint when the network wins); "store", "refresh" and
+//     "invalidate" change it; "hint" discloses the proxy's own network transfers.
+//   - Bodies move through the mount: a lookup names MOUNTPOINT/.ghost/objects/<hash>, read here
+//     with io_uring (common/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
+//     a store names MOUNTPOINT/.ghost/fill/<token>, written the same way and closed to hand
+//     the fill to the daemon's deferred write queue (a sleeping disk stays asleep).
+//   - Objects ghostfs fetched itself (through its origins) have no stored head; the proxy is
+//     given one made from what the index knows (status 200, Content-Type, ETag,
+//     Last-Modified), so a page read through the mount is a proxy hit too.
+// Opening a .ghost file is a blocking open(2) on the proxy's loop; the daemon answers it
+// without I/O (no network, no disk wait), so it costs a FUSE round trip.
+//
+// Thread-safety: everything on the proxy's event-loop thread.
+#ifndef GHOST_PROXY_GHOSTFS_BACKEND_H_
+#define GHOST_PROXY_GHOSTFS_BACKEND_H_
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "proxy/cache_backend.h"
+
+struct event_base;
+
+namespace ghost {
+
+// Connects to the daemon at `control_path` (checking that `mountpoint` is its mount). Errors
+// say which of the two is wrong and what to do. `base` is borrowed.
+Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base,
+                                                         const std::string& mountpoint,
+                                                         const std::string& control_path);
+
+// The stored head as the proxy keeps it in the daemon's index ("response" in the control
+// protocol): JSON {"status":200,"headers":[["Name","value"],...],"stored_unix":N,
+// "expires_unix":N|null}. Parse fails on anything else.
+std::string SerializeStoredResponse(const StoredResponse& r);
+Result<StoredResponse> ParseStoredResponse(const std::string& text);
+
+}  // namespace ghost
+
+#endif  // GHOST_PROXY_GHOSTFS_BACKEND_H_
