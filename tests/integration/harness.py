@@ -60,6 +60,18 @@ def free_port():
     return port
 
 
+def wait_port(port, timeout):
+    """Waits until something accepts TCP connections on 127.0.0.1:port."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 _cleanups = []
 
 

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Side-by-side proxy benchmark: ghostproxy (over a ghostfs mount) vs squid (disk cache),
+cache hits of 16 KiB objects with wrk, against one nginx origin on 127.0.0.1, in one run.
+
+Called by scripts/bench-proxy.sh (which installs squid, wrk and nginx and builds the
+programs). Both proxies are warmed with every object and checked to answer from their cache
+(X-Ghost-Source: cache; squid's X-Cache: HIT) before wrk runs, and their access logs are
+counted afterwards, so only hits are measured. The rounds alternate between the proxies.
+
+Figures (DESIGN.md §7: ratios measured side by side in one run):
+  hits/s   wrk, 16 connections, 2 threads, absolute-form GETs over keep-alive connections
+  p50/p99  wrk --latency, 1 connection (one request at a time)
+
+Usage: bench_proxy.py --work DIR --ghostfs PATH --ghostproxy PATH [options]
+"""
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import harness as h  # noqa: E402
+
+WRK_LUA = r"""
+-- Forward-proxy requests: absolute-form targets, the origin's Host, objects in turn.
+local urls = {}
+local n = 0
+init = function(args)
+  for i = 1, #args do urls[i] = args[i] end
+end
+request = function()
+  n = n + 1
+  return wrk.format("GET", urls[(n % #urls) + 1], { ["Host"] = ORIGIN_HOST })
+end
+"""
+
+
+def log(msg):
+    print(f"== {msg}", file=sys.stderr, flush=True)
+
+
+def fetch_via(proxy_port, url):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{proxy_port}"}))
+    with opener.open(url, timeout=10) as r:
+        return r.read(), dict(r.headers)
+
+
+class Squid:
+    def __init__(self, work):
+        self.dir = os.path.join(work, "squid")
+        self.cache = os.path.join(self.dir, "cache")
+        os.makedirs(self.cache)
+        self.port = h.free_port()
+        self.access_log = os.path.join(self.dir, "access.log")
+        self.proc = None
+        self.conf = os.path.join(self.dir, "squid.conf")
+        with open(self.conf, "w") as f:
+            f.write(f"""http_port 127.0.0.1:{self.port}
+cache_dir ufs {self.cache} 256 16 256
+cache_mem 64 MB
+maximum_object_size_in_memory 512 KB
+access_log stdio:{self.access_log} squid
+cache_log {self.dir}/cache.log
+cache_store_log none
+pid_filename {self.dir}/squid.pid
+coredump_dir {self.dir}
+cache_effective_user proxy
+http_access allow localhost
+http_access deny all
+refresh_pattern . 0 20% 4320
+shutdown_lifetime 1 seconds
+dns_v4_first on
+""")
+        shutil.chown(self.dir, "proxy")
+        for root, dirs, files in os.walk(self.dir):
+            for d in dirs:
+                shutil.chown(os.path.join(root, d), "proxy")
+
+    def start(self):
+        subprocess.run(["squid", "-f", self.conf, "-z", "-N"], check=True, capture_output=True, timeout=60)
+        self.proc = subprocess.Popen(["squid", "-f", self.conf, "-N"], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        h.on_exit(self.stop)
+        return h.wait_port(self.port, 20)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def hits_and_misses(self):
+        hits = misses = 0
+        with open(self.access_log) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 3:
+                    if "HIT" in fields[3]:
+                        hits += 1
+                    else:
+                        misses += 1
+        return hits, misses
+
+
+class Ghostproxy:
+    def __init__(self, work, exe, mount, control):
+        self.exe, self.mount, self.control = exe, mount, control
+        self.port = h.free_port()
+        self.access_log = os.path.join(work, "ghostproxy-access.log")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([self.exe, "--listen", f"127.0.0.1:{self.port}", "--mount", self.mount,
+                                      "--control", self.control, "--access-log", self.access_log],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        h.on_exit(self.stop)
+        return h.wait_port(self.port, 20)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def hits_and_misses(self):
+        hits = misses = 0
+        with open(self.access_log) as f:
+            for line in f:
+                if " HIT/" in line or " HIT " in line:
+                    hits += 1
+                else:
+                    misses += 1
+        return hits, misses
+
+
+def run_wrk(port, lua, urls, connections, threads, seconds):
+    cmd = ["wrk", "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s",
+           "-s", lua, f"http://127.0.0.1:{port}", "--", *urls]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: .*", out)
+    scale = {"us": 1.0, "ms": 1000.0, "s": 1e6}
+    if not rps or not p50:
+        raise RuntimeError(f"wrk output not understood:\n{out}")
+    return {
+        "rps": float(rps.group(1)),
+        "p50_us": float(p50.group(1)) * scale[p50.group(2)],
+        "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan"),
+        "errors": errors.group(0) if errors else "",
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--ghostfs", required=True)
+    ap.add_argument("--ghostproxy", required=True)
+    ap.add_argument("--objects", type=int, default=100, help="16 KiB objects on the origin")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=int, default=8, help="per wrk run")
+    a = ap.parse_args()
+    os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
+
+    site = os.path.join(a.work, "site")
+    os.makedirs(os.path.join(site, "obj"))
+    for i in range(a.objects):
+        with open(os.path.join(site, "obj", f"{i}.bin"), "wb") as f:
+            f.write(os.urandom(16 * 1024))
+    nginx = h.Nginx(site, extra_location="expires 1h;")
+    if not nginx.start():
+        raise SystemExit("bench-proxy: nginx did not start")
+    urls = [f"{nginx.url()}obj/{i}.bin" for i in range(a.objects)]
+    origin_host = nginx.url().split("/")[2]
+    lua = os.path.join(a.work, "proxy.lua")
+    with open(lua, "w") as f:
+        f.write(f'ORIGIN_HOST = "{origin_host}"\n' + WRK_LUA)
+
+    mnt = os.path.join(a.work, "mnt")
+    os.makedirs(mnt)
+    control = os.path.join(a.work, "control.sock")
+    fs = h.Ghostfs(mnt, os.path.join(a.work, "cache"), {"origin": nginx.url()}, control=control)
+    if not fs.start():
+        raise SystemExit(f"bench-proxy: ghostfs did not mount:\n{fs.output()}")
+    h.on_exit(fs.stop)
+    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control)
+    if not gp.start():
+        raise SystemExit("bench-proxy: ghostproxy did not start")
+    squid = Squid(a.work)
+    if not squid.start():
+        raise SystemExit("bench-proxy: squid did not start")
+    proxies = [("ghostproxy", gp.port), ("squid", squid.port)]
+
+    log(f"warming both caches with {a.objects} objects of 16 KiB")
+    for name, port in proxies:
+        for _ in range(2):
+            for u in urls:
+                fetch_via(port, u)
+    time.sleep(1)  # ghostproxy's fills reach the cache through ghostfs's write queue
+    _, head = fetch_via(gp.port, urls[0])
+    _, shead = fetch_via(squid.port, urls[0])
+    if head.get("X-Ghost-Source") != "cache":
+        raise SystemExit(f"bench-proxy: ghostproxy does not answer from its cache after warming: {head}")
+    if "HIT" not in shead.get("X-Cache", ""):
+        raise SystemExit(f"bench-proxy: squid does not answer from its cache after warming: {shead}")
+    before = {"ghostproxy": gp.hits_and_misses(), "squid": squid.hits_and_misses()}
+
+    results = {name: {"rps": [], "p50_us": [], "p99_us": []} for name, _ in proxies}
+    for r in range(a.rounds):
+        order = proxies if r % 2 == 0 else proxies[::-1]
+        for name, port in order:
+            t = run_wrk(port, lua, urls, 16, 2, a.seconds)
+            one = run_wrk(port, lua, urls, 1, 1, a.seconds)
+            results[name]["rps"].append(t["rps"])
+            results[name]["p50_us"].append(one["p50_us"])
+            results[name]["p99_us"].append(one["p99_us"])
+            log(f"round {r + 1} {name}: {t['rps']:.0f} req/s at 16 connections; p50 {one['p50_us']:.0f} µs at 1"
+                + (f" ({t['errors']} {one['errors']})" if t["errors"] or one["errors"] else ""))
+    after = {"ghostproxy": gp.hits_and_misses(), "squid": squid.hits_and_misses()}
+
+    g = {k: statistics.median(v) for k, v in results["ghostproxy"].items()}
+    s = {k: statistics.median(v) for k, v in results["squid"].items()}
+    print(f"\nbench-proxy: {a.objects} objects of 16 KiB from nginx on 127.0.0.1, all cache hits; "
+          f"{a.rounds} rounds of {a.seconds} s per figure, proxies alternating; medians")
+    print(f"{'':12} {'hits/s (16 conn)':>17} {'× squid':>8} {'p50 µs (1 conn)':>16} {'× squid':>8} {'p99 µs':>8}")
+    for name, v in (("ghostproxy", g), ("squid", s)):
+        print(f"{name:12} {v['rps']:17.0f} {v['rps'] / s['rps']:7.2f}× {v['p50_us']:16.0f} "
+              f"{v['p50_us'] / s['p50_us']:7.2f}× {v['p99_us']:8.0f}")
+    for name in ("ghostproxy", "squid"):
+        hits = after[name][0] - before[name][0]
+        misses = after[name][1] - before[name][1]
+        print(f"{name}: {hits} hits, {misses} other results during the measurement (access log)")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(f"goal ≥ 2× squid's hits/s: {'yes' if g['rps'] >= 2 * s['rps'] else 'no'} ({g['rps'] / s['rps']:.2f}×); "
+          f"lower p50: {'yes' if g['p50_us'] < s['p50_us'] else 'no'} ({g['p50_us']:.0f} vs {s['p50_us']:.0f} µs)")
+
+
+if __name__ == "__main__":
+    main()
