@@ -44,6 +44,8 @@ namespace ghost {
 
 // readdir entries whose inode the kernel must look up (libfuse passes 0xffffffff as "unknown").
 inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
+// How much of a cached body an open reads ahead (the largest FUSE read request).
+constexpr Bytes kPrefetchBytes = 1 << 20;
 // What one index row update costs the disk in the write queue: one sqlite page.
 constexpr Bytes kIndexRowBytes = 4096;
 // .ghost/ entries change only through the control socket: short attribute timeouts.
@@ -100,6 +102,15 @@ struct Stream {
   std::map<Bytes, std::string> ranges;
 };
 
+// The start of a cached body, read when it is opened so that the first READ finds it in
+// memory (or waits less): the read overlaps the open's reply and the kernel's next request.
+struct Prefetch {
+  std::string data;  // bytes [0, data.size()) once done
+  bool done = false;
+  bool ok = false;
+  std::vector<std::function<void()>> waiters;  // reads that came before it finished
+};
+
 // One open file.
 struct Handle {
   NodeKind kind = NodeKind::kLocal;
@@ -107,6 +118,7 @@ struct Handle {
   std::string key;                // origin: the URL; local/: the write-queue key
   std::string source;             // origin: where this open reads from
   std::shared_ptr<Stream> stream; // origin, network source
+  std::shared_ptr<Prefetch> prefetch;  // origin from the disk, until reads pass its end
 };
 
 class Daemon final : public GhostFs {
@@ -173,6 +185,8 @@ class Daemon final : public GhostFs {
   // `fh` is h's file handle (to find it again after waiting).
   void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
   void OriginRelease(Handle& h);
+  // Starts reading the first piece of h's cached body (of `size` bytes) into h.prefetch.
+  void StartPrefetch(Handle& h, Bytes size);
   // Answers the reads of `st` that its data (or its end) can answer.
   void ServeStream(Stream& st);
   // A read far beyond what has arrived: answered from a range request (DESIGN §4).

@@ -301,6 +301,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // Whole-object reads are the rule: let the kernel read ahead twice as far on the body.
       posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
       store_->Touch(url);
+      if (const CacheEntry* e = store_->index().Find(url)) StartPrefetch(h, e->size);
     }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
@@ -513,6 +514,25 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
       return (void)fuse_reply_buf(req, buf.data(), n);
     }
   }
+  // The prefetch started at open covers this read: wait for it or take from it.
+  if (h.prefetch) {
+    std::shared_ptr<Prefetch> p = h.prefetch;
+    if (!p->done) {
+      p->waiters.push_back([this, req, size, off, fh = h_fh] {
+        auto it = handles_.find(fh);
+        if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
+        OriginRead(req, it->second, size, off, fh);
+      });
+      return;
+    }
+    if (p->ok && offset < p->data.size() && (offset + size <= p->data.size() || p->data.size() < kPrefetchBytes)) {
+      // Inside it, or past the end of a body it holds whole (then the read ends at EOF).
+      std::size_t n = static_cast<std::size_t>(std::min<Bytes>(size, p->data.size() - offset));
+      bytes_from_cache_ += n;
+      return (void)fuse_reply_buf(req, p->data.data() + offset, n);
+    }
+    if (!p->ok || offset >= p->data.size()) h.prefetch.reset();  // done with it
+  }
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
   // The size of the body this handle opened (it stays readable if evicted meanwhile).
   const CacheEntry* e = store_->index().Find(h.key);
@@ -548,6 +568,27 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
   io_->Read(h.fd, offset + have, std::span<char>(buf->data() + have, want - have), [result, finish](Result<std::size_t> n) {
     *result = std::move(n);
     finish();
+  });
+}
+
+void Daemon::StartPrefetch(Handle& h, Bytes size) {
+  // The emulated disk is charged per read (OriginRead); a prefetch would bypass it.
+  if (!options_.profile.empty() || size == 0) return;
+  auto p = std::make_shared<Prefetch>();
+  p->data.resize(static_cast<std::size_t>(std::min<Bytes>(size, kPrefetchBytes)));
+  h.prefetch = p;
+  iovec iov{p->data.data(), p->data.size()};
+  ssize_t n = preadv2(h.fd, &iov, 1, 0, RWF_NOWAIT);  // in the page cache: no I/O at all
+  if (n == static_cast<ssize_t>(p->data.size())) {
+    p->done = p->ok = true;
+    return;
+  }
+  io_->Read(h.fd, 0, std::span<char>(p->data.data(), p->data.size()), [p](Result<std::size_t> r) {
+    p->done = true;
+    p->ok = r.ok();
+    if (r.ok()) p->data.resize(*r);
+    auto waiters = std::move(p->waiters);
+    for (auto& w : waiters) w();
   });
 }
 
