@@ -545,7 +545,16 @@ void Daemon::FlushLocal(const std::string& key, std::function<void(Status)> done
 void Daemon::OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   auto it = handles_.find(fi->fh);
   if (it != handles_.end() && it->second.kind == NodeKind::kStoreFill) StoreHandOver(it->second);
-  fuse_reply_err(req, 0);
+  // close() reports a deferred write of this file that failed (once, like writeback errors).
+  fuse_reply_err(req, it != handles_.end() ? TakeWriteError(it->second.key) : 0);
+}
+
+int Daemon::TakeWriteError(const std::string& key) {
+  auto e = write_errors_.find(key);
+  if (e == write_errors_.end()) return 0;
+  int err = e->second;
+  write_errors_.erase(e);
+  return err;
 }
 
 void Daemon::OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
@@ -558,6 +567,7 @@ void Daemon::OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* f
     if (!s.ok()) return ReplyErr(req, s);
     auto h = handles_.find(fh);
     if (h == handles_.end()) return (void)fuse_reply_err(req, EBADF);
+    if (int err = TakeWriteError(h->second.key)) return (void)fuse_reply_err(req, err);
     int r = datasync ? fdatasync(h->second.fd) : fsync(h->second.fd);
     fuse_reply_err(req, r == 0 ? 0 : errno);
   });
@@ -628,8 +638,12 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
       }
       ++*pending;
       std::string data = std::move(r.data);
-      io_->Write(fd, r.offset, std::move(data), [fd, finish, rel = path->second](Result<std::size_t> n) {
-        if (!n.ok()) std::fprintf(stderr, "ghostfs: local/%s: %s\n", rel.c_str(), n.status().ToString().c_str());
+      io_->Write(fd, r.offset, std::move(data), [this, fd, finish, key = r.key, rel = path->second](Result<std::size_t> n) {
+        if (!n.ok()) {
+          // Like the kernel's writeback errors: the next fsync or close of the file reports it.
+          std::fprintf(stderr, "ghostfs: local/%s: a deferred write failed: %s\n", rel.c_str(), n.status().ToString().c_str());
+          write_errors_[key] = n.status().ToErrno();
+        }
         close(fd);
         finish();
       });

@@ -172,6 +172,8 @@ class Daemon final : public GhostFs {
   Status LocalStat(const std::string& rel, struct stat* st);
   std::string LocalKey(ino_t backing_ino) const { return "local:" + std::to_string(backing_ino); }
   void FlushLocal(const std::string& key, std::function<void(Status)> done);
+  // The errno of a failed deferred write to local/ file `key`, once (0 if none).
+  int TakeWriteError(const std::string& key);
   void LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off);
   // The write queue's writer. Batches are applied one after another, in order.
   void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
@@ -260,6 +262,7 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
+  std::map<std::string, int> write_errors_;               // local/ key → errno of a failed deferred write
   std::map<ino_t, std::string> local_paths_;              // backing inode → rel path (for the writer)
   std::map<fuse_ino_t, Decision> decisions_;
   std::map<std::string, int> requests_by_source_;

@@ -11,6 +11,7 @@ GHOST_PACKAGES=(
   libgtest-dev libgmock-dev
   libevent-dev libcurl4-openssl-dev libsqlite3-dev liburing-dev libfuse3-dev fuse3
   nginx-light curl
+  dovecot-imapd libssl-dev  # IMAP origin tests (tests/common/dovecot_fixture.h), TLS
   clang  # tests/proxy/fuzz_http1.sh: libFuzzer with ASan/UBSan (suite "fuzz")
   libnetfilter-queue-dev iptables iputils-ping
 )
