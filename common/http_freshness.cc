@@ -154,18 +154,6 @@ std::optional<std::int64_t> ParseAsctimeRest(Cursor& c) {
   return ToUnix(t);
 }
 
-// The Cache-Control directives this cache acts on (RFC 9111 §5.2.2).
-struct Directives {
-  bool no_store = false;
-  bool no_cache = false;
-  bool is_private = false;
-  bool is_public = false;
-  bool must_revalidate = false;
-  bool proxy_revalidate = false;
-  std::optional<std::int64_t> max_age;   // seconds; 0 when the value was invalid
-  std::optional<std::int64_t> s_maxage;  // likewise
-};
-
 // delta-seconds (RFC 9111 §1.2.2): digits; too large → 2^31. nullopt if not digits.
 std::optional<std::int64_t> ParseDeltaSeconds(std::string_view v) {
   v = TrimBlanks(v);
@@ -178,8 +166,10 @@ std::optional<std::int64_t> ParseDeltaSeconds(std::string_view v) {
   return n;
 }
 
-Directives ParseCacheControl(std::string_view cc) {
-  Directives d;
+}  // namespace
+
+CacheControl ParseCacheControl(std::string_view cc) {
+  CacheControl d;
   std::size_t i = 0;
   while (i < cc.size()) {
     while (i < cc.size() && (cc[i] == ',' || cc[i] == ' ' || cc[i] == '\t')) ++i;
@@ -231,10 +221,19 @@ Directives ParseCacheControl(std::string_view cc) {
       delta(&d.max_age);
     } else if (EqualsIgnoreCase(name, "s-maxage")) {
       delta(&d.s_maxage);
+    } else if (EqualsIgnoreCase(name, "max-stale")) {
+      // Without a value: any staleness (RFC 9111 §5.2.1.2).
+      if (!d.max_stale) d.max_stale = has_value ? ParseDeltaSeconds(value).value_or(0) : kMaxDeltaSeconds;
+    } else if (EqualsIgnoreCase(name, "min-fresh")) {
+      delta(&d.min_fresh);
+    } else if (EqualsIgnoreCase(name, "only-if-cached")) {
+      d.only_if_cached = true;
     }
   }
   return d;
 }
+
+namespace {
 
 bool ListHasToken(std::string_view list, std::string_view token) {
   std::size_t i = 0;
@@ -315,7 +314,7 @@ std::string FormatHttpDate(std::int64_t unix_seconds) {
 FreshnessInfo ComputeFreshness(const HttpResponseHead& head, TimePoint now_model,
                                std::int64_t now_unix, Duration heuristic_default) {
   FreshnessInfo info;
-  const Directives cc = ParseCacheControl(head.cache_control);
+  const CacheControl cc = ParseCacheControl(head.cache_control);
   const bool has_cache_control = !head.cache_control.empty() || head.Find("Cache-Control");
   bool no_cache = cc.no_cache;
   if (!has_cache_control) {

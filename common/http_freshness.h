@@ -55,6 +55,27 @@ struct FreshnessInfo {
   bool IsFresh(TimePoint now) const { return storable && now < fresh_until; }
 };
 
+// The Cache-Control directives Ghost acts on, response and request ones (RFC 9111 §5.2).
+// Unknown directives are ignored; an invalid delta-seconds value reads as 0 (the restrictive
+// reading); the first occurrence of a directive wins.
+struct CacheControl {
+  bool no_store = false;
+  bool no_cache = false;  // qualified or not
+  bool is_private = false;
+  bool is_public = false;
+  bool must_revalidate = false;
+  bool proxy_revalidate = false;
+  std::optional<std::int64_t> max_age;   // seconds
+  std::optional<std::int64_t> s_maxage;  // seconds
+  // Request directives.
+  std::optional<std::int64_t> max_stale;  // seconds; "max-stale" alone: 2^31 (any staleness)
+  std::optional<std::int64_t> min_fresh;  // seconds
+  bool only_if_cached = false;
+};
+
+// Parses a Cache-Control field value (all fields joined with ", "). Never fails.
+CacheControl ParseCacheControl(std::string_view value);
+
 // Computes the freshness of `head`, received now. `now_model` is the cache's clock
 // (Clock::Now) and `now_unix` the wall-clock time in Unix seconds (HTTP dates are wall-clock);
 // `heuristic_default` is the lifetime of a response with no explicit freshness and no

@@ -1,0 +1,143 @@
+// ghostproxy: an HTTP/1.1 forward proxy that serves browsers from the cache of a running ghostfs.
+// See `ghostproxy --help`, proxy/proxy.h and proxy/proxy_config.h.
+//
+// Exit codes: 0 after SIGINT/SIGTERM, 1 runtime failure (ghostfs not reachable, address in use),
+// 2 bad options or config.
+#include <event2/event.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/control.h"
+#include "proxy/ghostfs_backend.h"
+#include "proxy/proxy.h"
+#include "proxy/proxy_config.h"
+
+namespace {
+
+struct EventBaseDeleter {
+  void operator()(event_base* b) const { event_base_free(b); }
+};
+struct EventDeleter {
+  void operator()(event* e) const { event_free(e); }
+};
+
+void OnSignal(evutil_socket_t, short, void* arg) {
+  event_base_loopexit(static_cast<event_base*>(arg), nullptr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string listen, mount, control, config, access_log, connect_ports, via;
+  std::vector<std::string> allow;
+  std::size_t max_connections = 0;
+  CLI::App app{
+      "ghostproxy: an HTTP/1.1 forward proxy for browsers and other HTTP clients that shares the\n"
+      "cache of a running ghostfs (DESIGN.md §3.4, §4).\n\n"
+      "For each cached object the ghostfs cost model chooses the disk or the network, as for a\n"
+      "read through the mount; transfers are disclosed to its power manager. Every response says\n"
+      "where it came from in X-Ghost-Source (cache, network, revalidated, stale, tunnel, proxy).\n"
+      "Status: GET http://LISTEN/ghost/status (JSON) and /ghost/metrics (Prometheus)."};
+  app.add_option("--listen", listen,
+                 "HOST:PORT to listen on (default 127.0.0.1:3128; [::1]:PORT for IPv6). Only this "
+                 "machine may connect unless --allow says otherwise");
+  app.add_option("--mount", mount, "the ghostfs mount point whose cache the proxy uses (required)");
+  app.add_option(
+      "--control", control,
+      "that ghostfs's control socket (default $GHOST_CONTROL or /run/ghost/control.sock)");
+  app.add_option(
+      "--config", config,
+      "TOML file with these settings and more (see proxy/proxy_config.h); the command line wins");
+  app.add_option("--allow", allow,
+                 "CIDR of other clients allowed to use the proxy, e.g. 192.168.1.0/24 (repeatable; "
+                 "127.0.0.1 and ::1 are always allowed)");
+  app.add_option(
+      "--access-log", access_log,
+      "append one line per request to FILE (squid's native format, result codes HIT, MISS, "
+      "NET_PREFERRED, REVALIDATED, STALE, TUNNEL)");
+  app.add_option("--connect-ports", connect_ports,
+                 "comma-separated ports CONNECT may tunnel to (default 443)");
+  app.add_option("--max-connections", max_connections,
+                 "client connections at once; more get 503 (default 512)");
+  app.add_option(
+      "--via", via,
+      "the name this proxy gives itself in Via, used to detect loops (default HOSTNAME:PORT)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "ghostproxy: %s (see --help)\n", e.what());
+    return 2;
+  }
+  auto fail = [](const std::string& msg, int code) {
+    std::fprintf(stderr, "ghostproxy: %s\n", msg.c_str());
+    return code;
+  };
+
+  // The file first, then the command line over it.
+  ghost::GhostproxyOptions o;
+  if (!config.empty()) {
+    if (ghost::Status s = ghost::LoadProxyConfigFile(config, &o); !s.ok())
+      return fail(s.message(), 2);
+  }
+  if (!listen.empty()) {
+    ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(listen);
+    if (!la.ok()) return fail("--listen: " + la.status().message(), 2);
+    o.proxy.listen = *la;
+  }
+  if (!mount.empty()) o.mountpoint = mount;
+  if (!control.empty()) o.control_path = control;
+  if (o.control_path.empty()) o.control_path = ghost::DefaultControlPath();
+  if (!access_log.empty()) o.proxy.access_log = access_log;
+  if (!via.empty()) o.proxy.via_name = via;
+  if (max_connections > 0) o.proxy.max_connections = max_connections;
+  if (!allow.empty()) {
+    o.proxy.allow.clear();
+    for (const std::string& a : allow) {
+      ghost::Result<ghost::Cidr> c = ghost::Cidr::Parse(a);
+      if (!c.ok()) return fail(c.status().message(), 2);
+      o.proxy.allow.push_back(*c);
+    }
+  }
+  if (!connect_ports.empty()) {
+    ghost::Result<std::vector<std::uint16_t>> ports = ghost::ParsePortList(connect_ports);
+    if (!ports.ok()) return fail("--connect-ports: " + ports.status().message(), 2);
+    o.proxy.connect_ports = *ports;
+  }
+  if (ghost::Status s = ghost::Validate(o); !s.ok()) return fail(s.message(), 2);
+
+  std::unique_ptr<event_base, EventBaseDeleter> base(ghost::MakeEventBase());
+  if (!base) return fail("cannot create the event loop", 1);
+  ghost::RealClock clock(base.get());
+  ghost::Result<std::unique_ptr<ghost::CacheBackend>> backend =
+      ghost::MakeGhostfsBackend(base.get(), o.mountpoint, o.control_path);
+  if (!backend.ok()) return fail(backend.status().message(), 1);
+  ghost::Result<std::unique_ptr<ghost::Proxy>> proxy =
+      ghost::Proxy::Start(base.get(), &clock, backend->get(), o.proxy);
+  if (!proxy.ok()) {
+    const bool usage = proxy.status().code() == ghost::Status::Code::kInvalidArgument;
+    return fail(proxy.status().message(), usage ? 2 : 1);
+  }
+  // Signals are events on the loop: no handler runs outside it.
+  std::unique_ptr<event, EventDeleter> sigint(
+      evsignal_new(base.get(), SIGINT, &OnSignal, base.get()));
+  std::unique_ptr<event, EventDeleter> sigterm(
+      evsignal_new(base.get(), SIGTERM, &OnSignal, base.get()));
+  evsignal_add(sigint.get(), nullptr);
+  evsignal_add(sigterm.get(), nullptr);
+  std::fprintf(stderr, "ghostproxy: listening on %s (cache of ghostfs at %s, control %s)\n",
+               (*proxy)->address().ToString().c_str(), o.mountpoint.c_str(),
+               o.control_path.c_str());
+  event_base_dispatch(base.get());
+  std::fprintf(stderr, "ghostproxy: stopping\n");
+  proxy->reset();  // before the backend it borrows
+  backend->reset();
+  return 0;
+}

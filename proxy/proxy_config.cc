@@ -1,0 +1,170 @@
+#include "proxy/proxy_config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "common/config.h"
+
+namespace ghost {
+namespace {
+
+std::string Where(const std::string& path, const toml::source_region& r) {
+  return path + (r.begin.line > 0 ? ":" + std::to_string(r.begin.line) : "");
+}
+
+}  // namespace
+
+Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
+  std::ifstream in(path);
+  if (!in) return Status::NotFound(path + ": cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  toml::table t;
+  try {
+    t = toml::parse(ss.str(), path);
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument(Where(path, e.source()) + ": " + std::string(e.description()));
+  }
+  static const std::set<std::string> kKeys = {"listen",
+                                              "mount",
+                                              "control",
+                                              "allow",
+                                              "connect_ports",
+                                              "access_log",
+                                              "via",
+                                              "max_connections",
+                                              "max_header_bytes",
+                                              "max_headers",
+                                              "request_timeout",
+                                              "send_timeout",
+                                              "connect_timeout",
+                                              "origin_timeout",
+                                              "tunnel_idle_timeout",
+                                              "origin_idle_timeout",
+                                              "max_idle_per_origin",
+                                              "heuristic_freshness",
+                                              "high_watermark"};
+  for (auto&& [k, v] : t) {
+    if (!kKeys.count(std::string(k.str()))) {
+      return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" +
+                                     std::string(k.str()) + "\"");
+    }
+  }
+  auto bad = [&](const toml::node& n, const std::string& what) {
+    return Status::InvalidArgument(Where(path, n.source()) + ": " + what);
+  };
+  auto str = [&](const char* key, std::string* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      auto s = n->value<std::string>();
+      if (!s) return bad(*n, std::string("\"") + key + "\" must be a string");
+      *out = *s;
+    }
+    return Status::Ok();
+  };
+  auto count = [&](const char* key, std::size_t* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      auto i = n->value<std::int64_t>();
+      if (!i || !n->is_integer() || *i <= 0)
+        return bad(*n, std::string("\"") + key + "\" must be a positive integer");
+      *out = static_cast<std::size_t>(*i);
+    }
+    return Status::Ok();
+  };
+  auto size = [&](const char* key, std::size_t* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      std::string text;
+      if (auto i = n->value<std::int64_t>(); i && *i > 0 && n->is_integer()) {
+        text = std::to_string(*i);
+      } else if (auto s = n->value<std::string>()) {
+        text = *s;
+      } else {
+        return bad(*n, std::string("\"") + key + "\" must be a size (bytes, or \"32K\", \"1M\")");
+      }
+      Result<Bytes> b = ParseSize(text);
+      if (!b.ok()) return bad(*n, b.status().message());
+      if (*b == 0) return bad(*n, std::string("\"") + key + "\" must be above zero");
+      *out = static_cast<std::size_t>(*b);
+    }
+    return Status::Ok();
+  };
+  auto seconds = [&](const char* key, Duration* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      auto d = n->value<double>();
+      if (!d || *d <= 0)
+        return bad(*n, std::string("\"") + key + "\" must be a positive number of seconds");
+      *out = Seconds(*d);
+    }
+    return Status::Ok();
+  };
+
+  ProxyOptions& p = o->proxy;
+  Status s;
+  std::string listen;
+  if (!(s = str("listen", &listen)).ok()) return s;
+  if (!listen.empty()) {
+    Result<ListenAddress> la = ListenAddress::Parse(listen);
+    if (!la.ok()) return bad(*t.get("listen"), la.status().message());
+    p.listen = *la;
+  }
+  if (!(s = str("mount", &o->mountpoint)).ok()) return s;
+  if (!(s = str("control", &o->control_path)).ok()) return s;
+  if (!(s = str("access_log", &p.access_log)).ok()) return s;
+  if (!(s = str("via", &p.via_name)).ok()) return s;
+  if (const toml::node* n = t.get("allow")) {
+    const toml::array* list = n->as_array();
+    if (!list)
+      return bad(*n, "\"allow\" must be an array of CIDR strings, e.g. [\"192.168.1.0/24\"]");
+    p.allow.clear();
+    for (const toml::node& item : *list) {
+      auto text = item.value<std::string>();
+      if (!text) return bad(item, "\"allow\" entries must be strings such as \"10.0.0.0/8\"");
+      Result<Cidr> c = Cidr::Parse(*text);
+      if (!c.ok()) return bad(item, c.status().message());
+      p.allow.push_back(*c);
+    }
+  }
+  if (const toml::node* n = t.get("connect_ports")) {
+    const toml::array* list = n->as_array();
+    if (!list) return bad(*n, "\"connect_ports\" must be an array of ports, e.g. [443]");
+    p.connect_ports.clear();
+    for (const toml::node& item : *list) {
+      auto port = item.value<std::int64_t>();
+      if (!port || !item.is_integer() || *port < 1 || *port > 65535) {
+        return bad(item, "\"connect_ports\" entries must be ports in 1..65535");
+      }
+      p.connect_ports.push_back(static_cast<std::uint16_t>(*port));
+    }
+  }
+  if (!(s = count("max_connections", &p.max_connections)).ok()) return s;
+  if (!(s = size("max_header_bytes", &p.limits.max_header_bytes)).ok()) return s;
+  if (!(s = count("max_headers", &p.limits.max_headers)).ok()) return s;
+  if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
+  if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
+  if (!(s = seconds("request_timeout", &p.request_timeout)).ok()) return s;
+  if (!(s = seconds("send_timeout", &p.send_timeout)).ok()) return s;
+  if (!(s = seconds("connect_timeout", &p.connect_timeout)).ok()) return s;
+  if (!(s = seconds("origin_timeout", &p.origin_timeout)).ok()) return s;
+  if (!(s = seconds("tunnel_idle_timeout", &p.tunnel_idle_timeout)).ok()) return s;
+  if (!(s = seconds("origin_idle_timeout", &p.origin_idle_timeout)).ok()) return s;
+  if (!(s = seconds("heuristic_freshness", &p.heuristic_freshness)).ok()) return s;
+  return Status::Ok();
+}
+
+Status Validate(const GhostproxyOptions& o) {
+  if (o.mountpoint.empty()) {
+    return Status::InvalidArgument(
+        "no ghostfs mount point (--mount MOUNTPOINT): the proxy serves from its cache");
+  }
+  const ProxyOptions& p = o.proxy;
+  if (p.max_connections == 0) return Status::InvalidArgument("max_connections must be above zero");
+  if (p.limits.max_header_bytes == 0 || p.limits.max_headers == 0) {
+    return Status::InvalidArgument("header limits must be above zero");
+  }
+  if (p.high_watermark == 0) return Status::InvalidArgument("high_watermark must be above zero");
+  return Status::Ok();
+}
+
+}  // namespace ghost

@@ -1,0 +1,53 @@
+// GhostproxyOptions: every setting of the ghostproxy program, from its command line or a config
+// file (TOML, the keys below), parsed once and passed by const& (the pattern of
+// common/config.h for ghostfs).
+//
+// Config file (all keys optional; the command line wins over the file):
+//
+//   listen = "127.0.0.1:3128"            # HOST:PORT; [::1]:3128 for IPv6
+//   mount = "/mnt/ghost"                 # the ghostfs mount whose cache the proxy shares
+//   control = "/run/ghost/control.sock"  # that ghostfs's control socket
+//   allow = ["192.168.1.0/24"]           # clients besides the default 127.0.0.1 and ::1
+//   connect_ports = [443]                # ports CONNECT may tunnel to
+//   access_log = "/var/log/ghostproxy/access.log"
+//   via = "laptop:3128"                  # the name in Via and loop detection
+//   max_connections = 512
+//   max_header_bytes = "32K"             # request head limits (431 past them)
+//   max_headers = 100
+//   request_timeout = 30                 # seconds: a request head must arrive within this
+//   send_timeout = 60                    # seconds a client may stop reading
+//   connect_timeout = 10                 # seconds to connect to an origin
+//   origin_timeout = 60                  # seconds an origin may stay silent
+//   tunnel_idle_timeout = 300            # seconds a CONNECT tunnel may stay silent
+//   origin_idle_timeout = 30             # seconds an idle origin connection is kept
+//   max_idle_per_origin = 4
+//   heuristic_freshness = 300            # seconds, for responses without freshness info
+//   high_watermark = "256K"              # buffered output per client before pausing origins
+//
+// Thread-safety: plain values; the parser is reentrant.
+#ifndef GHOST_PROXY_PROXY_CONFIG_H_
+#define GHOST_PROXY_PROXY_CONFIG_H_
+
+#include <string>
+
+#include "common/status.h"
+#include "proxy/proxy.h"
+
+namespace ghost {
+
+struct GhostproxyOptions {
+  ProxyOptions proxy;
+  std::string mountpoint;
+  std::string control_path;  // empty: DefaultControlPath() (common/control.h)
+};
+
+// Reads a config file into `options` (keys present in the file overwrite the fields). Errors
+// name the file, the line and what is wrong.
+[[nodiscard]] Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* options);
+
+// Checks the combination: a mount point, at least one CONNECT port or none, limits above zero.
+[[nodiscard]] Status Validate(const GhostproxyOptions& options);
+
+}  // namespace ghost
+
+#endif  // GHOST_PROXY_PROXY_CONFIG_H_

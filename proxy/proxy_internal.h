@@ -1,0 +1,431 @@
+// Internals of ghostproxy's server (proxy.h), shared by its .cc files and nothing else:
+//   proxy.cc       Proxy::Impl: listener, admission, origin connection pool, stats, access
+//                  log, /ghost/status and /ghost/metrics.
+//   connection.cc  ClientConnection: the per-connection state machine (Drive), request
+//                  parsing, local answers, CONNECT tunnels.
+//   exchange.cc    One request/response exchange: cache lookup and the RFC 9111 decisions,
+//                  the origin request, streaming the response to the client and the cache.
+//   origin.cc      OriginConn: resolving and connecting to an origin, its bufferevent.
+//
+// The origin client is our own, on bufferevents with the http1 parser, rather than
+// common/http_fetcher.h (libcurl): a forward proxy must pass arbitrary methods, request bodies
+// and end-to-end header fields through verbatim, stream bodies both ways under back-pressure
+// (pause the origin while a slow client's output is above the watermark), and keep and reuse
+// origin connections per host. libcurl rewrites requests and owns its connections and
+// buffering, so each of those would fight it.
+//
+// Lifetimes: Impl owns every ClientConnection through a shared_ptr; every libevent or backend
+// callback first takes its own reference (or locks a weak_ptr), so a connection closed inside a
+// callback lives until the callback returns. A ClientConnection owns its Exchange, the Exchange
+// its OriginConn and CacheWriter. Idle OriginConns belong to Impl's pool. Backend callbacks
+// carry the exchange serial and do nothing once that exchange is gone.
+//
+// Thread-safety: everything runs on the proxy's event loop thread.
+#ifndef GHOST_PROXY_PROXY_INTERNAL_H_
+#define GHOST_PROXY_PROXY_INTERNAL_H_
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/http_freshness.h"
+#include "proxy/address.h"
+#include "proxy/cache_backend.h"
+#include "proxy/cache_policy.h"
+#include "proxy/http1.h"
+#include "proxy/proxy.h"
+
+namespace ghost::proxy_internal {
+
+struct BevDeleter {
+  void operator()(bufferevent* b) const { bufferevent_free(b); }
+};
+using BevPtr = std::unique_ptr<bufferevent, BevDeleter>;
+
+struct ListenerDeleter {
+  void operator()(evconnlistener* l) const { evconnlistener_free(l); }
+};
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+// A one-shot timer on the injected Clock, cancelled when re-armed or destroyed. The callback
+// may destroy the timer's owner.
+class OneShotTimer {
+ public:
+  explicit OneShotTimer(Clock* clock) : clock_(clock) {}
+  ~OneShotTimer() { Cancel(); }
+  OneShotTimer(const OneShotTimer&) = delete;
+  OneShotTimer& operator=(const OneShotTimer&) = delete;
+
+  void Arm(Duration after, std::function<void()> fn) {
+    Cancel();
+    id_ = clock_->ScheduleAfter(after, [this, fn = std::move(fn)] {
+      id_ = kNoTimer;
+      fn();  // may destroy *this: nothing after it
+    });
+  }
+  void Cancel() {
+    if (id_ != kNoTimer) clock_->Cancel(id_);
+    id_ = kNoTimer;
+  }
+  bool armed() const { return id_ != kNoTimer; }
+
+ private:
+  Clock* clock_;
+  TimerId id_ = kNoTimer;
+};
+
+// "1.5 s", "300 ms": a duration for messages.
+std::string DurationText(Duration d);
+timeval ToTimeval(Duration d);
+// A contiguous view of the first (at most 64 KiB of) bytes of `buf`, for a parser.
+std::string_view Pullup(evbuffer* buf, std::size_t* len);
+
+// What an exchange ended as, for the access log and the counters (squid-like names).
+enum class ResultCode {
+  kNone,
+  kHit,
+  kMiss,
+  kNetPreferred,
+  kRevalidated,
+  kStale,
+  kTunnel,
+  kLocal,
+  kDenied,
+  kError
+};
+const char* ResultName(ResultCode code);
+
+// What happened on an origin connection, for its owner.
+enum class OriginEvent {
+  kConnected,  // resolved and connected: the request may be written
+  kReadable,   // response bytes in the input buffer
+  kDrained,    // output at or below the low watermark
+  kEof,        // the origin closed its side
+  kError,      // resolve, connect, socket error or timeout: see OriginConn::error()
+};
+
+class ClientConnection;
+class Impl;
+
+// One connection to an origin (or a tunnel's far end). Owned by an exchange or tunnel while
+// busy (owner != nullptr, events go to the owner) and by the pool while idle.
+class OriginConn {
+ public:
+  enum class State { kResolving, kConnecting, kOpen, kFailed };
+
+  OriginConn(Impl* proxy, std::string host, std::uint16_t port);
+  ~OriginConn();
+  OriginConn(const OriginConn&) = delete;
+  OriginConn& operator=(const OriginConn&) = delete;
+
+  // Resolves the host and connects to its addresses in turn; reports kConnected or kError to
+  // the owner later (never inside this call).
+  void Connect();
+  // Routes events to `owner` (nullptr: pooled; the pool watches it).
+  void SetOwner(ClientConnection* owner);
+
+  const std::string& host() const { return host_; }
+  std::uint16_t port() const { return port_; }
+  const std::string& pool_key() const { return pool_key_; }
+  // "host:port" of the peer address connected to, for the access log.
+  const std::string& peer() const { return peer_; }
+  State state() const { return state_; }
+  const Status& error() const { return error_; }
+  bufferevent* bev() const { return bev_.get(); }
+  evbuffer* input() const { return bufferevent_get_input(bev_.get()); }
+  evbuffer* output() const { return bufferevent_get_output(bev_.get()); }
+  http1::ResponseParser& parser() { return parser_; }
+  bool reused = false;  // has carried an earlier exchange (a failure may be a stale socket)
+  ClientConnection* owner() const { return owner_; }
+
+ private:
+  struct Resolve;  // a name being resolved (outlives us if we give up on it; see origin.cc)
+  static void OnResolved(evutil_socket_t, short, void* arg);
+  static void OnRead(bufferevent* bev, void* arg);
+  static void OnWrite(bufferevent* bev, void* arg);
+  static void OnEvent(bufferevent* bev, short what, void* arg);
+  void TryNextAddress();
+  void Fail(Status status);
+  void Notify(OriginEvent event);
+
+  Impl* proxy_;
+  std::string host_;
+  std::uint16_t port_;
+  std::string pool_key_;
+  std::string peer_;
+  State state_ = State::kResolving;
+  Status error_;
+  Status last_connect_error_;
+  BevPtr bev_;
+  http1::ResponseParser parser_;
+  Resolve* resolve_ = nullptr;
+  bool in_connect_ = false;     // Connect() is on the stack: events are deferred
+  OneShotTimer deferred_;       // delivers an event deferred out of Connect()
+  OneShotTimer resolve_timer_;  // a name lookup may take up to the connect timeout
+  std::vector<sockaddr_storage> addresses_;
+  std::size_t next_address_ = 0;
+  ClientConnection* owner_ = nullptr;
+};
+
+// The server state shared by every connection.
+class Impl {
+ public:
+  Impl(event_base* base, Clock* clock, CacheBackend* backend, const ProxyOptions& options);
+  ~Impl();
+
+  Status Listen();
+  void OpenAccessLog(std::FILE* f) { access_log_.reset(f); }
+
+  // True when host:port names this proxy (its bound address, or a loopback name when it
+  // listens on loopback or on every address).
+  bool IsSelf(std::string_view host, std::uint16_t port) const;
+  // True when a Via field value already names this proxy.
+  bool ViaHasUs(std::string_view via) const;
+  std::int64_t UnixNow() const;
+
+  // Idle origin connections: take one for host:port (nullptr if none), or give one back.
+  std::unique_ptr<OriginConn> TakeIdle(const std::string& pool_key);
+  void PutIdle(std::unique_ptr<OriginConn> conn);
+  // A pooled connection became unusable (closed, data, timeout): drop it.
+  void DropIdle(OriginConn* conn);
+
+  // Forgets a closed connection (it lives on while a callback holds it).
+  void Remove(std::uint64_t id);
+  // One access-log line (squid native format).
+  void LogAccess(TimePoint start, const std::string& client, ResultCode code, int status,
+                 std::uint64_t bytes, const std::string& method, const std::string& url,
+                 const std::string& hierarchy, const std::string& content_type);
+
+  std::string StatusJson() const;
+  std::string MetricsText() const;
+  std::size_t idle_origin_count() const;
+
+  event_base* const base;
+  Clock* const clock;
+  CacheBackend* const backend;
+  const ProxyOptions options;
+  ListenAddress bound;
+  std::string via_name;
+  std::vector<Cidr> allow;
+  ProxyStats stats;
+  // Shared with resolver threads (origin.cc): they post their result to `base` only while
+  // `alive` holds, under `mu`.
+  struct ResolverShared {
+    std::mutex mu;
+    event_base* base = nullptr;
+    bool alive = true;
+  };
+  std::shared_ptr<ResolverShared> resolver = std::make_shared<ResolverShared>();
+  std::map<std::uint64_t, std::shared_ptr<ClientConnection>> connections;
+  std::uint64_t transfers_in_progress = 0;
+  // Expires with the proxy: backend callbacks that outlive every connection check it.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+
+ private:
+  static void OnAccept(evconnlistener* listener, evutil_socket_t fd, sockaddr* addr, int len,
+                       void* arg);
+  static void OnAcceptError(evconnlistener* listener, void* arg);
+
+  std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
+  bool accepting_ = true;
+  std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
+  std::unique_ptr<std::FILE, FileCloser> access_log_;
+  std::vector<IpAddress> local_addresses_;  // when bound to 0.0.0.0 / ::
+  std::uint64_t next_id_ = 1;
+  TimePoint started_;
+  std::int64_t started_unix_ = 0;
+};
+
+// One request and its response (see exchange.cc for the cache decisions).
+struct Exchange {
+  enum class Step {
+    kLookup,     // waiting for the backend's Lookup
+    kOrigin,     // talking to the origin (connect, request, response)
+    kCacheBody,  // sending a stored body (ReadBody slices)
+    kDone,       // the response is complete (or the exchange was cut)
+  };
+  enum class Framing { kNone, kLength, kChunked, kUntilClose };
+
+  std::uint64_t serial = 0;
+  TimePoint start{};
+  Step step = Step::kLookup;
+  http1::RequestHead req;
+  http1::AbsoluteUrl url;
+  std::string url_key;  // UrlKey(url)
+  std::string log_url;
+  CacheControl req_cc;
+
+  // The client's request message.
+  bool request_complete = false;      // its body (if any) has been read entirely
+  bool request_body_started = false;  // body bytes went to an origin (no retry)
+  bool body_sink_ready = false;       // the origin takes the body now
+  bool sent_continue = false;
+
+  // Cache.
+  std::string key;  // where the stored response is (or will be) kept
+  std::optional<StoredResponse> stored;
+  StoredState stored_state;
+  std::string vary;                // the URL key holds a vary index with this Vary
+  bool revalidating = false;       // the origin request carries our validators
+  bool net_preferred = false;      // the cost model chose the network over a copy
+  bool fallback_to_cache = false;  // a fresh copy exists: serve it if the origin fails
+  ResultCode result = ResultCode::kNone;
+
+  // Origin.
+  std::unique_ptr<OriginConn> origin;
+  bool transfer_open = false;  // TransferBegin sent, TransferEnd owed
+  Bytes origin_bytes = 0;
+  int attempts = 0;
+  bool origin_head_seen = false;  // a final response head arrived
+  bool origin_paused = false;     // origin reading paused for back-pressure
+  std::string hierarchy = "NONE/-";
+  http1::ResponseHead origin_head;  // the final response head, copied
+  std::unique_ptr<CacheWriter> writer;
+  std::string store_key;
+  StoredResponse store_head;
+  std::string store_vary;            // the stored variant needs a vary index with this Vary
+  bool discard_origin_body = false;  // reading the origin's body only to drop it
+
+  // Response to the client.
+  bool response_started = false;
+  std::string deferred_head;  // a head waiting for the first body bytes
+  bool logged = false;
+  int status = 0;
+  std::string content_type;
+  Framing framing = Framing::kNone;
+  std::uint64_t bytes_sent = 0;  // head and body bytes queued for the client
+  Bytes cache_offset = 0, cache_end = 0;
+  bool cache_read_in_flight = false;
+};
+
+// One client connection: a state enum moved by Drive (diagram and table in connection.cc).
+class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
+ public:
+  enum class State { kReadingHead, kExchange, kTunnelConnecting, kTunnel, kClosing, kClosed };
+
+  ClientConnection(Impl* proxy, std::uint64_t id, evutil_socket_t fd, const IpAddress& peer);
+  ~ClientConnection();
+
+  // Starts reading; `reject_status` (403 or 503 at accept) answers at once and closes.
+  void Start(int reject_status);
+  // Closes at once (no more output); the proxy forgets the connection.
+  void Close();
+  State state() const { return state_; }
+  std::uint64_t id() const { return id_; }
+
+  // Events from the origin connection of the exchange or tunnel.
+  void OnOrigin(OriginEvent event);
+
+ private:
+  friend class Impl;
+  static void OnRead(bufferevent* bev, void* arg);
+  static void OnWrite(bufferevent* bev, void* arg);
+  static void OnEvent(bufferevent* bev, short what, void* arg);
+
+  // The one function that moves the connection through its states (connection.cc).
+  void Drive();
+  void AssertInvariants() const;
+  void EnterReadingHead();
+  void EnterClosing();
+  void OnHeadTimeout();
+  bool ParseNextHead();
+  void PumpRequestBody();
+  void DiscardRequestBody();
+
+  // Local answers. `close`: the connection ends after it.
+  void SendLocal(int status, const std::string& message, ResultCode code, bool close,
+                 const http1::HeaderList& extra = {});
+  void SendRaw(int status, const std::string& content_type, const std::string& body,
+               ResultCode code, bool close, const http1::HeaderList& extra = {});
+  void SendStatusPage(const std::string& path);
+
+  // Requests (exchange.cc).
+  void StartExchange();
+  void StartLookup(const std::string& key, bool second_level);
+  void OnLookup(const std::string& key, Result<CacheLookup> lookup, bool second_level);
+  void DecideFromStored(const CacheLookup& lookup);
+  void StartFetch();
+  void ConnectOrigin();
+  void SendOriginRequest();
+  // Parses what the origin sent; `force` also while paused (the origin has closed).
+  void OnOriginReadable(bool force);
+  void OnOriginHead();
+  void OnOriginBody(std::string_view data);
+  void OnOriginComplete();
+  void OnOriginEof();
+  void OnOriginFailed(const Status& why, bool bad_response);
+  void ReleaseOrigin(bool reusable);
+  void EndTransfer();
+  void ServeFromCache(const StoredResponse& stored, ResultCode code, const char* source);
+  bool ServeFailure();
+  void ReadNextCacheSlice();
+  void StartStore(const http1::ResponseHead& head, const StorageDecision& decision);
+  void CommitStore();
+  void AbortExchange();
+  void FinishExchange();
+  // The head for the client: `headers` plus Via, X-Ghost-Source and Connection.
+  // `defer`: keep the head until the first body bytes (WriteBody) or EndBody, so a cached
+  // body that cannot be read can still be answered differently.
+  void WriteResponseHead(int status, const std::string& reason, http1::HeaderList headers,
+                         const char* source, Exchange::Framing framing, bool body_follows,
+                         bool defer);
+  void WriteBody(std::string_view data);
+  void EndBody();
+  bool ClientBackedUp() const;
+  void OnClientDrained();
+
+  // CONNECT tunnels (connection.cc).
+  void StartTunnel();
+  void OnTunnelOrigin(OriginEvent event);
+  void RelayTunnel();
+  void OnTunnelIdle();
+  void CloseTunnelWhenFlushed();
+
+  evbuffer* input() const { return bufferevent_get_input(bev_.get()); }
+  evbuffer* output() const { return bufferevent_get_output(bev_.get()); }
+  void SetReadTimeout(std::optional<Duration> timeout);
+
+  Impl* const proxy_;
+  const std::uint64_t id_;
+  State state_ = State::kReadingHead;
+  BevPtr bev_;
+  IpAddress peer_;
+  std::string peer_text_;
+  http1::RequestParser parser_;
+  OneShotTimer head_timer_;
+  bool peer_closed_ = false;  // EOF from the client
+  bool keep_alive_ = true;    // the connection may carry another request
+  bool linger_ = false;       // closing: wait for the client's EOF after our output
+  OneShotTimer linger_timer_;
+  std::uint64_t next_serial_ = 1;
+  std::unique_ptr<Exchange> ex_;
+
+  // Tunnel.
+  std::unique_ptr<OriginConn> tunnel_;
+  OneShotTimer tunnel_timer_;
+  TimePoint tunnel_last_activity_{};
+  TimePoint tunnel_start_{};
+  std::uint64_t tunnel_bytes_up_ = 0, tunnel_bytes_down_ = 0;
+  std::string tunnel_target_;
+  bool tunnel_closing_ = false;
+};
+
+}  // namespace ghost::proxy_internal
+
+#endif  // GHOST_PROXY_PROXY_INTERNAL_H_

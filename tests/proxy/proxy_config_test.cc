@@ -1,0 +1,106 @@
+#include "proxy/proxy_config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace ghost {
+namespace {
+
+class ProxyConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ghostproxy-config-XXXXXX";
+    const int fd = ::mkstemp(tmpl);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+    path_ = tmpl;
+  }
+  void TearDown() override { ::unlink(path_.c_str()); }
+
+  Status Load(const std::string& text, GhostproxyOptions* o) {
+    std::ofstream(path_) << text;
+    return LoadProxyConfigFile(path_, o);
+  }
+
+  std::string path_;
+};
+
+TEST_F(ProxyConfigTest, ReadsEveryKey) {
+  GhostproxyOptions o;
+  const Status s = Load(R"(
+listen = "[::1]:8080"
+mount = "/mnt/ghost"
+control = "/run/g.sock"
+allow = ["192.168.1.0/24", "fd00::/8"]
+connect_ports = [443, 8443]
+access_log = "/var/log/ghost.log"
+via = "laptop"
+max_connections = 7
+max_header_bytes = "16K"
+max_headers = 50
+request_timeout = 1.5
+send_timeout = 2
+connect_timeout = 3
+origin_timeout = 4
+tunnel_idle_timeout = 5
+origin_idle_timeout = 6
+max_idle_per_origin = 2
+heuristic_freshness = 60
+high_watermark = "1M"
+)",
+                        &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.proxy.listen.ToString(), "[::1]:8080");
+  EXPECT_EQ(o.mountpoint, "/mnt/ghost");
+  EXPECT_EQ(o.control_path, "/run/g.sock");
+  ASSERT_EQ(o.proxy.allow.size(), 2u);
+  EXPECT_EQ(o.proxy.allow[1].ToString(), "fd00::/8");
+  EXPECT_EQ(o.proxy.connect_ports, (std::vector<std::uint16_t>{443, 8443}));
+  EXPECT_EQ(o.proxy.access_log, "/var/log/ghost.log");
+  EXPECT_EQ(o.proxy.via_name, "laptop");
+  EXPECT_EQ(o.proxy.max_connections, 7u);
+  EXPECT_EQ(o.proxy.limits.max_header_bytes, 16u * 1024);
+  EXPECT_EQ(o.proxy.limits.max_headers, 50u);
+  EXPECT_EQ(o.proxy.request_timeout, Millis(1500));
+  EXPECT_EQ(o.proxy.tunnel_idle_timeout, Seconds(5));
+  EXPECT_EQ(o.proxy.max_idle_per_origin, 2u);
+  EXPECT_EQ(o.proxy.heuristic_freshness, Seconds(60));
+  EXPECT_EQ(o.proxy.high_watermark, 1u << 20);
+  EXPECT_TRUE(Validate(o).ok());
+}
+
+TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
+  struct Case {
+    const char* text;
+    const char* says;
+  };
+  for (const Case& c :
+       {Case{"listen = \"nowhere\"", "listen address"},
+        Case{"\n\nallow = [\"10.1.0.0/8\"]", ":3: --allow"},
+        Case{"allow = \"10.0.0.0/8\"", "must be an array"}, Case{"connect_ports = [0]", "1..65535"},
+        Case{"max_connections = -1", "positive integer"},
+        Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
+        Case{"colour = \"blue\"", "unknown key \"colour\""}, Case{"listen = ", ""}}) {
+    GhostproxyOptions o;
+    const Status s = Load(c.text, &o);
+    EXPECT_FALSE(s.ok()) << c.text;
+    EXPECT_NE(s.message().find(path_), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << c.text << " → " << s.message();
+  }
+}
+
+TEST_F(ProxyConfigTest, MissingFileAndMissingMountAreClear) {
+  GhostproxyOptions o;
+  const Status missing = LoadProxyConfigFile("/nonexistent/ghostproxy.toml", &o);
+  EXPECT_EQ(missing.code(), Status::Code::kNotFound);
+  const Status no_mount = Validate(o);
+  EXPECT_FALSE(no_mount.ok());
+  EXPECT_NE(no_mount.message().find("--mount"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ghost
