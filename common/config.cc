@@ -3,9 +3,12 @@
 #include <cctype>
 #include <charconv>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <toml++/toml.h>
+
+#include "common/imap_client.h"
 
 namespace ghost {
 namespace {
@@ -27,14 +30,23 @@ std::string Where(const std::string& path, const toml::source_region& r) {
 Result<Origin> ParseOrigin(const std::string& spec) {
   auto eq = spec.find('=');
   if (eq == std::string::npos) return Status::InvalidArgument("origin \"" + spec + "\" is not NAME=URL");
-  Origin o{spec.substr(0, eq), spec.substr(eq + 1)};
+  Origin o;
+  o.name = spec.substr(0, eq);
+  o.url = spec.substr(eq + 1);
   if (!ValidName(o.name)) {
     return Status::InvalidArgument("origin name \"" + o.name +
                                    "\" must be letters, digits, '.', '_' or '-', and not \"local\"");
   }
-  if (!(o.url.starts_with("http://") || o.url.starts_with("https://")) ||
+  if (!(o.url.starts_with("http://") || o.url.starts_with("https://") || o.imap()) ||
       o.url.find("://") + 3 >= o.url.size()) {
-    return Status::InvalidArgument("origin " + o.name + ": \"" + o.url + "\" is not an http:// or https:// URL");
+    return Status::InvalidArgument("origin " + o.name + ": \"" + o.url +
+                                   "\" is not an http://, https://, imap:// or imaps:// URL");
+  }
+  if (o.imap()) {
+    Result<ImapUrl> u = ParseImapUrl(o.url);
+    if (!u.ok()) return Status::InvalidArgument("origin " + o.name + ": " + u.status().message());
+    if (u->user.empty()) return Status::InvalidArgument("origin " + o.name + ": \"" + o.url + "\" names no user (imap://USER@HOST:PORT/)");
+    if (!u->mailbox.empty()) return Status::InvalidArgument("origin " + o.name + ": \"" + o.url + "\" must name the server, not a mailbox (end it after HOST:PORT/)");
   }
   if (o.url.find_first_of(" \t\r\n") != std::string::npos) {
     return Status::InvalidArgument("origin " + o.name + ": URL contains white space");
@@ -127,14 +139,63 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
     const toml::table* origins = n->as_table();
     if (!origins) return Status::InvalidArgument(Where(path, n->source()) + ": [origins] must be a table of NAME = \"URL\"");
     for (auto&& [k, v] : *origins) {
-      auto url = v.value<std::string>();
-      if (!url) return Status::InvalidArgument(Where(path, v.source()) + ": origin URL must be a string");
+      // NAME = "URL", or NAME = { url = "URL", password_file = "PATH" } (or password = "...").
+      std::optional<std::string> url = v.value<std::string>();
+      std::string password_file, password;
+      if (const toml::table* spec = v.as_table()) {
+        for (auto&& [sk, sv] : *spec) {
+          std::string key(sk.str());
+          if (key != "url" && key != "password_file" && key != "password") {
+            return Status::InvalidArgument(Where(path, sv.source()) + ": unknown origin key \"" + key + "\" (url, password_file, password)");
+          }
+          if (!sv.value<std::string>()) return Status::InvalidArgument(Where(path, sv.source()) + ": \"" + key + "\" must be a string");
+        }
+        url = (*spec)["url"].value<std::string>();
+        password_file = (*spec)["password_file"].value_or(std::string());
+        password = (*spec)["password"].value_or(std::string());
+      }
+      if (!url) return Status::InvalidArgument(Where(path, v.source()) + ": origin URL must be a string (or a table with url)");
       Result<Origin> origin = ParseOrigin(std::string(k.str()) + "=" + *url);
       if (!origin.ok()) return Status::InvalidArgument(Where(path, v.source()) + ": " + origin.status().message());
+      if ((!password_file.empty() || !password.empty()) && !origin->imap()) {
+        return Status::InvalidArgument(Where(path, v.source()) + ": origin " + origin->name + ": a password is only for imap:// and imaps:// origins");
+      }
+      origin.value().password_file = password_file;
+      origin.value().password = password;
       o->origins.push_back(*origin);
     }
   }
   return Status::Ok();
+}
+
+Status ApplyPasswordFile(const std::string& spec, GhostfsOptions* options) {
+  auto eq = spec.find('=');
+  if (eq == std::string::npos || eq + 1 >= spec.size()) {
+    return Status::InvalidArgument("--password-file \"" + spec + "\" is not NAME=PATH");
+  }
+  std::string name = spec.substr(0, eq);
+  for (Origin& o : options->origins) {
+    if (o.name != name) continue;
+    if (!o.imap()) return Status::InvalidArgument("--password-file: origin " + name + " is not an imap:// or imaps:// origin");
+    o.password_file = spec.substr(eq + 1);
+    o.password.clear();
+    return Status::Ok();
+  }
+  return Status::InvalidArgument("--password-file: no origin named \"" + name + "\"");
+}
+
+Result<std::string> ReadOriginPassword(const Origin& o) {
+  if (!o.password.empty()) return o.password;
+  if (o.password_file.empty()) {
+    return Status::InvalidArgument("origin " + o.name + ": no password (password_file in the config, or --password-file " + o.name + "=PATH)");
+  }
+  std::ifstream in(o.password_file);
+  if (!in) return Status::NotFound("origin " + o.name + ": cannot read password file " + o.password_file);
+  std::string line;
+  std::getline(in, line);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty()) return Status::InvalidArgument("origin " + o.name + ": password file " + o.password_file + " is empty");
+  return line;
 }
 
 Status Validate(const GhostfsOptions& o) {
@@ -144,6 +205,9 @@ Status Validate(const GhostfsOptions& o) {
   std::set<std::string> names;
   for (const Origin& origin : o.origins) {
     if (!names.insert(origin.name).second) return Status::InvalidArgument("origin name \"" + origin.name + "\" given twice");
+    if (origin.imap() && origin.password.empty() && origin.password_file.empty()) {
+      return Status::InvalidArgument("origin " + origin.name + ": no password (password_file in the config, or --password-file " + origin.name + "=PATH)");
+    }
   }
   return Status::Ok();
 }

@@ -13,6 +13,11 @@
 //   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
 //   [origins]
 //   www = "http://127.0.0.1:8080/"
+//   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
+//
+// An IMAP origin (imap:// or imaps://, fs/mail_tree.cc) needs a password: `password_file`
+// (its first line), or `password` in the config file, or `--password-file NAME=PATH`. A
+// password is never taken from the command line, where other users can read it (ps).
 //
 // Thread-safety: plain values; the parsers are reentrant.
 #ifndef GHOST_COMMON_CONFIG_H_
@@ -28,7 +33,12 @@ namespace ghost {
 
 struct Origin {
   std::string name;  // the top-level directory: [A-Za-z0-9._-]+, not "local", not "." / ".."
-  std::string url;   // http:// or https://, ending in '/'
+  std::string url;   // http://, https://, imap:// or imaps://, ending in '/'
+  // IMAP origins only: where the password is (file: its first line), or the password itself
+  // (config file only).
+  std::string password_file;
+  std::string password;
+  bool imap() const { return url.starts_with("imap://") || url.starts_with("imaps://"); }
 };
 
 struct GhostfsOptions {
@@ -48,6 +58,10 @@ struct GhostfsOptions {
 
 // "NAME=URL" → Origin, validated (name and URL rules above).
 [[nodiscard]] Result<Origin> ParseOrigin(const std::string& spec);
+// "NAME=PATH" (--password-file): sets the password file of IMAP origin NAME in `options`.
+[[nodiscard]] Status ApplyPasswordFile(const std::string& spec, GhostfsOptions* options);
+// The password of IMAP origin `o`: its `password`, else the first line of its password file.
+[[nodiscard]] Result<std::string> ReadOriginPassword(const Origin& o);
 // "4096", "64K", "2M", "1G" (binary multiples) → bytes.
 [[nodiscard]] Result<Bytes> ParseSize(const std::string& text);
 // Reads a config file into `options` (keys present in the file overwrite the fields).

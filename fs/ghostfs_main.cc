@@ -12,17 +12,23 @@
 
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
-  std::vector<std::string> origins;
+  std::vector<std::string> origins, password_files;
   std::string config, cache_size, max_stale, knob_text;
   CLI::App app{
-      "ghostfs: an energy-aware caching file system over HTTP(S) origins.\n\n"
+      "ghostfs: an energy-aware caching file system over HTTP(S) and IMAP origins.\n\n"
       "Each origin appears as MOUNTPOINT/NAME/ (URL paths as files, HTML directory listings as\n"
-      "directories, read-only); MOUNTPOINT/local/ is an ordinary writable tree kept in the cache\n"
+      "directories, read-only; an imap:// or imaps:// origin as a Maildir); MOUNTPOINT/local/ is\n"
+      "an ordinary writable tree kept in the cache\n"
       "directory. For every read, ghostfs picks the cached copy or the network, whichever costs\n"
       "less given the devices' power modes and the knob (DESIGN.md §3.4)."};
   app.add_flag("-f,--foreground", o.foreground, "stay in the foreground (log to stderr)");
   app.add_option("--cache", o.cache_dir, "cache directory (created if missing); holds objects, the index and local/");
-  app.add_option("--origin", origins, "NAME=URL of an HTTP(S) origin, shown as MOUNTPOINT/NAME (repeatable)");
+  app.add_option("--origin", origins,
+                 "NAME=URL of an HTTP(S) origin, or an IMAP server imap[s]://USER@HOST:PORT/ (shown as "
+                 "a Maildir), as MOUNTPOINT/NAME (repeatable)");
+  app.add_option("--password-file", password_files,
+                 "NAME=PATH: the password of IMAP origin NAME is the first line of PATH (repeatable; "
+                 "a password is never taken from the command line)");
   app.add_option("--profile", o.profile,
                  "emulate the devices of this profile (a name from " + ghost::DefaultProfileDir() +
                      " or a .toml file): power modes, spin-up and beacon delays, energy. Without it the "
@@ -64,6 +70,9 @@ int main(int argc, char** argv) {
     ghost::Result<ghost::Origin> origin = ghost::ParseOrigin(spec);
     if (!origin.ok()) return fail(origin.status().message());
     o.origins.push_back(*origin);
+  }
+  for (const std::string& spec : password_files) {
+    if (ghost::Status s = ghost::ApplyPasswordFile(spec, &o); !s.ok()) return fail(s.message());
   }
   if (!knob_text.empty()) {
     try {
