@@ -10,7 +10,8 @@ GHOST_PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   libevent-dev libcurl4-openssl-dev libsqlite3-dev liburing-dev libfuse3-dev fuse3
-  nginx-light curl
+  nginx-light curl wget
+  chromium  # tests/integration/ghostproxy_test.py: a real browser through the proxy
   dovecot-imapd libssl-dev  # IMAP origin tests (tests/common/dovecot_fixture.h), TLS
   clang  # tests/proxy/fuzz_http1.sh: libFuzzer with ASan/UBSan (suite "fuzz")
   libnetfilter-queue-dev iptables iputils-ping
