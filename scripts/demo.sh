@@ -4,6 +4,8 @@
 #     the paper's emulated devices (ipaq-2004), reads through the mount twice, shows the
 #     decisions (extended attributes) and `ghostctl devices` / `ghostctl stats`, and
 #     unmounts cleanly;
+#     starts ghostproxy on the same cache and fetches a page with its images through it (wget
+#     -p, twice), showing each decision in the access log and the proxy's status page;
 #  2. prints the simulator comparison of DESIGN §7 on the shipped traces.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -17,6 +19,7 @@ ctl=$work/control.sock
 nginx_pid=""
 cleanup() {
   if mountpoint -q "$mnt" 2>/dev/null; then fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true; fi
+  [ -n "${proxy_pid:-}" ] && kill "$proxy_pid" 2>/dev/null || true
   [ -n "${ghostfs_pid:-}" ] && kill "$ghostfs_pid" 2>/dev/null && wait "$ghostfs_pid" 2>/dev/null || true
   [ -n "$nginx_pid" ] && kill "$nginx_pid" 2>/dev/null || true
   rm -rf "$work"
@@ -73,6 +76,25 @@ for name in os.listxattr(sys.argv[1]):
 PY
 echo; echo "\$ ghostctl devices"; "$GHOST_BUILD/fs/ghostctl" devices
 echo; echo "\$ ghostctl stats"; "$GHOST_BUILD/fs/ghostctl" stats
+echo; ghost_log "ghostproxy on the same cache: a browser-style fetch of the page and its images, twice"
+pport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$GHOST_BUILD/proxy/ghostproxy" --listen "127.0.0.1:$pport" --mount "$mnt" --control "$ctl" \
+  --access-log "$work/proxy-access.log" 2>"$work/ghostproxy.log" &
+proxy_pid=$!
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$pport/ghost/status" >/dev/null && break; sleep 0.1; done
+for round in 1 2; do
+  echo "\$ wget -p -r -l 1 -e use_proxy=yes -e http_proxy=127.0.0.1:$pport .../home.html .../  # round $round"
+  wget -q -p -r -l 1 -e robots=off -e use_proxy=yes -e "http_proxy=http://127.0.0.1:$pport" \
+    -P "$work/dl-$round" "http://127.0.0.1:$port/home.html" "http://127.0.0.1:$port/"
+done
+echo "\$ cat proxy-access.log   # MISS: fetched; HIT: from the cache ghostfs and the proxy share"
+awk '{ printf "  %-16s %s\n", $4, $7 }' "$work/proxy-access.log"
+echo "\$ curl -sI -x 127.0.0.1:$pport http://127.0.0.1:$port/img/1.png | grep -i x-ghost"
+curl -sI -x "127.0.0.1:$pport" "http://127.0.0.1:$port/img/1.png" | grep -i '^x-ghost' || true
+echo "\$ curl -s http://127.0.0.1:$pport/ghost/status   # (excerpt)"
+curl -s "http://127.0.0.1:$pport/ghost/status" | python3 -c 'import json,sys; d=json.load(sys.stdin); print(json.dumps({k: d[k] for k in d if k in ("results", "cache", "requests", "ghost_hints")}, indent=1))'
+kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true; proxy_pid=""
+
 echo; ghost_log "unmounting"
 fusermount3 -u "$mnt"
 wait "$ghostfs_pid"; ghostfs_pid=""

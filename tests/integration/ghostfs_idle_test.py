@@ -2,6 +2,9 @@
 """The idle criterion of ghostfs: with no requests, from 30 s after the last activity, the
 daemon's threads make no wake-ups over 60 s (the sum of voluntary and involuntary context
 switches in /proc/PID/task/*/status), apart from device-mode timers the model itself scheduled.
+The same for ghostproxy (issue 4), run on mount (b) and measured in the same window. nginx
+closes idle keep-alive connections after 5 s here, so the proxy's pooled origin connection is
+gone before the window (its close is the origin's doing, not a timer of ours).
 
 Two mounts against one nginx, measured over the same window to keep the suite short:
   (a) without --profile: the devices are always ready, nothing is scheduled: 0 switches;
@@ -12,6 +15,7 @@ Each daemon is checked twice: all of its threads (the criterion as stated), and 
 threads alone (the kernel's io_uring workers, iou-wrk-PID, left out), so a regression in the
 daemon's loop is caught on its own. A daemon with no wake-ups must still answer afterwards
 (a hung loop also makes none). TAP; skipped without root, /dev/fuse or nginx."""
+import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 9
+PLAN = 12
 SETTLE_S = 30  # quiet time after the last activity before counting
 WINDOW_S = 60  # the counted window
 IO_WQ_PREFIX = "iou-wrk-"  # the kernel's io_uring worker threads (io-wq), shown as tasks
@@ -101,7 +105,7 @@ def activity(fs, sums):
 
 
 def main():
-    work, root, sums, nginx = h.serve_tree()
+    work, root, sums, nginx = h.serve_tree(extra_location="keepalive_timeout 5s;")
     t = h.Tap(PLAN)
 
     mounts = {}
@@ -118,20 +122,36 @@ def main():
         t.skip_rest(PLAN, "not mounted")
         t.done()
 
+    port = h.free_port()
+    proxy = subprocess.Popen([os.path.join(h.build_dir(), "proxy", "ghostproxy"), "--listen", f"127.0.0.1:{port}",
+                              "--mount", b.mnt, "--control", ctl],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    h.on_exit(lambda: proxy.poll() is None and proxy.terminate())
+    proxied = h.wait_port(port, 15)
+
+    def via_proxy(rel):
+        r = subprocess.run(["curl", "-s", "-x", f"http://127.0.0.1:{port}", nginx.url() + rel],
+                           capture_output=True, timeout=30)
+        return hashlib.sha256(r.stdout).hexdigest() == sums[rel]
+
     ok = activity(a, sums) and activity(b, sums)
+    ok_proxy = proxied and via_proxy("dir1/b.bin") and via_proxy("dir1/b.bin") and via_proxy("medium.bin")
     last_activity = time.monotonic()
     t.check(ok, "activity on both mounts: reads match the origin and a local/ write reads back")
+    t.check(ok_proxy, "(c) ghostproxy on mount (b) serves objects through its cache")
 
     # Nothing touches the mounts from here until the window has been counted.
-    settle_from = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    pids = {label: fs.proc.pid for label, fs in mounts.items()}
+    pids["c"] = proxy.pid
+    settle_from = {label: task_switches(pid) for label, pid in pids.items()}
     time.sleep(max(0.0, last_activity + SETTLE_S - time.monotonic()))
-    start = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    start = {label: task_switches(pid) for label, pid in pids.items()}
     t0 = time.monotonic()
     time.sleep(WINDOW_S)
-    end = {label: task_switches(fs.proc.pid) for label, fs in mounts.items()}
+    end = {label: task_switches(pid) for label, pid in pids.items()}
     print(f"# window: {SETTLE_S} s after the last activity, {time.monotonic() - t0:.1f} s long", flush=True)
 
-    for label in mounts:
+    for label in pids:
         report(f"({label}) settling, first {SETTLE_S} s", switches_between(settle_from[label], start[label]))
         report(f"({label}) window", switches_between(start[label], end[label]))
 
@@ -148,6 +168,12 @@ def main():
                 f"({label}) {what}: the daemon's own threads (io_uring kernel workers aside) make "
                 f"0 context switches in the window (saw {own})",
                 "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
+
+    diff = switches_between(start["c"], end["c"])
+    total = sum(n for _, n in diff.values())
+    t.check(total == 0, f"(c) ghostproxy's threads make 0 context switches over {WINDOW_S} s from {SETTLE_S} s "
+            f"after the last request (saw {total})",
+            "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
 
     # (b)'s zero means something only if the model ran: its timers stepped the devices down
     # before the window (asked only now, after the counting).
@@ -166,6 +192,9 @@ def main():
              h.sha256_file(os.path.join(fs.mnt, "www", "dir1", "b.bin")) == sums["dir1/b.bin"]
              for fs in mounts.values())
     t.check(ok, "both daemons still serve reads after the idle period")
+    # (Not counted: after the window.) The proxy must answer too.
+    t.check(proxy.poll() is None and via_proxy("dir1/b.bin"), "(c) ghostproxy still serves after the idle period")
+    proxy.terminate()
     for fs in mounts.values():
         fs.stop()
     t.done()
