@@ -635,7 +635,7 @@ TEST_F(ProxyNginxTest, ClientNoCacheRevalidatesAFreshCopy) {
   EXPECT_EQ(r.Source(), "revalidated");
   Reply p = Get(Url("/fresh/a.txt"), "Pragma: no-cache\r\n");
   EXPECT_EQ(p.Source(), "revalidated");
-  EXPECT_EQ(NginxRequests("\" 304 "), 2);
+  EXPECT_TRUE(WaitFor([&] { return NginxRequests("\" 304 ") == 2; })) << nginx_.ReadAccessLog();
 }
 
 TEST_F(ProxyNginxTest, ClientConditionalAndRangeAreAnsweredFromTheCache) {
