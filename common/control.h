@@ -64,7 +64,10 @@
 //        "choice":"disk"|"network","source":"disk"|"memory"|"network","ghost_hint":false,
 //        "cost":{...the estimates, as the user.ghost.cost attribute shows them...},
 //        "etag":"\"5f-1\"","last_modified":"...","content_type":"text/html","expires_unix":N|null,
-//        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>"}   (read the body there)
+//        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>",   (read the body there)
+//        "body_path":"<cache dir>/objects/ab/ab12..."}   (only with "choice":"disk": the body
+//       file itself, which a reader on this machine may read instead of "path"; the daemon
+//       has charged the emulated disk for that read already)
 //   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
 //          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
 //       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the

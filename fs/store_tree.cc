@@ -254,6 +254,14 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     out["source"] = disk ? "disk" : "network";
     out["ghost_hint"] = c.hinted;
     out["cost"] = CostJson(c);
+    if (disk) {
+      // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself, with
+      // the emulated disk charged here for the read the caller is about to make.
+      out["body_path"] = store_->BodyPath(key);
+      store_->Touch(key);
+      bytes_from_cache_ += e->size;
+      if (!options_.profile.empty()) disk_->Submit({e->size, false}, [] {});
+    }
     ++requests_by_source_[disk ? "disk" : "network"];
     ++(disk ? store_stats_.hits : store_stats_.network_preferred);
     if (control_) control_->Publish("stats", StatsJson());

@@ -83,7 +83,10 @@ dns_v4_first on
                 shutil.chown(os.path.join(root, d), "proxy")
 
     def start(self):
-        subprocess.run(["squid", "-f", self.conf, "-z", "-N"], check=True, capture_output=True, timeout=60)
+        z = subprocess.run(["squid", "-f", self.conf, "-z", "-N"], capture_output=True, text=True, timeout=60)
+        if z.returncode != 0:
+            log(f"squid -z failed: {z.stderr.strip()[-500:]}")
+            return False
         self.proc = subprocess.Popen(["squid", "-f", self.conf, "-N"], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         h.on_exit(self.stop)
@@ -173,6 +176,7 @@ def main():
     a = ap.parse_args()
     os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
 
+    os.chmod(a.work, 0o755)  # squid runs as user proxy and must reach its cache_dir
     site = os.path.join(a.work, "site")
     os.makedirs(os.path.join(site, "obj"))
     for i in range(a.objects):

@@ -94,8 +94,11 @@ def main():
     got = ctl.ok("lookup", key="http://example.test/a")
     with open(got["path"], "rb") as f:
         read = f.read()
-    t.check(got["cached"] and got["size"] == len(body) and got["response"] == head and read == body,
-            "a stored body reads back byte-identical through .ghost/objects, with its stored head",
+    with open(got.get("body_path", "/nonexistent"), "rb") as f:
+        direct = f.read()
+    t.check(got["cached"] and got["size"] == len(body) and got["response"] == head and read == body
+            and direct == body,
+            "a stored body reads back byte-identical through .ghost/objects (and from body_path), with its stored head",
             {k: v for k, v in got.items() if k != "response"})
 
     t.check(".ghost" not in os.listdir(mnt) and sorted(os.listdir(os.path.join(mnt, ".ghost"))) == ["fill", "objects"],
