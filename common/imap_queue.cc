@@ -44,6 +44,7 @@ std::string EncodeOp(const ImapOp& op) {
   if (op.uidvalidity) h["uidvalidity"] = op.uidvalidity;
   if (op.uid) h["uid"] = op.uid;
   if (!op.flags.empty() || op.kind == ImapOp::Kind::kStore) h["flags"] = op.flags;
+  if (!op.remove_flags.empty()) h["remove_flags"] = op.remove_flags;
   if (!op.destination.empty()) h["destination"] = op.destination;
   if (op.internaldate) h["internaldate"] = op.internaldate;
   if (!op.local_name.empty()) h["local_name"] = op.local_name;
@@ -173,6 +174,7 @@ Status ImapQueue::Replay() {
     op.uidvalidity = h.value("uidvalidity", std::uint32_t{0});
     op.uid = h.value("uid", std::uint32_t{0});
     if (h.contains("flags")) op.flags = h["flags"].get<std::vector<std::string>>();
+    if (h.contains("remove_flags")) op.remove_flags = h["remove_flags"].get<std::vector<std::string>>();
     op.destination = h.value("destination", "");
     op.internaldate = h.value("internaldate", std::int64_t{0});
     op.local_name = h.value("local_name", "");

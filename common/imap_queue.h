@@ -64,8 +64,10 @@ struct ImapOp {
   // kStore, kExpunge, kMove: the message, valid while its mailbox keeps this UIDVALIDITY.
   std::uint32_t uidvalidity = 0;
   std::uint32_t uid = 0;
-  // kAppend: the message's flags; kStore: the complete new set (UID STORE FLAGS).
+  // kAppend: the message's flags; kStore: the flags to add (UID STORE +FLAGS) ...
   std::vector<std::string> flags;
+  // ... and to remove (-FLAGS): only what the reader changed, so keywords survive.
+  std::vector<std::string> remove_flags;
   std::string destination;        // kMove: the destination mailbox's wire name
   std::int64_t internaldate = 0;  // kAppend: seconds since the epoch; 0 = the server's clock
   std::string local_name;         // kAppend: where the reader put it ("new/NAME", ".F/cur/NAME")

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "fs/ghostfs_internal.h"
+#include "fs/mail_tree.h"
 
 namespace ghost {
 
@@ -43,6 +44,7 @@ nlohmann::json Daemon::StatsJson() const {
           {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
           {"ghost_hints_sent", cost_->hints_sent()},
           {"proxy", StoreStatsJson()},
+          {"imap", mail_->StatsJson()},
           {"write_queue",
            {{"queued_bytes", queue_->queued_bytes()},
             {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},

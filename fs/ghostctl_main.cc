@@ -197,6 +197,11 @@ std::string StatsText(const json& s) {
   std::string wq = BytesText(Number(s, {"write_queue", "queued_bytes"})) + " queued, " +
                    CountOf(Number(s, {"write_queue", "flushes"}), "flush", "flushes");
   rows.push_back({"write queue", wq});
+  if (const json* imap = Find(s, {"imap"}); imap != nullptr && imap->is_object()) {
+    rows.push_back({"imap", CountText(Number(s, {"imap", "queued"})) + " operations queued, " +
+                                CountText(Number(s, {"imap", "sent"})) + " sent, " +
+                                CountText(Number(s, {"imap", "dropped"})) + " dropped"});
+  }
   std::string cache = CountOf(Number(s, {"cache", "objects"}), "object", "objects") + ", " +
                       BytesText(Number(s, {"cache", "bytes"}));
   if (auto cap = Number(s, {"cache", "capacity"})) cache += " of " + BytesText(cap);

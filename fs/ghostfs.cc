@@ -18,6 +18,7 @@
 #include "common/stpm_disk.h"
 #include "common/stpm_network.h"
 #include "fs/ghostfs_internal.h"
+#include "fs/mail_tree.h"
 
 namespace ghost {
 namespace {
@@ -59,6 +60,7 @@ Daemon::~Daemon() {
   for (event* ev : signal_evs_) event_free(ev);
   if (fuse_ev_) event_free(fuse_ev_);
   control_.reset();
+  mail_.reset();
   queue_.reset();
   http_.reset();
   if (store_) (void)store_->Close();
@@ -140,6 +142,9 @@ Status Daemon::Init() {
   started_ = clock_->Now();
   if (Status s = LoadMachine(); !s.ok()) return s;
   if (Status s = OpenCache(); !s.ok()) return s;
+  Result<std::unique_ptr<MailTree>> mail = MailTree::Create(*this);
+  if (!mail.ok()) return mail.status();
+  mail_ = std::move(mail).value();
   if (Status s = StartControl(); !s.ok()) return s;
   return Status::Ok();
 }
@@ -228,7 +233,7 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       }
       for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
         if (options_.origins[i].name == name) {
-          Node* n = inodes_.Lookup(NodeKind::kOriginDir, i, "");
+          Node* n = inodes_.Lookup(mail_->IsMailOrigin(i) ? NodeKind::kMailDir : NodeKind::kOriginDir, i, "");
           return ReplyEntry(req, n, DirStat(n->ino));
         }
       }
@@ -237,6 +242,8 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
     case NodeKind::kLocal: return LocalLookup(req, p, name);
     case NodeKind::kOriginDir: return OriginLookup(req, p, name);
     case NodeKind::kStoreDir: return StoreLookup(req, p, name);
+    case NodeKind::kMailDir: return mail_->Lookup(req, p, name);
+    case NodeKind::kMailFile:
     case NodeKind::kOriginFile:
     case NodeKind::kStoreObject:
     case NodeKind::kStoreFill: return (void)fuse_reply_err(req, ENOTDIR);
@@ -265,12 +272,15 @@ void Daemon::OpGetattr(fuse_req_t req, fuse_ino_t ino) {
     case NodeKind::kStoreDir:
     case NodeKind::kStoreObject:
     case NodeKind::kStoreFill: return StoreGetattr(req, n);
+    case NodeKind::kMailDir:
+    case NodeKind::kMailFile: return mail_->Getattr(req, n);
   }
 }
 
 void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind == NodeKind::kMailDir || n->kind == NodeKind::kMailFile) return mail_->Setattr(req, n, attr, to_set);
   if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
   std::string path = LocalPath(n->path);
   auto finish = [this, req, ino, path, attr = *attr, to_set, fd = fi ? static_cast<int>(fi->fh ? handles_[fi->fh].fd : -1) : -1](Status flushed) {
@@ -322,7 +332,8 @@ void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to
 void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kOriginFile || n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill) {
+  if (n->kind == NodeKind::kOriginFile || n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill ||
+      n->kind == NodeKind::kMailFile) {
     return (void)fuse_reply_err(req, ENOTDIR);
   }
   fi->fh = 0;
@@ -366,6 +377,7 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kOriginDir) return OriginReaddir(req, n, size, off);
   if (n->kind == NodeKind::kStoreDir) return StoreReaddir(req, n, size, off);
+  if (n->kind == NodeKind::kMailDir) return mail_->Readdir(req, n, size, off);
   if (n->kind == NodeKind::kRoot) {
     std::vector<std::pair<std::string, mode_t>> entries;
     for (const Origin& o : options_.origins) entries.emplace_back(o.name, S_IFDIR);
@@ -430,6 +442,7 @@ void Daemon::LocalLookup(fuse_req_t req, Node* parent, const char* name) {
 void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Create(req, p, name, mode, fi);
   if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
   if (BadName(name)) return (void)fuse_reply_err(req, EINVAL);
   std::string rel = InodeTable::Join(p->path, name);
@@ -454,9 +467,11 @@ void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_
 void Daemon::OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kRoot || n->kind == NodeKind::kOriginDir || n->kind == NodeKind::kStoreDir) {
+  if (n->kind == NodeKind::kRoot || n->kind == NodeKind::kOriginDir || n->kind == NodeKind::kStoreDir ||
+      n->kind == NodeKind::kMailDir) {
     return (void)fuse_reply_err(req, EISDIR);
   }
+  if (n->kind == NodeKind::kMailFile) return mail_->Open(req, n, fi);
   if (n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill) return StoreOpen(req, n, fi);
   if (n->kind == NodeKind::kOriginFile) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
@@ -500,6 +515,7 @@ void Daemon::OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_fil
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
   if (it->second.kind == NodeKind::kLocal) return LocalRead(req, it->second, size, off);
   if (it->second.kind == NodeKind::kStoreFill) return (void)fuse_reply_err(req, EBADF);  // write-only
+  if (it->second.kind == NodeKind::kMailFile) return mail_->Read(req, it->second, size, off, fi->fh);
   OriginRead(req, it->second, size, off, fi->fh);
 }
 
@@ -523,6 +539,7 @@ void Daemon::OpWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, o
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
   Handle& h = it->second;
   if (h.kind == NodeKind::kStoreFill) return StoreWrite(req, h, buf, size, off);
+  if (h.kind == NodeKind::kMailFile) return mail_->Write(req, h, buf, size, off);
   if (h.kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
   if (fi->flags & O_APPEND) {
     struct stat st;
@@ -699,6 +716,7 @@ void Daemon::OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
   if (p->kind == NodeKind::kStoreDir) return StoreUnlink(req, p, name);
+  if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Unlink(req, p, name);
   if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
   if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
   std::string rel = InodeTable::Join(p->path, name);
@@ -727,6 +745,9 @@ void Daemon::OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_
   Node* p = inodes_.Find(parent);
   Node* q = inodes_.Find(newparent);
   if (!p || !q) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kMailDir && !BadName(name) && !BadName(newname)) {
+    return mail_->Rename(req, p, name, q, newname, flags);
+  }
   if (p->kind != NodeKind::kLocal || q->kind != NodeKind::kLocal) {
     return (void)fuse_reply_err(req, (p->kind == NodeKind::kOriginDir || q->kind == NodeKind::kOriginDir) ? EROFS : EXDEV);
   }
@@ -767,6 +788,11 @@ void ReplyXattr(fuse_req_t req, const std::string& value, size_t size) {
 void Daemon::OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind == NodeKind::kMailFile) {
+    std::optional<std::string> v = mail_->Xattr(n, name);
+    if (!v) return (void)fuse_reply_err(req, ENODATA);
+    return ReplyXattr(req, *v, size);
+  }
   if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
   std::optional<std::string> v = OriginXattr(n, name);
   if (!v) return (void)fuse_reply_err(req, ENODATA);
@@ -781,6 +807,9 @@ void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     for (const char* x : kXattrs) {
       if (OriginXattr(n, x)) list.append(x).push_back('\0');
     }
+  }
+  if (n->kind == NodeKind::kMailFile) {
+    for (const std::string& x : mail_->XattrNames(n)) list.append(x).push_back('\0');
   }
   ReplyXattr(req, list, size);
 }
@@ -846,6 +875,8 @@ const fuse_lowlevel_ops* Operations() {
     o.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { Self(r)->OpMkdir(r, p, n, m); };
     o.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpUnlink(r, p, n); };
     o.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpRmdir(r, p, n); };
+    // Maildir writers (Python's mailbox) try link(2) first and fall back to rename on EPERM.
+    o.link = [](fuse_req_t r, fuse_ino_t, fuse_ino_t, const char*) { fuse_reply_err(r, EPERM); };
     o.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn, unsigned f) {
       Self(r)->OpRename(r, p, n, np, nn, f);
     };
@@ -882,6 +913,7 @@ int Daemon::Run() {
     return 1;
   }
   mount_path_ = ec ? options_.mountpoint : mount_path;
+  mail_->Start();
   if (!ec) RaiseReadAhead(mount_path);
   if (!options_.foreground && fuse_daemonize(0) != 0) {
     fuse_session_unmount(se_);

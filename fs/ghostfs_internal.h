@@ -42,6 +42,8 @@ struct event_base;
 
 namespace ghost {
 
+class MailTree;  // fs/mail_tree.h
+
 // readdir entries whose inode the kernel must look up (libfuse passes 0xffffffff as "unknown").
 inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
 // How much of a cached body an open reads ahead (the largest FUSE read request).
@@ -122,6 +124,8 @@ struct Handle {
 };
 
 class Daemon final : public GhostFs {
+  friend class MailTree;  // IMAP origins reuse the entry, listing and read helpers
+
  public:
   explicit Daemon(const GhostfsOptions& options);
   ~Daemon() override;
@@ -273,6 +277,7 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key
   std::uint64_t next_store_token_ = 1;
   StoreStats store_stats_;
+  std::unique_ptr<MailTree> mail_;                        // IMAP origins (mail_tree.cc)
 };
 
 }  // namespace ghost

@@ -29,6 +29,10 @@ enum class NodeKind {
   kStoreDir,
   kStoreObject,
   kStoreFill,
+  // An IMAP origin's Maildir (fs/mail_tree.cc): its root, folders ".Name", and their cur/,
+  // new/, tmp/ directories; then message files (and tmp/ files).
+  kMailDir,
+  kMailFile,
 };
 
 struct Node {

@@ -142,7 +142,9 @@ TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
   std::string big(300000, '\0');
   for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
   ASSERT_TRUE(queue_->Add(Append(big, "cur/big:2,S")).ok());
-  ASSERT_TRUE(queue_->Add(Store(9, {"\\Answered"})).ok());
+  ImapOp store = Store(9, {"\\Answered"});
+  store.remove_flags = {"\\Draft"};
+  ASSERT_TRUE(queue_->Add(store).ok());
   ImapOp del;
   del.kind = ImapOp::Kind::kExpunge;
   del.origin = "mail";
@@ -161,6 +163,7 @@ TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
   EXPECT_EQ(queue_->pending()[1].kind, ImapOp::Kind::kStore);
   EXPECT_EQ(queue_->pending()[1].mailbox, "Work/Reports");
   EXPECT_EQ(queue_->pending()[1].uidvalidity, 77u);
+  EXPECT_EQ(queue_->pending()[1].remove_flags, std::vector<std::string>{"\\Draft"});
   EXPECT_EQ(queue_->pending()[2].kind, ImapOp::Kind::kExpunge);
   EXPECT_EQ(queue_->pending()[2].uid, 11u);
   queue_->Flush();

@@ -173,6 +173,130 @@ http {{
             return []
 
 
+class Dovecot:
+    """A private dovecot IMAP server on 127.0.0.1 (TESTING.md recipe): its own config, base_dir,
+    state_dir, log, password file and a mail user (uid 65534) whose Maildir is `maildir`."""
+
+    UID = 65534
+
+    def __init__(self, user="ghost", password="s3cret pass", extra_conf=""):
+        self.dir = tempdir("ghost-dovecot-")
+        os.chmod(self.dir, 0o755)  # the auth process reads the password file
+        self.user, self.password = user, password
+        self.port = free_port()
+        self.home = os.path.join(self.dir, "home")
+        self.maildir = os.path.join(self.home, "Maildir")
+        self.conf_path = os.path.join(self.dir, "dovecot.conf")
+        self.extra = extra_conf
+        self.proc = None
+        self.seeded = 0
+
+    def available(self):
+        return os.path.exists("/usr/sbin/dovecot") and os.geteuid() == 0
+
+    def conf(self):
+        d = self.dir
+        return f"""protocols = imap
+listen = 127.0.0.1
+base_dir = {d}/base
+state_dir = {d}/state
+log_path = {d}/dovecot.log
+ssl = no
+disable_plaintext_auth = no
+auth_mechanisms = plain login
+mail_location = maildir:~/Maildir
+mailbox_idle_check_interval = 1 secs
+passdb {{
+  driver = passwd-file
+  args = {d}/passwd
+}}
+userdb {{
+  driver = passwd-file
+  args = {d}/passwd
+}}
+service imap-login {{
+  inet_listener imap {{
+    address = 127.0.0.1
+    port = {self.port}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+}}
+{self.extra}
+"""
+
+    def _mkdir(self, path):
+        os.makedirs(path, exist_ok=True)
+        os.chown(path, self.UID, self.UID)
+
+    def start(self):
+        if not self.available():
+            return False
+        for sub in ("base", "state"):
+            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
+        for sub in ("", "/Maildir", "/Maildir/cur", "/Maildir/new", "/Maildir/tmp"):
+            self._mkdir(self.home + sub)
+        with open(os.path.join(self.dir, "passwd"), "w") as f:
+            f.write(f"{self.user}:{{PLAIN}}{self.password}:{self.UID}:{self.UID}::{self.home}\n")
+        with open(self.conf_path, "w") as f:
+            f.write(self.conf())
+        # Its own process group, so stop() also takes down the imap processes serving
+        # connections that are still open (a server that goes away, for the tests).
+        self.proc = subprocess.Popen(["/usr/sbin/dovecot", "-F", "-c", self.conf_path],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        on_exit(self.stop)
+        return wait_port(self.port, 10)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            subprocess.run(["/usr/bin/doveadm", "-c", self.conf_path, "stop"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=15)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass  # the group is gone already
+        self.proc = None
+
+    def url(self):
+        return f"imap://{self.user}@127.0.0.1:{self.port}/"
+
+    def password_file(self):
+        path = os.path.join(self.dir, "client-password")
+        with open(path, "w") as f:
+            f.write(self.password + "\n")
+        os.chmod(path, 0o600)
+        return path
+
+    def seed(self, folder, data, info="", into_new=False):
+        """Delivers one message (bytes) into folder ("" = INBOX, ".Name"), the Maildir way."""
+        root = os.path.join(self.maildir, folder) if folder else self.maildir
+        for sub in ("", "/cur", "/new", "/tmp"):
+            self._mkdir(root + sub)
+        self.seeded += 1
+        name = f"{int(time.time())}.seed{self.seeded}.ghosttest"
+        tmp = os.path.join(root, "tmp", name)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.chown(tmp, self.UID, self.UID)
+        dest = os.path.join(root, "new", name) if into_new else os.path.join(root, "cur", name + ":2," + info)
+        os.rename(tmp, dest)
+        return dest
+
+    def log(self):
+        try:
+            with open(os.path.join(self.dir, "dovecot.log")) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
 def build_dir():
     return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 

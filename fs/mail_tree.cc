@@ -1,0 +1,1151 @@
+// IMAP origins as Maildirs: the namespace, the read path through the cost model and the cache
+// store, and the deferred write operations. The design is in fs/mail_tree.h.
+#include "fs/mail_tree.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+
+#include "common/maildir_names.h"
+#include "fs/ghostfs_internal.h"
+
+namespace ghost {
+
+namespace {
+
+constexpr double kMailAttrTimeout = 1.0;
+const char kMailboxesPrefix[] = "imap-mailboxes:";
+const char kListingPrefix[] = "imap-listing:";
+
+bool IsSub(const std::string& s) { return s == "cur" || s == "new" || s == "tmp"; }
+
+// A path inside a mail origin: [".Folder/"][sub["/" name]] (see mail_tree.h).
+struct MailPath {
+  std::string folder;  // "" (INBOX) or ".Name"
+  std::string sub;     // "", "cur", "new" or "tmp"
+  std::string name;    // a file in sub
+};
+
+MailPath Split(const std::string& path) {
+  MailPath p;
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (start <= path.size() && !path.empty()) {
+    std::size_t slash = path.find('/', start);
+    if (slash == std::string::npos) slash = path.size();
+    parts.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  std::size_t i = 0;
+  if (i < parts.size() && parts[i].starts_with(".")) p.folder = parts[i++];
+  if (i < parts.size()) p.sub = parts[i++];
+  if (i < parts.size()) p.name = parts[i++];
+  return p;
+}
+
+std::string Join(const MailPath& p) {
+  std::string out = p.folder;
+  for (const std::string* s : {&p.sub, &p.name}) {
+    if (s->empty()) continue;
+    if (!out.empty()) out += "/";
+    out += *s;
+  }
+  return out;
+}
+
+std::string UniqueOf(const std::string& name) { return name.substr(0, name.find(':')); }
+
+std::string InfoOf(const std::string& name) {
+  std::size_t colon = name.find(":2,");
+  return colon == std::string::npos ? std::string() : NormalizeInfo(name.substr(colon + 3));
+}
+
+// The connection is gone or the server talks nonsense: the operation can be tried again.
+bool Transient(const Status& s) {
+  return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ||
+         s.code() == Status::Code::kCorruption;
+}
+
+}  // namespace
+
+struct MailMessage {
+  std::string sub = "cur";
+  std::string unique;  // the file name before ':'
+  std::string info;    // Maildir info letters (the view: server flags plus pending changes)
+  std::uint32_t uid = 0;  // 0: a message the reader wrote, not on the server yet
+  Bytes size = 0;
+  std::int64_t date = 0;
+  std::vector<std::string> keywords;             // flags with no info letter
+  std::shared_ptr<const std::string> body;       // uid 0: the reader's bytes
+  std::string Name() const { return unique + ":2," + info; }
+};
+
+struct MailBox {
+  std::string folder;  // "" or ".Name"
+  std::string wire;    // the mailbox's wire name
+  std::uint32_t uidvalidity = 0;
+  std::map<std::string, MailMessage> messages;  // by unique name
+  bool loaded = false, loading = false, again = false, offline = false;
+  TimePoint expires{};
+  std::vector<std::function<void(Status)>> waiters;
+  // The cur/ and new/ directories' mtime: readers (Python's mailbox.Maildir) list a Maildir
+  // again only when it moved forward, so every change of the view moves it.
+  timespec mtime{};
+  void Changed() { clock_gettime(CLOCK_REALTIME, &mtime); }
+
+  MailMessage* FindUid(std::uint32_t uid) {
+    for (auto& [u, m] : messages) {
+      if (m.uid == uid) return &m;
+    }
+    return nullptr;
+  }
+};
+
+struct MailOrigin {
+  int index = -1;
+  std::string name, url, user, password;
+  std::unique_ptr<ImapClient> client;
+  std::map<std::string, MailBox> boxes;  // by folder ("" = INBOX)
+  std::map<std::string, char> delimiters;  // wire name -> hierarchy delimiter
+  bool boxes_loaded = false, boxes_loading = false;
+  TimePoint boxes_expires{};
+  std::vector<std::function<void(Status)>> boxes_waiters;
+  std::string selected;  // the mailbox the last Select was issued for
+  std::uint32_t selected_uidvalidity = 0;
+  int selects_outstanding = 0;
+  std::map<std::string, std::string> tmp;  // tmp/ files by path: their bytes
+  // Local messages the server has now: "<wire>\n<unique>" -> (uidvalidity, uid).
+  std::map<std::string, std::pair<std::uint32_t, std::uint32_t>> appended;
+  Status last_error;
+
+  MailBox* BoxByWire(const std::string& wire) {
+    for (auto& [f, b] : boxes) {
+      if (b.wire == wire) return &b;
+    }
+    return nullptr;
+  }
+};
+
+MailTree::MailTree(Daemon& d) : d_(d) {}
+
+MailTree::~MailTree() = default;
+
+Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
+  std::unique_ptr<MailTree> t(new MailTree(d));
+  bool any = false;
+  for (int i = 0; i < static_cast<int>(d.options_.origins.size()); ++i) {
+    const Origin& o = d.options_.origins[i];
+    t->origins_.emplace_back();
+    if (!o.imap()) continue;
+    any = true;
+    Result<std::string> password = ReadOriginPassword(o);
+    if (!password.ok()) return password.status();
+    Result<ImapUrl> url = ParseImapUrl(o.url);
+    if (!url.ok()) return url.status();
+    auto mo = std::make_unique<MailOrigin>();
+    mo->index = i;
+    mo->name = o.name;
+    mo->url = o.url;
+    mo->user = url->user;
+    mo->password = *password;
+    ImapClientOptions co;
+    mo->client = std::make_unique<ImapClient>(d.base_, co);
+    MailOrigin* raw = mo.get();
+    MailTree* self = t.get();
+    mo->client->SetEventHandler([self, raw](const MailboxEvent& e) { self->OnMailboxEvent(*raw, e); });
+    mo->client->SetDisconnectHandler([raw](Status s) {
+      std::fprintf(stderr, "ghostfs: %s: IMAP connection lost: %s\n", raw->name.c_str(), s.ToString().c_str());
+      raw->selected.clear();
+      raw->last_error = s;
+    });
+    MailBox inbox;
+    inbox.wire = "INBOX";
+    mo->boxes[""] = std::move(inbox);
+    t->origins_.back() = std::move(mo);
+  }
+  if (!any) return t;
+  ImapQueueOptions qo;
+  qo.journal_path = d.options_.cache_dir + "/imap-journal";
+  Result<std::unique_ptr<ImapQueue>> q = ImapQueue::Open(
+      qo, *d.pm_, d.net_id_, [self = t.get()](const ImapOp& op, std::function<void(SendOutcome)> done) {
+        self->Send(op, std::move(done));
+      });
+  if (!q.ok()) return q.status();
+  t->queue_ = std::move(q).value();
+  return t;
+}
+
+bool MailTree::IsMailOrigin(int origin) const { return OriginOf(origin) != nullptr; }
+
+MailOrigin* MailTree::OriginOf(int origin) const {
+  if (origin < 0 || origin >= static_cast<int>(origins_.size())) return nullptr;
+  return origins_[origin].get();
+}
+
+void MailTree::Start() {
+  if (queue_ && !queue_->pending().empty()) {
+    std::fprintf(stderr, "ghostfs: replaying %zu queued IMAP operations\n", queue_->pending().size());
+    queue_->Flush();
+  }
+}
+
+// ---- the connection ----
+
+void MailTree::EnsureConnected(MailOrigin& mo) {
+  if (mo.client->state() != ImapClient::State::kDisconnected) return;
+  mo.selected.clear();
+  mo.client->Connect(mo.url, mo.user, mo.password, [this, &mo](Status s) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "ghostfs: %s: cannot log in to %s: %s\n", mo.name.c_str(), mo.url.c_str(),
+                   s.ToString().c_str());
+      mo.last_error = s;
+      return;
+    }
+    mo.last_error = Status::Ok();
+    // New mail is pushed while the connection has nothing else to do (RFC 2177).
+    if (mo.client->capabilities().idle()) (void)mo.client->StartIdle();
+    // Operations that waited for the server go out now that it answers.
+    if (queue_) queue_->Flush();
+  });
+}
+
+void MailTree::Selected(MailOrigin& mo, const std::string& wire, std::function<void(Result<std::uint32_t>)> fn) {
+  EnsureConnected(mo);
+  if (mo.selected == wire && mo.selects_outstanding == 0 && mo.client->state() == ImapClient::State::kReady) {
+    return fn(mo.selected_uidvalidity);
+  }
+  mo.selected = wire;
+  ++mo.selects_outstanding;
+  mo.client->Select(wire, [&mo, wire, fn = std::move(fn)](Result<MailboxStatus> r) {
+    --mo.selects_outstanding;
+    if (!r.ok()) {
+      if (mo.selected == wire) mo.selected.clear();
+      return fn(r.status());
+    }
+    if (mo.selected == wire) mo.selected_uidvalidity = r->uidvalidity;
+    fn(r->uidvalidity);
+  });
+}
+
+void MailTree::OnMailboxEvent(MailOrigin& mo, const MailboxEvent& e) {
+  (void)e;
+  ++idle_events_;
+  MailBox* box = mo.BoxByWire(mo.selected);
+  if (!box || !box->loaded) return;
+  // Pushed by the server (new mail, an expunge, flags changed by another client): refresh.
+  LoadBox(mo, *box, [](Status) {});
+}
+
+// ---- mailboxes and their summaries ----
+
+void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
+  if (mo.boxes_loaded && mo.boxes_expires > d_.clock_->Now()) return then(Status::Ok());
+  mo.boxes_waiters.push_back(std::move(then));
+  if (mo.boxes_loading) return;
+  mo.boxes_loading = true;
+  EnsureConnected(mo);
+  auto finish = [&mo](Status s) {
+    mo.boxes_loading = false;
+    auto waiters = std::move(mo.boxes_waiters);
+    for (auto& w : waiters) w(s);
+  };
+  auto apply = [&mo](const std::vector<std::pair<std::string, char>>& list) {
+    for (const auto& [wire, delim] : list) {
+      mo.delimiters[wire] = delim;
+      if (IsInbox(wire)) continue;
+      Result<std::string> dir = MailboxToDirName(wire, delim);
+      if (!dir.ok()) {
+        std::fprintf(stderr, "ghostfs: %s: mailbox \"%s\" not shown: %s\n", mo.name.c_str(), wire.c_str(),
+                     dir.status().message().c_str());
+        continue;
+      }
+      MailBox& b = mo.boxes[*dir];
+      b.folder = *dir;
+      b.wire = wire;
+    }
+    mo.boxes_loaded = true;
+  };
+  mo.client->List("", "*", [this, &mo, finish, apply](Result<std::vector<MailboxInfo>> r) {
+    if (r.ok()) {
+      std::vector<std::pair<std::string, char>> list;
+      nlohmann::json saved = nlohmann::json::array();
+      for (const MailboxInfo& m : *r) {
+        list.emplace_back(m.name, m.delimiter);
+        saved.push_back({m.name, std::string(1, m.delimiter)});
+      }
+      apply(list);
+      mo.boxes_expires = d_.clock_->Now() + d_.options_.heuristic_freshness;
+      std::string key = kMailboxesPrefix + mo.url;
+      std::string body = saved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      CacheEntry meta;
+      meta.size = body.size();
+      meta.content_type = "application/json";
+      d_.pending_fills_[key] = meta;
+      WriteRecord rec;
+      rec.key = "fill:" + key;
+      rec.length = body.size();
+      rec.data = std::move(body);
+      d_.queue_->Add(std::move(rec));
+      return finish(Status::Ok());
+    }
+    // Unreachable: the list saved with the cache, if any (disconnected operation).
+    std::string key = kMailboxesPrefix + mo.url;
+    const CacheEntry* e = d_.store_->index().Find(key);
+    if (!e || mo.boxes_loaded) return finish(mo.boxes_loaded ? Status::Ok() : r.status());
+    auto buf = std::make_shared<std::string>(e->size, '\0');
+    d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+                        [buf, finish, apply, st = r.status()](Result<std::size_t> n) {
+                          if (!n.ok()) return finish(st);
+                          buf->resize(*n);
+                          nlohmann::json j = nlohmann::json::parse(*buf, nullptr, false);
+                          if (!j.is_array()) return finish(st);
+                          std::vector<std::pair<std::string, char>> list;
+                          for (const auto& m : j) {
+                            std::string delim = m[1].get<std::string>();
+                            list.emplace_back(m[0].get<std::string>(), delim.empty() ? '\0' : delim[0]);
+                          }
+                          apply(list);
+                          finish(Status::Ok());
+                        });
+  });
+}
+
+void MailTree::WithBox(MailOrigin& mo, const std::string& folder, bool force,
+                       std::function<void(Result<MailBox*>)> then) {
+  auto with_box = [this, &mo, folder, force, then](Status listed) {
+    auto it = mo.boxes.find(folder);
+    if (it == mo.boxes.end()) return then(listed.ok() ? Status::NotFound(folder) : listed);
+    MailBox& box = it->second;
+    if (box.loaded && !force && box.expires > d_.clock_->Now()) return then(&box);
+    LoadBox(mo, box, [&box, then](Status s) {
+      if (!s.ok() && !box.loaded) return then(s);
+      then(&box);  // a failed refresh keeps showing what was known
+    });
+  };
+  if (folder.empty()) return with_box(Status::Ok());
+  WithMailboxes(mo, with_box);
+}
+
+void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)> then) {
+  box.waiters.push_back(std::move(then));
+  if (box.loading) {
+    box.again = true;  // something changed while loading: load once more after
+    return;
+  }
+  box.loading = true;
+  box.again = false;
+  ++refreshes_;
+  auto finish = [this, &mo, &box](Status s) {
+    box.loading = false;
+    auto waiters = std::move(box.waiters);
+    for (auto& w : waiters) w(s);
+    if (box.again) LoadBox(mo, box, [](Status) {});
+  };
+  EnsureConnected(mo);
+  mo.selected = box.wire;
+  ++mo.selects_outstanding;
+  mo.client->Select(box.wire, [this, &mo, &box, finish](Result<MailboxStatus> st) {
+    --mo.selects_outstanding;
+    if (!st.ok()) {
+      if (mo.selected == box.wire) mo.selected.clear();
+      if (Transient(st.status()) || st.status().code() == Status::Code::kInvalidArgument) {
+        return LoadSavedBox(mo, box, st.status(), finish);
+      }
+      return finish(st.status());
+    }
+    if (mo.selected == box.wire) mo.selected_uidvalidity = st->uidvalidity;
+    std::uint32_t uidvalidity = st->uidvalidity;
+    auto install = [this, &mo, &box, uidvalidity, finish](const std::vector<MessageSummary>& list) {
+      if (box.uidvalidity && box.uidvalidity != uidvalidity) {
+        // Every UID changed meaning: the old names (and cache keys) are gone; changes still
+        // queued for the old UIDs are refused when sent, with a log line (never applied to
+        // another message).
+        ++uidvalidity_changes_;
+        std::fprintf(stderr, "ghostfs: %s: mailbox %s changed UIDVALIDITY %u -> %u: resynchronised\n",
+                     mo.name.c_str(), box.wire.c_str(), box.uidvalidity, uidvalidity);
+      }
+      box.uidvalidity = uidvalidity;
+      box.messages.clear();
+      for (const MessageSummary& m : list) {
+        MailMessage msg;
+        msg.uid = m.uid;
+        msg.size = m.size;
+        msg.date = m.internaldate_unix;
+        msg.info = FlagsToInfo(m.flags, &msg.keywords);
+        MaildirFileName n{uidvalidity, m.uid, m.size, ""};
+        msg.unique = UniqueOf(FormatMaildirFileName(n));
+        box.messages[msg.unique] = std::move(msg);
+      }
+      box.loaded = true;
+      box.offline = false;
+      box.Changed();
+      box.expires = d_.clock_->Now() + d_.options_.heuristic_freshness;
+      SaveBox(mo, box);
+      ApplyPending(mo, box);
+      finish(Status::Ok());
+    };
+    if (st->exists == 0) return install({});
+    mo.client->FetchSummary("1:*", [this, &mo, &box, install, finish](Result<std::vector<MessageSummary>> r) {
+      if (!r.ok()) {
+        std::fprintf(stderr, "ghostfs: %s: listing %s: %s\n", mo.name.c_str(), box.wire.c_str(),
+                     r.status().ToString().c_str());
+        if (Transient(r.status())) return LoadSavedBox(mo, box, r.status(), finish);
+        return finish(r.status());
+      }
+      install(*r);
+    });
+  });
+}
+
+void MailTree::SaveBox(MailOrigin& mo, const MailBox& box) {
+  nlohmann::json msgs = nlohmann::json::array();
+  for (const auto& [u, m] : box.messages) {
+    if (m.uid) msgs.push_back({m.uid, m.size, m.info, m.date});
+  }
+  std::string body = nlohmann::json{{"uidvalidity", box.uidvalidity}, {"messages", msgs}}.dump();
+  std::string key = kListingPrefix + mo.url + box.wire;
+  CacheEntry meta;
+  meta.size = body.size();
+  meta.content_type = "application/json";
+  d_.pending_fills_[key] = meta;
+  WriteRecord rec;
+  rec.key = "fill:" + key;
+  rec.length = body.size();
+  rec.data = std::move(body);
+  d_.queue_->Add(std::move(rec));
+}
+
+void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::function<void(Status)> then) {
+  std::fprintf(stderr, "ghostfs: %s: %s unreachable (%s)%s\n", mo.name.c_str(), box.wire.c_str(),
+               why.message().c_str(), box.loaded ? "; showing what was known" : "; using the saved listing");
+  if (box.loaded) return then(Status::Ok());
+  std::string key = kListingPrefix + mo.url + box.wire;
+  const CacheEntry* e = d_.store_->index().Find(key);
+  if (!e) return then(why);
+  auto buf = std::make_shared<std::string>(e->size, '\0');
+  d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+                      [this, &mo, &box, buf, why, then](Result<std::size_t> n) {
+                        if (!n.ok()) return then(why);
+                        buf->resize(*n);
+                        nlohmann::json j = nlohmann::json::parse(*buf, nullptr, false);
+                        if (!j.is_object()) return then(why);
+                        box.uidvalidity = j.value("uidvalidity", 0u);
+                        box.messages.clear();
+                        for (const auto& m : j["messages"]) {
+                          MailMessage msg;
+                          msg.uid = m[0].get<std::uint32_t>();
+                          msg.size = m[1].get<Bytes>();
+                          msg.info = m[2].get<std::string>();
+                          msg.date = m[3].get<std::int64_t>();
+                          msg.unique = UniqueOf(FormatMaildirFileName({box.uidvalidity, msg.uid, msg.size, ""}));
+                          box.messages[msg.unique] = std::move(msg);
+                        }
+                        box.loaded = true;
+                        box.offline = true;
+                        box.Changed();
+                        box.expires = d_.clock_->Now();  // try the server again next time
+                        ApplyPending(mo, box);
+                        then(Status::Ok());
+                      });
+}
+
+// The view shows queued changes at once: the server's summary plus what is still queued.
+void MailTree::ApplyPending(MailOrigin& mo, MailBox& box) {
+  if (!queue_) return;
+  for (const ImapOp& op : queue_->pending()) {
+    if (op.origin != mo.name || op.mailbox != box.wire) continue;
+    MailMessage* m = nullptr;
+    if (op.kind != ImapOp::Kind::kAppend) {
+      if (op.uid) {
+        if (op.uidvalidity == box.uidvalidity) m = box.FindUid(op.uid);
+      } else if (auto it = box.messages.find(op.local_name); it != box.messages.end()) {
+        m = &it->second;
+      }
+    }
+    switch (op.kind) {
+      case ImapOp::Kind::kAppend: {
+        std::string name = op.local_name.substr(op.local_name.rfind('/') + 1);
+        MailMessage msg;
+        msg.sub = op.local_name.substr(0, op.local_name.find('/'));
+        msg.unique = UniqueOf(name);
+        msg.info = InfoOf(name);
+        msg.size = op.body.size();
+        msg.date = op.internaldate;
+        msg.body = std::make_shared<const std::string>(op.body);
+        box.messages[msg.unique] = std::move(msg);
+        break;
+      }
+      case ImapOp::Kind::kStore: {
+        if (!m) break;
+        std::string info = m->info + FlagsToInfo(op.flags);
+        std::string removed = FlagsToInfo(op.remove_flags);
+        std::erase_if(info, [&](char c) { return removed.find(c) != std::string::npos; });
+        m->info = NormalizeInfo(info);
+        break;
+      }
+      case ImapOp::Kind::kExpunge:
+      case ImapOp::Kind::kMove:
+        if (m) box.messages.erase(m->unique);
+        break;
+    }
+  }
+}
+
+std::string MailTree::BodyKey(const MailOrigin& mo, const std::string& wire, std::uint32_t uidvalidity,
+                              std::uint32_t uid) const {
+  return mo.url + wire + ";UIDVALIDITY=" + std::to_string(uidvalidity) + ";UID=" + std::to_string(uid);
+}
+
+// ---- attributes ----
+
+struct stat MailTree::DirStat(fuse_ino_t ino) const {
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode = S_IFDIR | 0755;
+  st.st_nlink = 2;
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  return st;
+}
+
+struct stat MailTree::FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const {
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode = S_IFREG | 0644;
+  st.st_nlink = 1;
+  st.st_size = static_cast<off_t>(size);
+  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  st.st_mtim.tv_sec = mtime;
+  st.st_ctim.tv_sec = mtime;
+  return st;
+}
+
+void MailTree::ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
+                                 std::int64_t mtime) {
+  Node* n = d_.inodes_.Lookup(NodeKind::kMailFile, mo.index, path);
+  fuse_entry_param e = Daemon::EntryFor(n, FileStat(n->ino, size, mtime));
+  e.attr_timeout = e.entry_timeout = kMailAttrTimeout;
+  fuse_reply_entry(req, &e);
+}
+
+void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
+  MailOrigin* mo = OriginOf(parent->origin);
+  if (!mo) return (void)fuse_reply_err(req, ENOENT);
+  std::string name = name_c;
+  MailPath p = Split(parent->path);
+  int origin = parent->origin;
+  auto dir_entry = [this, req, origin](const std::string& path) {
+    Node* n = d_.inodes_.Lookup(NodeKind::kMailDir, origin, path);
+    fuse_entry_param e = Daemon::EntryFor(n, DirStat(n->ino));
+    MailPath c = Split(path);
+    if (c.sub == "cur" || c.sub == "new") e.attr_timeout = 0;  // their mtime: see Getattr
+    fuse_reply_entry(req, &e);
+  };
+  if (p.sub.empty()) {
+    if (IsSub(name)) {
+      MailPath c = p;
+      c.sub = name;
+      return dir_entry(Join(c));
+    }
+    if (!p.folder.empty() || !name.starts_with(".")) return (void)fuse_reply_err(req, ENOENT);
+    return WithMailboxes(*mo, [mo, name, dir_entry, req](Status s) {
+      if (mo->boxes.count(name)) return dir_entry(name);
+      fuse_reply_err(req, s.ok() ? ENOENT : s.ToErrno());
+    });
+  }
+  MailPath c = p;
+  c.name = name;
+  std::string path = Join(c);
+  if (p.sub == "tmp") {
+    auto t = mo->tmp.find(path);
+    if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
+    return ReplyMessageEntry(req, *mo, path, t->second.size(), UnixNow());
+  }
+  WithBox(*mo, p.folder, false, [this, req, mo, p, name, path](Result<MailBox*> b) {
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    auto it = (*b)->messages.find(UniqueOf(name));
+    if (it == (*b)->messages.end() || it->second.sub != p.sub || it->second.Name() != name) {
+      return (void)fuse_reply_err(req, ENOENT);
+    }
+    ReplyMessageEntry(req, *mo, path, it->second.size, it->second.date);
+  });
+}
+
+void MailTree::Getattr(fuse_req_t req, Node* n) {
+  MailOrigin* mo = OriginOf(n->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  MailPath p = Split(n->path);
+  if (n->kind == NodeKind::kMailDir) {
+    struct stat st = DirStat(n->ino);
+    if (p.sub != "cur" && p.sub != "new") return (void)fuse_reply_attr(req, &st, kMailAttrTimeout);
+    // Attributes of cur/ and new/ are not cached: their mtime is how readers see new mail, so
+    // the summary is loaded before the first answer.
+    return WithBox(*mo, p.folder, false, [req, st](Result<MailBox*> b) mutable {
+      if (b.ok()) st.st_mtim = st.st_ctim = (*b)->mtime;
+      fuse_reply_attr(req, &st, 0);
+    });
+  }
+  fuse_ino_t ino = n->ino;
+  if (p.sub == "tmp") {
+    auto t = mo->tmp.find(n->path);
+    if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
+    struct stat st = FileStat(ino, t->second.size(), UnixNow());
+    return (void)fuse_reply_attr(req, &st, 0);
+  }
+  WithBox(*mo, p.folder, false, [this, req, ino, p](Result<MailBox*> b) {
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    auto it = (*b)->messages.find(UniqueOf(p.name));
+    if (it == (*b)->messages.end()) return (void)fuse_reply_err(req, ENOENT);
+    struct stat st = FileStat(ino, it->second.size, it->second.date);
+    fuse_reply_attr(req, &st, kMailAttrTimeout);
+  });
+}
+
+void MailTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set) {
+  MailOrigin* mo = OriginOf(n->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind == NodeKind::kMailDir) {
+    struct stat st = DirStat(n->ino);
+    return (void)fuse_reply_attr(req, &st, kMailAttrTimeout);
+  }
+  auto t = mo->tmp.find(n->path);
+  if (t != mo->tmp.end()) {
+    if (to_set & FUSE_SET_ATTR_SIZE) t->second.resize(static_cast<std::size_t>(attr->st_size));
+    struct stat st = FileStat(n->ino, t->second.size(), UnixNow());
+    return (void)fuse_reply_attr(req, &st, 0);
+  }
+  // A message's bytes never change (IMAP messages are immutable); times and modes that
+  // readers set are accepted and not kept.
+  if (to_set & FUSE_SET_ATTR_SIZE) return (void)fuse_reply_err(req, EPERM);
+  Getattr(req, n);
+}
+
+void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
+  MailOrigin* mo = OriginOf(n->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  MailPath p = Split(n->path);
+  fuse_ino_t ino = n->ino;
+  using Entries = std::vector<std::pair<std::string, mode_t>>;
+  if (p.sub.empty()) {
+    Entries entries = {{"cur", S_IFDIR}, {"new", S_IFDIR}, {"tmp", S_IFDIR}};
+    if (!p.folder.empty()) return d_.ReplyDirEntries(req, ino, size, off, entries);
+    return WithMailboxes(*mo, [this, mo, req, ino, size, off, entries](Status) mutable {
+      for (const auto& [folder, box] : mo->boxes) {
+        if (!folder.empty()) entries.emplace_back(folder, S_IFDIR);
+      }
+      d_.ReplyDirEntries(req, ino, size, off, entries);
+    });
+  }
+  if (p.sub == "tmp") {
+    Entries entries;
+    std::string prefix = n->path + "/";
+    for (const auto& [path, data] : mo->tmp) {
+      if (path.starts_with(prefix)) entries.emplace_back(path.substr(prefix.size()), S_IFREG);
+    }
+    return d_.ReplyDirEntries(req, ino, size, off, entries);
+  }
+  // Listing cur/ or new/ refreshes the summary once its freshness ran out (offset 0 only: a
+  // listing read in several calls must see one state).
+  bool stale_ok = off > 0;
+  WithBox(*mo, p.folder, false, [this, req, ino, size, off, p, stale_ok](Result<MailBox*> b) {
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    (void)stale_ok;
+    Entries entries;
+    for (const auto& [u, m] : (*b)->messages) {
+      if (m.sub == p.sub) entries.emplace_back(m.Name(), S_IFREG);
+    }
+    d_.ReplyDirEntries(req, ino, size, off, entries);
+  });
+}
+
+// ---- reading ----
+
+void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
+  MailOrigin* mo = OriginOf(n->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  MailPath p = Split(n->path);
+  fuse_file_info info = *fi;
+  fuse_ino_t ino = n->ino;
+  if (p.sub == "tmp") {
+    auto t = mo->tmp.find(n->path);
+    if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
+    if (fi->flags & O_TRUNC) t->second.clear();
+    Handle h;
+    h.kind = NodeKind::kMailFile;
+    h.source = "tmp";
+    h.key = n->path;
+    info.fh = d_.next_fh_++;
+    info.direct_io = 1;
+    d_.handles_[info.fh] = std::move(h);
+    return (void)fuse_reply_open(req, &info);
+  }
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
+  WithBox(*mo, p.folder, false, [this, req, info, ino, mo, p](Result<MailBox*> b) mutable {
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    MailBox& box = **b;
+    auto it = box.messages.find(UniqueOf(p.name));
+    if (it == box.messages.end()) return (void)fuse_reply_err(req, ENOENT);
+    const MailMessage& m = it->second;
+    Handle h;
+    h.kind = NodeKind::kMailFile;
+    auto reply = [this, req, &info, ino](Handle h, const std::string& source) {
+      h.source = source;
+      info.fh = d_.next_fh_++;
+      info.direct_io = source == "network" ? 1 : 0;
+      info.keep_cache = source == "network" ? 0 : 1;
+      if (h.stream) ++h.stream->opens;
+      d_.decisions_[ino].source = source;
+      ++d_.requests_by_source_[source];
+      d_.handles_[info.fh] = std::move(h);
+      fuse_reply_open(req, &info);
+    };
+    if (m.body) {
+      // Written by the reader and not on the server yet: served from memory.
+      auto st = std::make_shared<Stream>();
+      st->data = *m.body;
+      st->size = m.body->size();
+      st->done = st->emulated_ready = true;
+      h.stream = st;
+      return reply(std::move(h), "memory");
+    }
+    std::string key = BodyKey(*mo, box.wire, box.uidvalidity, m.uid);
+    h.key = key;
+    const CacheEntry* cached = d_.store_->index().Find(key);
+    if (!cached && d_.queue_->Contains("fill:" + key)) return reply(std::move(h), "memory");
+    if (cached) {
+      // Cached: the cost model chooses (and hints the ideal device), as for HTTP objects.
+      Holder holders[] = {{Source::kDisk, d_.disk_id_}, {Source::kNetwork, d_.net_id_}};
+      Choice c = d_.cost_->Choose(holders, cached->size);
+      d_.decisions_[ino].cost = d_.CostJson(c);
+      bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
+      if (c.chosen.holder.source == Source::kDisk || offline) {
+        h.fd = ::open(d_.store_->BodyPath(key).c_str(), O_RDONLY | O_CLOEXEC);
+        if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
+        posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        d_.store_->Touch(key);
+        d_.StartPrefetch(h, cached->size);
+        return reply(std::move(h), offline && c.chosen.holder.source != Source::kDisk ? "stale" : "disk");
+      }
+    }
+    // The network: join a fetch that is running, or start one.
+    if (auto running = d_.streams_.find(key); running != d_.streams_.end()) {
+      h.stream = running->second;
+      return reply(std::move(h), "network");
+    }
+    auto st = std::make_shared<Stream>();
+    st->key = key;
+    st->size = m.size;
+    d_.streams_[key] = st;
+    h.stream = st;
+    ++fetches_;
+    d_.pm_->TransferBegin(d_.net_id_);
+    // The emulated card carries the same transfer (DESIGN §7).
+    d_.net_->Submit({m.size, false}, [this, st] {
+      st->emulated_ready = true;
+      d_.ServeStream(*st);
+    });
+    std::uint32_t uid = m.uid, uidvalidity = box.uidvalidity;
+    std::string wire = box.wire;
+    Bytes expected = m.size;
+    auto end = [this, st, mo, key, expected](Status s) {
+      d_.pm_->TransferEnd(d_.net_id_);
+      st->done = true;
+      st->status = s;
+      if (auto it = d_.streams_.find(key); it != d_.streams_.end() && it->second == st) d_.streams_.erase(it);
+      d_.ServeStream(*st);  // waiting reads get the rest, or EIO
+      if (!s.ok()) {
+        ++fetch_errors_;
+        std::fprintf(stderr, "ghostfs: %s: fetching %s: %s\n", mo->name.c_str(), key.c_str(), s.ToString().c_str());
+        return;
+      }
+      if (st->data.size() != expected || d_.store_->index().Find(key)) return;
+      // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
+      CacheEntry meta;
+      meta.size = st->data.size();
+      meta.content_type = "message/rfc822";
+      d_.pending_fills_[key] = meta;
+      WriteRecord r;
+      r.key = "fill:" + key;
+      r.length = st->data.size();
+      r.data = st->data;
+      d_.queue_->Add(std::move(r));
+    };
+    Selected(*mo, wire, [this, mo, st, uid, uidvalidity, end](Result<std::uint32_t> v) {
+      if (!v.ok()) return end(v.status());
+      if (*v != uidvalidity) {
+        ++uidvalidity_changes_;
+        MailBox* b = mo->BoxByWire(mo->selected);
+        if (b) b->expires = TimePoint{};
+        return end(Status::NotFound("the mailbox changed UIDVALIDITY; list it again"));
+      }
+      mo->client->FetchBody(
+          uid,
+          [this, st](std::string_view data) {
+            st->data.append(data);
+            bytes_fetched_ += data.size();
+            d_.bytes_from_network_ += data.size();
+            d_.ServeStream(*st);
+            return true;
+          },
+          end);
+    });
+    reply(std::move(h), "network");
+  });
+}
+
+void MailTree::Read(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh) {
+  if (h.source != "tmp") return d_.OriginRead(req, h, size, off, fh);
+  // tmp/ files live in memory until they are renamed into new/ or cur/.
+  for (auto& mo : origins_) {
+    if (!mo) continue;
+    auto t = mo->tmp.find(h.key);
+    if (t == mo->tmp.end()) continue;
+    std::size_t from = std::min<std::size_t>(static_cast<std::size_t>(off), t->second.size());
+    std::size_t n = std::min<std::size_t>(size, t->second.size() - from);
+    return (void)fuse_reply_buf(req, t->second.data() + from, n);
+  }
+  fuse_reply_buf(req, nullptr, 0);  // renamed away meanwhile: it reads as empty
+}
+
+// ---- writing ----
+
+void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t, fuse_file_info* fi) {
+  MailOrigin* mo = OriginOf(parent->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  MailPath p = Split(parent->path);
+  // Maildir writers create in tmp/ and rename into new/ or cur/ when complete.
+  if (p.sub != "tmp") return (void)fuse_reply_err(req, EACCES);
+  std::string path = parent->path + "/" + name;
+  if ((fi->flags & O_EXCL) && mo->tmp.count(path)) return (void)fuse_reply_err(req, EEXIST);
+  mo->tmp[path];
+  Node* n = d_.inodes_.Lookup(NodeKind::kMailFile, parent->origin, path);
+  Handle h;
+  h.kind = NodeKind::kMailFile;
+  h.source = "tmp";
+  h.key = path;
+  fi->fh = d_.next_fh_++;
+  fi->direct_io = 1;
+  d_.handles_[fi->fh] = std::move(h);
+  fuse_entry_param e = Daemon::EntryFor(n, FileStat(n->ino, mo->tmp[path].size(), UnixNow()));
+  e.attr_timeout = e.entry_timeout = 0;
+  fuse_reply_create(req, &e, fi);
+}
+
+void MailTree::Write(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off) {
+  if (h.source != "tmp") return (void)fuse_reply_err(req, EROFS);
+  for (auto& mo : origins_) {
+    if (!mo) continue;
+    auto t = mo->tmp.find(h.key);
+    if (t == mo->tmp.end()) continue;
+    std::size_t end = static_cast<std::size_t>(off) + size;
+    if (t->second.size() < end) t->second.resize(end);
+    std::memcpy(t->second.data() + off, buf, size);
+    return (void)fuse_reply_write(req, size);
+  }
+  fuse_reply_err(req, ENOENT);
+}
+
+void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
+  MailOrigin* mo = OriginOf(parent->origin);
+  if (!mo) return (void)fuse_reply_err(req, ESTALE);
+  MailPath p = Split(parent->path);
+  std::string name = name_c;
+  if (p.sub == "tmp") {
+    return (void)fuse_reply_err(req, mo->tmp.erase(parent->path + "/" + name) ? 0 : ENOENT);
+  }
+  if (p.sub.empty()) return (void)fuse_reply_err(req, EISDIR);
+  WithBox(*mo, p.folder, false, [this, req, mo, p, name](Result<MailBox*> b) {
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    MailBox& box = **b;
+    auto it = box.messages.find(UniqueOf(name));
+    if (it == box.messages.end() || it->second.sub != p.sub) return (void)fuse_reply_err(req, ENOENT);
+    ImapOp op;
+    op.kind = ImapOp::Kind::kExpunge;
+    op.origin = mo->name;
+    op.mailbox = box.wire;
+    op.uidvalidity = box.uidvalidity;
+    op.uid = it->second.uid;
+    if (!op.uid) op.local_name = it->second.unique;
+    Result<std::uint64_t> seq = queue_->Add(std::move(op));
+    if (!seq.ok()) {
+      std::fprintf(stderr, "ghostfs: %s: cannot queue the deletion: %s\n", mo->name.c_str(), seq.status().ToString().c_str());
+      return (void)fuse_reply_err(req, EIO);
+    }
+    box.messages.erase(it);
+    box.Changed();
+    fuse_reply_err(req, 0);
+  });
+}
+
+void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, const char* newname_c, unsigned flags) {
+  MailOrigin* mo = OriginOf(p->origin);
+  if (!mo || q->origin != p->origin || q->kind != NodeKind::kMailDir) return (void)fuse_reply_err(req, EXDEV);
+  if (flags & RENAME_EXCHANGE) return (void)fuse_reply_err(req, EINVAL);
+  MailPath from = Split(p->path), to = Split(q->path);
+  std::string name = name_c, newname = newname_c;
+  if (to.sub != "cur" && to.sub != "new") return (void)fuse_reply_err(req, EACCES);
+  if (from.sub.empty()) return (void)fuse_reply_err(req, EACCES);
+  from.name = name;
+  to.name = newname;
+  std::string from_path = Join(from), to_path = Join(to);
+  int origin = p->origin;
+  auto done = [this, req, origin, from_path, to_path](Result<std::uint64_t> seq) {
+    if (!seq.ok()) {
+      std::fprintf(stderr, "ghostfs: cannot queue an IMAP operation: %s\n", seq.status().ToString().c_str());
+      return (void)fuse_reply_err(req, EIO);
+    }
+    d_.inodes_.Rename(NodeKind::kMailFile, origin, from_path, to_path);
+    fuse_reply_err(req, 0);
+  };
+  WithBox(*mo, to.folder, false, [this, req, mo, from, to, name, newname, from_path, done](Result<MailBox*> tb) {
+    if (!tb.ok()) return (void)fuse_reply_err(req, tb.status().ToErrno());
+    MailBox& dest = **tb;
+    if (from.sub == "tmp") {
+      // A new message: APPEND, with the flags of its info letters.
+      auto t = mo->tmp.find(from_path);
+      if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
+      ImapOp op;
+      op.kind = ImapOp::Kind::kAppend;
+      op.origin = mo->name;
+      op.mailbox = dest.wire;
+      op.flags = InfoToFlags(InfoOf(newname));
+      op.internaldate = UnixNow();
+      op.local_name = to.sub + "/" + newname;
+      op.body = t->second;
+      MailMessage msg;
+      msg.sub = to.sub;
+      msg.unique = UniqueOf(newname);
+      msg.info = InfoOf(newname);
+      msg.size = t->second.size();
+      msg.date = op.internaldate;
+      msg.body = std::make_shared<const std::string>(t->second);
+      Result<std::uint64_t> seq = queue_->Add(std::move(op));
+      if (seq.ok()) {
+        mo->tmp.erase(t);
+        dest.messages[msg.unique] = std::move(msg);
+        dest.Changed();
+      }
+      return done(seq);
+    }
+    WithBox(*mo, from.folder, false, [this, req, mo, from, to, name, newname, &dest, done](Result<MailBox*> sb) {
+      if (!sb.ok()) return (void)fuse_reply_err(req, sb.status().ToErrno());
+      MailBox& src = **sb;
+      auto it = src.messages.find(UniqueOf(name));
+      if (it == src.messages.end() || it->second.sub != from.sub) return (void)fuse_reply_err(req, ENOENT);
+      MailMessage& m = it->second;
+      ImapOp op;
+      op.origin = mo->name;
+      op.mailbox = src.wire;
+      op.uidvalidity = src.uidvalidity;
+      op.uid = m.uid;
+      if (!m.uid) op.local_name = m.unique;
+      if (&src != &dest) {
+        // Another folder: UID MOVE; it shows up there once the server has moved it.
+        op.kind = ImapOp::Kind::kMove;
+        op.destination = dest.wire;
+        Result<std::uint64_t> seq = queue_->Add(std::move(op));
+        if (seq.ok()) {
+          src.messages.erase(it);
+          src.Changed();
+        }
+        return done(seq);
+      }
+      if (UniqueOf(newname) != m.unique) return (void)fuse_reply_err(req, EINVAL);  // names are ours
+      std::string before = m.info, after = InfoOf(newname);
+      std::string added, removed;
+      for (char c : after) {
+        if (before.find(c) == std::string::npos) added.push_back(c);
+      }
+      for (char c : before) {
+        if (after.find(c) == std::string::npos) removed.push_back(c);
+      }
+      Result<std::uint64_t> seq = std::uint64_t{0};
+      if (!added.empty() || !removed.empty()) {
+        // Only what changed, so keywords and flags set by other clients survive.
+        op.kind = ImapOp::Kind::kStore;
+        op.flags = InfoToFlags(added);
+        op.remove_flags = InfoToFlags(removed);
+        seq = queue_->Add(std::move(op));
+      }
+      if (seq.ok()) {
+        m.info = after;
+        m.sub = to.sub;
+        src.Changed();
+      }
+      done(seq);
+    });
+  });
+}
+
+// ---- the deferred operations, sent (common/imap_queue.h) ----
+
+void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
+  MailOrigin* mo = nullptr;
+  for (auto& o : origins_) {
+    if (o && o->name == op.origin) mo = o.get();
+  }
+  std::string what = std::string(ImapOpKindName(op.kind)) + " in " + op.mailbox;
+  if (!mo) {
+    std::fprintf(stderr, "ghostfs: dropping a queued IMAP %s: origin %s is not configured any more\n",
+                 what.c_str(), op.origin.c_str());
+    return done(SendOutcome::kDropped);
+  }
+  auto result = [mo, what, done](Status s) {
+    if (s.ok()) return done(SendOutcome::kDone);
+    if (Transient(s)) {
+      std::fprintf(stderr, "ghostfs: %s: IMAP %s kept queued: %s\n", mo->name.c_str(), what.c_str(), s.ToString().c_str());
+      return done(SendOutcome::kRetryLater);
+    }
+    std::fprintf(stderr, "ghostfs: %s: IMAP %s refused by the server, dropped: %s\n", mo->name.c_str(), what.c_str(),
+                 s.ToString().c_str());
+    done(SendOutcome::kDropped);
+  };
+  EnsureConnected(*mo);
+  if (op.kind == ImapOp::Kind::kAppend) {
+    std::string wire = op.mailbox, unique = UniqueOf(op.local_name.substr(op.local_name.rfind('/') + 1));
+    std::optional<std::int64_t> date;
+    if (op.internaldate) date = op.internaldate;
+    return mo->client->Append(op.mailbox, op.flags, date, op.body,
+                              [this, mo, wire, unique, result](Result<AppendResult> r) {
+                                if (r.ok()) {
+                                  mo->appended[wire + "\n" + unique] = {r->uidvalidity, r->uid};
+                                  if (MailBox* b = mo->BoxByWire(wire); b && b->loaded) LoadBox(*mo, *b, [](Status) {});
+                                }
+                                result(r.status());
+                              });
+  }
+  std::uint32_t uidvalidity = op.uidvalidity, uid = op.uid;
+  if (!uid) {
+    // A message the reader wrote: its UID is known once its APPEND went through.
+    auto a = mo->appended.find(op.mailbox + "\n" + op.local_name);
+    if (a == mo->appended.end() || a->second.second == 0) {
+      std::fprintf(stderr, "ghostfs: %s: IMAP %s dropped: the appended message's UID is unknown\n", mo->name.c_str(),
+                   what.c_str());
+      return done(SendOutcome::kDropped);
+    }
+    uidvalidity = a->second.first;
+    uid = a->second.second;
+  }
+  ImapOp copy = op;
+  Selected(*mo, op.mailbox, [this, mo, copy, uid, uidvalidity, result, what, done](Result<std::uint32_t> v) {
+    if (!v.ok()) return result(v.status());
+    if (*v != uidvalidity) {
+      ++uidvalidity_changes_;
+      std::fprintf(stderr,
+                   "ghostfs: %s: IMAP %s of UID %u not applied: the mailbox's UIDVALIDITY is now %u, not %u "
+                   "(the message it named is gone)\n",
+                   mo->name.c_str(), what.c_str(), uid, *v, uidvalidity);
+      return done(SendOutcome::kDropped);
+    }
+    std::string set = std::to_string(uid);
+    ImapClient& c = *mo->client;
+    switch (copy.kind) {
+      case ImapOp::Kind::kStore: {
+        auto remove = [&c, set, copy, result](Status s) {
+          if (!s.ok() || copy.remove_flags.empty()) return result(s);
+          c.UidStore(set, StoreMode::kRemove, copy.remove_flags, result);
+        };
+        if (copy.flags.empty()) return remove(Status::Ok());
+        return c.UidStore(set, StoreMode::kAdd, copy.flags, remove);
+      }
+      case ImapOp::Kind::kExpunge:
+        return c.UidStore(set, StoreMode::kAdd, {"\\Deleted"}, [&c, set, result](Status s) {
+          if (!s.ok()) return result(s);
+          c.UidExpunge(set, result);
+        });
+      case ImapOp::Kind::kMove:
+        return c.UidMove(set, copy.destination, [this, mo, copy, result](Result<MoveResult> r) {
+          if (r.ok()) {
+            if (MailBox* b = mo->BoxByWire(copy.destination); b) b->expires = TimePoint{};
+          }
+          result(r.status());
+        });
+      case ImapOp::Kind::kAppend: break;
+    }
+    result(Status::Internal("unreachable"));
+  });
+}
+
+// ---- attributes and stats ----
+
+std::optional<std::string> MailTree::Xattr(Node* n, const std::string& name) {
+  MailOrigin* mo = OriginOf(n->origin);
+  if (!mo || n->kind != NodeKind::kMailFile) return std::nullopt;
+  MailPath p = Split(n->path);
+  auto b = mo->boxes.find(p.folder);
+  if (b == mo->boxes.end()) return std::nullopt;
+  auto it = b->second.messages.find(UniqueOf(p.name));
+  if (it == b->second.messages.end()) return std::nullopt;
+  const MailMessage& m = it->second;
+  std::string key = m.uid ? BodyKey(*mo, b->second.wire, b->second.uidvalidity, m.uid) : "";
+  auto d = d_.decisions_.find(n->ino);
+  if (name == "user.ghost.cached") return std::string(!key.empty() && d_.store_->index().Find(key) ? "1" : "0");
+  if (name == "user.ghost.source") {
+    return d == d_.decisions_.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+  }
+  if (name == "user.ghost.cost") {
+    if (d == d_.decisions_.end() || d->second.cost.is_null()) return std::nullopt;
+    return d->second.cost.dump();
+  }
+  if (name == "user.imap.mailbox") return b->second.wire;
+  if (name == "user.imap.uid") {
+    if (!m.uid) return std::nullopt;
+    return std::to_string(m.uid);
+  }
+  if (name == "user.imap.uidvalidity") return std::to_string(b->second.uidvalidity);
+  if (name == "user.imap.flags") {
+    std::string out;
+    for (const std::string& f : InfoToFlags(m.info)) out += (out.empty() ? "" : " ") + f;
+    for (const std::string& f : m.keywords) out += (out.empty() ? "" : " ") + f;
+    return out;
+  }
+  if (name == "user.imap.state") return std::string(m.uid ? "on-server" : "queued");
+  return std::nullopt;
+}
+
+std::vector<std::string> MailTree::XattrNames(Node* n) {
+  std::vector<std::string> out;
+  for (const char* x : {"user.ghost.cached", "user.ghost.source", "user.ghost.cost", "user.imap.mailbox",
+                        "user.imap.uid", "user.imap.uidvalidity", "user.imap.flags", "user.imap.state"}) {
+    if (Xattr(n, x)) out.push_back(x);
+  }
+  return out;
+}
+
+nlohmann::json MailTree::StatsJson() const {
+  if (!queue_) return nlohmann::json();
+  const ImapQueueStats& s = queue_->stats();
+  nlohmann::json origins = nlohmann::json::object();
+  for (const auto& mo : origins_) {
+    if (!mo) continue;
+    origins[mo->name] = {{"connected", mo->client->state() == ImapClient::State::kReady},
+                         {"idling", mo->client->idling()},
+                         {"last_error", mo->last_error.ok() ? "" : mo->last_error.ToString()}};
+  }
+  return {{"queued", queue_->pending().size()},
+          {"queued_bytes", queue_->queued_bytes()},
+          {"sent", s.sent},
+          {"dropped", s.dropped},
+          {"retries", s.retries},
+          {"replayed", s.replayed},
+          {"flushes_power_callback", s.flushes_power_callback},
+          {"flushes_active", s.flushes_active},
+          {"flushes_cap", s.flushes_cap},
+          {"flushes_explicit", s.flushes_explicit},
+          {"fetches", fetches_},
+          {"fetch_errors", fetch_errors_},
+          {"bytes_fetched", bytes_fetched_},
+          {"refreshes", refreshes_},
+          {"server_events", idle_events_},
+          {"uidvalidity_changes", uidvalidity_changes_},
+          {"origins", origins}};
+}
+
+}  // namespace ghost

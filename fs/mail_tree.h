@@ -1,0 +1,119 @@
+// MailTree: IMAP origins as Maildirs (DESIGN §4.1; issue 5). MOUNT/NAME/ is a Maildir++ tree:
+//
+//   NAME/{cur,new,tmp}/           INBOX
+//   NAME/.Work.Reports/{cur,...}  mailbox "Work/Reports" (names: common/maildir_names.h)
+//
+// Maildir++ folders (not nested directories) because every Maildir reader understands them
+// (Python's mailbox.Maildir, mutt/neomutt, dovecot, mbsync). A message is one file,
+// "<uidvalidity>.<uid>.ghost,S=<size>:2,<flags>", in cur/: the name is stable for as long
+// as the mailbox keeps its UIDVALIDITY, its size is the server's RFC822.SIZE (stat needs no
+// body), its info letters are the IMAP flags.
+//
+// Reads go through the same machinery as HTTP objects (origin_tree.cc): the body's cache key
+// is "imap://USER@HOST:PORT/<mailbox>;UIDVALIDITY=v;UID=n" in the one cache store under the
+// one byte cap; for each open the cost model chooses the cached copy or the network and sends
+// ghost hints; a network read streams to the reader as it arrives and then fills the cache
+// through the write queue. Mailbox summaries (UIDs, sizes, flags) are saved in the cache too,
+// so with the server unreachable the Maildir still lists what it held and serves the cached
+// bodies (disconnected operation).
+//
+// Writes become deferred IMAP operations (common/imap_queue.h), shown in the view at once:
+//   tmp/X renamed into new/ or cur/  → APPEND (flags from the info letters); the file keeps the
+//                                      reader's name until the next mount
+//   cur/A:2,S renamed to cur/A:2,FS  → UID STORE +FLAGS/-FLAGS (only the letters that changed,
+//                                      so keywords set by other clients survive)
+//   cur/A renamed into .Other/cur/   → UID MOVE
+//   unlink cur/A                      → UID STORE +\Deleted, UID EXPUNGE
+// New files can only be created in tmp/ (held in memory until renamed).
+//
+// New mail: the connection IDLEs (RFC 2177) in the mailbox it last selected, and the server's
+// EXISTS / EXPUNGE / FETCH pushes refresh that mailbox's summary. Every other mailbox is
+// refreshed when it is listed after its freshness (heuristic_freshness) ran out. Nothing
+// polls.
+//
+// Thread-safety: the daemon's one event-loop thread.
+#ifndef GHOST_FS_MAIL_TREE_H_
+#define GHOST_FS_MAIL_TREE_H_
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/imap_client.h"
+#include "common/imap_queue.h"
+#include "common/status.h"
+
+namespace ghost {
+
+class Daemon;
+struct Node;
+struct Handle;
+struct MailOrigin;
+struct MailBox;
+
+class MailTree {
+ public:
+  // Opens the IMAP operation journal (CACHE/imap-journal) and reads the origins' passwords.
+  // Borrows `d`, which owns the tree and outlives it.
+  [[nodiscard]] static Result<std::unique_ptr<MailTree>> Create(Daemon& d);
+  ~MailTree();
+  MailTree(const MailTree&) = delete;
+  MailTree& operator=(const MailTree&) = delete;
+
+  bool IsMailOrigin(int origin) const;
+  // Once mounted: sends what the journal replayed (operations of the last run).
+  void Start();
+
+  // FUSE operations on mail nodes (NodeKind::kMailDir, kMailFile); each replies exactly once.
+  void Lookup(fuse_req_t req, Node* parent, const char* name);
+  void Getattr(fuse_req_t req, Node* n);
+  void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set);
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off);
+  void Open(fuse_req_t req, Node* n, fuse_file_info* fi);
+  void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi);
+  void Read(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
+  void Write(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off);
+  void Unlink(fuse_req_t req, Node* parent, const char* name);
+  void Rename(fuse_req_t req, Node* p, const char* name, Node* q, const char* newname, unsigned flags);
+  std::optional<std::string> Xattr(Node* n, const std::string& name);
+  std::vector<std::string> XattrNames(Node* n);
+  // For `ghostctl stats`: {"queued", "sent", "dropped", ...}.
+  nlohmann::json StatsJson() const;
+
+ private:
+  explicit MailTree(Daemon& d);
+  MailOrigin* OriginOf(int origin) const;
+  void EnsureConnected(MailOrigin& mo);
+  void OnMailboxEvent(MailOrigin& mo, const MailboxEvent& e);
+  void WithMailboxes(MailOrigin& mo, std::function<void(Status)> then);
+  void WithBox(MailOrigin& mo, const std::string& folder, bool force, std::function<void(Result<MailBox*>)> then);
+  void LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)> then);
+  void LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::function<void(Status)> then);
+  void SaveBox(MailOrigin& mo, const MailBox& box);
+  void ApplyPending(MailOrigin& mo, MailBox& box);
+  // Selects `box` (if it is not the selected one) and checks its UIDVALIDITY, then runs `fn`.
+  void Selected(MailOrigin& mo, const std::string& wire, std::function<void(Result<std::uint32_t>)> fn);
+  std::string BodyKey(const MailOrigin& mo, const std::string& wire, std::uint32_t uidvalidity,
+                      std::uint32_t uid) const;
+  void Send(const ImapOp& op, std::function<void(SendOutcome)> done);
+  void ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
+                         std::int64_t mtime);
+  struct stat FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const;
+  struct stat DirStat(fuse_ino_t ino) const;
+
+  Daemon& d_;
+  std::vector<std::unique_ptr<MailOrigin>> origins_;  // by origin index; null for HTTP origins
+  std::unique_ptr<ImapQueue> queue_;
+  std::uint64_t fetches_ = 0, fetch_errors_ = 0, bytes_fetched_ = 0, refreshes_ = 0,
+                idle_events_ = 0, uidvalidity_changes_ = 0;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_FS_MAIL_TREE_H_
