@@ -19,7 +19,8 @@
 //
 // Writes become deferred IMAP operations (common/imap_queue.h), shown in the view at once:
 //   tmp/X renamed into new/ or cur/  → APPEND (flags from the info letters); the file keeps the
-//                                      reader's name until the next mount
+//                                      reader's name (served from memory) until the APPEND
+//                                      went through, then takes its UID-based name in cur/
 //   cur/A:2,S renamed to cur/A:2,FS  → UID STORE +FLAGS/-FLAGS (only the letters that changed,
 //                                      so keywords set by other clients survive)
 //   cur/A renamed into .Other/cur/   → UID MOVE
