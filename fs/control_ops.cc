@@ -121,7 +121,7 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
       probe.origin = i;
       probe.path = inside;
       std::string url = OriginUrl(&probe);
-      const CacheEntry* e = store_->index().Find(url);
+      const CacheEntry* e = MountEntry(url);
       nlohmann::json cost = nlohmann::json::object();
       std::string preference = "network";
       if (e) {

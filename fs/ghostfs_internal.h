@@ -199,6 +199,8 @@ class Daemon final : public GhostFs {
   void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
   std::optional<std::string> OriginXattr(Node* n, const std::string& name);
   std::string OriginUrl(const Node* n) const;
+  // The cache entry of `url` if it is that URL's file (not a proxy-only entry), else nullptr.
+  const CacheEntry* MountEntry(const std::string& url) const;
   // The estimates behind a cost-model choice, as user.ghost.cost and "lookup" show them.
   nlohmann::json CostJson(const Choice& c) const;
   std::optional<std::int64_t> FileMtime(const DirEntry* listed, const CacheEntry* cached) const;

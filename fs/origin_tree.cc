@@ -173,6 +173,26 @@ const DirEntry* FindEntry(const Listing& l, const std::string& name) {
 
 }  // namespace
 
+// The cached copy of an origin URL as the mount may use it. ghostproxy shares the index and
+// keys its objects by URL too; what it stores under a URL that is not a plain 200 response
+// (its index of Vary variants, a 404 it cached) is not this URL's file: the mount fetches
+// the URL itself then.
+const CacheEntry* Daemon::MountEntry(const std::string& url) const {
+  const CacheEntry* e = store_->index().Find(url);
+  if (!e || e->response.empty()) return e;
+  nlohmann::json head = nlohmann::json::parse(e->response, nullptr, /*allow_exceptions=*/false);
+  if (!head.is_object() || head.value("status", 0) != 200) return nullptr;
+  if (auto it = head.find("headers"); it != head.end() && it->is_array()) {
+    for (const nlohmann::json& field : *it) {
+      if (field.is_array() && field.size() == 2 && field[0].is_string() &&
+          EqualsIgnoreCase(field[0].get<std::string>(), "X-Ghost-Vary-Index")) {
+        return nullptr;
+      }
+    }
+  }
+  return e;
+}
+
 // One rule for every reply, so a file's mtime never flips between lookup and getattr (the
 // kernel drops a file's cached pages when it sees the mtime change): the listing's time, else
 // the cached copy's Last-Modified.
@@ -207,7 +227,7 @@ void Daemon::OriginLookup(fuse_req_t req, Node* parent, const char* name_c) {
     Node* n = inodes_.Lookup(NodeKind::kOriginFile, origin, path);
     std::string url = OriginUrl(n);
     // The cached copy's size is exact; a listing's may be missing (Apache's "1.2K").
-    const CacheEntry* cached = store_->index().Find(url);
+    const CacheEntry* cached = MountEntry(url);
     std::optional<Bytes> size = cached ? std::optional<Bytes>(cached->size) : e->size;
     if (size) return ReplyEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)));
     fuse_ino_t ino = n->ino;
@@ -235,7 +255,7 @@ void Daemon::OriginGetattr(fuse_req_t req, Node* n) {
   if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(DirStat(n->ino)), kAttrTimeout);
   std::string url = OriginUrl(n);
   // Served from memory: the cache index or the parent's listing; no disk, no network.
-  const CacheEntry* c = store_->index().Find(url);
+  const CacheEntry* c = MountEntry(url);
   if (c) {
     struct stat st = FileStat(n->ino, c->size, FileMtime(ListedEntry(n), c));
     return (void)fuse_reply_attr(req, &st, kAttrTimeout);
@@ -286,7 +306,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   std::string url = OriginUrl(n);
   fuse_ino_t ino = n->ino;
   fuse_file_info info = *fi;
-  const CacheEntry* cached = store_->index().Find(url);
+  const CacheEntry* cached = MountEntry(url);
   TimePoint now = clock_->Now();
 
   auto open_handle = [this, req, info, url](const std::string& source, std::shared_ptr<Stream> stream) mutable {
@@ -301,7 +321,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // Whole-object reads are the rule: let the kernel read ahead twice as far on the body.
       posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
       store_->Touch(url);
-      if (const CacheEntry* e = store_->index().Find(url)) StartPrefetch(h, e->size);
+      if (const CacheEntry* e = MountEntry(url)) StartPrefetch(h, e->size);
     }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
@@ -405,7 +425,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       if (!*opened) {
         *opened = true;
         // Unreachable: serve the cached copy if there is one (stale), else a clear errno.
-        if (cached && store_->index().Find(url)) {
+        if (cached && MountEntry(url)) {
           std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy\n", url.c_str(), s.message().c_str());
           ++requests_by_source_["stale"];
           return open_handle("disk", nullptr);
@@ -419,7 +439,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         std::fprintf(stderr, "ghostfs: %s: incomplete (%s); not cached\n", url.c_str(), s.message().c_str());
         return;
       }
-      if (!st->storable || (store_->index().Find(url) && !st->replaces)) return;
+      if (!st->storable || (MountEntry(url) && !st->replaces)) return;
       // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
       CacheEntry meta = st->meta;
       meta.size = st->data.size();
@@ -434,7 +454,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     // The emulated card carries the same transfer; data reaches readers once both the real
     // bytes and the card's modelled delay (mode change, beacons, DESIGN §7) are through.
     Bytes expected = listed_size;
-    if (const CacheEntry* e = store_->index().Find(url)) expected = e->size;
+    if (const CacheEntry* e = MountEntry(url)) expected = e->size;
     net_->Submit({expected, false}, [this, st] {
       st->emulated_ready = true;
       ServeStream(*st);
@@ -652,7 +672,7 @@ void Daemon::OriginRelease(Handle& h) {
 
 std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name) {
   std::string url = OriginUrl(n);
-  const CacheEntry* e = store_->index().Find(url);
+  const CacheEntry* e = MountEntry(url);
   auto d = decisions_.find(n->ino);
   if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
   if (name == "user.ghost.source") return d == decisions_.end() || d->second.source.empty() ? std::string("none") : d->second.source;

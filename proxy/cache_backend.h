@@ -8,7 +8,8 @@
 // Tests use MemoryBackend (tests/proxy/memory_backend.h).
 //
 // Keys are opaque strings chosen by the proxy: the absolute URL, or the URL plus the values
-// of the request headers named by the stored response's Vary (see StoreKey in proxy.h).
+// of the request headers named by the stored response's Vary (UrlKey and VariantKey in
+// proxy/cache_policy.h).
 //
 // Asynchronous: every callback runs later on the proxy's event loop, never inside the call
 // that took it, exactly once (unless the backend is destroyed first: then never).

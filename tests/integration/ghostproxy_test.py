@@ -22,7 +22,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 15
+PLAN = 16
 
 NGINX_EXTRA = """
     types { text/html html; text/css css; application/javascript js; image/png png;
@@ -213,6 +213,13 @@ def main():
           and bg2 == bg and bi2 == bi and hg2.get("content-encoding") == "gzip" and "content-encoding" not in hi2)
     t.check(ok, "Vary: each Accept-Encoding variant is fetched once and served from its own entry",
             [(x.get("x-ghost-source"), x.get("content-encoding")) for x in (hg, hi, hg2, hi2)])
+
+    # The proxy's index of the variants lives under the plain URL key; the mount must not
+    # mistake it for the file.
+    with open(os.path.join(mnt, "www", "text.txt"), "rb") as f:
+        through_mount = f.read()
+    t.check(through_mount == files["text.txt"], "after the proxy stored Vary variants, the mount still reads the file",
+            len(through_mount))
 
     # CONNECT: an allowed port tunnels bytes both ways; another port is refused.
     s, head = connect_tunnel(port, f"127.0.0.1:{echo_port}")
