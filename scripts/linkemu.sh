@@ -280,6 +280,8 @@ EOF
 
   run ip netns add "$link_ns" || exit 1
   run ip netns add "$ns" || exit 1
+  # For the tests only: hold `up` here so a signal is sure to land half-way through it.
+  if [ -n "${LINKEMU_TEST_PAUSE_S:-}" ]; then sleep "$LINKEMU_TEST_PAUSE_S"; fi
   # Each pair is created with its ends already in place, so a crash leaves nothing in the host
   # but (at most) the host end, which down removes.
   run ip link add "$host_if" type veth peer name to-host netns "$link_ns" || exit 1

@@ -153,9 +153,10 @@ fi
 # of up: up removes what it made. (A background job starts with SIGINT ignored; env restores
 # it, as in a terminal. setsid gives up its own process group.)
 for sig in INT TERM; do
-  env --default-signal=INT setsid "$LINKEMU" up --subnet "$SUBNET" >/dev/null 2>"$tmp/up" &
+  LINKEMU_TEST_PAUSE_S=5 env --default-signal=INT setsid "$LINKEMU" up --subnet "$SUBNET" >/dev/null 2>"$tmp/up" &
   pid=$!
-  sleep 0.25
+  # up pauses for 5 s once its namespaces exist (a test hook): the signal lands mid-way.
+  for _ in $(seq 100); do ip netns list | awk '{print $1}' | grep -qx "$NAME" && break; sleep 0.1; done
   kill -"$sig" -- -"$pid" 2>"$tmp/kill" || echo "kill failed: $(cat "$tmp/kill")" >>"$tmp/up"
   wait "$pid"
   rc=$?
