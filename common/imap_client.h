@@ -42,7 +42,10 @@
 // Commands may be called in any state; they are queued and sent once the client is kReady
 // (in kDisconnected they fail on the next turn). Each gets a tag; its tagged answer is
 // matched by tag; its callback runs exactly once, from the event loop, never inside the call.
-// Commands complete in the order they were issued.
+// A command sent alone (see below) completes after everything issued before it and before
+// everything issued after it; pipelined reads may complete in any order among themselves; a
+// command refused before it is sent (bad arguments, not connected, a write to a read-only
+// mailbox) fails on the next turn, ahead of the others.
 //
 // Pipelining (RFC 3501 §5.5): the client sends a command while others are outstanding only
 // when the result cannot depend on them, because servers (dovecot among them) run pipelined
@@ -77,6 +80,9 @@
 // ends), so a body of many MiB costs no more memory than the socket buffer. Other literals
 // (mailbox names, for instance) are kept, up to `max_buffered_literal`.
 //
+// Writes (UidStore, UidExpunge, UidMove) to a mailbox opened with Examine are refused with
+// kReadOnly without being sent: dovecot, for one, answers OK to them and changes nothing.
+//
 // Errors (the Status given to callbacks):
 //   kUnavailable      cannot connect (refused, unreachable, name not found); the server said
 //                     BYE or closed the connection (also mid-literal); the client was closed
@@ -87,7 +93,8 @@
 //                     the connection is dropped, since the stream cannot be trusted
 //   kInvalidArgument  a bad URL, flag, UID set; LOGIN refused (wrong user or password);
 //                     the server answered BAD
-//   kNotFound         NO [NONEXISTENT] / [TRYCREATE]; FetchBody of a UID that is not there
+//   kNotFound         NO [NONEXISTENT] / [TRYCREATE]; a NO to Select/Examine without a more
+//                     precise code; FetchBody of a UID that is not there
 //   kExists           NO [ALREADYEXISTS]
 //   kReadOnly         a write to a mailbox opened with Examine; NO [NOPERM]
 //   kNotSupported     IDLE on a server without it; STARTTLS required but not offered
@@ -428,7 +435,7 @@ class ImapClient {
 
   ImapUrl url_;
   std::string user_;
-  std::string password_;  // kept only until LOGIN is sent... and answered
+  std::string password_;  // kept until LOGIN succeeded, then wiped
   StatusCallback connect_done_;
   ImapCapabilities caps_;
   bool login_caps_seen_ = false;
