@@ -75,7 +75,9 @@ class Tokenizer {
   explicit Tokenizer(const std::vector<Segment>& segs, std::size_t start = 0)
       : segs_(segs), pos_(start) {}
 
-  bool AtEnd() const { return si_ >= segs_.size() || (pos_ >= Text().size() && si_ + 1 >= segs_.size()); }
+  bool AtEnd() const {
+    return si_ >= segs_.size() || (pos_ >= Text().size() && si_ + 1 >= segs_.size());
+  }
   bool AtSegmentEnd() const { return si_ >= segs_.size() || pos_ >= Text().size(); }
   char Peek() const { return AtSegmentEnd() ? '\0' : Text()[pos_]; }
   void SkipSpaces() {
@@ -577,7 +579,8 @@ std::optional<std::int64_t> ParseInternalDate(std::string_view s) {
   if (!s.empty() && s[0] == ' ') s.remove_prefix(1);  // " 7-Jul-..." -> "7-Jul-..."
   unsigned day = 0;
   std::size_t i = 0;
-  while (i < s.size() && IsDigit(s[i]) && i < 2) day = day * 10 + static_cast<unsigned>(s[i++] - '0');
+  while (i < s.size() && IsDigit(s[i]) && i < 2)
+    day = day * 10 + static_cast<unsigned>(s[i++] - '0');
   if (i == 0 || i >= s.size() || s[i] != '-') return std::nullopt;
   ++i;
   if (i + 4 > s.size()) return std::nullopt;
@@ -878,8 +881,7 @@ ImapClient::~ImapClient() {
 }
 
 std::string ImapClient::ServerName() const {
-  return (url_.implicit_tls ? "imaps://" : "imap://") + url_.host + ":" +
-         std::to_string(url_.port);
+  return (url_.implicit_tls ? "imaps://" : "imap://") + url_.host + ":" + std::to_string(url_.port);
 }
 
 // ---- Connect ----
@@ -887,10 +889,10 @@ std::string ImapClient::ServerName() const {
 void ImapClient::Connect(std::string_view url, std::string user, std::string password,
                          StatusCallback done) {
   if (state_ != State::kDisconnected) {
-    Defer([done, s = Status::Internal("ImapClient::Connect: already connected to " +
-                                      ServerName())] {
-      if (done) done(s);
-    });
+    Defer(
+        [done, s = Status::Internal("ImapClient::Connect: already connected to " + ServerName())] {
+          if (done) done(s);
+        });
     return;
   }
   Result<ImapUrl> parsed = ParseImapUrl(url);
@@ -939,8 +941,7 @@ void ImapClient::StartTcp() {
     const std::string hostport = (url_.host.find(':') != std::string::npos)
                                      ? "[" + url_.host + "]:" + std::to_string(url_.port)
                                      : url_.host + ":" + std::to_string(url_.port);
-    if (evutil_parse_sockaddr_port(hostport.c_str(), reinterpret_cast<sockaddr*>(&ss), &len) !=
-        0) {
+    if (evutil_parse_sockaddr_port(hostport.c_str(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
       Fail(Status::InvalidArgument("cannot parse address " + hostport));
       return;
     }
@@ -1126,9 +1127,8 @@ void ImapClient::SendLogin() {
   cmd->complete = [this](Command&, Status s) {
     if (!s.ok()) {
       // NO (or BAD) to LOGIN: the credentials. The password is never in a message.
-      Fail(Status::InvalidArgument("login refused for user \"" + user_ + "\" at " +
-                                   ServerName() + " (" + s.message() +
-                                   "); check the user name and password"));
+      Fail(Status::InvalidArgument("login refused for user \"" + user_ + "\" at " + ServerName() +
+                                   " (" + s.message() + "); check the user name and password"));
       return;
     }
     if (!login_caps_seen_) {
@@ -1260,8 +1260,8 @@ void ImapClient::DeliverBody(Command& cmd, std::string_view bytes) {
                                             ServerName() + ": stopped by the receiver");
     }
   } catch (const std::exception& e) {
-    cmd.receiver_status = Status::Internal("UID FETCH " + std::to_string(cmd.uid) +
-                                           ": on_data threw: " + e.what());
+    cmd.receiver_status =
+        Status::Internal("UID FETCH " + std::to_string(cmd.uid) + ": on_data threw: " + e.what());
   } catch (...) {
     cmd.receiver_status =
         Status::Internal("UID FETCH " + std::to_string(cmd.uid) + ": on_data threw");
@@ -1316,10 +1316,9 @@ void ImapClient::BeginLiteral(std::uint64_t length) {
     // else: the UID comes after the body; keep it and route it when the response is whole.
   }
   if (literal_sink_ == LiteralSink::kKeep && length > options_.max_buffered_literal) {
-    Fail(Status::Corruption(ServerName() + " sent a literal of " + std::to_string(length) +
-                            " bytes, more than the " +
-                            std::to_string(options_.max_buffered_literal) +
-                            " kept in memory (max_buffered_literal)"));
+    Fail(Status::Corruption(
+        ServerName() + " sent a literal of " + std::to_string(length) + " bytes, more than the " +
+        std::to_string(options_.max_buffered_literal) + " kept in memory (max_buffered_literal)"));
     return;
   }
   imap::Segment seg;
@@ -1423,9 +1422,8 @@ void ImapClient::HandleUntagged(const imap::Response& r) {
     }
     Command* target = nullptr;
     if (r.code == "COPYUID") target = FindInFlight(kMove);
-    if (!target && (r.code == "UIDVALIDITY" || r.code == "UIDNEXT" ||
-                    r.code == "PERMANENTFLAGS" || r.code == "HIGHESTMODSEQ" ||
-                    r.code == "READ-ONLY" || r.code == "READ-WRITE")) {
+    if (!target && (r.code == "UIDVALIDITY" || r.code == "UIDNEXT" || r.code == "PERMANENTFLAGS" ||
+                    r.code == "HIGHESTMODSEQ" || r.code == "READ-ONLY" || r.code == "READ-WRITE")) {
       target = FindInFlight(kSelect);
     }
     HandleStatusCode(r, target);
@@ -1444,8 +1442,7 @@ void ImapClient::HandleUntagged(const imap::Response& r) {
     Command* cmd = FindInFlight(kList);
     if (!cmd) return;
     if (r.data.size() != 3 || r.data[0].type != imap::Token::Type::kList ||
-        r.data[2].type == imap::Token::Type::kList ||
-        r.data[1].type == imap::Token::Type::kList) {
+        r.data[2].type == imap::Token::Type::kList || r.data[1].type == imap::Token::Type::kList) {
       Fail(Status::Corruption(ServerName() + " sent a malformed LIST answer"));
       return;
     }
@@ -1672,8 +1669,8 @@ void ImapClient::Pump() {
     queue_.pop_front();
     Send(std::move(cmd));
   }
-  if (queue_.empty() && in_flight_.empty() && idle_wanted_ && !selected_.empty() &&
-      caps_.idle() && state_ == State::kReady) {
+  if (queue_.empty() && in_flight_.empty() && idle_wanted_ && !selected_.empty() && caps_.idle() &&
+      state_ == State::kReady) {
     auto cmd = std::make_unique<Command>();
     cmd->kind = kIdle;
     cmd->label = "IDLE";
@@ -1753,8 +1750,8 @@ Status ImapClient::StatusForTagged(const Command& cmd, const imap::Response& r) 
   if (!selected_.empty() && cmd.kind != kSelect && cmd.kind != kList) {
     what += " (mailbox \"" + selected_ + "\")";
   }
-  const std::string said = r.status + (r.code_text.empty() ? "" : " [" + r.code_text + "]") +
-                           " " + r.text;
+  const std::string said =
+      r.status + (r.code_text.empty() ? "" : " [" + r.code_text + "]") + " " + r.text;
   if (r.status == "BAD") {
     return Status::InvalidArgument(what + ": the server rejected the command: " + said);
   }
@@ -1819,7 +1816,8 @@ void ImapClient::OnConnectionEnd(short what) {
     }
     const int dns_err = bufferevent_socket_get_dns_error(bev_);
     if (dns_err != 0) {
-      Fail(Status::Unavailable("cannot resolve " + url_.host + ": " + evutil_gai_strerror(dns_err)));
+      Fail(
+          Status::Unavailable("cannot resolve " + url_.host + ": " + evutil_gai_strerror(dns_err)));
       return;
     }
     if (!tls.empty()) {
@@ -2088,7 +2086,8 @@ void ImapClient::SelectOrExamine(std::string mailbox, bool examine,
   Enqueue(std::move(cmd));
 }
 
-void ImapClient::FetchSummary(std::string uid_set, ResultCallback<std::vector<MessageSummary>> done) {
+void ImapClient::FetchSummary(std::string uid_set,
+                              ResultCallback<std::vector<MessageSummary>> done) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = kFetchSummary;
   cmd->label = "UID FETCH " + uid_set + " (UID FLAGS RFC822.SIZE INTERNALDATE)";
@@ -2118,8 +2117,7 @@ void ImapClient::FetchSummary(std::string uid_set, ResultCallback<std::vector<Me
 
 void ImapClient::FetchSummaryRange(std::uint32_t first, std::optional<std::uint32_t> last,
                                    ResultCallback<std::vector<MessageSummary>> done) {
-  FetchSummary(std::to_string(first) + ":" + (last ? std::to_string(*last) : "*"),
-               std::move(done));
+  FetchSummary(std::to_string(first) + ":" + (last ? std::to_string(*last) : "*"), std::move(done));
 }
 
 void ImapClient::FetchBody(std::uint32_t uid, DataCallback on_data, StatusCallback on_done) {
@@ -2131,9 +2129,8 @@ void ImapClient::FetchBody(std::uint32_t uid, DataCallback on_data, StatusCallba
   cmd->complete = [this, on_done = std::move(on_done)](Command& c, Status s) {
     if (s.ok() && !c.receiver_status.ok()) s = c.receiver_status;
     if (s.ok() && !c.body_seen) {
-      s = Status::NotFound("no message with UID " + std::to_string(c.uid) + " in \"" +
-                           selected_ + "\" at " + ServerName() +
-                           " (expunged, or the mailbox changed)");
+      s = Status::NotFound("no message with UID " + std::to_string(c.uid) + " in \"" + selected_ +
+                           "\" at " + ServerName() + " (expunged, or the mailbox changed)");
     }
     if (on_done) on_done(s);
   };
@@ -2152,8 +2149,8 @@ void ImapClient::Append(std::string mailbox, std::vector<std::string> flags,
                         ResultCallback<AppendResult> done) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = kAppend;
-  cmd->label = "APPEND \"" + mailbox + "\" " + FlagList(flags) + " {" +
-               std::to_string(message.size()) + "}";
+  cmd->label =
+      "APPEND \"" + mailbox + "\" " + FlagList(flags) + " {" + std::to_string(message.size()) + "}";
   cmd->complete = [done](Command& c, Status s) {
     if (!done) return;
     if (!s.ok()) {
@@ -2164,7 +2161,8 @@ void ImapClient::Append(std::string mailbox, std::vector<std::string> flags,
   };
   for (const std::string& f : flags) {
     if (!imap::IsValidFlag(f) || EqualsIgnoreCaseAscii(f, "\\Recent")) {
-      FailLater(std::move(cmd), Status::InvalidArgument("\"" + f + "\" is not a flag APPEND can set"));
+      FailLater(std::move(cmd),
+                Status::InvalidArgument("\"" + f + "\" is not a flag APPEND can set"));
       return;
     }
   }
@@ -2174,8 +2172,7 @@ void ImapClient::Append(std::string mailbox, std::vector<std::string> flags,
     imap::AppendString(mailbox, caps.literal_plus(), &parts);
     parts.back() += " " + FlagList(flags);
     if (internaldate) parts.back() += " \"" + imap::FormatInternalDate(*internaldate) + "\"";
-    parts.back() += " {" + std::to_string(msg->size()) + (caps.literal_plus() ? "+" : "") +
-                    "}\r\n";
+    parts.back() += " {" + std::to_string(msg->size()) + (caps.literal_plus() ? "+" : "") + "}\r\n";
     if (caps.literal_plus()) {
       parts.back() += *msg;
     } else {
@@ -2193,7 +2190,7 @@ void ImapClient::UidStore(std::string uid_set, StoreMode mode, std::vector<std::
                           StatusCallback done) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = kStore;
-  const char* op = mode == StoreMode::kAdd ? "+FLAGS.SILENT"
+  const char* op = mode == StoreMode::kAdd      ? "+FLAGS.SILENT"
                    : mode == StoreMode::kRemove ? "-FLAGS.SILENT"
                                                 : "FLAGS.SILENT";
   const std::string text = "UID STORE " + uid_set + " " + op + " " + FlagList(flags);
@@ -2207,7 +2204,8 @@ void ImapClient::UidStore(std::string uid_set, StoreMode mode, std::vector<std::
   }
   for (const std::string& f : flags) {
     if (!imap::IsValidFlag(f) || EqualsIgnoreCaseAscii(f, "\\Recent")) {
-      FailLater(std::move(cmd), Status::InvalidArgument("\"" + f + "\" is not a flag STORE can set"));
+      FailLater(std::move(cmd),
+                Status::InvalidArgument("\"" + f + "\" is not a flag STORE can set"));
       return;
     }
   }

@@ -184,8 +184,8 @@ struct ImapCapabilities {
 
 // One LIST answer.
 struct MailboxInfo {
-  std::string name;                 // the wire name (modified UTF-7; see maildir_names.h)
-  char delimiter = '\0';            // hierarchy delimiter; '\0' for NIL (flat)
+  std::string name;                     // the wire name (modified UTF-7; see maildir_names.h)
+  char delimiter = '\0';                // hierarchy delimiter; '\0' for NIL (flat)
   std::vector<std::string> attributes;  // "\HasNoChildren", "\Noselect", "\Sent", ...
   bool HasAttribute(std::string_view a) const;  // case-insensitive
 };
@@ -197,7 +197,7 @@ struct MailboxStatus {
   std::uint32_t uidnext = 0;  // 0 if the server did not say
   std::uint32_t exists = 0;
   std::uint32_t recent = 0;
-  std::uint64_t highestmodseq = 0;  // 0 without CONDSTORE
+  std::uint64_t highestmodseq = 0;           // 0 without CONDSTORE
   std::vector<std::string> flags;            // FLAGS
   std::vector<std::string> permanent_flags;  // PERMANENTFLAGS ("\*": new keywords allowed)
   bool read_only = false;                    // [READ-ONLY], and always for Examine
@@ -208,8 +208,8 @@ struct MessageSummary {
   std::uint32_t uid = 0;
   std::uint32_t seq = 0;  // its sequence number when fetched
   std::vector<std::string> flags;
-  std::uint64_t size = 0;          // RFC822.SIZE
-  std::string internaldate;        // as sent: "17-Jul-1996 02:44:25 -0700"
+  std::uint64_t size = 0;              // RFC822.SIZE
+  std::string internaldate;            // as sent: "17-Jul-1996 02:44:25 -0700"
   std::int64_t internaldate_unix = 0;  // the same, seconds since the Unix epoch (0 if bad)
 };
 
@@ -264,11 +264,11 @@ class ImapClient {
   // STARTTLS as the options say, and logs in as `user` (the URL's user when empty) with
   // `password`. done(OK) once logged in. Precondition: kDisconnected (else done fails with
   // kInternal).
-  void Connect(std::string_view url, std::string user, std::string password,
-               StatusCallback done);
+  void Connect(std::string_view url, std::string user, std::string password, StatusCallback done);
 
   // LIST reference pattern (pattern "*": every mailbox).
-  void List(std::string reference, std::string pattern, ResultCallback<std::vector<MailboxInfo>> done);
+  void List(std::string reference, std::string pattern,
+            ResultCallback<std::vector<MailboxInfo>> done);
   // SELECT / EXAMINE `mailbox` (its wire name). On success it is the selected mailbox, and the
   // sequence-number map starts over; on failure no mailbox is selected (RFC 3501 §6.3.1).
   void Select(std::string mailbox, ResultCallback<MailboxStatus> done);
@@ -387,8 +387,7 @@ class ImapClient {
 
   // Commands.
   void SelectOrExamine(std::string mailbox, bool examine, ResultCallback<MailboxStatus> done);
-  void SimpleMailboxCommand(int kind, const char* verb, std::string mailbox,
-                            StatusCallback done);
+  void SimpleMailboxCommand(int kind, const char* verb, std::string mailbox, StatusCallback done);
   std::unique_ptr<Command> MakeExpunge(const std::string& uid_set, StatusCallback done);
   void Enqueue(std::unique_ptr<Command> cmd);
   bool CanSend(const Command& cmd) const;
@@ -421,12 +420,12 @@ class ImapClient {
   bool idle_wanted_ = false;
 
   // Connection (owned; null when disconnected).
-  bufferevent* bev_ = nullptr;  // the socket, or the TLS filter over it (which owns it)
+  bufferevent* bev_ = nullptr;        // the socket, or the TLS filter over it (which owns it)
   std::vector<bufferevent*> doomed_;  // dropped while reading from them; freed after
   evdns_base* dns_ = nullptr;         // made on first use of a host name
   ssl_ctx_st* ssl_ctx_ = nullptr;     // made on first use of TLS
   bool tls_active_ = false;
-  event* timeout_ev_ = nullptr;       // the command timeout, armed only while one is due
+  event* timeout_ev_ = nullptr;  // the command timeout, armed only while one is due
   bool timeout_armed_ = false;
   event* idle_refresh_ev_ = nullptr;  // armed only while in IDLE
   event* deferred_ev_ = nullptr;      // made active (never added) when deferred work waits

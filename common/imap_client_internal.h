@@ -40,10 +40,10 @@ struct Segment {
 struct Token {
   enum class Type { kAtom, kString, kNil, kList };
   Type type = Type::kAtom;
-  std::string text;           // atom or string contents
-  std::vector<Token> items;   // kList
-  bool literal = false;       // kString that came as a literal
-  bool streamed = false;      // kString whose literal was streamed (text empty)
+  std::string text;          // atom or string contents
+  std::vector<Token> items;  // kList
+  bool literal = false;      // kString that came as a literal
+  bool streamed = false;     // kString whose literal was streamed (text empty)
 
   bool IsAtom(std::string_view upper) const;  // case-insensitive
   // The atom as a number, if it is one that fits.
@@ -58,10 +58,10 @@ struct Response {
   std::string tag;  // kTagged
   // Status responses: "OK", "NO", "BAD", "BYE", "PREAUTH" (upper-case); else empty.
   std::string status;
-  std::string code;             // response code atom, upper-case ("UIDVALIDITY"); "" if none
-  std::string code_text;        // everything between '[' and ']' as sent
-  std::vector<Token> code_args; // the code's arguments, tokenized (empty if they do not parse)
-  std::string text;             // the human-readable text (or a continuation's text)
+  std::string code;              // response code atom, upper-case ("UIDVALIDITY"); "" if none
+  std::string code_text;         // everything between '[' and ']' as sent
+  std::vector<Token> code_args;  // the code's arguments, tokenized (empty if they do not parse)
+  std::string text;              // the human-readable text (or a continuation's text)
   // Untagged data responses ("* 3 EXISTS", "* LIST ..."): keyword upper-case, the number
   // before it if any, and the rest tokenized.
   std::optional<std::uint32_t> number;
@@ -78,9 +78,9 @@ struct Response {
 // For a FETCH response cut short by a literal that is about to arrive: what the literal is.
 // `segments` ends with the text segment that ends in "{n}".
 struct FetchPrefix {
-  bool is_fetch = false;          // "* <n> FETCH (" ... and the literal is a top-level value
+  bool is_fetch = false;  // "* <n> FETCH (" ... and the literal is a top-level value
   std::uint32_t seq = 0;
-  std::string item;               // the attribute the literal is the value of, upper-case
+  std::string item;                  // the attribute the literal is the value of, upper-case
   std::optional<std::uint32_t> uid;  // UID, if it came before the literal
 };
 FetchPrefix AnalyzeFetchPrefix(const std::vector<Segment>& segments);

@@ -163,8 +163,7 @@ DovecotServer::~DovecotServer() { Stop(); }
 
 std::string DovecotServer::Unavailable() {
   if (::access(kBinary, X_OK) != 0 || ::access(kDoveadm, X_OK) != 0) {
-    return std::string(kBinary) + " or " + kDoveadm +
-           " not found (apt-get install dovecot-imapd)";
+    return std::string(kBinary) + " or " + kDoveadm + " not found (apt-get install dovecot-imapd)";
   }
   if (::geteuid() != 0) return "dovecot tests need root (dovecot switches to the mail user)";
   return "";
@@ -175,8 +174,9 @@ Status DovecotServer::Start(const Options& options) {
   if (std::string why = Unavailable(); !why.empty()) return Status::NotFound(why);
   if (options.user.empty() || options.user.find_first_of(":\n") != std::string::npos ||
       options.password.find_first_of(":\n") != std::string::npos) {
-    return Status::InvalidArgument("DovecotServer: user and password must not contain ':' or "
-                                   "a newline (passwd-file format)");
+    return Status::InvalidArgument(
+        "DovecotServer: user and password must not contain ':' or "
+        "a newline (passwd-file format)");
   }
   options_ = options;
   dir_ = MakeTempDir();
@@ -187,16 +187,16 @@ Status DovecotServer::Start(const Options& options) {
   fs::create_directories(dir_ + "/base", ec);
   fs::create_directories(dir_ + "/state", ec);
   if (ec) return Status::IoError("creating dovecot dirs under " + dir_ + ": " + ec.message());
-  for (const char* sub : {"/home", "/home/Maildir", "/home/Maildir/cur", "/home/Maildir/new",
-                          "/home/Maildir/tmp"}) {
+  for (const char* sub :
+       {"/home", "/home/Maildir", "/home/Maildir/cur", "/home/Maildir/new", "/home/Maildir/tmp"}) {
     Status s = MakeMailDir(dir_ + sub);
     if (!s.ok()) return s;
   }
-  Status s = WriteFile(dir_ + "/passwd",
-                       options_.user + ":{PLAIN}" + options_.password + ":" +
-                           std::to_string(kMailUid) + ":" + std::to_string(kMailUid) + "::" +
-                           dir_ + "/home\n",
-                       0644);
+  Status s =
+      WriteFile(dir_ + "/passwd",
+                options_.user + ":{PLAIN}" + options_.password + ":" + std::to_string(kMailUid) +
+                    ":" + std::to_string(kMailUid) + "::" + dir_ + "/home\n",
+                0644);
   if (!s.ok()) return s;
   if (options_.tls) {
     s = MakeCertificate();
@@ -229,11 +229,11 @@ Status DovecotServer::Start(const Options& options) {
 
 Status DovecotServer::MakeCertificate() {
   const std::string out = dir_ + "/openssl.log";
-  const int rc = RunAndWait({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
-                             "-keyout", dir_ + "/key.pem", "-out", dir_ + "/cert.pem", "-days",
-                             "2", "-subj", "/CN=localhost", "-addext",
-                             "subjectAltName=IP:127.0.0.1,DNS:localhost"},
-                            out);
+  const int rc =
+      RunAndWait({"/usr/bin/openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                  dir_ + "/key.pem", "-out", dir_ + "/cert.pem", "-days", "2", "-subj",
+                  "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"},
+                 out);
   if (rc != 0) {
     return Status::Unavailable("openssl req could not make a test certificate (exit " +
                                std::to_string(rc) + "): " + ReadFile(out));
@@ -328,8 +328,8 @@ void DovecotServer::Stop() {
   if (pid_ > 0) {
     // doveadm stop signals the master and waits until it is gone; a zombie still counts as
     // there, so the master is reaped here while doveadm runs (else doveadm waits 3 s).
-    const pid_t doveadm = Spawn({kDoveadm, "-c", dir_ + "/dovecot.conf", "stop"},
-                                dir_ + "/doveadm.log");
+    const pid_t doveadm =
+        Spawn({kDoveadm, "-c", dir_ + "/dovecot.conf", "stop"}, dir_ + "/doveadm.log");
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     bool master_gone = false;
     bool doveadm_gone = doveadm < 0;
@@ -366,13 +366,12 @@ void DovecotServer::Stop() {
 }
 
 std::string DovecotServer::url() const {
-  return "imap://" + PercentEncodeUser(options_.user) + "@127.0.0.1:" + std::to_string(port_) +
-         "/";
+  return "imap://" + PercentEncodeUser(options_.user) + "@127.0.0.1:" + std::to_string(port_) + "/";
 }
 
 std::string DovecotServer::imaps_url() const {
-  return "imaps://" + PercentEncodeUser(options_.user) + "@127.0.0.1:" +
-         std::to_string(tls_port_) + "/";
+  return "imaps://" + PercentEncodeUser(options_.user) + "@127.0.0.1:" + std::to_string(tls_port_) +
+         "/";
 }
 
 std::string DovecotServer::cert_path() const { return options_.tls ? dir_ + "/cert.pem" : ""; }
@@ -414,7 +413,8 @@ Result<std::string> DovecotServer::Seed(const std::string& folder, const std::st
   const std::string tmp = root + "/tmp/" + unique;
   Status s = WriteFile(tmp, contents, 0644);
   if (!s.ok()) return s;
-  if (::chown(tmp.c_str(), kMailUid, kMailUid) != 0) return Status::FromErrno(errno, "chown " + tmp);
+  if (::chown(tmp.c_str(), kMailUid, kMailUid) != 0)
+    return Status::FromErrno(errno, "chown " + tmp);
   const std::string final_path =
       into_new ? root + "/new/" + unique : root + "/cur/" + unique + ":2," + info;
   if (::rename(tmp.c_str(), final_path.c_str()) != 0) {

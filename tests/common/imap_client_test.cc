@@ -54,8 +54,7 @@ bool RunLoopUntil(event_base* base, const std::function<bool()>& done,
 
 // Runs one asynchronous call to completion and returns what its callback got.
 template <typename T>
-Result<T> Await(event_base* base,
-                const std::function<void(ImapClient::ResultCallback<T>)>& start) {
+Result<T> Await(event_base* base, const std::function<void(ImapClient::ResultCallback<T>)>& start) {
   std::unique_ptr<Result<T>> out;
   start([&out](Result<T> r) { out = std::make_unique<Result<T>>(std::move(r)); });
   if (!RunLoopUntil(base, [&] { return out != nullptr; })) {
@@ -107,7 +106,8 @@ std::vector<Segment> Segs(std::initializer_list<std::string> texts) {
 // ---- Syntax (imap_client_internal.h) ----
 
 TEST(ImapSyntaxTest, ParsesTaggedStatusWithCode) {
-  Result<imap::Response> r = imap::ParseResponse(Segs({"G7 OK [APPENDUID 38505 3955] APPEND done"}));
+  Result<imap::Response> r =
+      imap::ParseResponse(Segs({"G7 OK [APPENDUID 38505 3955] APPEND done"}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->kind, imap::Response::Kind::kTagged);
   EXPECT_EQ(r->tag, "G7");
@@ -133,10 +133,10 @@ TEST(ImapSyntaxTest, ParsesUntaggedStatusWithListCodeAndOddText) {
 }
 
 TEST(ImapSyntaxTest, ParsesFetchWithSectionsQuotedEscapesNilAndLiterals) {
-  Result<imap::Response> r = imap::ParseResponse(Segs(
-      {"* 12 FETCH (UID 42 FLAGS (\\Seen $Junk) INTERNALDATE \"17-Jul-1996 02:44:25 -0700\" "
-       "BODY[HEADER.FIELDS (From To)]<0> {11}",
-       "From: a\r\n\r\n", " X-NIL NIL X-Q \"a\\\"b\\\\c\" BODY[] {0}", "", ")"}));
+  Result<imap::Response> r = imap::ParseResponse(
+      Segs({"* 12 FETCH (UID 42 FLAGS (\\Seen $Junk) INTERNALDATE \"17-Jul-1996 02:44:25 -0700\" "
+            "BODY[HEADER.FIELDS (From To)]<0> {11}",
+            "From: a\r\n\r\n", " X-NIL NIL X-Q \"a\\\"b\\\\c\" BODY[] {0}", "", ")"}));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->number, 12u);
   EXPECT_EQ(r->keyword, "FETCH");
@@ -165,7 +165,8 @@ TEST(ImapSyntaxTest, ParsesContinuationAndDataResponses) {
   ASSERT_TRUE(e.ok());
   EXPECT_EQ(e->keyword, "EXISTS");
   EXPECT_EQ(e->number, 3u);
-  Result<imap::Response> l = imap::ParseResponse(Segs({"* LIST (\\Noselect) \"/\" {5}", "ab cd", ""}));
+  Result<imap::Response> l =
+      imap::ParseResponse(Segs({"* LIST (\\Noselect) \"/\" {5}", "ab cd", ""}));
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   ASSERT_EQ(l->data.size(), 3u);
   EXPECT_EQ(l->data[2].text, "ab cd");
@@ -264,7 +265,8 @@ TEST(ImapSyntaxTest, EncodesArgumentsAsAtomQuotedOrLiteral) {
 }
 
 TEST(ImapSyntaxTest, ValidatesFlagsAndUidSets) {
-  for (const char* f : {"\\Seen", "$Forwarded", "Junk", "\\Deleted"}) EXPECT_TRUE(imap::IsValidFlag(f)) << f;
+  for (const char* f : {"\\Seen", "$Forwarded", "Junk", "\\Deleted"})
+    EXPECT_TRUE(imap::IsValidFlag(f)) << f;
   for (const char* f : {"", "\\", "a b", "(x", "x)", "\\Seen\r\n", "a\"b", "a]"}) {
     EXPECT_FALSE(imap::IsValidFlag(f)) << f;
   }
@@ -274,8 +276,7 @@ TEST(ImapSyntaxTest, ValidatesFlagsAndUidSets) {
   for (const char* s : {"", "0", "1:", ",1", "1,,2", "a", "1 2", "4294967296", "01"}) {
     EXPECT_FALSE(imap::IsValidUidSet(s)) << s;
   }
-  EXPECT_EQ(imap::ExpandUidSet("4:6,9,2:1"),
-            (std::vector<std::uint32_t>{4, 5, 6, 9, 1, 2}));
+  EXPECT_EQ(imap::ExpandUidSet("4:6,9,2:1"), (std::vector<std::uint32_t>{4, 5, 6, 9, 1, 2}));
   EXPECT_FALSE(imap::ExpandUidSet("1:*").has_value());
   EXPECT_FALSE(imap::ExpandUidSet("1:4294967295", 1000).has_value());
   EXPECT_TRUE(imap::UidSetContains("3,9:12", 10));
@@ -491,10 +492,12 @@ TEST_F(ImapClientFakeServerTest, ServerDroppingMidLiteralFailsTheFetchAndTheConn
       << s.ToString();
   EXPECT_EQ(got, std::string(1000, 'a'));
   EXPECT_EQ(Client().state(), ImapClient::State::kDisconnected);
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return disconnects == 1; }, Seconds(5)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return disconnects == 1; }, Seconds(5)));
   EXPECT_EQ(disconnect_status.code(), Status::Code::kUnavailable);
   // Later commands fail at once instead of hanging.
-  Status later = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status later =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_EQ(later.code(), Status::Code::kUnavailable);
 }
 
@@ -517,7 +520,8 @@ TEST_F(ImapClientFakeServerTest, GarbageAnswerFailsTheCommandWithCorruption) {
     c.WaitForClose();
   });
   ASSERT_TRUE(Connect(server).ok());
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status s =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
 }
 
@@ -566,7 +570,12 @@ TEST_F(ImapClientFakeServerTest, SlowButSteadyBodyDoesNotTimeOut) {
   std::string got;
   Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
     Client().FetchBody(
-        3, [&](std::string_view d) { got.append(d); return true; }, std::move(cb));
+        3,
+        [&](std::string_view d) {
+          got.append(d);
+          return true;
+        },
+        std::move(cb));
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(got.size(), 40u);
@@ -585,7 +594,12 @@ TEST_F(ImapClientFakeServerTest, BodyBeforeUidIsStillRouted) {
   std::string got;
   Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
     Client().FetchBody(
-        7, [&](std::string_view d) { got.append(d); return true; }, std::move(cb));
+        7,
+        [&](std::string_view d) {
+          got.append(d);
+          return true;
+        },
+        std::move(cb));
   });
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(got, "hello");
@@ -608,13 +622,14 @@ TEST_F(ImapClientFakeServerTest, NoAndBadFailOnlyTheirCommand) {
   Result<MailboxStatus> sel = SelectInbox();
   EXPECT_EQ(sel.status().code(), Status::Code::kNotFound) << sel.status().ToString();
   EXPECT_EQ(Client().selected(), "");
-  Status bad = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status bad =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_EQ(bad.code(), Status::Code::kInvalidArgument) << bad.ToString();
-  Status exists = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().Create("Archive", std::move(cb));
-  });
+  Status exists = AwaitStatus(
+      base_, [&](ImapClient::StatusCallback cb) { Client().Create("Archive", std::move(cb)); });
   EXPECT_EQ(exists.code(), Status::Code::kExists) << exists.ToString();
-  Status ok = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status ok =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_TRUE(ok.ok()) << ok.ToString();
   EXPECT_EQ(Client().state(), ImapClient::State::kReady);
 }
@@ -627,7 +642,8 @@ TEST_F(ImapClientFakeServerTest, AnswerWithUnknownTagIsCorruption) {
     c.WaitForClose();
   });
   ASSERT_TRUE(Connect(server).ok());
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status s =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("X99"), std::string::npos);
 }
@@ -655,7 +671,8 @@ TEST_F(ImapClientFakeServerTest, OversizedLineAndLiteralAreCorruption) {
     c.WaitForClose();
   });
   ASSERT_TRUE(Connect(server2).ok());
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
+  Status s =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { Client().Noop(std::move(cb)); });
   EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
   EXPECT_NE(s.message().find("longer than 1000"), std::string::npos) << s.ToString();
 }
@@ -693,9 +710,16 @@ TEST_F(ImapClientFakeServerTest, ByeFailsEverythingOutstanding) {
   ASSERT_TRUE(Connect(server).ok());
   Status a, b;
   int done = 0;
-  Client().Noop([&](Status s) { a = s; ++done; });
-  Client().Noop([&](Status s) { b = s; ++done; });
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return done == 2; }, Seconds(5)));
+  Client().Noop([&](Status s) {
+    a = s;
+    ++done;
+  });
+  Client().Noop([&](Status s) {
+    b = s;
+    ++done;
+  });
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return done == 2; }, Seconds(5)));
   EXPECT_EQ(a.code(), Status::Code::kUnavailable);
   EXPECT_NE(a.message().find("shutting down"), std::string::npos) << a.ToString();
   EXPECT_EQ(b.code(), Status::Code::kUnavailable);
@@ -738,8 +762,8 @@ TEST_F(ImapClientFakeServerTest, ConnectionRefusedIsUnavailable) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().Connect("imap://u@127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/", "",
-                     "pw", std::move(cb));
+    Client().Connect("imap://u@127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/", "", "pw",
+                     std::move(cb));
   });
   EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("refused"), std::string::npos) << s.ToString();
@@ -809,8 +833,8 @@ class ImapClientTest : public ::testing::Test {
     });
   }
   Result<std::vector<MessageSummary>> Summaries(ImapClient& c, const std::string& set = "1:*") {
-    return Await<std::vector<MessageSummary>>(
-        base_, [&](auto cb) { c.FetchSummary(set, std::move(cb)); });
+    return Await<std::vector<MessageSummary>>(base_,
+                                              [&](auto cb) { c.FetchSummary(set, std::move(cb)); });
   }
   Result<std::string> Body(ImapClient& c, std::uint32_t uid, int* chunks = nullptr) {
     std::string body;
@@ -832,9 +856,8 @@ class ImapClientTest : public ::testing::Test {
   Result<AppendResult> Append(ImapClient& c, const std::string& mailbox, const std::string& msg,
                               std::vector<std::string> flags = {},
                               std::optional<std::int64_t> date = std::nullopt) {
-    return Await<AppendResult>(base_, [&](auto cb) {
-      c.Append(mailbox, flags, date, msg, std::move(cb));
-    });
+    return Await<AppendResult>(
+        base_, [&](auto cb) { c.Append(mailbox, flags, date, msg, std::move(cb)); });
   }
   const MessageSummary* Find(const std::vector<MessageSummary>& v, std::uint32_t uid) {
     for (const MessageSummary& m : v) {
@@ -916,8 +939,8 @@ TEST_F(ImapClientTest, SelectReportsUidValidityUidNextAndExists) {
             m->permanent_flags.end());
   EXPECT_EQ(c.selected(), "INBOX");
 
-  Result<MailboxStatus> ro = Await<MailboxStatus>(
-      base_, [&](auto cb) { c.Examine("INBOX", std::move(cb)); });
+  Result<MailboxStatus> ro =
+      Await<MailboxStatus>(base_, [&](auto cb) { c.Examine("INBOX", std::move(cb)); });
   ASSERT_TRUE(ro.ok());
   EXPECT_TRUE(ro->read_only);
   EXPECT_EQ(ro->uidvalidity, m->uidvalidity);
@@ -997,16 +1020,15 @@ TEST_F(ImapClientTest, FetchesBodiesByteIdenticalFromOneKiBToThreeMiB) {
   bool all_ok = true;
   const std::uint64_t before = c.bytes_received();
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    c.FetchBody(
-        (*sums)[i].uid,
-        [&got, i](std::string_view d) {
-          got[i].append(d);
-          return true;
-        },
-        [&](Status s) {
-          all_ok = all_ok && s.ok();
-          ++done;
-        });
+    c.FetchBody((*sums)[i].uid,
+                [&got, i](std::string_view d) {
+                  got[i].append(d);
+                  return true;
+                },
+                [&](Status s) {
+                  all_ok = all_ok && s.ok();
+                  ++done;
+                });
   }
   EXPECT_EQ(c.pending(), sizes.size());
   ASSERT_TRUE(RunLoopUntil(base_, [&] { return done == static_cast<int>(sizes.size()); }));
@@ -1034,8 +1056,8 @@ TEST_F(ImapClientTest, AppendsThenFetchesWhatItAppended) {
   Result<MailboxStatus> m = Select(c, "INBOX");
   ASSERT_TRUE(m.ok());
   const std::string msg = MakeMessage(20000, 7);
-  Result<AppendResult> a = Append(c, "INBOX", msg, {"\\Seen", "\\Flagged", "$Forwarded"},
-                                  1500000000);
+  Result<AppendResult> a =
+      Append(c, "INBOX", msg, {"\\Seen", "\\Flagged", "$Forwarded"}, 1500000000);
   ASSERT_TRUE(a.ok()) << a.status().ToString();
   EXPECT_EQ(a->uidvalidity, m->uidvalidity);
   EXPECT_EQ(a->uid, m->uidnext);
@@ -1079,9 +1101,8 @@ TEST_F(ImapClientTest, StoresFlagsAndSeesThem) {
   ImapClient& c = NewClient();
   ASSERT_TRUE(Select(c, "INBOX").ok());
   auto store = [&](StoreMode mode, std::vector<std::string> flags) {
-    return AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-      c.UidStore("1", mode, flags, std::move(cb));
-    });
+    return AwaitStatus(
+        base_, [&](ImapClient::StatusCallback cb) { c.UidStore("1", mode, flags, std::move(cb)); });
   };
   auto info = [&]() {
     Result<std::vector<MessageSummary>> r = Summaries(c, "1");
@@ -1106,9 +1127,8 @@ TEST_F(ImapClientTest, ExpungesDeletedMessagesAndReportsTheirUids) {
   ASSERT_TRUE(AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
                 c.UidStore("2", StoreMode::kAdd, {"\\Deleted"}, std::move(cb));
               }).ok());
-  Status ex = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    c.UidExpunge("2", std::move(cb));
-  });
+  Status ex =
+      AwaitStatus(base_, [&](ImapClient::StatusCallback cb) { c.UidExpunge("2", std::move(cb)); });
   ASSERT_TRUE(ex.ok()) << ex.ToString();
   Result<std::vector<MessageSummary>> r = Summaries(c);
   ASSERT_TRUE(r.ok());
@@ -1137,9 +1157,8 @@ TEST_F(ImapClientTest, MovesMessagesToAnotherMailbox) {
   ASSERT_TRUE(Select(c, "INBOX").ok());
   Result<std::string> body2 = Body(c, 2);
   ASSERT_TRUE(body2.ok());
-  Result<MoveResult> mv = Await<MoveResult>(base_, [&](auto cb) {
-    c.UidMove("2:3", "Archive", std::move(cb));
-  });
+  Result<MoveResult> mv =
+      Await<MoveResult>(base_, [&](auto cb) { c.UidMove("2:3", "Archive", std::move(cb)); });
   ASSERT_TRUE(mv.ok()) << mv.status().ToString();
   ASSERT_EQ(mv->uids.size(), 2u);
   EXPECT_EQ(mv->uids[0].first, 2u);
@@ -1182,9 +1201,8 @@ TEST_F(ImapClientTest, FallsBackWithoutMoveUidplusAndLiteralPlus) {
     });
   }
   ASSERT_TRUE(RunLoopUntil(base_, [&] { return appended == 3; }));
-  Result<MoveResult> mv = Await<MoveResult>(base_, [&](auto cb) {
-    c.UidMove("1", "Archive", std::move(cb));
-  });
+  Result<MoveResult> mv =
+      Await<MoveResult>(base_, [&](auto cb) { c.UidMove("1", "Archive", std::move(cb)); });
   ASSERT_TRUE(mv.ok()) << mv.status().ToString();
   Result<std::vector<MessageSummary>> left = Summaries(c);
   ASSERT_TRUE(left.ok());
@@ -1204,7 +1222,8 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAnotherClientAppends) {
   std::vector<MailboxEvent> events;
   watcher.SetEventHandler([&](const MailboxEvent& e) { events.push_back(e); });
   ASSERT_TRUE(watcher.StartIdle().ok());
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return watcher.idling(); }, Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return watcher.idling(); }, Seconds(10)));
 
   ImapClient& other = NewClient();
   ASSERT_TRUE(Append(other, "INBOX", MakeMessage(1234, 2)).ok());
@@ -1214,7 +1233,8 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAnotherClientAppends) {
     }
     return false;
   };
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return saw_exists(2); }, Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return saw_exists(2); }, Seconds(10)));
   EXPECT_TRUE(watcher.idling());  // it came while idling, not in answer to a command
 
   // A command while idling ends IDLE, runs, and IDLE resumes.
@@ -1222,7 +1242,8 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAnotherClientAppends) {
   ASSERT_TRUE(fresh.ok()) << fresh.status().ToString();
   ASSERT_EQ(fresh->size(), 1u);
   EXPECT_EQ((*fresh)[0].size, 1234u);
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return watcher.idling(); }, Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return watcher.idling(); }, Seconds(10)));
 
   // Flags changed elsewhere arrive as FETCH events with the UID.
   ASSERT_TRUE(Select(other, "INBOX").ok());
@@ -1240,8 +1261,8 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAnotherClientAppends) {
   };
   ASSERT_TRUE(RunLoopUntil(base_, saw_flag, Seconds(10)));
   watcher.StopIdle();
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return !watcher.idling() && watcher.pending() == 0; },
-                           Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return !watcher.idling() && watcher.pending() == 0; }, Seconds(10)));
 }
 
 TEST_F(ImapClientTest, IdleReceivesExistsWhenAFileIsDeliveredIntoNew) {
@@ -1253,7 +1274,8 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAFileIsDeliveredIntoNew) {
   std::vector<MailboxEvent> events;
   c.SetEventHandler([&](const MailboxEvent& e) { events.push_back(e); });
   ASSERT_TRUE(c.StartIdle().ok());
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return c.idling(); }, Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return c.idling(); }, Seconds(10)));
   // While idling the client has no timer armed at all (idle_refresh is off): nothing ticks.
   int timers = 0;
   event_base_foreach_event(
@@ -1269,11 +1291,14 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAFileIsDeliveredIntoNew) {
       &timers);
   EXPECT_EQ(timers, 0);
   ASSERT_TRUE(server_.Seed("", MakeMessage(2048, 3), "", /*into_new=*/true).ok());
-  ASSERT_TRUE(RunLoopUntil(base_, [&] {
-    return std::any_of(events.begin(), events.end(), [](const MailboxEvent& e) {
-      return e.kind == MailboxEvent::Kind::kExists && e.number == 1;
-    });
-  }, Seconds(15)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_,
+      [&] {
+        return std::any_of(events.begin(), events.end(), [](const MailboxEvent& e) {
+          return e.kind == MailboxEvent::Kind::kExists && e.number == 1;
+        });
+      },
+      Seconds(15)));
 }
 
 TEST_F(ImapClientTest, ServerGoingAwayWhileIdlingCallsTheDisconnectHandler) {
@@ -1283,9 +1308,11 @@ TEST_F(ImapClientTest, ServerGoingAwayWhileIdlingCallsTheDisconnectHandler) {
   std::optional<Status> lost;
   c.SetDisconnectHandler([&](Status s) { lost = s; });
   ASSERT_TRUE(c.StartIdle().ok());
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return c.idling(); }, Seconds(10)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return c.idling(); }, Seconds(10)));
   server_.Stop();
-  ASSERT_TRUE(RunLoopUntil(base_, [&] { return lost.has_value(); }, Seconds(15)));
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return lost.has_value(); }, Seconds(15)));
   EXPECT_EQ(lost->code(), Status::Code::kUnavailable) << lost->ToString();
   EXPECT_EQ(c.state(), ImapClient::State::kDisconnected);
   EXPECT_FALSE(c.idling());

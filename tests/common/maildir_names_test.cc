@@ -14,8 +14,9 @@ namespace {
 
 TEST(MaildirNamesTest, Mutf7EncodesRfc3501Example) {
   // RFC 3501 §5.1.3's example: "~peter/mail/台北/日本語".
-  Result<std::string> wire = EncodeMutf7("~peter/mail/\xe5\x8f\xb0\xe5\x8c\x97/"
-                                         "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e");
+  Result<std::string> wire = EncodeMutf7(
+      "~peter/mail/\xe5\x8f\xb0\xe5\x8c\x97/"
+      "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e");
   ASSERT_TRUE(wire.ok()) << wire.status().ToString();
   EXPECT_EQ(*wire, "~peter/mail/&U,BTFw-/&ZeVnLIqe-");
   Result<std::string> back = DecodeMutf7(*wire);
@@ -112,12 +113,32 @@ TEST(MaildirNamesTest, MapsMailboxesToMaildirPlusPlusFolders) {
 // Each hostile name must give a safe directory name and come back unchanged.
 TEST(MaildirNamesTest, HostileNamesMapSafelyAndReversibly) {
   const std::vector<std::string> hostile = {
-      "..",         ".",        "/",          "//",          "../etc",     "a/../b",
-      ".hidden",    "a//b",     "trailing/",  "/leading",    "a/./b",      "...",
-      "%2F",        "%!x",      "a\x01" "b",  "del\x7f",     "caf\xc3\xa9",  // raw 8-bit: raw form
-      "&AGE-",      "&AOk-&AOk-",  // non-canonical mUTF-7: raw form
-      "&AIU-",      // U+0085, a C1 control, canonical
-      "sp ace",     "a..b",     "\\",         "*",           "~",
+      "..",
+      ".",
+      "/",
+      "//",
+      "../etc",
+      "a/../b",
+      ".hidden",
+      "a//b",
+      "trailing/",
+      "/leading",
+      "a/./b",
+      "...",
+      "%2F",
+      "%!x",
+      "a\x01"
+      "b",
+      "del\x7f",
+      "caf\xc3\xa9",  // raw 8-bit: raw form
+      "&AGE-",
+      "&AOk-&AOk-",  // non-canonical mUTF-7: raw form
+      "&AIU-",       // U+0085, a C1 control, canonical
+      "sp ace",
+      "a..b",
+      "\\",
+      "*",
+      "~",
   };
   for (char delim : {'/', '.', '\0'}) {
     std::set<std::string> dirs;
@@ -152,18 +173,18 @@ TEST(MaildirNamesTest, HostileNamesMapSafelyAndReversibly) {
 
 TEST(MaildirNamesTest, RefusesNonCanonicalDirectoryNames) {
   const std::vector<std::string> bad = {
-      "cur",       // not a folder
-      ".",         "..",
-      ".%2e",      // lower-case escape
-      ".%41",      // needless escape of 'A'
-      ".a%2",      // truncated escape
-      ".a%zz",     // malformed escape
-      ".a.",       // trailing level separator
-      ".a..b",     // empty level
-      ".INBOX",    // INBOX is the root
+      "cur",  // not a folder
+      ".",      "..",
+      ".%2e",    // lower-case escape
+      ".%41",    // needless escape of 'A'
+      ".a%2",    // truncated escape
+      ".a%zz",   // malformed escape
+      ".a.",     // trailing level separator
+      ".a..b",   // empty level
+      ".INBOX",  // INBOX is the root
       ".inbox",
-      ".%!ok",     // raw form for a canonical name
-      ".\xff",     // not UTF-8
+      ".%!ok",  // raw form for a canonical name
+      ".\xff",  // not UTF-8
   };
   for (const std::string& d : bad) {
     Result<std::string> r = DirNameToMailbox(d, '/');
@@ -192,9 +213,26 @@ TEST(MaildirNamesTest, RefusesNamesTooLongForTheFileSystem) {
 // reversible; for random directory names, whatever is accepted maps back to itself.
 TEST(MaildirNamesTest, RandomNamesRoundTrip) {
   std::mt19937_64 rng(20241122);
-  const std::vector<std::string> alphabet = {
-      "a",  "Z",  "0",  ".",  "/",  "%",  "&",  "-",  " ",  "\x01", "\x7f", "\\", "!",
-      "\xc3\xa9", "\xe6\x97\xa5", "\xf0\x9f\x98\x80", "\xc2\x85", "+", ",", "~"};
+  const std::vector<std::string> alphabet = {"a",
+                                             "Z",
+                                             "0",
+                                             ".",
+                                             "/",
+                                             "%",
+                                             "&",
+                                             "-",
+                                             " ",
+                                             "\x01",
+                                             "\x7f",
+                                             "\\",
+                                             "!",
+                                             "\xc3\xa9",
+                                             "\xe6\x97\xa5",
+                                             "\xf0\x9f\x98\x80",
+                                             "\xc2\x85",
+                                             "+",
+                                             ",",
+                                             "~"};
   std::set<std::string> seen_dirs;
   std::set<std::string> seen_names;
   for (int iter = 0; iter < 20000; ++iter) {
@@ -263,10 +301,10 @@ TEST(MaildirNamesTest, FormatsAndParsesMessageFileNames) {
 }
 
 TEST(MaildirNamesTest, RefusesForeignMessageFileNames) {
-  for (const char* bad : {"1795387522.M593165P7613.vm,S=5,W=5:2,S", "0.1.ghost:2,", "1.0.ghost",
-                          "01.1.ghost", "1.01.ghost", "4294967296.1.ghost", "1.2.ghost:1,S",
-                          "1.2.ghost,W=3:2,", "1.2.ghost,S=:2,", "1.2.ghosts", "1.2", "x.y.ghost",
-                          "1.2.ghost:2,S!", ""}) {
+  for (const char* bad :
+       {"1795387522.M593165P7613.vm,S=5,W=5:2,S", "0.1.ghost:2,", "1.0.ghost", "01.1.ghost",
+        "1.01.ghost", "4294967296.1.ghost", "1.2.ghost:1,S", "1.2.ghost,W=3:2,", "1.2.ghost,S=:2,",
+        "1.2.ghosts", "1.2", "x.y.ghost", "1.2.ghost:2,S!", ""}) {
     EXPECT_FALSE(ParseMaildirFileName(bad).ok()) << bad;
   }
 }
@@ -275,8 +313,8 @@ TEST(MaildirNamesTest, RefusesForeignMessageFileNames) {
 
 TEST(MaildirNamesTest, MapsFlagsToSortedInfoLetters) {
   std::vector<std::string> unmapped;
-  EXPECT_EQ(FlagsToInfo({"\\Seen", "\\Answered", "\\Flagged", "\\Deleted", "\\Draft",
-                         "$Forwarded", "\\Recent", "$Junk", "\\seen"},
+  EXPECT_EQ(FlagsToInfo({"\\Seen", "\\Answered", "\\Flagged", "\\Deleted", "\\Draft", "$Forwarded",
+                         "\\Recent", "$Junk", "\\seen"},
                         &unmapped),
             "DFPRST");
   EXPECT_EQ(unmapped, (std::vector<std::string>{"\\Recent", "$Junk"}));
@@ -286,8 +324,7 @@ TEST(MaildirNamesTest, MapsFlagsToSortedInfoLetters) {
 
 TEST(MaildirNamesTest, MapsInfoLettersToFlags) {
   std::string unmapped;
-  EXPECT_EQ(InfoToFlags("SRa", &unmapped),
-            (std::vector<std::string>{"\\Seen", "\\Answered"}));
+  EXPECT_EQ(InfoToFlags("SRa", &unmapped), (std::vector<std::string>{"\\Seen", "\\Answered"}));
   EXPECT_EQ(unmapped, "a");
   for (const char* info : {"", "D", "F", "P", "R", "S", "T", "DFPRST", "FS"}) {
     EXPECT_EQ(FlagsToInfo(InfoToFlags(info)), info);
