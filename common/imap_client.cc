@@ -2384,6 +2384,12 @@ void ImapClient::SetDisconnectHandler(std::function<void(Status)> handler) {
   disconnect_handler_ = std::move(handler);
 }
 
+std::size_t ImapClient::pending() const {
+  std::size_t n = queue_.size();
+  for (const auto& c : in_flight_) n += (c->internal || c->kind == kIdle) ? 0 : 1;
+  return n;
+}
+
 std::uint32_t ImapClient::UidForSeq(std::uint32_t seq) const {
   if (seq == 0 || seq > uid_by_seq_.size()) return 0;
   return uid_by_seq_[seq - 1];

@@ -326,8 +326,9 @@ class ImapClient {
   const std::string& selected() const { return selected_; }
   // The UID of sequence number `seq` in the selected mailbox, 0 if unknown.
   std::uint32_t UidForSeq(std::uint32_t seq) const;
-  // Commands issued and not completed (queued or outstanding).
-  std::size_t pending() const { return queue_.size() + in_flight_.size(); }
+  // Commands issued and not completed (queued or outstanding); IDLE and the connection's own
+  // set-up commands do not count.
+  std::size_t pending() const;
   // Bytes received on the current connection (after TLS decryption).
   std::uint64_t bytes_received() const { return bytes_received_; }
 

@@ -998,7 +998,11 @@ TEST_F(ImapClientTest, FetchesBodiesByteIdenticalFromOneKiBToThreeMiB) {
     msgs.push_back(MakeMessage(sizes[i], static_cast<unsigned>(100 + i)));
     ASSERT_TRUE(server_.Seed("", msgs.back()).ok());
   }
-  ImapClient& c = NewClient();
+  // Bodies stream: were a body literal kept in memory, more than 4 KiB of it would fail the
+  // fetch (kCorruption, max_buffered_literal).
+  ImapClientOptions o;
+  o.max_buffered_literal = 4096;
+  ImapClient& c = NewClient(o);
   ASSERT_TRUE(Select(c, "INBOX").ok());
   Result<std::vector<MessageSummary>> sums = Summaries(c);
   ASSERT_TRUE(sums.ok());
@@ -1299,6 +1303,36 @@ TEST_F(ImapClientTest, IdleReceivesExistsWhenAFileIsDeliveredIntoNew) {
         });
       },
       Seconds(15)));
+}
+
+// RFC 2177: IDLE is ended and restarted before servers give up on it (29 min by default;
+// 200 ms here). The restarts are the only traffic, and events still arrive after them.
+TEST_F(ImapClientTest, IdleIsRefreshedAndKeepsDeliveringEvents) {
+  StartServer();
+  ImapClientOptions o;
+  o.idle_refresh = Millis(200);
+  ImapClient& c = NewClient(o);
+  ASSERT_TRUE(Select(c, "INBOX").ok());
+  std::vector<MailboxEvent> events;
+  c.SetEventHandler([&](const MailboxEvent& e) { events.push_back(e); });
+  ASSERT_TRUE(c.StartIdle().ok());
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return c.idling(); }, Seconds(10)));
+  const std::uint64_t before = c.bytes_received();
+  // Each refresh brings IDLE's tagged OK and a new "+ idling" (dozens of bytes).
+  ASSERT_TRUE(RunLoopUntil(
+      base_, [&] { return c.bytes_received() > before + 100; }, Seconds(10)));
+  EXPECT_EQ(c.pending(), 0u);
+  ImapClient& other = NewClient();
+  ASSERT_TRUE(Append(other, "INBOX", MakeMessage(999, 5)).ok());
+  ASSERT_TRUE(RunLoopUntil(
+      base_,
+      [&] {
+        return std::any_of(events.begin(), events.end(), [](const MailboxEvent& e) {
+          return e.kind == MailboxEvent::Kind::kExists && e.number == 1;
+        });
+      },
+      Seconds(10)));
 }
 
 TEST_F(ImapClientTest, ServerGoingAwayWhileIdlingCallsTheDisconnectHandler) {
