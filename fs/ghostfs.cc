@@ -173,6 +173,11 @@ void Daemon::OnFuseReadable() {
 }
 
 void Daemon::Shutdown() {
+  // Once: the ended session's fd stays readable (ENODEV), and each call would queue another
+  // flush waiter while a sleeping disk spins up.
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  if (fuse_ev_) event_del(fuse_ev_);
   // Deferred writes reach the disk before the loop ends (they may spin it up).
   if (!queue_) {
     event_base_loopbreak(base_);

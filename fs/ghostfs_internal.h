@@ -268,6 +268,7 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
+  bool shutting_down_ = false;  // Shutdown ran: the loop ends once the queue is flushed
   std::map<std::string, int> write_errors_;               // local/ key → errno of a failed deferred write
   std::map<ino_t, std::string> local_paths_;              // backing inode → rel path (for the writer)
   std::map<fuse_ino_t, Decision> decisions_;

@@ -12,7 +12,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 21
+PLAN = 22
 
 
 def ghostctl(ctl, *args, check=True):
@@ -161,6 +161,28 @@ def main():
             (revalidated, stats["write_queue"], disk(ctl)["mode"]))
     ghostctl(ctl, "flush")
     t.check(jctl(ctl, "stats")["write_queue"]["queued_bytes"] == 0, "ghostctl flush saves the index update")
+
+    # Unmounting with writes queued for a sleeping disk: the daemon spins it up, writes them,
+    # and exits (it once spun on the ended session's fd, queueing a flush waiter per turn).
+    wait_for(lambda: disk(ctl)["mode"] == "standby", 15)
+    with open(os.path.join(mnt, "local", "at-unmount.txt"), "w") as f:
+        f.write("queued at unmount\n")
+    queued = jctl(ctl, "stats")["write_queue"]["queued_bytes"]
+    proc = fs.proc
+    t0 = time.monotonic()
+    subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(15)
+        exited = True
+    except subprocess.TimeoutExpired:
+        exited = False
+    took = time.monotonic() - t0
+    landed = os.path.join(fs.cache, "local", "at-unmount.txt")
+    with open(landed) as f:
+        on_disk = f.read()
+    t.check(queued > 0 and exited and on_disk == "queued at unmount\n",
+            "unmounting with writes queued for a sleeping disk writes them and exits",
+            (queued, exited, f"{took:.1f} s", on_disk))
     fs.stop()
     short.stop()
     t.done()
