@@ -51,7 +51,34 @@ def fetch_via(proxy_port, url):
         return r.read(), dict(r.headers)
 
 
-class Squid:
+class Server:
+    """A process the benchmark started, with a squid-format access log (result code in field 4)."""
+    proc = None
+    access_log = None
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def hits_and_misses(self):
+        """(hits, other results) in the access log: TCP_HIT, TCP_MEM_HIT, HIT/200, ..."""
+        hits = misses = 0
+        with open(self.access_log) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 3:
+                    if "HIT" in fields[3]:
+                        hits += 1
+                    else:
+                        misses += 1
+        return hits, misses
+
+
+class Squid(Server):
     def __init__(self, work):
         self.dir = os.path.join(work, "squid")
         self.cache = os.path.join(self.dir, "cache")
@@ -92,28 +119,8 @@ dns_v4_first on
         h.on_exit(self.stop)
         return h.wait_port(self.port, 20)
 
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
-    def hits_and_misses(self):
-        hits = misses = 0
-        with open(self.access_log) as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 3:
-                    if "HIT" in fields[3]:
-                        hits += 1
-                    else:
-                        misses += 1
-        return hits, misses
-
-
-class Ghostproxy:
+class Ghostproxy(Server):
     def __init__(self, work, exe, mount, control):
         self.exe, self.mount, self.control = exe, mount, control
         self.port = h.free_port()
@@ -126,24 +133,6 @@ class Ghostproxy:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         h.on_exit(self.stop)
         return h.wait_port(self.port, 20)
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def hits_and_misses(self):
-        hits = misses = 0
-        with open(self.access_log) as f:
-            for line in f:
-                if " HIT/" in line or " HIT " in line:
-                    hits += 1
-                else:
-                    misses += 1
-        return hits, misses
 
 
 def run_wrk(port, lua, urls, connections, threads, seconds):
