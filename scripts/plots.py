@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Draws the paper's figures from ghostsim runs, with live runs on top when given.
+
+Usage: plots.py --ghostsim PATH [--traces DIR] [--profile NAME] [--live FILE ...] [--out DIR]
+
+Figures (PNG, one per file in --out):
+  knob-web.png, knob-mail.png   response time and energy against the knob (adaptive with and
+                                without ghost hints; the static cache as a horizontal line),
+                                like the paper's Figures 8–11
+  hints-web-cached.png          the all-cached web trace: ghost hints on and off against the
+                                knob (the paper's Figure 12)
+  energy-by-device.png          energy of each device and of the base power, static vs
+                                adaptive K=50, per trace
+
+--live takes files of JSON objects, one per line, as printed by scripts/replay (or
+scripts/bench-energy.sh's results file); each live run is drawn as a marker at its knob
+(static at the left edge), so the reader sees live and simulated side by side.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+KNOBS = list(range(0, 101, 5)) + [92, 96, 97, 98, 99]
+
+
+def ghostsim(binary, trace, profile, *args):
+    cmd = [binary, "--profile", profile, *args, trace]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"plots: {' '.join(cmd)} failed: {out.stderr.strip()}")
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def sweep(binary, trace, profile, hints):
+    extra = [] if hints else ["--no-ghost-hints"]
+    knobs = ",".join(str(k) for k in sorted(set(KNOBS)))
+    runs = ghostsim(binary, trace, profile, "--policy", "adaptive", "--knob-sweep", knobs, *extra)
+    return sorted(runs, key=lambda r: r["knob"])
+
+
+def load_live(paths):
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    runs.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    sys.exit(f"plots: {path}:{n}: not a JSON object ({e})")
+    return runs
+
+
+def trace_name(path):
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def live_points(live, trace, hints):
+    """(knob, run) of live adaptive runs of `trace` with the given hint setting, and static runs."""
+    adaptive = [r for r in live if r.get("policy") == "adaptive" and trace_name(r.get("trace", "")) == trace
+                and bool(r.get("ghost_hints")) == hints]
+    static = [r for r in live if r.get("policy") == "static" and trace_name(r.get("trace", "")) == trace]
+    return adaptive, static
+
+
+def knob_figure(binary, traces, profile, trace, live, out):
+    path = os.path.join(traces, f"{trace}.trace")
+    with_hints = sweep(binary, path, profile, True)
+    without = sweep(binary, path, profile, False)
+    static = ghostsim(binary, path, profile, "--policy", "static")[0]
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((ax_t, "mean_response_ms", "mean response time (ms)"),
+                           (ax_e, "energy_j", "energy (J)")):
+        ax.plot([r["knob"] for r in with_hints], [r[key] for r in with_hints], "o-", ms=3,
+                label="adaptive, ghost hints (sim)")
+        ax.plot([r["knob"] for r in without], [r[key] for r in without], "s--", ms=3,
+                label="adaptive, no hints (sim)")
+        ax.axhline(static[key], color="grey", ls=":", label="static cache (sim)")
+        if key == "energy_j":
+            ax.axhline(with_hints[0]["lower_bound_j"], color="black", lw=0.8, ls="-.",
+                       label="lower bound")
+        for hints, marker in ((True, "^"), (False, "v")):
+            adaptive, live_static = live_points(live, trace, hints)
+            if adaptive:
+                ax.plot([r["knob"] for r in adaptive], [r[key] for r in adaptive], marker, ms=9,
+                        mfc="none", mew=1.6, label=f"adaptive live{'' if hints else ', no hints'}")
+            if hints and live_static:
+                ax.plot([0] * len(live_static), [r[key] for r in live_static], "D", ms=8, mfc="none",
+                        mew=1.6, color="grey", label="static live")
+        ax.set_xlabel("knob K (0 saves energy, 100 favours performance)")
+        ax.set_ylabel(label)
+        ax.set_xlim(-3, 103)
+        ax.grid(alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(f"{trace} trace, {profile}: response time and energy against the knob")
+    fig.tight_layout()
+    name = os.path.join(out, f"knob-{trace}.png")
+    fig.savefig(name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def hints_figure(binary, traces, profile, out):
+    path = os.path.join(traces, "web-cached.trace")
+    on = sweep(binary, path, profile, True)
+    off = sweep(binary, path, profile, False)
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, key, label in ((ax_t, "mean_response_ms", "mean response time (ms)"),
+                           (ax_e, "energy_j", "energy (J)")):
+        ax.plot([r["knob"] for r in on], [r[key] for r in on], "o-", ms=3, label="ghost hints")
+        ax.plot([r["knob"] for r in off], [r[key] for r in off], "s--", ms=3, label="no hints")
+        ax.set_xlabel("knob K")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(f"all-cached web trace, {profile}: ghost hints on and off (paper Fig. 12)")
+    fig.tight_layout()
+    name = os.path.join(out, "hints-web-cached.png")
+    fig.savefig(name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def device_figure(binary, traces, profile, live, out):
+    bars = []  # (label, {part: joules})
+    for trace in ("web", "mail"):
+        path = os.path.join(traces, f"{trace}.trace")
+        for policy, args in (("static", ["--policy", "static"]),
+                             ("adaptive K=50", ["--policy", "adaptive", "--knob", "50"])):
+            r = ghostsim(binary, path, profile, *args)[0]
+            bars.append((f"{trace}\n{policy}\nsim", r))
+            kind = "static" if policy == "static" else "adaptive"
+            for lr in live:
+                if (lr.get("policy") == kind and trace_name(lr.get("trace", "")) == trace
+                        and (kind == "static" or (lr.get("knob") == 50 and lr.get("ghost_hints")))):
+                    bars.append((f"{trace}\n{policy}\nlive", lr))
+                    break
+    parts = ["base"]
+    for _, r in bars:
+        for d in r.get("devices", []):
+            if d["name"] not in parts:
+                parts.append(d["name"])
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(bars)), 4.5))
+    bottoms = [0.0] * len(bars)
+    for part in parts:
+        heights = []
+        for _, r in bars:
+            if part == "base":
+                heights.append(r.get("base_energy_j", 0.0))
+            else:
+                heights.append(next((d["energy_j"] for d in r.get("devices", []) if d["name"] == part), 0.0))
+        ax.bar(range(len(bars)), heights, bottom=bottoms, label=part)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.set_ylabel("energy (J)")
+    ax.set_title(f"energy by device, {profile}")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    name = os.path.join(out, "energy-by-device.png")
+    fig.savefig(name, dpi=110)
+    plt.close(fig)
+    return name
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ghostsim", required=True, help="the ghostsim binary")
+    ap.add_argument("--traces", default=os.path.join(here, "..", "common", "traces"))
+    ap.add_argument("--profile", default="ipaq-2004")
+    ap.add_argument("--live", nargs="*", default=[], help="files of live-run JSON lines")
+    ap.add_argument("--out", default=os.path.join(here, "figures"))
+    a = ap.parse_args()
+    live = load_live(a.live)
+    os.makedirs(a.out, exist_ok=True)
+    for name in (knob_figure(a.ghostsim, a.traces, a.profile, "web", live, a.out),
+                 knob_figure(a.ghostsim, a.traces, a.profile, "mail", live, a.out),
+                 hints_figure(a.ghostsim, a.traces, a.profile, a.out),
+                 device_figure(a.ghostsim, a.traces, a.profile, live, a.out)):
+        print(name)
+
+
+if __name__ == "__main__":
+    main()
