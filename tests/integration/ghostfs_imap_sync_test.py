@@ -252,13 +252,15 @@ def deferral(t, dc, work, pwfile):
     flagged = lambda: sum("\\Seen" in m[0][1] for m in server(dc, "Defer").values())  # noqa: E731
     t.check(card_mode(ctl) == "PSM" and held.get("queued") == 2 and held.get("sent") == before.get("sent") and flagged() == 0,
             "while the card is in PSM two flag changes wait in the queue", f"{card_mode(ctl)} {held}")
-    # Ghost hints to the card (each worth more than the switch costs, DESIGN §3.3) make the
-    # STPM module switch it to CAM; the power callback sends the batch.
-    for _ in range(40):
-        if card_mode(ctl) == "CAM":
+    # Ghost hints count as transfers (DESIGN §3.3). The STPM module switches to CAM once its
+    # run-length history says enough transfers are still to come: a first run of 20 hints
+    # teaches it, the next run switches the card; the power callback sends the batch.
+    for _ in range(4):
+        for _ in range(20):
+            control(ctl, {"op": "hint", "kind": "ghost", "device": "cisco-350", "time_s": 0.5, "energy_j": 0.5})
+        if wait_for(lambda: card_mode(ctl) == "CAM", 1.5):
             break
-        control(ctl, {"op": "hint", "kind": "ghost", "device": "cisco-350", "time_s": 5, "energy_j": 5})
-        time.sleep(0.1)
+        time.sleep(1.2)  # longer than the break-even time: the next hints start a new run
     sent = wait_for(lambda: stats(ctl).get("queued") == 0, 15)
     after = stats(ctl)
     t.check(sent and after.get("sent") == held.get("sent", 0) + 2 and
