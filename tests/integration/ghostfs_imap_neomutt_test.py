@@ -3,6 +3,7 @@
 the seeded messages in its index and displays one (subject and body). The muttrc has no
 network setting at all: neomutt sees a local Maildir. Skipped without root, /dev/fuse,
 dovecot, neomutt or tmux."""
+import imaplib
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
-PLANNED = 4
+PLANNED = 5
 SUBJECTS = ["Lunch on Friday", "Quarterly report draft", "Ghost hints explained"]
 
 
@@ -94,6 +95,19 @@ set quit = yes
     t.check(tmux(sock, "has-session", "-t", "ghost").returncode != 0 and os.path.ismount(mnt),
             "neomutt quits (syncing the mailbox) and the mount stays up", screen(sock))
     tmux(sock, "kill-server")
+
+    def seen_on_server():
+        c = imaplib.IMAP4("127.0.0.1", dc.port)
+        c.login(dc.user, dc.password)
+        c.select("INBOX", readonly=True)
+        typ, d = c.uid("SEARCH", None, "SEEN")
+        c.logout()
+        return len(d[0].split())
+    deadline = time.time() + 15
+    while time.time() < deadline and seen_on_server() != 1:
+        time.sleep(0.3)
+    t.check(seen_on_server() == 1, "the message neomutt displayed is \\Seen on the server (its rename became UID STORE)",
+            fs.output()[-800:])
     fs.stop()
     t.done()
 
