@@ -24,7 +24,14 @@
 //   cur/A:2,S renamed to cur/A:2,FS  → UID STORE +FLAGS/-FLAGS (only the letters that changed,
 //                                      so keywords set by other clients survive)
 //   cur/A renamed into .Other/cur/   → UID MOVE
-//   unlink cur/A                      → UID STORE +\Deleted, UID EXPUNGE
+//   unlink cur/A                      → UID MOVE to the trash (imap_delete = "move:Trash", the
+//                                      default; the trash is created if missing), or
+//                                      UID STORE +\Deleted, UID EXPUNGE (imap_delete =
+//                                      "expunge", and for an unlink inside the trash)
+// If a mailbox's UIDVALIDITY changes while operations on its UIDs wait, each is sent to the
+// message found again or kept elsewhere, never applied to another message (MailTree::Resync
+// has the rule). A refused login, a dropped connection or a malformed answer never drops a
+// queued operation; the reader gets EACCES, ENOTCONN or EIO and the log a line.
 // New files can only be created in tmp/ (held in memory until renamed).
 //
 // New mail: the connection IDLEs (RFC 2177) in the mailbox it last selected, and the server's
