@@ -1,12 +1,14 @@
 #include "common/config.h"
 
+#include <toml++/toml.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
 #include <fstream>
 #include <optional>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "common/imap_client.h"
 
@@ -82,9 +84,10 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   } catch (const toml::parse_error& e) {
     return Status::InvalidArgument(Where(path, e.source()) + ": " + std::string(e.description()));
   }
-  static const std::set<std::string> kKeys = {"cache", "cache_size", "profile", "knob", "control",
-                                              "max_stale", "heuristic_freshness", "write_queue_cap",
-                                              "origins"};
+  static const std::set<std::string> kKeys = {
+      "cache",     "cache_size",          "profile",         "knob",   "control",
+      "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
+      "origins"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -126,6 +129,13 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = str("cache", &o->cache_dir)).ok()) return s;
   if (!(s = str("profile", &o->profile)).ok()) return s;
   if (!(s = str("control", &o->control_path)).ok()) return s;
+  if (!(s = str("cacert", &o->cacert)).ok()) return s;
+  if (!(s = str("imap_delete", &o->imap_delete)).ok()) return s;
+  if (const toml::node* n = t.get("imap_delete")) {
+    if (Result<std::string> d = ParseImapDelete(o->imap_delete); !d.ok()) {
+      return Status::InvalidArgument(Where(path, n->source()) + ": " + d.status().message());
+    }
+  }
   if (!(s = size("cache_size", &o->cache_size)).ok()) return s;
   if (!(s = size("write_queue_cap", &o->write_queue_cap)).ok()) return s;
   if (!(s = seconds("max_stale", &o->max_stale)).ok()) return s;
@@ -168,6 +178,16 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   return Status::Ok();
 }
 
+Result<std::string> ParseImapDelete(const std::string& text) {
+  if (text == "expunge") return std::string();
+  if (text.starts_with("move:") && text.size() > 5 &&
+      text.find_first_of("\r\n") == std::string::npos) {
+    return text.substr(5);
+  }
+  return Status::InvalidArgument("imap_delete \"" + text +
+                                 "\" must be \"expunge\" or \"move:MAILBOX\" (e.g. move:Trash)");
+}
+
 Status ApplyPasswordFile(const std::string& spec, GhostfsOptions* options) {
   auto eq = spec.find('=');
   if (eq == std::string::npos || eq + 1 >= spec.size()) {
@@ -202,6 +222,11 @@ Status Validate(const GhostfsOptions& o) {
   if (o.cache_dir.empty()) return Status::InvalidArgument("no cache directory (--cache DIR)");
   if (o.mountpoint.empty()) return Status::InvalidArgument("no mount point");
   if (o.knob < 0 || o.knob > 100) return Status::InvalidArgument("knob " + std::to_string(o.knob) + " is outside 0..100");
+  if (Result<std::string> d = ParseImapDelete(o.imap_delete); !d.ok()) return d.status();
+  if (!o.cacert.empty() && ::access(o.cacert.c_str(), R_OK) != 0) {
+    return Status::InvalidArgument("cacert \"" + o.cacert +
+                                   "\" cannot be read (a PEM file of CA certificates)");
+  }
   std::set<std::string> names;
   for (const Origin& origin : o.origins) {
     if (!names.insert(origin.name).second) return Status::InvalidArgument("origin name \"" + origin.name + "\" given twice");

@@ -11,6 +11,10 @@
 //   max_stale = 0                     # seconds a stale object may still be served
 //   heuristic_freshness = 300         # seconds, when a reply gives no freshness at all
 //   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
+//   cacert = "/etc/ghost/ca.pem"      # CA bundle that https:// and imaps:// servers are
+//                                     # verified against (absent: the system's CAs)
+//   imap_delete = "move:Trash"        # what unlinking a message does: "move:MAILBOX" (UID
+//                                     # MOVE there; created if missing) or "expunge"
 //   [origins]
 //   www = "http://127.0.0.1:8080/"
 //   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
@@ -51,6 +55,14 @@ struct GhostfsOptions {
   Duration max_stale{0};
   Duration heuristic_freshness = std::chrono::seconds(300);
   Bytes write_queue_cap = 4 * 1024 * 1024;
+  // PEM file of the CAs that TLS servers (https://, imaps://, STARTTLS) must be signed by;
+  // empty: the system's default CA store.
+  std::string cacert;
+  // Unlink of a message in an IMAP Maildir: "move:MAILBOX" moves it to MAILBOX (UTF-8 name,
+  // hierarchy written with the server's delimiter; created if missing; an unlink inside that
+  // mailbox expunges), "expunge" removes it for good. The default keeps it recoverable, as
+  // mail clients do.
+  std::string imap_delete = "move:Trash";
   bool foreground = false;
   std::string mountpoint;
   std::vector<std::string> fuse_options;  // the -o options, passed to libfuse
@@ -62,6 +74,9 @@ struct GhostfsOptions {
 [[nodiscard]] Status ApplyPasswordFile(const std::string& spec, GhostfsOptions* options);
 // The password of IMAP origin `o`: its `password`, else the first line of its password file.
 [[nodiscard]] Result<std::string> ReadOriginPassword(const Origin& o);
+// "move:MAILBOX" or "expunge" (imap_delete): the trash mailbox's UTF-8 name, or "" for
+// expunge. Fails (kInvalidArgument, saying what is accepted) on anything else.
+[[nodiscard]] Result<std::string> ParseImapDelete(const std::string& text);
 // "4096", "64K", "2M", "1G" (binary multiples) → bytes.
 [[nodiscard]] Result<Bytes> ParseSize(const std::string& text);
 // Reads a config file into `options` (keys present in the file overwrite the fields).

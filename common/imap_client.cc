@@ -799,6 +799,7 @@ enum CommandKind : int {
   kCreate,
   kDelete,
   kNoop,
+  kSearch,
   kIdle,
   kLogout,
 };
@@ -824,7 +825,8 @@ struct ImapClient::Command {
   std::vector<MailboxInfo> list;
   MailboxStatus mbox;
   std::vector<MessageSummary> summaries;
-  std::uint32_t uid = 0;  // FetchBody
+  std::vector<std::uint32_t> found;  // UID SEARCH
+  std::uint32_t uid = 0;             // FetchBody
   DataCallback on_data;
   bool body_seen = false;
   Status receiver_status;  // why the receiver stopped the body
@@ -1483,8 +1485,19 @@ void ImapClient::HandleUntagged(const imap::Response& r) {
     Emit(MailboxEvent{MailboxEvent::Kind::kExpunge, seq, uid, std::nullopt});
   } else if (kw == "FETCH" && r.number) {
     HandleFetch(r);
+  } else if (kw == "SEARCH") {
+    Command* cmd = FindInFlight(kSearch);
+    if (!cmd) return;
+    for (const imap::Token& t : r.data) {
+      std::optional<std::uint64_t> n = t.Number();
+      if (t.type != imap::Token::Type::kAtom || !n || *n == 0 || *n > 0xffffffffu) {
+        Fail(Status::Corruption(ServerName() + " sent a malformed SEARCH answer"));
+        return;
+      }
+      cmd->found.push_back(static_cast<std::uint32_t>(*n));
+    }
   }
-  // Anything else (SEARCH, STATUS, ENABLED, ID, NAMESPACE, extensions) is not ours to use.
+  // Anything else ( STATUS, ENABLED, ID, NAMESPACE, extensions) is not ours to use.
 }
 
 void ImapClient::HandleFetch(const imap::Response& r) {
@@ -1823,7 +1836,8 @@ void ImapClient::OnConnectionEnd(short what) {
     if (!tls.empty()) {
       Fail(Status::IoError("TLS with " + ServerName() + " failed: " + tls +
                            (tls.find("certificate verify failed") != std::string::npos
-                                ? " (set ca_file to the CA that signed the server's certificate)"
+                                ? " (trust the CA that signed the server's certificate: ghostfs "
+                                  "--cacert FILE, or ca_file)"
                                 : "")));
       return;
     }
@@ -2328,6 +2342,37 @@ void ImapClient::SimpleMailboxCommand(int kind, const char* verb, std::string ma
   cmd->build = [verb, mailbox](const ImapCapabilities& caps) {
     std::vector<std::string> parts = {std::string(verb) + " "};
     imap::AppendString(mailbox, caps.literal_plus(), &parts);
+    parts.back() += "\r\n";
+    return parts;
+  };
+  Enqueue(std::move(cmd));
+}
+
+void ImapClient::UidSearchHeader(std::string field, std::string value,
+                                 ResultCallback<std::vector<std::uint32_t>> done) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = kSearch;
+  cmd->label = "UID SEARCH HEADER " + field + " \"" + value + "\"";
+  cmd->complete = [done = std::move(done)](Command& c, Status s) {
+    if (!done) return;
+    if (!s.ok()) {
+      done(s);
+    } else {
+      done(std::move(c.found));
+    }
+  };
+  bool field_ok = !field.empty();
+  for (char ch : field) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')) field_ok = false;
+  }
+  if (!field_ok) {
+    FailLater(std::move(cmd),
+              Status::InvalidArgument("\"" + field + "\" is not a header field name"));
+    return;
+  }
+  cmd->build = [field, value](const ImapCapabilities& caps) {
+    std::vector<std::string> parts = {"UID SEARCH HEADER " + field + " "};
+    imap::AppendString(value, caps.literal_plus(), &parts);
     parts.back() += "\r\n";
     return parts;
   };

@@ -54,7 +54,8 @@
 //   reads    FetchBody, FetchSummary, List, Noop   pipelined with each other (at most
 //            one List and one FetchSummary outstanding: their untagged answers carry no tag)
 //   appends  Append (server with LITERAL+)          pipelined with other appends
-//   others   Select, Examine, UidStore, UidExpunge, UidMove, Create, Delete, Logout, Append
+//   others   Select, Examine, UidStore, UidExpunge, UidMove, UidSearchHeader, Create, Delete,
+//            Logout, Append
 //            without LITERAL+ (it must wait for the server's "+")
 //            sent alone: after everything before them completed, and nothing after them is
 //            sent until they complete.
@@ -297,6 +298,12 @@ class ImapClient {
   // STORE +FLAGS.SILENT (\Deleted), then UidExpunge (one after the other, each after the
   // previous succeeded; a failure stops the sequence and is reported).
   void UidMove(std::string uid_set, std::string destination, ResultCallback<MoveResult> done);
+  // UID SEARCH HEADER field "value" in the selected mailbox: the UIDs of the messages whose
+  // header `field` contains `value` (RFC 3501 §6.4.4: a substring match, case-insensitive),
+  // in the server's order; empty when none. `field` must be a header name (letters, digits,
+  // '-'), else kInvalidArgument. Sent alone (its answer depends on earlier writes).
+  void UidSearchHeader(std::string field, std::string value,
+                       ResultCallback<std::vector<std::uint32_t>> done);
   void Create(std::string mailbox, StatusCallback done);
   void Delete(std::string mailbox, StatusCallback done);
   void Noop(StatusCallback done);

@@ -47,6 +47,7 @@ std::string EncodeOp(const ImapOp& op) {
   if (!op.remove_flags.empty()) h["remove_flags"] = op.remove_flags;
   if (!op.destination.empty()) h["destination"] = op.destination;
   if (op.internaldate) h["internaldate"] = op.internaldate;
+  if (op.message_size) h["message_size"] = op.message_size;
   if (!op.local_name.empty()) h["local_name"] = op.local_name;
   std::string header = Dump(h);
   h["sum"] = Hex64(Fnv1a64(header, op.body));
@@ -177,6 +178,7 @@ Status ImapQueue::Replay() {
     if (h.contains("remove_flags")) op.remove_flags = h["remove_flags"].get<std::vector<std::string>>();
     op.destination = h.value("destination", "");
     op.internaldate = h.value("internaldate", std::int64_t{0});
+    op.message_size = h.value("message_size", std::uint64_t{0});
     op.local_name = h.value("local_name", "");
     op.body.assign(body);
     max_seq = std::max(max_seq, op.seq);

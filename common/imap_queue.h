@@ -69,7 +69,11 @@ struct ImapOp {
   // ... and to remove (-FLAGS): only what the reader changed, so keywords survive.
   std::vector<std::string> remove_flags;
   std::string destination;        // kMove: the destination mailbox's wire name
-  std::int64_t internaldate = 0;  // kAppend: seconds since the epoch; 0 = the server's clock
+  // kAppend: the date to give it, seconds since the epoch (0 = the server's clock). kStore,
+  // kExpunge, kMove: the message's INTERNALDATE as listed, and its RFC822.SIZE, which find it
+  // again if the mailbox's UIDVALIDITY changes before the op is sent (fs/mail_tree.cc Resync).
+  std::int64_t internaldate = 0;
+  std::uint64_t message_size = 0;
   std::string local_name;         // kAppend: where the reader put it ("new/NAME", ".F/cur/NAME")
   std::string body;               // kAppend: the message (RFC 5322)
 

@@ -131,6 +131,7 @@ Status Daemon::OpenCache() {
       *pm_, disk_id_, wq,
       [this](std::vector<WriteRecord> batch, std::function<void()> done) { WriteBatch(std::move(batch), std::move(done)); });
   HttpFetcherOptions ho;
+  ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   http_ = std::make_unique<HttpFetcher>(base_, ho);
   return Status::Ok();
 }

@@ -13,7 +13,7 @@
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
   std::vector<std::string> origins, password_files;
-  std::string config, cache_size, max_stale, knob_text;
+  std::string config, cache_size, max_stale, knob_text, cacert, imap_delete;
   CLI::App app{
       "ghostfs: an energy-aware caching file system over HTTP(S) and IMAP origins.\n\n"
       "Each origin appears as MOUNTPOINT/NAME/ (URL paths as files, HTML directory listings as\n"
@@ -38,6 +38,14 @@ int main(int argc, char** argv) {
   app.add_option("--config", config, "TOML file with the same settings (see common/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
+  app.add_option(
+      "--cacert", cacert,
+      "PEM file of the CAs that https:// and imaps:// servers must be signed by (default: the "
+      "system's CAs)");
+  app.add_option(
+      "--imap-delete", imap_delete,
+      "what unlinking a message in an IMAP Maildir does: move:MAILBOX (UID MOVE there, created "
+      "if missing; the default is move:Trash) or expunge");
   app.add_option("-o", o.fuse_options, "FUSE mount options (e.g. -o allow_other), repeatable");
   app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")->required();
   try {
@@ -64,7 +72,16 @@ int main(int argc, char** argv) {
     if (max_stale.empty()) o.max_stale = file.max_stale;
     o.heuristic_freshness = file.heuristic_freshness;
     o.write_queue_cap = file.write_queue_cap;
+    o.cacert = file.cacert;
+    o.imap_delete = file.imap_delete;
     o.origins = file.origins;
+  }
+  if (!cacert.empty()) o.cacert = cacert;
+  if (!imap_delete.empty()) {
+    if (ghost::Result<std::string> d = ghost::ParseImapDelete(imap_delete); !d.ok()) {
+      return fail("--imap-delete: " + d.status().message());
+    }
+    o.imap_delete = imap_delete;
   }
   for (const std::string& spec : origins) {
     ghost::Result<ghost::Origin> origin = ghost::ParseOrigin(spec);

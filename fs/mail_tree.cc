@@ -3,6 +3,7 @@
 #include "fs/mail_tree.h"
 
 #include <fcntl.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "common/config.h"
 #include "common/maildir_names.h"
 #include "fs/ghostfs_internal.h"
 
@@ -69,6 +71,18 @@ std::string InfoOf(const std::string& name) {
 bool Transient(const Status& s) {
   return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ||
          s.code() == Status::Code::kCorruption;
+}
+
+// The errno a reader gets for a failed mail operation. The IMAP client reports a refused login
+// (and a bad URL) as kInvalidArgument; to a reader that is a permission problem (EACCES), not a
+// bad argument of theirs. The rest map as everywhere (Status::ToErrno): a dropped connection
+// ENOTCONN, a malformed answer or TLS failure EIO, a timeout ETIMEDOUT.
+int ReaderErrno(const Status& s) {
+  if (s.code() == Status::Code::kInvalidArgument &&
+      s.message().find("login refused") != std::string::npos) {
+    return EACCES;
+  }
+  return s.ToErrno();
 }
 
 }  // namespace
@@ -154,6 +168,7 @@ Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
     mo->user = url->user;
     mo->password = *password;
     ImapClientOptions co;
+    co.ca_file = d.options_.cacert;
     mo->client = std::make_unique<ImapClient>(d.base_, co);
     MailOrigin* raw = mo.get();
     MailTree* self = t.get();
@@ -169,6 +184,14 @@ Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
     t->origins_.back() = std::move(mo);
   }
   if (!any) return t;
+  Result<std::string> trash = ParseImapDelete(d.options_.imap_delete);
+  if (!trash.ok()) return trash.status();
+  if (!trash->empty()) {
+    Result<std::string> wire = EncodeMutf7(*trash);
+    if (!wire.ok()) return Status::InvalidArgument("imap_delete: " + wire.status().message());
+    t->trash_ = *wire;
+  }
+  t->unapplied_path_ = d.options_.cache_dir + "/imap-unapplied.jsonl";
   ImapQueueOptions qo;
   qo.journal_path = d.options_.cache_dir + "/imap-journal";
   Result<std::unique_ptr<ImapQueue>> q = ImapQueue::Open(
@@ -362,9 +385,9 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
     std::uint32_t uidvalidity = st->uidvalidity;
     auto install = [this, &mo, &box, uidvalidity, finish](const std::vector<MessageSummary>& list) {
       if (box.uidvalidity && box.uidvalidity != uidvalidity) {
-        // Every UID changed meaning: the old names (and cache keys) are gone; changes still
-        // queued for the old UIDs are refused when sent, with a log line (never applied to
-        // another message).
+        // Every UID changed meaning: the old names are gone (the old cache keys stay, so
+        // Resync can read a message's Message-ID). Changes still queued for the old UIDs are
+        // found again or kept when sent (MailTree::Resync), never applied to another message.
         ++uidvalidity_changes_;
         std::fprintf(stderr, "ghostfs: %s: mailbox %s changed UIDVALIDITY %u -> %u: resynchronised\n",
                      mo.name.c_str(), box.wire.c_str(), box.uidvalidity, uidvalidity);
@@ -557,7 +580,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     if (!p.folder.empty() || !name.starts_with(".")) return (void)fuse_reply_err(req, ENOENT);
     return WithMailboxes(*mo, [mo, name, dir_entry, req](Status s) {
       if (mo->boxes.count(name)) return dir_entry(name);
-      fuse_reply_err(req, s.ok() ? ENOENT : s.ToErrno());
+      fuse_reply_err(req, s.ok() ? ENOENT : ReaderErrno(s));
     });
   }
   MailPath c = p;
@@ -569,7 +592,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     return ReplyMessageEntry(req, *mo, path, t->second.size(), UnixNow());
   }
   WithBox(*mo, p.folder, false, [this, req, mo, p, name, path](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
     auto it = (*b)->messages.find(UniqueOf(name));
     if (it == (*b)->messages.end() || it->second.sub != p.sub || it->second.Name() != name) {
       return (void)fuse_reply_err(req, ENOENT);
@@ -600,7 +623,7 @@ void MailTree::Getattr(fuse_req_t req, Node* n) {
     return (void)fuse_reply_attr(req, &st, 0);
   }
   WithBox(*mo, p.folder, false, [this, req, ino, p](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
     auto it = (*b)->messages.find(UniqueOf(p.name));
     if (it == (*b)->messages.end()) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = FileStat(ino, it->second.size, it->second.date);
@@ -654,8 +677,11 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   // Listing cur/ or new/ refreshes the summary once its freshness ran out (offset 0 only: a
   // listing read in several calls must see one state).
   bool stale_ok = off > 0;
+  // A reader looking while operations wait for a lost connection: try the server again (the
+  // queue is sent once it answers). Driven by the reader, never by a timer.
+  if (off == 0 && queue_ && !queue_->pending().empty()) EnsureConnected(*mo);
   WithBox(*mo, p.folder, false, [this, req, ino, size, off, p, stale_ok](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
     (void)stale_ok;
     Entries entries;
     for (const auto& [u, m] : (*b)->messages) {
@@ -688,7 +714,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   }
   if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
   WithBox(*mo, p.folder, false, [this, req, info, ino, mo, p](Result<MailBox*> b) mutable {
-    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
     MailBox& box = **b;
     auto it = box.messages.find(UniqueOf(p.name));
     if (it == box.messages.end()) return (void)fuse_reply_err(req, ENOENT);
@@ -862,16 +888,26 @@ void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
   }
   if (p.sub.empty()) return (void)fuse_reply_err(req, EISDIR);
   WithBox(*mo, p.folder, false, [this, req, mo, p, name](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
+    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
     MailBox& box = **b;
     auto it = box.messages.find(UniqueOf(name));
-    if (it == box.messages.end() || it->second.sub != p.sub) return (void)fuse_reply_err(req, ENOENT);
+    if (it == box.messages.end() || it->second.sub != p.sub)
+      return (void)fuse_reply_err(req, ENOENT);
     ImapOp op;
-    op.kind = ImapOp::Kind::kExpunge;
+    // To the trash (recoverable, as mail clients do) unless configured to expunge or the
+    // message is in the trash already: imap_delete (common/config.h).
+    if (!trash_.empty() && box.wire != trash_) {
+      op.kind = ImapOp::Kind::kMove;
+      op.destination = trash_;
+    } else {
+      op.kind = ImapOp::Kind::kExpunge;
+    }
     op.origin = mo->name;
     op.mailbox = box.wire;
     op.uidvalidity = box.uidvalidity;
     op.uid = it->second.uid;
+    op.internaldate = it->second.date;
+    op.message_size = it->second.size;
     if (!op.uid) op.local_name = it->second.unique;
     Result<std::uint64_t> seq = queue_->Add(std::move(op));
     if (!seq.ok()) {
@@ -904,87 +940,123 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
     d_.inodes_.Rename(NodeKind::kMailFile, origin, from_path, to_path);
     fuse_reply_err(req, 0);
   };
-  WithBox(*mo, to.folder, false, [this, req, mo, from, to, name, newname, from_path, done](Result<MailBox*> tb) {
-    if (!tb.ok()) return (void)fuse_reply_err(req, tb.status().ToErrno());
-    MailBox& dest = **tb;
-    if (from.sub == "tmp") {
-      // A new message: APPEND, with the flags of its info letters.
-      auto t = mo->tmp.find(from_path);
-      if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
-      ImapOp op;
-      op.kind = ImapOp::Kind::kAppend;
-      op.origin = mo->name;
-      op.mailbox = dest.wire;
-      op.flags = InfoToFlags(InfoOf(newname));
-      op.internaldate = UnixNow();
-      op.local_name = to.sub + "/" + newname;
-      op.body = t->second;
-      MailMessage msg;
-      msg.sub = to.sub;
-      msg.unique = UniqueOf(newname);
-      msg.info = InfoOf(newname);
-      msg.size = t->second.size();
-      msg.date = op.internaldate;
-      msg.body = std::make_shared<const std::string>(t->second);
-      Result<std::uint64_t> seq = queue_->Add(std::move(op));
-      if (seq.ok()) {
-        mo->tmp.erase(t);
-        dest.messages[msg.unique] = std::move(msg);
-        dest.Changed();
-      }
-      return done(seq);
-    }
-    WithBox(*mo, from.folder, false, [this, req, mo, from, to, name, newname, &dest, done](Result<MailBox*> sb) {
-      if (!sb.ok()) return (void)fuse_reply_err(req, sb.status().ToErrno());
-      MailBox& src = **sb;
-      auto it = src.messages.find(UniqueOf(name));
-      if (it == src.messages.end() || it->second.sub != from.sub) return (void)fuse_reply_err(req, ENOENT);
-      MailMessage& m = it->second;
-      ImapOp op;
-      op.origin = mo->name;
-      op.mailbox = src.wire;
-      op.uidvalidity = src.uidvalidity;
-      op.uid = m.uid;
-      if (!m.uid) op.local_name = m.unique;
-      if (&src != &dest) {
-        // Another folder: UID MOVE; it shows up there once the server has moved it.
-        op.kind = ImapOp::Kind::kMove;
-        op.destination = dest.wire;
-        Result<std::uint64_t> seq = queue_->Add(std::move(op));
-        if (seq.ok()) {
-          src.messages.erase(it);
-          src.Changed();
-        }
-        return done(seq);
-      }
-      if (UniqueOf(newname) != m.unique) return (void)fuse_reply_err(req, EINVAL);  // names are ours
-      std::string before = m.info, after = InfoOf(newname);
-      std::string added, removed;
-      for (char c : after) {
-        if (before.find(c) == std::string::npos) added.push_back(c);
-      }
-      for (char c : before) {
-        if (after.find(c) == std::string::npos) removed.push_back(c);
-      }
-      Result<std::uint64_t> seq = std::uint64_t{0};
-      if (!added.empty() || !removed.empty()) {
-        // Only what changed, so keywords and flags set by other clients survive.
-        op.kind = ImapOp::Kind::kStore;
-        op.flags = InfoToFlags(added);
-        op.remove_flags = InfoToFlags(removed);
-        seq = queue_->Add(std::move(op));
-      }
-      if (seq.ok()) {
-        m.info = after;
-        m.sub = to.sub;
-        src.Changed();
-      }
-      done(seq);
-    });
-  });
+  WithBox(*mo, to.folder, false,
+          [this, req, mo, from, to, name, newname, from_path, done](Result<MailBox*> tb) {
+            if (!tb.ok()) return (void)fuse_reply_err(req, ReaderErrno(tb.status()));
+            MailBox& dest = **tb;
+            if (from.sub == "tmp") {
+              // A new message: APPEND, with the flags of its info letters.
+              auto t = mo->tmp.find(from_path);
+              if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
+              ImapOp op;
+              op.kind = ImapOp::Kind::kAppend;
+              op.origin = mo->name;
+              op.mailbox = dest.wire;
+              op.flags = InfoToFlags(InfoOf(newname));
+              op.internaldate = UnixNow();
+              op.local_name = to.sub + "/" + newname;
+              op.body = t->second;
+              MailMessage msg;
+              msg.sub = to.sub;
+              msg.unique = UniqueOf(newname);
+              msg.info = InfoOf(newname);
+              msg.size = t->second.size();
+              msg.date = op.internaldate;
+              msg.body = std::make_shared<const std::string>(t->second);
+              Result<std::uint64_t> seq = queue_->Add(std::move(op));
+              if (seq.ok()) {
+                mo->tmp.erase(t);
+                dest.messages[msg.unique] = std::move(msg);
+                dest.Changed();
+              }
+              return done(seq);
+            }
+            WithBox(*mo, from.folder, false,
+                    [this, req, mo, from, to, name, newname, &dest, done](Result<MailBox*> sb) {
+                      if (!sb.ok()) return (void)fuse_reply_err(req, ReaderErrno(sb.status()));
+                      MailBox& src = **sb;
+                      auto it = src.messages.find(UniqueOf(name));
+                      if (it == src.messages.end() || it->second.sub != from.sub)
+                        return (void)fuse_reply_err(req, ENOENT);
+                      MailMessage& m = it->second;
+                      ImapOp op;
+                      op.origin = mo->name;
+                      op.mailbox = src.wire;
+                      op.uidvalidity = src.uidvalidity;
+                      op.uid = m.uid;
+                      op.internaldate = m.date;
+                      op.message_size = m.size;
+                      if (!m.uid) op.local_name = m.unique;
+                      if (&src != &dest) {
+                        // Another folder: UID MOVE; it shows up there once the server has moved it.
+                        op.kind = ImapOp::Kind::kMove;
+                        op.destination = dest.wire;
+                        Result<std::uint64_t> seq = queue_->Add(std::move(op));
+                        if (seq.ok()) {
+                          src.messages.erase(it);
+                          src.Changed();
+                        }
+                        return done(seq);
+                      }
+                      if (UniqueOf(newname) != m.unique)
+                        return (void)fuse_reply_err(req, EINVAL);  // names are ours
+                      std::string before = m.info, after = InfoOf(newname);
+                      std::string added, removed;
+                      for (char c : after) {
+                        if (before.find(c) == std::string::npos) added.push_back(c);
+                      }
+                      for (char c : before) {
+                        if (after.find(c) == std::string::npos) removed.push_back(c);
+                      }
+                      Result<std::uint64_t> seq = std::uint64_t{0};
+                      if (!added.empty() || !removed.empty()) {
+                        // Only what changed, so keywords and flags set by other clients survive.
+                        op.kind = ImapOp::Kind::kStore;
+                        op.flags = InfoToFlags(added);
+                        op.remove_flags = InfoToFlags(removed);
+                        seq = queue_->Add(std::move(op));
+                      }
+                      if (seq.ok()) {
+                        m.info = after;
+                        m.sub = to.sub;
+                        src.Changed();
+                      }
+                      done(seq);
+                    });
+          });
 }
 
 // ---- the deferred operations, sent (common/imap_queue.h) ----
+
+namespace {
+
+// The Message-ID header of an RFC 5322 message ("" if it has none): unfolded, trimmed.
+std::string MessageIdOf(std::string_view msg) {
+  std::size_t end = msg.find("\r\n\r\n");
+  if (end == std::string_view::npos) end = msg.find("\n\n");
+  std::string_view head = msg.substr(0, end);
+  std::size_t pos = 0;
+  while (pos < head.size()) {
+    std::size_t eol = head.find('\n', pos);
+    if (eol == std::string_view::npos) eol = head.size();
+    std::string_view line = head.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.size() < 11 || strncasecmp(line.data(), "Message-ID:", 11) != 0) continue;
+    std::string value(line.substr(11));
+    // Folded onto the next lines (RFC 5322 §2.2.3).
+    while (pos < head.size() && (head[pos] == ' ' || head[pos] == '\t')) {
+      eol = head.find('\n', pos);
+      if (eol == std::string_view::npos) eol = head.size();
+      value += head.substr(pos, eol - pos);
+      pos = eol + 1;
+    }
+    std::erase_if(value, [](char c) { return c == '\r' || c == '\n' || c == ' ' || c == '\t'; });
+    return value;
+  }
+  return "";
+}
+
+}  // namespace
 
 void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
   MailOrigin* mo = nullptr;
@@ -999,7 +1071,10 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
   }
   auto result = [mo, what, done](Status s) {
     if (s.ok()) return done(SendOutcome::kDone);
-    if (Transient(s)) {
+    // A lost connection, a server talking nonsense, or no connection at all (login refused, a
+    // TLS failure: the client is disconnected when the command fails) says nothing about the
+    // operation: it stays queued until the server answers again.
+    if (Transient(s) || mo->client->state() != ImapClient::State::kReady) {
       std::fprintf(stderr, "ghostfs: %s: IMAP %s kept queued: %s\n", mo->name.c_str(), what.c_str(), s.ToString().c_str());
       return done(SendOutcome::kRetryLater);
     }
@@ -1021,8 +1096,8 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
                                 result(r.status());
                               });
   }
-  std::uint32_t uidvalidity = op.uidvalidity, uid = op.uid;
-  if (!uid) {
+  ImapOp copy = op;
+  if (!copy.uid) {
     // A message the reader wrote: its UID is known once its APPEND went through.
     auto a = mo->appended.find(op.mailbox + "\n" + op.local_name);
     if (a == mo->appended.end() || a->second.second == 0) {
@@ -1030,47 +1105,226 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
                    what.c_str());
       return done(SendOutcome::kDropped);
     }
-    uidvalidity = a->second.first;
-    uid = a->second.second;
+    copy.uidvalidity = a->second.first;
+    copy.uid = a->second.second;
   }
-  ImapOp copy = op;
-  Selected(*mo, op.mailbox, [this, mo, copy, uid, uidvalidity, result, what, done](Result<std::uint32_t> v) {
+  Selected(*mo, op.mailbox, [this, mo, copy, result, done](Result<std::uint32_t> v) {
     if (!v.ok()) return result(v.status());
-    if (*v != uidvalidity) {
-      ++uidvalidity_changes_;
-      std::fprintf(stderr,
-                   "ghostfs: %s: IMAP %s of UID %u not applied: the mailbox's UIDVALIDITY is now %u, not %u "
-                   "(the message it named is gone)\n",
-                   mo->name.c_str(), what.c_str(), uid, *v, uidvalidity);
-      return done(SendOutcome::kDropped);
-    }
-    std::string set = std::to_string(uid);
-    ImapClient& c = *mo->client;
-    switch (copy.kind) {
-      case ImapOp::Kind::kStore: {
-        auto remove = [&c, set, copy, result](Status s) {
-          if (!s.ok() || copy.remove_flags.empty()) return result(s);
-          c.UidStore(set, StoreMode::kRemove, copy.remove_flags, result);
-        };
-        if (copy.flags.empty()) return remove(Status::Ok());
-        return c.UidStore(set, StoreMode::kAdd, copy.flags, remove);
-      }
-      case ImapOp::Kind::kExpunge:
-        return c.UidStore(set, StoreMode::kAdd, {"\\Deleted"}, [&c, set, result](Status s) {
-          if (!s.ok()) return result(s);
-          c.UidExpunge(set, result);
-        });
-      case ImapOp::Kind::kMove:
-        return c.UidMove(set, copy.destination, [this, mo, copy, result](Result<MoveResult> r) {
-          if (r.ok()) {
-            if (MailBox* b = mo->BoxByWire(copy.destination); b) b->expires = TimePoint{};
-          }
-          result(r.status());
-        });
-      case ImapOp::Kind::kAppend: break;
-    }
-    result(Status::Internal("unreachable"));
+    if (*v != copy.uidvalidity) return Resync(*mo, copy, *v, result, done);
+    SendToUid(*mo, copy, result);
   });
+}
+
+// Precondition: op.mailbox is selected with op.uidvalidity.
+void MailTree::SendToUid(MailOrigin& mo, const ImapOp& op, std::function<void(Status)> result) {
+  std::string set = std::to_string(op.uid);
+  ImapClient& c = *mo.client;
+  switch (op.kind) {
+    case ImapOp::Kind::kStore: {
+      auto remove = [&c, set, op, result](Status s) {
+        if (!s.ok() || op.remove_flags.empty()) return result(s);
+        c.UidStore(set, StoreMode::kRemove, op.remove_flags, result);
+      };
+      if (op.flags.empty()) return remove(Status::Ok());
+      return c.UidStore(set, StoreMode::kAdd, op.flags, remove);
+    }
+    case ImapOp::Kind::kExpunge:
+      return c.UidStore(set, StoreMode::kAdd, {"\\Deleted"}, [&c, set, result](Status s) {
+        if (!s.ok()) return result(s);
+        c.UidExpunge(set, result);
+      });
+    case ImapOp::Kind::kMove: {
+      auto moved = [&mo, op, result](Result<MoveResult> r) {
+        if (r.ok()) {
+          if (MailBox* b = mo.BoxByWire(op.destination); b) b->expires = TimePoint{};
+        }
+        result(r.status());
+      };
+      return c.UidMove(
+          set, op.destination, [this, &mo, &c, set, op, moved, result](Result<MoveResult> r) {
+            if (r.ok() || r.status().code() != Status::Code::kNotFound) return moved(std::move(r));
+            // NO [TRYCREATE]: the destination (the trash, typically) does not exist yet. Create it,
+            // then move (the mailbox list is reloaded so the new folder shows).
+            std::fprintf(stderr, "ghostfs: %s: creating mailbox %s for a move\n", mo.name.c_str(),
+                         op.destination.c_str());
+            c.Create(op.destination, [this, &mo, &c, set, op, moved, result](Status s) {
+              if (!s.ok() && s.code() != Status::Code::kExists) return result(s);
+              mo.boxes_expires = TimePoint{};
+              // CREATE may leave the selection alone, but the move must run in the source mailbox.
+              Selected(mo, op.mailbox, [&c, set, op, moved, result](Result<std::uint32_t> v) {
+                if (!v.ok()) return result(v.status());
+                if (*v != op.uidvalidity)
+                  return result(Status::Unavailable("the mailbox changed UIDVALIDITY; retrying"));
+                c.UidMove(set, op.destination, moved);
+              });
+            });
+          });
+    }
+    case ImapOp::Kind::kAppend:
+      break;
+  }
+  result(Status::Internal("unreachable"));
+}
+
+// The mailbox's UIDVALIDITY changed while `op` waited (the server rebuilt its index, or the
+// mailbox was deleted and made again): op.uid may now name another message, or none. The rule,
+// which never applies a change to the wrong message and never loses one:
+//   1. Find the message again. By its Message-ID, when its old body is in the cache
+//      (UID SEARCH HEADER Message-ID, narrowed by RFC822.SIZE when several match); else by its
+//      RFC822.SIZE and INTERNALDATE, as listed when the op was queued. Exactly one match: the
+//      op is sent to that message's new UID ("retargeted").
+//   2. No match: the message is gone from the mailbox. An expunge or a move to the trash is
+//      then done already ("gone"). A flag change or a move is kept by APPENDing the cached
+//      copy (to the mailbox with the new flags, or to the destination) ("reappended").
+//   3. Otherwise (several matches, or gone with no cached copy): the op is not applied to any
+//      message; it is written, with why, to CACHE/imap-unapplied.jsonl ("unapplied"), so a
+//      person can apply it. The message itself stays on the server untouched.
+// Each outcome is a log line and a count in `ghostctl stats` (imap.resync_*).
+void MailTree::Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidity_now,
+                      std::function<void(Status)> result, std::function<void(SendOutcome)> done) {
+  ++uidvalidity_changes_;
+  std::fprintf(
+      stderr,
+      "ghostfs: %s: mailbox %s changed UIDVALIDITY %u -> %u before a queued %s of UID %u was sent: "
+      "finding the message again\n",
+      mo.name.c_str(), op.mailbox.c_str(), op.uidvalidity, uidvalidity_now, ImapOpKindName(op.kind),
+      op.uid);
+  std::string key = BodyKey(mo, op.mailbox, op.uidvalidity, op.uid);
+  const CacheEntry* e = d_.store_->index().Find(key);
+  auto with_body = [this, &mo, op, uidvalidity_now, result,
+                    done](std::shared_ptr<std::string> body) {
+    std::string id = body ? MessageIdOf(*body) : "";
+    auto matched = [this, &mo, op, uidvalidity_now, body, result, done](
+                       std::vector<std::uint32_t> uids, std::string how) {
+      if (uids.size() == 1) {
+        ++resync_retargeted_;
+        std::fprintf(stderr,
+                     "ghostfs: %s: queued %s of UID %u in %s sent to UID %u (found by %s)\n",
+                     mo.name.c_str(), ImapOpKindName(op.kind), op.uid, op.mailbox.c_str(), uids[0],
+                     how.c_str());
+        ImapOp moved = op;
+        moved.uidvalidity = uidvalidity_now;
+        moved.uid = uids[0];
+        return Selected(mo, op.mailbox, [this, &mo, moved, result](Result<std::uint32_t> v) {
+          if (!v.ok()) return result(v.status());
+          if (*v != moved.uidvalidity)
+            return result(Status::Unavailable("UIDVALIDITY changed again"));
+          SendToUid(mo, moved, result);
+        });
+      }
+      if (uids.empty() && (op.kind == ImapOp::Kind::kExpunge ||
+                           (op.kind == ImapOp::Kind::kMove && op.destination == trash_))) {
+        ++resync_gone_;
+        std::fprintf(
+            stderr,
+            "ghostfs: %s: queued %s of UID %u in %s: the message is not there any more (by %s); "
+            "nothing to delete\n",
+            mo.name.c_str(), ImapOpKindName(op.kind), op.uid, op.mailbox.c_str(), how.c_str());
+        return done(SendOutcome::kDone);
+      }
+      if (uids.empty() && body) {
+        ++resync_reappended_;
+        std::string to = op.kind == ImapOp::Kind::kMove ? op.destination : op.mailbox;
+        std::vector<std::string> flags =
+            op.kind == ImapOp::Kind::kStore ? op.flags : std::vector<std::string>{};
+        std::fprintf(
+            stderr,
+            "ghostfs: %s: queued %s of UID %u in %s: the message is gone from the server (by %s); "
+            "APPENDing the cached copy to %s\n",
+            mo.name.c_str(), ImapOpKindName(op.kind), op.uid, op.mailbox.c_str(), how.c_str(),
+            to.c_str());
+        std::optional<std::int64_t> date;
+        if (op.internaldate) date = op.internaldate;
+        return mo.client->Append(to, flags, date, *body,
+                                 [this, &mo, to, result](Result<AppendResult> r) {
+                                   if (r.ok()) {
+                                     if (MailBox* b = mo.BoxByWire(to); b) b->expires = TimePoint{};
+                                   }
+                                   result(r.status());
+                                 });
+      }
+      ++resync_unapplied_;
+      std::string why = uids.empty()
+                            ? "the message is gone and no copy is cached"
+                            : std::to_string(uids.size()) + " messages match (" + how + ")";
+      std::fprintf(stderr,
+                   "ghostfs: %s: queued %s of UID %u in %s NOT applied: %s; recorded in %s\n",
+                   mo.name.c_str(), ImapOpKindName(op.kind), op.uid, op.mailbox.c_str(),
+                   why.c_str(), unapplied_path_.c_str());
+      RecordUnapplied(op, why);
+      done(SendOutcome::kDone);
+    };
+    auto by_size_date = [this, &mo, op, matched, result]() {
+      if (!op.message_size) return matched({}, "nothing: the op carries no size or date");
+      mo.client->FetchSummary("1:*", [op, matched, result](Result<std::vector<MessageSummary>> r) {
+        if (!r.ok()) return result(r.status());
+        std::vector<std::uint32_t> uids;
+        for (const MessageSummary& m : *r) {
+          if (m.size == op.message_size &&
+              (!op.internaldate || m.internaldate_unix == op.internaldate)) {
+            uids.push_back(m.uid);
+          }
+        }
+        matched(uids, "size and date");
+      });
+    };
+    Selected(
+        mo, op.mailbox,
+        [&mo, op, id, uidvalidity_now, matched, by_size_date, result](Result<std::uint32_t> v) {
+          if (!v.ok()) return result(v.status());
+          if (*v != uidvalidity_now)
+            return result(Status::Unavailable("UIDVALIDITY changed again"));
+          if (id.empty()) return by_size_date();
+          mo.client->UidSearchHeader(
+              "Message-ID", id,
+              [&mo, op, id, matched, result](Result<std::vector<std::uint32_t>> r) {
+                if (!r.ok()) return result(r.status());
+                if (r->size() <= 1 || !op.message_size) return matched(*r, "Message-ID " + id);
+                // Copies of one message: narrow by size.
+                std::string set;
+                for (std::uint32_t u : *r) set += (set.empty() ? "" : ",") + std::to_string(u);
+                mo.client->FetchSummary(
+                    set, [op, id, matched, result](Result<std::vector<MessageSummary>> s) {
+                      if (!s.ok()) return result(s.status());
+                      std::vector<std::uint32_t> uids;
+                      for (const MessageSummary& m : *s) {
+                        if (m.size == op.message_size) uids.push_back(m.uid);
+                      }
+                      matched(uids, "Message-ID " + id + " and size");
+                    });
+              });
+        });
+  };
+  if (!e) return with_body(nullptr);
+  auto buf = std::make_shared<std::string>(e->size, '\0');
+  d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+                      [buf, with_body](Result<std::size_t> n) {
+                        if (!n.ok() || *n != buf->size()) return with_body(nullptr);
+                        with_body(buf);
+                      });
+}
+
+void MailTree::RecordUnapplied(const ImapOp& op, const std::string& why) {
+  nlohmann::json j = {{"time", UnixNow()},
+                      {"origin", op.origin},
+                      {"op", ImapOpKindName(op.kind)},
+                      {"mailbox", op.mailbox},
+                      {"uidvalidity", op.uidvalidity},
+                      {"uid", op.uid},
+                      {"flags", op.flags},
+                      {"remove_flags", op.remove_flags},
+                      {"destination", op.destination},
+                      {"message_size", op.message_size},
+                      {"internaldate", op.internaldate},
+                      {"why", why}};
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  int fd = ::open(unapplied_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) ||
+      ::fdatasync(fd) != 0) {
+    std::fprintf(stderr, "ghostfs: cannot record an unapplied IMAP operation in %s: %s; it was: %s",
+                 unapplied_path_.c_str(), std::strerror(errno), line.c_str());
+  }
+  if (fd >= 0) ::close(fd);
 }
 
 // ---- attributes and stats ----
@@ -1145,6 +1399,11 @@ nlohmann::json MailTree::StatsJson() const {
           {"refreshes", refreshes_},
           {"server_events", idle_events_},
           {"uidvalidity_changes", uidvalidity_changes_},
+          {"resync_retargeted", resync_retargeted_},
+          {"resync_reappended", resync_reappended_},
+          {"resync_gone", resync_gone_},
+          {"resync_unapplied", resync_unapplied_},
+          {"unapplied_file", unapplied_path_},
           {"origins", origins}};
 }
 

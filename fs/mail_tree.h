@@ -24,7 +24,14 @@
 //   cur/A:2,S renamed to cur/A:2,FS  → UID STORE +FLAGS/-FLAGS (only the letters that changed,
 //                                      so keywords set by other clients survive)
 //   cur/A renamed into .Other/cur/   → UID MOVE
-//   unlink cur/A                      → UID STORE +\Deleted, UID EXPUNGE
+//   unlink cur/A                      → UID MOVE to the trash (imap_delete = "move:Trash", the
+//                                      default; the trash is created if missing), or
+//                                      UID STORE +\Deleted, UID EXPUNGE (imap_delete =
+//                                      "expunge", and for an unlink inside the trash)
+// If a mailbox's UIDVALIDITY changes while operations on its UIDs wait, each is sent to the
+// message found again or kept elsewhere, never applied to another message (MailTree::Resync
+// has the rule). A refused login, a dropped connection or a malformed answer never drops a
+// queued operation; the reader gets EACCES, ENOTCONN or EIO and the log a line.
 // New files can only be created in tmp/ (held in memory until renamed).
 //
 // New mail: the connection IDLEs (RFC 2177) in the mailbox it last selected, and the server's
@@ -103,6 +110,12 @@ class MailTree {
   std::string BodyKey(const MailOrigin& mo, const std::string& wire, std::uint32_t uidvalidity,
                       std::uint32_t uid) const;
   void Send(const ImapOp& op, std::function<void(SendOutcome)> done);
+  void SendToUid(MailOrigin& mo, const ImapOp& op, std::function<void(Status)> result);
+  // op.mailbox's UIDVALIDITY is now `uidvalidity_now`, not op.uidvalidity: find the message
+  // again or keep the change elsewhere (the rule is at the definition).
+  void Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidity_now,
+              std::function<void(Status)> result, std::function<void(SendOutcome)> done);
+  void RecordUnapplied(const ImapOp& op, const std::string& why);
   void ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
                          std::int64_t mtime);
   struct stat FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const;
@@ -113,6 +126,10 @@ class MailTree {
   std::unique_ptr<ImapQueue> queue_;
   std::uint64_t fetches_ = 0, fetch_errors_ = 0, bytes_fetched_ = 0, refreshes_ = 0,
                 idle_events_ = 0, uidvalidity_changes_ = 0;
+  std::uint64_t resync_retargeted_ = 0, resync_reappended_ = 0, resync_gone_ = 0,
+                resync_unapplied_ = 0;
+  std::string trash_;           // wire name of the trash mailbox; "" = unlink expunges
+  std::string unapplied_path_;  // CACHE/imap-unapplied.jsonl
 };
 
 }  // namespace ghost

@@ -13,6 +13,8 @@ GHOST_PACKAGES=(
   nginx-light curl wget
   chromium  # tests/integration/ghostproxy_test.py: a real browser through the proxy
   dovecot-imapd libssl-dev  # IMAP origin tests (tests/common/dovecot_fixture.h), TLS
+  neomutt tmux  # tests/integration/ghostfs_imap_neomutt_test.py: a Maildir reader on the mount
+  openssl  # tests/integration/ghostfs_imap_bad_test.py: a CA and server certificate for imaps://
   clang  # tests/proxy/fuzz_http1.sh: libFuzzer with ASan/UBSan (suite "fuzz")
   libnetfilter-queue-dev iptables iputils-ping
 )

@@ -1120,6 +1120,29 @@ TEST_F(ImapClientTest, StoresFlagsAndSeesThem) {
   EXPECT_EQ(info(), "D");
 }
 
+TEST_F(ImapClientTest, SearchesByMessageIdHeader) {
+  StartServer();
+  for (unsigned i = 1; i <= 3; ++i) ASSERT_TRUE(server_.Seed("", MakeMessage(700, i)).ok());
+  ASSERT_TRUE(server_.Seed("", MakeMessage(700, 2)).ok());  // a second copy of <2@ghost>
+  ImapClient& c = NewClient();
+  ASSERT_TRUE(Select(c, "INBOX").ok());
+  auto search = [&](std::string field, std::string value) {
+    return Await<std::vector<std::uint32_t>>(
+        base_, [&](auto cb) { c.UidSearchHeader(field, value, std::move(cb)); });
+  };
+  Result<std::vector<std::uint32_t>> one = search("Message-ID", "<3@ghost>");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(*one, (std::vector<std::uint32_t>{3}));
+  Result<std::vector<std::uint32_t>> two = search("Message-ID", "<2@ghost>");
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(*two, (std::vector<std::uint32_t>{2, 4}));
+  Result<std::vector<std::uint32_t>> none = search("Message-ID", "<nope@ghost>");
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty());
+  Result<std::vector<std::uint32_t>> bad = search("Message ID", "x");
+  EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument);
+}
+
 TEST_F(ImapClientTest, ExpungesDeletedMessagesAndReportsTheirUids) {
   StartServer();
   for (unsigned i = 0; i < 3; ++i) ASSERT_TRUE(server_.Seed("", MakeMessage(600, i)).ok());

@@ -151,6 +151,8 @@ TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
   del.mailbox = "INBOX";
   del.uidvalidity = 3;
   del.uid = 11;
+  del.internaldate = 1690000000;  // the message's, for finding it after a UIDVALIDITY change
+  del.message_size = 4321;
   ASSERT_TRUE(queue_->Add(del).ok());
   // "Crash": the queue object goes away without sending; a new one opens the journal.
   OpenQueue();
@@ -166,6 +168,8 @@ TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
   EXPECT_EQ(queue_->pending()[1].remove_flags, std::vector<std::string>{"\\Draft"});
   EXPECT_EQ(queue_->pending()[2].kind, ImapOp::Kind::kExpunge);
   EXPECT_EQ(queue_->pending()[2].uid, 11u);
+  EXPECT_EQ(queue_->pending()[2].internaldate, 1690000000);
+  EXPECT_EQ(queue_->pending()[2].message_size, 4321u);
   queue_->Flush();
   ASSERT_EQ(sent_.size(), 3u);
   EXPECT_EQ(sent_[0].body, big);

@@ -160,11 +160,13 @@ def main():
     t.check(ok_add and on_server and server_messages(dc)["added"][2] == added,
             "a message added to new/ is APPENDed byte-identical", fs.output()[-2000:])
 
-    # Deletion expunges.
+    # Deletion expunges from INBOX (by the default imap_delete, a UID MOVE to Trash; the
+    # expunge modes are in ghostfs_imap_sync_test.py).
     small = names.get("small", "")
     os.unlink(os.path.join(md_path, "cur", small))
     gone = wait_for(lambda: "small" not in server_messages(dc))
-    t.check(gone and not os.path.exists(os.path.join(md_path, "cur", small)), "unlink expunges on the server")
+    t.check(gone and not os.path.exists(os.path.join(md_path, "cur", small)) and "small" in server_messages(dc, "Trash"),
+            "unlink removes the message from INBOX on the server (moved to Trash)")
 
     # New mail is pushed (IDLE): no listing refresh would find it before the freshness runs out.
     os.listdir(os.path.join(md_path, "cur"))

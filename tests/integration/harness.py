@@ -179,8 +179,13 @@ class Dovecot:
 
     UID = 65534
 
-    def __init__(self, user="ghost", password="s3cret pass", extra_conf=""):
+    def __init__(self, user="ghost", password="s3cret pass", extra_conf="", tls=False):
         self.dir = tempdir("ghost-dovecot-")
+        # tls: imaps on its own port with a certificate for 127.0.0.1 signed by a CA made
+        # here (self.ca_file); plain imap stays on self.port.
+        self.tls = tls
+        self.imaps_port = free_port() if tls else 0
+        self.ca_file = os.path.join(self.dir, "ca.pem")
         os.chmod(self.dir, 0o755)  # the auth process reads the password file
         self.user, self.password = user, password
         self.port = free_port()
@@ -201,7 +206,7 @@ listen = 127.0.0.1
 base_dir = {d}/base
 state_dir = {d}/state
 log_path = {d}/dovecot.log
-ssl = no
+{self.ssl_conf()}
 disable_plaintext_auth = no
 auth_mechanisms = plain login
 mail_location = maildir:~/Maildir
@@ -220,11 +225,32 @@ service imap-login {{
     port = {self.port}
   }}
   inet_listener imaps {{
-    port = 0
+    address = 127.0.0.1
+    port = {self.imaps_port}
   }}
 }}
 {self.extra}
 """
+
+    def ssl_conf(self):
+        if not self.tls:
+            return "ssl = no"
+        return f"ssl = yes\nssl_cert = <{self.dir}/server.pem\nssl_key = <{self.dir}/server.key"
+
+    def make_certs(self):
+        """A CA and a server certificate for IP 127.0.0.1 signed by it (openssl CLI)."""
+        d = self.dir
+
+        def run(*args):
+            subprocess.run(["openssl", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/ca.key", "-out", self.ca_file,
+            "-days", "2", "-subj", "/CN=ghost test CA")
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/server.key", "-out", f"{d}/server.csr",
+            "-subj", "/CN=127.0.0.1")
+        with open(f"{d}/san.ext", "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1\n")
+        run("x509", "-req", "-in", f"{d}/server.csr", "-CA", self.ca_file, "-CAkey", f"{d}/ca.key",
+            "-CAcreateserial", "-out", f"{d}/server.pem", "-days", "2", "-extfile", f"{d}/san.ext")
 
     def _mkdir(self, path):
         os.makedirs(path, exist_ok=True)
@@ -239,6 +265,8 @@ service imap-login {{
             self._mkdir(self.home + sub)
         with open(os.path.join(self.dir, "passwd"), "w") as f:
             f.write(f"{self.user}:{{PLAIN}}{self.password}:{self.UID}:{self.UID}::{self.home}\n")
+        if self.tls and not os.path.exists(os.path.join(self.dir, "server.pem")):
+            self.make_certs()
         with open(self.conf_path, "w") as f:
             f.write(self.conf())
         # Its own process group, so stop() also takes down the imap processes serving
@@ -247,7 +275,7 @@ service imap-login {{
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
         on_exit(self.stop)
-        return wait_port(self.port, 10)
+        return wait_port(self.port, 10) and (not self.tls or wait_port(self.imaps_port, 10))
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -266,6 +294,9 @@ service imap-login {{
 
     def url(self):
         return f"imap://{self.user}@127.0.0.1:{self.port}/"
+
+    def imaps_url(self):
+        return f"imaps://{self.user}@127.0.0.1:{self.imaps_port}/"
 
     def password_file(self):
         path = os.path.join(self.dir, "client-password")
