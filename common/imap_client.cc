@@ -1129,8 +1129,8 @@ void ImapClient::SendLogin() {
   cmd->complete = [this](Command&, Status s) {
     if (!s.ok()) {
       // NO (or BAD) to LOGIN: the credentials. The password is never in a message.
-      Fail(Status::InvalidArgument("login refused for user \"" + user_ + "\" at " + ServerName() +
-                                   " (" + s.message() + "); check the user name and password"));
+      Fail(Status::PermissionDenied("login refused for user \"" + user_ + "\" at " + ServerName() +
+                                    " (" + s.message() + "); check the user name and password"));
       return;
     }
     if (!login_caps_seen_) {

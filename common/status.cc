@@ -33,6 +33,7 @@ int Status::ToErrno() const {
     case Code::kCorruption: return EIO;
     case Code::kTimedOut: return ETIMEDOUT;
     case Code::kReadOnly: return EROFS;
+    case Code::kPermissionDenied: return EACCES;
     case Code::kExists: return EEXIST;
     case Code::kNotSupported: return ENOTSUP;
     case Code::kInternal: return EIO;
@@ -51,6 +52,7 @@ std::string Status::ToString() const {
     case Code::kCorruption: name = "corruption"; break;
     case Code::kTimedOut: name = "timed out"; break;
     case Code::kReadOnly: name = "read-only"; break;
+    case Code::kPermissionDenied: name = "permission denied"; break;
     case Code::kExists: name = "exists"; break;
     case Code::kNotSupported: name = "not supported"; break;
     case Code::kInternal: name = "internal error"; break;

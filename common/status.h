@@ -28,6 +28,7 @@ class [[nodiscard]] Status {
     kCorruption,
     kTimedOut,
     kReadOnly,
+    kPermissionDenied,  // credentials refused (e.g. an IMAP LOGIN)
     kExists,
     kNotSupported,
     kInternal,
@@ -42,6 +43,7 @@ class [[nodiscard]] Status {
   static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
   static Status TimedOut(std::string msg) { return Status(Code::kTimedOut, std::move(msg)); }
   static Status ReadOnly(std::string msg) { return Status(Code::kReadOnly, std::move(msg)); }
+  static Status PermissionDenied(std::string msg) { return Status(Code::kPermissionDenied, std::move(msg)); }
   static Status Exists(std::string msg) { return Status(Code::kExists, std::move(msg)); }
   static Status NotSupported(std::string msg) { return Status(Code::kNotSupported, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }

@@ -73,18 +73,6 @@ bool Transient(const Status& s) {
          s.code() == Status::Code::kCorruption;
 }
 
-// The errno a reader gets for a failed mail operation. The IMAP client reports a refused login
-// (and a bad URL) as kInvalidArgument; to a reader that is a permission problem (EACCES), not a
-// bad argument of theirs. The rest map as everywhere (Status::ToErrno): a dropped connection
-// ENOTCONN, a malformed answer or TLS failure EIO, a timeout ETIMEDOUT.
-int ReaderErrno(const Status& s) {
-  if (s.code() == Status::Code::kInvalidArgument &&
-      s.message().find("login refused") != std::string::npos) {
-    return EACCES;
-  }
-  return s.ToErrno();
-}
-
 }  // namespace
 
 struct MailMessage {
@@ -376,7 +364,8 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
     --mo.selects_outstanding;
     if (!st.ok()) {
       if (mo.selected == box.wire) mo.selected.clear();
-      if (Transient(st.status()) || st.status().code() == Status::Code::kInvalidArgument) {
+      if (Transient(st.status()) || st.status().code() == Status::Code::kInvalidArgument ||
+          st.status().code() == Status::Code::kPermissionDenied) {
         return LoadSavedBox(mo, box, st.status(), finish);
       }
       return finish(st.status());
@@ -580,7 +569,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     if (!p.folder.empty() || !name.starts_with(".")) return (void)fuse_reply_err(req, ENOENT);
     return WithMailboxes(*mo, [mo, name, dir_entry, req](Status s) {
       if (mo->boxes.count(name)) return dir_entry(name);
-      fuse_reply_err(req, s.ok() ? ENOENT : ReaderErrno(s));
+      fuse_reply_err(req, s.ok() ? ENOENT : s.ToErrno());
     });
   }
   MailPath c = p;
@@ -592,7 +581,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     return ReplyMessageEntry(req, *mo, path, t->second.size(), UnixNow());
   }
   WithBox(*mo, p.folder, false, [this, req, mo, p, name, path](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     auto it = (*b)->messages.find(UniqueOf(name));
     if (it == (*b)->messages.end() || it->second.sub != p.sub || it->second.Name() != name) {
       return (void)fuse_reply_err(req, ENOENT);
@@ -623,7 +612,7 @@ void MailTree::Getattr(fuse_req_t req, Node* n) {
     return (void)fuse_reply_attr(req, &st, 0);
   }
   WithBox(*mo, p.folder, false, [this, req, ino, p](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     auto it = (*b)->messages.find(UniqueOf(p.name));
     if (it == (*b)->messages.end()) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = FileStat(ino, it->second.size, it->second.date);
@@ -681,7 +670,7 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   // queue is sent once it answers). Driven by the reader, never by a timer.
   if (off == 0 && queue_ && !queue_->pending().empty()) EnsureConnected(*mo);
   WithBox(*mo, p.folder, false, [this, req, ino, size, off, p, stale_ok](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     (void)stale_ok;
     Entries entries;
     for (const auto& [u, m] : (*b)->messages) {
@@ -714,7 +703,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   }
   if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
   WithBox(*mo, p.folder, false, [this, req, info, ino, mo, p](Result<MailBox*> b) mutable {
-    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     MailBox& box = **b;
     auto it = box.messages.find(UniqueOf(p.name));
     if (it == box.messages.end()) return (void)fuse_reply_err(req, ENOENT);
@@ -888,7 +877,7 @@ void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
   }
   if (p.sub.empty()) return (void)fuse_reply_err(req, EISDIR);
   WithBox(*mo, p.folder, false, [this, req, mo, p, name](Result<MailBox*> b) {
-    if (!b.ok()) return (void)fuse_reply_err(req, ReaderErrno(b.status()));
+    if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     MailBox& box = **b;
     auto it = box.messages.find(UniqueOf(name));
     if (it == box.messages.end() || it->second.sub != p.sub)
@@ -942,7 +931,7 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
   };
   WithBox(*mo, to.folder, false,
           [this, req, mo, from, to, name, newname, from_path, done](Result<MailBox*> tb) {
-            if (!tb.ok()) return (void)fuse_reply_err(req, ReaderErrno(tb.status()));
+            if (!tb.ok()) return (void)fuse_reply_err(req, tb.status().ToErrno());
             MailBox& dest = **tb;
             if (from.sub == "tmp") {
               // A new message: APPEND, with the flags of its info letters.
@@ -973,7 +962,7 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
             }
             WithBox(*mo, from.folder, false,
                     [this, req, mo, from, to, name, newname, &dest, done](Result<MailBox*> sb) {
-                      if (!sb.ok()) return (void)fuse_reply_err(req, ReaderErrno(sb.status()));
+                      if (!sb.ok()) return (void)fuse_reply_err(req, sb.status().ToErrno());
                       MailBox& src = **sb;
                       auto it = src.messages.find(UniqueOf(name));
                       if (it == src.messages.end() || it->second.sub != from.sub)
@@ -1056,6 +1045,21 @@ std::string MessageIdOf(std::string_view msg) {
   return "";
 }
 
+// Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
+Status WriteDurably(const std::string& path, std::string_view data, int flags) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "open " + path);
+  Status st;
+  ssize_t n = ::write(fd, data.data(), data.size());
+  if (n != static_cast<ssize_t>(data.size())) {
+    st = Status::FromErrno(n < 0 ? errno : ENOSPC, "write " + path);
+  } else if (::fdatasync(fd) != 0) {
+    st = Status::FromErrno(errno, "fdatasync " + path);
+  }
+  ::close(fd);
+  return st;
+}
+
 }  // namespace
 
 void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
@@ -1069,7 +1073,7 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
                  what.c_str(), op.origin.c_str());
     return done(SendOutcome::kDropped);
   }
-  auto result = [mo, what, done](Status s) {
+  auto result = [this, mo, op, what, done](Status s) {
     if (s.ok()) return done(SendOutcome::kDone);
     // A lost connection, a server talking nonsense, or no connection at all (login refused, a
     // TLS failure: the client is disconnected when the command fails) says nothing about the
@@ -1078,8 +1082,11 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
       std::fprintf(stderr, "ghostfs: %s: IMAP %s kept queued: %s\n", mo->name.c_str(), what.c_str(), s.ToString().c_str());
       return done(SendOutcome::kRetryLater);
     }
-    std::fprintf(stderr, "ghostfs: %s: IMAP %s refused by the server, dropped: %s\n", mo->name.c_str(), what.c_str(),
-                 s.ToString().c_str());
+    // Refused (NO/BAD to a well-formed command, e.g. over quota): sending it again would be
+    // refused again. It leaves the queue but is kept, whole, in the unapplied file.
+    std::fprintf(stderr, "ghostfs: %s: IMAP %s refused by the server: %s; recorded in %s\n",
+                 mo->name.c_str(), what.c_str(), s.ToString().c_str(), unapplied_path_.c_str());
+    RecordUnapplied(op, "refused by the server: " + s.message());
     done(SendOutcome::kDropped);
   };
   EnsureConnected(*mo);
@@ -1317,14 +1324,23 @@ void MailTree::RecordUnapplied(const ImapOp& op, const std::string& why) {
                       {"message_size", op.message_size},
                       {"internaldate", op.internaldate},
                       {"why", why}};
-  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  int fd = ::open(unapplied_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0 || ::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size()) ||
-      ::fdatasync(fd) != 0) {
-    std::fprintf(stderr, "ghostfs: cannot record an unapplied IMAP operation in %s: %s; it was: %s",
-                 unapplied_path_.c_str(), std::strerror(errno), line.c_str());
+  // An APPEND that never reached the server carries the only copy of the reader's message:
+  // it is kept byte for byte beside the record (JSON strings cannot hold arbitrary bytes).
+  if (op.kind == ImapOp::Kind::kAppend) {
+    std::string copy = unapplied_path_ + "." + std::to_string(op.seq) + ".eml";
+    Status st = WriteDurably(copy, op.body, O_TRUNC);
+    if (st.ok()) {
+      j["message_file"] = copy;
+    } else {
+      std::fprintf(stderr, "ghostfs: cannot keep the unapplied message: %s\n",
+                   st.ToString().c_str());
+    }
   }
-  if (fd >= 0) ::close(fd);
+  std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  if (Status st = WriteDurably(unapplied_path_, line, O_APPEND); !st.ok()) {
+    std::fprintf(stderr, "ghostfs: cannot record an unapplied IMAP operation: %s; it was: %s",
+                 st.ToString().c_str(), line.c_str());
+  }
 }
 
 // ---- attributes and stats ----

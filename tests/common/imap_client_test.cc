@@ -892,7 +892,8 @@ TEST_F(ImapClientTest, RefusedLoginSaysSoWithoutThePassword) {
   Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
     c.Connect(server_.url(), "", "wrong-password-123", std::move(cb));
   });
-  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
+  EXPECT_EQ(s.code(), Status::Code::kPermissionDenied) << s.ToString();
+  EXPECT_EQ(s.ToErrno(), EACCES);
   EXPECT_NE(s.message().find("login refused"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("\"ghost\""), std::string::npos) << s.ToString();
   EXPECT_EQ(s.message().find("wrong-password-123"), std::string::npos) << s.ToString();

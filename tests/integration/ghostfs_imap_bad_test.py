@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
-PLANNED = 13
+PLANNED = 15
 
 BODY = (b"From: a@example.org\r\nSubject: fake\r\nMessage-ID: <fake@ghost.test>\r\n\r\n" + b"x" * 4000 + b"\r\n")
 
@@ -30,7 +30,8 @@ class FakeImap:
     """A scripted IMAP server on 127.0.0.1, one thread per connection. It answers what the
     client needs to list INBOX (two messages), then misbehaves on UID FETCH of a body and on
     UID STORE: mode "drop" sends part of the answer and closes the connection, mode
-    "malformed" sends a line that is not IMAP."""
+    "malformed" sends a line that is not IMAP, mode "refuse" answers UID STORE and APPEND with
+    NO (as a server over quota does)."""
 
     def __init__(self, mode):
         self.mode = mode
@@ -40,6 +41,7 @@ class FakeImap:
         self.sock.listen(8)
         self.port = self.sock.getsockname()[1]
         self.commands = []
+        self.appended = None
         threading.Thread(target=self.accept, daemon=True).start()
 
     def url(self):
@@ -87,6 +89,14 @@ class FakeImap:
                         send(b"* 1 FETCH (UID 1 BODY[] {%d}\r\n" % len(BODY) + BODY[:1000])
                         return
                     send(b"* 1 FETCH (UID 1 BODY[] \x01\x02 ))((garbage\r\n")
+                elif self.mode == "refuse" and (up.startswith(b"UID STORE") or up.startswith(b"APPEND")):
+                    literal = re.search(rb"\{(\d+)\+?\}$", cmd)
+                    if literal:  # take the message, then refuse it
+                        if not cmd.endswith(b"+}"):
+                            send(b"+ go on\r\n")
+                        self.appended = f.read(int(literal.group(1)))
+                        f.readline()
+                    send(tag + b" NO [OVERQUOTA] mailbox is over quota\r\n")
                 elif up.startswith(b"UID STORE"):
                     if self.mode == "drop":
                         return
@@ -164,6 +174,51 @@ def fake_server(t, work, mode, log_word):
     t.check(kept and s.get("queued") == 1 and s.get("dropped") == 0 and "kept queued" in fs.output()
             and any(c.upper().startswith("UID STORE") for c in srv.commands) and os.path.ismount(mnt),
             f"{mode}: the flag change the server failed on stays queued (not dropped)", f"{s}\n{fs.output()[-800:]}")
+    fs.stop()
+    srv.close()
+
+
+def refused_ops(t, work):
+    """Operations the server refuses (NO) leave the queue but are kept in the unapplied file,
+    a new message byte for byte."""
+    srv = FakeImap("refuse")
+    pw = os.path.join(work, "fake-pw")
+    with open(pw, "w") as f:
+        f.write("pw\n")
+    mnt, ctl, cache = os.path.join(work, "mnt-refuse"), os.path.join(work, "refuse.sock"), os.path.join(work, "cache-refuse")
+    os.makedirs(mnt)
+    fs = harness.Ghostfs(mnt, cache, {"mail": srv.url()}, args=["--password-file", f"mail={pw}"], control=ctl)
+    if not fs.start():
+        t.check(False, "refuse: mounts", fs.output())
+        t.check(False, "refuse: the refused message is kept")
+        return
+    box = os.path.join(mnt, "mail")
+    names = sorted(os.listdir(os.path.join(box, "cur")))
+    os.rename(os.path.join(box, "cur", names[0]), os.path.join(box, "cur", names[0].split(":2,")[0] + ":2,F"))
+    message = b"From: me@example.org\r\nSubject: refused\r\n\r\n\xff\xfe not UTF-8 \x00\r\n"
+    with open(os.path.join(box, "tmp", "m1"), "wb") as f:
+        f.write(message)
+    os.rename(os.path.join(box, "tmp", "m1"), os.path.join(box, "new", "m1"))
+    unapplied = os.path.join(cache, "imap-unapplied.jsonl")
+
+    def records():
+        with open(unapplied) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    done = wait_for(lambda: len(records()) >= 2 and stats(ctl).get("queued") == 0, 15)
+    recs = records() if done else []
+    store = [r for r in recs if r.get("op") == "store"]
+    t.check(len(store) == 1 and "refused by the server" in store[0].get("why", "") and "F" in "".join(store[0].get("flags", []))
+            and "recorded in" in fs.output() and os.path.ismount(mnt),
+            "a flag change the server refuses (NO) leaves the queue, logged and recorded in imap-unapplied.jsonl",
+            f"{recs}\n{fs.output()[-800:]}")
+    append = [r for r in recs if r.get("op") == "append"]
+    kept = b""
+    if append and append[0].get("message_file"):
+        with open(append[0]["message_file"], "rb") as f:
+            kept = f.read()
+    t.check(len(append) == 1 and kept == message and srv.appended == message,
+            "a new message the server refuses is kept byte for byte beside the record",
+            f"{append} kept={kept[:80]!r} server got={srv.appended!r}")
     fs.stop()
     srv.close()
 
@@ -338,6 +393,7 @@ def main():
     work = harness.tempdir()
     fake_server(t, work, "drop", "IMAP connection lost")
     fake_server(t, work, "malformed", "malformed")
+    refused_ops(t, work)
     dc = harness.Dovecot()
     if not dc.available() or not dc.start():
         t.skip_rest(PLANNED, "dovecot is missing or did not start")
