@@ -355,12 +355,12 @@ void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply r
       io.round_trips_only = true;
       net_->Submit(io, [] {});
     }
-    return reply({{"id", id}});
+    return reply({{"transfer", id}});
   }
-  if (!request.contains("id") || !request["id"].is_number_unsigned()) {
-    return reply.Error("transfer: \"id\" must be the number \"begin\" returned");
+  if (!request.contains("transfer") || !request["transfer"].is_number_unsigned()) {
+    return reply.Error("transfer: \"transfer\" must be the number \"begin\" returned");
   }
-  std::uint64_t id = request["id"].get<std::uint64_t>();
+  std::uint64_t id = request["transfer"].get<std::uint64_t>();
   auto it = proxy_transfers_.find(id);
   if (it == proxy_transfers_.end())
     return reply.Error("transfer: no open transfer " + std::to_string(id));

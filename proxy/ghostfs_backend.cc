@@ -308,8 +308,8 @@ class GhostfsBackend final : public CacheBackend {
       if (alive.expired()) return;
       auto it = transfers_.find(local);
       if (it == transfers_.end()) return;
-      if (r.ok() && r->contains("id") && (*r)["id"].is_number_unsigned()) {
-        it->second.id = (*r)["id"].get<std::uint64_t>();
+      if (r.ok() && r->contains("transfer") && (*r)["transfer"].is_number_unsigned()) {
+        it->second.id = (*r)["transfer"].get<std::uint64_t>();
       } else {
         LogError("starting a transfer",
                  r.ok() ? Status::Internal("no id in the reply") : r.status());
@@ -326,7 +326,8 @@ class GhostfsBackend final : public CacheBackend {
       auto it = transfers_.find(transfer);
       if (it == transfers_.end() || !it->second.id) return Defer(base_, std::move(done));
       std::weak_ptr<bool> alive = alive_;
-      ctl_->Call("transfer", {{"phase", "data"}, {"id", *it->second.id}, {"bytes", body_bytes}},
+      ctl_->Call("transfer",
+                 {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}},
                  [alive, done = std::move(done)](Result<json> r) {
                    if (alive.expired()) return;
                    if (!r.ok()) LogError("charging a transfer", r.status());
@@ -342,7 +343,7 @@ class GhostfsBackend final : public CacheBackend {
       std::optional<std::uint64_t> id = it->second.id;
       transfers_.erase(it);
       if (!id) return;
-      ctl_->Call("transfer", {{"phase", "end"}, {"id", *id}}, [](Result<json> r) {
+      ctl_->Call("transfer", {{"phase", "end"}, {"transfer", *id}}, [](Result<json> r) {
         if (!r.ok()) LogError("ending a transfer", r.status());
       });
     });
