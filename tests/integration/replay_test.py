@@ -17,7 +17,7 @@ import harness as h  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = float(os.environ.get("REPLAY_PREFIX", "75"))
 TOLERANCE = 0.15
-PLAN = 14
+PLAN = 13
 
 
 def replay(trace, policy, out_trace):
