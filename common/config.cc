@@ -73,6 +73,16 @@ Result<Bytes> ParseSize(const std::string& text) {
   return v * mult;
 }
 
+const char* CachePolicyName(CachePolicy p) {
+  return p == CachePolicy::kStatic ? "static" : "adaptive";
+}
+
+Result<CachePolicy> ParseCachePolicy(const std::string& text) {
+  if (text == "static") return CachePolicy::kStatic;
+  if (text == "adaptive") return CachePolicy::kAdaptive;
+  return Status::InvalidArgument("policy \"" + text + "\" is neither \"static\" nor \"adaptive\"");
+}
+
 Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + ": cannot open config file");
@@ -87,6 +97,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
+      "policy",    "ghost_hints",
       "origins"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
@@ -144,6 +155,23 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
     auto k = n->value<std::int64_t>();
     if (!k || *k < 0 || *k > 100) return Status::InvalidArgument(Where(path, n->source()) + ": knob must be an integer in 0..100");
     o->knob = static_cast<int>(*k);
+  }
+  if (const toml::node* n = t.get("policy")) {
+    auto text = n->value<std::string>();
+    if (!text)
+      return Status::InvalidArgument(Where(path, n->source()) +
+                                     ": policy must be \"static\" or \"adaptive\"");
+    Result<CachePolicy> p = ParseCachePolicy(*text);
+    if (!p.ok())
+      return Status::InvalidArgument(Where(path, n->source()) + ": " + p.status().message());
+    o->policy = *p;
+  }
+  if (const toml::node* n = t.get("ghost_hints")) {
+    auto b = n->value<bool>();
+    if (!b || !n->is_boolean())
+      return Status::InvalidArgument(Where(path, n->source()) +
+                                     ": ghost_hints must be true or false");
+    o->ghost_hints = *b;
   }
   if (const toml::node* n = t.get("origins")) {
     const toml::table* origins = n->as_table();

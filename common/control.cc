@@ -161,6 +161,16 @@ std::string CheckArguments(const std::string& op, const json& r) {
       std::int64_t k = it->get<std::int64_t>();
       if (k < 0 || k > 100) return std::to_string(k) + " is outside 0..100";
     }
+  } else if (op == "transfer") {
+    const std::string phase = r.value("phase", "");
+    if (phase != "begin" && phase != "data" && phase != "end")
+      return "\"phase\" must be begin, data or end";
+    if (phase != "begin" && !(r.contains("transfer") && r["transfer"].is_number_unsigned())) {
+      return "needs \"transfer\", the number \"begin\" returned";
+    }
+    if (phase == "data" && !(r.contains("bytes") && r["bytes"].is_number_unsigned())) {
+      return "needs \"bytes\", a byte count";
+    }
   } else if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
     auto key = r.find("key");
     if (key == r.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {

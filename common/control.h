@@ -76,6 +76,12 @@
 //   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
 //       keeps the body. Result: {}; an error if K is not cached.
 //   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
+//   transfer {"phase": "begin"}  a proxy's fetch from an origin, carried by the emulated card
+//       (fs/store_tree.cc): disclosed to the network module, the card's round trips start.
+//       Result: {"transfer": T}.
+//     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
+//       B bytes; answered ({}) once it has (once per transfer).
+//     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
 //   subscribe {"topics": [T...]}  answered by the server itself: from the reply on, every
 //       event published on those topics is pushed to this connection until it closes
 //       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
@@ -129,9 +135,9 @@ struct sockaddr;
 namespace ghost {
 
 // The ops a request may name, and the topics a subscription may hold.
-inline constexpr std::array<std::string_view, 11> kControlOps = {
-    "status", "hint", "knob", "devices", "stats", "flush", "subscribe",
-    "lookup", "store", "refresh", "invalidate"};
+inline constexpr std::array<std::string_view, 12> kControlOps = {
+    "status",    "hint",   "knob",  "devices", "stats",      "flush",
+    "subscribe", "lookup", "store", "refresh", "invalidate", "transfer"};
 inline constexpr std::array<std::string_view, 3> kControlTopics = {"modes", "stats", "events"};
 
 // $GHOST_CONTROL if set and non-empty, else /run/ghost/control.sock.

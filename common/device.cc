@@ -114,6 +114,10 @@ IoPlan Device::PlanIo(const IoRequest& io, int mode, TimePoint start) const {
   if (profile_.kind == DeviceKind::kNetwork) {
     Bandwidth bw = io.write ? (m.io.write_bandwidth.is_zero() ? link_->up : m.io.write_bandwidth)
                             : (m.io.read_bandwidth.is_zero() ? link_->down : m.io.read_bandwidth);
+    if (io.continuation) {
+      plan.active = bw.TimeFor(io.size);
+      return plan;
+    }
     TimePoint t = start;
     bool warm = last_transfer_end_ && link_->keepalive > Duration::zero() &&
                 start - *last_transfer_end_ <= link_->keepalive;

@@ -44,6 +44,12 @@ namespace ghost {
 struct IoRequest {
   Bytes size = 0;
   bool write = false;  // network: upload
+  // Network, a transfer whose size is known only once its reply head has arrived (a proxy's
+  // fetch): first an I/O with `round_trips_only` (size 0: the round trips and latency before
+  // the first byte, beacon waits included), then one with `continuation` carrying the body
+  // (no round trips, no latency). Together they take what one I/O of the body's size takes.
+  bool round_trips_only = false;
+  bool continuation = false;
 };
 
 // What an I/O would cost if started now.

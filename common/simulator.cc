@@ -278,21 +278,7 @@ class Run {
     r.energy = e.total;
     r.base_energy = e.base;
     r.duration = e.elapsed;
-    for (DeviceId id : pm_.devices()) {
-      const DeviceEnergy& de = e.devices[id];
-      DeviceResult d;
-      d.name = de.name;
-      d.kind = DeviceKindName(pm_.device(id).kind());
-      d.energy = de.energy;
-      d.modes = de.mode_names;
-      d.time_in_mode = de.time_in_mode;
-      d.energy_in_mode = de.energy_in_mode;
-      d.transition_time = de.transition_time;
-      d.transitions = de.transitions;
-      d.ghost_hints_received = pm_.ghost_hints_received(id);
-      if (DevicePolicy* p = pm_.policy(id)) d.policy = p->Describe();
-      r.devices.push_back(std::move(d));
-    }
+    r.devices = DeviceResults(pm_, e);
     r.ghost_hints_sent = cost_.hints_sent();
     r.sources = sources_;
     r.uploads = uploads_;
@@ -325,6 +311,50 @@ class Run {
 double Round(double v, double unit) { return std::round(v / unit) * unit; }
 
 }  // namespace
+
+std::vector<DeviceResult> DeviceResults(const PowerManager& pm, const EnergyReport& e) {
+  std::vector<DeviceResult> out;
+  for (DeviceId id : pm.devices()) {
+    const DeviceEnergy& de = e.devices[id];
+    DeviceResult d;
+    d.name = de.name;
+    d.kind = DeviceKindName(pm.device(id).kind());
+    d.energy = de.energy;
+    d.modes = de.mode_names;
+    d.time_in_mode = de.time_in_mode;
+    d.energy_in_mode = de.energy_in_mode;
+    d.transition_time = de.transition_time;
+    d.transitions = de.transitions;
+    d.ghost_hints_received = pm.ghost_hints_received(id);
+    if (const DevicePolicy* p = pm.policy(id)) d.policy = p->Describe();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+nlohmann::ordered_json DevicesToJson(const std::vector<DeviceResult>& devices) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const DeviceResult& d : devices) {
+    nlohmann::ordered_json dj;
+    dj["name"] = d.name;
+    dj["kind"] = d.kind;
+    dj["energy_j"] = Round(d.energy.joules(), 0.001);
+    nlohmann::ordered_json tim = nlohmann::ordered_json::object(),
+                           eim = nlohmann::ordered_json::object();
+    for (std::size_t m = 0; m < d.modes.size(); ++m) {
+      tim[d.modes[m]] = Round(ToSeconds(d.time_in_mode[m]), 0.001);
+      eim[d.modes[m]] = Round(d.energy_in_mode[m].joules(), 0.001);
+    }
+    tim["transition"] = Round(ToSeconds(d.transition_time), 0.001);
+    dj["time_in_mode_s"] = tim;
+    dj["energy_in_mode_j"] = eim;
+    dj["transitions"] = d.transitions;
+    dj["ghost_hints_received"] = d.ghost_hints_received;
+    if (!d.policy.empty()) dj["policy"] = d.policy;
+    out.push_back(dj);
+  }
+  return out;
+}
 
 const char* SimPolicyName(SimPolicy p) {
   switch (p) {
@@ -388,26 +418,7 @@ nlohmann::ordered_json ToJson(const SimResult& r) {
   j["uploads"] = r.uploads;
   j["write_batches"] = r.write_batches;
   j["bytes_written"] = r.bytes_written;
-  nlohmann::ordered_json devices = nlohmann::ordered_json::array();
-  for (const DeviceResult& d : r.devices) {
-    nlohmann::ordered_json dj;
-    dj["name"] = d.name;
-    dj["kind"] = d.kind;
-    dj["energy_j"] = Round(d.energy.joules(), 0.001);
-    nlohmann::ordered_json tim = nlohmann::ordered_json::object(), eim = nlohmann::ordered_json::object();
-    for (std::size_t m = 0; m < d.modes.size(); ++m) {
-      tim[d.modes[m]] = Round(ToSeconds(d.time_in_mode[m]), 0.001);
-      eim[d.modes[m]] = Round(d.energy_in_mode[m].joules(), 0.001);
-    }
-    tim["transition"] = Round(ToSeconds(d.transition_time), 0.001);
-    dj["time_in_mode_s"] = tim;
-    dj["energy_in_mode_j"] = eim;
-    dj["transitions"] = d.transitions;
-    dj["ghost_hints_received"] = d.ghost_hints_received;
-    if (!d.policy.empty()) dj["policy"] = d.policy;
-    devices.push_back(dj);
-  }
-  j["devices"] = devices;
+  j["devices"] = DevicesToJson(r.devices);
   return j;
 }
 

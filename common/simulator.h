@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "common/power_manager.h"
 #include "common/profile.h"
 #include "common/status.h"
 #include "common/trace.h"
@@ -111,6 +112,12 @@ const char* SimPolicyName(SimPolicy p);
 // device or a network device, or the knob is out of range.
 [[nodiscard]] Result<SimResult> Simulate(const MachineProfile& machine, const Trace& trace,
                                          const SimOptions& options);
+
+// Each registered device's energy, time in mode, transitions, hints and policy, from `e`
+// (a reading of pm's meter). ghostsim's report and ghostfs's stats share it.
+std::vector<DeviceResult> DeviceResults(const PowerManager& pm, const EnergyReport& e);
+// The "devices" array of the JSON below.
+nlohmann::ordered_json DevicesToJson(const std::vector<DeviceResult>& devices);
 
 // The JSON object of DESIGN §7 (field order fixed, numbers rounded for stable output).
 nlohmann::ordered_json ToJson(const SimResult& r);

@@ -91,8 +91,11 @@ void StpmNetworkPolicy::Attach(PowerManager& pm, DeviceId id, Device& device) {
 // ---- Hooks ----------------------------------------------------------------------------------
 
 void StpmNetworkPolicy::OnIoBegin(const IoRequest& io) {
-  mean_transfer_bytes_ +=
-      options_.size_weight * (static_cast<double>(io.size) - mean_transfer_bytes_);
+  // The round trips of a split transfer carry no data: its size comes with the continuation.
+  if (!io.round_trips_only) {
+    mean_transfer_bytes_ +=
+        options_.size_weight * (static_cast<double>(io.size) - mean_transfer_bytes_);
+  }
   if (open_disclosed_ > 0) {
     // Part of a transfer the application disclosed: counted at OnTransferBegin.
     CancelIdleTimer();

@@ -2,6 +2,7 @@
 // common/control.h): status, hint, knob, devices, stats, flush.
 #include <chrono>
 
+#include "common/simulator.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -36,25 +37,34 @@ nlohmann::json Daemon::StatsJson() const {
     requests[s] = it == requests_by_source_.end() ? 0 : it->second;
   }
   const WriteQueueStats& w = queue_->stats();
-  return {{"uptime_s", ToSeconds(clock_->Now() - started_)},
-          {"knob", pm_->knob()},
-          {"profile", machine_.name},
-          {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
-          {"requests", requests},
-          {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
-          {"ghost_hints_sent", cost_->hints_sent()},
-          {"proxy", StoreStatsJson()},
-          {"imap", mail_->StatsJson()},
-          {"write_queue",
-           {{"queued_bytes", queue_->queued_bytes()},
-            {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
-            {"flushes_power_callback", w.flushes_power_callback},
-            {"flushes_cap", w.flushes_cap}}},
-          {"cache",
-           {{"objects", store_->index().size()},
-            {"bytes", store_->index().total_bytes()},
-            // null: no cap
-            {"capacity", options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
+  // Per device, in the shape of ghostsim's report (common/simulator.h), so a live run's JSON
+  // can be compared field by field.
+  nlohmann::json device_detail =
+      nlohmann::json::parse(DevicesToJson(DeviceResults(*pm_, e)).dump());
+  return {
+      {"uptime_s", ToSeconds(clock_->Now() - started_)},
+      {"knob", pm_->knob()},
+      {"policy", CachePolicyName(options_.policy)},
+      {"ghost_hints", cost_->ghost_hints()},
+      {"devices", device_detail},
+      {"profile", machine_.name},
+      {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
+      {"requests", requests},
+      {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
+      {"ghost_hints_sent", cost_->hints_sent()},
+      {"proxy", StoreStatsJson()},
+      {"imap", mail_->StatsJson()},
+      {"write_queue",
+       {{"queued_bytes", queue_->queued_bytes()},
+        {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
+        {"flushes_power_callback", w.flushes_power_callback},
+        {"flushes_cap", w.flushes_cap}}},
+      {"cache",
+       {{"objects", store_->index().size()},
+        {"bytes", store_->index().total_bytes()},
+        // null: no cap
+        {"capacity",
+         options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
 }
 
 void Daemon::PublishModes() {
@@ -102,7 +112,8 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
     else if (kind != "background") return reply.Error("hint: kind must be ghost, transfer_begin, transfer_end or background");
     return reply(nlohmann::json::object());
   }
-  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
+  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate" ||
+      op == "transfer") {
     return StoreControl(op, request, std::move(reply));
   }
   if (op == "status") {

@@ -7,6 +7,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
+#include <cassert>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/default_pm.h"
 #include "common/stpm_disk.h"
 #include "common/stpm_network.h"
 #include "fs/ghostfs_internal.h"
@@ -91,10 +93,21 @@ Status Daemon::LoadMachine() {
   disk_ = std::make_unique<Device>(*clock_, *storage, nullptr, storage->HighPowerMode());
   net_ = std::make_unique<Device>(*clock_, *network, &machine_.link, network->LowestMode());
   pm_ = std::make_unique<PowerManager>(*clock_, machine_.base_power, options_.knob);
+  // Without a profile the devices are always ready: no policy. Otherwise the policies ghostsim
+  // uses for the same --policy (common/simulator.cc), so live and simulated runs compare.
   bool managed = !options_.profile.empty();
-  disk_id_ = pm_->Register(disk_.get(), managed ? std::make_unique<StpmDiskPolicy>() : nullptr);
-  net_id_ = pm_->Register(net_.get(), managed ? std::make_unique<StpmNetworkPolicy>() : nullptr);
-  cost_ = std::make_unique<CostModel>(*pm_);
+  std::unique_ptr<DevicePolicy> disk_policy, net_policy;
+  if (managed && adaptive()) {
+    disk_policy = std::make_unique<StpmDiskPolicy>();
+    net_policy = std::make_unique<StpmNetworkPolicy>();
+  } else if (managed) {
+    disk_policy = std::make_unique<DefaultDiskPolicy>();
+    net_policy = std::make_unique<DefaultNetworkPolicy>();
+  }
+  disk_id_ = pm_->Register(disk_.get(), std::move(disk_policy));
+  net_id_ = pm_->Register(net_.get(), std::move(net_policy));
+  cost_ = std::make_unique<CostModel>(
+      *pm_, CostModel::Options{.ghost_hints = adaptive() && options_.ghost_hints});
   // Mode changes are pushed to `ghostctl watch`.
   for (DeviceId id : {disk_id_, net_id_}) {
     for (int m = 0; m < pm_->NumModes(id); ++m) {
@@ -102,6 +115,30 @@ Status Daemon::LoadMachine() {
     }
   }
   return Status::Ok();
+}
+
+Choice Daemon::ChooseSource(std::span<const Holder> holders, Bytes size) {
+  assert(!holders.empty());
+  if (adaptive()) return cost_->Choose(holders, size);
+  Choice c;
+  for (const Holder& h : holders) c.candidates.push_back(cost_->Estimate(h, size));
+  c.chosen = c.candidates.back();
+  for (const SourceEstimate& e : c.candidates) {
+    if (e.holder.source != Source::kNetwork) {
+      c.chosen = e;
+      break;
+    }
+  }
+  c.ideal = c.chosen;
+  return c;
+}
+
+void Daemon::DiscloseTransferBegin() {
+  if (adaptive()) pm_->TransferBegin(net_id_);
+}
+
+void Daemon::DiscloseTransferEnd() {
+  if (adaptive()) pm_->TransferEnd(net_id_);
 }
 
 Status Daemon::OpenCache() {
@@ -125,6 +162,7 @@ Status Daemon::OpenCache() {
   store_ = std::move(store).value();
   for (const std::string& w : store_->warnings()) std::fprintf(stderr, "ghostfs: %s\n", w.c_str());
 
+  page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
   WriteQueueOptions wq;
   wq.cap = options_.write_queue_cap;
   queue_ = std::make_unique<WriteQueue>(

@@ -69,6 +69,16 @@ struct StoreFill {
   bool handed_over = false;
 };
 
+// A proxy's fetch that the emulated card carries (the "transfer" control op, store_tree.cc).
+struct ProxyTransfer {
+  bool data_sent = false;
+  int data_pending = 0;  // "data" I/Os the card has not finished
+  bool ended = false;    // "end" came: the transfer closes once the data is through
+};
+
+// The page-cache model's size: ghostsim's default (SimOptions::page_cache).
+constexpr Bytes kPageCacheModelBytes = 8 * 1024 * 1024;
+
 struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
 };
@@ -183,6 +193,19 @@ class Daemon final : public GhostFs {
   void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
   void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
 
+  // ---- policy (ghostfs.cc; GhostfsOptions::policy) ----
+ public:
+  bool adaptive() const { return options_.policy == CachePolicy::kAdaptive; }
+  // Where to read an object that `holders` hold: the cost model's choice (adaptive, which may
+  // send a ghost hint), or under static the first holder that is not the network (the cached
+  // copy whenever one exists), with the estimates filled in for CostJson.
+  Choice ChooseSource(std::span<const Holder> holders, Bytes size);
+  // Transfer hints to the network module (DESIGN §3.3): only the adaptive policy discloses its
+  // transfers, as in ghostsim; under static the card's default policy sees only its I/O.
+  void DiscloseTransferBegin();
+  void DiscloseTransferEnd();
+
+ private:
   // ---- origins (origin_tree.cc) ----
   void OriginLookup(fuse_req_t req, Node* parent, const char* name);
   void OriginGetattr(fuse_req_t req, Node* n);
@@ -226,6 +249,9 @@ class Daemon final : public GhostFs {
   void StoreUnlink(fuse_req_t req, Node* parent, const char* name);
   void StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply);
   nlohmann::json StoreStatsJson() const;
+  void StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply);
+  // Puts a clean copy of `key` in the page-cache model (no-op above its size).
+  void RememberInRam(const std::string& key, Bytes size);
   // Replies to a readdir with ".", ".." and `entries`, from offset `off` on.
   void ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                        const std::vector<std::pair<std::string, mode_t>>& entries);
@@ -280,6 +306,9 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key
   std::uint64_t next_store_token_ = 1;
   StoreStats store_stats_;
+  std::unique_ptr<CacheIndex> page_cache_;                  // the page-cache model (store_tree.cc)
+  std::map<std::uint64_t, ProxyTransfer> proxy_transfers_;  // by id
+  std::uint64_t next_transfer_id_ = 1;
   std::unique_ptr<MailTree> mail_;                        // IMAP origins (mail_tree.cc)
 };
 

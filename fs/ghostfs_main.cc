@@ -13,7 +13,8 @@
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
   std::vector<std::string> origins, password_files;
-  std::string config, cache_size, max_stale, knob_text, cacert, imap_delete;
+  std::string config, cache_size, max_stale, knob_text, cacert, imap_delete, policy_text;
+  bool no_ghost_hints = false;
   CLI::App app{
       "ghostfs: an energy-aware caching file system over HTTP(S) and IMAP origins.\n\n"
       "Each origin appears as MOUNTPOINT/NAME/ (URL paths as files, HTML directory listings as\n"
@@ -34,6 +35,17 @@ int main(int argc, char** argv) {
                      " or a .toml file): power modes, spin-up and beacon delays, energy. Without it the "
                      "devices are always ready and nothing is injected");
   app.add_option("--knob", knob_text, "0 saves energy … 100 favours performance (default 50)");
+  app.add_option(
+      "--policy", policy_text,
+      "adaptive (default): the cost model picks disk or network for each read, STPM runs the "
+      "devices at the knob, cache fills wait while the disk sleeps; static: the paper's "
+      "baseline cache, which reads the cached copy whenever there is one, leaves the devices "
+      "to their default power management (disk: low-power idle after 0.5 s, standby after "
+      "10 s; card: PSM, CAM while transfers come < 200 ms apart) and writes every fetched "
+      "object to the disk at once. Same meanings as ghostsim --policy (DESIGN.md §7)");
+  app.add_flag(
+      "--no-ghost-hints", no_ghost_hints,
+      "adaptive policy: choose sources by cost but never send the ideal device a ghost hint");
   app.add_option("--control", o.control_path, "Unix socket for ghostctl (mode 0600), e.g. /run/ghost/control.sock");
   app.add_option("--config", config, "TOML file with the same settings (see common/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
@@ -68,6 +80,8 @@ int main(int argc, char** argv) {
     if (o.profile.empty()) o.profile = file.profile;
     if (o.control_path.empty()) o.control_path = file.control_path;
     if (knob_text.empty()) o.knob = file.knob;
+    if (policy_text.empty()) o.policy = file.policy;
+    o.ghost_hints = file.ghost_hints;
     if (cache_size.empty()) o.cache_size = file.cache_size;
     if (max_stale.empty()) o.max_stale = file.max_stale;
     o.heuristic_freshness = file.heuristic_freshness;
@@ -100,6 +114,12 @@ int main(int argc, char** argv) {
       return fail("--knob \"" + knob_text + "\" is not a number in 0..100");
     }
   }
+  if (!policy_text.empty()) {
+    ghost::Result<ghost::CachePolicy> p = ghost::ParseCachePolicy(policy_text);
+    if (!p.ok()) return fail("--policy: " + p.status().message());
+    o.policy = *p;
+  }
+  if (no_ghost_hints) o.ghost_hints = false;
   if (!cache_size.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(cache_size);
     if (!b.ok()) return fail("--cache-size: " + b.status().message());

@@ -737,7 +737,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (cached) {
       // Cached: the cost model chooses (and hints the ideal device), as for HTTP objects.
       Holder holders[] = {{Source::kDisk, d_.disk_id_}, {Source::kNetwork, d_.net_id_}};
-      Choice c = d_.cost_->Choose(holders, cached->size);
+      Choice c = d_.ChooseSource(holders, cached->size);
       d_.decisions_[ino].cost = d_.CostJson(c);
       bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
       if (c.chosen.holder.source == Source::kDisk || offline) {
@@ -760,7 +760,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     d_.streams_[key] = st;
     h.stream = st;
     ++fetches_;
-    d_.pm_->TransferBegin(d_.net_id_);
+    d_.DiscloseTransferBegin();
     // The emulated card carries the same transfer (DESIGN §7).
     d_.net_->Submit({m.size, false}, [this, st] {
       st->emulated_ready = true;
@@ -770,10 +770,11 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     std::string wire = box.wire;
     Bytes expected = m.size;
     auto end = [this, st, mo, key, expected](Status s) {
-      d_.pm_->TransferEnd(d_.net_id_);
+      d_.DiscloseTransferEnd();
       st->done = true;
       st->status = s;
-      if (auto it = d_.streams_.find(key); it != d_.streams_.end() && it->second == st) d_.streams_.erase(it);
+      if (auto it = d_.streams_.find(key); it != d_.streams_.end() && it->second == st)
+        d_.streams_.erase(it);
       d_.ServeStream(*st);  // waiting reads get the rest, or EIO
       if (!s.ok()) {
         ++fetch_errors_;

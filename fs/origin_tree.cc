@@ -366,7 +366,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     rq.if_modified_since = validator_date;
     bool revalidating = !validator_etag.empty() || !validator_date.empty();
     // The emulated card carries the transfer (its mode decides the delay, DESIGN §7).
-    pm_->TransferBegin(net_id_);
+    DiscloseTransferBegin();
     HttpFetcher::Callbacks cb;
     cb.on_head = [this, st, opened, open_handle, req, ino, url, revalidating](const HttpResponseHead& h) mutable {
       if (revalidating && h.status == 304) {
@@ -417,7 +417,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       return true;
     };
     cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
-      pm_->TransferEnd(net_id_);
+      DiscloseTransferEnd();
       if (st->no_body) return;
       st->done = true;
       st->status = s;
@@ -473,7 +473,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
 
   // Cached and fresh: the cost model chooses (and hints the ideal device).
   Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
-  Choice c = cost_->Choose(holders, cached->size);
+  Choice c = ChooseSource(holders, cached->size);
   decisions_[ino].cost = CostJson(c);
   if (c.chosen.holder.source == Source::kNetwork) return from_network("", "");
   decisions_[ino].source = "disk";

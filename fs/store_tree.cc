@@ -7,13 +7,27 @@
 //   - the control socket (common/control.h): "lookup" answers whether a key is cached, its
 //     stored response head and where the cost model says to read it from right now (sending
 //     the disk a ghost hint when the network wins); "store" opens a fill; "refresh" replaces
-//     a stored head after a 304; "invalidate" drops a key;
+//     a stored head after a 304; "invalidate" drops a key; "transfer" has the emulated card
+//     carry the proxy's own fetches (below);
 //   - this directory: .ghost/objects/<hash> reads a cached body (hash = hex SHA-256 of the
 //     key, the name a "lookup" returns) through the same read path as an origin file — the
 //     write queue's copy while its fill waits, else the disk via io_uring, with the emulated
 //     disk doing the same work; .ghost/fill/<token> (from "store") takes the body's bytes,
 //     and closing it hands the fill to the write queue like any fill of ghostfs's own, so a
 //     sleeping disk is not woken for it (DESIGN §3.5).
+//
+// Charging the emulated devices as ghostsim does (common/simulator.cc): a "lookup" that
+// chooses the disk is answered once the emulated disk has done the read (a spin-up included),
+// so the proxy's client waits what the simulated client waits; the proxy then reads the body
+// file, from the kernel's page cache or the real disk. Objects read or filled recently are in
+// a RAM page-cache model of the simulator's size (LRU, 8 MiB): a lookup that finds one there
+// is served from memory and costs the disk nothing, as the simulator counts it. A proxy fetch
+// from an origin is a "transfer": "begin" discloses it to the network module and starts the
+// card's round trips; "data" (once the reply head gives the body's size) has the card carry
+// the body and answers when it has, so the proxy holds the response's last byte until both the
+// real bytes and the card's modelled transfer are through (they overlap, as in the mount's
+// read path); "end" closes it. The proxy's fills go through the write queue: deferred while
+// the disk sleeps under adaptive, written at once under static (the disk's policy decides).
 // .ghost/ is not listed in the mount's root, and nothing in it can be created, renamed or
 // removed by name: only the control socket makes names appear.
 #include <fcntl.h>
@@ -175,6 +189,7 @@ void Daemon::StoreHandOver(Handle& h) {
   r.key = "fill:" + fill.key;
   r.length = fill.data.size();
   r.data = std::move(fill.data);
+  RememberInRam(fill.key, r.length);
   queue_->Add(std::move(r));
   ++store_stats_.fills;
   store_fills_.erase(f);
@@ -220,7 +235,10 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     }
     auto pending = pending_fills_.find(key);
     bool queued = !e && pending != pending_fills_.end() && queue_->Contains("fill:" + key);
+    // The page-cache model: a copy read or written lately is still in RAM.
+    bool in_ram = page_cache_->Touch(key);
     if (!e && !queued) return reply({{"cached", false}});
+    RememberInRam(key, e ? e->size : queue_->QueuedEnd("fill:" + key));
     std::string name = StoreName(key);
     store_keys_[name] = key;
     nlohmann::json out = {{"cached", true}, {"path", mount_path_ + "/.ghost/objects/" + name}};
@@ -244,28 +262,37 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
       ++store_stats_.hits;
       return reply(out);
     }
-    // The same choice an open of an origin file makes (common/cost_model.h).
-    Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
-    Choice c = cost_->Choose(holders, e->size);
-    bool disk = c.chosen.holder.source == Source::kDisk;
+    // The same choice an open of an origin file makes (common/cost_model.h), with the page
+    // cache as a third holder as in ghostsim.
+    std::vector<Holder> holders;
+    if (in_ram) holders.push_back({Source::kMemory, -1});
+    holders.push_back({Source::kDisk, disk_id_});
+    holders.push_back({Source::kNetwork, net_id_});
+    Choice c = ChooseSource(holders, e->size);
+    Source source = c.chosen.holder.source;
+    bool local = source != Source::kNetwork;
     out["size"] = e->size;
     out["response"] = e->response;
-    out["choice"] = disk ? "disk" : "network";
-    out["source"] = disk ? "disk" : "network";
+    out["choice"] = local ? "disk" : "network";
+    out["source"] = SourceName(source);
     out["ghost_hint"] = c.hinted;
     out["cost"] = CostJson(c);
-    if (disk) {
-      // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself, with
-      // the emulated disk charged here for the read the caller is about to make.
-      out["body_path"] = store_->BodyPath(key);
-      store_->Touch(key);
-      bytes_from_cache_ += e->size;
-      if (!options_.profile.empty()) disk_->Submit({e->size, false}, [] {});
+    ++requests_by_source_[SourceName(source)];
+    ++(local ? store_stats_.hits : store_stats_.network_preferred);
+    if (!local) {
+      if (control_) control_->Publish("stats", StatsJson());
+      return reply(out);
     }
-    ++requests_by_source_[disk ? "disk" : "network"];
-    ++(disk ? store_stats_.hits : store_stats_.network_preferred);
+    // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
+    out["body_path"] = store_->BodyPath(key);
+    store_->Touch(key);
+    bytes_from_cache_ += e->size;
     if (control_) control_->Publish("stats", StatsJson());
-    return reply(out);
+    if (source == Source::kMemory || options_.profile.empty()) return reply(out);
+    // The emulated disk does the read the caller is about to make; the answer waits for it.
+    disk_->Submit({e->size, false},
+                  [reply = std::move(reply), out = std::move(out)]() mutable { reply(out); });
+    return;
   }
   if (op == "store") {
     CacheEntry meta;
@@ -294,6 +321,7 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     ++store_stats_.refreshes;
     return reply(nlohmann::json::object());
   }
+  if (op == "transfer") return StoreTransfer(request, std::move(reply));
   if (op == "invalidate") {
     // A fill still queued is dropped too: the writer skips fills without their metadata.
     bool queued = pending_fills_.erase(key) > 0;
@@ -302,6 +330,70 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     return reply({{"removed", s.ok() || queued}});
   }
   reply.Error("unknown op \"" + op + "\"");
+}
+
+void Daemon::RememberInRam(const std::string& key, Bytes size) {
+  if (size == 0 || size > kPageCacheModelBytes) return;
+  CacheEntry e;
+  e.size = size;
+  e.where = Residence::kMemory;
+  (void)page_cache_->Insert(key, e);  // evicts the least recently used copies
+}
+
+// The proxy's fetch from an origin, on the emulated card (see the file comment). The card's
+// policy sees one disclosed transfer, as ghostsim's card sees one I/O: under static the
+// default policy counts the transfer's begin as ghostsim counts its I/O's begin.
+void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply) {
+  const std::string phase = request.value("phase", "");
+  const bool emulated = !options_.profile.empty();
+  if (phase == "begin") {
+    std::uint64_t id = next_transfer_id_++;
+    proxy_transfers_[id] = ProxyTransfer{};
+    pm_->TransferBegin(net_id_);
+    if (emulated) {
+      IoRequest io;
+      io.round_trips_only = true;
+      net_->Submit(io, [] {});
+    }
+    return reply({{"transfer", id}});
+  }
+  if (!request.contains("transfer") || !request["transfer"].is_number_unsigned()) {
+    return reply.Error("transfer: \"transfer\" must be the number \"begin\" returned");
+  }
+  std::uint64_t id = request["transfer"].get<std::uint64_t>();
+  auto it = proxy_transfers_.find(id);
+  if (it == proxy_transfers_.end())
+    return reply.Error("transfer: no open transfer " + std::to_string(id));
+  if (phase == "data") {
+    const nlohmann::json& b = request.contains("bytes") ? request["bytes"] : nlohmann::json();
+    if (!b.is_number_unsigned()) return reply.Error("transfer: \"bytes\" must be a byte count");
+    if (it->second.data_sent)
+      return reply.Error("transfer: data already given for transfer " + std::to_string(id));
+    it->second.data_sent = true;
+    if (!emulated) return reply(nlohmann::json::object());
+    ++it->second.data_pending;
+    IoRequest io;
+    io.size = b.get<Bytes>();
+    io.continuation = true;
+    net_->Submit(io, [this, id, reply = std::move(reply)]() mutable {
+      auto t = proxy_transfers_.find(id);
+      if (t != proxy_transfers_.end() && --t->second.data_pending == 0 && t->second.ended) {
+        proxy_transfers_.erase(t);
+        pm_->TransferEnd(net_id_);
+      }
+      reply(nlohmann::json::object());
+    });
+    return;
+  }
+  if (phase == "end") {
+    it->second.ended = true;
+    if (it->second.data_pending == 0) {
+      proxy_transfers_.erase(it);
+      pm_->TransferEnd(net_id_);
+    }
+    return reply(nlohmann::json::object());
+  }
+  reply.Error("transfer: phase must be begin, data or end");
 }
 
 // Unlinking .ghost/fill/<token> before closing it abandons the fill.

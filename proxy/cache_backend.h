@@ -86,10 +86,15 @@ class CacheBackend {
   // Removes `key` (a response that may no longer be stored, RFC 9111 §4.4).
   virtual void Invalidate(const std::string& key) = 0;
 
-  // Discloses a network transfer to the power manager (DESIGN §3.4): begin before the request
-  // goes out, end when the response is complete (or failed).
-  virtual void TransferBegin() = 0;
-  virtual void TransferEnd(Bytes bytes) = 0;
+  // A network transfer, disclosed to the power manager (DESIGN §3.3) and carried by the
+  // backend's (emulated) network card: begin before the request goes out (returns the
+  // transfer's id); TransferData once the response body's size is known, whose `done` runs when
+  // the card has carried that many bytes (the client's last byte waits for it, DESIGN §7); end
+  // when the response is complete (or failed). TransferData at most once per transfer.
+  virtual std::uint64_t TransferBegin() = 0;
+  virtual void TransferData(std::uint64_t transfer, Bytes body_bytes,
+                            std::function<void()> done) = 0;
+  virtual void TransferEnd(std::uint64_t transfer, Bytes bytes) = 0;
 };
 
 }  // namespace ghost

@@ -686,7 +686,7 @@ void ClientConnection::StartTunnel() {
   ex.result = ResultCode::kTunnel;
   ex.hierarchy = "DIRECT/" + hp->host;
   keep_alive_ = false;
-  proxy_->backend->TransferBegin();
+  ex.transfer = proxy_->backend->TransferBegin();
   ex.transfer_open = true;
   ++proxy_->transfers_in_progress;
   tunnel_ = std::make_unique<OriginConn>(proxy_, hp->host, hp->port);

@@ -234,7 +234,7 @@ void ClientConnection::StartFetch() {
   Exchange& ex = *ex_;
   ex.step = Exchange::Step::kOrigin;
   if (!ex.transfer_open) {
-    proxy_->backend->TransferBegin();
+    ex.transfer = proxy_->backend->TransferBegin();
     ex.transfer_open = true;
     ++proxy_->transfers_in_progress;
   }
@@ -401,13 +401,53 @@ void ClientConnection::OnOriginHead() {
   }
   WriteResponseHead(h.status, h.reason, std::move(fields), "network", framing, body_follows,
                     /*defer=*/false);
+  if (framing == Exchange::Framing::kLength && ex.transfer_open) StartCardData(h.content_length);
+}
+
+void ClientConnection::StartCardData(Bytes body_bytes) {
+  Exchange& ex = *ex_;
+  if (ex.card_data_sent || !ex.transfer_open) return;
+  ex.card_data_sent = true;
+  ex.card_pending = true;
+  std::weak_ptr<ClientConnection> weak = weak_from_this();
+  const std::uint64_t serial = ex.serial;
+  proxy_->backend->TransferData(ex.transfer, body_bytes, [weak, serial] {
+    std::shared_ptr<ClientConnection> self = weak.lock();
+    if (!self || self->state_ != State::kExchange || !self->ex_ || self->ex_->serial != serial)
+      return;
+    self->OnCardDone();
+    self->Drive();
+  });
+}
+
+void ClientConnection::OnCardDone() {
+  Exchange& ex = *ex_;
+  ex.card_pending = false;
+  if (ex.step != Exchange::Step::kOrigin) return;  // served otherwise (a failure, the cache)
+  if (!ex.held.empty()) {
+    WriteBody(ex.held);
+    ex.held.clear();
+  }
+  if (ex.complete_after_card) {
+    ex.complete_after_card = false;
+    EndBody();
+    CommitStore();
+    ex.step = Exchange::Step::kDone;
+  }
 }
 
 void ClientConnection::OnOriginBody(std::string_view data) {
   Exchange& ex = *ex_;
   if (ex.discard_origin_body || ex.step != Exchange::Step::kOrigin) return;
-  WriteBody(data);
+  ex.origin_body_bytes += data.size();
   if (ex.writer) ex.writer->Write(std::string(data));
+  if (ex.card_pending && !data.empty()) {
+    // The last byte waits for the card: keep one byte back until it is through.
+    WriteBody(ex.held);
+    ex.held.assign(1, data.back());
+    data.remove_suffix(1);
+  }
+  WriteBody(data);
   if (ClientBackedUp() && !ex.origin_paused && ex.origin) {
     // A slow client: stop reading the origin (its window closes) until half has drained.
     ex.origin_paused = true;
@@ -434,7 +474,13 @@ void ClientConnection::OnOriginComplete() {
   const bool reusable = ex.origin_head.keep_alive && ex.request_complete && ex.origin &&
                         evbuffer_get_length(ex.origin->input()) == 0;
   const bool streaming = ex.step == Exchange::Step::kOrigin && !ex.discard_origin_body;
+  // A body of unknown length: the card learns its size now (and the end waits for it).
+  if (streaming && ex.transfer_open && !ex.card_data_sent) StartCardData(ex.origin_body_bytes);
   ReleaseOrigin(reusable);
+  if (streaming && ex.card_pending) {
+    ex.complete_after_card = true;
+    return;
+  }
   if (streaming) {
     EndBody();
     CommitStore();
@@ -531,7 +577,7 @@ void ClientConnection::EndTransfer() {
   ex_->transfer_open = false;
   --proxy_->transfers_in_progress;
   proxy_->stats.bytes_from_origins += ex_->origin_bytes;
-  proxy_->backend->TransferEnd(ex_->origin_bytes);
+  proxy_->backend->TransferEnd(ex_->transfer, ex_->origin_bytes);
 }
 
 // ---- Serving a stored response ----

@@ -13,7 +13,9 @@
 #include <deque>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "common/control.h"
 #include "common/file_io.h"
@@ -201,19 +203,7 @@ class GhostfsBackend final : public CacheBackend {
  public:
   GhostfsBackend(event_base* base, std::string mount, std::unique_ptr<AsyncControlClient> ctl,
                  std::unique_ptr<FileIo> io)
-      : base_(base), mount_(std::move(mount)), ctl_(std::move(ctl)), io_(std::move(io)) {
-    // The network device that transfer hints are about.
-    std::weak_ptr<bool> alive = alive_;
-    ctl_->Call("devices", json::object(), [this, alive](Result<json> r) {
-      if (alive.expired() || !r.ok() || !r->is_array()) return;
-      for (const json& d : *r) {
-        if (d.value("kind", "") == "network" && d.contains("id")) {
-          network_device_ = d["id"].get<int>();
-          break;
-        }
-      }
-    });
-  }
+      : base_(base), mount_(std::move(mount)), ctl_(std::move(ctl)), io_(std::move(io)) {}
 
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
     std::weak_ptr<bool> alive = alive_;
@@ -307,8 +297,57 @@ class GhostfsBackend final : public CacheBackend {
     });
   }
 
-  void TransferBegin() override { Hint("transfer_begin"); }
-  void TransferEnd(Bytes) override { Hint("transfer_end"); }
+  // The daemon's "transfer" op (fs/store_tree.cc): the transfer is disclosed to its network
+  // module and carried by its emulated card. Calls made before "begin" has answered wait for
+  // its id; if it failed, the transfer is not charged and TransferData's `done` runs at once.
+  std::uint64_t TransferBegin() override {
+    std::uint64_t local = next_transfer_++;
+    transfers_[local];
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call("transfer", {{"phase", "begin"}}, [this, alive, local](Result<json> r) {
+      if (alive.expired()) return;
+      auto it = transfers_.find(local);
+      if (it == transfers_.end()) return;
+      if (r.ok() && r->contains("transfer") && (*r)["transfer"].is_number_unsigned()) {
+        it->second.id = (*r)["transfer"].get<std::uint64_t>();
+      } else {
+        LogError("starting a transfer",
+                 r.ok() ? Status::Internal("no id in the reply") : r.status());
+      }
+      it->second.known = true;
+      auto waiting = std::move(it->second.waiting);
+      for (auto& fn : waiting) fn();
+    });
+    return local;
+  }
+
+  void TransferData(std::uint64_t transfer, Bytes body_bytes, std::function<void()> done) override {
+    WhenTransferKnown(transfer, [this, transfer, body_bytes, done = std::move(done)]() mutable {
+      auto it = transfers_.find(transfer);
+      if (it == transfers_.end() || !it->second.id) return Defer(base_, std::move(done));
+      std::weak_ptr<bool> alive = alive_;
+      ctl_->Call("transfer",
+                 {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}},
+                 [alive, done = std::move(done)](Result<json> r) {
+                   if (alive.expired()) return;
+                   if (!r.ok()) LogError("charging a transfer", r.status());
+                   done();
+                 });
+    });
+  }
+
+  void TransferEnd(std::uint64_t transfer, Bytes) override {
+    WhenTransferKnown(transfer, [this, transfer] {
+      auto it = transfers_.find(transfer);
+      if (it == transfers_.end()) return;
+      std::optional<std::uint64_t> id = it->second.id;
+      transfers_.erase(it);
+      if (!id) return;
+      ctl_->Call("transfer", {{"phase", "end"}, {"transfer", *id}}, [](Result<json> r) {
+        if (!r.ok()) LogError("ending a transfer", r.status());
+      });
+    });
+  }
 
  private:
   struct BodyRead {
@@ -354,11 +393,10 @@ class GhostfsBackend final : public CacheBackend {
               });
   }
 
-  void Hint(const char* kind) {
-    if (!network_device_) return;
-    ctl_->Call("hint", {{"kind", kind}, {"device", *network_device_}}, [kind](Result<json> r) {
-      if (!r.ok()) LogError(std::string("sending a ") + kind + " hint", r.status());
-    });
+  void WhenTransferKnown(std::uint64_t transfer, std::function<void()> fn) {
+    auto it = transfers_.find(transfer);
+    if (it == transfers_.end() || it->second.known) return fn();
+    it->second.waiting.push_back(std::move(fn));
   }
 
   event_base* base_;
@@ -370,7 +408,13 @@ class GhostfsBackend final : public CacheBackend {
     std::string mount;  // MOUNTPOINT/.ghost/objects/<hash>
   };
   std::map<std::string, BodyPaths> paths_;  // by key, from its last lookup
-  std::optional<int> network_device_;
+  struct Transfer {
+    bool known = false;               // "begin" answered
+    std::optional<std::uint64_t> id;  // the daemon's id, if it answered with one
+    std::vector<std::function<void()>> waiting;
+  };
+  std::map<std::uint64_t, Transfer> transfers_;  // by our id, until TransferEnd
+  std::uint64_t next_transfer_ = 1;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -290,7 +290,15 @@ struct Exchange {
   // Origin.
   std::unique_ptr<OriginConn> origin;
   bool transfer_open = false;  // TransferBegin sent, TransferEnd owed
+  std::uint64_t transfer = 0;  // its id
   Bytes origin_bytes = 0;
+  Bytes origin_body_bytes = 0;
+  // The backend's network card carries the body (TransferData): until it has, the response's
+  // last byte is held back (`held`), and an origin response already complete waits.
+  bool card_data_sent = false;
+  bool card_pending = false;
+  bool complete_after_card = false;
+  std::string held;
   int attempts = 0;
   bool origin_head_seen = false;  // a final response head arrived
   bool origin_paused = false;     // origin reading paused for back-pressure
@@ -372,6 +380,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void OnOriginFailed(const Status& why, bool bad_response);
   void ReleaseOrigin(bool reusable);
   void EndTransfer();
+  // Tells the backend's card the body's size; the response completes once it has carried it.
+  void StartCardData(Bytes body_bytes);
+  void OnCardDone();
   void ServeFromCache(const StoredResponse& stored, ResultCode code, const char* source);
   bool ServeFailure();
   void ReadNextCacheSlice();

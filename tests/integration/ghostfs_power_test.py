@@ -2,7 +2,8 @@
 """ghostfs with emulated devices (--profile ipaq-2004) and its control socket: ghostctl
 devices / knob / stats / status / flush / watch, deferred writes to a sleeping disk (reads see
 them, the power callback or a flush writes them, fsync makes them durable), fills from memory,
-and the cache's byte cap. TAP; skipped without root, /dev/fuse or nginx."""
+the live policies (--policy static spins the disk up for a fill that adaptive queues;
+--no-ghost-hints; the config file's policy keys), and the cache's byte cap. TAP; skipped without root, /dev/fuse or nginx."""
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 22
+PLAN = 28
 
 
 def ghostctl(ctl, *args, check=True):
@@ -124,7 +125,57 @@ def main():
     stats = jctl(ctl, "stats")
     t.check(stats["energy_j"]["total"] > 0 and sum(stats["requests"].values()) >= 3,
             "ghostctl stats reports energy and requests by source", stats)
+    t.check(stats["policy"] == "adaptive" and stats["ghost_hints"] is True
+            and [d["name"] for d in stats["devices"]] == ["microdrive-1gb", "cisco-350"]
+            and "standby" in stats["devices"][0]["time_in_mode_s"],
+            "stats name the policy and give per-device time in mode (ghostsim's shape)",
+            {k: stats.get(k) for k in ("policy", "ghost_hints", "devices")})
     fs.stop()
+
+    # --policy static: the paper's baseline. Default power management runs the devices, and a
+    # fill is written at once, spinning the sleeping disk up (adaptive queued it, above).
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache-static"), {"www": nginx.url()},
+                   args=["--profile", "ipaq-2004", "--policy", "static"], control=ctl)
+    t.check(fs.start(), "mounts with --policy static", fs.output())
+    d = disk(ctl)
+    t.check("default-disk" in d["policy"] and jctl(ctl, "stats")["ghost_hints"] is False,
+            "static runs the default disk policy and sends no ghost hints", d["policy"])
+    low = wait_for(lambda: disk(ctl)["mode"] != "performance-idle", 5)
+    before = jctl(ctl, "stats")
+    ok = h.sha256_file(os.path.join(www, "medium.bin")) == sums["medium.bin"]
+    medium = os.path.join(www, "medium.bin")
+    filled = wait_for(lambda: os.getxattr(medium, "user.ghost.cached") == b"1", 5)
+    after = jctl(ctl, "stats")
+    mode_now = disk(ctl)["mode"]
+    spun = [x for x in after["devices"] if x["kind"] == "disk"][0]["transitions"] > \
+        [x for x in before["devices"] if x["kind"] == "disk"][0]["transitions"]
+    t.check(low and ok and filled and after["write_queue"]["queued_bytes"] == 0 and spun
+            and mode_now == "performance-idle",
+            "static writes a fill at once, spinning the idle disk up (nothing queued)",
+            (low, ok, filled, after["write_queue"], mode_now, spun))
+    fs.stop()
+
+    # --no-ghost-hints and the config file's keys (the command line wins over the file).
+    conf = os.path.join(work, "policy.toml")
+    with open(conf, "w") as f:
+        f.write('policy = "static"\nghost_hints = false\n')
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache-static"), {"www": nginx.url()},
+                   args=["--profile", "ipaq-2004", "--config", conf, "--policy", "adaptive"], control=ctl)
+    fs.start()
+    st = jctl(ctl, "stats")
+    t.check(st["policy"] == "adaptive" and st["ghost_hints"] is False and "K=" in disk(ctl)["policy"],
+            "config file ghost_hints = false holds; --policy adaptive overrides its policy", (st["policy"], st["ghost_hints"]))
+    fs.stop()
+    with open(conf, "w") as f:
+        f.write('policy = "sometimes"\n')
+    exe = os.path.join(h.build_dir(), "fs", "ghostfs")
+    r = subprocess.run([exe, "--config", conf, "--cache", os.path.join(work, "c2"), mnt],
+                       capture_output=True, text=True, timeout=10)
+    r2 = subprocess.run([exe, "--policy", "fast", "--cache", os.path.join(work, "c2"), mnt],
+                        capture_output=True, text=True, timeout=10)
+    t.check(r.returncode == 2 and "policy.toml:1" in r.stderr and "sometimes" in r.stderr
+            and r2.returncode == 2 and "--policy" in r2.stderr and "static" in r2.stderr,
+            "a bad policy (file or command line) is a clear error, exit 2", (r.stderr, r2.stderr))
 
     # The byte cap holds as data is added; an object over the cap is served, not cached.
     fs = h.Ghostfs(mnt, os.path.join(work, "cache-small"), {"www": nginx.url()},

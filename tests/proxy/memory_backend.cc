@@ -170,12 +170,20 @@ void MemoryBackend::Invalidate(const std::string& key) {
   state_->objects.erase(key);
 }
 
-void MemoryBackend::TransferBegin() {
+std::uint64_t MemoryBackend::TransferBegin() {
   std::lock_guard lock(state_->mu);
-  ++state_->counters.transfer_begins;
+  return static_cast<std::uint64_t>(++state_->counters.transfer_begins);
 }
 
-void MemoryBackend::TransferEnd(Bytes bytes) {
+void MemoryBackend::TransferData(std::uint64_t, Bytes, std::function<void()> done) {
+  {
+    std::lock_guard lock(state_->mu);
+    ++state_->counters.transfer_data;
+  }
+  Post(std::move(done));
+}
+
+void MemoryBackend::TransferEnd(std::uint64_t, Bytes bytes) {
   std::lock_guard lock(state_->mu);
   ++state_->counters.transfer_ends;
   state_->counters.transfer_bytes += bytes;

@@ -39,6 +39,7 @@ class MemoryBackend final : public CacheBackend {
     int ghost_hints = 0;
     int transfer_begins = 0;
     int transfer_ends = 0;
+    int transfer_data = 0;
     Bytes transfer_bytes = 0;
   };
 
@@ -56,8 +57,9 @@ class MemoryBackend final : public CacheBackend {
   std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) override;
   void Refresh(const std::string& key, const StoredResponse& head) override;
   void Invalidate(const std::string& key) override;
-  void TransferBegin() override;
-  void TransferEnd(Bytes bytes) override;
+  std::uint64_t TransferBegin() override;
+  void TransferData(std::uint64_t transfer, Bytes body_bytes, std::function<void()> done) override;
+  void TransferEnd(std::uint64_t transfer, Bytes bytes) override;
 
   // Test controls.
   void SetChoice(CacheChoice choice);
