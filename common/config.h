@@ -11,6 +11,7 @@
 //   max_stale = 0                     # seconds a stale object may still be served
 //   heuristic_freshness = 300         # seconds, when a reply gives no freshness at all
 //   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
+//   passthrough = true                # kernel FUSE passthrough for cached bodies
 //   [origins]
 //   www = "http://127.0.0.1:8080/"
 //   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
@@ -54,6 +55,9 @@ struct GhostfsOptions {
   bool foreground = false;
   std::string mountpoint;
   std::vector<std::string> fuse_options;  // the -o options, passed to libfuse
+  // Kernel FUSE passthrough for opens of fully cached bodies (fs/fuse_passthrough.h); off
+  // with --profile, whose emulated disk must see every read.
+  bool passthrough = true;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

@@ -36,25 +36,29 @@ nlohmann::json Daemon::StatsJson() const {
     requests[s] = it == requests_by_source_.end() ? 0 : it->second;
   }
   const WriteQueueStats& w = queue_->stats();
-  return {{"uptime_s", ToSeconds(clock_->Now() - started_)},
-          {"knob", pm_->knob()},
-          {"profile", machine_.name},
-          {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
-          {"requests", requests},
-          {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
-          {"ghost_hints_sent", cost_->hints_sent()},
-          {"proxy", StoreStatsJson()},
-          {"imap", mail_->StatsJson()},
-          {"write_queue",
-           {{"queued_bytes", queue_->queued_bytes()},
-            {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
-            {"flushes_power_callback", w.flushes_power_callback},
-            {"flushes_cap", w.flushes_cap}}},
-          {"cache",
-           {{"objects", store_->index().size()},
-            {"bytes", store_->index().total_bytes()},
-            // null: no cap
-            {"capacity", options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
+  return {
+      {"uptime_s", ToSeconds(clock_->Now() - started_)},
+      {"knob", pm_->knob()},
+      {"profile", machine_.name},
+      {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
+      {"requests", requests},
+      {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
+      {"ghost_hints_sent", cost_->hints_sent()},
+      // READ requests the daemon served; reads of passthrough opens never reach it.
+      {"fuse", {{"reads", fuse_reads_}, {"passthrough", passthrough_->StatsJson()}}},
+      {"proxy", StoreStatsJson()},
+      {"imap", mail_->StatsJson()},
+      {"write_queue",
+       {{"queued_bytes", queue_->queued_bytes()},
+        {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
+        {"flushes_power_callback", w.flushes_power_callback},
+        {"flushes_cap", w.flushes_cap}}},
+      {"cache",
+       {{"objects", store_->index().size()},
+        {"bytes", store_->index().total_bytes()},
+        // null: no cap
+        {"capacity",
+         options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
 }
 
 void Daemon::PublishModes() {

@@ -38,6 +38,12 @@ int main(int argc, char** argv) {
   app.add_option("--config", config, "TOML file with the same settings (see common/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
+  bool no_passthrough = false;
+  app.add_flag(
+      "--no-passthrough", no_passthrough,
+      "serve every read of a cached body through the daemon, without kernel FUSE passthrough "
+      "(passthrough, Linux >= 6.9, is also off with --profile: the emulated disk must see every "
+      "read)");
   app.add_option("-o", o.fuse_options, "FUSE mount options (e.g. -o allow_other), repeatable");
   app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")->required();
   try {
@@ -64,8 +70,10 @@ int main(int argc, char** argv) {
     if (max_stale.empty()) o.max_stale = file.max_stale;
     o.heuristic_freshness = file.heuristic_freshness;
     o.write_queue_cap = file.write_queue_cap;
+    o.passthrough = file.passthrough;
     o.origins = file.origins;
   }
+  if (no_passthrough) o.passthrough = false;
   for (const std::string& spec : origins) {
     ghost::Result<ghost::Origin> origin = ghost::ParseOrigin(spec);
     if (!origin.ok()) return fail(origin.status().message());
