@@ -235,9 +235,12 @@ void FusePassthrough::ReleasePassthrough(fuse_ino_t ino) {
   Forget(ino);
 }
 
-bool FusePassthrough::MustBypassCache(fuse_ino_t ino) const {
+std::optional<int> FusePassthrough::JoinBacking(fuse_ino_t ino) {
   auto it = inodes_.find(ino);
-  return it != inodes_.end() && it->second.passthrough > 0;
+  if (it == inodes_.end() || it->second.passthrough <= 0) return std::nullopt;
+  ++it->second.passthrough;
+  ++joined_;
+  return it->second.backing_id;
 }
 
 void FusePassthrough::CachedOpened(fuse_ino_t ino) {
@@ -274,7 +277,10 @@ int FusePassthrough::ReplyOpen(fuse_req_t req, const fuse_file_info* fi, int bac
 }
 
 nlohmann::json FusePassthrough::StatsJson() const {
-  return {{"state", StateName(state_)}, {"opens", opens_}, {"fallbacks", fallbacks_}};
+  return {{"state", StateName(state_)},
+          {"opens", opens_},
+          {"fallbacks", fallbacks_},
+          {"joined", joined_}};
 }
 
 }  // namespace ghost

@@ -19,11 +19,15 @@
 //     struct fuse_open_out (the 3.14 header calls the field `padding`).
 //
 // Kernel rules this follows (fs/fuse/iomode.c, backing.c):
-//   - An inode is in one io mode at a time: opens in cached mode (page cache; not direct_io)
-//     and passthrough opens exclude each other, and the open that conflicts fails with EIO.
-//     direct_io opens mix with either. The per-inode counts here let the caller pick a mode
-//     that cannot conflict (Acquire refuses while cached opens are active; MustBypassCache
-//     says a cached-mode open must use direct_io instead).
+//   - An inode is in one io mode at a time. Cached-mode opens (page cache; not direct_io) and
+//     passthrough opens exclude each other, and while an inode has a backing file (passthrough
+//     opens active) every other open of it must carry FOPEN_PASSTHROUGH too; the open that
+//     breaks a rule fails with EIO. A plain direct_io open mixes with cached opens only.
+//     So: Acquire refuses while cached-mode opens are active (the open takes the normal path),
+//     and while passthrough opens are active an open that cannot be passthrough (a body being
+//     fetched, a newer body) is sent as FOPEN_PASSTHROUGH | FOPEN_DIRECT_IO on the inode's
+//     backing id (JoinBacking): its reads and writes still go to the daemon; only an mmap of it
+//     maps the backing file, i.e. the body the passthrough opens read.
 //   - All passthrough opens of one inode must share one backing file (else EBUSY), so the
 //     backing id is per inode, reused while its opens last, closed with the last release.
 //   - The kernel looks the id up when the opener processes the reply, after our writev has
@@ -84,27 +88,31 @@ class FusePassthrough {
   // opens of `ino` are active, or passthrough opens of an older body of it, or passthrough is
   // not available (the first refusal is logged once and turns it off).
   std::optional<int> Acquire(fuse_ino_t ino, int body_fd);
-  // A passthrough open of `ino` was released (or its reply failed); the last one closes the id.
+  // While passthrough opens of `ino` are active, any other open of it must join them: the
+  // inode's backing id, for an open sent with direct_io (reads through the daemon), counted
+  // like a passthrough open until Released. nullopt: no passthrough open of `ino` is active.
+  std::optional<int> JoinBacking(fuse_ino_t ino);
+  // An open that Acquired or Joined was released (or its reply failed); the last one closes
+  // the id.
   void ReleasePassthrough(fuse_ino_t ino);
-  // True while passthrough opens of `ino` are active: another open of it must not use cached
-  // mode (use direct_io) or the kernel fails it.
-  bool MustBypassCache(fuse_ino_t ino) const;
   // A cached-mode (not direct_io) open of `ino` was replied / released.
   void CachedOpened(fuse_ino_t ino);
   void CachedReleased(fuse_ino_t ino);
 
-  // fuse_reply_open with FOPEN_PASSTHROUGH and `backing_id` set; returns what fuse_reply_open
-  // returns (-ENOENT: the open was interrupted, no release will come).
+  // fuse_reply_open with FOPEN_PASSTHROUGH and `backing_id` set (FOPEN_DIRECT_IO stays if
+  // fi->direct_io); returns what fuse_reply_open returns (-ENOENT: the open was interrupted,
+  // no release will come).
   int ReplyOpen(fuse_req_t req, const fuse_file_info* fi, int backing_id);
 
-  // {"state": "on"|..., "opens": passthrough opens so far, "fallbacks": opens that would
-  // have been passthrough but took the normal path because of the other io mode}.
+  // {"state": "on"|..., "opens": passthrough opens so far, "fallbacks": opens that could
+  // have been passthrough but were not (another io mode, or an older body, was active),
+  // "joined": opens sent with direct_io on a backing id because passthrough opens were active}.
   nlohmann::json StatsJson() const;
 
  private:
   struct InodeIo {
     int cached = 0;       // cached-mode opens replied and not released
-    int passthrough = 0;  // passthrough opens replied and not released
+    int passthrough = 0;  // opens replied with FOPEN_PASSTHROUGH and not released
     int backing_id = -1;  // while passthrough > 0
     dev_t dev = 0;        // the body file the backing id refers to
     ino_t body_ino = 0;
@@ -121,7 +129,7 @@ class FusePassthrough {
   int pending_backing_id_ = -1;    // set only inside ReplyOpen: the reply Writev patches
   bool pending_patched_ = false;
   std::unordered_map<fuse_ino_t, InodeIo> inodes_;
-  std::uint64_t opens_ = 0, fallbacks_ = 0;
+  std::uint64_t opens_ = 0, fallbacks_ = 0, joined_ = 0;
 };
 
 }  // namespace ghost

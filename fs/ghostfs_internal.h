@@ -113,12 +113,13 @@ struct Prefetch {
   std::vector<std::function<void()>> waiters;  // reads that came before it finished
 };
 
-// How the kernel reads an open origin file (fs/fuse_passthrough.h: the kernel keeps an inode in
-// one of cached and passthrough mode at a time; direct_io mixes with both).
+// How the kernel reads an open origin file (fs/fuse_passthrough.h: an inode is in cached or
+// passthrough mode, and while it has passthrough opens every open of it must carry the flag).
 enum class IoMode {
-  kCached,       // READ requests, the kernel's page cache in front (keep_cache)
-  kDirect,       // READ requests for every read (direct_io)
-  kPassthrough,  // no READ requests: the kernel reads the body file itself
+  kCached,        // READ requests, the kernel's page cache in front (keep_cache)
+  kDirect,        // READ requests for every read (direct_io)
+  kPassthrough,   // no READ requests: the kernel reads the body file itself
+  kDirectJoined,  // kDirect, sent with the inode's backing id: passthrough opens were active
 };
 
 // One open file.

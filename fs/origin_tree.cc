@@ -337,11 +337,12 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       if (!backing && e) StartPrefetch(h, e->size);
     }
     h.io_mode = backing ? IoMode::kPassthrough : info.direct_io ? IoMode::kDirect : IoMode::kCached;
-    if (h.io_mode == IoMode::kCached && passthrough_->MustBypassCache(ino)) {
-      // Passthrough opens of this inode are active: a cached-mode open would fail (EIO).
+    if (!backing && (backing = passthrough_->JoinBacking(ino))) {
+      // Passthrough opens of this inode (of another body) are active: the kernel fails any
+      // open of it without the flag, so this one carries it with direct_io (reads come here).
       info.direct_io = 1;
       info.keep_cache = 0;
-      h.io_mode = IoMode::kDirect;
+      h.io_mode = IoMode::kDirectJoined;
     }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
@@ -693,7 +694,9 @@ void Daemon::ServeStream(Stream& st) {
 }
 
 void Daemon::OriginRelease(Handle& h) {
-  if (h.io_mode == IoMode::kPassthrough) passthrough_->ReleasePassthrough(h.ino);
+  if (h.io_mode == IoMode::kPassthrough || h.io_mode == IoMode::kDirectJoined) {
+    passthrough_->ReleasePassthrough(h.ino);
+  }
   if (h.io_mode == IoMode::kCached) passthrough_->CachedReleased(h.ino);
   if (!h.stream) return;
   Stream& st = *h.stream;
