@@ -352,7 +352,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     handles_[fh] = std::move(h);
     if (mode == IoMode::kCached) passthrough_->CachedOpened(ino);
     ++requests_by_source_[source];
-    if (control_) control_->Publish("stats", StatsJson());
+    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
     int sent =
         backing ? passthrough_->ReplyOpen(req, &info, *backing) : fuse_reply_open(req, &info);
     if (sent == -ENOENT) {
