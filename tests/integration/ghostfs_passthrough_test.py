@@ -166,6 +166,7 @@ def main():
     old_data = read_all(changing)
     c0 = counters(ctl)
     held = open(path, "rb")
+    h.on_exit(held.close)  # before the unmount (cleanups run last first), also on a failure
     held_head = held.read(1000)
     c1 = counters(ctl)
     t.check(c1["opens"] == c0["opens"] + 1 and held_head == old_data[:1000],
