@@ -97,8 +97,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
-      "policy",    "ghost_hints",
-      "origins"};
+      "policy",    "ghost_hints",         "passthrough",     "origins"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -151,6 +150,13 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = size("write_queue_cap", &o->write_queue_cap)).ok()) return s;
   if (!(s = seconds("max_stale", &o->max_stale)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &o->heuristic_freshness)).ok()) return s;
+  if (const toml::node* n = t.get("passthrough")) {
+    auto b = n->value<bool>();
+    if (!b || !n->is_boolean())
+      return Status::InvalidArgument(Where(path, n->source()) +
+                                     ": passthrough must be true or false");
+    o->passthrough = *b;
+  }
   if (const toml::node* n = t.get("knob")) {
     auto k = n->value<std::int64_t>();
     if (!k || *k < 0 || *k > 100) return Status::InvalidArgument(Where(path, n->source()) + ": knob must be an integer in 0..100");

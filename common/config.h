@@ -17,6 +17,7 @@
 //                                     # verified against (absent: the system's CAs)
 //   imap_delete = "move:Trash"        # what unlinking a message does: "move:MAILBOX" (UID
 //                                     # MOVE there; created if missing) or "expunge"
+//   passthrough = true                # kernel FUSE passthrough for cached bodies
 //   [origins]
 //   www = "http://127.0.0.1:8080/"
 //   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
@@ -83,6 +84,9 @@ struct GhostfsOptions {
   bool foreground = false;
   std::string mountpoint;
   std::vector<std::string> fuse_options;  // the -o options, passed to libfuse
+  // Kernel FUSE passthrough for opens of fully cached bodies (fs/fuse_passthrough.h); off
+  // with --profile, whose emulated disk must see every read.
+  bool passthrough = true;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

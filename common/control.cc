@@ -591,6 +591,13 @@ void ControlServer::Publish(const std::string& topic, const json& data) {
   for (const std::shared_ptr<Connection>& c : to) Send(*c, line);
 }
 
+bool ControlServer::Subscribed(const std::string& topic) const {
+  for (const auto& [id, c] : connections_) {
+    if (c->topics.count(topic) != 0) return true;
+  }
+  return false;
+}
+
 void ControlServer::Send(Connection& c, const std::string& line) {
   if (c.state == ConnState::kClosed) return;
   if (bufferevent_write(c.bev.get(), line.data(), line.size()) != 0) {

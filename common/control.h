@@ -201,6 +201,9 @@ class ControlServer {
   // Pushes {"event":topic,"data":data} to every connection subscribed to `topic`, disconnecting
   // any whose output passes the high watermark. Never blocks.
   void Publish(const std::string& topic, const nlohmann::json& data);
+  // Whether any connection is subscribed to `topic`: lets a caller skip building an event
+  // nobody receives (on a hot path such as every open).
+  bool Subscribed(const std::string& topic) const;
 
   const std::string& path() const { return path_; }
   std::size_t connections() const { return connections_.size(); }

@@ -52,6 +52,8 @@ nlohmann::json Daemon::StatsJson() const {
       {"requests", requests},
       {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
       {"ghost_hints_sent", cost_->hints_sent()},
+      // READ requests the daemon served; reads of passthrough opens never reach it.
+      {"fuse", {{"reads", fuse_reads_}, {"passthrough", passthrough_->StatsJson()}}},
       {"proxy", StoreStatsJson()},
       {"imap", mail_->StatsJson()},
       {"write_queue",

@@ -194,6 +194,13 @@ std::string StatsText(const json& s) {
   }
   rows.push_back({"requests", RequestsText(s, ", ")});
   rows.push_back({"ghost hints", CountText(Number(s, {"ghost_hints_sent"})) + " sent"});
+  if (Find(s, {"fuse"}) != nullptr) {
+    // Reads of passthrough opens go from the kernel to the cached body, never to the daemon.
+    rows.push_back({"fuse reads",
+                    CountText(Number(s, {"fuse", "reads"})) + " through the daemon; passthrough " +
+                        Text(s, {"fuse", "passthrough", "state"}) + ", " +
+                        CountOf(Number(s, {"fuse", "passthrough", "opens"}), "open", "opens")});
+  }
   std::string wq = BytesText(Number(s, {"write_queue", "queued_bytes"})) + " queued, " +
                    CountOf(Number(s, {"write_queue", "flushes"}), "flush", "flushes");
   rows.push_back({"write queue", wq});

@@ -6,7 +6,6 @@
 #ifndef GHOST_FS_GHOSTFS_INTERNAL_H_
 #define GHOST_FS_GHOSTFS_INTERNAL_H_
 
-
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
@@ -21,7 +20,6 @@
 #include <vector>
 
 #include "common/autoindex.h"
-#include "common/http_freshness.h"
 #include "common/cache_store.h"
 #include "common/clock.h"
 #include "common/config.h"
@@ -30,10 +28,12 @@
 #include "common/device.h"
 #include "common/file_io.h"
 #include "common/http_fetcher.h"
+#include "common/http_freshness.h"
 #include "common/power_manager.h"
 #include "common/profile.h"
 #include "common/uring_file_io.h"
 #include "common/write_queue.h"
+#include "fs/fuse_passthrough.h"
 #include "fs/ghostfs.h"
 #include "fs/inode_table.h"
 
@@ -123,9 +123,20 @@ struct Prefetch {
   std::vector<std::function<void()>> waiters;  // reads that came before it finished
 };
 
+// How the kernel reads an open origin file (fs/fuse_passthrough.h: an inode is in cached or
+// passthrough mode, and while it has passthrough opens every open of it must carry the flag).
+enum class IoMode {
+  kCached,        // READ requests, the kernel's page cache in front (keep_cache)
+  kDirect,        // READ requests for every read (direct_io)
+  kPassthrough,   // no READ requests: the kernel reads the body file itself
+  kDirectJoined,  // kDirect, sent with the inode's backing id: passthrough opens were active
+};
+
 // One open file.
 struct Handle {
   NodeKind kind = NodeKind::kLocal;
+  fuse_ino_t ino = 0;  // origin: the node (for the passthrough counts)
+  IoMode io_mode = IoMode::kCached;
   int fd = -1;                    // local/: the backing file; origin: the cached body
   std::string key;                // origin: the URL; local/: the write-queue key
   std::string source;             // origin: where this open reads from
@@ -277,6 +288,7 @@ class Daemon final : public GhostFs {
   std::unique_ptr<WriteQueue> queue_;
   std::unique_ptr<HttpFetcher> http_;
   std::unique_ptr<ControlServer> control_;
+  std::unique_ptr<FusePassthrough> passthrough_;  // always set after Init; kOff unless attached
   InodeTable inodes_;
   fuse_session* se_ = nullptr;
   event* fuse_ev_ = nullptr;
@@ -300,7 +312,8 @@ class Daemon final : public GhostFs {
   std::map<fuse_ino_t, Decision> decisions_;
   std::map<std::string, int> requests_by_source_;
   std::uint64_t bytes_from_network_ = 0;
-  std::uint64_t bytes_from_cache_ = 0;
+  std::uint64_t bytes_from_cache_ = 0;  // served by the daemon (passthrough reads are not seen)
+  std::uint64_t fuse_reads_ = 0;        // READ requests that reached the daemon
   std::string mount_path_;                                // canonical, for paths handed out
   std::map<std::string, StoreFill> store_fills_;          // by token
   std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key

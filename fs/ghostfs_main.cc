@@ -58,6 +58,12 @@ int main(int argc, char** argv) {
       "--imap-delete", imap_delete,
       "what unlinking a message in an IMAP Maildir does: move:MAILBOX (UID MOVE there, created "
       "if missing; the default is move:Trash) or expunge");
+  bool no_passthrough = false;
+  app.add_flag(
+      "--no-passthrough", no_passthrough,
+      "serve every read of a cached body through the daemon, without kernel FUSE passthrough "
+      "(passthrough, Linux >= 6.9, is also off with --profile: the emulated disk must see every "
+      "read)");
   app.add_option("-o", o.fuse_options, "FUSE mount options (e.g. -o allow_other), repeatable");
   app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")->required();
   try {
@@ -88,8 +94,10 @@ int main(int argc, char** argv) {
     o.write_queue_cap = file.write_queue_cap;
     o.cacert = file.cacert;
     o.imap_delete = file.imap_delete;
+    o.passthrough = file.passthrough;
     o.origins = file.origins;
   }
+  if (no_passthrough) o.passthrough = false;
   if (!cacert.empty()) o.cacert = cacert;
   if (!imap_delete.empty()) {
     if (ghost::Result<std::string> d = ghost::ParseImapDelete(imap_delete); !d.ok()) {

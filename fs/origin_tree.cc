@@ -309,11 +309,17 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   const CacheEntry* cached = MountEntry(url);
   TimePoint now = clock_->Now();
 
-  auto open_handle = [this, req, info, url](const std::string& source, std::shared_ptr<Stream> stream) mutable {
+  auto open_handle = [this, req, info, url, ino](const std::string& source,
+                                                 std::shared_ptr<Stream> stream) mutable {
     Handle h;
     h.kind = NodeKind::kOriginFile;
+    h.ino = ino;
     h.key = url;
     h.source = source;
+    // A network read's length may differ from what stat said; let reads go to EOF.
+    info.direct_io = source == "network" ? 1 : 0;
+    info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
+    std::optional<int> backing;
     if (source == "disk") {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
       h.fd = ::open(store_->BodyPath(url).c_str(), O_RDONLY | O_CLOEXEC);
@@ -321,18 +327,43 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // Whole-object reads are the rule: let the kernel read ahead twice as far on the body.
       posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
       store_->Touch(url);
-      if (const CacheEntry* e = MountEntry(url)) StartPrefetch(h, e->size);
+      // The cost model chose the disk for this open: the kernel may read the body file itself
+      // (a committed body is complete and never rewritten: a replacement is a new file).
+      const CacheEntry* e = MountEntry(url);
+      struct stat body;
+      if (e && fstat(h.fd, &body) == 0 && static_cast<Bytes>(body.st_size) == e->size) {
+        backing = passthrough_->Acquire(ino, h.fd);
+      }
+      if (!backing && e) StartPrefetch(h, e->size);
+    }
+    h.io_mode = backing ? IoMode::kPassthrough : info.direct_io ? IoMode::kDirect : IoMode::kCached;
+    if (!backing && (backing = passthrough_->JoinBacking(ino))) {
+      // Passthrough opens of this inode (of another body) are active: the kernel fails any
+      // open of it without the flag, so this one carries it with direct_io (reads come here).
+      info.direct_io = 1;
+      info.keep_cache = 0;
+      h.io_mode = IoMode::kDirectJoined;
     }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
     info.fh = next_fh_++;
-    // A network read's length may differ from what stat said; let reads go to EOF.
-    info.direct_io = source == "network" ? 1 : 0;
-    info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
-    handles_[info.fh] = std::move(h);
+    std::uint64_t fh = info.fh;
+    IoMode mode = h.io_mode;
+    handles_[fh] = std::move(h);
+    if (mode == IoMode::kCached) passthrough_->CachedOpened(ino);
     ++requests_by_source_[source];
-    if (control_) control_->Publish("stats", StatsJson());
-    fuse_reply_open(req, &info);
+    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
+    int sent =
+        backing ? passthrough_->ReplyOpen(req, &info, *backing) : fuse_reply_open(req, &info);
+    if (sent == -ENOENT) {
+      // The open was interrupted: the kernel forgot it, and no release will come.
+      auto it = handles_.find(fh);
+      if (it != handles_.end()) {
+        if (it->second.fd >= 0) close(it->second.fd);
+        OriginRelease(it->second);
+        handles_.erase(it);
+      }
+    }
   };
 
   // Network: stream the object (or join a stream already running); the open is answered
@@ -663,6 +694,10 @@ void Daemon::ServeStream(Stream& st) {
 }
 
 void Daemon::OriginRelease(Handle& h) {
+  if (h.io_mode == IoMode::kPassthrough || h.io_mode == IoMode::kDirectJoined) {
+    passthrough_->ReleasePassthrough(h.ino);
+  }
+  if (h.io_mode == IoMode::kCached) passthrough_->CachedReleased(h.ino);
   if (!h.stream) return;
   Stream& st = *h.stream;
   --st.opens;

@@ -19,9 +19,9 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 22
+PLAN = 23
 OPTIONS = ["--cache", "--origin", "--profile", "--knob", "--control", "--config", "--cache-size",
-           "--max-stale", "-o"]
+           "--max-stale", "--no-passthrough", "-o"]
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common", "profiles")
 
 
@@ -218,6 +218,14 @@ def usage_checks(t, work):
             "a config file with a bad value (knob = 101): exit 2 naming the file, line 4 and the key",
             f"exit {rc}: {err}")
 
+    conf = os.path.join(work, "bad-passthrough.toml")
+    with open(conf, "w") as f:
+        f.write(f'cache = "{cache}"\npassthrough = "yes"\n')
+    rc, _, err = run(["--config", conf], mnt)
+    t.check(rc == 2 and one_clear_line(err, f"{conf}:2", "passthrough"),
+            "a config file with passthrough = \"yes\" (not a boolean): exit 2 naming line 2 and the key",
+            f"exit {rc}: {err}")
+
     conf = os.path.join(work, "no-such.toml")
     rc, _, err = run(["--config", conf], mnt)
     t.check(rc == 2 and one_clear_line(err, conf), "a missing config file: exit 2 and one line naming it",
@@ -266,6 +274,7 @@ control = "{ctl}"
 max_stale = 0
 heuristic_freshness = 300
 write_queue_cap = "4M"
+passthrough = true
 
 [origins]
 www = "{origin_url}"
