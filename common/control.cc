@@ -174,6 +174,18 @@ std::string CheckArguments(const std::string& op, const json& r) {
     if (x != r.end() && !x->is_null() && !x->is_number_integer()) {
       return "\"expires_unix\" must be an integer (Unix seconds) or null";
     }
+  } else if (op == "served") {
+    auto memory = r.find("memory");
+    bool good = memory != r.end() && memory->is_object();
+    if (good) {
+      for (const auto& [key, n] : memory->items())
+        good = good && !key.empty() && n.is_number_integer() && n.get<std::int64_t>() >= 1;
+    }
+    if (!good) return "needs \"memory\": an object of cache keys and read counts >= 1";
+    auto bytes = r.find("bytes");
+    if (bytes != r.end() && !(bytes->is_number_integer() && bytes->get<std::int64_t>() >= 0)) {
+      return "\"bytes\" must be an integer >= 0";
+    }
   } else if (op == "subscribe") {
     auto it = r.find("topics");
     bool good = it != r.end() && it->is_array() && !it->empty();
@@ -667,6 +679,7 @@ Status AsyncControlClient::Open() {
     return Status::Internal("bufferevent_socket_new failed");
   }
   bev_.reset(bev);
+  ++connection_serial_;
   bufferevent_setcb(bev, &AsyncControlClient::OnRead, nullptr, &AsyncControlClient::OnEvent, this);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
   return Status::Ok();
@@ -699,7 +712,12 @@ void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
     std::string text(line, len);
     std::free(line);
     nlohmann::json msg = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!msg.is_object() || !msg.contains("id") || !msg["id"].is_number_integer()) continue;  // events
+    if (!msg.is_object()) continue;
+    if (msg.contains("event")) {
+      if (self->on_event_) self->on_event_(msg);
+      continue;
+    }
+    if (!msg.contains("id") || !msg["id"].is_number_integer()) continue;
     auto it = self->waiting_.find(msg["id"].get<std::int64_t>());
     if (it == self->waiting_.end()) continue;
     Done done = std::move(it->second);
@@ -717,6 +735,7 @@ void AsyncControlClient::OnEvent(bufferevent*, short what, void* arg) {
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
   // The daemon went away: everything waiting fails; the next Call reconnects.
   self->bev_.reset();
+  if (self->on_disconnect_) self->on_disconnect_();
   auto waiting = std::move(self->waiting_);
   self->waiting_.clear();
   for (auto& [id, done] : waiting) {

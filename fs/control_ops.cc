@@ -102,7 +102,7 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
     else if (kind != "background") return reply.Error("hint: kind must be ghost, transfer_begin, transfer_end or background");
     return reply(nlohmann::json::object());
   }
-  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
+  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate" || op == "served") {
     return StoreControl(op, request, std::move(reply));
   }
   if (op == "status") {

@@ -71,6 +71,7 @@ struct StoreFill {
 
 struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
+  std::uint64_t memory_hits = 0;  // reads a client served from its own RAM copy ("served")
 };
 
 // A directory listing of an origin, as parsed from its HTML index.
@@ -280,6 +281,7 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key
   std::uint64_t next_store_token_ = 1;
   StoreStats store_stats_;
+  bool objects_published_ = false;  // the store's changes go to the "objects" topic
   std::unique_ptr<MailTree> mail_;                        // IMAP origins (mail_tree.cc)
 };
 

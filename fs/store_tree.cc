@@ -207,6 +207,15 @@ void ReadStoredFields(const nlohmann::json& request, const Clock& clock, CacheEn
 
 void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply) {
   const std::string key = request.value("key", "");
+  if (op == "lookup" && !objects_published_ && control_) {
+    // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
+    // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
+    objects_published_ = true;
+    store_->SetChangeListener([this](const std::string& changed) {
+      if (control_ && control_->subscribers("objects") > 0)
+        control_->Publish("objects", {{"key", changed}});
+    });
+  }
   if (op == "lookup") {
     ++store_stats_.lookups;
     const CacheEntry* e = store_->index().Find(key);
@@ -264,7 +273,7 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     }
     ++requests_by_source_[disk ? "disk" : "network"];
     ++(disk ? store_stats_.hits : store_stats_.network_preferred);
-    if (control_) control_->Publish("stats", StatsJson());
+    if (control_ && control_->subscribers("stats") > 0) control_->Publish("stats", StatsJson());
     return reply(out);
   }
   if (op == "store") {
@@ -297,9 +306,25 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
   if (op == "invalidate") {
     // A fill still queued is dropped too: the writer skips fills without their metadata.
     bool queued = pending_fills_.erase(key) > 0;
+    if (queued && control_ && control_->subscribers("objects") > 0)
+      control_->Publish("objects", {{"key", key}});
     Status s = store_->Erase(key);
     if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
     return reply({{"removed", s.ok() || queued}});
+  }
+  if (op == "served") {
+    // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
+    // costs no device anything; counted, and the objects stay recently used on disk too.
+    std::uint64_t reads = 0;
+    for (const auto& [served_key, n] : request["memory"].items()) {
+      store_->Touch(served_key);
+      reads += n.get<std::uint64_t>();
+    }
+    requests_by_source_["memory"] += static_cast<int>(reads);
+    store_stats_.memory_hits += reads;
+    bytes_from_cache_ += request.value("bytes", Bytes{0});
+    if (control_ && control_->subscribers("stats") > 0) control_->Publish("stats", StatsJson());
+    return reply(nlohmann::json::object());
   }
   reply.Error("unknown op \"" + op + "\"");
 }
@@ -319,6 +344,7 @@ nlohmann::json Daemon::StoreStatsJson() const {
           {"network_preferred", store_stats_.network_preferred},
           {"fills", store_stats_.fills},
           {"refreshes", store_stats_.refreshes},
+          {"memory_hits", store_stats_.memory_hits},
           {"open_fills", store_fills_.size()}};
 }
 

@@ -108,6 +108,8 @@ const char* ResultName(ResultCode code) {
       return "NONE";
     case ResultCode::kHit:
       return "HIT";
+    case ResultCode::kMemHit:
+      return "MEM_HIT";
     case ResultCode::kMiss:
       return "MISS";
     case ResultCode::kNetPreferred:
@@ -511,6 +513,25 @@ void ClientConnection::WriteBody(std::string_view data) {
     ex.bytes_sent += data.size();
     evbuffer_add(output(), data.data(), data.size());
   }
+}
+
+void ClientConnection::WriteMemoryBody(Bytes first, Bytes length) {
+  Exchange& ex = *ex_;
+  assert(ex.memory && ex.deferred_head.empty() && ex.framing == Exchange::Framing::kLength);
+  assert(first + length <= ex.memory->body.size());
+  if (length == 0) return;
+  auto* hold = new std::shared_ptr<const MemoryObject>(ex.memory);
+  const int r = evbuffer_add_reference(
+      output(), ex.memory->body.data() + first, static_cast<std::size_t>(length),
+      [](const void*, size_t, void* arg) {
+        delete static_cast<std::shared_ptr<const MemoryObject>*>(arg);
+      },
+      hold);
+  if (r != 0) {  // libevent could not allocate the chain: copy instead
+    delete hold;
+    evbuffer_add(output(), ex.memory->body.data() + first, static_cast<std::size_t>(length));
+  }
+  ex.bytes_sent += length;
 }
 
 void ClientConnection::EndBody() {

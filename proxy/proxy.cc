@@ -296,6 +296,7 @@ std::string Impl::StatusJson() const {
       {"requests",
        {{"total", s.requests},
         {"HIT", s.hit},
+        {"MEM_HIT", s.mem_hit},
         {"MISS", s.miss},
         {"NET_PREFERRED", s.net_preferred},
         {"REVALIDATED", s.revalidated},
@@ -328,6 +329,7 @@ std::string Impl::MetricsText() const {
   };
   metric("ghostproxy_requests_total", "counter", "Requests answered, by result code.",
          {{"{result=\"HIT\"}", s.hit},
+          {"{result=\"MEM_HIT\"}", s.mem_hit},
           {"{result=\"MISS\"}", s.miss},
           {"{result=\"NET_PREFERRED\"}", s.net_preferred},
           {"{result=\"REVALIDATED\"}", s.revalidated},

@@ -100,6 +100,7 @@ std::string_view Pullup(evbuffer* buf, std::size_t* len);
 enum class ResultCode {
   kNone,
   kHit,
+  kMemHit,  // a hit served from the backend's copy in RAM
   kMiss,
   kNetPreferred,
   kRevalidated,
@@ -281,6 +282,9 @@ struct Exchange {
   std::string key;  // where the stored response is (or will be) kept
   std::optional<StoredResponse> stored;
   StoredState stored_state;
+  // The backend's copy in RAM that `stored` came from (CacheChoice::kMemory), if any.
+  std::shared_ptr<const MemoryObject> memory;
+  bool skip_memory = false;        // the RAM copy cannot answer: the lookups go to the backend
   std::string vary;                // the URL key holds a vary index with this Vary
   bool revalidating = false;       // the origin request carries our validators
   bool net_preferred = false;      // the cost model chose the network over a copy
@@ -386,6 +390,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
                          const char* source, Exchange::Framing framing, bool body_follows,
                          bool defer);
   void WriteBody(std::string_view data);
+  // Bytes [first, first + length) of the exchange's RAM copy, referenced (not copied) by the
+  // output buffer, which keeps the copy alive until they are sent.
+  void WriteMemoryBody(Bytes first, Bytes length);
   void EndBody();
   bool ClientBackedUp() const;
   void OnClientDrained();

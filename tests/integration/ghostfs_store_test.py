@@ -17,33 +17,6 @@ import harness as h  # noqa: E402
 PLAN = 19
 
 
-class Control:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(30)
-        self.sock.connect(path)
-        self.f = self.sock.makefile("rw")
-        self.next_id = 1
-
-    def call(self, op, **args):
-        self.next_id += 1
-        self.f.write(json.dumps({"id": self.next_id, "op": op, **args}) + "\n")
-        self.f.flush()
-        reply = json.loads(self.f.readline())
-        assert reply["id"] == self.next_id, reply
-        return reply
-
-    def ok(self, op, **args):
-        r = self.call(op, **args)
-        if not r["ok"]:
-            raise RuntimeError(f"{op}: {r['error']}")
-        return r["result"]
-
-    def close(self):
-        self.f.close()
-        self.sock.close()
-
-
 def store(ctl, key, body, **fields):
     path = ctl.ok("store", key=key, **fields)["path"]
     with open(path, "wb") as w:
@@ -83,7 +56,7 @@ def main():
     if not t.check(fs.start(), "mounts with a control socket", fs.output()):
         t.skip_rest(PLAN, "not mounted")
         t.done()
-    ctl = Control(sock)
+    ctl = h.Control(sock)
 
     t.check(ctl.ok("lookup", key="http://example.test/a") == {"cached": False}, "an unknown key is not cached")
 
@@ -183,7 +156,7 @@ def main():
     ctl.close()
     fs.stop()
     t.check(fs.start(), "remounts", fs.output())
-    ctl = Control(sock)
+    ctl = h.Control(sock)
     got = ctl.ok("lookup", key="http://example.test/a")
     with open(got["path"], "rb") as f:
         read = f.read()
