@@ -145,7 +145,13 @@ ClientConnection::ClientConnection(Impl* proxy, std::uint64_t id, evutil_socket_
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // fails harmlessly on non-TCP
   bev_.reset(bufferevent_socket_new(proxy->base, fd, BEV_OPT_CLOSE_ON_FREE));
-  if (!bev_) evutil_closesocket(fd);
+  if (!bev_) {
+    evutil_closesocket(fd);
+    return;
+  }
+  // libevent writes at most 16 KiB per turn by default: a 16 KiB hit and its head would take
+  // two writev calls and two turns of the loop. Up to the high watermark goes in one.
+  bufferevent_set_max_single_write(bev_.get(), proxy->options.high_watermark);
 }
 
 ClientConnection::~ClientConnection() = default;

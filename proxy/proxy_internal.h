@@ -25,6 +25,7 @@
 #define GHOST_PROXY_PROXY_INTERNAL_H_
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 #include <sys/socket.h>
@@ -61,6 +62,9 @@ struct ListenerDeleter {
 };
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
+};
+struct EventDeleter {
+  void operator()(event* e) const { event_free(e); }
 };
 
 // A one-shot timer on the injected Clock, cancelled when re-armed or destroyed. The callback
@@ -242,11 +246,16 @@ class Impl {
   static void OnAccept(evconnlistener* listener, evutil_socket_t fd, sockaddr* addr, int len,
                        void* arg);
   static void OnAcceptError(evconnlistener* listener, void* arg);
+  static void OnFlushAccessLog(evutil_socket_t, short, void* arg);
 
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
   bool accepting_ = true;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
   std::unique_ptr<std::FILE, FileCloser> access_log_;
+  // Lines are flushed once per loop turn (an active event, no timer): a busy turn's requests
+  // cost one write(2), and a line is in the file before its client has read the response.
+  std::unique_ptr<event, EventDeleter> log_flush_;
+  bool log_flush_pending_ = false;
   std::vector<IpAddress> local_addresses_;  // when bound to 0.0.0.0 / ::
   std::uint64_t next_id_ = 1;
   TimePoint started_;
