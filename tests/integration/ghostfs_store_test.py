@@ -2,7 +2,8 @@
 """The shared store ghostproxy uses (fs/store_tree.cc, common/control.h): lookup / store /
 refresh / invalidate over the control socket, bodies through MOUNTPOINT/.ghost/, fills through
 the deferred write queue (a sleeping disk stays asleep, reads see the queued copy), the cost
-model's choice with ghost hints, persistence across a remount, and bad requests. TAP; skipped
+model's choice with ghost hints, the "objects" topic (changes pushed to clients that keep
+copies in RAM) and the "served" op (their memory reads counted), persistence across a remount, and bad requests. TAP; skipped
 without root, /dev/fuse or nginx."""
 import errno
 import json
@@ -14,7 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 19
+PLAN = 21
 
 
 def store(ctl, key, body, **fields):
@@ -129,6 +130,37 @@ def main():
     t.check(gone == {"removed": True} and ctl.ok("lookup", key="http://example.test/c") == {"cached": False}
             and ctl.ok("invalidate", key="http://example.test/c") == {"removed": False},
             "invalidate drops a key (and says so)", gone)
+
+    # The "objects" topic, a RAM copy's invalidation feed: a refresh (of a committed object)
+    # and an invalidation (of a fill still queued) are each pushed once, in order.
+    sub = h.Control(sock)
+    sub.ok("subscribe", topics=["objects"])
+    ctl.ok("refresh", key="http://example.test/a", response='{"status":200,"refreshed":true}')
+    store(ctl, "http://example.test/f", b"f body", response="{}")
+    ctl.ok("invalidate", key="http://example.test/f")
+    sub.sock.settimeout(5)
+    events = []
+    try:
+        for _ in range(2):
+            events.append(json.loads(sub.f.readline()))
+    except (OSError, ValueError) as e:  # an event that never comes
+        events.append(repr(e))
+    events = [e if isinstance(e, dict) else {"error": e} for e in events]
+    t.check([(e.get("event"), e.get("data", {}).get("key")) for e in events]
+            == [("objects", "http://example.test/a"), ("objects", "http://example.test/f")],
+            "refreshed and invalidated objects are pushed to subscribers of \"objects\"", events)
+    sub.close()
+
+    # "served": reads a client answered from its RAM copy count as memory reads.
+    before = ctl.ok("stats")
+    ctl.ok("served", memory={"http://example.test/a": 3, "http://example.test/gone": 1}, bytes=100)
+    bad = [ctl.call("served", memory={"k": 0}), ctl.call("served", memory=[]), ctl.call("served")]
+    after = ctl.ok("stats")
+    t.check(after["requests"]["memory"] - before["requests"]["memory"] == 4
+            and after["proxy"]["memory_hits"] - before["proxy"]["memory_hits"] == 4
+            and all(not r["ok"] and "memory" in r["error"] for r in bad),
+            "served counts memory reads; malformed reports get error replies",
+            (before["requests"], after["requests"], bad))
 
     replies = {
         "no key": ctl.call("lookup"),
