@@ -208,7 +208,7 @@ class GhostfsBackend final : public CacheBackend {
         io_(std::move(io)),
         options_(options),
         memory_(options.memory_cache) {
-    // The RAM copies are only as good as the invalidation feed: events go to OnObjectEvent; a
+    // The RAM copies are only as good as the invalidation feed: events go to OnControlEvent; a
     // lost connection empties the cache (events may have been missed) until a new
     // subscription is answered.
     ctl_->SetEventHandler([this](const json& event) { OnControlEvent(event); });
@@ -333,6 +333,7 @@ class GhostfsBackend final : public CacheBackend {
       read->key = key;
       read->changes = p->second.changes;
     }
+    p->second.head.reset();  // one chance per lookup; the map keeps only paths
     ReadPiece(read);
   }
 
