@@ -18,11 +18,11 @@
 // without I/O (no network, no disk wait), so it costs a FUSE round trip.
 //   - Hot objects are also kept in the proxy's RAM (proxy/memory_cache.h: the memory source,
 //     which the cost model always prefers, DESIGN §3.4): a body read whole by one ReadBody
-//     after a lookup is kept, and FindInMemory then answers without asking the daemon. The daemon pushes
-//     every change of a stored object ("objects" subscription), which drops the copy; our own
-//     store/refresh/invalidate drop it at once; a lost control connection drops them all.
-//     Reads served from RAM are reported to the daemon in batches ("served", at most one
-//     report per GhostfsBackendOptions::report_delay while hits come in; nothing while
+//     after a lookup is kept, and FindInMemory then answers without asking the daemon. The
+//     daemon pushes every change of a stored object ("objects" subscription), which drops the
+//     copy; our own store/refresh/invalidate drop it at once; a lost control connection drops
+//     them all. Reads served from RAM are reported to the daemon in batches ("served", at most
+//     one report per GhostfsBackendOptions::report_delay while hits come in; nothing while
 //     idle), so `ghostctl stats` counts them under "memory".
 //
 // Thread-safety: everything on the proxy's event-loop thread.
