@@ -690,6 +690,7 @@ ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
   // The bodies go even if the rows could not: a row without its body is dropped at Open,
   // and the bytes on disk must respect the cap.
   for (const std::string& key : keys) RemoveFile(BodyPath(key));
+  for (const std::string& key : keys) Changed(key);
   return st;
 }
 
@@ -717,6 +718,7 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
   updated.last_access = current->last_access;
   index_.Update(key, [&](CacheEntry& e) { e = updated; });
   dirty_meta_.insert(key);
+  Changed(key);
   return ghost::Status::Ok();
 }
 
@@ -965,6 +967,8 @@ ghost::Status CacheStore::Publish(Fill& fill) {
     return ghost::Status::Ok();
   });
   for (const std::string& k : *evicted) RemoveFile(BodyPath(k));
+  for (const std::string& k : *evicted) Changed(k);
+  if (replacing) Changed(key);
   if (!st.ok()) {
     // The row did not turn complete: Open would drop the body, so do not serve it now.
     index_.Erase(key);

@@ -149,6 +149,14 @@ class CacheStore {
   // (callbacks get an error). Returns the error of the last write, if any. Idempotent.
   ghost::Status Close();
 
+  // Calls `fn(key)` whenever a cached object changes or leaves the cache: its body replaced
+  // by a commit, its metadata updated (UpdateMeta), erased, evicted or dropped as unreadable.
+  // Runs inside the call that made the change, after it. One listener; empty removes it.
+  // (ghostfs forwards these to clients that hold copies in RAM: the "objects" topic.)
+  void SetChangeListener(std::function<void(const std::string& key)> fn) {
+    on_change_ = std::move(fn);
+  }
+
   // Where `key`'s body lives (whether or not it is cached): dir/objects/<h[0..2]>/<h>.
   std::string BodyPath(std::string_view key) const;
   // The hex SHA-256 of `key`: the body's file name.
@@ -214,6 +222,10 @@ class CacheStore {
   std::unordered_set<std::string> dirty_access_;  // keys whose access time sqlite lacks
   std::unordered_set<std::string> dirty_meta_;    // keys whose UpdateMeta sqlite lacks
   bool closed_ = false;
+  std::function<void(const std::string& key)> on_change_;
+  void Changed(const std::string& key) {
+    if (on_change_) on_change_(key);
+  }
   // Callbacks hold a weak_ptr to this: once the store is gone they do nothing.
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };

@@ -184,6 +184,18 @@ std::string CheckArguments(const std::string& op, const json& r) {
     if (x != r.end() && !x->is_null() && !x->is_number_integer()) {
       return "\"expires_unix\" must be an integer (Unix seconds) or null";
     }
+  } else if (op == "served") {
+    auto memory = r.find("memory");
+    bool good = memory != r.end() && memory->is_object();
+    if (good) {
+      for (const auto& [key, n] : memory->items())
+        good = good && !key.empty() && n.is_number_integer() && n.get<std::int64_t>() >= 1;
+    }
+    if (!good) return "needs \"memory\": an object of cache keys and read counts >= 1";
+    auto bytes = r.find("bytes");
+    if (bytes != r.end() && !(bytes->is_number_integer() && bytes->get<std::int64_t>() >= 0)) {
+      return "\"bytes\" must be an integer >= 0";
+    }
   } else if (op == "subscribe") {
     auto it = r.find("topics");
     bool good = it != r.end() && it->is_array() && !it->empty();
@@ -403,6 +415,8 @@ ControlServer::~ControlServer() {
   }
 }
 
+bool ControlServer::Subscribed(const std::string& topic) const { return subscribers(topic) > 0; }
+
 std::size_t ControlServer::subscribers(const std::string& topic) const {
   std::size_t n = 0;
   for (const auto& [id, c] : connections_) n += c->topics.count(topic);
@@ -591,13 +605,6 @@ void ControlServer::Publish(const std::string& topic, const json& data) {
   for (const std::shared_ptr<Connection>& c : to) Send(*c, line);
 }
 
-bool ControlServer::Subscribed(const std::string& topic) const {
-  for (const auto& [id, c] : connections_) {
-    if (c->topics.count(topic) != 0) return true;
-  }
-  return false;
-}
-
 void ControlServer::Send(Connection& c, const std::string& line) {
   if (c.state == ConnState::kClosed) return;
   if (bufferevent_write(c.bev.get(), line.data(), line.size()) != 0) {
@@ -684,6 +691,7 @@ Status AsyncControlClient::Open() {
     return Status::Internal("bufferevent_socket_new failed");
   }
   bev_.reset(bev);
+  ++connection_serial_;
   bufferevent_setcb(bev, &AsyncControlClient::OnRead, nullptr, &AsyncControlClient::OnEvent, this);
   bufferevent_enable(bev, EV_READ | EV_WRITE);
   return Status::Ok();
@@ -716,7 +724,12 @@ void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
     std::string text(line, len);
     std::free(line);
     nlohmann::json msg = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!msg.is_object() || !msg.contains("id") || !msg["id"].is_number_integer()) continue;  // events
+    if (!msg.is_object()) continue;
+    if (msg.contains("event")) {
+      if (self->on_event_) self->on_event_(msg);
+      continue;
+    }
+    if (!msg.contains("id") || !msg["id"].is_number_integer()) continue;
     auto it = self->waiting_.find(msg["id"].get<std::int64_t>());
     if (it == self->waiting_.end()) continue;
     Done done = std::move(it->second);
@@ -734,6 +747,7 @@ void AsyncControlClient::OnEvent(bufferevent*, short what, void* arg) {
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
   // The daemon went away: everything waiting fails; the next Call reconnects.
   self->bev_.reset();
+  if (self->on_disconnect_) self->on_disconnect_();
   auto waiting = std::move(self->waiting_);
   self->waiting_.clear();
   for (auto& [id, done] : waiting) {

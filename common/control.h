@@ -82,6 +82,10 @@
 //     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
 //       B bytes; answered ({}) once it has (once per transfer).
 //     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
+//   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
+//       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
+//       all, since its last report: counted as memory reads in stats, and each K becomes the
+//       most recently used. N are integers >= 1, B an integer >= 0. Result: {}.
 //   subscribe {"topics": [T...]}  answered by the server itself: from the reply on, every
 //       event published on those topics is pushed to this connection until it closes
 //       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
@@ -94,6 +98,10 @@
 //   stats   the stats changed: data has the shape of the stats result (the daemon coalesces;
 //           nothing is pushed while nothing happens).
 //   events  anything else worth a log line: {"type":"ghost_hint"|"flush"|"fetch_error"|...,...}
+//   objects a stored object changed or left the cache (refreshed, replaced by a fill,
+//           invalidated, evicted): {"key": K}. A client holding a copy of K in RAM drops it;
+//           one that loses its subscription must drop every copy (it may have missed events).
+//           Published from the daemon's first "lookup" on (no copy can exist before one).
 //
 // ---- Back-pressure ----
 // The server never blocks its loop on a client. It stops reading a client's requests while
@@ -135,10 +143,11 @@ struct sockaddr;
 namespace ghost {
 
 // The ops a request may name, and the topics a subscription may hold.
-inline constexpr std::array<std::string_view, 12> kControlOps = {
-    "status",    "hint",   "knob",  "devices", "stats",      "flush",
-    "subscribe", "lookup", "store", "refresh", "invalidate", "transfer"};
-inline constexpr std::array<std::string_view, 3> kControlTopics = {"modes", "stats", "events"};
+inline constexpr std::array<std::string_view, 13> kControlOps = {
+    "status", "hint",  "knob",    "devices",    "stats",    "flush", "subscribe",
+    "lookup", "store", "refresh", "invalidate", "transfer", "served"};
+inline constexpr std::array<std::string_view, 4> kControlTopics = {"modes", "stats", "events",
+                                                                   "objects"};
 
 // $GHOST_CONTROL if set and non-empty, else /run/ghost/control.sock.
 std::string DefaultControlPath();
@@ -296,10 +305,13 @@ class ControlClient {
 // Client of the control socket on an event loop (ghostproxy): requests go out at once and may
 // overlap; each reply is matched by id and handed to its callback on the loop, never inside
 // Call. If the connection drops, every waiting callback gets kUnavailable and the next Call
-// reconnects. Pushed events are ignored (this client does not subscribe).
+// reconnects. Pushed events (after a "subscribe" call) go to the event handler, in the order
+// they arrived relative to the replies; a subscription lasts only as long as its connection,
+// which the disconnect handler reports.
 class AsyncControlClient {
  public:
   using Done = std::function<void(Result<nlohmann::json>)>;
+  using EventHandler = std::function<void(const nlohmann::json& event)>;
 
   // Connects now, so a wrong path fails at start with ControlClient::Connect's messages.
   // `base` is borrowed and must outlive the client.
@@ -313,6 +325,14 @@ class AsyncControlClient {
   // kInvalidArgument with the server's message, or kUnavailable.
   void Call(const std::string& op, nlohmann::json args, Done done);
   std::size_t pending() const { return waiting_.size(); }
+
+  // Receives every pushed event ({"event":topic,"data":...}) on the loop. Empty: ignored.
+  void SetEventHandler(EventHandler handler) { on_event_ = std::move(handler); }
+  // Runs when the connection drops (before the waiting callbacks fail): its subscriptions
+  // are gone, and events may have been missed.
+  void SetDisconnectHandler(std::function<void()> handler) { on_disconnect_ = std::move(handler); }
+  // Counts connections made: a subscription answered on an older one no longer holds.
+  std::uint64_t connection_serial() const { return connection_serial_; }
 
  private:
   struct BevDeleter {
@@ -329,6 +349,9 @@ class AsyncControlClient {
   std::unique_ptr<bufferevent, BevDeleter> bev_;
   std::int64_t next_id_ = 1;
   std::map<std::int64_t, Done> waiting_;
+  EventHandler on_event_;
+  std::function<void()> on_disconnect_;
+  std::uint64_t connection_serial_ = 0;
 };
 
 }  // namespace ghost

@@ -115,7 +115,7 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
     return reply(nlohmann::json::object());
   }
   if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate" ||
-      op == "transfer") {
+      op == "transfer" || op == "served") {
     return StoreControl(op, request, std::move(reply));
   }
   if (op == "status") {

@@ -81,6 +81,7 @@ constexpr Bytes kPageCacheModelBytes = 8 * 1024 * 1024;
 
 struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
+  std::uint64_t memory_hits = 0;  // reads a client served from its own RAM copy ("served")
 };
 
 // A directory listing of an origin, as parsed from its HTML index.
@@ -322,6 +323,7 @@ class Daemon final : public GhostFs {
   std::unique_ptr<CacheIndex> page_cache_;                  // the page-cache model (store_tree.cc)
   std::map<std::uint64_t, ProxyTransfer> proxy_transfers_;  // by id
   std::uint64_t next_transfer_id_ = 1;
+  bool objects_published_ = false;  // the store's changes go to the "objects" topic
   std::unique_ptr<MailTree> mail_;                        // IMAP origins (mail_tree.cc)
 };
 

@@ -222,6 +222,15 @@ void ReadStoredFields(const nlohmann::json& request, const Clock& clock, CacheEn
 
 void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply) {
   const std::string key = request.value("key", "");
+  if (op == "lookup" && !objects_published_ && control_) {
+    // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
+    // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
+    objects_published_ = true;
+    store_->SetChangeListener([this](const std::string& changed) {
+      if (control_ && control_->Subscribed("objects"))
+        control_->Publish("objects", {{"key", changed}});
+    });
+  }
   if (op == "lookup") {
     ++store_stats_.lookups;
     const CacheEntry* e = store_->index().Find(key);
@@ -280,14 +289,14 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     ++requests_by_source_[SourceName(source)];
     ++(local ? store_stats_.hits : store_stats_.network_preferred);
     if (!local) {
-      if (control_) control_->Publish("stats", StatsJson());
+      if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
       return reply(out);
     }
     // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
     out["body_path"] = store_->BodyPath(key);
     store_->Touch(key);
     bytes_from_cache_ += e->size;
-    if (control_) control_->Publish("stats", StatsJson());
+    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
     if (source == Source::kMemory || options_.profile.empty()) return reply(out);
     // The emulated disk does the read the caller is about to make; the answer waits for it.
     disk_->Submit({e->size, false},
@@ -325,9 +334,25 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
   if (op == "invalidate") {
     // A fill still queued is dropped too: the writer skips fills without their metadata.
     bool queued = pending_fills_.erase(key) > 0;
+    if (queued && control_ && control_->Subscribed("objects"))
+      control_->Publish("objects", {{"key", key}});
     Status s = store_->Erase(key);
     if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
     return reply({{"removed", s.ok() || queued}});
+  }
+  if (op == "served") {
+    // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
+    // costs no device anything; counted, and the objects stay recently used on disk too.
+    std::uint64_t reads = 0;
+    for (const auto& [served_key, n] : request["memory"].items()) {
+      store_->Touch(served_key);
+      reads += n.get<std::uint64_t>();
+    }
+    requests_by_source_["memory"] += static_cast<int>(reads);
+    store_stats_.memory_hits += reads;
+    bytes_from_cache_ += request.value("bytes", Bytes{0});
+    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
+    return reply(nlohmann::json::object());
   }
   reply.Error("unknown op \"" + op + "\"");
 }
@@ -411,6 +436,7 @@ nlohmann::json Daemon::StoreStatsJson() const {
           {"network_preferred", store_stats_.network_preferred},
           {"fills", store_stats_.fills},
           {"refreshes", store_stats_.refreshes},
+          {"memory_hits", store_stats_.memory_hits},
           {"open_fills", store_fills_.size()}};
 }
 

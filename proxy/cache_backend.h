@@ -42,14 +42,24 @@ struct StoredResponse {
   std::optional<std::int64_t> expires_unix;
 };
 
-// Where the cost model says a cached object should come from right now.
-enum class CacheChoice { kDisk, kNetwork };
+// Where the cost model says a cached object should come from right now. kMemory: a copy this
+// process holds in RAM (CacheBackend::FindInMemory), which needs no device and so always
+// costs least (DESIGN §3.4).
+enum class CacheChoice { kDisk, kNetwork, kMemory };
+
+// A stored response held in RAM: its head as stored and its whole body (body.size() ==
+// head.size). Immutable once shared.
+struct MemoryObject {
+  StoredResponse head;
+  std::string body;
+};
 
 struct CacheLookup {
   bool cached = false;
   StoredResponse response;              // when cached
   CacheChoice choice = CacheChoice::kDisk;  // when cached: the cheaper source now
   bool ghost_hint = false;              // the choice sent the disk a ghost hint
+  std::shared_ptr<const MemoryObject> memory;  // with kMemory: the copy to serve
 };
 
 // Receives one body being stored. Write calls are ordered; Commit makes the object visible
@@ -70,6 +80,20 @@ class CacheBackend {
   // Looks `key` up and, if it is cached, asks the cost model where to read it from (sending
   // the disk a ghost hint when the network wins although its ideal mode would not have).
   virtual void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) = 0;
+
+  // The copy of `key` this process holds in RAM, if any (synchronous: a memory hit costs no
+  // round trip). Its freshness is the caller's to judge, as for any stored response. The
+  // default backend holds none.
+  virtual std::shared_ptr<const MemoryObject> FindInMemory(const std::string& key) {
+    (void)key;
+    return nullptr;
+  }
+  // A response was served from FindInMemory's copy of `key` (`bytes` of its body): the
+  // backend reports it to the cache's owner as a read from memory.
+  virtual void ServedFromMemory(const std::string& key, Bytes bytes) {
+    (void)key;
+    (void)bytes;
+  }
 
   // Streams bytes [offset, offset + length) of a cached body: `on_data` gets them in order
   // (return false to stop early), then `done` once. An object evicted meanwhile is an error.

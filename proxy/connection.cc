@@ -108,6 +108,8 @@ const char* ResultName(ResultCode code) {
       return "NONE";
     case ResultCode::kHit:
       return "HIT";
+    case ResultCode::kMemHit:
+      return "MEM_HIT";
     case ResultCode::kMiss:
       return "MISS";
     case ResultCode::kNetPreferred:
@@ -143,7 +145,13 @@ ClientConnection::ClientConnection(Impl* proxy, std::uint64_t id, evutil_socket_
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // fails harmlessly on non-TCP
   bev_.reset(bufferevent_socket_new(proxy->base, fd, BEV_OPT_CLOSE_ON_FREE));
-  if (!bev_) evutil_closesocket(fd);
+  if (!bev_) {
+    evutil_closesocket(fd);
+    return;
+  }
+  // libevent writes at most 16 KiB per turn by default: a 16 KiB hit and its head would take
+  // two writev calls and two turns of the loop. Up to the high watermark goes in one.
+  bufferevent_set_max_single_write(bev_.get(), proxy->options.high_watermark);
 }
 
 ClientConnection::~ClientConnection() = default;
@@ -511,6 +519,25 @@ void ClientConnection::WriteBody(std::string_view data) {
     ex.bytes_sent += data.size();
     evbuffer_add(output(), data.data(), data.size());
   }
+}
+
+void ClientConnection::WriteMemoryBody(Bytes first, Bytes length) {
+  Exchange& ex = *ex_;
+  assert(ex.memory && ex.deferred_head.empty() && ex.framing == Exchange::Framing::kLength);
+  assert(first + length <= ex.memory->body.size());
+  if (length == 0) return;
+  auto* hold = new std::shared_ptr<const MemoryObject>(ex.memory);
+  const int r = evbuffer_add_reference(
+      output(), ex.memory->body.data() + first, static_cast<std::size_t>(length),
+      [](const void*, size_t, void* arg) {
+        delete static_cast<std::shared_ptr<const MemoryObject>*>(arg);
+      },
+      hold);
+  if (r != 0) {  // libevent could not allocate the chain: copy instead
+    delete hold;
+    evbuffer_add(output(), ex.memory->body.data() + first, static_cast<std::size_t>(length));
+  }
+  ex.bytes_sent += length;
 }
 
 void ClientConnection::EndBody() {

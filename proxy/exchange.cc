@@ -1,7 +1,9 @@
 // One request and its response: where the answer comes from (DESIGN §3.4, RFC 9111) and how
 // it is streamed.
 //
-//   request ──▶ lookup (GET/HEAD) ──miss──────────────────────────────▶ origin (MISS)
+//   request ──▶ RAM copy (GET/HEAD), usable ─────────────────────────▶ memory body (MEM_HIT)
+//                  │ none, or not usable: ask the backend
+//               lookup ──miss────────────────────────────────────────────▶ origin (MISS)
 //                  │ vary index: look up the variant key, same rules
 //                  │ stored, usable (fresh for this client)
 //                  │    choice kDisk ────────────────────────────────▶ cache body (HIT)
@@ -131,6 +133,19 @@ void ClientConnection::StartExchange() {
 
 void ClientConnection::StartLookup(const std::string& key, bool second_level) {
   ex_->step = Exchange::Step::kLookup;
+  if (!ex_->skip_memory) {
+    // The backend's copy in RAM answers at once (the memory source: no device, no round trip),
+    // judged by the same rules as any stored response.
+    if (std::shared_ptr<const MemoryObject> m = proxy_->backend->FindInMemory(key)) {
+      CacheLookup lookup;
+      lookup.cached = true;
+      lookup.response = m->head;
+      lookup.choice = CacheChoice::kMemory;
+      lookup.memory = std::move(m);
+      OnLookup(key, std::move(lookup), second_level);
+      return;
+    }
+  }
   std::weak_ptr<ClientConnection> weak = weak_from_this();
   const std::uint64_t serial = ex_->serial;
   proxy_->backend->Lookup(key, [weak, serial, key, second_level](Result<CacheLookup> lookup) {
@@ -190,6 +205,7 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
   }
   ex.key = key;
   ex.stored = lookup->response;
+  ex.memory = lookup->memory;
   DecideFromStored(*lookup);
 }
 
@@ -198,6 +214,20 @@ void ClientConnection::DecideFromStored(const CacheLookup& lookup) {
   ex.stored_state =
       EvaluateStored(*ex.stored, ex.req_cc, proxy_->UnixNow(), proxy_->options.heuristic_freshness);
   const StoredState& st = ex.stored_state;
+  if (lookup.choice == CacheChoice::kMemory) {
+    if (st.usable) {
+      ServeFromCache(*ex.stored, ResultCode::kMemHit, "cache");
+      return;
+    }
+    // Stale, or the client asks for more than this copy gives: the backend decides as for
+    // any stored copy (revalidation, the network, the disk), with the daemon's cost model.
+    ex.memory.reset();
+    ex.stored.reset();
+    ex.skip_memory = true;
+    StartLookup(ex.key, /*second_level=*/!ex.vary.empty());
+    return;
+  }
+  ex.memory.reset();  // only a kMemory answer is served from RAM
   if (st.usable) {
     if (lookup.choice == CacheChoice::kDisk) {
       ServeFromCache(*ex.stored, ResultCode::kHit, "cache");
@@ -586,6 +616,11 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
                                       const char* source) {
   Exchange& ex = *ex_;
   ex.result = code;
+  if (ex.memory) {
+    // Every answer made from the RAM copy is a read of the memory source, for the stats.
+    const bool body = ex.req.method != "HEAD" && !IsNotModified(ex.req, stored);
+    proxy_->backend->ServedFromMemory(ex.key, body ? stored.size : 0);
+  }
   const StoredState st = EvaluateStored(stored, CacheControl{}, proxy_->UnixNow(),
                                         proxy_->options.heuristic_freshness);
   const std::string age = std::to_string(std::max<std::int64_t>(0, st.age));
@@ -628,6 +663,14 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
   if (head_only || length == 0) {
     WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, !head_only,
                       false);
+    ex.step = Exchange::Step::kDone;
+    return;
+  }
+  if (ex.memory) {
+    // The whole body is here: head and body go out together, nothing to wait for.
+    WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, true,
+                      /*defer=*/false);
+    if (ex.result == code) WriteMemoryBody(first, length);  // else the head could not be written
     ex.step = Exchange::Step::kDone;
     return;
   }
@@ -767,6 +810,9 @@ void ClientConnection::FinishExchange() {
   switch (ex.result) {
     case ResultCode::kHit:
       ++s.hit;
+      break;
+    case ResultCode::kMemHit:
+      ++s.mem_hit;
       break;
     case ResultCode::kMiss:
       ++s.miss;

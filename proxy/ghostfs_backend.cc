@@ -21,6 +21,7 @@
 #include "common/file_io.h"
 #include "common/http_message.h"
 #include "common/uring_file_io.h"
+#include "proxy/memory_cache.h"
 
 namespace ghost {
 
@@ -202,10 +203,58 @@ class GhostfsWriter final : public CacheWriter {
 class GhostfsBackend final : public CacheBackend {
  public:
   GhostfsBackend(event_base* base, std::string mount, std::unique_ptr<AsyncControlClient> ctl,
-                 std::unique_ptr<FileIo> io)
-      : base_(base), mount_(std::move(mount)), ctl_(std::move(ctl)), io_(std::move(io)) {}
+                 std::unique_ptr<FileIo> io, const GhostfsBackendOptions& options)
+      : base_(base),
+        mount_(std::move(mount)),
+        ctl_(std::move(ctl)),
+        io_(std::move(io)),
+        options_(options),
+        memory_(options.memory_cache) {
+    // The RAM copies are only as good as the invalidation feed: events go to OnControlEvent; a
+    // lost connection empties the cache (events may have been missed) until a new
+    // subscription is answered.
+    ctl_->SetEventHandler([this](const json& event) { OnControlEvent(event); });
+    ctl_->SetDisconnectHandler([this] {
+      subscribed_serial_ = 0;
+      subscribing_ = false;
+      ++changes_;
+      memory_.Clear();
+    });
+    Subscribe();
+  }
+
+  ~GhostfsBackend() override { ReportServed(); }
+
+  std::shared_ptr<const MemoryObject> FindInMemory(const std::string& key) override {
+    if (!MemoryUsable()) return nullptr;
+    return memory_.Find(key);
+  }
+
+  void ServedFromMemory(const std::string& key, Bytes bytes) override {
+    ++served_[key];
+    served_bytes_ += bytes;
+    if (report_armed_) return;
+    // Batched: one "served" report per delay while hits come in, none while idle.
+    report_armed_ = true;
+    std::weak_ptr<bool> alive = alive_;
+    auto* box = new std::function<void()>([this, alive] {
+      if (alive.expired()) return;
+      report_armed_ = false;
+      ReportServed();
+    });
+    const timeval tv = {static_cast<time_t>(options_.report_delay.count() / 1000000),
+                        static_cast<suseconds_t>(options_.report_delay.count() % 1000000)};
+    event_base_once(
+        base_, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* arg) {
+          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+          (*f)();
+        },
+        box, &tv);
+  }
 
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
+    if (!MemoryUsable() && !subscribing_) Subscribe();
     std::weak_ptr<bool> alive = alive_;
     ctl_->Call("lookup", {{"key", key}}, [this, alive, key, done = std::move(done)](Result<json> r) {
       if (alive.expired()) return;
@@ -232,7 +281,16 @@ class GhostfsBackend final : public CacheBackend {
       out.ghost_hint = r->value("ghost_hint", false);
       // The body file itself when the daemon offers it (same bytes, already charged to the
       // emulated disk; no FUSE round trips), else the mount's .ghost/objects path.
-      paths_[key] = {r->value("body_path", ""), r->value("path", "")};
+      BodyPaths& p = paths_[key];
+      p = BodyPaths{};
+      p.body = r->value("body_path", "");
+      p.mount = r->value("path", "");
+      // A whole body read after this answer may be kept in RAM, unless anything changes
+      // before the read completes (the answer and the events come in order on one socket).
+      if (MemoryUsable() && out.response.size <= memory_.max_object()) {
+        p.head = std::make_shared<StoredResponse>(out.response);
+        p.changes = changes_;
+      }
       done(std::move(out));
     });
   }
@@ -258,10 +316,20 @@ class GhostfsBackend final : public CacheBackend {
     read->on_data = std::move(on_data);
     read->done = std::move(done);
     read->buf.resize(kPiece);
+    if (p->second.head && offset == 0 && length == p->second.head->size) {
+      // The whole body: keep a copy in RAM once it has been read completely.
+      read->keep = std::make_shared<MemoryObject>();
+      read->keep->head = *p->second.head;
+      read->keep->body.reserve(static_cast<std::size_t>(length));
+      read->key = key;
+      read->changes = p->second.changes;
+    }
+    p->second.head.reset();  // one chance per lookup; the map keeps only paths
     ReadPiece(read);
   }
 
   std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) override {
+    Changed(key);  // the copy in RAM is about to be replaced
     auto state = std::make_shared<FillState>();
     state->base = base_;
     state->io = io_.get();
@@ -285,12 +353,14 @@ class GhostfsBackend final : public CacheBackend {
   }
 
   void Refresh(const std::string& key, const StoredResponse& head) override {
+    Changed(key);  // the next lookup brings the new head (and may keep it again)
     ctl_->Call("refresh", StoreArgs(key, head), [key](Result<json> r) {
       if (!r.ok()) LogError("refreshing " + key, r.status());
     });
   }
 
   void Invalidate(const std::string& key) override {
+    Changed(key);
     paths_.erase(key);
     ctl_->Call("invalidate", {{"key", key}}, [key](Result<json> r) {
       if (!r.ok()) LogError("invalidating " + key, r.status());
@@ -356,6 +426,11 @@ class GhostfsBackend final : public CacheBackend {
     std::string buf;
     std::function<bool(std::string_view)> on_data;
     std::function<void(Status)> done;
+    // When the whole body is read: the copy being collected for the RAM cache, its key and
+    // changes_ at its lookup.
+    std::shared_ptr<MemoryObject> keep;
+    std::string key;
+    std::uint64_t changes = 0;
     ~BodyRead() {
       if (fd >= 0) ::close(fd);
     }
@@ -364,6 +439,7 @@ class GhostfsBackend final : public CacheBackend {
   void ReadPiece(std::shared_ptr<BodyRead> read) {
     std::size_t want = static_cast<std::size_t>(std::min<Bytes>(kPiece, read->end - read->next));
     if (want == 0) {
+      Keep(*read);
       auto done = std::move(read->done);
       Defer(base_, [done = std::move(done)] { done(Status::Ok()); });
       return;
@@ -374,7 +450,9 @@ class GhostfsBackend final : public CacheBackend {
     ssize_t got = preadv2(read->fd, &iov, 1, static_cast<off_t>(read->next), RWF_NOWAIT);
     if (got > 0) {
       read->next += static_cast<Bytes>(got);
+      if (read->keep) read->keep->body.append(read->buf.data(), static_cast<std::size_t>(got));
       if (!read->on_data(std::string_view(read->buf.data(), static_cast<std::size_t>(got)))) {
+        Keep(*read);  // the reader stops at the end of what it wanted (a whole body: kept)
         auto done = std::move(read->done);
         Defer(base_, [done = std::move(done)] { done(Status::Ok()); });
         return;
@@ -388,9 +466,73 @@ class GhostfsBackend final : public CacheBackend {
                 if (!n.ok()) return read->done(n.status());
                 if (*n == 0) return read->done(Status::IoError("the cached body ended early"));
                 read->next += *n;
-                if (!read->on_data(std::string_view(read->buf.data(), *n))) return read->done(Status::Ok());
+                if (read->keep) read->keep->body.append(read->buf.data(), *n);
+                if (!read->on_data(std::string_view(read->buf.data(), *n))) {
+                  Keep(*read);
+                  return read->done(Status::Ok());
+                }
                 ReadPiece(read);
               });
+  }
+
+  // The RAM copies may be served only while the daemon's "objects" events reach us.
+  bool MemoryUsable() const {
+    return memory_.capacity() > 0 && subscribed_serial_ != 0 &&
+           subscribed_serial_ == ctl_->connection_serial();
+  }
+
+  void Subscribe() {
+    if (memory_.capacity() == 0 || subscribe_refused_) return;
+    subscribing_ = true;
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call("subscribe", {{"topics", {"objects"}}}, [this, alive](Result<json> r) {
+      if (alive.expired()) return;
+      subscribing_ = false;
+      if (!r.ok()) {
+        if (r.status().code() == Status::Code::kUnavailable) return;  // retried at the next lookup
+        // An older ghostfs without the "objects" topic: no RAM copies (every hit asks it).
+        LogError("not keeping responses in RAM", r.status());
+        subscribe_refused_ = true;
+        return;
+      }
+      // A reply arrives only on the live connection: the subscription holds on it.
+      subscribed_serial_ = ctl_->connection_serial();
+    });
+  }
+
+  void OnControlEvent(const json& event) {
+    if (event.value("event", "") != "objects") return;
+    const json& data = event.contains("data") ? event["data"] : json();
+    if (!data.is_object() || !data.contains("key") || !data["key"].is_string()) return;
+    Changed(data["key"].get<std::string>());
+  }
+
+  // `key` changed or left the daemon's cache (or is about to, by our own hand).
+  void Changed(const std::string& key) {
+    ++changes_;
+    memory_.Erase(key);
+  }
+
+  // A whole body was read: keep it if nothing changed since its lookup. (A read stopped
+  // early has fewer bytes than its head says, and is not kept.)
+  void Keep(BodyRead& read) {
+    if (!read.keep) return;
+    std::shared_ptr<MemoryObject> object = std::move(read.keep);
+    if (!MemoryUsable() || read.changes != changes_ || object->body.size() != object->head.size)
+      return;
+    memory_.Insert(read.key, std::move(object));
+  }
+
+  void ReportServed() {
+    if (served_.empty()) return;
+    json memory = json::object();
+    for (const auto& [key, n] : served_) memory[key] = n;
+    ctl_->Call("served", {{"memory", std::move(memory)}, {"bytes", served_bytes_}},
+               [](Result<json> r) {
+                 if (!r.ok()) LogError("reporting reads served from RAM", r.status());
+               });
+    served_.clear();
+    served_bytes_ = 0;
   }
 
   void WhenTransferKnown(std::uint64_t transfer, std::function<void()> fn) {
@@ -403,9 +545,13 @@ class GhostfsBackend final : public CacheBackend {
   std::string mount_;
   std::unique_ptr<AsyncControlClient> ctl_;
   std::unique_ptr<FileIo> io_;
+  GhostfsBackendOptions options_;
   struct BodyPaths {
     std::string body;   // the cache's body file ("body_path"), may be empty
     std::string mount;  // MOUNTPOINT/.ghost/objects/<hash>
+    // Set when a whole read of the body may be kept in RAM: the head, and changes_ then.
+    std::shared_ptr<const StoredResponse> head;
+    std::uint64_t changes = 0;
   };
   std::map<std::string, BodyPaths> paths_;  // by key, from its last lookup
   struct Transfer {
@@ -415,6 +561,16 @@ class GhostfsBackend final : public CacheBackend {
   };
   std::map<std::uint64_t, Transfer> transfers_;  // by our id, until TransferEnd
   std::uint64_t next_transfer_ = 1;
+  MemoryCache memory_;
+  std::uint64_t subscribed_serial_ = 0;  // the connection our "objects" subscription holds on
+  bool subscribing_ = false;
+  bool subscribe_refused_ = false;  // the daemon does not know the "objects" topic
+  // Counts changes seen (events, our own writes, lost connections): a body read that spans
+  // one is not kept, as it may be older than the change.
+  std::uint64_t changes_ = 0;
+  std::map<std::string, std::uint64_t> served_;  // reads from RAM not yet reported, by key
+  Bytes served_bytes_ = 0;
+  bool report_armed_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
@@ -448,8 +604,10 @@ Result<StoredResponse> ParseStoredResponse(const std::string& text) {
   return r;
 }
 
-Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base, const std::string& mountpoint,
-                                                         const std::string& control_path) {
+Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base,
+                                                         const std::string& mountpoint,
+                                                         const std::string& control_path,
+                                                         const GhostfsBackendOptions& options) {
   std::string mount = mountpoint;
   while (mount.size() > 1 && mount.back() == '/') mount.pop_back();
   struct stat st;
@@ -468,7 +626,7 @@ Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base, const
     io = std::make_unique<SyncFileIo>(base);
   }
   return std::unique_ptr<CacheBackend>(
-      std::make_unique<GhostfsBackend>(base, mount, std::move(*ctl), std::move(io)));
+      std::make_unique<GhostfsBackend>(base, mount, std::move(*ctl), std::move(io), options));
 }
 
 }  // namespace ghost

@@ -16,6 +16,14 @@
 //     Last-Modified), so a page read through the mount is a proxy hit too.
 // Opening a .ghost file is a blocking open(2) on the proxy's loop; the daemon answers it
 // without I/O (no network, no disk wait), so it costs a FUSE round trip.
+//   - Hot objects are also kept in the proxy's RAM (proxy/memory_cache.h: the memory source,
+//     which the cost model always prefers, DESIGN §3.4): a body read whole by one ReadBody
+//     after a lookup is kept, and FindInMemory then answers without asking the daemon. The
+//     daemon pushes every change of a stored object ("objects" subscription), which drops the
+//     copy; our own store/refresh/invalidate drop it at once; a lost control connection drops
+//     them all. Reads served from RAM are reported to the daemon in batches ("served", at most
+//     one report per GhostfsBackendOptions::report_delay while hits come in; nothing while
+//     idle), so `ghostctl stats` counts them under "memory".
 //
 // Thread-safety: everything on the proxy's event-loop thread.
 #ifndef GHOST_PROXY_GHOSTFS_BACKEND_H_
@@ -25,17 +33,27 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/units.h"
 #include "proxy/cache_backend.h"
 
 struct event_base;
 
 namespace ghost {
 
+struct GhostfsBackendOptions {
+  // Bytes of responses kept in the proxy's RAM (MemoryCache); 0 keeps none (every hit asks
+  // the daemon and reads the body file).
+  Bytes memory_cache = 64ull << 20;
+  // How long reads served from RAM are collected before they are reported to the daemon.
+  Duration report_delay = std::chrono::milliseconds(50);
+};
+
 // Connects to the daemon at `control_path` (checking that `mountpoint` is its mount). Errors
 // say which of the two is wrong and what to do. `base` is borrowed.
 Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base,
                                                          const std::string& mountpoint,
-                                                         const std::string& control_path);
+                                                         const std::string& control_path,
+                                                         const GhostfsBackendOptions& options = {});
 
 // The stored head as the proxy keeps it in the daemon's index ("response" in the control
 // protocol): JSON {"status":200,"headers":[["Name","value"],...],"stored_unix":N,

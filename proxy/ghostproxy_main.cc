@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/config.h"
 #include "common/control.h"
 #include "proxy/ghostfs_backend.h"
 #include "proxy/proxy.h"
@@ -34,7 +35,7 @@ void OnSignal(evutil_socket_t, short, void* arg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string listen, mount, control, config, access_log, connect_ports, via;
+  std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache;
   std::vector<std::string> allow;
   std::size_t max_connections = 0;
   CLI::App app{
@@ -65,6 +66,9 @@ int main(int argc, char** argv) {
                  "comma-separated ports CONNECT may tunnel to (default 443)");
   app.add_option("--max-connections", max_connections,
                  "client connections at once; more get 503 (default 512)");
+  app.add_option("--memory-cache", memory_cache,
+                 "bytes of recently served responses kept in the proxy's RAM and served without "
+                 "asking ghostfs (e.g. 64M, the default; 0 keeps none)");
   app.add_option(
       "--via", via,
       "the name this proxy gives itself in Via, used to detect loops (default HOSTNAME:PORT)");
@@ -98,6 +102,11 @@ int main(int argc, char** argv) {
   if (!access_log.empty()) o.proxy.access_log = access_log;
   if (!via.empty()) o.proxy.via_name = via;
   if (max_connections > 0) o.proxy.max_connections = max_connections;
+  if (!memory_cache.empty()) {
+    ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);
+    if (!b.ok()) return fail("--memory-cache: " + b.status().message(), 2);
+    o.memory_cache = *b;
+  }
   if (!allow.empty()) {
     o.proxy.allow.clear();
     for (const std::string& a : allow) {
@@ -116,8 +125,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<event_base, EventBaseDeleter> base(ghost::MakeEventBase());
   if (!base) return fail("cannot create the event loop", 1);
   ghost::RealClock clock(base.get());
+  ghost::GhostfsBackendOptions backend_options;
+  backend_options.memory_cache = o.memory_cache;
   ghost::Result<std::unique_ptr<ghost::CacheBackend>> backend =
-      ghost::MakeGhostfsBackend(base.get(), o.mountpoint, o.control_path);
+      ghost::MakeGhostfsBackend(base.get(), o.mountpoint, o.control_path, backend_options);
   if (!backend.ok()) return fail(backend.status().message(), 1);
   ghost::Result<std::unique_ptr<ghost::Proxy>> proxy =
       ghost::Proxy::Start(base.get(), &clock, backend->get(), o.proxy);

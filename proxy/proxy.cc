@@ -269,7 +269,21 @@ void Impl::LogAccess(TimePoint start, const std::string& client, ResultCode code
                ms_total / 1000, ms_total % 1000, elapsed, client.c_str(), ResultName(code), status,
                static_cast<unsigned long long>(bytes), method.empty() ? "-" : method.c_str(),
                safe_url.c_str(), hierarchy.c_str(), type.c_str());
-  std::fflush(access_log_.get());
+  if (!log_flush_pending_) {
+    log_flush_pending_ = true;
+    if (!log_flush_) log_flush_.reset(event_new(base, -1, 0, &Impl::OnFlushAccessLog, this));
+    if (log_flush_) {
+      event_active(log_flush_.get(), EV_TIMEOUT, 0);
+    } else {
+      OnFlushAccessLog(-1, 0, this);  // no event: flush now
+    }
+  }
+}
+
+void Impl::OnFlushAccessLog(evutil_socket_t, short, void* arg) {
+  auto* self = static_cast<Impl*>(arg);
+  self->log_flush_pending_ = false;
+  if (self->access_log_) std::fflush(self->access_log_.get());
 }
 
 std::string Impl::StatusJson() const {
@@ -296,6 +310,7 @@ std::string Impl::StatusJson() const {
       {"requests",
        {{"total", s.requests},
         {"HIT", s.hit},
+        {"MEM_HIT", s.mem_hit},
         {"MISS", s.miss},
         {"NET_PREFERRED", s.net_preferred},
         {"REVALIDATED", s.revalidated},
@@ -328,6 +343,7 @@ std::string Impl::MetricsText() const {
   };
   metric("ghostproxy_requests_total", "counter", "Requests answered, by result code.",
          {{"{result=\"HIT\"}", s.hit},
+          {"{result=\"MEM_HIT\"}", s.mem_hit},
           {"{result=\"MISS\"}", s.miss},
           {"{result=\"NET_PREFERRED\"}", s.net_preferred},
           {"{result=\"REVALIDATED\"}", s.revalidated},

@@ -108,10 +108,10 @@ struct ProxyStats {
   std::uint64_t connections_refused_limit = 0;   // 503 at accept
   std::uint64_t connections_refused_denied = 0;  // 403: client not allowed
   std::uint64_t requests = 0;
-  // By result code (access-log names): HIT, MISS, NET_PREFERRED, REVALIDATED, STALE, TUNNEL,
-  // LOCAL, DENIED, ERROR.
-  std::uint64_t hit = 0, miss = 0, net_preferred = 0, revalidated = 0, stale = 0, tunnel = 0,
-                local = 0, denied = 0, error = 0;
+  // By result code (access-log names): HIT, MEM_HIT (from the backend's RAM copy), MISS,
+  // NET_PREFERRED, REVALIDATED, STALE, TUNNEL, LOCAL, DENIED, ERROR.
+  std::uint64_t hit = 0, mem_hit = 0, miss = 0, net_preferred = 0, revalidated = 0, stale = 0,
+                tunnel = 0, local = 0, denied = 0, error = 0;
   std::uint64_t ghost_hints = 0;  // lookups whose choice sent the disk a ghost hint
   std::uint64_t stores = 0;       // responses committed to the cache
   std::uint64_t store_failures = 0;

@@ -46,7 +46,8 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "origin_idle_timeout",
                                               "max_idle_per_origin",
                                               "heuristic_freshness",
-                                              "high_watermark"};
+                                              "high_watermark",
+                                              "memory_cache"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" +
@@ -87,6 +88,23 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
       if (!b.ok()) return bad(*n, b.status().message());
       if (*b == 0) return bad(*n, std::string("\"") + key + "\" must be above zero");
       *out = static_cast<std::size_t>(*b);
+    }
+    return Status::Ok();
+  };
+  auto size_or_zero = [&](const char* key, Bytes* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      std::string text;
+      if (auto i = n->value<std::int64_t>(); i && *i >= 0 && n->is_integer()) {
+        text = std::to_string(*i);
+      } else if (auto s = n->value<std::string>()) {
+        text = *s;
+      } else {
+        return bad(*n,
+                   std::string("\"") + key + "\" must be a size (bytes, or \"64M\"; 0 for none)");
+      }
+      Result<Bytes> b = ParseSize(text);
+      if (!b.ok()) return bad(*n, b.status().message());
+      *out = *b;
     }
     return Status::Ok();
   };
@@ -143,6 +161,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = count("max_headers", &p.limits.max_headers)).ok()) return s;
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
   if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
+  if (!(s = size_or_zero("memory_cache", &o->memory_cache)).ok()) return s;
   if (!(s = seconds("request_timeout", &p.request_timeout)).ok()) return s;
   if (!(s = seconds("send_timeout", &p.send_timeout)).ok()) return s;
   if (!(s = seconds("connect_timeout", &p.connect_timeout)).ok()) return s;

@@ -23,6 +23,7 @@
 //   max_idle_per_origin = 4
 //   heuristic_freshness = 300            # seconds, for responses without freshness info
 //   high_watermark = "256K"              # buffered output per client before pausing origins
+//   memory_cache = "64M"                 # responses kept in the proxy's RAM; 0 keeps none
 //
 // Thread-safety: plain values; the parser is reentrant.
 #ifndef GHOST_PROXY_PROXY_CONFIG_H_
@@ -31,6 +32,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/units.h"
 #include "proxy/proxy.h"
 
 namespace ghost {
@@ -39,6 +41,9 @@ struct GhostproxyOptions {
   ProxyOptions proxy;
   std::string mountpoint;
   std::string control_path;  // empty: DefaultControlPath() (common/control.h)
+  // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
+  // proxy/memory_cache.h); 0 disables it.
+  Bytes memory_cache = 64ull << 20;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors

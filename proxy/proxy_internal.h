@@ -25,6 +25,7 @@
 #define GHOST_PROXY_PROXY_INTERNAL_H_
 
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <event2/bufferevent.h>
 #include <event2/listener.h>
 #include <sys/socket.h>
@@ -61,6 +62,9 @@ struct ListenerDeleter {
 };
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
+};
+struct EventDeleter {
+  void operator()(event* e) const { event_free(e); }
 };
 
 // A one-shot timer on the injected Clock, cancelled when re-armed or destroyed. The callback
@@ -100,6 +104,7 @@ std::string_view Pullup(evbuffer* buf, std::size_t* len);
 enum class ResultCode {
   kNone,
   kHit,
+  kMemHit,  // a hit served from the backend's copy in RAM
   kMiss,
   kNetPreferred,
   kRevalidated,
@@ -241,11 +246,16 @@ class Impl {
   static void OnAccept(evconnlistener* listener, evutil_socket_t fd, sockaddr* addr, int len,
                        void* arg);
   static void OnAcceptError(evconnlistener* listener, void* arg);
+  static void OnFlushAccessLog(evutil_socket_t, short, void* arg);
 
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
   bool accepting_ = true;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
   std::unique_ptr<std::FILE, FileCloser> access_log_;
+  // Lines are flushed once per loop turn (an active event, no timer): a busy turn's requests
+  // cost one write(2), and a line is in the file before its client has read the response.
+  std::unique_ptr<event, EventDeleter> log_flush_;
+  bool log_flush_pending_ = false;
   std::vector<IpAddress> local_addresses_;  // when bound to 0.0.0.0 / ::
   std::uint64_t next_id_ = 1;
   TimePoint started_;
@@ -281,6 +291,9 @@ struct Exchange {
   std::string key;  // where the stored response is (or will be) kept
   std::optional<StoredResponse> stored;
   StoredState stored_state;
+  // The backend's copy in RAM that `stored` came from (CacheChoice::kMemory), if any.
+  std::shared_ptr<const MemoryObject> memory;
+  bool skip_memory = false;        // the RAM copy cannot answer: the lookups go to the backend
   std::string vary;                // the URL key holds a vary index with this Vary
   bool revalidating = false;       // the origin request carries our validators
   bool net_preferred = false;      // the cost model chose the network over a copy
@@ -397,6 +410,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
                          const char* source, Exchange::Framing framing, bool body_follows,
                          bool defer);
   void WriteBody(std::string_view data);
+  // Bytes [first, first + length) of the exchange's RAM copy, referenced (not copied) by the
+  // output buffer, which keeps the copy alive until they are sent.
+  void WriteMemoryBody(Bytes first, Bytes length);
   void EndBody();
   bool ClientBackedUp() const;
   void OnClientDrained();

@@ -121,15 +121,17 @@ dns_v4_first on
 
 
 class Ghostproxy(Server):
-    def __init__(self, work, exe, mount, control):
+    def __init__(self, work, exe, mount, control, extra_args=()):
         self.exe, self.mount, self.control = exe, mount, control
+        self.extra_args = list(extra_args)
         self.port = h.free_port()
         self.access_log = os.path.join(work, "ghostproxy-access.log")
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen([self.exe, "--listen", f"127.0.0.1:{self.port}", "--mount", self.mount,
-                                      "--control", self.control, "--access-log", self.access_log],
+                                      "--control", self.control, "--access-log", self.access_log,
+                                      *self.extra_args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         h.on_exit(self.stop)
         return h.wait_port(self.port, 20)
@@ -162,6 +164,7 @@ def main():
     ap.add_argument("--objects", type=int, default=100, help="16 KiB objects on the origin")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=8, help="per wrk run")
+    ap.add_argument("--memory-cache", help="ghostproxy's --memory-cache (e.g. 0: every hit asks ghostfs)")
     a = ap.parse_args()
     os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
 
@@ -187,7 +190,8 @@ def main():
     if not fs.start():
         raise SystemExit(f"bench-proxy: ghostfs did not mount:\n{fs.output()}")
     h.on_exit(fs.stop)
-    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control)
+    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control,
+                    ["--memory-cache", a.memory_cache] if a.memory_cache is not None else [])
     if not gp.start():
         raise SystemExit("bench-proxy: ghostproxy did not start")
     squid = Squid(a.work)
@@ -225,7 +229,8 @@ def main():
     g = {k: statistics.median(v) for k, v in results["ghostproxy"].items()}
     s = {k: statistics.median(v) for k, v in results["squid"].items()}
     print(f"\nbench-proxy: {a.objects} objects of 16 KiB from nginx on 127.0.0.1, all cache hits; "
-          f"{a.rounds} rounds of {a.seconds} s per figure, proxies alternating; medians")
+          f"{a.rounds} rounds of {a.seconds} s per figure, proxies alternating; medians"
+          + (f"; ghostproxy --memory-cache {a.memory_cache}" if a.memory_cache is not None else ""))
     print(f"{'':12} {'hits/s (16 conn)':>17} {'× squid':>8} {'p50 µs (1 conn)':>16} {'× squid':>8} {'p99 µs':>8}")
     for name, v in (("ghostproxy", g), ("squid", s)):
         print(f"{name:12} {v['rps']:17.0f} {v['rps'] / s['rps']:7.2f}× {v['p50_us']:16.0f} "

@@ -568,6 +568,25 @@ TEST_F(CacheStoreTest, EraseRemovesTheBodyAndTheRow) {
   EXPECT_TRUE(store_->index().empty());
 }
 
+TEST_F(CacheStoreTest, ChangeListenerHearsReplacementsUpdatesErasesAndEvictions) {
+  Reopen(3000);
+  Keys changed;
+  store_->SetChangeListener([&](const std::string& key) { changed.push_back(key); });
+  ASSERT_TRUE(Fill("a", std::string(1000, 'a')).ok());
+  ASSERT_TRUE(Fill("b", std::string(1000, 'b')).ok());
+  EXPECT_EQ(changed, Keys{});  // new objects: nobody can hold an older copy
+  ASSERT_TRUE(Fill("a", std::string(1000, 'A')).ok());
+  EXPECT_EQ(changed, Keys{"a"});
+  ASSERT_TRUE(store_->UpdateMeta("b", [](CacheEntry& e) { e.etag = "\"2\""; }).ok());
+  EXPECT_EQ(changed, (Keys{"a", "b"}));
+  ASSERT_TRUE(store_->Erase("a").ok());
+  EXPECT_EQ(changed, (Keys{"a", "b", "a"}));
+  EXPECT_TRUE(store_->Touch("b"));  // an access changes nothing a copy holds
+  ASSERT_TRUE(Fill("c", std::string(1500, 'c')).ok());
+  ASSERT_TRUE(Fill("d", std::string(1500, 'd')).ok());  // evicts b, the least recently used
+  EXPECT_EQ(changed, (Keys{"a", "b", "a", "b"}));
+}
+
 TEST_F(CacheStoreTest, FillOfADroppedStoreIsGoneAfterReopen) {
   Reopen();
   Result<FillId> id = store_->BeginFill("k", {});

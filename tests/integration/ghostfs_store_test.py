@@ -2,7 +2,8 @@
 """The shared store ghostproxy uses (fs/store_tree.cc, common/control.h): lookup / store /
 refresh / invalidate over the control socket, bodies through MOUNTPOINT/.ghost/, fills through
 the deferred write queue (a sleeping disk stays asleep, reads see the queued copy), the cost
-model's choice with ghost hints, persistence across a remount, and bad requests. TAP; skipped
+model's choice with ghost hints, the "objects" topic (changes pushed to clients that keep
+copies in RAM) and the "served" op (their memory reads counted), persistence across a remount, and bad requests. TAP; skipped
 without root, /dev/fuse or nginx."""
 import errno
 import json
@@ -14,34 +15,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 19
-
-
-class Control:
-    def __init__(self, path):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.settimeout(30)
-        self.sock.connect(path)
-        self.f = self.sock.makefile("rw")
-        self.next_id = 1
-
-    def call(self, op, **args):
-        self.next_id += 1
-        self.f.write(json.dumps({"id": self.next_id, "op": op, **args}) + "\n")
-        self.f.flush()
-        reply = json.loads(self.f.readline())
-        assert reply["id"] == self.next_id, reply
-        return reply
-
-    def ok(self, op, **args):
-        r = self.call(op, **args)
-        if not r["ok"]:
-            raise RuntimeError(f"{op}: {r['error']}")
-        return r["result"]
-
-    def close(self):
-        self.f.close()
-        self.sock.close()
+PLAN = 21
 
 
 def store(ctl, key, body, **fields):
@@ -83,7 +57,7 @@ def main():
     if not t.check(fs.start(), "mounts with a control socket", fs.output()):
         t.skip_rest(PLAN, "not mounted")
         t.done()
-    ctl = Control(sock)
+    ctl = h.Control(sock)
 
     t.check(ctl.ok("lookup", key="http://example.test/a") == {"cached": False}, "an unknown key is not cached")
 
@@ -157,6 +131,37 @@ def main():
             and ctl.ok("invalidate", key="http://example.test/c") == {"removed": False},
             "invalidate drops a key (and says so)", gone)
 
+    # The "objects" topic, a RAM copy's invalidation feed: a refresh (of a committed object)
+    # and an invalidation (of a fill still queued) are each pushed once, in order.
+    sub = h.Control(sock)
+    sub.ok("subscribe", topics=["objects"])
+    ctl.ok("refresh", key="http://example.test/a", response='{"status":200,"refreshed":true}')
+    store(ctl, "http://example.test/f", b"f body", response="{}")
+    ctl.ok("invalidate", key="http://example.test/f")
+    sub.sock.settimeout(5)
+    events = []
+    try:
+        for _ in range(2):
+            events.append(json.loads(sub.f.readline()))
+    except (OSError, ValueError) as e:  # an event that never comes
+        events.append(repr(e))
+    events = [e if isinstance(e, dict) else {"error": e} for e in events]
+    t.check([(e.get("event"), e.get("data", {}).get("key")) for e in events]
+            == [("objects", "http://example.test/a"), ("objects", "http://example.test/f")],
+            "refreshed and invalidated objects are pushed to subscribers of \"objects\"", events)
+    sub.close()
+
+    # "served": reads a client answered from its RAM copy count as memory reads.
+    before = ctl.ok("stats")
+    ctl.ok("served", memory={"http://example.test/a": 3, "http://example.test/gone": 1}, bytes=100)
+    bad = [ctl.call("served", memory={"k": 0}), ctl.call("served", memory=[]), ctl.call("served")]
+    after = ctl.ok("stats")
+    t.check(after["requests"]["memory"] - before["requests"]["memory"] == 4
+            and after["proxy"]["memory_hits"] - before["proxy"]["memory_hits"] == 4
+            and all(not r["ok"] and "memory" in r["error"] for r in bad),
+            "served counts memory reads; malformed reports get error replies",
+            (before["requests"], after["requests"], bad))
+
     replies = {
         "no key": ctl.call("lookup"),
         "empty key": ctl.call("store", key=""),
@@ -183,7 +188,7 @@ def main():
     ctl.close()
     fs.stop()
     t.check(fs.start(), "remounts", fs.output())
-    ctl = Control(sock)
+    ctl = h.Control(sock)
     got = ctl.ok("lookup", key="http://example.test/a")
     with open(got["path"], "rb") as f:
         read = f.read()

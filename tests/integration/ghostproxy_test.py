@@ -4,7 +4,9 @@ cache in a real ghostfs mount (GhostfsBackend), against nginx on 127.0.0.1 (issu
 acceptance): MISS then HIT; revalidation after expiry (304 in nginx's log); Vary variants
 stored separately; one cache with the mount (an object read through the mount is a proxy
 hit); a page with HTML, CSS, JS and an image loaded twice by Chromium with fresh profiles,
-the second time from the cache with the same DOM; CONNECT to an allowed port tunnels both
+the second time from the cache with the same DOM; hits from the proxy's RAM copy
+(MEM_HIT: byte-identical, counted by ghostfs, dropped when ghostfs invalidates the object or the
+origin's new version replaces it; --memory-cache 0 keeps none); CONNECT to an allowed port tunnels both
 ways, to another port is refused; the status and metrics pages. TAP; skipped without root,
 /dev/fuse or nginx; the Chromium checks are skipped without chromium."""
 import gzip
@@ -22,7 +24,7 @@ import zlib
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 16
+PLAN = 22
 
 NGINX_EXTRA = """
     types { text/html html; text/css css; application/javascript js; image/png png;
@@ -30,6 +32,7 @@ NGINX_EXTRA = """
     expires 1h;
     gzip on; gzip_vary on; gzip_proxied any; gzip_min_length 0; gzip_types text/plain text/css application/javascript;
     location /short/ { expires 1s; }
+    location /three/ { expires 3s; }
 """
 
 
@@ -44,6 +47,7 @@ def png(width, height, rgb):
 def make_site(root):
     os.makedirs(os.path.join(root, "page"))
     os.makedirs(os.path.join(root, "short"))
+    os.makedirs(os.path.join(root, "three"))
     files = {
         "page/home.html": b"""<!doctype html><html><head><title>ghost page</title>
 <link rel="stylesheet" href="style.css"><script src="app.js"></script></head>
@@ -62,6 +66,8 @@ def make_site(root):
         "short/note.txt": b"short-lived\n",
         "text.txt": b"compressible text " * 400,
         "shared.bin": os.urandom(50_000),
+        "mem.bin": os.urandom(20_000),
+        "three/mem.txt": b"first version\n",
     }
     for rel, data in files.items():
         with open(os.path.join(root, rel), "wb") as f:
@@ -182,6 +188,84 @@ def main():
                        capture_output=True, timeout=30)
     t.check(r.returncode == 0 and r.stdout == files["shared.bin"] and b"X-Ghost-Source: cache" in r.stderr,
             "wget through the proxy gets the cached copy", r.stderr.decode(errors="replace")[-400:])
+
+    # RAM copies (proxy/memory_cache.h): once a hit has read the whole body, the next hits come
+    # from the proxy's memory, byte-identical, and ghostfs counts them as memory reads.
+    control = h.Control(ctl)
+    time.sleep(0.3)  # reads from RAM are reported to ghostfs in batches: the earlier ones first
+    stats0 = control.ok("stats")
+    mark = len(access_lines(log))
+    got = []
+    for _ in range(4):
+        got.append(curl(port, base + "mem.bin"))
+        time.sleep(0.3)  # the first one's fill reaches the cache through the write queue
+    codes = [l.split()[3] for l in access_lines(log, mark)]
+    t.check(codes == ["MISS/200", "HIT/200", "MEM_HIT/200", "MEM_HIT/200"]
+            and all(b == files["mem.bin"] and hd.get("x-ghost-source") in ("network", "cache") for _, hd, b in got)
+            and got[3][1].get("content-length") == str(len(files["mem.bin"])),
+            "after a hit has read the whole body, the next hits are served from RAM with the same bytes", codes)
+    time.sleep(0.3)  # reads from RAM are reported to ghostfs in batches
+    stats1 = control.ok("stats")
+    t.check(stats1["proxy"]["memory_hits"] - stats0["proxy"]["memory_hits"] == 2
+            and stats1["requests"]["memory"] - stats0["requests"]["memory"] >= 2,
+            "ghostctl stats counts the hits served from RAM as memory reads",
+            (stats0["proxy"], stats1["proxy"], stats0["requests"], stats1["requests"]))
+
+    # Invalidated through ghostfs by another client: the RAM copy goes too; the next GET
+    # fetches the origin's new bytes although the old copy was still fresh (expires 1h).
+    new_bin = os.urandom(20_000)
+    with open(os.path.join(site, "mem.bin"), "wb") as f:
+        f.write(new_bin)
+    removed = control.ok("invalidate", key=base + "mem.bin")
+    time.sleep(0.2)
+    mark = len(access_lines(log))
+    s, hd, body = curl(port, base + "mem.bin")
+    codes = [l.split()[3] for l in access_lines(log, mark)]
+    t.check(removed.get("removed") and body == new_bin and codes == ["MISS/200"],
+            "an object invalidated through ghostfs is not served from the proxy's RAM", (removed, codes))
+
+    # Changed at the origin and revalidated after expiry: the new version replaces the RAM copy.
+    curl(port, base + "three/mem.txt")
+    time.sleep(0.2)
+    curl(port, base + "three/mem.txt")
+    mark = len(access_lines(log))
+    s, hd, warm = curl(port, base + "three/mem.txt")
+    warm_code = [l.split()[3] for l in access_lines(log, mark)]
+    with open(os.path.join(site, "three", "mem.txt"), "wb") as f:
+        f.write(b"second version, longer\n")
+    time.sleep(3.5)  # expires 3s
+    s, hd, fetched = curl(port, base + "three/mem.txt")
+    time.sleep(0.3)
+    s, hd, again = curl(port, base + "three/mem.txt")
+    t.check(warm_code == ["MEM_HIT/200"] and warm == b"first version\n"
+            and fetched == again == b"second version, longer\n",
+            "a stale RAM copy is revalidated: the origin's new version is served, not the old copy",
+            (warm_code, warm, fetched, again))
+
+    # --memory-cache 0: no RAM copies; every hit asks ghostfs (HIT, never MEM_HIT).
+    port0 = h.free_port()
+    log0 = os.path.join(work, "access0.log")
+    proxy0 = subprocess.Popen([exe, "--listen", f"127.0.0.1:{port0}", "--mount", mnt, "--control", ctl,
+                               "--access-log", log0, "--memory-cache", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    h.on_exit(lambda: proxy0.poll() is None and proxy0.terminate())
+    if h.wait_port(port0, 15):
+        got0 = [curl(port0, base + "shared.bin") for _ in range(4)]
+        codes0 = [l.split()[3] for l in access_lines(log0)]
+        st0 = json.loads(subprocess.run(["curl", "-s", f"http://127.0.0.1:{port0}/ghost/status"],
+                                        capture_output=True, text=True, timeout=10).stdout or "{}")
+        t.check(codes0 == ["HIT/200"] * 4 and all(b == files["shared.bin"] for _, _, b in got0)
+                and st0.get("requests", {}).get("MEM_HIT") == 0,
+                "with --memory-cache 0 every hit is read through ghostfs, none from RAM", codes0)
+    else:
+        t.check(False, "with --memory-cache 0 every hit is read through ghostfs, none from RAM", "did not start")
+    proxy0.terminate()
+    proxy0.wait(15)
+    bad = subprocess.run([exe, "--mount", mnt, "--control", ctl, "--memory-cache", "lots"],
+                         capture_output=True, text=True, timeout=10)
+    t.check(bad.returncode == 2 and "--memory-cache" in bad.stderr,
+            "a bad --memory-cache is refused with a clear message", (bad.returncode, bad.stderr))
+    control.close()
 
     # One cache with the mount: what ghostfs read through its origin is a proxy hit.
     with open(os.path.join(mnt, "www", "page", "style.css"), "rb") as f:

@@ -3,6 +3,7 @@ ghostfs. Every test gets a fresh temporary directory; mounts and processes are c
 when a test fails (atexit + signal handlers)."""
 import atexit
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -388,6 +389,35 @@ class Ghostfs:
                 return f.read()
         except OSError:
             return ""
+
+
+class Control:
+    """A client of ghostfs's control socket (common/control.h), one request at a time."""
+
+    def __init__(self, path):
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.settimeout(30)
+        self.sock.connect(path)
+        self.f = self.sock.makefile("rw")
+        self.next_id = 1
+
+    def call(self, op, **args):
+        self.next_id += 1
+        self.f.write(json.dumps({"id": self.next_id, "op": op, **args}) + "\n")
+        self.f.flush()
+        reply = json.loads(self.f.readline())
+        assert reply["id"] == self.next_id, reply
+        return reply
+
+    def ok(self, op, **args):
+        r = self.call(op, **args)
+        if not r["ok"]:
+            raise RuntimeError(f"{op}: {r['error']}")
+        return r["result"]
+
+    def close(self):
+        self.f.close()
+        self.sock.close()
 
 
 def make_tree(root, seed=1):

@@ -189,6 +189,26 @@ void MemoryBackend::TransferEnd(std::uint64_t, Bytes bytes) {
   state_->counters.transfer_bytes += bytes;
 }
 
+std::shared_ptr<const MemoryObject> MemoryBackend::FindInMemory(const std::string& key) {
+  std::lock_guard lock(state_->mu);
+  auto it = state_->objects.find(key);
+  if (!state_->memory_copies || it == state_->objects.end()) return nullptr;
+  auto copy = std::make_shared<MemoryObject>();
+  copy->head = it->second.head;
+  copy->body = it->second.body;
+  return copy;
+}
+
+void MemoryBackend::ServedFromMemory(const std::string&, Bytes) {
+  std::lock_guard lock(state_->mu);
+  ++state_->counters.memory_served;
+}
+
+void MemoryBackend::SetMemoryCopies(bool on) {
+  std::lock_guard lock(state_->mu);
+  state_->memory_copies = on;
+}
+
 void MemoryBackend::SetChoice(CacheChoice choice) {
   std::lock_guard lock(state_->mu);
   state_->choice = choice;

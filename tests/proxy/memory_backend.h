@@ -4,7 +4,8 @@
 // zero timeout), so none runs inside the call that took it, as the interface demands. The
 // cost-model choice for cached objects is a switch the test sets; when it says kNetwork the
 // lookup reports that the disk got a ghost hint, as the real backend does when the network wins.
-// Counters record every call.
+// Counters record every call. With SetMemoryCopies(true) every stored object is also offered
+// as a copy in RAM (FindInMemory), as GhostfsBackend does for what it has read whole.
 //
 // Thread-safety: the CacheBackend methods run on the loop thread; the test controls (SetChoice,
 // counters, Get, Put, Keys) may be called from any thread (one mutex guards the state).
@@ -41,6 +42,7 @@ class MemoryBackend final : public CacheBackend {
     int transfer_ends = 0;
     int transfer_data = 0;
     Bytes transfer_bytes = 0;
+    int memory_served = 0;  // ServedFromMemory calls
   };
 
   // Borrows `base`, which must outlive the backend.
@@ -60,12 +62,16 @@ class MemoryBackend final : public CacheBackend {
   std::uint64_t TransferBegin() override;
   void TransferData(std::uint64_t transfer, Bytes body_bytes, std::function<void()> done) override;
   void TransferEnd(std::uint64_t transfer, Bytes bytes) override;
+  std::shared_ptr<const MemoryObject> FindInMemory(const std::string& key) override;
+  void ServedFromMemory(const std::string& key, Bytes bytes) override;
 
   // Test controls.
   void SetChoice(CacheChoice choice);
   void SetFailLookups(bool fail);
   // ReadBody fails for every key (an object evicted after its lookup).
   void SetFailReads(bool fail);
+  // FindInMemory offers every stored object (true) or none (false, the default).
+  void SetMemoryCopies(bool on);
   Counters counters() const;
   // The stored head and body of `key`, if any.
   std::optional<StoredResponse> Get(const std::string& key, std::string* body = nullptr) const;
@@ -84,6 +90,7 @@ class MemoryBackend final : public CacheBackend {
     CacheChoice choice = CacheChoice::kDisk;
     bool fail_lookups = false;
     bool fail_reads = false;
+    bool memory_copies = false;
   };
   class Writer;
 

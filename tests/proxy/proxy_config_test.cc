@@ -51,6 +51,7 @@ origin_idle_timeout = 6
 max_idle_per_origin = 2
 heuristic_freshness = 60
 high_watermark = "1M"
+memory_cache = "16M"
 )",
                         &o);
   ASSERT_TRUE(s.ok()) << s.ToString();
@@ -70,7 +71,16 @@ high_watermark = "1M"
   EXPECT_EQ(o.proxy.max_idle_per_origin, 2u);
   EXPECT_EQ(o.proxy.heuristic_freshness, Seconds(60));
   EXPECT_EQ(o.proxy.high_watermark, 1u << 20);
+  EXPECT_EQ(o.memory_cache, 16u << 20);
   EXPECT_TRUE(Validate(o).ok());
+}
+
+TEST_F(ProxyConfigTest, MemoryCacheDefaultsTo64MAndZeroDisablesIt) {
+  GhostproxyOptions o;
+  EXPECT_EQ(o.memory_cache, 64u << 20);
+  const Status s = Load("memory_cache = 0\n", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.memory_cache, 0u);
 }
 
 TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
@@ -84,6 +94,7 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"allow = \"10.0.0.0/8\"", "must be an array"}, Case{"connect_ports = [0]", "1..65535"},
         Case{"max_connections = -1", "positive integer"},
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
+        Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
         Case{"colour = \"blue\"", "unknown key \"colour\""}, Case{"listen = ", ""}}) {
     GhostproxyOptions o;
     const Status s = Load(c.text, &o);

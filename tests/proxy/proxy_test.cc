@@ -898,6 +898,61 @@ TEST_F(ProxyTest, AuthorizationResponsesAreStoredOnlyWhenPublic) {
   EXPECT_TRUE(backend_->Get(origin.url("/public")).has_value());
 }
 
+TEST_F(ProxyTest, FreshRamCopyIsServedWithoutALookup) {
+  ScriptedOrigin origin([](const ScriptedOrigin::Request&) {
+    return Response(200, "Cache-Control: max-age=60\r\nContent-Type: text/plain\r\n", "0123456789");
+  });
+  const std::string url = origin.url("/r");
+  StartProxy();
+  ASSERT_TRUE(Get(url).complete);
+  ASSERT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));
+  backend_->SetMemoryCopies(true);
+  const int lookups = backend_->counters().lookups;
+  Reply r = Get(url);
+  ASSERT_TRUE(r.complete);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "0123456789");
+  EXPECT_EQ(r.Header("Content-Length"), "10");
+  EXPECT_EQ(r.Source(), "cache");
+  Reply part = Get(url, "Range: bytes=2-5\r\n");
+  ASSERT_TRUE(part.complete);
+  EXPECT_EQ(part.status, 206);
+  EXPECT_EQ(part.body, "2345");
+  EXPECT_EQ(backend_->counters().lookups, lookups);  // no round trip to the backend
+  EXPECT_EQ(backend_->counters().memory_served, 2);
+  EXPECT_EQ(backend_->counters().reads, 0);  // no body read from the backend either
+  const std::vector<std::string> log = AccessLogLines(3);
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_NE(log[1].find(" MEM_HIT/200 "), std::string::npos) << log[1];
+  EXPECT_NE(log[2].find(" MEM_HIT/206 "), std::string::npos) << log[2];
+}
+
+TEST_F(ProxyTest, StaleRamCopyIsRevalidatedThroughTheBackend) {
+  std::atomic<int> conditional{0};
+  ScriptedOrigin origin([&](const ScriptedOrigin::Request& r) {
+    if (r.head.headers.Find("If-None-Match")) {
+      ++conditional;
+      return Response(304, "Cache-Control: max-age=5\r\nETag: \"e1\"\r\n", "");
+    }
+    return Response(200, "Cache-Control: max-age=5\r\nETag: \"e1\"\r\n", "kept");
+  });
+  const std::string url = origin.url("/s");
+  StartProxy();
+  ASSERT_TRUE(Get(url).complete);
+  ASSERT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));
+  backend_->SetMemoryCopies(true);
+  clock_offset_ = 60;  // the copy (in RAM too) is stale now
+  const int lookups = backend_->counters().lookups;
+  Reply r = Get(url);
+  ASSERT_TRUE(r.complete);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "kept");
+  EXPECT_EQ(r.Source(), "revalidated");
+  EXPECT_EQ(conditional.load(), 1);
+  EXPECT_EQ(backend_->counters().lookups, lookups + 1);  // the backend decided, not the RAM copy
+  EXPECT_EQ(backend_->counters().memory_served, 0);
+}
+
 TEST_F(ProxyTest, StaleCopyIsServedWhenTheOriginIsDown) {
   auto origin = std::make_unique<ScriptedOrigin>([](const ScriptedOrigin::Request&) {
     return Response(200, "Cache-Control: max-age=5\r\nETag: \"e1\"\r\n", "old but useful");
