@@ -17,7 +17,8 @@
 //
 //   state              event                          action
 //   kReadingHead       input                          parse; head → StartExchange
-//   kReadingHead       head timer                     408, then close
+//   kReadingHead       head timer                     part of a head: 408, then close;
+//                                                     nothing (idle): close
 //   kReadingHead       client EOF                     answer complete heads, then close
 //   kExchange          input                          request body → origin (when it takes it)
 //   kExchange          client output drained          resume the origin or the next cache slice
@@ -206,6 +207,7 @@ void ClientConnection::Start(int reject_status) {
 void ClientConnection::EnterReadingHead() {
   state_ = State::kReadingHead;
   ex_.reset();
+  head_started_ = false;
   SetReadTimeout(std::nullopt);
   std::weak_ptr<ClientConnection> weak = weak_from_this();
   head_timer_.Arm(proxy_->options.request_timeout, [weak] {
@@ -216,6 +218,13 @@ void ClientConnection::EnterReadingHead() {
 void ClientConnection::OnHeadTimeout() {
   if (state_ != State::kReadingHead) return;
   ++proxy_->stats.timeouts;
+  if (!head_started_ && evbuffer_get_length(input()) == 0) {
+    // An idle connection, not a slow request: close it without an answer (RFC 9112 §9.5). A
+    // 408 here would race the client's next request on the kept-alive connection and be read
+    // as that request's response; a close tells the client to retry on a new one.
+    Close();
+    return;
+  }
   SendLocal(408,
             "no complete request arrived within " + DurationText(proxy_->options.request_timeout) +
                 "; the connection is closed",
@@ -298,6 +307,7 @@ bool ClientConnection::ParseNextHead() {
     const http1::Event e = parser_.Parse(data);
     switch (e.type) {
       case http1::EventType::kNeedMore:
+        head_started_ = true;
         evbuffer_drain(input(), e.consumed);
         continue;
       case http1::EventType::kHead:

@@ -436,6 +436,7 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   std::string peer_text_;
   http1::RequestParser parser_;
   OneShotTimer head_timer_;
+  bool head_started_ = false;  // a byte of the next head arrived (else the connection is idle)
   bool peer_closed_ = false;  // EOF from the client
   bool keep_alive_ = true;    // the connection may carry another request
   bool linger_ = false;       // closing: wait for the client's EOF after our output
