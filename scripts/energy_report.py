@@ -95,14 +95,15 @@ def main():
                  "energy J live", "sim", "live/sim", "lower bound J live", "sim"], rows, a.markdown))
     print()
     by_trace = {}
-    for live, _ in pairs:
-        by_trace.setdefault(live["trace"], {})[label(live)] = live
+    for live, _ in pairs:  # runs of one trace (and prefix) compared with each other
+        name = os.path.basename(live["trace"]) + (f" (first {live['prefix_s']:g} s)" if live.get("prefix_s") else "")
+        by_trace.setdefault(name, {})[label(live)] = live
     for trace, runs_of in by_trace.items():
         s, d = runs_of.get("static"), runs_of.get("adaptive K=50")
         if not (s and d):
             continue
         ok = d["mean_response_ms"] < s["mean_response_ms"] and d["energy_j"] < s["energy_j"]
-        verdicts.append((ok, f"{os.path.basename(trace)}: live adaptive K=50 beats static on time and energy: "
+        verdicts.append((ok, f"{trace}: live adaptive K=50 beats static on time and energy: "
                              f"{'yes' if ok else 'no'} ({d['mean_response_ms']:.0f} vs {s['mean_response_ms']:.0f} ms, "
                              f"{d['energy_j']:.1f} vs {s['energy_j']:.1f} J)"))
     for _, line in verdicts:
