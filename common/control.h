@@ -55,6 +55,9 @@
 //        "cache":{"objects":42,"bytes":1048576,"capacity":67108864}}
 //   flush  write every deferred write to its device now; replies when done (asynchronous).
 //       Result: {"flushed_bytes":4096,"duration_s":1.2}
+//   drop_caches  forgets the page-cache model's contents (the shared store's RAM copies,
+//       fs/store_tree.cc), as `echo 1 > /proc/sys/vm/drop_caches` does for the kernel's: the
+//       next lookups choose between disk and network. Result: {"dropped": N} (objects).
 //
 //   The shared store (ghostproxy's cache is the daemon's: fs/store_tree.cc). K is an opaque
 //   non-empty cache key (the proxy uses the URL, plus the Vary'd request headers).
@@ -143,9 +146,9 @@ struct sockaddr;
 namespace ghost {
 
 // The ops a request may name, and the topics a subscription may hold.
-inline constexpr std::array<std::string_view, 13> kControlOps = {
-    "status", "hint",  "knob",    "devices",    "stats",    "flush", "subscribe",
-    "lookup", "store", "refresh", "invalidate", "transfer", "served"};
+inline constexpr std::array<std::string_view, 14> kControlOps = {
+    "status",    "hint",   "knob",  "devices", "stats",      "flush",    "drop_caches",
+    "subscribe", "lookup", "store", "refresh", "invalidate", "transfer", "served"};
 inline constexpr std::array<std::string_view, 4> kControlTopics = {"modes", "stats", "events",
                                                                    "objects"};
 

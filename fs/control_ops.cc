@@ -98,6 +98,11 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
              {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
     });
   }
+  if (op == "drop_caches") {
+    std::size_t n = page_cache_->size();
+    page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
+    return reply({{"dropped", n}});
+  }
   if (op == "hint") {
     std::string kind = request.value("kind", "");
     DeviceId id = -1;

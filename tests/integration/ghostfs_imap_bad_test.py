@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 PLANNED = 15
 
@@ -121,22 +122,6 @@ def stats(ctl):
     exe = os.path.join(harness.build_dir(), "fs", "ghostctl")
     out = subprocess.run([exe, "--control", ctl, "--json", "stats"], capture_output=True, text=True, timeout=10)
     return json.loads(out.stdout).get("imap") or {}
-
-
-def wait_for(fn, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # the state is still changing
-            pass
-        time.sleep(0.2)
-    try:
-        return fn()
-    except Exception:
-        return False
 
 
 def read_errno(path):

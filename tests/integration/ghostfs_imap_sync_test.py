@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 PLANNED = 17
 
@@ -58,22 +59,6 @@ def uidvalidity(dc, box):
     v = int(c.response("UIDVALIDITY")[1][0])
     c.logout()
     return v
-
-
-def wait_for(fn, timeout=20):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # the state is still changing
-            pass
-        time.sleep(0.2)
-    try:
-        return fn()
-    except Exception:
-        return False
 
 
 def control(path, request):

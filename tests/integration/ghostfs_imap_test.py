@@ -14,6 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 PLANNED = 16
 
@@ -51,19 +52,6 @@ def server_messages(dc, mailbox_name="INBOX"):
         out[subject] = (int(uid), [f.decode() for f in flags], body)
     c.logout()
     return out
-
-
-def wait_for(fn, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception:  # the state is still changing
-            pass
-        time.sleep(0.2)
-    return fn()
 
 
 def stats(control):

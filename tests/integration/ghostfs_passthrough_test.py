@@ -18,6 +18,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 PLAN = 22
 OLD = 1704067200  # 2024-01-01: heuristic freshness keeps such copies fresh for days
@@ -54,15 +55,6 @@ def sha(data):
 def read_all(path):
     with open(path, "rb") as f:
         return f.read()
-
-
-def wait_for(pred, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
 
 
 def xattr(path, name):

@@ -12,6 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 PLAN = 28
 
@@ -30,15 +31,6 @@ def jctl(ctl, *args):
 
 def disk(ctl):
     return [d for d in jctl(ctl, "devices") if d["kind"] == "disk"][0]
-
-
-def wait_for(pred, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def main():

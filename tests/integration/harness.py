@@ -76,6 +76,22 @@ def wait_port(port, timeout):
 _cleanups = []
 
 
+def wait_for(fn, timeout=15, interval=0.1):
+    """Calls fn until it returns something true (returned) or `timeout` seconds pass (then its
+    last value, or False). An exception counts as "not yet": the state is still changing."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            v = fn()
+            if v:
+                return v
+        except Exception:  # noqa: BLE001 - anything may fail while the state changes
+            v = False
+        if time.time() >= deadline:
+            return v
+        time.sleep(interval)
+
+
 def on_exit(fn):
     _cleanups.append(fn)
 
