@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
@@ -17,7 +18,7 @@ import harness as h  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = float(os.environ.get("REPLAY_PREFIX", "75"))
 TOLERANCE = 0.15
-PLAN = 13
+PLAN = 15
 
 
 def replay(trace, policy, out_trace):
@@ -96,7 +97,6 @@ def main():
     p = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace",
                           os.path.join(ROOT, "common", "traces", "web.trace"), "--prefix", "30",
                           "--build", h.build_dir()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import time
     deadline = time.time() + 60
     started = False
     while time.time() < deadline and p.poll() is None:
@@ -117,6 +117,41 @@ def main():
     t.check(started and p.returncode == 130 and not left_ns and not left_mounts,
             "Ctrl-C during a replay removes its namespaces, mounts and processes",
             (started, p.returncode, left_ns, left_mounts, err[-600:]))
+
+    # A daemon that dies mid-run: the run stops at once, says which and why, and cleans up.
+    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace",
+                          os.path.join(ROOT, "common", "traces", "web.trace"), "--prefix", "60",
+                          "--build", h.build_dir()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = False
+    deadline = time.time() + 90
+    while time.time() < deadline and p.poll() is None and not killed:
+        with open("/proc/mounts") as f:
+            if any("ghost-replay-" in line for line in f):
+                # the run's ghostfs (after the pre-fill's, which has no --profile)
+                killed = subprocess.run(["pkill", "-9", "-f", "ghostfs .*ghost-replay-.*--profile"]).returncode == 0
+        time.sleep(0.2)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    left_ns = "rplay" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    with open("/proc/mounts") as f:
+        left_mounts = [line for line in f if "ghost-replay-" in line]
+    t.check(killed and p.returncode == 1 and "ghostfs exited (status -9) during the run" in err
+            and not left_ns and not left_mounts,
+            "ghostfs killed mid-run: the replay stops with a message naming it and cleans up",
+            (killed, p.returncode, left_ns, left_mounts, err[-800:]))
+
+    # A trace the origin cannot serve is refused before anything starts.
+    bad = os.path.join(work, "bad.trace")
+    with open(bad, "w") as f:
+        f.write("# ghost-trace web v1\n0.0 GET http://origin.test/a/../../etc/passwd 100 0\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace", bad,
+                        "--build", h.build_dir()], capture_output=True, text=True, timeout=60)
+    t.check(r.returncode == 2 and "bad.trace:2" in r.stderr and "cannot be a file on the origin" in r.stderr,
+            "a trace naming an object the origin cannot serve gets a clear message (file:line)",
+            (r.returncode, r.stderr[-400:]))
     t.done()
 
 
