@@ -87,7 +87,7 @@ for round in 1 2; do
   wget -q -p -r -l 1 -e robots=off -e use_proxy=yes -e "http_proxy=http://127.0.0.1:$pport" \
     -P "$work/dl-$round" "http://127.0.0.1:$port/home.html" "http://127.0.0.1:$port/"
 done
-echo "\$ cat proxy-access.log   # MISS: fetched; HIT: from the cache ghostfs and the proxy share"
+echo "\$ cat proxy-access.log   # MISS: fetched; HIT: from the cache ghostfs and the proxy share; MEM_HIT: from the proxy's RAM copy"
 awk '{ printf "  %-16s %s\n", $4, $7 }' "$work/proxy-access.log"
 echo "\$ curl -sI -x 127.0.0.1:$pport http://127.0.0.1:$port/img/1.png | grep -i x-ghost"
 curl -sI -x "127.0.0.1:$pport" "http://127.0.0.1:$port/img/1.png" | grep -i '^x-ghost' || true
