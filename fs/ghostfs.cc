@@ -1009,4 +1009,17 @@ Result<std::unique_ptr<GhostFs>> GhostFs::Create(const GhostfsOptions& options) 
   return std::unique_ptr<GhostFs>(std::move(d));
 }
 
+void Daemon::QueueWholeFill(const std::string& key, std::string body,
+                            const std::string& content_type) {
+  CacheEntry meta;
+  meta.size = body.size();
+  meta.content_type = content_type;
+  pending_fills_[key] = meta;
+  WriteRecord rec;
+  rec.key = "fill:" + key;
+  rec.length = body.size();
+  rec.data = std::move(body);
+  queue_->Add(std::move(rec));
+}
+
 }  // namespace ghost

@@ -202,6 +202,9 @@ class Daemon final : public GhostFs {
   int TakeWriteError(const std::string& key);
   void LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off);
   // The write queue's writer. Batches are applied one after another, in order.
+  // Hands `body`, stored whole under cache key `key`, to the write queue as a fill (readers
+  // see it at once; the disk gets it with the next batch). Saved listings and mailbox indexes.
+  void QueueWholeFill(const std::string& key, std::string body, const std::string& content_type);
   void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
   void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
 

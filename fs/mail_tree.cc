@@ -292,16 +292,8 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
       apply(list);
       mo.boxes_expires = d_.clock_->Now() + d_.options_.heuristic_freshness;
       std::string key = kMailboxesPrefix + mo.url;
-      std::string body = saved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      CacheEntry meta;
-      meta.size = body.size();
-      meta.content_type = "application/json";
-      d_.pending_fills_[key] = meta;
-      WriteRecord rec;
-      rec.key = "fill:" + key;
-      rec.length = body.size();
-      rec.data = std::move(body);
-      d_.queue_->Add(std::move(rec));
+      d_.QueueWholeFill(key, saved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                        "application/json");
       return finish(Status::Ok());
     }
     // Unreachable: the list saved with the cache, if any (disconnected operation).
@@ -420,16 +412,7 @@ void MailTree::SaveBox(MailOrigin& mo, const MailBox& box) {
     if (m.uid) msgs.push_back({m.uid, m.size, m.info, m.date});
   }
   std::string body = nlohmann::json{{"uidvalidity", box.uidvalidity}, {"messages", msgs}}.dump();
-  std::string key = kListingPrefix + mo.url + box.wire;
-  CacheEntry meta;
-  meta.size = body.size();
-  meta.content_type = "application/json";
-  d_.pending_fills_[key] = meta;
-  WriteRecord rec;
-  rec.key = "fill:" + key;
-  rec.length = body.size();
-  rec.data = std::move(body);
-  d_.queue_->Add(std::move(rec));
+  d_.QueueWholeFill(kListingPrefix + mo.url + box.wire, std::move(body), "application/json");
 }
 
 void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::function<void(Status)> then) {

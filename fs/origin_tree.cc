@@ -106,15 +106,7 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
         l.expires = clock_->Now() + options_.heuristic_freshness;
         l.from_saved = false;
         // Saved with the cache, so the tree can be listed offline.
-        CacheEntry meta;
-        meta.size = body->size();
-        meta.content_type = "text/html";
-        pending_fills_[kListingPrefix + url] = meta;
-        WriteRecord r;
-        r.key = std::string("fill:") + kListingPrefix + url;
-        r.length = body->size();
-        r.data = std::move(*body);
-        queue_->Add(std::move(r));
+        QueueWholeFill(kListingPrefix + url, std::move(*body), "text/html");
         return then(&l);
       }
       std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), entries.status().message().c_str());
