@@ -1,8 +1,8 @@
 // The control socket's operations (DESIGN §4.2; protocol and result shapes in
-// common/control.h): status, hint, knob, devices, stats, flush.
+// common/control/control.h): status, hint, knob, devices, stats, flush.
 #include <chrono>
 
-#include "common/simulator.h"
+#include "common/sim/simulator.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -37,7 +37,7 @@ nlohmann::json Daemon::StatsJson() const {
     requests[s] = it == requests_by_source_.end() ? 0 : it->second;
   }
   const WriteQueueStats& w = queue_->stats();
-  // Per device, in the shape of ghostsim's report (common/simulator.h), so a live run's JSON
+  // Per device, in the shape of ghostsim's report (common/sim/simulator.h), so a live run's JSON
   // can be compared field by field.
   nlohmann::json device_detail =
       nlohmann::json::parse(DevicesToJson(DeviceResults(*pm_, e)).dump());

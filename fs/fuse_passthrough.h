@@ -54,7 +54,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace ghost {
 

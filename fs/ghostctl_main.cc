@@ -1,5 +1,5 @@
 // ghostctl: the command-line client of ghostfs's control socket (DESIGN §4.2; the protocol and
-// the shapes of the results are in common/control.h).
+// the shapes of the results are in common/control/control.h).
 //
 //   ghostctl [--control PATH] [--json] devices | knob [K] | stats | status PATH | flush | watch
 //
@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "common/control.h"
-#include "common/units.h"
+#include "common/control/control.h"
+#include "common/base/units.h"
 
 namespace {
 

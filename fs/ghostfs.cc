@@ -16,9 +16,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/default_pm.h"
-#include "common/stpm_disk.h"
-#include "common/stpm_network.h"
+#include "common/power/default_pm.h"
+#include "common/power/stpm_disk.h"
+#include "common/power/stpm_network.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -94,7 +94,7 @@ Status Daemon::LoadMachine() {
   net_ = std::make_unique<Device>(*clock_, *network, &machine_.link, network->LowestMode());
   pm_ = std::make_unique<PowerManager>(*clock_, machine_.base_power, options_.knob);
   // Without a profile the devices are always ready: no policy. Otherwise the policies ghostsim
-  // uses for the same --policy (common/simulator.cc), so live and simulated runs compare.
+  // uses for the same --policy (common/sim/simulator.cc), so live and simulated runs compare.
   bool managed = !options_.profile.empty();
   std::unique_ptr<DevicePolicy> disk_policy, net_policy;
   if (managed && adaptive()) {

@@ -19,8 +19,8 @@
 
 #include <memory>
 
-#include "common/config.h"
-#include "common/status.h"
+#include "common/config/config.h"
+#include "common/base/status.h"
 
 namespace ghost {
 

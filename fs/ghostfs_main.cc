@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <iostream>
 
-#include "common/config.h"
-#include "common/profile.h"
+#include "common/config/config.h"
+#include "common/power/profile.h"
 #include "fs/ghostfs.h"
 
 int main(int argc, char** argv) {
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
       "--no-ghost-hints", no_ghost_hints,
       "adaptive policy: choose sources by cost but never send the ideal device a ghost hint");
   app.add_option("--control", o.control_path, "Unix socket for ghostctl (mode 0600), e.g. /run/ghost/control.sock");
-  app.add_option("--config", config, "TOML file with the same settings (see common/config.h); the command line wins");
+  app.add_option("--config", config, "TOML file with the same settings (see common/config/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
   app.add_option(

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "common/profile.h"
-#include "common/simulator.h"
-#include "common/trace.h"
+#include "common/power/profile.h"
+#include "common/sim/simulator.h"
+#include "common/sim/trace.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// ghosttrace: generates the seeded workload traces of common/trace_gen.h and checks trace
+// ghosttrace: generates the seeded workload traces of common/sim/trace_gen.h and checks trace
 // files (DESIGN §6).
 //
 //   ghosttrace web|web-cached|mail|block [--seed N] [--duration S] [--objects N]
@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "common/trace.h"
-#include "common/trace_gen.h"
-#include "common/units.h"
+#include "common/sim/trace.h"
+#include "common/sim/trace_gen.h"
+#include "common/base/units.h"
 
 namespace ghost {
 namespace {
@@ -120,7 +120,7 @@ int Emit(const Trace& trace, const std::string& output, const std::string& comma
 
 int Main(int argc, char** argv) {
   CLI::App app{
-      "Generates Ghost workload traces (seeded, see common/trace_gen.h) and checks trace "
+      "Generates Ghost workload traces (seeded, see common/sim/trace_gen.h) and checks trace "
       "files."};
   app.require_subcommand(1);
   app.footer("Exit status: 0 ok; 1 usage or I/O error; 2 a checked trace is malformed.");

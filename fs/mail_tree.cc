@@ -12,8 +12,8 @@
 #include <cstring>
 #include <ctime>
 
-#include "common/config.h"
-#include "common/maildir_names.h"
+#include "common/config/config.h"
+#include "common/imap/maildir_names.h"
 #include "fs/ghostfs_internal.h"
 
 namespace ghost {
@@ -868,7 +868,7 @@ void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
       return (void)fuse_reply_err(req, ENOENT);
     ImapOp op;
     // To the trash (recoverable, as mail clients do) unless configured to expunge or the
-    // message is in the trash already: imap_delete (common/config.h).
+    // message is in the trash already: imap_delete (common/config/config.h).
     if (!trash_.empty() && box.wire != trash_) {
       op.kind = ImapOp::Kind::kMove;
       op.destination = trash_;
@@ -999,7 +999,7 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
           });
 }
 
-// ---- the deferred operations, sent (common/imap_queue.h) ----
+// ---- the deferred operations, sent (common/imap/imap_queue.h) ----
 
 namespace {
 

@@ -1,7 +1,7 @@
 // MailTree: IMAP origins as Maildirs (DESIGN §4.1; issue 5). MOUNT/NAME/ is a Maildir++ tree:
 //
 //   NAME/{cur,new,tmp}/           INBOX
-//   NAME/.Work.Reports/{cur,...}  mailbox "Work/Reports" (names: common/maildir_names.h)
+//   NAME/.Work.Reports/{cur,...}  mailbox "Work/Reports" (names: common/imap/maildir_names.h)
 //
 // Maildir++ folders (not nested directories) because every Maildir reader understands them
 // (Python's mailbox.Maildir, mutt/neomutt, dovecot, mbsync). A message is one file,
@@ -17,7 +17,7 @@
 // so with the server unreachable the Maildir still lists what it held and serves the cached
 // bodies (disconnected operation).
 //
-// Writes become deferred IMAP operations (common/imap_queue.h), shown in the view at once:
+// Writes become deferred IMAP operations (common/imap/imap_queue.h), shown in the view at once:
 //   tmp/X renamed into new/ or cur/  → APPEND (flags from the info letters); the file keeps the
 //                                      reader's name (served from memory) until the APPEND
 //                                      went through, then takes its UID-based name in cur/
@@ -53,9 +53,9 @@
 #include <string>
 #include <vector>
 
-#include "common/imap_client.h"
-#include "common/imap_queue.h"
-#include "common/status.h"
+#include "common/imap/imap_client.h"
+#include "common/imap/imap_queue.h"
+#include "common/base/status.h"
 
 namespace ghost {
 

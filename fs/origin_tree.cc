@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <ctime>
 
-#include "common/http_freshness.h"
+#include "common/http/http_freshness.h"
 #include "fs/ghostfs_internal.h"
 
 namespace ghost {

@@ -4,7 +4,7 @@
 // One cache, one owner: the daemon keeps the index, the bodies, the byte cap, the write queue
 // and the power model; the proxy speaks HTTP and decides what is cacheable. They meet in two
 // places:
-//   - the control socket (common/control.h): "lookup" answers whether a key is cached, its
+//   - the control socket (common/control/control.h): "lookup" answers whether a key is cached, its
 //     stored response head and where the cost model says to read it from right now (sending
 //     the disk a ghost hint when the network wins); "store" opens a fill; "refresh" replaces
 //     a stored head after a 304; "invalidate" drops a key; "transfer" has the emulated card
@@ -16,7 +16,7 @@
 //     and closing it hands the fill to the write queue like any fill of ghostfs's own, so a
 //     sleeping disk is not woken for it (DESIGN §3.5).
 //
-// Charging the emulated devices as ghostsim does (common/simulator.cc): a "lookup" that
+// Charging the emulated devices as ghostsim does (common/sim/simulator.cc): a "lookup" that
 // chooses the disk is answered once the emulated disk has done the read (a spin-up included),
 // so the proxy's client waits what the simulated client waits; the proxy then reads the body
 // file, from the kernel's page cache or the real disk. Objects read or filled recently are in
@@ -271,7 +271,7 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
       ++store_stats_.hits;
       return reply(out);
     }
-    // The same choice an open of an origin file makes (common/cost_model.h), with the page
+    // The same choice an open of an origin file makes (common/power/cost_model.h), with the page
     // cache as a third holder as in ghostsim.
     std::vector<Holder> holders;
     if (in_ram) holders.push_back({Source::kMemory, -1});

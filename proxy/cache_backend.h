@@ -25,8 +25,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/status.h"
-#include "common/units.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
 
 namespace ghost {
 

@@ -4,7 +4,7 @@
 // is revalidated and refreshed, and how a client's conditional and range requests are answered
 // from a stored response (RFC 9110 §13, §14).
 //
-// Freshness itself (lifetime, age, heuristics) is common/http_freshness.h, the same rules
+// Freshness itself (lifetime, age, heuristics) is common/http/http_freshness.h, the same rules
 // ghostfs uses; this file adds what only a proxy between HTTP clients and the cache needs.
 //
 // Keys (the opaque strings CacheBackend stores under):
@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "common/http_freshness.h"
-#include "common/units.h"
+#include "common/http/http_freshness.h"
+#include "common/base/units.h"
 #include "proxy/cache_backend.h"
 #include "proxy/http1.h"
 

@@ -41,7 +41,7 @@
 
 #include <cassert>
 
-#include "common/http_message.h"
+#include "common/http/http_message.h"
 #include "proxy/proxy_internal.h"
 
 namespace ghost::proxy_internal {

@@ -17,10 +17,10 @@
 #include <utility>
 #include <vector>
 
-#include "common/control.h"
-#include "common/file_io.h"
-#include "common/http_message.h"
-#include "common/uring_file_io.h"
+#include "common/control/control.h"
+#include "common/base/file_io.h"
+#include "common/http/http_message.h"
+#include "common/base/uring_file_io.h"
 #include "proxy/memory_cache.h"
 
 namespace ghost {

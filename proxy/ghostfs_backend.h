@@ -3,12 +3,12 @@
 // How the two processes share one cache (the daemon's side is fs/store_tree.cc):
 //   - The daemon owns everything that persists or costs energy: the sqlite index, the bodies,
 //     the byte cap, the write queue, the emulated devices and the cost model.
-//   - The proxy asks over the control socket (common/control.h, AsyncControlClient): "lookup"
+//   - The proxy asks over the control socket (common/control/control.h, AsyncControlClient): "lookup"
 //     returns whether a key is cached, its stored response head and the cost model's choice
 //     (the daemon sends the disk a ghost hint when the network wins); "store", "refresh" and
 //     "invalidate" change it; "hint" discloses the proxy's own network transfers.
 //   - Bodies move through the mount: a lookup names MOUNTPOINT/.ghost/objects/<hash>, read here
-//     with io_uring (common/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
+//     with io_uring (common/base/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
 //     a store names MOUNTPOINT/.ghost/fill/<token>, written the same way and closed to hand
 //     the fill to the daemon's deferred write queue (a sleeping disk stays asleep).
 //   - Objects ghostfs fetched itself (through its origins) have no stored head; the proxy is
@@ -32,8 +32,8 @@
 #include <memory>
 #include <string>
 
-#include "common/status.h"
-#include "common/units.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
 #include "proxy/cache_backend.h"
 
 struct event_base;

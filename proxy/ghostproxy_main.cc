@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/config.h"
-#include "common/control.h"
+#include "common/base/clock.h"
+#include "common/config/config.h"
+#include "common/control/control.h"
 #include "proxy/ghostfs_backend.h"
 #include "proxy/proxy.h"
 #include "proxy/proxy_config.h"

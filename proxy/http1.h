@@ -41,9 +41,9 @@
 #include <string_view>
 #include <vector>
 
-#include "common/http_message.h"
-#include "common/status.h"
-#include "common/units.h"
+#include "common/http/http_message.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
 
 namespace ghost::http1 {
 
@@ -236,7 +236,7 @@ struct ResponseHead {
   bool keep_alive = true;
 
   void Clear();
-  // The head in the form the cache and freshness rules use (common/http_message.h), with its
+  // The head in the form the cache and freshness rules use (common/http/http_message.h), with its
   // derived fields computed (HttpResponseHead::Finish).
   HttpResponseHead ToCacheHead() const;
 };

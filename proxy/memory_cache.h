@@ -30,7 +30,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "common/units.h"
+#include "common/base/units.h"
 #include "proxy/cache_backend.h"
 
 namespace ghost {

@@ -14,7 +14,7 @@
 #include <ctime>
 #include <nlohmann/json.hpp>
 
-#include "common/http_message.h"
+#include "common/http/http_message.h"
 #include "proxy/proxy_internal.h"
 
 namespace ghost {

@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/status.h"
-#include "common/units.h"
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
 #include "proxy/address.h"
 #include "proxy/cache_backend.h"
 #include "proxy/http1.h"

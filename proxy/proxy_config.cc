@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/config.h"
+#include "common/config/config.h"
 
 namespace ghost {
 namespace {

@@ -1,6 +1,6 @@
 // GhostproxyOptions: every setting of the ghostproxy program, from its command line or a config
 // file (TOML, the keys below), parsed once and passed by const& (the pattern of
-// common/config.h for ghostfs).
+// common/config/config.h for ghostfs).
 //
 // Config file (all keys optional; the command line wins over the file):
 //
@@ -31,8 +31,8 @@
 
 #include <string>
 
-#include "common/status.h"
-#include "common/units.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
 #include "proxy/proxy.h"
 
 namespace ghost {
@@ -40,7 +40,7 @@ namespace ghost {
 struct GhostproxyOptions {
   ProxyOptions proxy;
   std::string mountpoint;
-  std::string control_path;  // empty: DefaultControlPath() (common/control.h)
+  std::string control_path;  // empty: DefaultControlPath() (common/control/control.h)
   // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
   // proxy/memory_cache.h); 0 disables it.
   Bytes memory_cache = 64ull << 20;

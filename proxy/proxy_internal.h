@@ -8,7 +8,7 @@
 //   origin.cc      OriginConn: resolving and connecting to an origin, its bufferevent.
 //
 // The origin client is our own, on bufferevents with the http1 parser, rather than
-// common/http_fetcher.h (libcurl): a forward proxy must pass arbitrary methods, request bodies
+// common/http/http_fetcher.h (libcurl): a forward proxy must pass arbitrary methods, request bodies
 // and end-to-end header fields through verbatim, stream bodies both ways under back-pressure
 // (pause the origin while a slow client's output is above the watermark), and keep and reuse
 // origin connections per host. libcurl rewrites requests and owns its connections and
@@ -42,8 +42,8 @@
 #include <string_view>
 #include <vector>
 
-#include "common/clock.h"
-#include "common/http_freshness.h"
+#include "common/base/clock.h"
+#include "common/http/http_freshness.h"
 #include "proxy/address.h"
 #include "proxy/cache_backend.h"
 #include "proxy/cache_policy.h"

@@ -22,7 +22,7 @@
 
 #include <string>
 
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace ghost {
 
@@ -72,7 +72,7 @@ class DovecotServer {
   std::string maildir() const;
   std::string ReadLog() const;
 
-  // Creates the Maildir++ folder `folder` (".Name", see common/maildir_names.h) with cur/,
+  // Creates the Maildir++ folder `folder` (".Name", see common/imap/maildir_names.h) with cur/,
   // new/ and tmp/, owned by the mail user. Succeeds if it exists already.
   Status CreateFolder(const std::string& folder);
   // Delivers `contents` as one message file into `folder` ("" for INBOX, ".Name" for a

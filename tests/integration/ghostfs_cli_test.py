@@ -259,14 +259,14 @@ def mounted_checks(t, work, nginx, raw, sums):
     t.check(ok, "--cache under missing parents creates them, mounts and serves", fs.output())
     fs.stop()
 
-    # A config file (TOML, the keys of common/config.h, an [origins] table).
+    # A config file (TOML, the keys of common/config/config.h, an [origins] table).
     mnt = os.path.join(work, "mnt-config")
     os.makedirs(mnt)
     conf = os.path.join(work, "good.toml")
     cache = os.path.join(work, "cache-config")
     ctl = os.path.join(work, "run", "config-control.sock")
     with open(conf, "w") as f:
-        f.write(f"""# every key of common/config.h
+        f.write(f"""# every key of common/config/config.h
 cache = "{cache}"
 cache_size = "64M"
 knob = 30

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The shared store ghostproxy uses (fs/store_tree.cc, common/control.h): lookup / store /
+"""The shared store ghostproxy uses (fs/store_tree.cc, common/control/control.h): lookup / store /
 refresh / invalidate over the control socket, bodies through MOUNTPOINT/.ghost/, fills through
 the deferred write queue (a sleeping disk stays asleep, reads see the queued copy), the cost
 model's choice with ghost hints, the "objects" topic (changes pushed to clients that keep

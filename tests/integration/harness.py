@@ -408,7 +408,7 @@ class Ghostfs:
 
 
 class Control:
-    """A client of ghostfs's control socket (common/control.h), one request at a time."""
+    """A client of ghostfs's control socket (common/control/control.h), one request at a time."""
 
     def __init__(self, path):
         self.sock = socket.socket(socket.AF_UNIX)

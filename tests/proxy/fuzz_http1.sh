@@ -23,8 +23,8 @@ mkdir -p "$work/corpus" || exit 1
 rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*
 
 exe="$work/http1_fuzz"
-sources=("$root/tests/proxy/http1_fuzz.cc" "$root/proxy/http1.cc" "$root/common/http_message.cc"
-         "$root/common/status.cc")
+sources=("$root/tests/proxy/http1_fuzz.cc" "$root/proxy/http1.cc" "$root/common/http/http_message.cc"
+         "$root/common/base/status.cc")
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I "$root")
 
@@ -32,8 +32,8 @@ flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undef
 rebuild=1
 if [ -x "$exe" ]; then
   rebuild=0
-  for s in "${sources[@]}" "$root/proxy/http1.h" "$root/common/http_message.h" \
-           "$root/common/status.h" "$0"; do
+  for s in "${sources[@]}" "$root/proxy/http1.h" "$root/common/http/http_message.h" \
+           "$root/common/base/status.h" "$0"; do
     [ "$s" -nt "$exe" ] && rebuild=1
   done
 fi

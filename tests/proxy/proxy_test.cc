@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/clock.h"
+#include "common/base/clock.h"
 #include "proxy/cache_policy.h"
 #include "proxy/http1.h"
 #include "tests/common/nginx_fixture.h"

@@ -1,0 +1,918 @@
+#include "common/cache/cache_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <openssl/sha.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cassert>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <utility>
+
+namespace ghost {
+namespace {
+
+bool IsLowerHex(std::string_view s) {
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// A key as it may appear in a message: quoted, non-printable bytes escaped, long keys cut.
+std::string Quote(std::string_view key) {
+  constexpr std::size_t kMax = 160;
+  std::string out = "\"";
+  for (std::size_t i = 0; i < key.size() && i < kMax; ++i) {
+    auto c = static_cast<unsigned char>(key[i]);
+    if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\') {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (key.size() > kMax) out += "...";
+  return out + "\"";
+}
+
+// st.WithContext(context), keeping the errno that Status::WithContext drops (so ENOSPC still
+// reaches the FUSE edge as ENOSPC): a Status from FromErrno ends in ": <strerror>", which is
+// moved to the end again.
+Status WithErrnoContext(const Status& st, const std::string& context) {
+  int err = st.ToErrno();
+  std::string tail = std::string(": ") + std::strerror(err);
+  const std::string& msg = st.message();
+  if (st.ok() || msg.size() < tail.size() ||
+      msg.compare(msg.size() - tail.size(), tail.size(), tail) != 0) {
+    return st.WithContext(context);
+  }
+  return Status::FromErrno(err, context + ": " + msg.substr(0, msg.size() - tail.size()));
+}
+
+std::string TooBig(std::string_view key, Bytes size, Bytes capacity) {
+  return "cannot cache " + Quote(key) + ": its " + std::to_string(size) +
+         " bytes exceed the cache capacity of " + std::to_string(capacity) +
+         " bytes; raise the cache size to cache objects this large";
+}
+
+// mkdir that accepts an existing directory.
+Status MakeDir(const std::string& path, const std::string& what) {
+  if (::mkdir(path.c_str(), 0700) == 0) return Status::Ok();
+  int err = errno;
+  if (err == EEXIST) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return Status::Ok();
+    return Status::FromErrno(ENOTDIR, what + " " + path + " exists and is not a directory");
+  }
+  if (err == ENOENT) {
+    return Status::NotFound("cannot create " + what + " " + path +
+                            ": its parent directory does not exist; create it first or choose "
+                            "another location");
+  }
+  return Status::FromErrno(err, "cannot create " + what + " " + path);
+}
+
+struct DirCloser {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+using DirPtr = std::unique_ptr<DIR, DirCloser>;
+
+// ---- sqlite ----
+
+bool IsCorruption(int rc) {
+  int primary = rc & 0xff;
+  return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
+}
+
+// A prepared statement; finalized on destruction. Move-only.
+class Stmt {
+ public:
+  Stmt() = default;
+  explicit Stmt(sqlite3_stmt* s) : s_(s) {}
+  Stmt(Stmt&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stmt& operator=(Stmt&& o) noexcept {
+    if (this != &o) {
+      sqlite3_finalize(s_);
+      s_ = std::exchange(o.s_, nullptr);
+    }
+    return *this;
+  }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  ~Stmt() { sqlite3_finalize(s_); }
+
+  // Binds 1-based parameters; the text is copied (SQLITE_TRANSIENT), so keys with NUL bytes
+  // keep their full length.
+  void Bind(int i, std::string_view text) {
+    sqlite3_bind_text(s_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  }
+  void Bind(int i, std::int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void Bind(int i, std::optional<std::int64_t> v) {
+    if (v) {
+      sqlite3_bind_int64(s_, i, *v);
+    } else {
+      sqlite3_bind_null(s_, i);
+    }
+  }
+  int Step() { return sqlite3_step(s_); }
+  // Ready for reuse: resets and clears the bindings.
+  void Reset() {
+    sqlite3_reset(s_);
+    sqlite3_clear_bindings(s_);
+  }
+  std::string Text(int col) const {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(s_, col));
+    return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(s_, col)))
+             : std::string();
+  }
+  std::int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
+  bool IsNull(int col) const { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+};
+
+struct DbCloser {
+  void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
+};
+
+// Version 2 added objects.response (the proxy's stored response head); version 1 indexes are
+// upgraded in place.
+constexpr int kSchemaVersion = 2;
+
+constexpr char kObjectColumns[] =
+    "key, size, etag, last_modified, content_type, expires_us, fetched_us, accessed_us, response";
+
+}  // namespace
+
+// ---- The index database ----
+
+struct CacheStore::Db {
+  std::string path;
+  std::unique_ptr<sqlite3, DbCloser> handle;  // declared first: closed after the statements
+  int last_rc = SQLITE_OK;                    // of the last failed call
+
+  Stmt begin, commit, rollback;
+  Stmt insert_pending;   // a fill started: row complete=0 unless a complete one exists
+  Stmt mark_incomplete;  // a replacement is being renamed into place
+  Stmt mark_complete;    // the replacement's rename failed: the old body is still there
+  Stmt upsert_complete;  // a fill committed
+  Stmt delete_key;
+  Stmt delete_pending;
+  Stmt update_access;
+  Stmt update_meta;
+
+  ghost::Status Error(const std::string& what, int rc) {
+    last_rc = rc;
+    std::string msg = what + " in cache index " + path + ": " +
+                      (handle ? sqlite3_errmsg(handle.get()) : sqlite3_errstr(rc));
+    if ((rc & 0xff) == SQLITE_BUSY || (rc & 0xff) == SQLITE_LOCKED) {
+      msg += " (is another ghostfs using this cache directory? stop it or choose another)";
+    }
+    return ghost::Status::IoError(std::move(msg));
+  }
+
+  ghost::Status Exec(const char* sql) {
+    char* msg = nullptr;
+    int rc = sqlite3_exec(handle.get(), sql, nullptr, nullptr, &msg);
+    sqlite3_free(msg);
+    return rc == SQLITE_OK ? ghost::Status::Ok() : Error(std::string("\"") + sql + "\"", rc);
+  }
+
+  ghost::Status Prepare(const char* sql, Stmt* out) {
+    sqlite3_stmt* s = nullptr;
+    int rc = sqlite3_prepare_v3(handle.get(), sql, -1, SQLITE_PREPARE_PERSISTENT, &s, nullptr);
+    if (rc != SQLITE_OK) return Error(std::string("preparing \"") + sql + "\"", rc);
+    *out = Stmt(s);
+    return ghost::Status::Ok();
+  }
+
+  // Runs a prepared statement that returns no rows, then readies it for reuse.
+  ghost::Status Run(Stmt& s, const std::string& what) {
+    int rc = s.Step();
+    s.Reset();
+    return rc == SQLITE_DONE ? ghost::Status::Ok() : Error(what, rc);
+  }
+
+  // Opens or creates the database, checks it and prepares the statements.
+  ghost::Status Open() {
+    sqlite3* raw = nullptr;
+    int rc =
+        sqlite3_open_v2(path.c_str(), &raw,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+    handle.reset(raw);  // closed even when the open failed
+    if (rc != SQLITE_OK) return Error("opening", rc);
+    sqlite3_extended_result_codes(raw, 1);
+    // Exclusive: one store per directory; WAL: a commit appends, no rollback journal;
+    // NORMAL: no fsync per commit (a cache may lose its last fills in a power cut, and Open
+    // drops any row whose body does not match).
+    for (const char* pragma : {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
+                               "PRAGMA synchronous=NORMAL"}) {
+      if (ghost::Status st = Exec(pragma); !st.ok()) return st;
+    }
+    // quick_check reads every page once: a cost paid at open only, on a small table.
+    Stmt check;
+    if (ghost::Status st = Prepare("PRAGMA quick_check", &check); !st.ok()) return st;
+    rc = check.Step();
+    if (rc != SQLITE_ROW) return Error("checking", rc);
+    if (std::string verdict = check.Text(0); verdict != "ok") {
+      last_rc = SQLITE_CORRUPT;
+      return ghost::Status::Corruption("cache index " + path +
+                                       " failed its integrity check: " + verdict);
+    }
+    check = Stmt();
+
+    if (ghost::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
+    ghost::Status st = CreateSchema();
+    if (st.ok()) st = Exec("COMMIT");
+    if (!st.ok()) {
+      Exec("ROLLBACK").ok();  // best effort; the error that matters is `st`
+      return st;
+    }
+
+    std::string cols = kObjectColumns;
+    struct {
+      Stmt* stmt;
+      std::string sql;
+    } statements[] = {
+        {&begin, "BEGIN IMMEDIATE"},
+        {&commit, "COMMIT"},
+        {&rollback, "ROLLBACK"},
+        {&insert_pending, "INSERT INTO objects(" + cols +
+                              ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0) "
+                              "ON CONFLICT(key) DO NOTHING"},
+        {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
+        {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
+        {&upsert_complete,
+         "INSERT INTO objects(" + cols +
+             ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1) "
+             "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
+             "last_modified = excluded.last_modified, content_type = excluded.content_type, "
+             "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
+             "accessed_us = excluded.accessed_us, response = excluded.response, complete = 1"},
+        {&delete_key, "DELETE FROM objects WHERE key = ?1"},
+        {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
+        {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE key = ?1"},
+        {&update_meta,
+         "UPDATE objects SET etag = ?2, last_modified = ?3, content_type = ?4, expires_us = ?5, "
+         "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
+    };
+    for (auto& s : statements) {
+      if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
+        // Our own tables exist by now, so a statement that does not compile means the file
+        // holds some other database under our name.
+        last_rc = SQLITE_CORRUPT;
+        return prep;
+      }
+    }
+    return ghost::Status::Ok();
+  }
+
+  ghost::Status CreateSchema() {
+    if (ghost::Status st =
+            Exec("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)");
+        !st.ok()) {
+      return st;
+    }
+    Stmt q;
+    if (ghost::Status st = Prepare("SELECT max(version) FROM schema_version", &q); !st.ok())
+      return st;
+    int rc = q.Step();
+    if (rc != SQLITE_ROW) return Error("reading the schema version", rc);
+    if (q.IsNull(0)) {
+      q = Stmt();
+      std::string sql =
+          "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
+      if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
+    } else if (std::int64_t v = q.Int(0); v == 1) {
+      q = Stmt();
+      if (ghost::Status st = Exec(
+              "ALTER TABLE objects ADD COLUMN response TEXT NOT NULL DEFAULT ''; "
+              "UPDATE schema_version SET version = 2");
+          !st.ok()) {
+        return st;
+      }
+    } else if (v != kSchemaVersion) {
+      return ghost::Status::NotSupported(
+          "cache index " + path + " has schema version " + std::to_string(v) +
+          ", but this ghost reads version " + std::to_string(kSchemaVersion) +
+          "; run the ghost that wrote it, or remove the cache directory to start afresh");
+    }
+    return Exec(
+        "CREATE TABLE IF NOT EXISTS objects("
+        "key TEXT PRIMARY KEY NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL DEFAULT '', "
+        "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
+        "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
+        "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '')");
+  }
+
+  // Binds ?1..?9 of insert_pending / upsert_complete.
+  void BindObject(Stmt& s, const std::string& key, const CacheEntry& e, std::int64_t fetched_us,
+                  std::int64_t accessed_us, std::optional<std::int64_t> expires_us) {
+    s.Bind(1, key);
+    s.Bind(2, static_cast<std::int64_t>(e.size));
+    s.Bind(3, e.etag);
+    s.Bind(4, e.last_modified);
+    s.Bind(5, e.content_type);
+    s.Bind(6, expires_us);
+    s.Bind(7, fetched_us);
+    s.Bind(8, accessed_us);
+    s.Bind(9, e.response);
+  }
+};
+
+// ---- Opening ----
+
+CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, FileIo& io,
+                       const CacheStoreOptions& options)
+    : dir_(std::move(dir)), capacity_(capacity), clock_(clock), io_(io), index_(clock, capacity) {
+  auto wall = options.wall_clock ? options.wall_clock() : std::chrono::system_clock::now();
+  auto wall_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
+  wall_offset_us_ = wall_us - clock_.Now().time_since_epoch().count();
+}
+
+Result<std::unique_ptr<CacheStore>> CacheStore::Open(const std::string& dir, Bytes capacity,
+                                                     const Clock& clock, FileIo& io,
+                                                     const CacheStoreOptions& options) {
+  if (dir.empty()) return ghost::Status::InvalidArgument("the cache directory path is empty");
+  std::string root = dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (ghost::Status st = MakeDir(root, "cache directory"); !st.ok()) return st;
+  if (ghost::Status st = MakeDir(root + "/objects", "cache object directory"); !st.ok()) return st;
+
+  std::unique_ptr<CacheStore> store(new CacheStore(root, capacity, clock, io, options));
+  ghost::Status st = store->OpenIndex();
+  if (st.ok()) st = store->Load();
+  if (st.ok()) st = store->RemoveOrphans();
+  if (!st.ok()) {
+    store->db_.reset();  // possibly half set up: the destructor must not write through it
+    store->closed_ = true;
+    return st;
+  }
+  return store;
+}
+
+void CacheStore::Warn(std::string line) {
+  std::fprintf(stderr, "ghost: cache store: %s\n", line.c_str());
+  warnings_.push_back(std::move(line));
+}
+
+ghost::Status CacheStore::OpenIndex() {
+  db_ = std::make_unique<Db>();
+  db_->path = dir_ + "/index.sqlite";
+  ghost::Status st = db_->Open();
+  if (st.ok() || !IsCorruption(db_->last_rc)) return st;
+  SetAsideCorruptIndex(st.message());
+  db_ = std::make_unique<Db>();
+  db_->path = dir_ + "/index.sqlite";
+  return db_->Open();
+}
+
+void CacheStore::SetAsideCorruptIndex(const std::string& why) {
+  db_.reset();  // closes the file before it is renamed
+  auto now = std::chrono::system_clock::now().time_since_epoch();
+  std::string path = dir_ + "/index.sqlite";
+  std::string aside = path + ".corrupt-" +
+                      std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count());
+  for (const char* suffix : {"", "-wal", "-shm", "-journal"}) {
+    std::string from = path + suffix;
+    if (::access(from.c_str(), F_OK) != 0) continue;
+    if (::rename(from.c_str(), (aside + suffix).c_str()) != 0) ::unlink(from.c_str());
+  }
+  Warn("the cache index was unreadable (" + why + "); moved it to " + aside +
+       " and started an empty cache (cached bodies were discarded)");
+}
+
+ghost::Status CacheStore::Load() {
+  std::vector<std::string> doomed_files;  // removed after the transaction commits
+  std::size_t damaged = 0;
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    // Fills and replacements cut short by a crash: their rows and any body at their path.
+    Stmt q;
+    if (ghost::Status s = db_->Prepare("SELECT key FROM objects WHERE complete = 0", &q); !s.ok()) {
+      return s;
+    }
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) doomed_files.push_back(BodyPath(q.Text(0)));
+    if (rc != SQLITE_DONE) return db_->Error("listing incomplete objects", rc);
+    q = Stmt();
+    if (ghost::Status s = db_->Exec("DELETE FROM objects WHERE complete = 0"); !s.ok()) return s;
+
+    std::string sql = std::string("SELECT ") + kObjectColumns +
+                      " FROM objects WHERE complete = 1 ORDER BY accessed_us, rowid";
+    if (ghost::Status s = db_->Prepare(sql.c_str(), &q); !s.ok()) return s;
+    std::vector<std::string> dropped;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      std::string key = q.Text(0);
+      CacheEntry e;
+      e.size = static_cast<Bytes>(q.Int(1));
+      e.where = Residence::kDisk;
+      e.etag = q.Text(2);
+      e.last_modified = q.Text(3);
+      e.content_type = q.Text(4);
+      if (!q.IsNull(5)) e.expires = FromStored(q.Int(5));
+      e.fetched = FromStored(q.Int(6));
+      e.last_access = FromStored(q.Int(7));
+      e.response = q.Text(8);
+      // A body that is missing or the wrong length (lost by a power cut, or edited) is
+      // never served.
+      struct stat sb;
+      std::string path = BodyPath(key);
+      if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) ||
+          static_cast<Bytes>(sb.st_size) != e.size) {
+        ++damaged;
+        dropped.push_back(std::move(key));
+        continue;
+      }
+      Result<std::vector<std::string>> evicted = index_.Restore(key, std::move(e));
+      if (!evicted.ok()) {  // bigger than a lowered cap
+        dropped.push_back(std::move(key));
+        continue;
+      }
+      for (std::string& k : *evicted) dropped.push_back(std::move(k));
+    }
+    if (rc != SQLITE_DONE) return db_->Error("loading objects", rc);
+    for (const std::string& key : dropped) {
+      db_->delete_key.Bind(1, key);
+      if (ghost::Status s = db_->Run(db_->delete_key, "dropping an object"); !s.ok()) return s;
+      doomed_files.push_back(BodyPath(key));
+    }
+    return ghost::Status::Ok();
+  });
+  if (!st.ok()) return st;
+  for (const std::string& path : doomed_files) RemoveFile(path);
+  if (damaged > 0) {
+    Warn("dropped " + std::to_string(damaged) +
+         " cached objects whose body files were missing or of the wrong size");
+  }
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::RemoveOrphans() {
+  // Every file under objects/ that is not the body of an indexed object: temp files of fills
+  // cut short, bodies whose row was never committed or was dropped.
+  std::unordered_set<std::string> live;
+  index_.ForEach([&](const std::string& key, const CacheEntry&) { live.insert(ObjectName(key)); });
+  std::string objects = dir_ + "/objects";
+  DirPtr top(::opendir(objects.c_str()));
+  if (!top) return ghost::Status::FromErrno(errno, "cannot list cache objects in " + objects);
+  while (dirent* d = ::readdir(top.get())) {
+    std::string name = d->d_name;
+    if (name == "." || name == "..") continue;
+    std::string sub = objects + "/" + name;
+    struct stat sb;
+    if (::lstat(sub.c_str(), &sb) != 0) continue;
+    if (!S_ISDIR(sb.st_mode)) {
+      RemoveFile(sub);
+      continue;
+    }
+    DirPtr inner(::opendir(sub.c_str()));
+    if (!inner) continue;
+    while (dirent* f = ::readdir(inner.get())) {
+      std::string file = f->d_name;
+      if (file == "." || file == "..") continue;
+      bool body = file.size() == 64 && IsLowerHex(file) && file.compare(0, 2, name) == 0;
+      if (body && live.count(file) != 0) continue;
+      std::string path = sub + "/" + file;
+      if (::lstat(path.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode)) RemoveFile(path);
+    }
+  }
+  return ghost::Status::Ok();
+}
+
+CacheStore::~CacheStore() {
+  if (ghost::Status st = Close(); !st.ok()) {
+    std::fprintf(stderr, "ghost: cache store: closing %s: %s\n", dir_.c_str(),
+                 st.ToString().c_str());
+  }
+}
+
+ghost::Status CacheStore::Close() {
+  if (closed_) return ghost::Status::Ok();
+  std::vector<FillId> ids;
+  for (const auto& [id, fill] : fills_) ids.push_back(id);
+  for (FillId id : ids) AbortFill(id);
+  ghost::Status st = Batch([] { return ghost::Status::Ok(); });  // persists access times
+  db_.reset();  // finalizes the statements, checkpoints the WAL and closes the file
+  closed_ = true;
+  return st;
+}
+
+ghost::Status CacheStore::ClosedError() const {
+  return ghost::Status::Internal("the cache store in " + dir_ + " is closed");
+}
+
+// ---- Helpers ----
+
+std::string CacheStore::ObjectName(std::string_view key) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  ::SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : digest) {
+    out += kHex[b >> 4];
+    out += kHex[b & 0xf];
+  }
+  return out;
+}
+
+std::string CacheStore::BodyPath(std::string_view key) const {
+  std::string name = ObjectName(key);
+  return dir_ + "/objects/" + name.substr(0, 2) + "/" + name;
+}
+
+void CacheStore::RemoveFile(const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    Warn("cannot remove " + path + ": " + std::strerror(errno));
+  }
+}
+
+void CacheStore::Defer(std::function<void()> fn) {
+  // FileIo is this store's only way onto the loop: a zero-length read of no file moves
+  // nothing and completes on the loop's next turn. Its (EBADF) result is ignored.
+  std::weak_ptr<int> alive = alive_;
+  io_.Read(-1, 0, std::span<char>(), [alive, fn = std::move(fn)](Result<std::size_t>) {
+    if (!alive.expired()) fn();
+  });
+}
+
+ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
+  if (!db_) return ClosedError();
+  if (ghost::Status st = db_->Run(db_->begin, "beginning a transaction"); !st.ok()) return st;
+  ghost::Status st = ghost::Status::Ok();
+  for (const std::string& key : dirty_access_) {
+    const CacheEntry* e = index_.Find(key);
+    if (e == nullptr) continue;
+    db_->update_access.Bind(1, key);
+    db_->update_access.Bind(2, ToStored(e->last_access));
+    st = db_->Run(db_->update_access, "saving an access time");
+    if (!st.ok()) break;
+  }
+  for (const std::string& key : dirty_meta_) {
+    if (!st.ok()) break;
+    const CacheEntry* e = index_.Find(key);
+    if (e == nullptr) continue;
+    Stmt& s = db_->update_meta;
+    s.Bind(1, key);
+    s.Bind(2, e->etag);
+    s.Bind(3, e->last_modified);
+    s.Bind(4, e->content_type);
+    s.Bind(5, e->expires ? std::optional<std::int64_t>(ToStored(*e->expires)) : std::nullopt);
+    s.Bind(6, ToStored(e->fetched));
+    s.Bind(7, e->response);
+    st = db_->Run(s, "updating the metadata of " + Quote(key));
+  }
+  if (st.ok()) st = changes();
+  if (st.ok()) st = db_->Run(db_->commit, "committing a transaction");
+  if (!st.ok()) {
+    db_->Run(db_->rollback, "rolling back").ok();  // best effort: `st` is the error to report
+    return st;
+  }
+  dirty_access_.clear();
+  dirty_meta_.clear();
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
+  if (keys.empty()) return ghost::Status::Ok();
+  for (const std::string& key : keys) {
+    dirty_access_.erase(key);
+    dirty_meta_.erase(key);
+  }
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    for (const std::string& key : keys) {
+      db_->delete_key.Bind(1, key);
+      if (ghost::Status s = db_->Run(db_->delete_key, "deleting an object"); !s.ok()) return s;
+    }
+    return ghost::Status::Ok();
+  });
+  // The bodies go even if the rows could not: a row without its body is dropped at Open,
+  // and the bytes on disk must respect the cap.
+  for (const std::string& key : keys) RemoveFile(BodyPath(key));
+  for (const std::string& key : keys) Changed(key);
+  return st;
+}
+
+// ---- Queries and metadata ----
+
+CacheStatus CacheStore::Status(const std::string& key, bool network_preferred) const {
+  return index_.Status(key, network_preferred);
+}
+
+bool CacheStore::Touch(const std::string& key) {
+  if (!index_.Touch(key)) return false;
+  dirty_access_.insert(key);
+  return true;
+}
+
+ghost::Status CacheStore::UpdateMeta(const std::string& key,
+                                     const std::function<void(CacheEntry&)>& fn) {
+  if (closed_) return ClosedError();
+  const CacheEntry* current = index_.Find(key);
+  if (current == nullptr) return ghost::Status::NotFound("not in the cache: " + Quote(key));
+  CacheEntry updated = *current;
+  fn(updated);
+  updated.size = current->size;
+  updated.where = current->where;
+  updated.last_access = current->last_access;
+  index_.Update(key, [&](CacheEntry& e) { e = updated; });
+  dirty_meta_.insert(key);
+  Changed(key);
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::SaveIndex() {
+  if (closed_) return ClosedError();
+  if (unsaved_index_changes() == 0) return ghost::Status::Ok();
+  return Batch([] { return ghost::Status::Ok(); });
+}
+
+ghost::Status CacheStore::Erase(const std::string& key) {
+  if (closed_) return ClosedError();
+  if (!index_.Erase(key)) return ghost::Status::NotFound("not in the cache: " + Quote(key));
+  return DropObjects({key});
+}
+
+void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::span<char> buf,
+                          FileIo::Done done) {
+  if (closed_) {
+    Defer([done = std::move(done), st = ClosedError()] { done(st); });
+    return;
+  }
+  if (!index_.Contains(key)) {
+    Defer([done = std::move(done),
+           st = ghost::Status::NotFound("not in the cache: " + Quote(key))] { done(st); });
+    return;
+  }
+  std::string path = BodyPath(key);
+  auto fd = std::make_shared<UniqueFd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd->valid()) {
+    int err = errno;
+    if (err == ENOENT) {  // removed behind our back: stop claiming to have it
+      index_.Erase(key);
+      DropObjects({key}).ok();  // best effort: the read's error is what the caller needs
+    }
+    Defer([done = std::move(done),
+           st = ghost::Status::FromErrno(err, "opening the cached body of " + Quote(key))] {
+      done(st);
+    });
+    return;
+  }
+  Touch(key);
+  std::weak_ptr<int> alive = alive_;
+  // `fd` rides along so the body stays open (even if evicted meanwhile) until the read ends.
+  io_.Read(fd->get(), offset, buf,
+           [alive, fd, done = std::move(done),
+            what = "reading the cached body of " + Quote(key)](Result<std::size_t> r) {
+             if (alive.expired()) return;
+             if (!r.ok()) {
+               done(WithErrnoContext(r.status(), what));
+             } else {
+               done(std::move(r));
+             }
+           });
+}
+
+// ---- Fills ----
+
+Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
+  if (closed_) return ClosedError();
+  if (capacity_ != 0 && meta.size > capacity_) {
+    return ghost::Status::InvalidArgument(TooBig(key, meta.size, capacity_));
+  }
+  if (meta.size > 0) {
+    // Make room now, while the disk is being written anyway, rather than overshoot the cap
+    // with this body in flight.
+    if (ghost::Status st = DropObjects(index_.EvictFor(meta.size)); !st.ok()) return st;
+  }
+  std::string body = BodyPath(key);
+  std::string subdir = body.substr(0, body.rfind('/'));
+  if (ghost::Status st = MakeDir(subdir, "cache object directory"); !st.ok()) return st;
+  FillId id = next_fill_id_++;
+  std::string temp = body + ".fill-" + std::to_string(id);
+  auto fd = std::make_shared<UniqueFd>(
+      ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd->valid()) {
+    return ghost::Status::FromErrno(errno, "creating " + temp + " to cache " + Quote(key));
+  }
+  TimePoint now = clock_.Now();
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    db_->BindObject(db_->insert_pending, key, meta, ToStored(now), ToStored(now), std::nullopt);
+    return db_->Run(db_->insert_pending, "recording the fill of " + Quote(key));
+  });
+  if (!st.ok()) {
+    fd.reset();
+    RemoveFile(temp);
+    return st;
+  }
+  Fill fill;
+  fill.key = key;
+  fill.meta = std::move(meta);
+  fill.temp_path = std::move(temp);
+  fill.fd = std::move(fd);
+  fills_.emplace(id, std::move(fill));
+  return id;
+}
+
+void CacheStore::AppendFill(FillId id, std::string data, std::function<void(ghost::Status)> done) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) {
+    Defer([done = std::move(done),
+           st = ghost::Status::NotFound("no cache fill " + std::to_string(id) +
+                                        " (it was committed or aborted)")] { done(st); });
+    return;
+  }
+  Fill& fill = it->second;
+  if (fill.error.ok() && fill.committing) {
+    Defer([done = std::move(done),
+           st = ghost::Status::InvalidArgument("append to the cache fill of " + Quote(fill.key) +
+                                               " after its commit")] { done(st); });
+    return;
+  }
+  if (fill.error.ok() && capacity_ != 0 && fill.written + data.size() > capacity_) {
+    Fail(fill,
+         ghost::Status::InvalidArgument(TooBig(fill.key, fill.written + data.size(), capacity_)));
+  }
+  if (!fill.error.ok()) {
+    Defer([done = std::move(done), st = fill.error] { done(st); });
+    return;
+  }
+  std::uint64_t offset = fill.written;
+  fill.written += data.size();
+  ++fill.in_flight;
+  std::weak_ptr<int> alive = alive_;
+  io_.Write(fill.fd->get(), offset, std::move(data),
+            [this, alive, id, fd = fill.fd, done = std::move(done)](Result<std::size_t> r) {
+              if (alive.expired()) return;
+              OnAppendDone(id, r.status(), done);
+            });
+}
+
+void CacheStore::OnAppendDone(FillId id, ghost::Status st,
+                              const std::function<void(ghost::Status)>& done) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) {
+    done(ghost::Status::Internal("cache fill " + std::to_string(id) +
+                                 " was aborted before this append completed"));
+    return;
+  }
+  Fill& fill = it->second;
+  --fill.in_flight;
+  if (!st.ok() && fill.error.ok()) {
+    Fail(fill, WithErrnoContext(
+                   st, "cache fill of " + Quote(fill.key) + " abandoned, nothing of it is cached"));
+  }
+  ghost::Status result = fill.error;
+  bool commit_now = fill.committing && fill.in_flight == 0;
+  std::weak_ptr<int> alive = alive_;
+  done(result);  // may begin, append to or abort fills (`fill` is not used after this), or
+                 // even destroy the store
+  if (commit_now && !alive.expired()) FinishCommit(id);
+}
+
+void CacheStore::CommitFill(FillId id, std::function<void(ghost::Status)> done) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) {
+    Defer([done = std::move(done),
+           st = ghost::Status::NotFound("no cache fill " + std::to_string(id) +
+                                        " (it was committed or aborted)")] { done(st); });
+    return;
+  }
+  Fill& fill = it->second;
+  if (fill.committing) {
+    Defer([done = std::move(done),
+           st = ghost::Status::InvalidArgument("the cache fill of " + Quote(fill.key) +
+                                               " was committed twice")] { done(st); });
+    return;
+  }
+  fill.committing = true;
+  fill.commit_done = std::move(done);
+  if (fill.in_flight == 0) Defer([this, id] { FinishCommit(id); });
+  // else the last append's completion calls FinishCommit
+}
+
+void CacheStore::FinishCommit(FillId id) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) return;  // aborted meanwhile; AbortFill told the caller
+  Fill fill = std::move(it->second);
+  fills_.erase(it);
+  ghost::Status st = fill.error.ok() ? Publish(fill) : fill.error;
+  fill.commit_done(st);
+}
+
+ghost::Status CacheStore::Publish(Fill& fill) {
+  if (closed_) return ClosedError();
+  const std::string& key = fill.key;
+  if (fill.meta.size != 0 && fill.written != fill.meta.size) {
+    Discard(fill);
+    return ghost::Status::InvalidArgument("the cache fill of " + Quote(key) + " ended after " +
+                                          std::to_string(fill.written) + " bytes, but " +
+                                          std::to_string(fill.meta.size) +
+                                          " were announced; a truncated body is not cached");
+  }
+  if (capacity_ != 0 && fill.written > capacity_) {  // appends check this; keep it certain
+    Discard(fill);
+    return ghost::Status::InvalidArgument(TooBig(key, fill.written, capacity_));
+  }
+  fill.fd.reset();
+  std::string body = BodyPath(key);
+  bool replacing = index_.Contains(key);
+  if (replacing) {
+    // From here until the final commit, a crash must not pair the old row with the new body.
+    ghost::Status st = Batch([&]() -> ghost::Status {
+      db_->mark_incomplete.Bind(1, key);
+      return db_->Run(db_->mark_incomplete, "replacing " + Quote(key));
+    });
+    if (!st.ok()) {
+      Discard(fill);
+      return st;
+    }
+  }
+  if (::rename(fill.temp_path.c_str(), body.c_str()) != 0) {
+    ghost::Status st = ghost::Status::FromErrno(
+        errno, "publishing the cached body of " + Quote(key) + " (rename to " + body + ")");
+    if (replacing) {
+      Batch([&]() -> ghost::Status {
+        db_->mark_complete.Bind(1, key);
+        return db_->Run(db_->mark_complete, "restoring " + Quote(key));
+      }).ok();  // best effort; if it fails Open drops the old object, which is allowed
+    }
+    Discard(fill);
+    return st;
+  }
+  CacheEntry entry = std::move(fill.meta);
+  entry.size = fill.written;
+  entry.where = Residence::kDisk;
+  Result<std::vector<std::string>> evicted = index_.Insert(key, std::move(entry));
+  assert(evicted.ok() && "the size was checked against the cap above");
+  const CacheEntry& stored = *index_.Find(key);
+  dirty_access_.erase(key);
+  dirty_meta_.erase(key);  // the row is written whole below
+  for (const std::string& k : *evicted) {
+    dirty_access_.erase(k);
+    dirty_meta_.erase(k);
+  }
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    db_->BindObject(
+        db_->upsert_complete, key, stored, ToStored(stored.fetched), ToStored(stored.last_access),
+        stored.expires ? std::optional<std::int64_t>(ToStored(*stored.expires)) : std::nullopt);
+    if (ghost::Status s = db_->Run(db_->upsert_complete, "committing " + Quote(key)); !s.ok()) {
+      return s;
+    }
+    for (const std::string& k : *evicted) {
+      db_->delete_key.Bind(1, k);
+      if (ghost::Status s = db_->Run(db_->delete_key, "evicting " + Quote(k)); !s.ok()) return s;
+    }
+    return ghost::Status::Ok();
+  });
+  for (const std::string& k : *evicted) RemoveFile(BodyPath(k));
+  for (const std::string& k : *evicted) Changed(k);
+  if (replacing) Changed(key);
+  if (!st.ok()) {
+    // The row did not turn complete: Open would drop the body, so do not serve it now.
+    index_.Erase(key);
+    RemoveFile(body);
+    return st;
+  }
+  return ghost::Status::Ok();
+}
+
+void CacheStore::Fail(Fill& fill, ghost::Status st) {
+  assert(!st.ok());
+  fill.error = std::move(st);
+  Discard(fill);
+}
+
+void CacheStore::Discard(Fill& fill) {
+  fill.fd.reset();  // in-flight writes hold their own reference; they land in an unlinked file
+  RemoveFile(fill.temp_path);
+  if (!db_) return;
+  Batch([&]() -> ghost::Status {
+    db_->delete_pending.Bind(1, fill.key);
+    return db_->Run(db_->delete_pending, "forgetting the fill of " + Quote(fill.key));
+  }).ok();  // best effort: Open removes a leftover pending row
+}
+
+void CacheStore::AbortFill(FillId id) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) return;
+  Fill fill = std::move(it->second);
+  fills_.erase(it);
+  if (fill.error.ok()) Discard(fill);
+  if (fill.committing) {
+    Defer([done = std::move(fill.commit_done),
+           st = ghost::Status::Internal("the cache fill of " + Quote(fill.key) +
+                                        " was aborted before its commit completed")] { done(st); });
+  }
+}
+
+}  // namespace ghost

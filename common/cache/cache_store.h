@@ -1,0 +1,235 @@
+// CacheStore: the persistent disk cache under one directory (DESIGN §3.4, §4): a sqlite3
+// index of the objects plus one file per object body, read and written through FileIo.
+//
+// Layout of `dir`:
+//   index.sqlite                    WAL mode; tables schema_version and
+//                                   objects(key PRIMARY KEY, size, etag, last_modified,
+//                                   content_type, expires_us, fetched_us, accessed_us, complete)
+//   objects/<h[0..2]>/<h>           a body; h = hex SHA-256 of the key, so the key's text never
+//                                   reaches a path ("..", "/", NUL in a key are harmless)
+//   objects/<h[0..2]>/<h>.fill-<n>  a fill in progress, renamed to <h> when it commits
+//
+// Open loads every complete row into an in-memory CacheIndex, so status and size queries
+// (getattr, `ghostctl status`) never touch sqlite or the disk; only bodies are read from disk.
+//
+// Crash safety: a cache may lose fills, never serve half of one (DESIGN §2). A body becomes
+// visible only by rename after all its bytes are written, together with its row turning
+// complete=1. Open deletes rows with complete=0 (a fill or a replacement cut short), temp files,
+// files with no complete row, and rows whose file is missing or has the wrong size. A corrupt
+// index.sqlite is renamed aside (index.sqlite.corrupt-<unix time>) and the cache starts empty,
+// with a line in warnings() and on stderr.
+//
+// Commit of a fill, in order: (if replacing) row complete=0; rename temp -> body; one
+// transaction with the row complete=1 and the rows of the evicted objects deleted; then the
+// evicted bodies are unlinked. A crash between any two steps leaves either the old object, no
+// object, or the new one. Fills are not fsynced (a cache fill is not user data).
+//
+// Byte cap: `capacity` bytes of bodies (0 = unlimited) is a hard cap on committed objects.
+// Eviction (least recently used first, CacheIndex::EvictFor) happens when a fill commits, and
+// ahead of time when BeginFill is told the size. An object bigger than the cap is refused.
+// Nothing runs on a timer: every change is driven by a call (DESIGN §2).
+//
+// Access times (Touch, ReadBody) change the in-memory LRU order at once and reach sqlite with
+// the next transaction or at Close, so a crash loses at most the LRU order since the last
+// write; times are persisted as wall-clock microseconds (Options::wall_clock) so expiry and
+// LRU order survive a restart even though each run's Clock starts at zero.
+//
+// The database is opened with an exclusive lock: a second store (or daemon) on the same
+// directory fails to open instead of corrupting the first.
+//
+// Callbacks run on the event-loop thread (through the FileIo), never inside the call that
+// took them, and exactly once, unless the store is destroyed first: then they are dropped.
+// Metadata operations (mkdir, open, rename, unlink, sqlite) are synchronous; body reads and
+// writes go through FileIo.
+//
+// Thread-safety: not thread-safe; use from the event-loop thread only.
+#ifndef GHOST_COMMON_CACHE_CACHE_STORE_H_
+#define GHOST_COMMON_CACHE_CACHE_STORE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "common/cache/cache_index.h"
+#include "common/base/clock.h"
+#include "common/base/file_io.h"
+#include "common/base/status.h"
+#include "common/base/units.h"
+
+namespace ghost {
+
+struct CacheStoreOptions {
+  // Wall-clock time, to persist the Clock's times (which start at zero each run) as
+  // microseconds since the Unix epoch. Read once at Open: persisted = t + (wall - clock.Now()).
+  // Empty: std::chrono::system_clock::now. Tests pass a function of their VirtualClock so
+  // times round-trip exactly.
+  std::function<std::chrono::system_clock::time_point()> wall_clock;
+};
+
+using FillId = std::uint64_t;
+
+class CacheStore {
+ public:
+  // Opens (creating if missing) the cache in `dir`; see the header comment for what is
+  // recovered. Borrows `clock` and `io`, which must outlive the store. `capacity` is the byte
+  // cap (0 = unlimited); objects beyond a lowered cap are evicted here.
+  // Fails with NotFound if the parent of `dir` does not exist, with the errno's Status if
+  // `dir` cannot be created or is not a directory, with IoError if the index cannot be opened
+  // (e.g. another process holds it), and NotSupported if it was written by a newer schema.
+  static Result<std::unique_ptr<CacheStore>> Open(const std::string& dir, Bytes capacity,
+                                                  const Clock& clock, FileIo& io,
+                                                  const CacheStoreOptions& options = {});
+  // Closes (see Close); an error is logged to stderr.
+  ~CacheStore();
+  CacheStore(const CacheStore&) = delete;
+  CacheStore& operator=(const CacheStore&) = delete;
+
+  // The in-memory index of complete objects (size, validators, expiry, LRU order).
+  const CacheIndex& index() const { return index_; }
+  // What Open recovered from (a corrupt index, damaged objects), one line each.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  const std::string& dir() const { return dir_; }
+
+  // Cache status from memory only (DESIGN §3.4). Does not count as an access.
+  CacheStatus Status(const std::string& key, bool network_preferred) const;
+
+  // Reads up to buf.size() bytes of `key`'s body from `offset` into `buf` (borrowed until
+  // `done`); fewer at the end of the body. Counts as an access (see Touch). `done` gets
+  // NotFound if `key` is not cached, or the read's error.
+  void ReadBody(const std::string& key, std::uint64_t offset, std::span<char> buf,
+                FileIo::Done done);
+
+  // Starts writing a new body for `key` into a temp file. `meta` carries the validators,
+  // content type and expiry; `meta.size` is the announced size if known (0 = unknown): then
+  // least recently used objects are evicted now to make room, a size over the cap is refused
+  // here, and a commit with a different size is refused. `where`, `fetched` and `last_access`
+  // are set at commit. A cached copy of `key` stays readable until the commit replaces it.
+  // Fails with InvalidArgument if the object is too big for the cap, or the errno's Status if
+  // the temp file cannot be created.
+  [[nodiscard]] Result<FillId> BeginFill(const std::string& key, CacheEntry meta);
+  // Appends `data` to the fill; `done` gets OK once written. On a write error (ENOSPC, EIO)
+  // or when the body grows past the cap, the fill is abandoned: its temp file is removed,
+  // this and every later Append/Commit on it report the error; other fills and cached
+  // objects are untouched. Appends may be issued without waiting for earlier ones.
+  void AppendFill(FillId id, std::string data, std::function<void(ghost::Status)> done);
+  // Waits for the fill's appends, then publishes the body (rename, index row complete=1),
+  // evicting least recently used objects to stay under the cap, and calls `done` with OK; or
+  // with the error that abandoned the fill (nothing is cached then). The id is finished
+  // either way.
+  void CommitFill(FillId id, std::function<void(ghost::Status)> done);
+  // Abandons the fill: its temp file and pending row are removed, nothing becomes visible.
+  // Pending appends and a pending commit of it report an error. Unknown ids are ignored.
+  void AbortFill(FillId id);
+
+  // Changes `key`'s metadata (validators, content type, expiry, fetched; e.g. after a 304),
+  // keeping its LRU position. Changes by `fn` to size, where and last_access are ignored.
+  // In memory now; persisted, like access times, with the next transaction, SaveIndex or
+  // Close: a caller that defers disk writes (DESIGN §3.5) decides when. A crash loses the
+  // change, which costs one more revalidation, never a wrong body. NotFound if `key` is not
+  // cached.
+  ghost::Status UpdateMeta(const std::string& key, const std::function<void(CacheEntry&)>& fn);
+  // Writes the metadata changes and access times not yet in sqlite, in one transaction.
+  ghost::Status SaveIndex();
+  // Rows whose metadata or access time sqlite does not have yet.
+  std::size_t unsaved_index_changes() const { return dirty_access_.size() + dirty_meta_.size(); }
+  // Removes `key`'s body and row. NotFound if it is not cached.
+  ghost::Status Erase(const std::string& key);
+  // Records an access: `key` becomes the most recently used. In memory now; persisted with
+  // the next transaction or at Close (never on a timer). Returns false if it is not cached.
+  bool Touch(const std::string& key);
+
+  // Abandons open fills, persists access times, and closes the index. Later calls fail
+  // (callbacks get an error). Returns the error of the last write, if any. Idempotent.
+  ghost::Status Close();
+
+  // Calls `fn(key)` whenever a cached object changes or leaves the cache: its body replaced
+  // by a commit, its metadata updated (UpdateMeta), erased, evicted or dropped as unreadable.
+  // Runs inside the call that made the change, after it. One listener; empty removes it.
+  // (ghostfs forwards these to clients that hold copies in RAM: the "objects" topic.)
+  void SetChangeListener(std::function<void(const std::string& key)> fn) {
+    on_change_ = std::move(fn);
+  }
+
+  // Where `key`'s body lives (whether or not it is cached): dir/objects/<h[0..2]>/<h>.
+  std::string BodyPath(std::string_view key) const;
+  // The hex SHA-256 of `key`: the body's file name.
+  static std::string ObjectName(std::string_view key);
+  std::size_t open_fills() const { return fills_.size(); }
+
+ private:
+  struct Db;  // sqlite handle and prepared statements (cache_store.cc)
+  struct Fill {
+    std::string key;
+    CacheEntry meta;
+    std::string temp_path;
+    std::shared_ptr<UniqueFd> fd;  // shared with in-flight writes, so it outlives them
+    Bytes written = 0;             // bytes handed to FileIo so far (the next append's offset)
+    int in_flight = 0;             // appends not yet completed
+    bool committing = false;
+    std::function<void(ghost::Status)> commit_done;
+    ghost::Status error;  // not OK once abandoned; its temp file is then gone
+  };
+
+  CacheStore(std::string dir, Bytes capacity, const Clock& clock, FileIo& io,
+             const CacheStoreOptions& options);
+
+  ghost::Status OpenIndex();
+  ghost::Status Load();
+  ghost::Status RemoveOrphans();
+  void SetAsideCorruptIndex(const std::string& why);
+  void Warn(std::string line);
+
+  // Runs `changes` and the pending access-time updates in one transaction.
+  ghost::Status Batch(const std::function<ghost::Status()>& changes);
+  // Deletes the rows and bodies of objects already gone from the index.
+  ghost::Status DropObjects(const std::vector<std::string>& keys);
+  void RemoveFile(const std::string& path);
+
+  void OnAppendDone(FillId id, ghost::Status st, const std::function<void(ghost::Status)>& done);
+  void FinishCommit(FillId id);
+  ghost::Status Publish(Fill& fill);
+  // Marks the fill abandoned with `st`, removing its temp file and pending row.
+  void Fail(Fill& fill, ghost::Status st);
+  // Removes the temp file and the pending row of a fill that will not be published.
+  void Discard(Fill& fill);
+  // Runs `fn` on the loop's next completion (never inside the current call), unless the
+  // store is destroyed first.
+  void Defer(std::function<void()> fn);
+  ghost::Status ClosedError() const;
+
+  std::int64_t ToStored(TimePoint t) const {
+    return t.time_since_epoch().count() + wall_offset_us_;
+  }
+  TimePoint FromStored(std::int64_t us) const { return TimePoint(Duration(us - wall_offset_us_)); }
+
+  const std::string dir_;
+  const Bytes capacity_;
+  const Clock& clock_;
+  FileIo& io_;
+  std::int64_t wall_offset_us_ = 0;  // wall-clock µs since the epoch minus the clock's µs
+  CacheIndex index_;
+  std::unique_ptr<Db> db_;
+  std::vector<std::string> warnings_;
+  std::map<FillId, Fill> fills_;
+  FillId next_fill_id_ = 1;
+  std::unordered_set<std::string> dirty_access_;  // keys whose access time sqlite lacks
+  std::unordered_set<std::string> dirty_meta_;    // keys whose UpdateMeta sqlite lacks
+  bool closed_ = false;
+  std::function<void(const std::string& key)> on_change_;
+  void Changed(const std::string& key) {
+    if (on_change_) on_change_(key);
+  }
+  // Callbacks hold a weak_ptr to this: once the store is gone they do nothing.
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_CACHE_CACHE_STORE_H_

@@ -1,0 +1,112 @@
+// GhostfsOptions: every setting of the ghostfs daemon, from the command line or a config file
+// (TOML, the same keys), parsed once and passed by const& (after leveldb's options.h).
+//
+// Config file (all keys optional; the command line wins over the file):
+//
+//   cache = "/var/cache/ghost"        # cache directory (created if missing)
+//   cache_size = "2G"                 # hard byte cap of the cache (K, M, G suffixes)
+//   profile = "ipaq-2004"             # emulated devices; absent: devices always ready
+//   knob = 50                         # 0 = save energy … 100 = performance
+//   policy = "adaptive"               # or "static": the paper's baseline (see CachePolicy)
+//   ghost_hints = true                # false: the cost model sends no ghost hints
+//   control = "/run/ghost/control.sock"
+//   max_stale = 0                     # seconds a stale object may still be served
+//   heuristic_freshness = 300         # seconds, when a reply gives no freshness at all
+//   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
+//   cacert = "/etc/ghost/ca.pem"      # CA bundle that https:// and imaps:// servers are
+//                                     # verified against (absent: the system's CAs)
+//   imap_delete = "move:Trash"        # what unlinking a message does: "move:MAILBOX" (UID
+//                                     # MOVE there; created if missing) or "expunge"
+//   passthrough = true                # kernel FUSE passthrough for cached bodies
+//   [origins]
+//   www = "http://127.0.0.1:8080/"
+//   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
+//
+// An IMAP origin (imap:// or imaps://, fs/mail_tree.cc) needs a password: `password_file`
+// (its first line), or `password` in the config file, or `--password-file NAME=PATH`. A
+// password is never taken from the command line, where other users can read it (ps).
+//
+// Thread-safety: plain values; the parsers are reentrant.
+#ifndef GHOST_COMMON_CONFIG_CONFIG_H_
+#define GHOST_COMMON_CONFIG_CONFIG_H_
+
+#include <string>
+#include <vector>
+
+#include "common/base/status.h"
+#include "common/base/units.h"
+
+namespace ghost {
+
+struct Origin {
+  std::string name;  // the top-level directory: [A-Za-z0-9._-]+, not "local", not "." / ".."
+  std::string url;   // http://, https://, imap:// or imaps://, ending in '/'
+  // IMAP origins only: where the password is (file: its first line), or the password itself
+  // (config file only).
+  std::string password_file;
+  std::string password;
+  bool imap() const { return url.starts_with("imap://") || url.starts_with("imaps://"); }
+};
+
+// How the daemon manages its cache and devices, with the meanings ghostsim gives them
+// (common/sim/simulator.h, DESIGN §7), so a live run can be compared with a simulated one:
+//  - kAdaptive: the cost model picks memory / disk / network for each read (with ghost hints
+//    unless disabled), STPM disk and network modules at the knob, transfers disclosed to the
+//    network module, cache fills deferred while the disk sleeps (DESIGN §3.2–3.5);
+//  - kStatic: the paper's unmodified cache: the cached copy is read whenever one exists, the
+//    default device power management (common/power/default_pm.h) runs the devices, and every
+//    fetched object is written to the disk at once, spinning it up if needed.
+enum class CachePolicy { kStatic, kAdaptive };
+const char* CachePolicyName(CachePolicy p);
+// "static" or "adaptive" → the policy; anything else is InvalidArgument naming both.
+[[nodiscard]] Result<CachePolicy> ParseCachePolicy(const std::string& text);
+
+struct GhostfsOptions {
+  std::string cache_dir;
+  Bytes cache_size = 0;  // 0 = unlimited
+  std::vector<Origin> origins;
+  std::string profile;   // empty: an ideal machine whose devices are always ready
+  int knob = 50;
+  CachePolicy policy = CachePolicy::kAdaptive;
+  bool ghost_hints = true;   // adaptive only: static sends none
+  std::string control_path;  // empty: no control socket
+  Duration max_stale{0};
+  Duration heuristic_freshness = std::chrono::seconds(300);
+  Bytes write_queue_cap = 4 * 1024 * 1024;
+  // PEM file of the CAs that TLS servers (https://, imaps://, STARTTLS) must be signed by;
+  // empty: the system's default CA store.
+  std::string cacert;
+  // Unlink of a message in an IMAP Maildir: "move:MAILBOX" moves it to MAILBOX (UTF-8 name,
+  // hierarchy written with the server's delimiter; created if missing; an unlink inside that
+  // mailbox expunges), "expunge" removes it for good. The default keeps it recoverable, as
+  // mail clients do.
+  std::string imap_delete = "move:Trash";
+  bool foreground = false;
+  std::string mountpoint;
+  std::vector<std::string> fuse_options;  // the -o options, passed to libfuse
+  // Kernel FUSE passthrough for opens of fully cached bodies (fs/fuse_passthrough.h); off
+  // with --profile, whose emulated disk must see every read.
+  bool passthrough = true;
+};
+
+// "NAME=URL" → Origin, validated (name and URL rules above).
+[[nodiscard]] Result<Origin> ParseOrigin(const std::string& spec);
+// "NAME=PATH" (--password-file): sets the password file of IMAP origin NAME in `options`.
+[[nodiscard]] Status ApplyPasswordFile(const std::string& spec, GhostfsOptions* options);
+// The password of IMAP origin `o`: its `password`, else the first line of its password file.
+[[nodiscard]] Result<std::string> ReadOriginPassword(const Origin& o);
+// "move:MAILBOX" or "expunge" (imap_delete): the trash mailbox's UTF-8 name, or "" for
+// expunge. Fails (kInvalidArgument, saying what is accepted) on anything else.
+[[nodiscard]] Result<std::string> ParseImapDelete(const std::string& text);
+// "4096", "64K", "2M", "1G" (binary multiples) → bytes.
+[[nodiscard]] Result<Bytes> ParseSize(const std::string& text);
+// Reads a config file into `options` (keys present in the file overwrite the fields).
+// Errors name the file and line.
+[[nodiscard]] Status LoadConfigFile(const std::string& path, GhostfsOptions* options);
+// Checks the combination: a cache dir, at least one origin or none (local only is fine),
+// unique origin names, knob in 0..100.
+[[nodiscard]] Status Validate(const GhostfsOptions& options);
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_CONFIG_CONFIG_H_

@@ -1,0 +1,903 @@
+#include "common/control/control.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <utility>
+#include <vector>
+
+namespace ghost {
+namespace {
+
+using nlohmann::json;
+
+// Serialises without throwing: invalid UTF-8 (a file name) is replaced, never fatal.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// Replies are written by hand so their keys read in protocol order (id, ok, result/error).
+std::string ReplyLine(const json& id, const json& result) {
+  return "{\"id\":" + Dump(id) + ",\"ok\":true,\"result\":" + Dump(result) + "}\n";
+}
+std::string ErrorLine(const json& id, const std::string& message) {
+  return "{\"id\":" + Dump(id) + ",\"ok\":false,\"error\":" + Dump(json(message)) + "}\n";
+}
+
+std::string JoinNames(const auto& names) {
+  std::string out;
+  for (std::string_view n : names) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+template <std::size_t N>
+bool IsOneOf(const std::array<std::string_view, N>& names, const std::string& s) {
+  return std::find(names.begin(), names.end(), s) != names.end();
+}
+
+// Owns a file descriptor.
+class UniqueFd {
+ public:
+  explicit UniqueFd(int fd = -1) : fd_(fd) {}
+  ~UniqueFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+Result<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty()) return Status::InvalidArgument("the control socket path is empty");
+  if (path.size() >= sizeof(addr.sun_path)) {
+    return Status::InvalidArgument("control socket path " + path + " is longer than " +
+                                   std::to_string(sizeof(addr.sun_path) - 1) +
+                                   " bytes; choose a shorter --control path");
+  }
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  return addr;
+}
+
+int ConnectTo(int fd, const sockaddr_un& addr) {
+  return ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+}
+
+// Leaves `path` free for a new socket: nothing there, or a stale socket (removed). A live
+// server there, or a file that is not a socket, is an error: never take over someone's path.
+Status ClearStaleSocket(const std::string& path, const sockaddr_un& addr) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return Status::FromErrno(errno, "cannot examine control socket path " + path);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return Status::Exists(path + " exists and is not a socket; remove it or choose another " +
+                          "--control path");
+  }
+  // Non-blocking, so a live server with a full backlog answers EAGAIN instead of stalling us.
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (probe.get() < 0) return Status::FromErrno(errno, "socket");
+  if (ConnectTo(probe.get(), addr) == 0 || errno == EAGAIN || errno == EINPROGRESS) {
+    return Status::Exists(
+        "a server is already listening on " + path +
+        " (is ghostfs already running?); stop it or choose another --control path");
+  }
+  if (errno != ECONNREFUSED) {
+    return Status::FromErrno(errno, "cannot probe existing control socket " + path);
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "cannot remove stale control socket " + path);
+  }
+  return Status::Ok();
+}
+
+// A client that disconnects while we write to it must not kill the daemon with SIGPIPE
+// (libevent writes with writev, which has no MSG_NOSIGNAL). A handler the program installed
+// is left alone.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO)) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+// Checks the arguments of a request whose op is known; returns what is wrong, or "".
+std::string CheckArguments(const std::string& op, const json& r) {
+  auto non_negative_number = [&](const char* key) {
+    auto it = r.find(key);
+    return it == r.end() || it->is_null() ||
+           (it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() >= 0);
+  };
+  if (op == "status") {
+    auto it = r.find("path");
+    if (it == r.end() || !it->is_string() || it->get_ref<const std::string&>().empty()) {
+      return "needs \"path\", the file's path, e.g. "
+             "{\"id\":1,\"op\":\"status\",\"path\":\"/mnt/ghost/web/index.html\"}";
+    }
+  } else if (op == "hint") {
+    static constexpr std::array<std::string_view, 4> kKinds = {"ghost", "transfer_begin",
+                                                               "transfer_end", "background"};
+    auto kind = r.find("kind");
+    if (kind == r.end() || !kind->is_string() || !IsOneOf(kKinds, kind->get<std::string>())) {
+      return "needs \"kind\": one of " + JoinNames(kKinds);
+    }
+    auto device = r.find("device");
+    bool named =
+        device != r.end() && device->is_string() && !device->get_ref<const std::string&>().empty();
+    bool numbered =
+        device != r.end() && device->is_number_integer() && device->get<std::int64_t>() >= 0;
+    if (!named && !numbered) return "needs \"device\": a device name (see devices) or id";
+    if (!non_negative_number("time_s")) return "\"time_s\" must be a number of seconds >= 0";
+    if (!non_negative_number("energy_j")) return "\"energy_j\" must be a number of joules >= 0";
+  } else if (op == "knob") {
+    auto it = r.find("value");
+    if (it != r.end() && !it->is_null()) {
+      if (!it->is_number_integer()) return "\"value\" must be an integer in 0..100";
+      std::int64_t k = it->get<std::int64_t>();
+      if (k < 0 || k > 100) return std::to_string(k) + " is outside 0..100";
+    }
+  } else if (op == "transfer") {
+    const std::string phase = r.value("phase", "");
+    if (phase != "begin" && phase != "data" && phase != "end")
+      return "\"phase\" must be begin, data or end";
+    if (phase != "begin" && !(r.contains("transfer") && r["transfer"].is_number_unsigned())) {
+      return "needs \"transfer\", the number \"begin\" returned";
+    }
+    if (phase == "data" && !(r.contains("bytes") && r["bytes"].is_number_unsigned())) {
+      return "needs \"bytes\", a byte count";
+    }
+  } else if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
+    auto key = r.find("key");
+    if (key == r.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
+      return "needs \"key\", a non-empty string (the cache key)";
+    }
+    for (const char* field : {"response", "etag", "last_modified", "content_type"}) {
+      auto it = r.find(field);
+      if (it != r.end() && !it->is_string()) return std::string("\"") + field + "\" must be a string";
+    }
+    auto x = r.find("expires_unix");
+    if (x != r.end() && !x->is_null() && !x->is_number_integer()) {
+      return "\"expires_unix\" must be an integer (Unix seconds) or null";
+    }
+  } else if (op == "served") {
+    auto memory = r.find("memory");
+    bool good = memory != r.end() && memory->is_object();
+    if (good) {
+      for (const auto& [key, n] : memory->items())
+        good = good && !key.empty() && n.is_number_integer() && n.get<std::int64_t>() >= 1;
+    }
+    if (!good) return "needs \"memory\": an object of cache keys and read counts >= 1";
+    auto bytes = r.find("bytes");
+    if (bytes != r.end() && !(bytes->is_number_integer() && bytes->get<std::int64_t>() >= 0)) {
+      return "\"bytes\" must be an integer >= 0";
+    }
+  } else if (op == "subscribe") {
+    auto it = r.find("topics");
+    bool good = it != r.end() && it->is_array() && !it->empty();
+    if (good) {
+      for (const json& t : *it)
+        good = good && t.is_string() && IsOneOf(kControlTopics, t.get<std::string>());
+    }
+    if (!good) return "needs \"topics\": a list of " + JoinNames(kControlTopics);
+  }
+  return "";
+}
+
+// Milliseconds left until `deadline` for poll(): -1 for none, rounded up, never negative.
+int PollMillis(const std::optional<std::chrono::steady_clock::time_point>& deadline) {
+  if (!deadline) return -1;
+  auto left = *deadline - std::chrono::steady_clock::now();
+  if (left <= std::chrono::steady_clock::duration::zero()) return 0;
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<std::int64_t>(ms, 1'000'000'000));
+}
+
+std::optional<std::chrono::steady_clock::time_point> DeadlineAfter(
+    std::optional<Duration> timeout) {
+  if (!timeout) return std::nullopt;
+  return std::chrono::steady_clock::now() + *timeout;
+}
+
+std::string SecondsText(Duration d) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3g s", ToSeconds(d));
+  return buf;
+}
+
+}  // namespace
+
+std::string DefaultControlPath() {
+  const char* env = std::getenv("GHOST_CONTROL");
+  if (env != nullptr && *env != '\0') return env;
+  return "/run/ghost/control.sock";
+}
+
+// ---- Server connections ----
+//
+// Each connection is one state enum, moved only by Drive:
+//
+//              accept
+//                │
+//                ▼         half-close by the peer, or an oversized line (error reply sent)
+//             kOpen ──────────────────────────────────────────► kDraining
+//                │                                                  │
+//                │ socket error, hang-up,                           │ output written and no
+//                │ or output > high watermark                       │ reply owed (or error,
+//                ▼                                                  ▼ or > high watermark)
+//             kClosed ◄─────────────────────────────────────────────┘
+//
+//   state      event                      action
+//   kOpen      kReadable                  handle complete request lines (unless paused)
+//   kOpen      kOutputQueued              output > pause mark: stop reading (paused)
+//   kOpen      kDrained (output empty)    resume reading if paused; handle buffered lines
+//   kOpen      kPeerClosed (half-close)   → kDraining; handle the lines already received
+//   any        kError (incl. hang-up)     → kClosed; replies owed will be dropped
+//   kDraining  kDrained                   close if no reply is owed
+//   kDraining  kOutputQueued              (a late reply) close once drained
+//   any        output > high watermark    → kClosed
+//   kClosed    any                        ignored; late replies are dropped
+//
+// kDraining reads nothing more from the socket: after EOF there is nothing, and after an
+// oversized line the input is discarded. A closed Connection object lives on only while a
+// callback on the stack or a Reply's lookup holds it.
+
+enum class ControlServer::ConnState { kOpen, kDraining, kClosed };
+enum class ControlServer::ConnEvent {
+  kReadable,      // request bytes arrived
+  kOutputQueued,  // a reply or an event was queued
+  kDrained,       // all output written
+  kPeerClosed,    // end of input, the peer still reading (shutdown(SHUT_WR), `nc -N`)
+  kError,         // socket error, or the peer hung up entirely
+};
+
+struct ControlServer::Connection : std::enable_shared_from_this<Connection> {
+  struct BevDeleter {
+    void operator()(bufferevent* b) const { bufferevent_free(b); }
+  };
+
+  ControlServer* server = nullptr;  // the owner; valid while state != kClosed
+  std::uint64_t id = 0;
+  ConnState state = ConnState::kOpen;
+  std::unique_ptr<bufferevent, BevDeleter> bev;
+  bool reading_paused = false;  // too much output waits: requests stay unread
+  bool in_read = false;         // ReadRequests is on the stack
+  std::size_t replies_owed = 0;
+  std::set<std::string> topics;
+
+  std::size_t output() const { return evbuffer_get_length(bufferevent_get_output(bev.get())); }
+
+  void AssertInvariants() const {
+    assert((state == ConnState::kClosed) == (bev == nullptr));
+    if (state == ConnState::kClosed) return;
+    const bool reads = (bufferevent_get_enabled(bev.get()) & EV_READ) != 0;
+    // Only an open connection reads its socket, and only while its output is not backed up.
+    assert(state == ConnState::kOpen ? reads == !reading_paused : !reads);
+    (void)reads;
+  }
+};
+
+struct ControlServer::Reply::State {
+  std::weak_ptr<Connection> conn;
+  json id;
+  std::string op;
+  bool done = false;
+
+  // Sends `line` as the answer, or drops it if the client has gone.
+  void Finish(const std::string& line) {
+    assert(!done && "a control request was answered twice");
+    if (done) return;
+    done = true;
+    std::shared_ptr<Connection> c = conn.lock();
+    if (!c || c->state == ConnState::kClosed) return;
+    --c->replies_owed;
+    c->server->Send(*c, line);
+  }
+
+  ~State() {
+    if (!done)
+      Finish(ErrorLine(id, "internal error: ghostfs did not answer the " + op + " request"));
+  }
+};
+
+void ControlServer::Reply::operator()(json result) const {
+  state_->Finish(ReplyLine(state_->id, result));
+}
+
+void ControlServer::Reply::Error(const std::string& message) const {
+  state_->Finish(ErrorLine(state_->id, message));
+}
+
+void ControlServer::Reply::Error(const Status& status) const {
+  assert(!status.ok());
+  Error(status.message());
+}
+
+bool ControlServer::Reply::pending() const {
+  if (state_->done) return false;
+  std::shared_ptr<Connection> c = state_->conn.lock();
+  return c && c->state != ConnState::kClosed;
+}
+
+void ControlServer::ListenerDeleter::operator()(evconnlistener* l) const { evconnlistener_free(l); }
+
+ControlServer::ControlServer(event_base* base, std::string path, Handler handler,
+                             ControlServerOptions options)
+    : base_(base), path_(std::move(path)), handler_(std::move(handler)), options_(options) {}
+
+Result<std::unique_ptr<ControlServer>> ControlServer::Listen(event_base* base,
+                                                             const std::string& path,
+                                                             Handler handler,
+                                                             const ControlServerOptions& options) {
+  assert(base != nullptr && handler);
+  assert(options.max_request_line > 0 && options.pause_reading_at <= options.high_watermark);
+  Result<sockaddr_un> addr = UnixAddress(path);
+  if (!addr.ok()) return addr.status();
+  if (Status s = ClearStaleSocket(path, *addr); !s.ok()) return s;
+  IgnoreSigpipeUnlessHandled();
+
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (fd.get() < 0) return Status::FromErrno(errno, "cannot create control socket");
+  // On Linux the socket file takes the socket inode's mode (less the umask): 0600 from birth,
+  // and chmod again below for systems that ignore it. Nobody can connect before listen().
+  if (::fchmod(fd.get(), 0600) != 0) return Status::FromErrno(errno, "fchmod control socket");
+  if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&*addr), sizeof(*addr)) != 0) {
+    int err = errno;
+    if (err == EADDRINUSE) {
+      return Status::Exists("another server took " + path + " while we started; stop it or " +
+                            "choose another --control path");
+    }
+    if (err == ENOENT) {
+      return Status::NotFound("cannot create control socket " + path +
+                              ": its directory does not exist (create it or choose another " +
+                              "--control path)");
+    }
+    return Status::FromErrno(err, "cannot create control socket " + path);
+  }
+  std::unique_ptr<ControlServer> server(new ControlServer(base, path, std::move(handler), options));
+  // From here on the destructor unlinks the file if anything fails.
+  struct stat st {};
+  if (::chmod(path.c_str(), 0600) != 0 || ::lstat(path.c_str(), &st) != 0) {
+    return Status::FromErrno(errno, "cannot set mode 0600 on control socket " + path);
+  }
+  server->socket_dev_ = st.st_dev;
+  server->socket_ino_ = st.st_ino;
+  if (::listen(fd.get(), SOMAXCONN) != 0) {
+    return Status::FromErrno(errno, "cannot listen on control socket " + path);
+  }
+  evconnlistener* l = evconnlistener_new(base, &ControlServer::OnAccept, server.get(),
+                                         LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
+                                         /*backlog: already listening*/ 0, fd.get());
+  if (l == nullptr)
+    return Status::Internal("cannot watch control socket " + path + " with libevent");
+  fd.release();  // the listener owns it now
+  server->listener_.reset(l);
+  evconnlistener_set_error_cb(l, &ControlServer::OnAcceptError);
+  return server;
+}
+
+ControlServer::~ControlServer() {
+  listener_.reset();
+  for (auto& [id, c] : connections_) {
+    c->state = ConnState::kClosed;
+    c->bev.reset();
+  }
+  connections_.clear();
+  // Unlink only our own socket: a path someone replaced since is theirs.
+  struct stat st {};
+  if (socket_ino_ != 0 && ::lstat(path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_) {
+    ::unlink(path_.c_str());
+  }
+}
+
+bool ControlServer::Subscribed(const std::string& topic) const { return subscribers(topic) > 0; }
+
+std::size_t ControlServer::subscribers(const std::string& topic) const {
+  std::size_t n = 0;
+  for (const auto& [id, c] : connections_) n += c->topics.count(topic);
+  return n;
+}
+
+void ControlServer::OnAccept(evconnlistener*, int fd, sockaddr*, int, void* arg) {
+  auto* self = static_cast<ControlServer*>(arg);
+  bufferevent* bev = bufferevent_socket_new(self->base_, fd, BEV_OPT_CLOSE_ON_FREE);
+  if (bev == nullptr) {
+    ::close(fd);
+    return;
+  }
+  auto c = std::make_shared<Connection>();
+  c->server = self;
+  c->id = self->next_conn_++;
+  c->bev.reset(bev);
+  bufferevent_setcb(bev, &ControlServer::OnRead, &ControlServer::OnWrite, &ControlServer::OnEvent,
+                    c.get());
+  // At most one request line (and its newline) is buffered before reading stops, so a client
+  // cannot make us hold more than that; the write callback fires when the output is empty.
+  bufferevent_setwatermark(bev, EV_READ, 0, self->options_.max_request_line + 1);
+  bufferevent_setwatermark(bev, EV_WRITE, 0, 0);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+  self->connections_.emplace(c->id, std::move(c));
+}
+
+void ControlServer::OnAcceptError(evconnlistener* listener, void* arg) {
+  auto* self = static_cast<ControlServer*>(arg);
+  int err = EVUTIL_SOCKET_ERROR();
+  // Out of descriptors: the pending connection would wake us forever. Stop accepting until a
+  // connection closes (Close re-enables). Other errors concern one connection only.
+  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+    if (!self->connections_.empty()) {
+      evconnlistener_disable(listener);
+      self->accepting_ = false;
+    }
+  }
+}
+
+void ControlServer::OnRead(bufferevent*, void* arg) {
+  std::shared_ptr<Connection> c = static_cast<Connection*>(arg)->shared_from_this();
+  c->server->Drive(*c, ConnEvent::kReadable);
+}
+
+void ControlServer::OnWrite(bufferevent*, void* arg) {
+  std::shared_ptr<Connection> c = static_cast<Connection*>(arg)->shared_from_this();
+  c->server->Drive(*c, ConnEvent::kDrained);
+}
+
+void ControlServer::OnEvent(bufferevent* bev, short what, void* arg) {
+  std::shared_ptr<Connection> c = static_cast<Connection*>(arg)->shared_from_this();
+  ConnEvent ev = ConnEvent::kError;
+  if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR)) {
+    // End of input: a peer that closed entirely (POLLHUP) will read no reply, so it is closed
+    // at once; a peer that only shut down its sending side still gets the replies it is owed.
+    pollfd p{bufferevent_getfd(bev), 0, 0};
+    bool hung_up = ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
+    ev = hung_up ? ConnEvent::kError : ConnEvent::kPeerClosed;
+  }
+  c->server->Drive(*c, ev);
+}
+
+void ControlServer::Drive(Connection& c, ConnEvent ev) {
+  if (c.state == ConnState::kClosed) return;
+  if (ev == ConnEvent::kError || c.output() > options_.high_watermark) {
+    Close(c);  // a broken socket, or a client that does not read what it asked for
+    return;
+  }
+  const bool reading = c.state == ConnState::kOpen;
+  const bool backed_up = c.output() > options_.pause_reading_at;
+  if (backed_up && !c.reading_paused) {
+    c.reading_paused = true;
+    if (reading) bufferevent_disable(c.bev.get(), EV_READ);
+  } else if (ev == ConnEvent::kDrained && c.reading_paused) {
+    c.reading_paused = false;
+    if (reading) bufferevent_enable(c.bev.get(), EV_READ);
+  }
+  if (ev == ConnEvent::kPeerClosed) c.state = ConnState::kDraining;  // libevent stopped reading
+  if (ev == ConnEvent::kReadable || ev == ConnEvent::kDrained || ev == ConnEvent::kPeerClosed) {
+    ReadRequests(c);
+  }
+  if (c.state == ConnState::kDraining && !c.in_read && c.output() == 0 && c.replies_owed == 0) {
+    Close(c);
+  }
+  c.AssertInvariants();
+}
+
+void ControlServer::ReadRequests(Connection& c) {
+  if (c.in_read) return;  // a reply sent from a handler below us; the loop above goes on
+  c.in_read = true;
+  while (c.state != ConnState::kClosed && !c.reading_paused) {
+    evbuffer* in = bufferevent_get_input(c.bev.get());
+    std::size_t available = evbuffer_get_length(in);
+    if (available == 0) break;
+    std::size_t eol_len = 0;
+    evbuffer_ptr eol = evbuffer_search_eol(in, nullptr, &eol_len, EVBUFFER_EOL_LF);
+    std::size_t line_len = eol.pos >= 0 ? static_cast<std::size_t>(eol.pos) : available;
+    if (line_len > options_.max_request_line) {
+      evbuffer_drain(in, available);
+      if (c.state == ConnState::kOpen) bufferevent_disable(c.bev.get(), EV_READ);
+      c.state = ConnState::kDraining;
+      Send(c, ErrorLine(nullptr, "request line longer than " +
+                                     std::to_string(options_.max_request_line) +
+                                     " bytes; closing the connection"));
+      break;
+    }
+    // A partial line waits for the rest, unless the peer has finished sending.
+    if (eol.pos < 0 && c.state == ConnState::kOpen) break;
+    std::string line(line_len, '\0');
+    evbuffer_remove(in, line.data(), line_len);
+    evbuffer_drain(in, eol_len);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    HandleLine(c, line);
+  }
+  c.in_read = false;
+}
+
+void ControlServer::HandleLine(Connection& c, std::string_view line) {
+  if (line.find_first_not_of(" \t") == std::string_view::npos) return;  // blank line
+  json request;
+  try {
+    request = json::parse(line);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto pos = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
+      what.erase(0, pos + 2);
+    }
+    Send(c, ErrorLine(nullptr, "invalid JSON: " + what));
+    return;
+  }
+  if (!request.is_object()) {
+    Send(c, ErrorLine(nullptr, "a request is a JSON object such as {\"id\":1,\"op\":\"stats\"}"));
+    return;
+  }
+  json id = request.contains("id") ? request["id"] : json(nullptr);
+  auto op_it = request.find("op");
+  if (op_it == request.end() || !op_it->is_string()) {
+    Send(c,
+         ErrorLine(id, "missing \"op\": a request names its op, e.g. {\"id\":1,\"op\":\"stats\"}"));
+    return;
+  }
+  const std::string op = op_it->get<std::string>();
+  if (!IsOneOf(kControlOps, op)) {
+    Send(c, ErrorLine(id, "unknown op \"" + op + "\" (known: " + JoinNames(kControlOps) + ")"));
+    return;
+  }
+  if (std::string problem = CheckArguments(op, request); !problem.empty()) {
+    Send(c, ErrorLine(id, op + ": " + problem));
+    return;
+  }
+
+  auto state = std::make_shared<Reply::State>();
+  state->conn = c.weak_from_this();
+  state->id = id;
+  state->op = op;
+  ++c.replies_owed;
+  Reply reply(state);
+  if (op == "subscribe") {
+    Subscribe(c, request, reply);
+    return;
+  }
+  // No exception may cross libevent's C callback; a failing op still gets its one reply.
+  try {
+    handler_(request, reply);
+  } catch (const std::exception& e) {
+    if (!state->done) reply.Error("internal error in " + op + ": " + e.what());
+  } catch (...) {
+    if (!state->done) reply.Error("internal error in " + op);
+  }
+}
+
+void ControlServer::Subscribe(Connection& c, const json& request, const Reply& reply) {
+  for (const json& t : request["topics"]) c.topics.insert(t.get<std::string>());
+  reply(json{{"topics", c.topics}});
+}
+
+void ControlServer::Publish(const std::string& topic, const json& data) {
+  std::vector<std::shared_ptr<Connection>> to;  // held: a send may close a connection
+  for (const auto& [id, c] : connections_) {
+    if (c->topics.count(topic) != 0) to.push_back(c);
+  }
+  if (to.empty()) return;
+  const std::string line = "{\"event\":" + Dump(json(topic)) + ",\"data\":" + Dump(data) + "}\n";
+  for (const std::shared_ptr<Connection>& c : to) Send(*c, line);
+}
+
+void ControlServer::Send(Connection& c, const std::string& line) {
+  if (c.state == ConnState::kClosed) return;
+  if (bufferevent_write(c.bev.get(), line.data(), line.size()) != 0) {
+    Close(c);  // out of memory for this client's output
+    return;
+  }
+  Drive(c, ConnEvent::kOutputQueued);
+}
+
+void ControlServer::Close(Connection& c) {
+  if (c.state == ConnState::kClosed) return;
+  c.state = ConnState::kClosed;
+  c.bev.reset();             // closes the socket; unsent output is dropped
+  connections_.erase(c.id);  // the caller holds a shared_ptr to `c`
+  if (!accepting_ && listener_) {
+    evconnlistener_enable(listener_.get());
+    accepting_ = true;
+  }
+}
+
+// ---- Client ----
+
+namespace {
+
+// A connected (blocking) socket to the server at `path`, with the user-facing errors
+// ControlClient::Connect documents.
+Result<int> ConnectControlSocket(const std::string& path) {
+  Result<sockaddr_un> addr = UnixAddress(path);
+  if (!addr.ok()) return addr.status();
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  if (ConnectTo(fd, *addr) != 0) {
+    int err = errno;
+    ::close(fd);
+    switch (err) {
+      case ENOENT:
+      case ECONNREFUSED:
+      case ENOTDIR:
+        return Status::Unavailable("cannot connect to " + path +
+                                   ": is ghostfs running? (--control PATH)");
+      case EACCES:
+      case EPERM:
+        return Status::ReadOnly("cannot connect to " + path +
+                                ": permission denied (the socket is mode 0600: run as the user "
+                                "that runs ghostfs)");
+      default:
+        return Status::FromErrno(err, "cannot connect to " + path);
+    }
+  }
+  return fd;
+}
+
+}  // namespace
+
+Result<ControlClient> ControlClient::Connect(const std::string& path) {
+  Result<int> fd = ConnectControlSocket(path);
+  if (!fd.ok()) return fd.status();
+  return ControlClient(*fd);
+}
+
+// ---- AsyncControlClient ----
+
+void AsyncControlClient::BevDeleter::operator()(bufferevent* b) const { bufferevent_free(b); }
+
+AsyncControlClient::AsyncControlClient(event_base* base, std::string path)
+    : base_(base), path_(std::move(path)) {}
+
+AsyncControlClient::~AsyncControlClient() = default;
+
+Result<std::unique_ptr<AsyncControlClient>> AsyncControlClient::Connect(event_base* base,
+                                                                        const std::string& path) {
+  std::unique_ptr<AsyncControlClient> c(new AsyncControlClient(base, path));
+  if (Status s = c->Open(); !s.ok()) return s;
+  return c;
+}
+
+Status AsyncControlClient::Open() {
+  Result<int> fd = ConnectControlSocket(path_);
+  if (!fd.ok()) return fd.status();
+  evutil_make_socket_nonblocking(*fd);
+  bufferevent* bev = bufferevent_socket_new(base_, *fd, BEV_OPT_CLOSE_ON_FREE);
+  if (bev == nullptr) {
+    ::close(*fd);
+    return Status::Internal("bufferevent_socket_new failed");
+  }
+  bev_.reset(bev);
+  ++connection_serial_;
+  bufferevent_setcb(bev, &AsyncControlClient::OnRead, nullptr, &AsyncControlClient::OnEvent, this);
+  bufferevent_enable(bev, EV_READ | EV_WRITE);
+  return Status::Ok();
+}
+
+void AsyncControlClient::Call(const std::string& op, nlohmann::json args, Done done) {
+  if (!bev_) {
+    if (Status s = Open(); !s.ok()) {
+      // Never inside the call: the caller may hold state the callback changes.
+      Defer([done = std::move(done), s] { done(s); });
+      return;
+    }
+  }
+  if (!args.is_object()) args = nlohmann::json::object();
+  std::int64_t id = next_id_++;
+  args["id"] = id;
+  args["op"] = op;
+  std::string line = args.dump() + "\n";
+  waiting_.emplace(id, std::move(done));
+  bufferevent_write(bev_.get(), line.data(), line.size());
+}
+
+void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
+  auto* self = static_cast<AsyncControlClient*>(arg);
+  evbuffer* in = bufferevent_get_input(bev);
+  while (true) {
+    std::size_t len = 0;
+    char* line = evbuffer_readln(in, &len, EVBUFFER_EOL_LF);
+    if (line == nullptr) break;
+    std::string text(line, len);
+    std::free(line);
+    nlohmann::json msg = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!msg.is_object()) continue;
+    if (msg.contains("event")) {
+      if (self->on_event_) self->on_event_(msg);
+      continue;
+    }
+    if (!msg.contains("id") || !msg["id"].is_number_integer()) continue;
+    auto it = self->waiting_.find(msg["id"].get<std::int64_t>());
+    if (it == self->waiting_.end()) continue;
+    Done done = std::move(it->second);
+    self->waiting_.erase(it);
+    if (msg.value("ok", false)) {
+      done(msg.contains("result") ? msg["result"] : nlohmann::json());
+    } else {
+      done(Status::InvalidArgument(msg.value("error", std::string("error reply without a message"))));
+    }
+  }
+}
+
+void AsyncControlClient::OnEvent(bufferevent*, short what, void* arg) {
+  auto* self = static_cast<AsyncControlClient*>(arg);
+  if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  // The daemon went away: everything waiting fails; the next Call reconnects.
+  self->bev_.reset();
+  if (self->on_disconnect_) self->on_disconnect_();
+  auto waiting = std::move(self->waiting_);
+  self->waiting_.clear();
+  for (auto& [id, done] : waiting) {
+    done(Status::Unavailable("the ghostfs control socket " + self->path_ + " closed the connection"));
+  }
+}
+
+void AsyncControlClient::Defer(std::function<void()> fn) {
+  auto* box = new std::function<void()>(std::move(fn));
+  event_base_once(
+      base_, -1, EV_TIMEOUT,
+      [](evutil_socket_t, short, void* arg) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+        (*f)();
+      },
+      box, nullptr);
+}
+
+ControlClient::ControlClient(ControlClient&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      next_id_(other.next_id_),
+      in_(std::move(other.in_)),
+      events_(std::move(other.events_)),
+      replies_(std::move(other.replies_)) {}
+
+ControlClient& ControlClient::operator=(ControlClient&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    next_id_ = other.next_id_;
+    in_ = std::move(other.in_);
+    events_ = std::move(other.events_);
+    replies_ = std::move(other.replies_);
+  }
+  return *this;
+}
+
+ControlClient::~ControlClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ControlClient::SendAll(const std::string& data) {
+  std::size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::Unavailable(std::string("lost the connection to ghostfs: ") +
+                                 std::strerror(errno));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status ControlClient::Receive(std::optional<Duration> timeout) {
+  if (fd_ < 0) return Status::Unavailable("not connected to ghostfs");
+  auto deadline = DeadlineAfter(timeout);
+  pollfd p{fd_, POLLIN, 0};
+  for (;;) {
+    int r = ::poll(&p, 1, PollMillis(deadline));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "poll");
+    }
+    if (r == 0) return Status::TimedOut("nothing from ghostfs within " + SecondsText(*timeout));
+    char buf[64 * 1024];
+    ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::Unavailable(std::string("lost the connection to ghostfs: ") +
+                                 std::strerror(errno));
+    }
+    if (n == 0) return Status::Unavailable("ghostfs closed the control connection");
+    in_.append(buf, static_cast<std::size_t>(n));
+    break;
+  }
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = in_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    json msg = json::parse(std::string_view(in_).substr(start, nl - start), nullptr,
+                           /*allow_exceptions=*/false);
+    if (!msg.is_object()) {
+      return Status::Corruption("ghostfs sent a control line that is not a JSON object");
+    }
+    if (msg.contains("event")) {
+      events_.push_back(std::move(msg));
+    } else if (auto id = msg.find("id"); id != msg.end() && id->is_number_integer()) {
+      const std::int64_t key = id->get<std::int64_t>();  // before msg is moved from
+      replies_[key] = std::move(msg);
+    }
+    // An error reply without an id answers a line we never send (we only send valid requests).
+  }
+  in_.erase(0, start);
+  return Status::Ok();
+}
+
+Result<json> ControlClient::Call(const std::string& op, const json& args,
+                                 std::optional<Duration> timeout) {
+  assert(args.is_null() || (args.is_object() && !args.contains("id") && !args.contains("op")));
+  json request = args.is_object() ? args : json::object();
+  const std::int64_t id = next_id_++;
+  request["id"] = id;
+  request["op"] = op;
+  if (Status s = SendAll(Dump(request) + "\n"); !s.ok()) return s;
+  auto deadline = DeadlineAfter(timeout);
+  for (;;) {
+    if (auto it = replies_.find(id); it != replies_.end()) {
+      json reply = std::move(it->second);
+      replies_.erase(replies_.begin(), std::next(it));  // and late replies to calls that timed out
+      auto ok = reply.find("ok");
+      if (ok != reply.end() && ok->is_boolean() && ok->get<bool>())
+        return reply.contains("result") ? reply["result"] : json(nullptr);
+      auto error = reply.find("error");
+      return Status::InvalidArgument(error != reply.end() && error->is_string()
+                                         ? error->get<std::string>()
+                                         : op + ": ghostfs refused the request");
+    }
+    std::optional<Duration> left;
+    if (deadline) {
+      left = std::chrono::duration_cast<Duration>(*deadline - std::chrono::steady_clock::now());
+      if (*left < Duration::zero()) left = Duration::zero();
+    }
+    if (Status s = Receive(left); !s.ok()) {
+      if (s.code() == Status::Code::kTimedOut) {
+        return Status::TimedOut("no reply to " + op + " from ghostfs within " +
+                                SecondsText(*timeout));
+      }
+      return s;
+    }
+  }
+}
+
+Result<json> ControlClient::ReadEvent(std::optional<Duration> timeout) {
+  auto deadline = DeadlineAfter(timeout);
+  while (events_.empty()) {
+    std::optional<Duration> left;
+    if (deadline) {
+      left = std::chrono::duration_cast<Duration>(*deadline - std::chrono::steady_clock::now());
+      if (*left < Duration::zero()) left = Duration::zero();
+    }
+    if (Status s = Receive(left); !s.ok()) {
+      if (s.code() == Status::Code::kTimedOut) {
+        return Status::TimedOut("no event from ghostfs within " + SecondsText(*timeout));
+      }
+      return s;
+    }
+  }
+  json event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+}  // namespace ghost

@@ -1,0 +1,348 @@
+#include "common/imap/imap_queue.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+namespace ghost {
+namespace {
+
+std::uint64_t Fnv1a64(std::string_view a, std::string_view b) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::string_view s : {a, b}) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+  }
+  return h;
+}
+
+std::string Hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string Dump(const nlohmann::json& j) {
+  // Keys are sorted (std::map), so a header dumps to the same bytes when it is read back;
+  // names that are not UTF-8 are replaced rather than thrown on (they are informational).
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string EncodeOp(const ImapOp& op) {
+  nlohmann::json h = {{"op", ImapOpKindName(op.kind)},
+                      {"seq", op.seq},
+                      {"origin", op.origin},
+                      {"mailbox", op.mailbox},
+                      {"body_bytes", op.body.size()}};
+  if (op.uidvalidity) h["uidvalidity"] = op.uidvalidity;
+  if (op.uid) h["uid"] = op.uid;
+  if (!op.flags.empty() || op.kind == ImapOp::Kind::kStore) h["flags"] = op.flags;
+  if (!op.remove_flags.empty()) h["remove_flags"] = op.remove_flags;
+  if (!op.destination.empty()) h["destination"] = op.destination;
+  if (op.internaldate) h["internaldate"] = op.internaldate;
+  if (op.message_size) h["message_size"] = op.message_size;
+  if (!op.local_name.empty()) h["local_name"] = op.local_name;
+  std::string header = Dump(h);
+  h["sum"] = Hex64(Fnv1a64(header, op.body));
+  std::string record = Dump(h);
+  record.push_back('\n');
+  record += op.body;
+  record.push_back('\n');
+  return record;
+}
+
+bool KindFromName(const std::string& name, ImapOp::Kind* kind) {
+  for (ImapOp::Kind k : {ImapOp::Kind::kAppend, ImapOp::Kind::kStore, ImapOp::Kind::kExpunge,
+                         ImapOp::Kind::kMove}) {
+    if (name == ImapOpKindName(k)) {
+      *kind = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status WriteAll(int fd, const std::string& data, const std::string& path) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "writing " + path);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* ImapOpKindName(ImapOp::Kind kind) {
+  switch (kind) {
+    case ImapOp::Kind::kAppend: return "append";
+    case ImapOp::Kind::kStore: return "store";
+    case ImapOp::Kind::kExpunge: return "expunge";
+    case ImapOp::Kind::kMove: return "move";
+  }
+  return "?";
+}
+
+ImapQueue::ImapQueue(const ImapQueueOptions& options, PowerManager& pm, DeviceId net, Sender sender)
+    : options_(options), pm_(pm), net_(net), sender_(std::move(sender)) {}
+
+ImapQueue::~ImapQueue() {
+  if (subscription_) pm_.Unsubscribe(subscription_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Result<std::unique_ptr<ImapQueue>> ImapQueue::Open(const ImapQueueOptions& options, PowerManager& pm,
+                                                   DeviceId net, Sender sender) {
+  std::unique_ptr<ImapQueue> q(new ImapQueue(options, pm, net, std::move(sender)));
+  q->fd_ = ::open(options.journal_path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (q->fd_ < 0) return Status::FromErrno(errno, "opening the IMAP journal " + options.journal_path);
+  if (Status s = q->Replay(); !s.ok()) return s;
+  int high = pm.device(net).profile().HighPowerMode();
+  ImapQueue* self = q.get();
+  q->subscription_ = pm.Subscribe(net, high, [self](DeviceId, int) {
+    if (!self->pending_.empty()) self->Start(Why::kPowerCallback);
+  });
+  return q;
+}
+
+Status ImapQueue::Replay() {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "stat " + options_.journal_path);
+  std::string data(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < data.size()) {
+    ssize_t n = ::pread(fd_, data.data() + got, data.size() - got, static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno(errno, "reading " + options_.journal_path);
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  data.resize(got);
+  std::size_t pos = 0;
+  std::uint64_t max_seq = 0;
+  std::string torn;
+  while (pos < data.size()) {
+    std::size_t nl = data.find('\n', pos);
+    if (nl == std::string::npos) {
+      torn = "an unterminated record header";
+      break;
+    }
+    nlohmann::json h = nlohmann::json::parse(data.begin() + static_cast<std::ptrdiff_t>(pos),
+                                             data.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+    if (h.is_discarded() || !h.is_object()) {
+      torn = "a record header that is not JSON";
+      break;
+    }
+    if (h.contains("ack")) {
+      std::uint64_t seq = h["ack"].get<std::uint64_t>();
+      for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+        if (it->seq == seq) {
+          pending_.erase(it);
+          break;
+        }
+      }
+      ++acks_since_compact_;
+      pos = nl + 1;
+      continue;
+    }
+    ImapOp op;
+    std::size_t body_bytes = h.value("body_bytes", std::size_t{0});
+    if (nl + 1 + body_bytes + 1 > data.size() || data[nl + 1 + body_bytes] != '\n') {
+      torn = "a record cut short";
+      break;
+    }
+    std::string sum = h.value("sum", "");
+    h.erase("sum");
+    std::string_view body(data.data() + nl + 1, body_bytes);
+    if (sum != Hex64(Fnv1a64(Dump(h), body)) || !KindFromName(h.value("op", ""), &op.kind)) {
+      torn = "a record with a bad checksum";
+      break;
+    }
+    op.seq = h.value("seq", std::uint64_t{0});
+    op.origin = h.value("origin", "");
+    op.mailbox = h.value("mailbox", "");
+    op.uidvalidity = h.value("uidvalidity", std::uint32_t{0});
+    op.uid = h.value("uid", std::uint32_t{0});
+    if (h.contains("flags")) op.flags = h["flags"].get<std::vector<std::string>>();
+    if (h.contains("remove_flags")) op.remove_flags = h["remove_flags"].get<std::vector<std::string>>();
+    op.destination = h.value("destination", "");
+    op.internaldate = h.value("internaldate", std::int64_t{0});
+    op.message_size = h.value("message_size", std::uint64_t{0});
+    op.local_name = h.value("local_name", "");
+    op.body.assign(body);
+    max_seq = std::max(max_seq, op.seq);
+    pending_.push_back(std::move(op));
+    pos = nl + 1 + body_bytes + 1;
+  }
+  if (!torn.empty()) {
+    // Add had not returned for this record: the reader was never told it is done.
+    warnings_.push_back(options_.journal_path + ": cut off " + std::to_string(data.size() - pos) +
+                        " bytes at offset " + std::to_string(pos) + " (" + torn +
+                        ", from a crash while it was written)");
+    std::fprintf(stderr, "ghostfs: %s\n", warnings_.back().c_str());
+    if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0 || ::fdatasync(fd_) != 0) {
+      return Status::FromErrno(errno, "repairing " + options_.journal_path);
+    }
+  }
+  journal_size_ = pos;
+  next_seq_ = max_seq + 1;
+  stats_.replayed = pending_.size();
+  // Acks and dropped records of the last run are not needed any more.
+  if (pending_.empty() && journal_size_ > 0) return Compact();
+  return Status::Ok();
+}
+
+Status ImapQueue::AppendRecord(const std::string& record) {
+  if (Status s = WriteAll(fd_, record, options_.journal_path); !s.ok()) {
+    // Whatever part of it reached the file is a torn tail: take it back.
+    (void)!::ftruncate(fd_, static_cast<off_t>(journal_size_));
+    return s;
+  }
+  if (::fdatasync(fd_) != 0) return Status::FromErrno(errno, "syncing " + options_.journal_path);
+  journal_size_ += record.size();
+  return Status::Ok();
+}
+
+Status ImapQueue::Compact() {
+  ++stats_.compactions;
+  acks_since_compact_ = 0;
+  if (pending_.empty()) {
+    if (::ftruncate(fd_, 0) != 0 || ::fdatasync(fd_) != 0) {
+      return Status::FromErrno(errno, "truncating " + options_.journal_path);
+    }
+    journal_size_ = 0;
+    return Status::Ok();
+  }
+  // The live records into a new file, which replaces the journal by rename: a crash leaves
+  // the old journal or the new one, never a mix.
+  std::string tmp = options_.journal_path + ".compact";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "creating " + tmp);
+  std::string all;
+  for (const ImapOp& op : pending_) all += EncodeOp(op);
+  Status s = WriteAll(fd, all, tmp);
+  if (s.ok() && ::fdatasync(fd) != 0) s = Status::FromErrno(errno, "syncing " + tmp);
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), options_.journal_path.c_str()) != 0) {
+    s = Status::FromErrno(errno, "renaming " + tmp);
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  std::string dir = options_.journal_path.substr(0, options_.journal_path.rfind('/') + 1);
+  if (int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  int nfd = ::open(options_.journal_path.c_str(), O_RDWR | O_APPEND | O_CLOEXEC);
+  if (nfd < 0) return Status::FromErrno(errno, "reopening " + options_.journal_path);
+  ::close(fd_);
+  fd_ = nfd;
+  journal_size_ = all.size();
+  return Status::Ok();
+}
+
+Result<std::uint64_t> ImapQueue::Add(ImapOp op) {
+  op.seq = next_seq_;
+  if (Status s = AppendRecord(EncodeOp(op)); !s.ok()) return s;
+  ++next_seq_;
+  ++stats_.added;
+  std::uint64_t seq = op.seq;
+  pending_.push_back(std::move(op));
+  if (pending_.size() > options_.cap_ops || queued_bytes() > options_.cap_bytes) {
+    Start(Why::kCap);
+  } else if (NetworkAwake()) {
+    Start(Why::kActive);
+  }
+  return seq;
+}
+
+void ImapQueue::Flush() {
+  if (!pending_.empty()) Start(Why::kExplicit);
+}
+
+Bytes ImapQueue::queued_bytes() const {
+  Bytes total = 0;
+  for (const ImapOp& op : pending_) total += op.bytes();
+  return total;
+}
+
+bool ImapQueue::NetworkAwake() const {
+  const Device& d = pm_.device(net_);
+  int high = d.profile().HighPowerMode();
+  return d.mode() == high && d.target_mode() == high;
+}
+
+void ImapQueue::Start(Why why) {
+  if (sending_ || pending_.empty()) return;
+  switch (why) {
+    case Why::kPowerCallback: ++stats_.flushes_power_callback; break;
+    case Why::kActive: ++stats_.flushes_active; break;
+    case Why::kCap: ++stats_.flushes_cap; break;
+    case Why::kExplicit: ++stats_.flushes_explicit; break;
+  }
+  sending_ = true;
+  SendNext();
+}
+
+void ImapQueue::SendNext() {
+  // A sender that answers inside its call would recurse once per operation: loop instead.
+  while (sending_) {
+    if (pending_.empty()) {
+      sending_ = false;
+      return;
+    }
+    in_send_ = true;
+    sent_inline_ = false;
+    std::weak_ptr<int> alive = alive_;
+    std::uint64_t seq = pending_.front().seq;
+    auto answered = std::make_shared<bool>(false);
+    sender_(pending_.front(), [this, alive, seq, answered](SendOutcome outcome) {
+      if (alive.expired() || *answered) return;
+      *answered = true;
+      if (pending_.empty() || pending_.front().seq != seq) return;
+      OnSent(outcome);
+      if (in_send_) {
+        sent_inline_ = true;  // the loop goes on
+      } else {
+        SendNext();
+      }
+    });
+    if (alive.expired()) return;
+    in_send_ = false;
+    if (!sent_inline_) return;  // the answer comes later, from the loop
+  }
+}
+
+void ImapQueue::OnSent(SendOutcome outcome) {
+  if (outcome == SendOutcome::kRetryLater) {
+    ++stats_.retries;
+    sending_ = false;
+    return;
+  }
+  std::uint64_t seq = pending_.front().seq;
+  pending_.pop_front();
+  if (outcome == SendOutcome::kDone) ++stats_.sent;
+  else ++stats_.dropped;
+  ++acks_since_compact_;
+  Status s = (pending_.empty() || acks_since_compact_ >= options_.compact_after)
+                 ? Compact()
+                 : AppendRecord(Dump(nlohmann::json{{"ack", seq}}) + "\n");
+  // A lost ack only means the operation is sent again after a crash (IMAP flag stores are
+  // idempotent; a repeated APPEND is a duplicate, never a loss).
+  if (!s.ok()) std::fprintf(stderr, "ghostfs: IMAP journal: %s\n", s.ToString().c_str());
+}
+
+}  // namespace ghost

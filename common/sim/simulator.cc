@@ -1,0 +1,425 @@
+#include "common/sim/simulator.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <functional>
+#include <memory>
+
+#include "common/power/adaptive_spindown.h"
+#include "common/cache/cache_index.h"
+#include "common/base/clock.h"
+#include "common/power/cost_model.h"
+#include "common/power/default_pm.h"
+#include "common/power/device.h"
+#include "common/power/power_manager.h"
+#include "common/power/stpm_disk.h"
+#include "common/power/stpm_network.h"
+#include "common/cache/write_queue.h"
+
+namespace ghost {
+namespace {
+
+// One replay: the machine, its policies and the client, on a private virtual clock.
+class Run {
+ public:
+  Run(const MachineProfile& machine, const DeviceProfile& storage, const DeviceProfile& network,
+      const SimOptions& options)
+      : machine_(machine),
+        options_(options),
+        pm_(clock_, machine.base_power, options.knob),
+        storage_(clock_, storage, nullptr, storage.HighPowerMode()),
+        network_(clock_, network, &machine.link,
+                 options.policy == SimPolicy::kNone ? network.HighPowerMode() : network.LowestMode()),
+        cost_(pm_, CostModel::Options{.ghost_hints = options.ghost_hints}),
+        index_(clock_),
+        page_cache_(clock_, options.page_cache) {
+    storage_id_ = pm_.Register(&storage_, MakeStoragePolicy());
+    network_id_ = pm_.Register(&network_, MakeNetworkPolicy());
+    WriteQueueOptions wq;
+    wq.cap = options.write_queue_cap;
+    queue_ = std::make_unique<WriteQueue>(
+        pm_, storage_id_, wq, [this](std::vector<WriteRecord> batch, std::function<void()> done) {
+          Bytes total = 0;
+          for (const WriteRecord& r : batch) total += r.length;
+          ++write_batches_;
+          bytes_written_ += total;
+          storage_.Submit({total, /*write=*/true}, std::move(done));
+        });
+  }
+
+  SimResult Replay(const Trace& trace) {
+    Preload(trace);
+    std::size_t n = trace.kind == TraceKind::kWeb    ? trace.web.size()
+                    : trace.kind == TraceKind::kMail ? trace.mail.size()
+                                                     : trace.block.size();
+    responses_.reserve(n);
+    auto next = std::make_shared<std::function<void(std::size_t)>>();
+    bool finished = n == 0;
+    *next = [&, next, n](std::size_t i) {
+      if (i == n) {
+        finished = true;
+        return;
+      }
+      TimePoint at = std::max(clock_.Now(), EventTime(trace, i));
+      clock_.ScheduleAt(at, [&, next, i] {
+        TimePoint start = clock_.Now();
+        log_.push_back({start, Duration::zero(), "", 0, ""});
+        Issue(trace, i, [&, next, i, start] {
+          responses_.push_back(clock_.Now() - start);
+          log_[i].response = clock_.Now() - start;
+          (*next)(i + 1);
+        });
+      });
+    };
+    (*next)(0);
+    while (!finished && clock_.RunNext()) {
+    }
+    // The run ends once every deferred write is on the disk.
+    bool flushed = false;
+    queue_->FlushAll([&] { flushed = true; });
+    while ((!flushed || storage_.has_work()) && clock_.RunNext()) {
+    }
+    return Report(trace);
+  }
+
+ private:
+  std::unique_ptr<DevicePolicy> MakeStoragePolicy() {
+    switch (options_.policy) {
+      case SimPolicy::kNone: return nullptr;
+      case SimPolicy::kStatic: return std::make_unique<DefaultDiskPolicy>();
+      case SimPolicy::kAdaptive:
+        if (options_.disk_policy == DiskPolicyKind::kExperts) return std::make_unique<ExpertsDiskPolicy>();
+        return std::make_unique<StpmDiskPolicy>();
+    }
+    return nullptr;
+  }
+  std::unique_ptr<DevicePolicy> MakeNetworkPolicy() {
+    switch (options_.policy) {
+      case SimPolicy::kNone: return nullptr;
+      case SimPolicy::kStatic: return std::make_unique<DefaultNetworkPolicy>();
+      case SimPolicy::kAdaptive: return std::make_unique<StpmNetworkPolicy>();
+    }
+    return nullptr;
+  }
+
+  static TimePoint EventTime(const Trace& t, std::size_t i) {
+    switch (t.kind) {
+      case TraceKind::kWeb: return t.web[i].time;
+      case TraceKind::kMail: return t.mail[i].time;
+      case TraceKind::kBlock: return t.block[i].time;
+    }
+    return TimePoint{};
+  }
+
+  static std::string MailKey(const std::string& mailbox, std::uint32_t uid) {
+    return "imap:" + mailbox + "/" + std::to_string(uid);
+  }
+
+  // Objects in the cache when the trace starts.
+  void Preload(const Trace& t) {
+    for (const WebRequest& r : t.web) {
+      if (r.cached && !index_.Find(r.url)) AddToCache(r.url, r.size);
+    }
+    for (const MailEvent& e : t.mail) {
+      if (e.op == MailEvent::Op::kRead) AddToCache(MailKey(e.mailbox, e.uid), e.size);
+    }
+  }
+
+  // The simulated cache has no byte cap, so Insert cannot fail or evict.
+  void AddToCache(const std::string& key, Bytes size) {
+    CacheEntry e;
+    e.size = size;
+    e.where = Residence::kDisk;
+    Result<std::vector<std::string>> evicted = index_.Insert(key, e);
+    assert(evicted.ok() && evicted->empty());
+    (void)evicted;
+  }
+
+  void Issue(const Trace& t, std::size_t i, std::function<void()> done) {
+    switch (t.kind) {
+      case TraceKind::kWeb: Read(t.web[i].url, t.web[i].size, std::move(done)); break;
+      case TraceKind::kMail: {
+        const MailEvent& e = t.mail[i];
+        if (e.op == MailEvent::Op::kRead) {
+          Read(MailKey(e.mailbox, e.uid), e.size, std::move(done));
+        } else {
+          Upload(e.size, [this, e, i, done = std::move(done)] {
+            // The sent copy is filed locally: a background write.
+            Fill(MailKey("Sent", static_cast<std::uint32_t>(i + 1)), e.size);
+            done();
+          });
+        }
+        break;
+      }
+      case TraceKind::kBlock: {
+        const BlockEvent& e = t.block[i];
+        Bytes size = static_cast<Bytes>(e.sectors) * kSectorSize;
+        if (e.write) {
+          WriteRecord r;
+          r.key = "block";
+          r.offset = e.sector * kSectorSize;
+          r.length = size;
+          queue_->Add(std::move(r));
+          Note("block", size, "write");
+          clock_.ScheduleAfter(Duration::zero(), std::move(done));
+        } else {
+          ++sources_["disk"];
+          Note("block", size, "disk");
+          storage_.Submit({size, false}, std::move(done));
+        }
+        break;
+      }
+    }
+  }
+
+  // A read of a cacheable object: from wherever is cheapest (adaptive) or the cache (static).
+  void Read(const std::string& key, Bytes size, std::function<void()> done) {
+    const CacheEntry* entry = index_.Find(key);
+    if (entry) index_.Touch(key);
+    bool queued = (entry && queue_->Contains(key)) || page_cache_.Touch(key);
+    Remember(key, size);
+    bool on_disk = entry && entry->where.Has(Residence::kDisk);
+    Source source = Source::kNetwork;
+    if (options_.policy != SimPolicy::kAdaptive) {
+      if (queued) source = Source::kMemory;
+      else if (on_disk) source = Source::kDisk;
+    } else {
+      std::vector<Holder> holders;
+      if (queued) holders.push_back({Source::kMemory, -1});
+      if (on_disk) holders.push_back({Source::kDisk, storage_id_});
+      holders.push_back({Source::kNetwork, network_id_});
+      Choice c = cost_.Choose(holders, size);
+      source = c.chosen.holder.source;
+    }
+    ++sources_[SourceName(source)];
+    Note(key, size, SourceName(source));
+    switch (source) {
+      case Source::kMemory:
+        clock_.ScheduleAfter(CostModel::Options().memory_bandwidth.TimeFor(size), std::move(done));
+        return;
+      case Source::kDisk:
+      case Source::kFlash:
+        storage_.Submit({size, false}, std::move(done));
+        return;
+      case Source::kNetwork:
+        Transfer({size, false}, [this, key, size, cached = entry != nullptr, done = std::move(done)] {
+          if (!cached) Fill(key, size);
+          done();
+        });
+        return;
+    }
+  }
+
+  // The object's bytes pass through RAM: keep a clean copy (LRU within the page cache).
+  void Remember(const std::string& key, Bytes size) {
+    if (options_.page_cache == 0 || size > options_.page_cache) return;
+    CacheEntry e;
+    e.size = size;
+    e.where = Residence::kMemory;
+    (void)page_cache_.Insert(key, e);  // evicts the least recently used copies
+  }
+
+  void Upload(Bytes size, std::function<void()> done) {
+    ++uploads_;
+    Note("upload", size, "upload");
+    Transfer({size, true}, std::move(done));
+  }
+
+  // A network transfer; the adaptive application discloses it (transfer hints, DESIGN §3.3).
+  void Transfer(IoRequest io, std::function<void()> done) {
+    bool disclose = options_.policy == SimPolicy::kAdaptive;
+    if (disclose) pm_.TransferBegin(network_id_);
+    network_.Submit(io, [this, disclose, done = std::move(done)] {
+      if (disclose) pm_.TransferEnd(network_id_);
+      done();
+    });
+  }
+
+  // A fetched object enters the cache: a background write of its body.
+  void Fill(const std::string& key, Bytes size) {
+    AddToCache(key, size);
+    Remember(key, size);
+    WriteRecord r;
+    r.key = key;
+    r.length = size;
+    queue_->Add(std::move(r));
+  }
+
+  // Describes the request being issued (the last one logged).
+  void Note(const std::string& key, Bytes size, const char* source) {
+    RequestRecord& r = log_.back();
+    r.key = key;
+    r.size = size;
+    r.source = source;
+  }
+
+  SimResult Report(const Trace& trace) {
+    SimResult r;
+    r.profile = machine_.name;
+    r.trace = trace.name;
+    r.policy = SimPolicyName(options_.policy);
+    r.disk_policy = options_.policy == SimPolicy::kAdaptive
+                        ? (options_.disk_policy == DiskPolicyKind::kExperts ? "experts" : "stpm")
+                        : (options_.policy == SimPolicy::kStatic ? "default" : "none");
+    r.knob = options_.knob;
+    r.ghost_hints = options_.policy == SimPolicy::kAdaptive && options_.ghost_hints;
+    r.requests = responses_.size();
+    if (!responses_.empty()) {
+      double sum = 0;
+      for (Duration d : responses_) sum += ToMillis(d);
+      r.mean_response_ms = sum / responses_.size();
+      std::vector<Duration> sorted = responses_;
+      std::sort(sorted.begin(), sorted.end());
+      std::size_t rank = static_cast<std::size_t>(std::ceil(0.95 * sorted.size()));
+      r.p95_response_ms = ToMillis(sorted[std::max<std::size_t>(rank, 1) - 1]);
+    }
+    EnergyReport e = pm_.meter().Read();
+    r.energy = e.total;
+    r.base_energy = e.base;
+    r.duration = e.elapsed;
+    r.devices = DeviceResults(pm_, e);
+    r.ghost_hints_sent = cost_.hints_sent();
+    r.sources = sources_;
+    r.uploads = uploads_;
+    r.write_batches = write_batches_;
+    r.bytes_written = bytes_written_;
+    r.log = std::move(log_);
+    return r;
+  }
+
+  const MachineProfile& machine_;
+  SimOptions options_;
+  VirtualClock clock_;
+  PowerManager pm_;
+  Device storage_;
+  Device network_;
+  DeviceId storage_id_ = -1;
+  DeviceId network_id_ = -1;
+  CostModel cost_;
+  CacheIndex index_;
+  CacheIndex page_cache_;  // clean copies in RAM
+  std::unique_ptr<WriteQueue> queue_;
+  std::vector<Duration> responses_;
+  std::vector<RequestRecord> log_;
+  std::map<std::string, int> sources_;
+  int uploads_ = 0;
+  int write_batches_ = 0;
+  Bytes bytes_written_ = 0;
+};
+
+double Round(double v, double unit) { return std::round(v / unit) * unit; }
+
+}  // namespace
+
+std::vector<DeviceResult> DeviceResults(const PowerManager& pm, const EnergyReport& e) {
+  std::vector<DeviceResult> out;
+  for (DeviceId id : pm.devices()) {
+    const DeviceEnergy& de = e.devices[id];
+    DeviceResult d;
+    d.name = de.name;
+    d.kind = DeviceKindName(pm.device(id).kind());
+    d.energy = de.energy;
+    d.modes = de.mode_names;
+    d.time_in_mode = de.time_in_mode;
+    d.energy_in_mode = de.energy_in_mode;
+    d.transition_time = de.transition_time;
+    d.transitions = de.transitions;
+    d.ghost_hints_received = pm.ghost_hints_received(id);
+    if (const DevicePolicy* p = pm.policy(id)) d.policy = p->Describe();
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+nlohmann::ordered_json DevicesToJson(const std::vector<DeviceResult>& devices) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const DeviceResult& d : devices) {
+    nlohmann::ordered_json dj;
+    dj["name"] = d.name;
+    dj["kind"] = d.kind;
+    dj["energy_j"] = Round(d.energy.joules(), 0.001);
+    nlohmann::ordered_json tim = nlohmann::ordered_json::object(),
+                           eim = nlohmann::ordered_json::object();
+    for (std::size_t m = 0; m < d.modes.size(); ++m) {
+      tim[d.modes[m]] = Round(ToSeconds(d.time_in_mode[m]), 0.001);
+      eim[d.modes[m]] = Round(d.energy_in_mode[m].joules(), 0.001);
+    }
+    tim["transition"] = Round(ToSeconds(d.transition_time), 0.001);
+    dj["time_in_mode_s"] = tim;
+    dj["energy_in_mode_j"] = eim;
+    dj["transitions"] = d.transitions;
+    dj["ghost_hints_received"] = d.ghost_hints_received;
+    if (!d.policy.empty()) dj["policy"] = d.policy;
+    out.push_back(dj);
+  }
+  return out;
+}
+
+const char* SimPolicyName(SimPolicy p) {
+  switch (p) {
+    case SimPolicy::kStatic: return "static";
+    case SimPolicy::kAdaptive: return "adaptive";
+    case SimPolicy::kNone: return "none";
+  }
+  return "?";
+}
+
+Result<SimResult> Simulate(const MachineProfile& machine, const Trace& trace, const SimOptions& options) {
+  if (options.knob < 0 || options.knob > 100) {
+    return Status::InvalidArgument("knob " + std::to_string(options.knob) + " is outside 0..100");
+  }
+  const DeviceProfile* storage = machine.FindDevice(DeviceKind::kDisk);
+  if (!storage) storage = machine.FindDevice(DeviceKind::kFlash);
+  const DeviceProfile* network = machine.FindDevice(DeviceKind::kNetwork);
+  if (!storage || !network) {
+    return Status::InvalidArgument("profile " + machine.name + " needs a disk (or flash) device and a network device");
+  }
+  SimResult result;
+  {
+    Run run(machine, *storage, *network, options);
+    result = run.Replay(trace);
+  }
+  if (options.compute_lower_bound) {
+    // DESIGN §7: every device in its lowest mode, plus base power, over the duration of the
+    // run without power management.
+    SimOptions none = options;
+    none.policy = SimPolicy::kNone;
+    Run baseline(machine, *storage, *network, none);
+    SimResult b = baseline.Replay(trace);
+    Power floor = machine.base_power + storage->modes.back().power + network->modes.back().power;
+    result.lower_bound = floor * b.duration;
+  }
+  return result;
+}
+
+nlohmann::ordered_json ToJson(const SimResult& r) {
+  nlohmann::ordered_json j;
+  j["profile"] = r.profile;
+  j["trace"] = r.trace;
+  j["policy"] = r.policy;
+  j["disk_policy"] = r.disk_policy;
+  j["knob"] = r.knob;
+  j["ghost_hints"] = r.ghost_hints;
+  j["requests"] = r.requests;
+  j["mean_response_ms"] = Round(r.mean_response_ms, 0.01);
+  j["p95_response_ms"] = Round(r.p95_response_ms, 0.01);
+  j["energy_j"] = Round(r.energy.joules(), 0.001);
+  j["lower_bound_j"] = Round(r.lower_bound.joules(), 0.001);
+  j["base_energy_j"] = Round(r.base_energy.joules(), 0.001);
+  j["duration_s"] = Round(ToSeconds(r.duration), 0.001);
+  j["ghost_hints_sent"] = r.ghost_hints_sent;
+  nlohmann::ordered_json sources = nlohmann::ordered_json::object();
+  for (const char* s : {"memory", "disk", "network"}) {
+    auto it = r.sources.find(s);
+    sources[s] = it == r.sources.end() ? 0 : it->second;
+  }
+  j["sources"] = sources;
+  j["uploads"] = r.uploads;
+  j["write_batches"] = r.write_batches;
+  j["bytes_written"] = r.bytes_written;
+  j["devices"] = DevicesToJson(r.devices);
+  return j;
+}
+
+}  // namespace ghost

@@ -1,0 +1,948 @@
+#include "common/cache/cache_store.h"
+
+#include <event2/event.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/base/file_io.h"
+#include "common/base/uring_file_io.h"
+
+namespace ghost {
+namespace {
+
+namespace fs = std::filesystem;
+using Keys = std::vector<std::string>;
+
+std::string RandomBytes(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+class CacheStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = event_base_new();
+    ASSERT_NE(base_, nullptr);
+    real_io_ = std::make_unique<SyncFileIo>(base_);
+    io_ = std::make_unique<FaultyFileIo>(*real_io_);
+    std::string tmpl = ::testing::TempDir() + "ghost_cache_store_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << "mkdtemp " << tmpl;
+    root_ = tmpl;
+    dir_ = root_ + "/cache";
+  }
+
+  void TearDown() override {
+    store_.reset();
+    io_.reset();
+    real_io_.reset();
+    if (base_ != nullptr) event_base_free(base_);
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  // Persisted times come from this wall clock, a function of the virtual clock, so they
+  // round-trip exactly across reopen.
+  CacheStoreOptions Options() {
+    CacheStoreOptions options;
+    options.wall_clock = [this] {
+      return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 55)) +
+             clock_.Now().time_since_epoch();
+    };
+    return options;
+  }
+
+  Result<std::unique_ptr<CacheStore>> OpenStore(Bytes capacity) {
+    return CacheStore::Open(dir_, capacity, clock_, *io_, Options());
+  }
+  void Reopen(Bytes capacity = 0) {
+    store_.reset();
+    Result<std::unique_ptr<CacheStore>> store = OpenStore(capacity);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+  }
+
+  // Runs the loop until `done`, failing the test after 10 s without it.
+  void Run(const bool& done) {
+    timed_out_ = false;
+    event* watchdog = evtimer_new(base_, &CacheStoreTest::OnWatchdog, this);
+    timeval tv{10, 0};
+    evtimer_add(watchdog, &tv);
+    while (!done && !timed_out_) event_base_loop(base_, EVLOOP_ONCE);
+    event_free(watchdog);
+    ASSERT_FALSE(timed_out_) << "the cache store did not finish within 10 s";
+  }
+  static void OnWatchdog(int, short, void* arg) {
+    auto* self = static_cast<CacheStoreTest*>(arg);
+    self->timed_out_ = true;
+    event_base_loopbreak(self->base_);
+  }
+
+  // Appends `body` in pieces of `chunk` bytes, all issued without waiting, and returns the
+  // first append error (or OK) once they have all completed.
+  Status Append(FillId id, const std::string& body, std::size_t chunk) {
+    int pending = 0;
+    bool all = body.empty();
+    Status first = Status::Ok();
+    for (std::size_t off = 0; off < body.size(); off += chunk) ++pending;
+    for (std::size_t off = 0; off < body.size(); off += chunk) {
+      store_->AppendFill(id, body.substr(off, chunk), [&](Status st) {
+        if (!st.ok() && first.ok()) first = st;
+        all = --pending == 0;
+      });
+    }
+    Run(all);
+    return first;
+  }
+  Status Commit(FillId id) {
+    bool done = false;
+    Status result = Status::Internal("not run");
+    store_->CommitFill(id, [&](Status st) {
+      result = std::move(st);
+      done = true;
+    });
+    Run(done);
+    return result;
+  }
+  // A whole fill: appends issued back to back, then the commit without waiting for them.
+  Status Fill(const std::string& key, const std::string& body, CacheEntry meta = {},
+              std::size_t chunk = 4096) {
+    Result<FillId> id = store_->BeginFill(key, std::move(meta));
+    if (!id.ok()) return id.status();
+    Status first = Status::Ok();
+    int pending = 0;
+    for (std::size_t off = 0; off < body.size(); off += chunk) {
+      ++pending;
+      store_->AppendFill(*id, body.substr(off, chunk), [&](Status st) {
+        --pending;
+        if (!st.ok() && first.ok()) first = st;
+      });
+    }
+    Status committed = Commit(*id);
+    EXPECT_EQ(pending, 0) << "the commit completed before its appends";
+    if (!first.ok()) {
+      EXPECT_FALSE(committed.ok()) << "a fill with a failed append committed";
+    }
+    return committed;
+  }
+  // The whole body, read in 1 MiB pieces issued at once.
+  Result<std::string> ReadAll(const std::string& key) {
+    const CacheEntry* e = store_->index().Find(key);
+    if (e == nullptr) return Status::NotFound("test: " + key + " is not in the index");
+    std::string out(e->size, '\0');
+    constexpr std::size_t kPiece = 1 << 20;
+    int pending = 0;
+    bool all = out.empty();
+    Status error = Status::Ok();
+    std::size_t total = 0;
+    for (std::size_t off = 0; off < out.size(); off += kPiece) ++pending;
+    for (std::size_t off = 0; off < out.size(); off += kPiece) {
+      std::span<char> piece(out.data() + off, std::min(kPiece, out.size() - off));
+      store_->ReadBody(key, off, piece, [&](Result<std::size_t> r) {
+        if (!r.ok()) {
+          error = r.status();
+        } else {
+          total += *r;
+        }
+        all = --pending == 0;
+      });
+    }
+    Run(all);
+    if (!error.ok()) return error;
+    if (total != out.size()) return Status::Internal("test: short read of " + key);
+    return out;
+  }
+  Result<std::size_t> ReadOnce(const std::string& key, std::uint64_t offset, std::span<char> buf) {
+    bool done = false;
+    Result<std::size_t> result = Status::Internal("not run");
+    store_->ReadBody(key, offset, buf, [&](Result<std::size_t> r) {
+      result = std::move(r);
+      done = true;
+    });
+    Run(done);
+    return result;
+  }
+
+  Keys LruOrder() const {
+    Keys keys;
+    store_->index().ForEach([&](const std::string& k, const CacheEntry&) { keys.push_back(k); });
+    return keys;
+  }
+  // Every regular file under `dir`, relative to it.
+  std::set<std::string> FilesUnder(const std::string& dir) const {
+    std::set<std::string> files;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      if (it->is_regular_file(ec)) files.insert(fs::relative(it->path(), dir, ec).string());
+    }
+    return files;
+  }
+  std::set<std::string> ObjectFiles() const { return FilesUnder(dir_ + "/objects"); }
+  // Rows of the objects table matching `where` (the store must be closed: it locks the file).
+  int CountRows(const std::string& where) const {
+    sqlite3* db = nullptr;
+    std::string path = dir_ + "/index.sqlite";
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    std::string sql = "SELECT count(*) FROM objects WHERE " + where;
+    sqlite3_stmt* stmt = nullptr;
+    int n = -1;
+    if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK &&
+        sqlite3_step(stmt) == SQLITE_ROW) {
+      n = sqlite3_column_int(stmt, 0);
+    }
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return n;
+  }
+  void ExecSql(const std::string& sql) const {
+    sqlite3* db = nullptr;
+    std::string path = dir_ + "/index.sqlite";
+    ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    char* msg = nullptr;
+    int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &msg);
+    EXPECT_EQ(rc, SQLITE_OK) << (msg ? msg : "");
+    sqlite3_free(msg);
+    sqlite3_close(db);
+  }
+
+  static CacheEntry Meta(const std::string& etag, std::optional<TimePoint> expires = std::nullopt) {
+    CacheEntry meta;
+    meta.etag = etag;
+    meta.last_modified = "Sat, 01 Jan 2005 00:00:00 GMT";
+    meta.content_type = "text/html; charset=utf-8";
+    meta.expires = expires;
+    return meta;
+  }
+
+  VirtualClock clock_;
+  event_base* base_ = nullptr;
+  std::unique_ptr<SyncFileIo> real_io_;
+  std::unique_ptr<FaultyFileIo> io_;
+  std::unique_ptr<CacheStore> store_;
+  std::string root_;
+  std::string dir_;
+  bool timed_out_ = false;
+};
+
+TEST_F(CacheStoreTest, SmallFillReadsBackByteIdentical) {
+  Reopen();
+  ASSERT_TRUE(Fill("http://example.org/a", "hello, ghost", {}, 5).ok());
+  Result<std::string> body = ReadAll("http://example.org/a");
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  EXPECT_EQ(*body, "hello, ghost");
+  std::string buf(100, '\0');
+  Result<std::size_t> tail = ReadOnce("http://example.org/a", 7, buf);
+  ASSERT_TRUE(tail.ok());
+  EXPECT_EQ(*tail, 5u);  // short at the end of the body
+  EXPECT_EQ(buf.substr(0, 5), "ghost");
+}
+
+TEST_F(CacheStoreTest, MultiMiBFillInManyAppendsReadsBackByteIdentical) {
+  Reopen();
+  std::string data = RandomBytes(5 * 1024 * 1024 + 321, 42);
+  Result<FillId> id = store_->BeginFill("big", {});
+  ASSERT_TRUE(id.ok());
+  // Appends of uneven sizes, issued without waiting for each other.
+  std::mt19937 rng(1);
+  std::size_t off = 0;
+  int pending = 0;
+  bool all_ok = true;
+  while (off < data.size()) {
+    std::size_t n = std::min<std::size_t>(1 + rng() % (300 * 1024), data.size() - off);
+    ++pending;
+    store_->AppendFill(*id, data.substr(off, n), [&](Status st) {
+      --pending;
+      if (!st.ok()) all_ok = false;
+    });
+    off += n;
+  }
+  ASSERT_TRUE(Commit(*id).ok());
+  EXPECT_EQ(pending, 0);
+  EXPECT_TRUE(all_ok);
+  EXPECT_EQ(store_->Status("big", false).size, data.size());
+  Result<std::string> body = ReadAll("big");
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  EXPECT_TRUE(*body == data) << "the body read back differs from the bytes appended";
+}
+
+TEST_F(CacheStoreTest, WorksOverIoUring) {
+  Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base_, 8, 128 * 1024);
+  if (!uring.ok()) {
+    int err = uring.status().ToErrno();
+    if (err == ENOSYS || err == EPERM) GTEST_SKIP() << uring.status().ToString();
+    FAIL() << uring.status().ToString();
+  }
+  std::unique_ptr<UringFileIo> uring_io = std::move(uring).value();
+  io_ = std::make_unique<FaultyFileIo>(*uring_io);
+  Reopen();
+  std::string data = RandomBytes(3 * 1024 * 1024 + 5, 3);
+  ASSERT_TRUE(Fill("u", data, {}, 256 * 1024).ok());
+  Result<std::string> body = ReadAll("u");
+  ASSERT_TRUE(body.ok()) << body.status().ToString();
+  EXPECT_TRUE(*body == data);
+  store_.reset();
+  io_.reset();  // before the ring it wraps
+}
+
+TEST_F(CacheStoreTest, StatusIsAbsentThenPresentThenNetworkPreferred) {
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_EQ(store_->Status("k", false).size, 0u);
+  ASSERT_TRUE(Fill("k", std::string(1234, 'z')).ok());
+  CacheStatus st = store_->Status("k", false);
+  EXPECT_EQ(st.state, CacheState::kPresent);
+  EXPECT_EQ(st.size, 1234u);
+  EXPECT_EQ(store_->Status("k", true).state, CacheState::kPresentNetworkPreferred);
+}
+
+TEST_F(CacheStoreTest, ObjectIsInvisibleUntilItsFillCommits) {
+  Reopen();
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "partial body", 4).ok());
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  std::string buf(4, '\0');
+  Result<std::size_t> r = ReadOnce("k", 0, buf);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+  ASSERT_TRUE(Commit(*id).ok());
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kPresent);
+}
+
+TEST_F(CacheStoreTest, AbortedFillLeavesNothing) {
+  Reopen();
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, std::string(10000, 'q'), 1000).ok());
+  EXPECT_EQ(ObjectFiles().size(), 1u);  // the temp file
+  store_->AbortFill(*id);
+  EXPECT_EQ(store_->open_fills(), 0u);
+  EXPECT_TRUE(ObjectFiles().empty());
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  Status commit = Commit(*id);
+  EXPECT_EQ(commit.code(), Status::Code::kNotFound);
+  ASSERT_TRUE(store_->Close().ok());
+  EXPECT_EQ(CountRows("1"), 0);
+  Reopen();
+  EXPECT_TRUE(store_->index().empty());
+}
+
+TEST_F(CacheStoreTest, AbortWithAppendsInFlightReportsThemAndLeavesNothing) {
+  Reopen();
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  bool done = false;
+  Status append = Status::Ok();
+  store_->AppendFill(*id, "bytes", [&](Status st) {
+    append = st;
+    done = true;
+  });
+  store_->AbortFill(*id);
+  Run(done);
+  EXPECT_FALSE(append.ok());
+  EXPECT_TRUE(ObjectFiles().empty());
+}
+
+TEST_F(CacheStoreTest, ReplacementServesTheOldBodyUntilItCommits) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "old body", Meta("\"v1\"")).ok());
+  Result<FillId> id = store_->BeginFill("k", Meta("\"v2\""));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "new body, longer", 3).ok());
+  EXPECT_EQ(*ReadAll("k"), "old body");
+  EXPECT_EQ(store_->index().Find("k")->etag, "\"v1\"");
+  ASSERT_TRUE(Commit(*id).ok());
+  EXPECT_EQ(*ReadAll("k"), "new body, longer");
+  EXPECT_EQ(store_->index().Find("k")->etag, "\"v2\"");
+  EXPECT_EQ(store_->index().total_bytes(), 16u);
+  Reopen();
+  EXPECT_EQ(*ReadAll("k"), "new body, longer");
+  EXPECT_EQ(store_->index().Find("k")->etag, "\"v2\"");
+}
+
+TEST_F(CacheStoreTest, AbortedReplacementKeepsTheOldObject) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "old body", Meta("\"v1\"")).ok());
+  Result<FillId> id = store_->BeginFill("k", Meta("\"v2\""));
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "new", 3).ok());
+  store_->AbortFill(*id);
+  EXPECT_EQ(*ReadAll("k"), "old body");
+  Reopen();
+  EXPECT_EQ(*ReadAll("k"), "old body");
+  EXPECT_EQ(store_->index().Find("k")->etag, "\"v1\"");
+}
+
+TEST_F(CacheStoreTest, CapEvictsTheLeastRecentlyUsedAndDeletesTheirFiles) {
+  Reopen(3000);
+  for (const char* key : {"a", "b", "c"}) {
+    clock_.AdvanceBy(Seconds(1));
+    ASSERT_TRUE(Fill(key, std::string(1000, key[0])).ok());
+  }
+  clock_.AdvanceBy(Seconds(1));
+  EXPECT_TRUE(store_->Touch("a"));
+  std::string b_path = store_->BodyPath("b");
+  ASSERT_TRUE(fs::exists(b_path));
+  clock_.AdvanceBy(Seconds(1));
+  ASSERT_TRUE(Fill("d", std::string(1000, 'd')).ok());
+  EXPECT_EQ(LruOrder(), (Keys{"c", "a", "d"}));
+  EXPECT_EQ(store_->Status("b", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(b_path));
+  EXPECT_EQ(ObjectFiles().size(), 3u);
+  EXPECT_LE(store_->index().total_bytes(), 3000u);
+  Reopen(3000);
+  EXPECT_EQ(LruOrder(), (Keys{"c", "a", "d"}));
+}
+
+TEST_F(CacheStoreTest, BeginFillWithAKnownSizeEvictsAhead) {
+  Reopen(3000);
+  for (const char* key : {"a", "b", "c"}) {
+    clock_.AdvanceBy(Seconds(1));
+    ASSERT_TRUE(Fill(key, std::string(1000, key[0])).ok());
+  }
+  CacheEntry meta;
+  meta.size = 1500;
+  Result<FillId> id = store_->BeginFill("d", meta);
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(LruOrder(), (Keys{"c"}));  // 1000 + 1500 fit; a and b went before the bytes came
+  EXPECT_FALSE(fs::exists(store_->BodyPath("a")));
+  EXPECT_FALSE(fs::exists(store_->BodyPath("b")));
+  ASSERT_TRUE(Append(*id, std::string(1500, 'd'), 500).ok());
+  ASSERT_TRUE(Commit(*id).ok());
+  EXPECT_EQ(LruOrder(), (Keys{"c", "d"}));
+}
+
+TEST_F(CacheStoreTest, RefusesAnObjectBiggerThanTheCap) {
+  Reopen(1000);
+  ASSERT_TRUE(Fill("small", std::string(400, 's')).ok());
+  CacheEntry meta;
+  meta.size = 2000;
+  Result<FillId> refused = store_->BeginFill("huge", meta);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused.status().message(), "exceed the cache capacity of 1000 bytes"))
+      << refused.status().ToString();
+
+  // Unknown size: refused when the appends pass the cap; the earlier object is untouched.
+  Result<FillId> id = store_->BeginFill("huge", {});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, std::string(600, 'h'), 600).ok());
+  Status over = Append(*id, std::string(600, 'h'), 600);
+  EXPECT_EQ(over.code(), Status::Code::kInvalidArgument);
+  Status commit = Commit(*id);
+  EXPECT_FALSE(commit.ok());
+  EXPECT_TRUE(Contains(commit.message(), "exceed the cache capacity")) << commit.ToString();
+  EXPECT_EQ(store_->Status("huge", false).state, CacheState::kAbsent);
+  EXPECT_EQ(*ReadAll("small"), std::string(400, 's'));
+  EXPECT_EQ(
+      ObjectFiles(),
+      (std::set<std::string>{fs::relative(store_->BodyPath("small"), dir_ + "/objects").string()}));
+}
+
+TEST_F(CacheStoreTest, TruncatedFillIsNotCached) {
+  Reopen();
+  CacheEntry meta;
+  meta.size = 100;
+  Result<FillId> id = store_->BeginFill("k", meta);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, std::string(60, 'x'), 60).ok());
+  Status commit = Commit(*id);
+  EXPECT_EQ(commit.code(), Status::Code::kInvalidArgument);
+  EXPECT_TRUE(Contains(commit.message(), "truncated")) << commit.ToString();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_TRUE(ObjectFiles().empty());
+}
+
+TEST_F(CacheStoreTest, ReopenRestoresObjectsMetadataAndLruOrder) {
+  Reopen();
+  TimePoint expires = TimePoint(Seconds(3600));
+  ASSERT_TRUE(Fill("a", "body a", Meta("\"a\"", expires)).ok());
+  clock_.AdvanceBy(Seconds(10));
+  ASSERT_TRUE(Fill("b", "body b", Meta("\"b\"")).ok());
+  clock_.AdvanceBy(Seconds(10));
+  ASSERT_TRUE(Fill("c", "body c", Meta("\"c\"")).ok());
+  clock_.AdvanceBy(Seconds(10));
+  EXPECT_TRUE(store_->Touch("a"));  // in memory only until Close
+  std::vector<std::pair<std::string, CacheEntry>> before;
+  store_->index().ForEach(
+      [&](const std::string& k, const CacheEntry& e) { before.emplace_back(k, e); });
+  ASSERT_EQ(LruOrder(), (Keys{"b", "c", "a"}));
+
+  Reopen();
+  EXPECT_EQ(LruOrder(), (Keys{"b", "c", "a"}));
+  std::vector<std::pair<std::string, CacheEntry>> after;
+  store_->index().ForEach(
+      [&](const std::string& k, const CacheEntry& e) { after.emplace_back(k, e); });
+  ASSERT_EQ(after.size(), before.size());
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const CacheEntry& x = before[i].second;
+    const CacheEntry& y = after[i].second;
+    SCOPED_TRACE(before[i].first);
+    EXPECT_EQ(y.size, x.size);
+    EXPECT_TRUE(y.where.Has(Residence::kDisk));
+    EXPECT_EQ(y.etag, x.etag);
+    EXPECT_EQ(y.last_modified, x.last_modified);
+    EXPECT_EQ(y.content_type, x.content_type);
+    EXPECT_EQ(y.expires, x.expires);
+    EXPECT_EQ(y.fetched, x.fetched);
+    EXPECT_EQ(y.last_access, x.last_access);
+  }
+  EXPECT_EQ(after[2].second.expires, expires);
+  EXPECT_EQ(*ReadAll("a"), "body a");
+  EXPECT_EQ(*ReadAll("b"), "body b");
+  EXPECT_EQ(*ReadAll("c"), "body c");
+}
+
+TEST_F(CacheStoreTest, ReadingCountsAsAnAccess) {
+  Reopen();
+  ASSERT_TRUE(Fill("a", "a").ok());
+  clock_.AdvanceBy(Seconds(1));
+  ASSERT_TRUE(Fill("b", "b").ok());
+  clock_.AdvanceBy(Seconds(1));
+  ASSERT_TRUE(ReadAll("a").ok());
+  EXPECT_EQ(LruOrder(), (Keys{"b", "a"}));
+  Reopen();
+  EXPECT_EQ(LruOrder(), (Keys{"b", "a"}));
+}
+
+TEST_F(CacheStoreTest, UpdateMetaIsPersistedAndKeepsSizeAndOrder) {
+  Reopen();
+  ASSERT_TRUE(Fill("a", "aaaa", Meta("\"1\"")).ok());
+  clock_.AdvanceBy(Seconds(1));
+  ASSERT_TRUE(Fill("b", "bb", Meta("\"1\"")).ok());
+  TimePoint new_expiry = clock_.Now() + Seconds(600);
+  Status st = store_->UpdateMeta("a", [&](CacheEntry& e) {
+    e.etag = "\"2\"";
+    e.expires = new_expiry;
+    e.fetched = clock_.Now();
+    e.size = 999;  // ignored: the body did not change
+  });
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(store_->index().Find("a")->size, 4u);
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"2\"");  // in memory at once
+  EXPECT_EQ(LruOrder(), (Keys{"a", "b"}));
+  // Not in sqlite yet: the caller decides when the disk is written (deferred writes).
+  EXPECT_EQ(store_->unsaved_index_changes(), 1u);
+  ASSERT_TRUE(store_->SaveIndex().ok());
+  EXPECT_EQ(store_->unsaved_index_changes(), 0u);
+  Reopen();
+  const CacheEntry* a = store_->index().Find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->etag, "\"2\"");
+  EXPECT_EQ(a->expires, new_expiry);
+  EXPECT_EQ(a->fetched, clock_.Now());
+  EXPECT_EQ(a->size, 4u);
+  EXPECT_EQ(store_->UpdateMeta("missing", [](CacheEntry&) {}).code(), Status::Code::kNotFound);
+}
+
+TEST_F(CacheStoreTest, EraseRemovesTheBodyAndTheRow) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  std::string path = store_->BodyPath("k");
+  ASSERT_TRUE(fs::exists(path));
+  ASSERT_TRUE(store_->Erase("k").ok());
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_EQ(store_->Erase("k").code(), Status::Code::kNotFound);
+  Reopen();
+  EXPECT_TRUE(store_->index().empty());
+}
+
+TEST_F(CacheStoreTest, ChangeListenerHearsReplacementsUpdatesErasesAndEvictions) {
+  Reopen(3000);
+  Keys changed;
+  store_->SetChangeListener([&](const std::string& key) { changed.push_back(key); });
+  ASSERT_TRUE(Fill("a", std::string(1000, 'a')).ok());
+  ASSERT_TRUE(Fill("b", std::string(1000, 'b')).ok());
+  EXPECT_EQ(changed, Keys{});  // new objects: nobody can hold an older copy
+  ASSERT_TRUE(Fill("a", std::string(1000, 'A')).ok());
+  EXPECT_EQ(changed, Keys{"a"});
+  ASSERT_TRUE(store_->UpdateMeta("b", [](CacheEntry& e) { e.etag = "\"2\""; }).ok());
+  EXPECT_EQ(changed, (Keys{"a", "b"}));
+  ASSERT_TRUE(store_->Erase("a").ok());
+  EXPECT_EQ(changed, (Keys{"a", "b", "a"}));
+  EXPECT_TRUE(store_->Touch("b"));  // an access changes nothing a copy holds
+  ASSERT_TRUE(Fill("c", std::string(1500, 'c')).ok());
+  ASSERT_TRUE(Fill("d", std::string(1500, 'd')).ok());  // evicts b, the least recently used
+  EXPECT_EQ(changed, (Keys{"a", "b", "a", "b"}));
+}
+
+TEST_F(CacheStoreTest, FillOfADroppedStoreIsGoneAfterReopen) {
+  Reopen();
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "half of a body", 7).ok());
+  store_.reset();  // no commit
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_TRUE(ObjectFiles().empty());
+}
+
+TEST_F(CacheStoreTest, StoredResponseHeadRoundTripsAndVersion1IndexesAreUpgraded) {
+  Reopen();
+  CacheEntry meta = Meta("\"1\"");
+  meta.response = R"({"status":200,"headers":[["Vary","Accept-Encoding"]]})";
+  ASSERT_TRUE(Fill("proxied", "body", meta).ok());
+  ASSERT_TRUE(Fill("plain", "text").ok());
+  Reopen();
+  EXPECT_EQ(store_->index().Find("proxied")->response, meta.response);
+  EXPECT_EQ(store_->index().Find("plain")->response, "");
+  ASSERT_TRUE(store_->UpdateMeta("proxied", [](CacheEntry& e) { e.response = "{}"; }).ok());
+  Reopen();
+  EXPECT_EQ(store_->index().Find("proxied")->response, "{}");
+
+  // An index written by the version before the column existed opens and keeps its objects.
+  store_.reset();
+  ExecSql("ALTER TABLE objects DROP COLUMN response; UPDATE schema_version SET version = 1");
+  Reopen();
+  ASSERT_NE(store_->index().Find("plain"), nullptr);
+  EXPECT_EQ(*ReadAll("plain"), "text");
+  EXPECT_EQ(store_->index().Find("proxied")->response, "");
+  store_.reset();
+  // A version from the future is refused with a message, not misread.
+  ExecSql("UPDATE schema_version SET version = 99");
+  event_base* base = event_base_new();
+  {
+    SyncFileIo io(base);  // gone before its base
+    Result<std::unique_ptr<CacheStore>> future = CacheStore::Open(dir_, 0, clock_, io, Options());
+    EXPECT_FALSE(future.ok());
+    if (!future.ok()) {
+      EXPECT_NE(future.status().message().find("schema version 99"), std::string::npos)
+          << future.status().ToString();
+    }
+  }
+  event_base_free(base);
+  ExecSql("UPDATE schema_version SET version = 2");
+}
+
+TEST_F(CacheStoreTest, UpdateMetaReachesSqliteOnlyWhenSaved) {
+  Reopen();
+  ASSERT_TRUE(Fill("a", "aaaa", Meta("\"1\"")).ok());
+  store_.reset();
+  // A child updates the metadata, saves it or not, and dies without running any destructor.
+  auto crash_after_update = [&](bool save) {
+    std::fflush(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      event_base* base = event_base_new();
+      SyncFileIo io(base);
+      Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, Options());
+      if (!store.ok()) ::_exit(2);
+      if (!(*store)->UpdateMeta("a", [&](CacheEntry& e) { e.etag = save ? "\"saved\"" : "\"lost\""; }).ok()) ::_exit(3);
+      if (save && !(*store)->SaveIndex().ok()) ::_exit(4);
+      ::_exit(0);
+    }
+    int wstatus = 0;
+    EXPECT_EQ(::waitpid(pid, &wstatus, 0), pid);
+    EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  };
+  crash_after_update(false);
+  Reopen();
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"1\"");  // lost with the crash: revalidated again
+  store_.reset();
+  crash_after_update(true);
+  Reopen();
+  EXPECT_EQ(store_->index().Find("a")->etag, "\"saved\"");
+  EXPECT_EQ(*ReadAll("a"), "aaaa");
+}
+
+TEST_F(CacheStoreTest, FillCutShortByACrashIsGoneAfterReopen) {
+  Reopen();
+  ASSERT_TRUE(Fill("keep", "kept body").ok());
+  store_.reset();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child fills without committing and dies without running any destructor.
+    event_base* base = event_base_new();
+    SyncFileIo io(base);
+    Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, Options());
+    if (!store.ok()) ::_exit(2);
+    Result<FillId> id = (*store)->BeginFill("crashed", {});
+    if (!id.ok()) ::_exit(3);
+    bool done = false;
+    (*store)->AppendFill(*id, std::string(5000, 'c'), [&](Status) { done = true; });
+    while (!done) event_base_loop(base, EVLOOP_ONCE);
+    ::_exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  // The crash left a temp file and a pending row behind...
+  EXPECT_EQ(ObjectFiles().size(), 2u);
+  EXPECT_EQ(CountRows("complete = 0"), 1);
+  // ...which Open removes, keeping the complete object.
+  Reopen();
+  EXPECT_EQ(store_->Status("crashed", false).state, CacheState::kAbsent);
+  EXPECT_EQ(*ReadAll("keep"), "kept body");
+  EXPECT_EQ(ObjectFiles().size(), 1u);
+  store_.reset();
+  EXPECT_EQ(CountRows("complete = 0"), 0);
+  EXPECT_EQ(CountRows("1"), 1);
+}
+
+TEST_F(CacheStoreTest, ReplacementCutShortByACrashIsDroppedNotMismatched) {
+  // A crash between "row complete=0" and "row complete=1" of a replacement: the body at the
+  // path may be the new one while the row describes the old. Open must serve neither.
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  ExecSql("UPDATE objects SET complete = 0 WHERE key = 'k'");
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST_F(CacheStoreTest, OrphanFilesAreRemovedAtOpen) {
+  Reopen();
+  ASSERT_TRUE(Fill("live", "live body").ok());
+  std::string live = store_->BodyPath("live");
+  store_.reset();
+  std::string objects = dir_ + "/objects";
+  std::string orphan_name = CacheStore::ObjectName("never committed");
+  fs::create_directories(objects + "/" + orphan_name.substr(0, 2));
+  std::vector<std::string> orphans = {
+      objects + "/" + orphan_name.substr(0, 2) + "/" + orphan_name,
+      live + ".fill-17",
+      objects + "/stray-file",
+  };
+  for (const std::string& p : orphans) std::ofstream(p) << "orphan";
+  Reopen();
+  for (const std::string& p : orphans) EXPECT_FALSE(fs::exists(p)) << p;
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(*ReadAll("live"), "live body");
+}
+
+TEST_F(CacheStoreTest, DamagedBodyIsDroppedAtOpenWithAWarning) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "twelve bytes").ok());
+  ASSERT_TRUE(Fill("ok", "fine").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  fs::resize_file(path, 5);
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+  ASSERT_EQ(store_->warnings().size(), 1u);
+  EXPECT_TRUE(Contains(store_->warnings()[0], "wrong size"));
+  EXPECT_EQ(*ReadAll("ok"), "fine");
+}
+
+TEST_F(CacheStoreTest, CorruptIndexIsSetAsideWithAWarning) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  store_.reset();
+  {
+    std::ofstream garbage(dir_ + "/index.sqlite", std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 200; ++i) garbage << "this is not an sqlite database. ";
+  }
+  Reopen();
+  ASSERT_EQ(store_->warnings().size(), 1u);
+  EXPECT_TRUE(Contains(store_->warnings()[0], "index.sqlite.corrupt-")) << store_->warnings()[0];
+  EXPECT_TRUE(store_->index().empty());
+  EXPECT_TRUE(ObjectFiles().empty());  // bodies with no row are orphans
+  bool set_aside = false;
+  for (const std::string& f : FilesUnder(dir_)) {
+    if (f.rfind("index.sqlite.corrupt-", 0) == 0) set_aside = true;
+  }
+  EXPECT_TRUE(set_aside);
+  // The fresh index works and survives a reopen without complaint.
+  ASSERT_TRUE(Fill("k2", "new body").ok());
+  Reopen();
+  EXPECT_TRUE(store_->warnings().empty());
+  EXPECT_EQ(*ReadAll("k2"), "new body");
+}
+
+TEST_F(CacheStoreTest, HostileKeysStayInsideTheDirectory) {
+  Reopen();
+  const Keys keys = {
+      "../../escape",
+      "/etc/passwd",
+      "a/b/../../c",
+      std::string("nul\0byte", 8),
+      std::string("nul\0other", 9),
+      "\xff\xfe\x01 odd bytes \n\t",
+      "",
+      std::string(5000, '/'),
+  };
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_TRUE(Fill(keys[i], "body " + std::to_string(i)).ok()) << i;
+  }
+  // Nothing left the cache directory.
+  std::set<std::string> outside = FilesUnder(root_);
+  for (const std::string& f : outside) EXPECT_EQ(f.rfind("cache/", 0), 0u) << f;
+  EXPECT_FALSE(fs::exists("/etc/passwd.fill-1"));
+  EXPECT_EQ(ObjectFiles().size(), keys.size());
+  Reopen();
+  ASSERT_EQ(store_->index().size(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    Result<std::string> body = ReadAll(keys[i]);
+    ASSERT_TRUE(body.ok()) << i << ": " << body.status().ToString();
+    EXPECT_EQ(*body, "body " + std::to_string(i));
+  }
+}
+
+TEST_F(CacheStoreTest, InjectedEnospcAbortsThatFillOnly) {
+  Reopen();
+  ASSERT_TRUE(Fill("old", "old body").ok());
+  Result<FillId> a = store_->BeginFill("a", {});
+  Result<FillId> b = store_->BeginFill("b", {});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(Append(*a, "first half of a, ", 100).ok());
+  ASSERT_TRUE(Append(*b, "first half of b, ", 100).ok());
+  io_->FailWhen([](const FileCall& c) { return c.op == FileOp::kWrite && c.size == 777; }, ENOSPC);
+  Status full = Append(*b, std::string(777, 'b'), 777);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.ToErrno(), ENOSPC);
+  EXPECT_TRUE(Contains(full.message(), "\"b\"")) << full.ToString();
+  EXPECT_TRUE(Contains(full.message(), "abandoned")) << full.ToString();
+  io_->Heal();
+  EXPECT_EQ(Append(*b, "more", 4).ToErrno(), ENOSPC);  // the fill stays failed
+  EXPECT_EQ(Commit(*b).ToErrno(), ENOSPC);
+  ASSERT_TRUE(Append(*a, "second half of a", 100).ok());
+  ASSERT_TRUE(Commit(*a).ok());
+
+  EXPECT_EQ(store_->Status("b", false).state, CacheState::kAbsent);
+  EXPECT_EQ(*ReadAll("a"), "first half of a, second half of a");
+  EXPECT_EQ(*ReadAll("old"), "old body");
+  EXPECT_EQ(ObjectFiles().size(), 2u);  // a and old: b's temp file is gone
+  Reopen();
+  EXPECT_EQ(LruOrder().size(), 2u);
+  EXPECT_EQ(store_->Status("b", false).state, CacheState::kAbsent);
+}
+
+TEST_F(CacheStoreTest, InjectedEioOnAWriteAbortsThatFill) {
+  Reopen();
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  io_->FailWhen([](const FileCall& c) { return c.op == FileOp::kWrite && c.offset == 2000; }, EIO);
+  Status st = Append(*id, std::string(5000, 'k'), 1000);  // the third append fails
+  EXPECT_EQ(st.ToErrno(), EIO);
+  EXPECT_EQ(Commit(*id).ToErrno(), EIO);
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_TRUE(ObjectFiles().empty());
+}
+
+TEST_F(CacheStoreTest, ReadErrorIsReportedWithTheKey) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  io_->FailWhen([](const FileCall& c) { return c.op == FileOp::kRead && c.size > 0; }, EIO);
+  std::string buf(4, '\0');
+  Result<std::size_t> r = ReadOnce("k", 0, buf);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().ToErrno(), EIO);
+  EXPECT_TRUE(Contains(r.status().message(), "reading the cached body of \"k\""))
+      << r.status().ToString();
+  io_->Heal();
+  EXPECT_EQ(*ReadAll("k"), "body");  // the object itself is fine
+}
+
+TEST_F(CacheStoreTest, CallbacksNeverRunInsideTheCall) {
+  Reopen();
+  bool returned = false;
+  bool ran_inside = false;
+  bool done = false;
+  std::string buf(4, '\0');
+  store_->ReadBody("absent", 0, buf, [&](Result<std::size_t> r) {
+    ran_inside = !returned;
+    EXPECT_EQ(r.status().code(), Status::Code::kNotFound);
+    done = true;
+  });
+  returned = true;
+  Run(done);
+  EXPECT_FALSE(ran_inside);
+
+  Result<FillId> id = store_->BeginFill("k", {});
+  ASSERT_TRUE(id.ok());
+  returned = false;
+  done = false;
+  store_->CommitFill(*id, [&](Status st) {  // an empty body: nothing to wait for
+    ran_inside = !returned;
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    done = true;
+  });
+  returned = true;
+  Run(done);
+  EXPECT_FALSE(ran_inside);
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kPresent);
+}
+
+TEST_F(CacheStoreTest, LoweredCapEvictsAtOpen) {
+  Reopen();
+  for (const char* key : {"a", "b", "c"}) {
+    clock_.AdvanceBy(Seconds(1));
+    ASSERT_TRUE(Fill(key, std::string(1000, key[0])).ok());
+  }
+  std::string a_path = store_->BodyPath("a");
+  Reopen(2000);
+  EXPECT_EQ(LruOrder(), (Keys{"b", "c"}));
+  EXPECT_FALSE(fs::exists(a_path));
+}
+
+TEST_F(CacheStoreTest, MissingParentIsAClearError) {
+  Result<std::unique_ptr<CacheStore>> store =
+      CacheStore::Open(root_ + "/no/such/cache", 0, clock_, *io_, Options());
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), Status::Code::kNotFound);
+  EXPECT_TRUE(Contains(store.status().message(), "parent directory does not exist"))
+      << store.status().ToString();
+  EXPECT_FALSE(fs::exists(root_ + "/no"));
+}
+
+TEST_F(CacheStoreTest, SecondStoreOnTheSameDirectoryIsRefused) {
+  Reopen();
+  Result<std::unique_ptr<CacheStore>> second = OpenStore(0);
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(Contains(second.status().message(), "locked")) << second.status().ToString();
+  EXPECT_TRUE(Contains(second.status().message(), "another ghostfs"));
+  ASSERT_TRUE(Fill("k", "still works").ok());
+}
+
+TEST_F(CacheStoreTest, ObjectNameIsTheSha256OfTheKey) {
+  // FIPS 180-4 test vectors, one and two blocks.
+  EXPECT_EQ(CacheStore::ObjectName("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(CacheStore::ObjectName(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(CacheStore::ObjectName("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Reopen();
+  EXPECT_EQ(store_->BodyPath("abc"),
+            dir_ + "/objects/ba/ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+}
+
+TEST_F(CacheStoreTest, ClosedStoreRefusesWork) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  ASSERT_TRUE(store_->Close().ok());
+  EXPECT_TRUE(store_->Close().ok());  // idempotent
+  EXPECT_FALSE(store_->BeginFill("k2", {}).ok());
+  EXPECT_FALSE(store_->Erase("k").ok());
+  std::string buf(4, '\0');
+  EXPECT_FALSE(ReadOnce("k", 0, buf).ok());
+}
+
+}  // namespace
+}  // namespace ghost

@@ -1,0 +1,719 @@
+#include "common/control/control.h"
+
+#include <event2/event.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/base/clock.h"
+
+namespace ghost {
+namespace {
+
+using nlohmann::json;
+
+constexpr Duration kWait = Seconds(10);  // a hard limit on every blocking step, never a sleep
+
+// A bare connection for what ControlClient never sends: bad JSON, pipelined and huge lines.
+class RawConnection {
+ public:
+  explicit RawConnection(const std::string& path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      ADD_FAILURE() << "connect " << path << ": " << std::strerror(errno);
+    }
+  }
+  ~RawConnection() { Close(); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  void ShutdownWrite() { ::shutdown(fd_, SHUT_WR); }
+
+  // Sends everything; false once the server has closed the connection.
+  bool Send(const std::string& data) {
+    std::size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return false;
+      off += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+  // The next line without its newline; nullopt at end of stream (EOF or reset by the server).
+  std::optional<std::string> ReadLine() {
+    for (;;) {
+      if (auto nl = in_.find('\n'); nl != std::string::npos) {
+        std::string line = in_.substr(0, nl);
+        in_.erase(0, nl + 1);
+        return line;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(ToMillis(kWait))) != 1) {
+        ADD_FAILURE() << "nothing from the server within the time limit";
+        return std::nullopt;
+      }
+      char buf[65536];
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return std::nullopt;
+      in_.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+
+  json ReadJson() {
+    std::optional<std::string> line = ReadLine();
+    if (!line) {
+      ADD_FAILURE() << "connection closed, expected a line";
+      return json();
+    }
+    json j = json::parse(*line, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << *line;
+    return j;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string in_;
+};
+
+// A server on a fresh socket path, its event loop on a background thread, and a small fake
+// daemon as the handler (everything it touches lives on the loop thread).
+class ControlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char dir[] = "/tmp/ghost-control-XXXXXX";  // short: socket paths are limited to 107 bytes
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    dir_ = dir;
+    path_ = dir_ + "/control.sock";
+    base_ = MakeEventBase();
+  }
+
+  void TearDown() override {
+    StopLoop();
+    server_.reset();
+    event_base_free(base_);
+    std::filesystem::remove_all(dir_);
+  }
+
+  void Start(ControlServerOptions options = {}) {
+    auto server = ControlServer::Listen(
+        base_, path_,
+        [this](const json& request, ControlServer::Reply reply) { Handle(request, reply); },
+        options);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(*server);
+    loop_ = std::thread([this] { event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY); });
+    OnLoop([] {});  // the loop runs: a loopbreak from now on is not lost (the loop resets it)
+  }
+
+  void StopLoop() {
+    if (!loop_.joinable()) return;
+    event_base_loopbreak(base_);
+    loop_.join();
+  }
+
+  // Runs `fn` on the loop thread and returns its result.
+  template <typename F>
+  auto OnLoop(F fn) -> decltype(fn()) {
+    using R = decltype(fn());
+    std::packaged_task<R()> task(std::move(fn));
+    std::future<R> done = task.get_future();
+    timeval now{0, 0};
+    event_base_once(
+        base_, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* arg) { (*static_cast<std::packaged_task<R()>*>(arg))(); },
+        &task, &now);
+    return done.get();
+  }
+
+  // Waits (on the loop's own turns, up to kWait) until the server has `n` connections.
+  bool WaitForConnections(std::size_t n) {
+    auto deadline = std::chrono::steady_clock::now() + kWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (OnLoop([&] { return server_->connections(); }) == n) return true;
+    }
+    return false;
+  }
+
+  ControlClient Connect() {
+    auto c = ControlClient::Connect(path_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return std::move(*c);
+  }
+
+  // The fake daemon.
+  void Handle(const json& request, ControlServer::Reply reply) {
+    ++handled_;
+    const std::string op = request["op"];
+    if (op == "stats") {
+      reply(json{{"knob", knob_}, {"uptime_s", 1.5}});
+    } else if (op == "knob") {
+      if (request.contains("value")) {
+        int previous = knob_;
+        knob_ = request["value"];
+        reply(json{{"knob", knob_}, {"previous", previous}});
+      } else {
+        reply(json{{"knob", knob_}});
+      }
+    } else if (op == "flush") {
+      flushes_.push_back(reply);  // answered when the test says the disk has been written
+      if (flush_seen_) flush_seen_->set_value();
+      flush_seen_.reset();
+    } else if (op == "status") {
+      const std::string path = request["path"];
+      if (path == "/throw") throw std::runtime_error("cache index unreadable");
+      reply(json{{"path", path}, {"length", path.size()}});
+    } else if (op == "hint") {
+      // Drops the reply: a bug in a daemon op, which the server must still answer.
+    } else {
+      reply(json::array());
+    }
+  }
+
+  std::string dir_;
+  std::string path_;
+  event_base* base_ = nullptr;
+  std::unique_ptr<ControlServer> server_;
+  std::thread loop_;
+  // Loop-thread state of the fake daemon (handled_ is also read by the test thread).
+  std::atomic<int> handled_{0};
+  int knob_ = 50;
+  std::vector<ControlServer::Reply> flushes_;
+  std::optional<std::promise<void>> flush_seen_;
+};
+
+TEST_F(ControlTest, CallReturnsTheResultOfItsOwnRequest) {
+  Start();
+  ControlClient client = Connect();
+  auto set = client.Call("knob", {{"value", 70}});
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(*set, (json{{"knob", 70}, {"previous", 50}}));
+  auto get = client.Call("knob");
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(*get, (json{{"knob", 70}}));
+}
+
+TEST_F(ControlTest, RepliesEchoTheRequestIds) {
+  Start();
+  RawConnection raw(path_);
+  ASSERT_TRUE(raw.Send("{\"id\":41,\"op\":\"stats\"}\n{\"id\":\"x\",\"op\":\"knob\"}\r\n\n"));
+  json first = raw.ReadJson();
+  EXPECT_EQ(first["id"], 41);
+  EXPECT_EQ(first["ok"], true);
+  EXPECT_EQ(first["result"]["knob"], 50);
+  json second = raw.ReadJson();
+  EXPECT_EQ(second["id"], "x");
+  EXPECT_EQ(second["result"], (json{{"knob", 50}}));
+}
+
+TEST_F(ControlTest, AsynchronousReplyArrivesWhenTheOpCompletes) {
+  Start();
+  std::promise<void> seen;
+  std::future<void> flush_seen = seen.get_future();
+  OnLoop([&] { flush_seen_.emplace(std::move(seen)); });
+  auto flushing = std::async(std::launch::async, [this] {
+    ControlClient client = Connect();
+    return client.Call("flush", json::object(), kWait);
+  });
+  ASSERT_EQ(flush_seen.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+
+  // While the flush is outstanding the loop serves others, and the flush has no reply yet.
+  ControlClient other = Connect();
+  auto stats = other.Call("stats", json::object(), kWait);
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(flushing.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+
+  OnLoop([&] {
+    ASSERT_EQ(flushes_.size(), 1u);
+    EXPECT_TRUE(flushes_[0].pending());
+    flushes_[0](json{{"flushed_bytes", 4096}});
+    EXPECT_FALSE(flushes_[0].pending());
+  });
+  auto flushed = flushing.get();
+  ASSERT_TRUE(flushed.ok()) << flushed.status().ToString();
+  EXPECT_EQ(*flushed, (json{{"flushed_bytes", 4096}}));
+}
+
+TEST_F(ControlTest, LaterReplyOvertakesAnOutstandingAsynchronousOne) {
+  Start();
+  RawConnection raw(path_);
+  ASSERT_TRUE(raw.Send("{\"id\":1,\"op\":\"flush\"}\n{\"id\":2,\"op\":\"stats\"}\n"));
+  EXPECT_EQ(raw.ReadJson()["id"], 2);
+  OnLoop([&] { flushes_.at(0)(json::object()); });
+  json flushed = raw.ReadJson();
+  EXPECT_EQ(flushed["id"], 1);
+  EXPECT_EQ(flushed["ok"], true);
+}
+
+TEST_F(ControlTest, ReplyAfterTheClientLeftIsDroppedSafely) {
+  Start();
+  {
+    RawConnection raw(path_);
+    ASSERT_TRUE(raw.Send("{\"id\":1,\"op\":\"flush\"}\n"));
+    ASSERT_TRUE(WaitForConnections(1));
+    while (OnLoop([&] { return flushes_.size(); }) == 0) {
+    }
+  }
+  ASSERT_TRUE(WaitForConnections(0));
+  OnLoop([&] {
+    EXPECT_FALSE(flushes_.at(0).pending());
+    flushes_.at(0)(json{{"flushed_bytes", 1}});  // dropped
+    flushes_.clear();
+  });
+  ControlClient client = Connect();
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, HalfClosedClientStillGetsItsReplies) {
+  Start();
+  RawConnection raw(path_);
+  // As `nc -N`: send, shut down sending, read to the end. A last line without "\n" counts.
+  ASSERT_TRUE(raw.Send("{\"id\":1,\"op\":\"flush\"}\n{\"id\":2,\"op\":\"stats\"}"));
+  raw.ShutdownWrite();
+  EXPECT_EQ(raw.ReadJson()["id"], 2);
+  while (OnLoop([&] { return flushes_.size(); }) == 0) {
+  }
+  EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);  // a reply is still owed
+  OnLoop([&] { flushes_.at(0)(json::object()); });
+  EXPECT_EQ(raw.ReadJson()["id"], 1);
+  EXPECT_EQ(raw.ReadLine(), std::nullopt);  // then the server closes
+  EXPECT_TRUE(WaitForConnections(0));
+}
+
+TEST_F(ControlTest, RequestTheHandlerNeverAnswersGetsAnInternalError) {
+  Start();
+  ControlClient client = Connect();
+  auto hint =
+      client.Call("hint", {{"kind", "ghost"}, {"device", "microdrive-1gb"}, {"time_s", 0.5}});
+  ASSERT_FALSE(hint.ok());
+  EXPECT_NE(hint.status().message().find("internal error"), std::string::npos)
+      << hint.status().message();
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, HandlerExceptionBecomesAnErrorReply) {
+  Start();
+  ControlClient client = Connect();
+  auto status = client.Call("status", {{"path", "/throw"}});
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.status().message(), "internal error in status: cache index unreadable");
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, BadRequestsGetErrorRepliesAndTheConnectionStaysUsable) {
+  Start();
+  RawConnection raw(path_);
+  auto expect_error = [&](const std::string& line, const json& id, const std::string& words) {
+    ASSERT_TRUE(raw.Send(line + "\n"));
+    json reply = raw.ReadJson();
+    EXPECT_EQ(reply["id"], id) << line;
+    EXPECT_EQ(reply["ok"], false) << line;
+    EXPECT_NE(reply.value("error", "").find(words), std::string::npos) << reply.dump();
+  };
+  expect_error("this is not json", nullptr, "invalid JSON");
+  expect_error("{\"id\":1,\"op\":", nullptr, "invalid JSON");
+  expect_error("[1,2,3]", nullptr, "JSON object");
+  expect_error("{\"id\":3}", 3, "missing \"op\"");
+  expect_error("{\"id\":4,\"op\":7}", 4, "missing \"op\"");
+  expect_error("{\"id\":5,\"op\":\"frobnicate\"}", 5, "unknown op \"frobnicate\"");
+  ASSERT_TRUE(raw.Send("{\"id\":6,\"op\":\"stats\"}\n"));
+  json ok = raw.ReadJson();
+  EXPECT_EQ(ok["id"], 6);
+  EXPECT_EQ(ok["ok"], true);
+  EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);
+}
+
+TEST_F(ControlTest, ClientCallOfAnUnknownOpFailsWithTheServersMessage) {
+  Start();
+  ControlClient client = Connect();
+  auto r = client.Call("frobnicate");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("unknown op \"frobnicate\""), std::string::npos);
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, BadArgumentsAreRefusedBeforeReachingTheHandler) {
+  Start();
+  ControlClient client = Connect();
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"knob", {{"value", 170}}},
+      {"knob", {{"value", "high"}}},
+      {"status", json::object()},
+      {"status", {{"path", ""}}},
+      {"hint", {{"kind", "nap"}, {"device", "microdrive-1gb"}}},
+      {"hint", {{"kind", "ghost"}}},
+      {"hint", {{"kind", "ghost"}, {"device", 0}, {"energy_j", -1}}},
+      {"subscribe", {{"topics", {"weather"}}}},
+      {"subscribe", json::object()},
+  };
+  for (const auto& [op, args] : bad) {
+    auto r = client.Call(op, args);
+    ASSERT_FALSE(r.ok()) << op << " " << args.dump();
+    EXPECT_EQ(r.status().message().rfind(op + ": ", 0), 0u) << r.status().message();
+  }
+  EXPECT_EQ(handled_.load(), 0);
+  EXPECT_TRUE(client.Call("knob", {{"value", 0}}).ok());
+  EXPECT_EQ(handled_.load(), 1);
+}
+
+TEST_F(ControlTest, OversizedLineGetsAnErrorThenTheConnectionCloses) {
+  Start();
+  ControlClient bystander = Connect();
+  RawConnection raw(path_);
+  std::string huge =
+      "{\"id\":1,\"op\":\"status\",\"path\":\"/" + std::string(70 * 1024, 'a') + "\"}\n";
+  raw.Send(huge);  // the server may close before it has all of it
+  json reply = raw.ReadJson();
+  EXPECT_TRUE(reply["id"].is_null());
+  EXPECT_EQ(reply["ok"], false);
+  EXPECT_NE(reply.value("error", "").find("longer than 65536 bytes"), std::string::npos)
+      << reply.dump();
+  EXPECT_EQ(raw.ReadLine(), std::nullopt);  // then end of stream
+  EXPECT_TRUE(WaitForConnections(1));
+  EXPECT_EQ(handled_.load(), 0);
+  EXPECT_TRUE(bystander.Call("stats").ok());
+}
+
+TEST_F(ControlTest, LineOfExactlyTheLimitIsAccepted) {
+  Start();
+  RawConnection raw(path_);
+  const std::string head = "{\"id\":1,\"op\":\"status\",\"path\":\"/";
+  const std::string tail = "\"}";
+  std::string line = head + std::string(64 * 1024 - head.size() - tail.size(), 'p') + tail;
+  ASSERT_EQ(line.size(), 64u * 1024);
+  ASSERT_TRUE(raw.Send(line + "\n"));
+  json reply = raw.ReadJson();
+  EXPECT_EQ(reply["ok"], true) << reply.dump().substr(0, 200);
+  EXPECT_EQ(reply["result"]["length"], 64 * 1024 - head.size() - tail.size() + 1);
+}
+
+TEST_F(ControlTest, SocketFileHasMode0600) {
+  Start();
+  struct stat st {};
+  ASSERT_EQ(::lstat(path_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+}
+
+TEST_F(ControlTest, SecondServerOnALivePathRefuses) {
+  Start();
+  auto second = OnLoop([&] {
+    return ControlServer::Listen(base_, path_, [](const json&, ControlServer::Reply) {});
+  });
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), Status::Code::kExists);
+  EXPECT_NE(second.status().message().find(path_), std::string::npos);
+  // The first server keeps its socket and goes on serving.
+  ControlClient client = Connect();
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, StaleSocketFileIsReplaced) {
+  {  // a socket file whose server died without removing it
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ::close(fd);
+  }
+  ASSERT_TRUE(std::filesystem::exists(path_));
+  Start();
+  ControlClient client = Connect();
+  EXPECT_TRUE(client.Call("stats").ok());
+}
+
+TEST_F(ControlTest, RefusesToReplaceAFileThatIsNotASocket) {
+  std::ofstream(path_) << "precious\n";
+  auto server = ControlServer::Listen(base_, path_, [](const json&, ControlServer::Reply) {});
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), Status::Code::kExists);
+  std::ifstream in(path_);
+  std::string content;
+  std::getline(in, content);
+  EXPECT_EQ(content, "precious");
+}
+
+TEST_F(ControlTest, SubscriberReceivesPublishedEventsInOrder) {
+  Start();
+  ControlClient client = Connect();
+  auto sub = client.Call("subscribe", {{"topics", {"stats"}}});
+  ASSERT_TRUE(sub.ok()) << sub.status().ToString();
+  EXPECT_EQ(*sub, (json{{"topics", {"stats"}}}));
+  OnLoop([&] {
+    for (int i = 0; i < 100; ++i) {
+      server_->Publish("modes", {{"seq", -i}});  // not subscribed: never arrives
+      server_->Publish("stats", {{"seq", i}});
+    }
+  });
+  for (int i = 0; i < 100; ++i) {
+    auto ev = client.ReadEvent(kWait);
+    ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+    EXPECT_EQ(*ev, (json{{"event", "stats"}, {"data", {{"seq", i}}}}));
+  }
+  auto none = client.ReadEvent(Duration(0));
+  EXPECT_EQ(none.status().code(), Status::Code::kTimedOut);
+}
+
+TEST_F(ControlTest, SubscribingAgainAddsTopics) {
+  Start();
+  ControlClient client = Connect();
+  ASSERT_TRUE(client.Call("subscribe", {{"topics", {"stats"}}}).ok());
+  auto both = client.Call("subscribe", {{"topics", {"modes"}}});
+  ASSERT_TRUE(both.ok());
+  EXPECT_EQ(*both, (json{{"topics", {"modes", "stats"}}}));
+  EXPECT_EQ(OnLoop([&] { return server_->subscribers("modes"); }), 1u);
+}
+
+TEST_F(ControlTest, EventsArrivingDuringACallAreKeptForReadEvent) {
+  Start();
+  ControlClient client = Connect();
+  ASSERT_TRUE(client.Call("subscribe", {{"topics", {"modes"}}}).ok());
+  OnLoop([&] { server_->Publish("modes", {{"device", "microdrive-1gb"}, {"mode", "standby"}}); });
+  auto stats = client.Call("stats");  // the event is on the stream before this reply
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(client.queued_events(), 1u);
+  auto ev = client.ReadEvent(Duration(0));
+  ASSERT_TRUE(ev.ok()) << ev.status().ToString();
+  EXPECT_EQ((*ev)["data"]["mode"], "standby");
+}
+
+TEST_F(ControlTest, SlowSubscriberIsDisconnectedWithoutBlockingOthers) {
+  Start();
+  ControlClient slow = Connect();
+  ControlClient reader = Connect();
+  ASSERT_TRUE(slow.Call("subscribe", {{"topics", {"stats"}}}).ok());
+  ASSERT_TRUE(reader.Call("subscribe", {{"topics", {"stats"}}}).ok());
+  // 8 MiB of events: more than the kernel's socket buffers and the 1 MiB watermark together.
+  const std::string pad(64 * 1024, 'x');
+  constexpr int kEvents = 128;
+  for (int i = 0; i < kEvents; ++i) {
+    OnLoop([&] { server_->Publish("stats", {{"seq", i}, {"pad", pad}}); });
+    auto ev = reader.ReadEvent(kWait);  // the reader keeps up and is served throughout
+    ASSERT_TRUE(ev.ok()) << "event " << i << ": " << ev.status().ToString();
+    ASSERT_EQ((*ev)["data"]["seq"], i);
+  }
+  EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);
+  EXPECT_EQ(OnLoop([&] { return server_->subscribers("stats"); }), 1u);
+
+  // The slow one gets a prefix of the events, in order, then end of stream.
+  int got = 0;
+  for (;;) {
+    auto ev = slow.ReadEvent(kWait);
+    if (!ev.ok()) {
+      EXPECT_EQ(ev.status().code(), Status::Code::kUnavailable) << ev.status().ToString();
+      break;
+    }
+    ASSERT_EQ((*ev)["data"]["seq"], got);
+    ++got;
+  }
+  EXPECT_LT(got, kEvents);
+  EXPECT_TRUE(reader.Call("stats").ok());
+}
+
+TEST_F(ControlTest, PipeliningClientIsThrottledNotDisconnected) {
+  ControlServerOptions options;
+  options.pause_reading_at = 16 * 1024;
+  options.high_watermark = 64 * 1024;
+  Start(options);
+  RawConnection raw(path_);
+  constexpr int kRequests = 20000;  // ~900 KB of replies: far past the watermark if all queued
+  std::thread writer([&] {
+    std::string batch;
+    for (int i = 0; i < kRequests; ++i)
+      batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
+    EXPECT_TRUE(raw.Send(batch));
+  });
+  // Let the server get as far as it will while nobody reads (it stops once throttled).
+  int last = -1;
+  for (int still = 0; still < 50;) {
+    int now = handled_.load();
+    still = now == last ? still + 1 : 0;
+    last = now;
+    OnLoop([] {});
+  }
+  EXPECT_LT(handled_.load(), kRequests);
+  EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);
+  for (int i = 0; i < kRequests; ++i) {
+    json reply = raw.ReadJson();
+    ASSERT_EQ(reply["id"], i);
+  }
+  writer.join();
+  EXPECT_EQ(handled_.load(), kRequests);
+}
+
+TEST_F(ControlTest, ManyClientsAtOnce) {
+  Start();
+  constexpr int kClients = 16;
+  constexpr int kCalls = 50;
+  std::vector<std::future<int>> done;
+  for (int c = 0; c < kClients; ++c) {
+    done.push_back(std::async(std::launch::async, [this] {
+      ControlClient client = Connect();
+      int ok = 0;
+      for (int i = 0; i < kCalls; ++i) ok += client.Call("stats", json::object(), kWait).ok();
+      return ok;
+    }));
+  }
+  for (auto& d : done) EXPECT_EQ(d.get(), kCalls);
+  EXPECT_EQ(handled_.load(), kClients * kCalls);
+}
+
+TEST_F(ControlTest, IdleServerHasNoTimerPending) {
+  Start();
+  ControlClient client = Connect();
+  ASSERT_TRUE(client.Call("subscribe", {{"topics", {"modes", "stats", "events"}}}).ok());
+  int timers = OnLoop([&] {
+    std::vector<const event*> events;  // event_pending may not be called under foreach's lock
+    event_base_foreach_event(
+        base_,
+        [](const event_base*, const event* ev, void* arg) {
+          static_cast<std::vector<const event*>*>(arg)->push_back(ev);
+          return 0;
+        },
+        &events);
+    int n = 0;
+    for (const event* ev : events) n += event_pending(ev, EV_TIMEOUT, nullptr) != 0;
+    EXPECT_GE(events.size(), 2u);  // the listener and the client's connection at least
+    return n;
+  });
+  EXPECT_EQ(timers, 0);
+}
+
+TEST_F(ControlTest, DestroyingTheServerUnlinksTheSocketAndClosesClients) {
+  Start();
+  ControlClient client = Connect();
+  ASSERT_TRUE(client.Call("stats").ok());
+  OnLoop([&] { server_.reset(); });  // on its loop, which finishes closing the sockets
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path_)));
+  auto after = client.Call("stats", json::object(), kWait);
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), Status::Code::kUnavailable);
+}
+
+TEST_F(ControlTest, ConnectWithoutAServerAsksWhetherGhostfsIsRunning) {
+  auto c = ControlClient::Connect(path_);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), Status::Code::kUnavailable);
+  EXPECT_EQ(c.status().message(),
+            "cannot connect to " + path_ + ": is ghostfs running? (--control PATH)");
+}
+
+TEST_F(ControlTest, ReadEventTimesOutWhenNothingIsPushed) {
+  Start();
+  ControlClient client = Connect();
+  ASSERT_TRUE(client.Call("subscribe", {{"topics", {"events"}}}).ok());
+  auto ev = client.ReadEvent(Millis(20));
+  ASSERT_FALSE(ev.ok());
+  EXPECT_EQ(ev.status().code(), Status::Code::kTimedOut);
+}
+
+TEST_F(ControlTest, DefaultPathComesFromGhostControl) {
+  ::setenv("GHOST_CONTROL", "/tmp/elsewhere.sock", 1);
+  EXPECT_EQ(DefaultControlPath(), "/tmp/elsewhere.sock");
+  ::unsetenv("GHOST_CONTROL");
+  EXPECT_EQ(DefaultControlPath(), "/run/ghost/control.sock");
+}
+
+}  // namespace
+}  // namespace ghost
+
+namespace ghost {
+namespace {
+
+TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnects) {
+  Start();
+  std::unique_ptr<AsyncControlClient> client = OnLoop([&] {
+    auto c = AsyncControlClient::Connect(base_, path_);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  });
+  ASSERT_NE(client, nullptr);
+
+  // Three calls in flight at once; each callback gets its own reply, never inside Call.
+  std::promise<void> all;
+  std::vector<std::string> got;
+  bool inside_call = false;
+  OnLoop([&] {
+    auto note = [&](std::string what) {
+      EXPECT_FALSE(inside_call);
+      got.push_back(std::move(what));
+      if (got.size() == 3) all.set_value();
+    };
+    inside_call = true;
+    client->Call("knob", {{"value", 70}}, [=](Result<json> r) { note(r.ok() ? "knob " + r->dump() : r.status().ToString()); });
+    client->Call("stats", {}, [=](Result<json> r) { note(r.ok() ? "stats " + std::to_string((*r)["knob"].get<int>()) : "stats failed"); });
+    client->Call("knob", {{"value", 170}}, [=](Result<json> r) {
+      note(r.ok() ? "bad knob accepted" : "bad knob: " + std::string(r.status().code() == Status::Code::kInvalidArgument ? "invalid" : "other"));
+    });
+    inside_call = false;
+    return 0;
+  });
+  ASSERT_EQ(all.get_future().wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(got, (std::vector<std::string>{R"(knob {"knob":70,"previous":50})", "stats 70", "bad knob: invalid"}));
+
+  // The daemon goes away with a request outstanding: it fails as kUnavailable.
+  std::promise<Status::Code> lost;
+  flush_seen_.emplace();
+  std::future<void> flush_arrived = flush_seen_->get_future();
+  OnLoop([&] {
+    client->Call("flush", {}, [&](Result<json> r) { lost.set_value(r.ok() ? Status::Code::kOk : r.status().code()); });
+    return 0;
+  });
+  ASSERT_EQ(flush_arrived.wait_for(kWait), std::future_status::ready);
+  OnLoop([&] {
+    flushes_.clear();
+    server_.reset();
+    return 0;
+  });
+  auto lost_code = lost.get_future();
+  ASSERT_EQ(lost_code.wait_for(kWait), std::future_status::ready);
+  EXPECT_EQ(lost_code.get(), Status::Code::kUnavailable);
+
+  // A new daemon on the same path: the next call reconnects.
+  std::promise<std::string> again;
+  OnLoop([&] {
+    auto server = ControlServer::Listen(base_, path_, [this](const json& rq, ControlServer::Reply reply) { Handle(rq, reply); });
+    EXPECT_TRUE(server.ok());
+    server_ = std::move(*server);
+    client->Call("stats", {}, [&](Result<json> r) { again.set_value(r.ok() ? r->dump() : r.status().ToString()); });
+    return 0;
+  });
+  auto again_f = again.get_future();
+  ASSERT_EQ(again_f.wait_for(kWait), std::future_status::ready);
+  EXPECT_NE(again_f.get().find("\"knob\":70"), std::string::npos);
+  OnLoop([&] {
+    client.reset();
+    return 0;
+  });
+}
+
+}  // namespace
+}  // namespace ghost

@@ -1,0 +1,290 @@
+#include "common/imap/imap_queue.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/base/clock.h"
+#include "common/power/device.h"
+#include "common/power/power_manager.h"
+#include "common/power/profile.h"
+
+namespace ghost {
+namespace {
+
+constexpr int kCam = 0;
+constexpr int kPsm = 1;
+
+ImapOp Append(std::string body, std::string name = "new/x") {
+  ImapOp op;
+  op.kind = ImapOp::Kind::kAppend;
+  op.origin = "mail";
+  op.mailbox = "INBOX";
+  op.flags = {"\\Seen"};
+  op.internaldate = 1700000000;
+  op.local_name = std::move(name);
+  op.body = std::move(body);
+  return op;
+}
+
+ImapOp Store(std::uint32_t uid, std::vector<std::string> flags) {
+  ImapOp op;
+  op.kind = ImapOp::Kind::kStore;
+  op.origin = "mail";
+  op.mailbox = "Work/Reports";
+  op.uidvalidity = 77;
+  op.uid = uid;
+  op.flags = std::move(flags);
+  return op;
+}
+
+class ImapQueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/imap-queue-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    options_.journal_path = dir_ + "/imap-journal";
+    Result<DeviceProfile> profile = LoadDeviceProfile("cisco-350", GHOST_PROFILE_DIR);
+    ASSERT_TRUE(profile.ok()) << profile.status().ToString();
+    net_ = std::make_unique<Device>(clock_, *profile, &link_, kPsm);
+    pm_ = std::make_unique<PowerManager>(clock_, Power::Milliwatts(1440), 50);
+    net_id_ = pm_->Register(net_.get(), nullptr);
+  }
+
+  void TearDown() override {
+    queue_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // A sender that records each op and answers with `outcome_` (now, or later when `hold_`).
+  void OpenQueue() {
+    queue_.reset();
+    Result<std::unique_ptr<ImapQueue>> q = ImapQueue::Open(
+        options_, *pm_, net_id_, [this](const ImapOp& op, std::function<void(SendOutcome)> done) {
+          sent_.push_back(op);
+          if (hold_) {
+            held_ = std::move(done);
+            return;
+          }
+          done(outcome_);
+        });
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    queue_ = std::move(q).value();
+  }
+
+  void WakeNetwork() {
+    net_->RequestMode(kCam);
+    clock_.RunUntilIdle();
+    ASSERT_EQ(net_->mode(), kCam);
+  }
+
+  std::uint64_t JournalSize() const { return std::filesystem::file_size(options_.journal_path); }
+
+  VirtualClock clock_;
+  Link link_;
+  std::string dir_;
+  ImapQueueOptions options_;
+  std::unique_ptr<Device> net_;
+  std::unique_ptr<PowerManager> pm_;  // after net_: deregisters it before it is destroyed
+  DeviceId net_id_ = -1;
+  std::unique_ptr<ImapQueue> queue_;
+  std::vector<ImapOp> sent_;
+  SendOutcome outcome_ = SendOutcome::kDone;
+  bool hold_ = false;
+  std::function<void(SendOutcome)> held_;
+};
+
+TEST_F(ImapQueueTest, WaitsWhileTheNetworkSavesPowerAndSendsInOrderWhenItWakes) {
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("one")).ok());
+  ASSERT_TRUE(queue_->Add(Store(5, {"\\Seen", "\\Flagged"})).ok());
+  EXPECT_TRUE(sent_.empty());
+  EXPECT_EQ(queue_->pending().size(), 2u);
+  WakeNetwork();
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_EQ(sent_[0].body, "one");
+  EXPECT_EQ(sent_[1].uid, 5u);
+  EXPECT_TRUE(queue_->pending().empty());
+  EXPECT_EQ(queue_->stats().sent, 2u);
+  EXPECT_EQ(queue_->stats().flushes_power_callback, 1u);
+}
+
+TEST_F(ImapQueueTest, SendsAtOnceWhenTheNetworkIsAwake) {
+  WakeNetwork();
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("now")).ok());
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(queue_->stats().flushes_active, 1u);
+}
+
+TEST_F(ImapQueueTest, SendsWhenTheQueueIsFull) {
+  options_.cap_ops = 3;
+  OpenQueue();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(queue_->Add(Store(i + 1, {})).ok());
+  EXPECT_TRUE(sent_.empty());
+  ASSERT_TRUE(queue_->Add(Store(4, {})).ok());
+  EXPECT_EQ(sent_.size(), 4u);
+  EXPECT_EQ(queue_->stats().flushes_cap, 1u);
+}
+
+TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
+  OpenQueue();
+  std::string big(300000, '\0');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  ASSERT_TRUE(queue_->Add(Append(big, "cur/big:2,S")).ok());
+  ImapOp store = Store(9, {"\\Answered"});
+  store.remove_flags = {"\\Draft"};
+  ASSERT_TRUE(queue_->Add(store).ok());
+  ImapOp del;
+  del.kind = ImapOp::Kind::kExpunge;
+  del.origin = "mail";
+  del.mailbox = "INBOX";
+  del.uidvalidity = 3;
+  del.uid = 11;
+  del.internaldate = 1690000000;  // the message's, for finding it after a UIDVALIDITY change
+  del.message_size = 4321;
+  ASSERT_TRUE(queue_->Add(del).ok());
+  // "Crash": the queue object goes away without sending; a new one opens the journal.
+  OpenQueue();
+  ASSERT_EQ(queue_->pending().size(), 3u);
+  EXPECT_EQ(queue_->stats().replayed, 3u);
+  EXPECT_EQ(queue_->pending()[0].body, big);
+  EXPECT_EQ(queue_->pending()[0].local_name, "cur/big:2,S");
+  EXPECT_EQ(queue_->pending()[0].flags, std::vector<std::string>{"\\Seen"});
+  EXPECT_EQ(queue_->pending()[0].internaldate, 1700000000);
+  EXPECT_EQ(queue_->pending()[1].kind, ImapOp::Kind::kStore);
+  EXPECT_EQ(queue_->pending()[1].mailbox, "Work/Reports");
+  EXPECT_EQ(queue_->pending()[1].uidvalidity, 77u);
+  EXPECT_EQ(queue_->pending()[1].remove_flags, std::vector<std::string>{"\\Draft"});
+  EXPECT_EQ(queue_->pending()[2].kind, ImapOp::Kind::kExpunge);
+  EXPECT_EQ(queue_->pending()[2].uid, 11u);
+  EXPECT_EQ(queue_->pending()[2].internaldate, 1690000000);
+  EXPECT_EQ(queue_->pending()[2].message_size, 4321u);
+  queue_->Flush();
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[0].body, big);
+  EXPECT_TRUE(queue_->pending().empty());
+}
+
+TEST_F(ImapQueueTest, AcknowledgedOperationsAreNotReplayed) {
+  OpenQueue();
+  hold_ = true;
+  ASSERT_TRUE(queue_->Add(Append("a")).ok());
+  ASSERT_TRUE(queue_->Add(Append("b")).ok());
+  queue_->Flush();
+  ASSERT_EQ(sent_.size(), 1u);
+  held_(SendOutcome::kDone);  // "a" acknowledged; "b" now with the sender
+  ASSERT_EQ(sent_.size(), 2u);
+  OpenQueue();  // crash while "b" was being sent
+  ASSERT_EQ(queue_->pending().size(), 1u);
+  EXPECT_EQ(queue_->pending()[0].body, "b");
+  // Sequence numbers go on after the replayed ones.
+  Result<std::uint64_t> seq = queue_->Add(Append("c"));
+  ASSERT_TRUE(seq.ok());
+  EXPECT_GT(*seq, queue_->pending()[0].seq);
+}
+
+TEST_F(ImapQueueTest, RetryLaterKeepsTheOperationFirstAndStops) {
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("a")).ok());
+  ASSERT_TRUE(queue_->Add(Append("b")).ok());
+  outcome_ = SendOutcome::kRetryLater;
+  queue_->Flush();
+  ASSERT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(queue_->pending().size(), 2u);
+  EXPECT_FALSE(queue_->sending());
+  EXPECT_EQ(queue_->stats().retries, 1u);
+  outcome_ = SendOutcome::kDone;
+  queue_->Flush();
+  ASSERT_EQ(sent_.size(), 3u);
+  EXPECT_EQ(sent_[1].body, "a");
+  EXPECT_EQ(sent_[2].body, "b");
+}
+
+TEST_F(ImapQueueTest, DroppedOperationsAreCountedAndAcknowledged) {
+  OpenQueue();
+  outcome_ = SendOutcome::kDropped;
+  ASSERT_TRUE(queue_->Add(Store(1, {})).ok());
+  queue_->Flush();
+  EXPECT_EQ(queue_->stats().dropped, 1u);
+  OpenQueue();
+  EXPECT_TRUE(queue_->pending().empty());
+}
+
+TEST_F(ImapQueueTest, JournalIsCompactedWhenEverythingIsAcknowledged) {
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append(std::string(10000, 'x'))).ok());
+  EXPECT_GT(JournalSize(), 10000u);
+  queue_->Flush();
+  EXPECT_EQ(JournalSize(), 0u);
+}
+
+TEST_F(ImapQueueTest, JournalIsRewrittenAfterManyAcks) {
+  options_.compact_after = 4;
+  OpenQueue();
+  hold_ = true;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(queue_->Add(Store(i + 1, {"\\Seen"})).ok());
+  queue_->Flush();
+  for (int i = 0; i < 4; ++i) held_(SendOutcome::kDone);
+  EXPECT_EQ(queue_->stats().compactions, 1u);
+  EXPECT_EQ(queue_->journal_size(), JournalSize());
+  OpenQueue();
+  ASSERT_EQ(queue_->pending().size(), 6u);
+  EXPECT_EQ(queue_->pending()[0].uid, 5u);
+}
+
+TEST_F(ImapQueueTest, TornTailIsCutOffAndEarlierRecordsSurvive) {
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("first")).ok());
+  std::uint64_t good = JournalSize();
+  ASSERT_TRUE(queue_->Add(Append(std::string(5000, 'y'))).ok());
+  queue_.reset();
+  // A crash in the middle of the second record's write.
+  std::filesystem::resize_file(options_.journal_path, good + 100);
+  OpenQueue();
+  ASSERT_EQ(queue_->pending().size(), 1u);
+  EXPECT_EQ(queue_->pending()[0].body, "first");
+  EXPECT_EQ(queue_->warnings().size(), 1u);
+  EXPECT_EQ(JournalSize(), good);
+  // New records go after the good ones.
+  ASSERT_TRUE(queue_->Add(Append("third")).ok());
+  OpenQueue();
+  ASSERT_EQ(queue_->pending().size(), 2u);
+  EXPECT_EQ(queue_->pending()[1].body, "third");
+}
+
+TEST_F(ImapQueueTest, CorruptedBodyIsDetectedByItsChecksum) {
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("keep")).ok());
+  std::uint64_t good = JournalSize();
+  ASSERT_TRUE(queue_->Add(Append("zzzzzzzz")).ok());
+  queue_.reset();
+  {
+    std::fstream f(options_.journal_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(JournalSize() - 3));
+    f.put('Q');
+  }
+  OpenQueue();
+  ASSERT_EQ(queue_->pending().size(), 1u);
+  EXPECT_EQ(JournalSize(), good);
+}
+
+TEST_F(ImapQueueTest, FailsToOpenAJournalInAMissingDirectory) {
+  options_.journal_path = dir_ + "/missing/journal";
+  Result<std::unique_ptr<ImapQueue>> q =
+      ImapQueue::Open(options_, *pm_, net_id_, [](const ImapOp&, std::function<void(SendOutcome)>) {});
+  EXPECT_FALSE(q.ok());
+}
+
+}  // namespace
+}  // namespace ghost
