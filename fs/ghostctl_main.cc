@@ -438,7 +438,7 @@ bool ParseKnob(const std::string& text, int* knob) {
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "ghostctl: talk to the ghostfs daemon through its control socket (DESIGN §4.2).\n"
+      "ghostctl: talk to the ghostfs daemon through its control socket (common/DESIGN.md §4.2).\n"
       "  devices        devices, their power modes and policies\n"
       "  knob [K]       print the performance/energy knob, or set it (0 saves energy, 100 "
       "performance)\n"

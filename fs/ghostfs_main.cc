@@ -21,7 +21,7 @@ int main(int argc, char** argv) {
       "directories, read-only; an imap:// or imaps:// origin as a Maildir); MOUNTPOINT/local/ is\n"
       "an ordinary writable tree kept in the cache\n"
       "directory. For every read, ghostfs picks the cached copy or the network, whichever costs\n"
-      "less given the devices' power modes and the knob (DESIGN.md §3.4)."};
+      "less given the devices' power modes and the knob (common/DESIGN.md §3.4)."};
   app.add_flag("-f,--foreground", o.foreground, "stay in the foreground (log to stderr)");
   app.add_option("--cache", o.cache_dir, "cache directory (created if missing); holds objects, the index and local/");
   app.add_option("--origin", origins,
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
       "baseline cache, which reads the cached copy whenever there is one, leaves the devices "
       "to their default power management (disk: low-power idle after 0.5 s, standby after "
       "10 s; card: PSM, CAM while transfers come < 200 ms apart) and writes every fetched "
-      "object to the disk at once. Same meanings as ghostsim --policy (DESIGN.md §7)");
+      "object to the disk at once. Same meanings as ghostsim --policy (common/DESIGN.md §7)");
   app.add_flag(
       "--no-ghost-hints", no_ghost_hints,
       "adaptive policy: choose sources by cost but never send the ideal device a ghost hint");

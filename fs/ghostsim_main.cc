@@ -53,8 +53,8 @@ bool ParseKnobList(const std::string& text, std::vector<int>* out, std::string* 
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "ghostsim: replay a trace (web, mail or block; DESIGN §6) through Ghost's power model\n"
-      "in virtual time and print one JSON object per run (DESIGN §7)."};
+      "ghostsim: replay a trace (web, mail or block; common/DESIGN.md §6) through Ghost's\n"
+      "power model in virtual time and print one JSON object per run (common/DESIGN.md §7)."};
   std::string profile = "ipaq-2004";
   std::string policy = "adaptive";
   std::string disk_policy = "stpm";

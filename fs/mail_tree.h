@@ -1,4 +1,4 @@
-// MailTree: IMAP origins as Maildirs (DESIGN §4.1; issue 5). MOUNT/NAME/ is a Maildir++ tree:
+// MailTree: IMAP origins as Maildirs (DESIGN §4.1, §4.4). MOUNT/NAME/ is a Maildir++ tree:
 //
 //   NAME/{cur,new,tmp}/           INBOX
 //   NAME/.Work.Reports/{cur,...}  mailbox "Work/Reports" (names: common/imap/maildir_names.h)

@@ -1,4 +1,4 @@
-// Network addresses for ghostproxy's exposure rules (issue 4 item 5): the listen address
+// Network addresses for ghostproxy's exposure rules: the listen address
 // ("127.0.0.1:3128", "[::1]:3128"), the client allowlist (`--allow CIDR`), and the
 // IPv4-mapped IPv6 addresses a dual-stack listener reports.
 //

@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   std::size_t max_connections = 0;
   CLI::App app{
       "ghostproxy: an HTTP/1.1 forward proxy for browsers and other HTTP clients that shares the\n"
-      "cache of a running ghostfs (DESIGN.md §3.4, §4).\n\n"
+      "cache of a running ghostfs (common/DESIGN.md §3.4, §4).\n\n"
       "For each cached object the ghostfs cost model chooses the disk or the network, as for a\n"
       "read through the mount; transfers are disclosed to its power manager. Every response says\n"
       "where it came from in X-Ghost-Source (cache, network, revalidated, stale, tunnel, proxy).\n"

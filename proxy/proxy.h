@@ -1,4 +1,4 @@
-// Proxy: ghostproxy's HTTP/1.1 forward proxy (issue 4 items 2–6; DESIGN §3.4, §4). Browsers
+// Proxy: ghostproxy's HTTP/1.1 forward proxy (DESIGN §3.4, §4.3). Browsers
 // and other HTTP clients send it absolute-form requests ("GET http://host/path HTTP/1.1") and
 // CONNECT requests; it answers from the cache it shares with ghostfs (CacheBackend) or from the
 // origin, and tunnels CONNECT to allowlisted ports.

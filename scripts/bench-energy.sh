@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Energy benchmark: the paper's experiment live and simulated, side by side (issue 6).
+# Energy benchmark: the paper's experiment live and simulated, side by side (DESIGN §7.2).
 #
 #   sudo scripts/bench-energy.sh [--prefix SECONDS] [--profile NAME] [--traces "web mail"]
 #                                [--out DIR]

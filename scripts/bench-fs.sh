@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # File-system benchmark: ghostfs side by side with httpdirfs, rclone mount (--vfs-cache-mode
 # full) and direct local reads, against one nginx origin on 127.0.0.1, in one run. Prints a
-# table of ratios (DESIGN.md §7) and one line per speed goal. Takes a few minutes (< 10).
+# table of ratios (common/DESIGN.md §7) and one line per speed goal. Takes a few minutes (< 10).
 #
 #   sudo scripts/bench-fs.sh [bench_fs.py run options, e.g. --large-rounds 7 --json out.json]
 #

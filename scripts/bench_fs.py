@@ -6,7 +6,7 @@ after us even if we are killed). One nginx on 127.0.0.1 serves a generated tree 
 file, ~200 files of 4–32 KiB); every file system mounts that same origin, and all figures come
 from the same run, interleaved round by round, so they can be compared as ratios.
 
-Figures (DESIGN.md §7: ratios measured side by side in one run):
+Figures (common/DESIGN.md §7: ratios measured side by side in one run):
   large   cached 64 MiB sequential read, MiB/s (median over rounds), and ÷ direct
   small   cached open+read+close per small file, p50/p95 µs over all files and rounds
   first   first read of each small file on a fresh mount with a fresh cache dir, p50 ms

@@ -7,7 +7,7 @@ programs). Both proxies are warmed with every object and checked to answer from 
 (X-Ghost-Source: cache; squid's X-Cache: HIT) before wrk runs, and their access logs are
 counted afterwards, so only hits are measured. The rounds alternate between the proxies.
 
-Figures (DESIGN.md §7: ratios measured side by side in one run):
+Figures (common/DESIGN.md §7: ratios measured side by side in one run):
   hits/s   wrk, 16 connections, 2 threads, absolute-form GETs over keep-alive connections
   p50/p99  wrk --latency, 1 connection (one request at a time)
 

@@ -7,7 +7,7 @@ Each line of LIVE.jsonl is a JSON object printed by scripts/replay (the ghostsim
 "mode": "live"). For each, ghostsim replays the same trace file (the run's "trace") with the
 same profile, policy, knob and hint setting, and the table shows mean and p95 response time,
 energy and the lower bound, live and simulated, with live ÷ simulated. The verdict lines
-check the issue's acceptance: live within ±15% of simulated on mean response time and energy
+check the live experiment's tolerance (DESIGN §7.2): live within ±15% of simulated on mean response time and energy
 (goal ±10%), and, live, adaptive K=50 beating static on both for each trace. Exit status 1 if
 a verdict fails, 2 on bad input.
 """

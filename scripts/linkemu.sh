@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # linkemu.sh: a slow, distant link between this host and the origin servers, for tests and
-# benchmarks (issue 6). This kernel has no netem, so the one-way delay comes from nfq_delay
+# benchmarks (DESIGN §7.2). This kernel has no netem, so the one-way delay comes from nfq_delay
 # (tests/linkemu/nfq_delay.cc: NFQUEUE, each packet's verdict held for the delay) and the rate
 # caps from TBF.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A full cache disk (DESIGN: bad input): the cache directory on a 3 MiB tmpfs. Objects that
+"""A full cache disk (DESIGN §2: bad input): the cache directory on a 3 MiB tmpfs. Objects that
 do not fit are served but not cached, with a log line; a deferred write to local/ that fails
 is reported by fsync (ENOSPC), as the kernel reports writeback errors; what was already
 cached stays readable and the mount stays up. TAP; skipped without root, /dev/fuse or nginx."""

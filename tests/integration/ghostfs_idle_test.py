@@ -2,7 +2,7 @@
 """The idle criterion of ghostfs: with no requests, from 30 s after the last activity, the
 daemon's threads make no wake-ups over 60 s (the sum of voluntary and involuntary context
 switches in /proc/PID/task/*/status), apart from device-mode timers the model itself scheduled.
-The same for ghostproxy (issue 4), run on mount (b) and measured in the same window. nginx
+The same for ghostproxy, run on mount (b) and measured in the same window. nginx
 closes idle keep-alive connections after 5 s here, so the proxy's pooled origin connection is
 gone before the window (its close is the origin's doing, not a timer of ours).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Bad input on ghostfs's IMAP origin (issue 5): a server that drops the connection in the
+"""Bad input on ghostfs's IMAP origin (DESIGN §4.4): a server that drops the connection in the
 middle of a FETCH, one that sends a malformed response, and a dovecot that refuses the login
 each give the reader a clear errno and the log a line; queued operations are kept (not
 dropped) and the mount stays up. Mailbox names with '.', "..", '%' and modified UTF-7 map to

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""neomutt reads ghostfs's Maildir view of a real dovecot (issue 5): driven in tmux, it lists
+"""neomutt reads ghostfs's Maildir view of a real dovecot (DESIGN §4.4): driven in tmux, it lists
 the seeded messages in its index and displays one (subject and body). The muttrc has no
 network setting at all: neomutt sees a local Maildir. Skipped without root, /dev/fuse,
 dovecot, neomutt or tmux."""

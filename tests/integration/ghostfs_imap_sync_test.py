@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ghostfs's Maildir view of a real dovecot on loopback, the write side (issue 5):
+"""ghostfs's Maildir view of a real dovecot on loopback, the write side (DESIGN §4.4):
 - a UIDVALIDITY change while operations are queued loses none of them: flag changes, deletes
   and moves are sent to the message found again (Message-ID, or size and date), a message
   that vanished is APPENDed back from the cached copy, an ambiguous one is recorded in

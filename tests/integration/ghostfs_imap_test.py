@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ghostfs with an IMAP origin against a real dovecot on loopback (issue 5): the mount is a
+"""ghostfs with an IMAP origin against a real dovecot on loopback (DESIGN §4.4): the mount is a
 Maildir that Python's mailbox.Maildir reads; bodies are byte-identical to the server's copy
 and cached; renames, adds and deletes become deferred IMAP operations that reach the server,
 survive a kill -9, and new mail is pushed (IDLE). Skipped without root, /dev/fuse or dovecot."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ghostproxy end to end: real clients (curl, wget, headless Chromium) through the proxy, its
-cache in a real ghostfs mount (GhostfsBackend), against nginx on 127.0.0.1 (issue 4
-acceptance): MISS then HIT; revalidation after expiry (304 in nginx's log); Vary variants
+cache in a real ghostfs mount (GhostfsBackend), against nginx on 127.0.0.1
+(DESIGN §4.3): MISS then HIT; revalidation after expiry (304 in nginx's log); Vary variants
 stored separately; one cache with the mount (an object read through the mount is a proxy
 hit); a page with HTML, CSS, JS and an image loaded twice by Chromium with fresh profiles,
 the second time from the cache with the same DOM; hits from the proxy's RAM copy

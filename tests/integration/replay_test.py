@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The live experiment, CI-sized (issue 6): scripts/replay replays the first REPLAY_PREFIX
+"""The live experiment, CI-sized (DESIGN §7.2): scripts/replay replays the first REPLAY_PREFIX
 seconds (default 75) of the shipped web and mail traces live — ghostfs with the ipaq-2004
 emulated devices, ghostproxy, nginx and dovecot behind the link emulator — with adaptive K=50
 and with static, runs ghostsim on exactly the same requests, and checks live against simulated
