@@ -1,7 +1,7 @@
 // Autoindex: reads an HTML directory listing from an HTTP origin into directory entries, so an
 // HTTP origin's tree appears as directories in the mount (DESIGN §4.1).
 //
-// Formats understood (each sample is in tests/common/autoindex_test.cc):
+// Formats understood (each sample is in tests/common/http/autoindex_test.cc):
 //   - nginx `autoindex on;` (HTML): a <pre> of `<a href="name">name</a>   22-Nov-2026 19:58
 //     1234` lines; the size is bytes, "-" for directories, or "1K"/"12M" with
 //     `autoindex_exact_size off;`.
