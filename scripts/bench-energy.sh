@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Energy benchmark: the paper's experiment live and simulated, side by side (DESIGN §7.2).
 #
-#   sudo scripts/bench-energy.sh [--prefix SECONDS] [--profile NAME] [--traces "web mail"]
+#   scripts/bench-energy.sh [--prefix SECONDS] [--profile NAME] [--traces "web mail"]
 #                                [--out DIR]
 #
 # For each trace (default: the shipped web and mail traces, whole — about 20 and 15 minutes

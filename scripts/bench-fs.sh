@@ -3,7 +3,7 @@
 # full) and direct local reads, against one nginx origin on 127.0.0.1, in one run. Prints a
 # table of ratios (common/DESIGN.md §7) and one line per speed goal. Takes a few minutes (< 10).
 #
-#   sudo scripts/bench-fs.sh [bench_fs.py run options, e.g. --large-rounds 7 --json out.json]
+#   scripts/bench-fs.sh [bench_fs.py run options, e.g. --large-rounds 7 --json out.json]
 #
 # Environment: GHOSTFS=path/to/ghostfs (skip the build), GHOST_BUILD=build dir (default build/),
 # BENCH_TIMEOUT=hard limit in seconds for the whole measurement (default 840).

@@ -3,7 +3,7 @@
 # cache hits of 16 KiB objects with wrk against one nginx on 127.0.0.1. Prints the figures as
 # ratios and one line per goal (≥ 2× squid's hits/s and a lower p50). About 2 minutes.
 #
-#   sudo scripts/bench-proxy.sh [bench_proxy.py options, e.g. --rounds 5 --seconds 10]
+#   scripts/bench-proxy.sh [bench_proxy.py options, e.g. --rounds 5 --seconds 10]
 #
 # Installs what is missing (squid wrk nginx-light fuse3), builds into GHOST_BUILD (default
 # build/). Every process and mount it starts is removed on exit, also on failure or Ctrl-C.
