@@ -93,6 +93,7 @@ std::vector<WriteRecord> MergeWriteRecords(const std::vector<const WriteRecord*>
       ++run_end;
     }
     WriteRecord out;
+    out.kind = oldest_first.front()->kind;
     out.key = key;
     out.offset = it->first;
     out.length = end - it->first;

@@ -50,8 +50,15 @@
 
 namespace ghost {
 
+// What a write record stands for, so the writer routes it by type, not by its key's text.
+enum class WriteKind {
+  kCache,      // the cache store's records (fills and index updates, keyed by their prefix)
+  kLocalFile,  // a write into a file of the mount's local/ tree (fs/local_tree.h)
+};
+
 struct WriteRecord {
-  std::string key;  // the object (cache key or file path)
+  WriteKind kind = WriteKind::kCache;  // one key has one kind
+  std::string key;  // the object (cache key or file identity)
   Bytes offset = 0;
   Bytes length = 0;
   // The bytes (live), or empty (simulation). If not empty, data.size() == length.
