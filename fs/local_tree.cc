@@ -220,7 +220,20 @@ void LocalTree::Link(fuse_req_t req, Node* n, Node* newparent, const char* newna
 void LocalTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
   if (int e = NameError(name)) return (void)fuse_reply_err(req, e);
   // Nothing to flush: queued writes go to the file, not the name (LocalFile::wfd).
-  fuse_reply_err(req, unlinkat(NodeFd(parent), name, 0) == 0 ? 0 : errno);
+  struct stat st;
+  bool known = fstatat(NodeFd(parent), name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+  if (unlinkat(NodeFd(parent), name, 0) != 0) return (void)fuse_reply_err(req, errno);
+  if (known && S_ISREG(st.st_mode)) LostName(st.st_dev, st.st_ino);
+  fuse_reply_err(req, 0);
+}
+
+void LocalTree::LostName(dev_t dev, ino_t ino) {
+  auto it = files_.find(Key(dev, ino));
+  if (it == files_.end() || it->second->opens > 0) return;
+  struct stat st;
+  if (it->second->wfd.valid() && fstat(it->second->wfd.get(), &st) == 0 && st.st_nlink > 0) return;
+  ctx_.queue.Discard(it->first);
+  if (!ctx_.queue.Contains(it->first)) files_.erase(it);
 }
 
 void LocalTree::Rmdir(fuse_req_t req, Node* parent, const char* name) {
@@ -234,8 +247,12 @@ void LocalTree::Rename(fuse_req_t req, Node* parent, const char* name, Node* new
   if (int e = NameError(newname)) return (void)fuse_reply_err(req, e);
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return (void)fuse_reply_err(req, EINVAL);
   // Nodes are keyed by their files, so nothing in the inode table or the queue moves.
-  int r = renameat2(NodeFd(parent), name, NodeFd(newparent), newname, flags);
-  fuse_reply_err(req, r == 0 ? 0 : errno);
+  struct stat victim;
+  bool replaces = !(flags & RENAME_EXCHANGE) &&
+                  fstatat(NodeFd(newparent), newname, &victim, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(victim.st_mode);
+  if (renameat2(NodeFd(parent), name, NodeFd(newparent), newname, flags) != 0) return (void)fuse_reply_err(req, errno);
+  if (replaces) LostName(victim.st_dev, victim.st_ino);
+  fuse_reply_err(req, 0);
 }
 
 // ---- attributes ----

@@ -146,6 +146,9 @@ class LocalTree {
   std::shared_ptr<LocalFile> FileOf(const struct stat& st);
   // Flushes the write queue (the queue flushes as a whole, sorted and merged, DESIGN §3.5).
   void FlushQueue(std::function<void()> done);
+  // A regular file lost a name: if it has no name left and no open, its queued writes are
+  // dropped and its descriptor closed (the disk gets the space back at once).
+  void LostName(dev_t dev, ino_t ino);
   // The errno of a deferred write that failed since this open last asked (0 if none).
   int TakeError(OpenFile& of);
   std::string ProcPath(int fd) const;

@@ -183,6 +183,16 @@ void WriteQueue::Enqueue(WriteRecord record) {
   queue_[key].push_back(std::move(record));
 }
 
+void WriteQueue::Discard(const std::string& key) {
+  auto it = queue_.find(key);
+  if (it == queue_.end()) return;
+  for (const WriteRecord& r : it->second) {
+    queued_bytes_ -= r.length;
+    --queued_records_;
+  }
+  queue_.erase(it);
+}
+
 std::uint64_t WriteQueue::Flush(FlushReason reason) {
   if (queue_.empty()) return 0;
   ByKey batch;

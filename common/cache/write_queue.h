@@ -131,6 +131,11 @@ class WriteQueue {
   // write added so far is durable. `done` never runs inside FlushAll.
   void FlushAll(std::function<void()> done);
 
+  // Drops the queued (not yet handed to the writer) records of `key`: the object is gone (a
+  // deleted file nobody has open), so writing them would only spend the disk. Records with the
+  // writer are not recalled. Sync and FlushAll callbacks are unaffected.
+  void Discard(const std::string& key);
+
   // The bytes [offset, offset + length) of `key` as the queued and in-flight writes have them
   // (later writes win), or nullopt if those writes do not cover the whole range. Bytes of
   // records without data (simulation) read as zeros. A zero-length range reads as "" if the
