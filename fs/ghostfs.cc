@@ -327,6 +327,13 @@ void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kMailDir || n->kind == NodeKind::kMailFile) return mail_->Setattr(req, n, attr, to_set);
+  // The kernel truncates O_TRUNC opens with a SETATTR (no atomic O_TRUNC, local_tree.h): a
+  // proxy opens its fill token with O_TRUNC, and a fill starts empty anyway.
+  constexpr int kTimes = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
+                         FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
+  if (n->kind == NodeKind::kStoreFill && (to_set & ~(FUSE_SET_ATTR_SIZE | kTimes)) == 0 && attr->st_size == 0) {
+    return StoreGetattr(req, n);
+  }
   if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
   local_->Setattr(req, n, *attr, to_set, fi ? fi->fh : 0);
 }

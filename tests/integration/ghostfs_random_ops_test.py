@@ -249,10 +249,16 @@ def main():
     for label, args in MODES:
         mnt = os.path.join(work, f"mnt-{label}")
         os.makedirs(mnt)
-        fs = h.Ghostfs(mnt, os.path.join(work, f"cache-{label}"), {}, args=args)
+        ctl = os.path.join(work, f"ctl-{label}.sock") if args else None
+        fs = h.Ghostfs(mnt, os.path.join(work, f"cache-{label}"), {}, args=args, control=ctl)
         if not t.check(fs.start(), f"[{label}] mounts", fs.output()):
             t.skip_rest(t.n + 2, "not mounted")
             continue
+        if ctl:
+            # Start with the emulated disk asleep: writes wait in the queue until an fsync or a
+            # truncate (or the cap) spins it up.
+            c = h.Control(ctl)
+            h.wait_for(lambda: [d for d in c.ok("devices") if d["kind"] == "disk"][0]["mode"] == "standby", 20)
         local_root = os.path.join(mnt, "local", "fsx")
         plain_root = os.path.join(work, f"plain-{label}")
         os.makedirs(local_root)
