@@ -832,6 +832,9 @@ int Daemon::Run() {
     signal_evs_.push_back(ev);
   }
   std::signal(SIGPIPE, SIG_IGN);
+  // A write past a file-size limit fails with EFBIG, reported to its writer, instead of
+  // killing the daemon (and every queued write with it).
+  std::signal(SIGXFSZ, SIG_IGN);
   event_base_dispatch(base_);
   event_del(fuse_ev_);
   std::free(fuse_buf_.mem);

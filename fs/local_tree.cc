@@ -532,12 +532,15 @@ void LocalTree::ApplyWrite(WriteRecord record, std::function<void()> done) {
   }
   std::shared_ptr<LocalFile> f = it->second;
   int fd = f->wfd.get();
-  ctx_.io.Write(fd, record.offset, std::move(record.data), [f, done = std::move(done)](Result<std::size_t> n) {
+  ctx_.io.Write(fd, record.offset, std::move(record.data), [this, f, done = std::move(done)](Result<std::size_t> n) {
     if (!n.ok()) {
       // Like the kernel's writeback errors: every open of the file sees it at its next fsync
       // or close (TakeError).
-      std::fprintf(stderr, "ghostfs: local/ file %s: a deferred write failed: %s\n", f->key.c_str(),
-                   n.status().ToString().c_str());
+      char path[PATH_MAX] = "?";
+      ssize_t len = readlink(ProcPath(f->wfd.get()).c_str(), path, sizeof(path) - 1);
+      if (len > 0) path[len] = '\0';
+      std::fprintf(stderr, "ghostfs: %s: a deferred write failed (its writer's next fsync or close reports it): %s\n",
+                   path, n.status().ToString().c_str());
       f->err = n.status().ToErrno();
       ++f->err_seq;
     }

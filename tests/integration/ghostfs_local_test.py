@@ -9,17 +9,19 @@ without root or /dev/fuse."""
 import ctypes
 import errno
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-CHECKS = 17  # per mode
+CHECKS = 18  # per mode
 MODES = (("plain", []), ("profile", ["--profile", "ipaq-2004", "--knob", "50"]))
 PLAN = len(MODES) * (CHECKS + 1)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -251,6 +253,32 @@ def check_trunc(r, plain_dir):
 
 
 def check_errors(r):
+    # A write that fails (here: past a file-size limit put on the daemon) reaches its writer,
+    # once; another process's open and close neither see nor consume it. Without a profile the
+    # limit is there before the write, whose reservation fails it at once (or its fsync); with
+    # one, the limit comes after the write was acknowledged and queued, and the writer's
+    # fsync reports the deferred failure.
+    r.disk_sleeps()
+    p = r.p("limited")
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    pid = r.fs.proc.pid
+    limit = lambda: resource.prlimit(pid, resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))  # noqa: E731
+    try:
+        if not r.ctl:
+            limit()
+        wrote = err_of(lambda: os.pwrite(fd, b"x" * 4096, 2 << 20))
+        if r.ctl:
+            limit()
+            h.Control(r.ctl).ok("flush")  # the queued write meets the limit
+        other = err_of(lambda: os.close(os.open(p, os.O_RDONLY)))
+        first, second = err_of(lambda: os.fsync(fd)), err_of(lambda: os.fsync(fd))
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    os.close(fd)
+    os.unlink(p)
+    told = (wrote, first) in ((errno.EFBIG, 0), (0, errno.EFBIG)) if not r.ctl else (wrote, first) == (0, errno.EFBIG)
+    r.check(told and other == 0 and second == 0 and r.fs.proc.poll() is None,
+            "a_failed_write_reaches_its_writer_once_not_another_opener", (wrote, other, first, second))
     # Writes to an open unlinked file are not lost while the disk sleeps.
     r.disk_sleeps()
     fd = os.open(r.p("gone_but_open"), os.O_CREAT | os.O_RDWR, 0o644)
@@ -305,7 +333,7 @@ def main():
         r = Run(t, label, fs, ctl, os.path.join(mnt, "local"))
         steps = ((check_identity, 3), (check_renameat2, 2), (check_links, 3), (check_xattrs, 1),
                  (check_owner_and_mode, 2), (check_names, 1), (lambda r: check_trunc(r, plain), 2),
-                 (check_errors, 3))
+                 (check_errors, 4))
         assert sum(n for _, n in steps) == CHECKS
         for step, count in steps:
             before = t.n
@@ -313,7 +341,7 @@ def main():
                 step(r)
             except Exception as e:  # noqa: BLE001 - a crash fails the step's checks, the run goes on
                 while t.n < before + count:
-                    r.check(False, f"{getattr(step, '__name__', 'step')} raised", repr(e))
+                    r.check(False, f"{getattr(step, '__name__', 'step')} raised", traceback.format_exc())
         fs.stop()
     t.done()
 
