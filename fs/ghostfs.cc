@@ -1,5 +1,6 @@
-// The daemon's loop, its FUSE operation table, the root directory and local/.
-// Origins and the read path are in origin_tree.cc; control operations in control_ops.cc.
+// The daemon's loop, its FUSE operation table and the root directory; each operation goes to
+// the tree of its node. local/ is in local_tree.cc (LocalTree, behind a LocalContext); origins
+// and the read path in origin_tree.cc; control operations in control_ops.cc.
 #include <dirent.h>
 #include <event2/event.h>
 #include <fcntl.h>

@@ -1,5 +1,5 @@
 // The ghostfs daemon's internals, shared by its source files (ghostfs.cc: loop, FUSE table,
-// root and local/; origin_tree.cc: HTTP origins and the read path; control_ops.cc: the
+// root; local/ is its own class, fs/local_tree.h, reached only through local_; origin_tree.cc: HTTP origins and the read path; control_ops.cc: the
 // control socket's operations). Nothing outside fs/ may include this.
 //
 // Thread-safety: everything runs on the daemon's one event-loop thread.
