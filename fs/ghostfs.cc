@@ -291,7 +291,7 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       }
       return (void)fuse_reply_err(req, ENOENT);
     }
-    case NodeKind::kLocal: return;  // above
+    case NodeKind::kLocal: return;  // answered above (local/ checks its own names)
     case NodeKind::kOriginDir: return OriginLookup(req, p, name);
     case NodeKind::kStoreDir: return StoreLookup(req, p, name);
     case NodeKind::kMailDir: return mail_->Lookup(req, p, name);

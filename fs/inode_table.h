@@ -27,7 +27,7 @@ enum class NodeKind {
   kRoot,       // the mount point: one directory per origin, plus local/
   kOriginDir,  // a directory of an HTTP origin ("" is the origin's root)
   kOriginFile,
-  kLocal,      // an entry of local/ (file or directory; "" is local/ itself)
+  kLocal,      // local/ itself or an entry under it (any file type), keyed by its backing file
   // The shared store .ghost/ (fs/store_tree.cc): "" itself, "objects" and "fill" directories,
   // then "objects/<hash>" and "fill/<token>" files.
   kStoreDir,
