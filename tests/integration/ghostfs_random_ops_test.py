@@ -212,9 +212,9 @@ def short(v):
     return s if len(s) < 200 else s[:200] + f"... ({len(s)} chars)"
 
 
-def run_sequence(t, label, local_root, plain_root, seed, ops):
+def run_sequence(t, label, local_box, plain_box, seed, ops):
     rng = random.Random(seed)
-    a, b = Side(local_root), Side(plain_root)
+    a, b = Side(os.path.join(local_box, "top")), Side(os.path.join(plain_box, "top"))
     for d in DIRS[1:]:
         for s in (a, b):
             os.makedirs(s.p(d), exist_ok=True)
@@ -232,7 +232,7 @@ def run_sequence(t, label, local_root, plain_root, seed, ops):
     print(f"# [{label}] seed {seed}: {sum(counts.values())} ops {sorted(counts.items())}", flush=True)
     t.check(mismatch is None, f"[{label}] every operation gives the same result on local/ and a plain directory",
             mismatch)
-    ta, tb = tree(local_root), tree(plain_root)
+    ta, tb = tree(local_box), tree(plain_box)
     diff = {k: (ta.get(k), tb.get(k)) for k in set(ta) | set(tb) if ta.get(k) != tb.get(k)}
     t.check(not diff, f"[{label}] the final trees are the same (types, sizes, contents, links)", short(diff))
 
@@ -259,11 +259,13 @@ def main():
             # truncate (or the cap) spins it up.
             c = h.Control(ctl)
             h.wait_for(lambda: [d for d in c.ok("devices") if d["kind"] == "disk"][0]["mode"] == "standby", 20)
-        local_root = os.path.join(mnt, "local", "fsx")
-        plain_root = os.path.join(work, f"plain-{label}")
-        os.makedirs(local_root)
-        os.makedirs(plain_root)
-        run_sequence(t, label, local_root, plain_root, opts.seed, opts.ops)
+        # The trees under test are one level down in a sandbox of their own: a symlink "../f0"
+        # that renames carry to the top resolves to the sandbox's f0 on both sides alike.
+        local_box = os.path.join(mnt, "local", "fsx")
+        plain_box = os.path.join(work, f"plain-{label}")
+        for box in (local_box, plain_box):
+            os.makedirs(os.path.join(box, "top"))
+        run_sequence(t, label, local_box, plain_box, opts.seed, opts.ops)
         fs.stop()
     t.done()
 
