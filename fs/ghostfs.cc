@@ -1,5 +1,6 @@
-// The daemon's loop, its FUSE operation table, the root directory and local/.
-// Origins and the read path are in origin_tree.cc; control operations in control_ops.cc.
+// The daemon's loop, its FUSE operation table and the root directory; each operation goes to
+// the tree of its node. local/ is in local_tree.cc (LocalTree, behind a LocalContext); origins
+// and the read path in origin_tree.cc; control operations in control_ops.cc.
 #include <dirent.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -31,8 +32,6 @@ constexpr const char* kStoreName = ".ghost";  // the shared store (store_tree.cc
 
 Daemon* Self(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
 
-void ReplyErr(fuse_req_t req, const Status& s) { fuse_reply_err(req, s.ToErrno()); }
-
 // A machine whose devices are always ready and cost nothing: used without --profile, so the
 // read path is the same code, and nothing is injected.
 MachineProfile IdealMachine() {
@@ -59,6 +58,7 @@ MachineProfile IdealMachine() {
 Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
 
 Daemon::~Daemon() {
+  local_.reset();
   for (event* ev : signal_evs_) event_free(ev);
   if (fuse_ev_) event_free(fuse_ev_);
   control_.reset();
@@ -72,7 +72,6 @@ Daemon::~Daemon() {
   disk_.reset();
   net_.reset();
   clock_.reset();
-  if (local_dirfd_ >= 0) close(local_dirfd_);
   if (base_) event_base_free(base_);
 }
 
@@ -143,10 +142,8 @@ void Daemon::DiscloseTransferEnd() {
 
 Status Daemon::OpenCache() {
   std::error_code ec;
-  std::filesystem::create_directories(options_.cache_dir + "/local", ec);
+  std::filesystem::create_directories(options_.cache_dir, ec);
   if (ec) return Status::IoError("cannot create cache directory " + options_.cache_dir + ": " + ec.message());
-  local_dirfd_ = open((options_.cache_dir + "/local").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (local_dirfd_ < 0) return Status::FromErrno(errno, "open " + options_.cache_dir + "/local");
 
   Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base_);
   if (uring.ok()) {
@@ -171,6 +168,20 @@ Status Daemon::OpenCache() {
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   http_ = std::make_unique<HttpFetcher>(base_, ho);
+  Result<std::unique_ptr<LocalTree>> local = LocalTree::Create(
+      options_.cache_dir + "/local",
+      LocalContext{.inodes = inodes_,
+                   .queue = *queue_,
+                   .io = *io_,
+                   .new_fh = [this] { return next_fh_++; },
+                   .reply_dir_entries =
+                       [this](fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                              const std::vector<std::pair<std::string, mode_t>>& entries) {
+                         ReplyDirEntries(req, ino, size, off, entries);
+                       },
+                   .attr_timeout = kAttrTimeout});
+  if (!local.ok()) return local.status();
+  local_ = std::move(local).value();
   return Status::Ok();
 }
 
@@ -263,15 +274,11 @@ bool Daemon::BadName(const char* name) {
 void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kLocal) return local_->Lookup(req, p, name);
   if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
   switch (p->kind) {
     case NodeKind::kRoot: {
-      if (std::strcmp(name, kLocalName) == 0) {
-        Node* n = inodes_.Lookup(NodeKind::kLocal, -1, "");
-        struct stat st;
-        if (Status s = LocalStat("", &st); !s.ok()) return ReplyErr(req, s);
-        return ReplyEntry(req, n, st);
-      }
+      if (std::strcmp(name, kLocalName) == 0) return local_->LookupRoot(req);
       if (std::strcmp(name, kStoreName) == 0) {
         Node* n = inodes_.Lookup(NodeKind::kStoreDir, -1, "");
         return ReplyEntry(req, n, StoreStat(n));
@@ -284,7 +291,7 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
       }
       return (void)fuse_reply_err(req, ENOENT);
     }
-    case NodeKind::kLocal: return LocalLookup(req, p, name);
+    case NodeKind::kLocal: return;  // answered above (local/ checks its own names)
     case NodeKind::kOriginDir: return OriginLookup(req, p, name);
     case NodeKind::kStoreDir: return StoreLookup(req, p, name);
     case NodeKind::kMailDir: return mail_->Lookup(req, p, name);
@@ -306,12 +313,7 @@ void Daemon::OpGetattr(fuse_req_t req, fuse_ino_t ino) {
       st.st_mode = S_IFDIR | 0755;
       return (void)fuse_reply_attr(req, &st, kAttrTimeout);
     }
-    case NodeKind::kLocal: {
-      struct stat st;
-      if (Status s = LocalStat(n->path, &st); !s.ok()) return ReplyErr(req, s);
-      st.st_ino = ino;
-      return (void)fuse_reply_attr(req, &st, kAttrTimeout);
-    }
+    case NodeKind::kLocal: return local_->Getattr(req, n);
     case NodeKind::kOriginDir:
     case NodeKind::kOriginFile: return OriginGetattr(req, n);
     case NodeKind::kStoreDir:
@@ -326,52 +328,15 @@ void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kMailDir || n->kind == NodeKind::kMailFile) return mail_->Setattr(req, n, attr, to_set);
-  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
-  std::string path = LocalPath(n->path);
-  auto finish = [this, req, ino, path, attr = *attr, to_set, fd = fi ? static_cast<int>(fi->fh ? handles_[fi->fh].fd : -1) : -1](Status flushed) {
-    if (!flushed.ok()) return ReplyErr(req, flushed);
-    if (to_set & FUSE_SET_ATTR_MODE) {
-      if (fchmodat(local_dirfd_, path.c_str(), attr.st_mode & 07777, 0) != 0) return (void)fuse_reply_err(req, errno);
-    }
-    if (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
-      uid_t uid = (to_set & FUSE_SET_ATTR_UID) ? attr.st_uid : static_cast<uid_t>(-1);
-      gid_t gid = (to_set & FUSE_SET_ATTR_GID) ? attr.st_gid : static_cast<gid_t>(-1);
-      if (fchownat(local_dirfd_, path.c_str(), uid, gid, AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
-    }
-    if (to_set & FUSE_SET_ATTR_SIZE) {
-      int r = fd >= 0 ? ftruncate(fd, attr.st_size) : -1;
-      if (fd < 0) {
-        int f = openat(local_dirfd_, path.c_str(), O_WRONLY | O_CLOEXEC);
-        if (f < 0) return (void)fuse_reply_err(req, errno);
-        r = ftruncate(f, attr.st_size);
-        int e = errno;
-        close(f);
-        errno = e;
-      }
-      if (r != 0) return (void)fuse_reply_err(req, errno);
-    }
-    if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
-      timespec ts[2];
-      ts[0] = (to_set & FUSE_SET_ATTR_ATIME_NOW) ? timespec{0, UTIME_NOW}
-              : (to_set & FUSE_SET_ATTR_ATIME)   ? attr.st_atim
-                                                 : timespec{0, UTIME_OMIT};
-      ts[1] = (to_set & FUSE_SET_ATTR_MTIME_NOW) ? timespec{0, UTIME_NOW}
-              : (to_set & FUSE_SET_ATTR_MTIME)   ? attr.st_mtim
-                                                 : timespec{0, UTIME_OMIT};
-      if (utimensat(local_dirfd_, path.c_str(), ts, AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
-    }
-    struct stat st;
-    if (Status s = LocalStat(inodes_.Find(ino) ? inodes_.Find(ino)->path : "", &st); !s.ok()) return ReplyErr(req, s);
-    st.st_ino = ino;
-    fuse_reply_attr(req, &st, kAttrTimeout);
-  };
-  // A size change must not be undone by queued writes: flush this file's first.
-  struct stat cur;
-  if ((to_set & FUSE_SET_ATTR_SIZE) && fstatat(local_dirfd_, path.c_str(), &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
-      queue_->QueuedBytes(LocalKey(cur.st_ino)) > 0) {
-    return FlushLocal(LocalKey(cur.st_ino), finish);
+  // The kernel truncates O_TRUNC opens with a SETATTR (no atomic O_TRUNC, local_tree.h): a
+  // proxy opens its fill token with O_TRUNC, and a fill starts empty anyway.
+  constexpr int kTimes = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
+                         FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
+  if (n->kind == NodeKind::kStoreFill && (to_set & ~(FUSE_SET_ATTR_SIZE | kTimes)) == 0 && attr->st_size == 0) {
+    return StoreGetattr(req, n);
   }
-  finish(Status::Ok());
+  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
+  local_->Setattr(req, n, *attr, to_set, fi ? fi->fh : 0);
 }
 
 void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -429,23 +394,7 @@ void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, f
     entries.emplace_back(kLocalName, S_IFDIR);
     return ReplyDirEntries(req, ino, size, off, entries);
   }
-  // local/
-  int fd = n->path.empty() ? dup(local_dirfd_)
-                           : openat(local_dirfd_, n->path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return (void)fuse_reply_err(req, errno);
-  DIR* d = fdopendir(fd);
-  if (!d) {
-    close(fd);
-    return (void)fuse_reply_err(req, errno);
-  }
-  std::vector<std::pair<std::string, mode_t>> entries;
-  while (dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    entries.emplace_back(e->d_name, static_cast<mode_t>(DTTOIF(e->d_type)));
-  }
-  closedir(d);
-  std::sort(entries.begin(), entries.end());  // stable offsets across calls
-  ReplyDirEntries(req, ino, size, off, entries);
+  local_->Readdir(req, n, size, off);
 }
 
 void Daemon::ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -459,54 +408,12 @@ void Daemon::ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t 
   out.Reply();
 }
 
-// ---- local/ ----
-
-std::string Daemon::LocalPath(const std::string& rel) const { return rel.empty() ? "." : rel; }
-
-Status Daemon::LocalStat(const std::string& rel, struct stat* st) {
-  if (fstatat(local_dirfd_, LocalPath(rel).c_str(), st, AT_SYMLINK_NOFOLLOW) != 0) {
-    return Status::FromErrno(errno, "local/" + rel);
-  }
-  // Queued writes may extend the file past what is on the disk.
-  if (S_ISREG(st->st_mode)) {
-    local_paths_[st->st_ino] = rel;
-    Bytes end = queue_->QueuedEnd(LocalKey(st->st_ino));
-    if (end > static_cast<Bytes>(st->st_size)) st->st_size = static_cast<off_t>(end);
-  }
-  return Status::Ok();
-}
-
-void Daemon::LocalLookup(fuse_req_t req, Node* parent, const char* name) {
-  std::string rel = InodeTable::Join(parent->path, name);
-  struct stat st;
-  if (Status s = LocalStat(rel, &st); !s.ok()) return ReplyErr(req, s);
-  Node* n = inodes_.Lookup(NodeKind::kLocal, -1, rel);
-  ReplyEntry(req, n, st);
-}
-
 void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kLocal) return local_->Create(req, p, name, mode, fi);
   if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Create(req, p, name, mode, fi);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
-  if (BadName(name)) return (void)fuse_reply_err(req, EINVAL);
-  std::string rel = InodeTable::Join(p->path, name);
-  int fd = openat(local_dirfd_, rel.c_str(), (fi->flags & ~O_APPEND) | O_CREAT | O_CLOEXEC, mode);
-  if (fd < 0) return (void)fuse_reply_err(req, errno);
-  struct stat st;
-  if (Status s = LocalStat(rel, &st); !s.ok()) {
-    close(fd);
-    return ReplyErr(req, s);
-  }
-  Node* n = inodes_.Lookup(NodeKind::kLocal, -1, rel);
-  Handle h;
-  h.kind = NodeKind::kLocal;
-  h.fd = fd;
-  h.key = LocalKey(st.st_ino);
-  fi->fh = next_fh_++;
-  handles_[fi->fh] = std::move(h);
-  fuse_entry_param e = EntryFor(n, st);
-  fuse_reply_create(req, &e, fi);
+  fuse_reply_err(req, NotWritable(p));
 }
 
 void Daemon::OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
@@ -522,126 +429,50 @@ void Daemon::OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
     return OriginOpen(req, n, fi);
   }
-  int flags = fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_APPEND);
-  int fd = openat(local_dirfd_, n->path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return (void)fuse_reply_err(req, errno);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int e = errno;
-    close(fd);
-    return (void)fuse_reply_err(req, e);
-  }
-  local_paths_[st.st_ino] = n->path;
-  auto open_done = [this, req, fi_copy = *fi, fd, key = LocalKey(st.st_ino)](Status s) mutable {
-    if (!s.ok()) {
-      close(fd);
-      return ReplyErr(req, s);
-    }
-    Handle h;
-    h.kind = NodeKind::kLocal;
-    h.fd = fd;
-    h.key = key;
-    fi_copy.fh = next_fh_++;
-    handles_[fi_copy.fh] = std::move(h);
-    fuse_reply_open(req, &fi_copy);
-  };
-  // O_TRUNC already cut the file on disk; queued writes of the old contents must go first.
-  if ((fi->flags & O_TRUNC) && queue_->QueuedBytes(LocalKey(st.st_ino)) > 0) {
-    return FlushLocal(LocalKey(st.st_ino), [this, fd, open_done](Status s) mutable {
-      if (s.ok() && ftruncate(fd, 0) != 0) s = Status::FromErrno(errno, "truncate");
-      open_done(s);
-    });
-  }
-  open_done(Status::Ok());
+  local_->Open(req, n, fi);
 }
 
 void Daemon::OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
   ++fuse_reads_;
+  if (local_->Owns(fi->fh)) return local_->Read(req, fi->fh, size, off);
   auto it = handles_.find(fi->fh);
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-  if (it->second.kind == NodeKind::kLocal) return LocalRead(req, it->second, size, off);
   if (it->second.kind == NodeKind::kStoreFill) return (void)fuse_reply_err(req, EBADF);  // write-only
   if (it->second.kind == NodeKind::kMailFile) return mail_->Read(req, it->second, size, off, fi->fh);
   OriginRead(req, it->second, size, off, fi->fh);
 }
 
-void Daemon::LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off) {
-  std::string buf(size, '\0');
-  ssize_t n = pread(h.fd, buf.data(), size, off);
-  if (n < 0) return (void)fuse_reply_err(req, errno);
-  buf.resize(static_cast<size_t>(n));
-  // Overlay what is still queued for this file (reads see queued data, DESIGN §3.5).
-  Bytes end = queue_->QueuedEnd(h.key);
-  if (end > static_cast<Bytes>(off)) {
-    size_t want = static_cast<size_t>(std::min<Bytes>(size, end - static_cast<Bytes>(off)));
-    if (buf.size() < want) buf.resize(want, '\0');
-    queue_->Overlay(h.key, static_cast<Bytes>(off), buf.data(), buf.size());
-  }
-  fuse_reply_buf(req, buf.data(), buf.size());
-}
-
 void Daemon::OpWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  if (local_->Owns(fi->fh)) return local_->Write(req, fi->fh, buf, size, off);
   auto it = handles_.find(fi->fh);
   if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
   Handle& h = it->second;
   if (h.kind == NodeKind::kStoreFill) return StoreWrite(req, h, buf, size, off);
   if (h.kind == NodeKind::kMailFile) return mail_->Write(req, h, buf, size, off);
-  if (h.kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
-  if (fi->flags & O_APPEND) {
-    struct stat st;
-    if (fstat(h.fd, &st) == 0) off = std::max<off_t>(st.st_size, static_cast<off_t>(queue_->QueuedEnd(h.key)));
-  }
-  WriteRecord r;
-  r.key = h.key;
-  r.offset = static_cast<Bytes>(off);
-  r.length = size;
-  r.data.assign(buf, size);
-  queue_->Add(std::move(r));
-  fuse_reply_write(req, size);
-}
-
-void Daemon::FlushLocal(const std::string& key, std::function<void(Status)> done) {
-  (void)key;  // the queue flushes as a whole, sorted and merged (DESIGN §3.5)
-  queue_->FlushAll([done = std::move(done)] { done(Status::Ok()); });
+  fuse_reply_err(req, EROFS);
 }
 
 void Daemon::OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  if (local_->Owns(fi->fh)) return local_->Flush(req, fi->fh);
   auto it = handles_.find(fi->fh);
   if (it != handles_.end() && it->second.kind == NodeKind::kStoreFill) StoreHandOver(it->second);
-  // close() reports a deferred write of this file that failed (once, like writeback errors).
-  fuse_reply_err(req, it != handles_.end() ? TakeWriteError(it->second.key) : 0);
-}
-
-int Daemon::TakeWriteError(const std::string& key) {
-  auto e = write_errors_.find(key);
-  if (e == write_errors_.end()) return 0;
-  int err = e->second;
-  write_errors_.erase(e);
-  return err;
+  fuse_reply_err(req, 0);
 }
 
 void Daemon::OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
-  auto it = handles_.find(fi->fh);
-  if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-  if (it->second.kind != NodeKind::kLocal) return (void)fuse_reply_err(req, 0);
-  // Durable means on the disk: flush the queue (this may spin the disk up), then fsync.
-  std::uint64_t fh = fi->fh;
-  FlushLocal(it->second.key, [this, req, fh, datasync](Status s) {
-    if (!s.ok()) return ReplyErr(req, s);
-    auto h = handles_.find(fh);
-    if (h == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-    if (int err = TakeWriteError(h->second.key)) return (void)fuse_reply_err(req, err);
-    int r = datasync ? fdatasync(h->second.fd) : fsync(h->second.fd);
-    fuse_reply_err(req, r == 0 ? 0 : errno);
-  });
+  if (local_->Owns(fi->fh)) return local_->Fsync(req, fi->fh, datasync);
+  if (!handles_.contains(fi->fh)) return (void)fuse_reply_err(req, EBADF);
+  fuse_reply_err(req, 0);
 }
 
 void Daemon::OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  if (local_->Owns(fi->fh)) {
+    local_->Release(fi->fh);
+    return (void)fuse_reply_err(req, 0);
+  }
   auto it = handles_.find(fi->fh);
   if (it != handles_.end()) {
-    if (it->second.kind == NodeKind::kLocal) {
-      close(it->second.fd);
-    } else if (it->second.kind == NodeKind::kStoreFill) {
+    if (it->second.kind == NodeKind::kStoreFill) {
       StoreHandOver(it->second);
     } else {
       if (it->second.fd >= 0) close(it->second.fd);
@@ -665,8 +496,9 @@ void Daemon::WriteBatch(std::vector<WriteRecord> batch, std::function<void()> do
     }
     auto [records, done] = std::move(write_backlog_.front());
     write_backlog_.pop_front();
-    ApplyBatch(std::move(records), [done = std::move(done), next] {
+    ApplyBatch(std::move(records), [this, done = std::move(done), next] {
       done();
+      local_->DropIdle();  // files whose last queued write is now durable
       (*next)();
     });
   };
@@ -687,29 +519,9 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
   disk_->Submit({total, true}, finish);
   bool save_index = false;  // metadata changes (after a 304) wait for a batch, too
   for (WriteRecord& r : batch) {
-    if (r.key.starts_with("local:")) {
-      ino_t ino = static_cast<ino_t>(std::stoull(r.key.substr(6)));
-      auto path = local_paths_.find(ino);
-      if (path == local_paths_.end()) continue;
-      int fd = openat(local_dirfd_, path->second.c_str(), O_WRONLY | O_CLOEXEC);
-      struct stat st;
-      if (fd < 0 || fstat(fd, &st) != 0 || st.st_ino != ino) {
-        std::fprintf(stderr, "ghostfs: local/%s: queued write lost its file (%s)\n", path->second.c_str(),
-                     std::strerror(errno));
-        if (fd >= 0) close(fd);
-        continue;
-      }
+    if (r.kind == WriteKind::kLocalFile) {
       ++*pending;
-      std::string data = std::move(r.data);
-      io_->Write(fd, r.offset, std::move(data), [this, fd, finish, key = r.key, rel = path->second](Result<std::size_t> n) {
-        if (!n.ok()) {
-          // Like the kernel's writeback errors: the next fsync or close of the file reports it.
-          std::fprintf(stderr, "ghostfs: local/%s: a deferred write failed: %s\n", rel.c_str(), n.status().ToString().c_str());
-          write_errors_[key] = n.status().ToErrno();
-        }
-        close(fd);
-        finish();
-      });
+      local_->ApplyWrite(std::move(r), finish);
     } else if (r.key.starts_with("index:")) {
       save_index = true;
     } else if (r.key.starts_with("fill:")) {
@@ -751,39 +563,56 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
 void Daemon::OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
-  if (BadName(name)) return (void)fuse_reply_err(req, EINVAL);
-  std::string rel = InodeTable::Join(p->path, name);
-  if (mkdirat(local_dirfd_, rel.c_str(), mode) != 0) return (void)fuse_reply_err(req, errno);
-  LocalLookup(req, p, name);
+  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
+  local_->Mkdir(req, p, name, mode);
 }
+
+void Daemon::OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  Node* p = inodes_.Find(parent);
+  if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
+  local_->Mknod(req, p, name, mode, rdev);
+}
+
+void Daemon::OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
+  Node* p = inodes_.Find(parent);
+  if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
+  local_->Symlink(req, target, p, name);
+}
+
+void Daemon::OpReadlink(fuse_req_t req, fuse_ino_t ino) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EINVAL);  // no links elsewhere
+  local_->Readlink(req, n);
+}
+
+void Daemon::OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
+  Node* n = inodes_.Find(ino);
+  Node* q = inodes_.Find(newparent);
+  if (!n || !q) return (void)fuse_reply_err(req, ESTALE);
+  // Maildir writers (Python's mailbox) try link(2) first and fall back to rename on EPERM.
+  if (n->kind != NodeKind::kLocal || q->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EPERM);
+  local_->Link(req, n, q, newname);
+}
+
+int Daemon::NotWritable(const Node* parent) { return parent->kind == NodeKind::kRoot ? EACCES : EROFS; }
 
 void Daemon::OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
+  if (p->kind == NodeKind::kLocal) return local_->Unlink(req, p, name);
   if (p->kind == NodeKind::kStoreDir) return StoreUnlink(req, p, name);
   if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Unlink(req, p, name);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
-  if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
-  std::string rel = InodeTable::Join(p->path, name);
-  struct stat st;
-  if (fstatat(local_dirfd_, rel.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
-  auto unlink_now = [this, req, rel](Status s) {
-    if (!s.ok()) return ReplyErr(req, s);
-    fuse_reply_err(req, unlinkat(local_dirfd_, rel.c_str(), 0) == 0 ? 0 : errno);
-  };
-  // Queued writes to a file that still has other links or open handles must land first.
-  if (queue_->QueuedBytes(LocalKey(st.st_ino)) > 0) return FlushLocal(LocalKey(st.st_ino), unlink_now);
-  unlink_now(Status::Ok());
+  fuse_reply_err(req, NotWritable(p));
 }
 
 void Daemon::OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, p->kind == NodeKind::kRoot ? EACCES : EROFS);
-  if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
-  std::string rel = InodeTable::Join(p->path, name);
-  fuse_reply_err(req, unlinkat(local_dirfd_, rel.c_str(), AT_REMOVEDIR) == 0 ? 0 : errno);
+  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
+  local_->Rmdir(req, p, name);
 }
 
 void Daemon::OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
@@ -797,26 +626,10 @@ void Daemon::OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_
   if (p->kind != NodeKind::kLocal || q->kind != NodeKind::kLocal) {
     return (void)fuse_reply_err(req, (p->kind == NodeKind::kOriginDir || q->kind == NodeKind::kOriginDir) ? EROFS : EXDEV);
   }
-  if (BadName(name) || BadName(newname)) return (void)fuse_reply_err(req, EINVAL);
-  std::string from = InodeTable::Join(p->path, name);
-  std::string to = InodeTable::Join(q->path, newname);
-  if (renameat2(local_dirfd_, from.c_str(), local_dirfd_, to.c_str(), flags) != 0) {
-    return (void)fuse_reply_err(req, errno);
-  }
-  inodes_.Rename(NodeKind::kLocal, -1, from, to);
-  // The writer finds queued data by backing inode; keep its path current.
-  for (auto& [ino, rel] : local_paths_) {
-    if (rel == from) rel = to;
-    else if (rel.starts_with(from + "/")) rel = to + rel.substr(from.size());
-  }
-  fuse_reply_err(req, 0);
+  local_->Rename(req, p, name, q, newname, flags);
 }
 
-void Daemon::OpStatfs(fuse_req_t req, fuse_ino_t) {
-  struct statvfs st;
-  if (fstatvfs(local_dirfd_, &st) != 0) return (void)fuse_reply_err(req, errno);
-  fuse_reply_statfs(req, &st);
-}
+void Daemon::OpStatfs(fuse_req_t req, fuse_ino_t) { local_->Statfs(req); }
 
 // ---- extended attributes ----
 
@@ -839,6 +652,7 @@ void Daemon::OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t
     if (!v) return (void)fuse_reply_err(req, ENODATA);
     return ReplyXattr(req, *v, size);
   }
+  if (n->kind == NodeKind::kLocal) return local_->Getxattr(req, n, name, size);
   if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
   std::optional<std::string> v = OriginXattr(n, name);
   if (!v) return (void)fuse_reply_err(req, ENODATA);
@@ -848,6 +662,7 @@ void Daemon::OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t
 void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind == NodeKind::kLocal) return local_->Listxattr(req, n, size);
   std::string list;
   if (n->kind == NodeKind::kOriginFile) {
     for (const char* x : kXattrs) {
@@ -858,6 +673,22 @@ void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
     for (const std::string& x : mail_->XattrNames(n)) list.append(x).push_back('\0');
   }
   ReplyXattr(req, list, size);
+}
+
+// Only local/ keeps attributes that users set; elsewhere ENOTSUP (never ENOSYS, which the
+// kernel would take as "no setxattr on the whole mount").
+void Daemon::OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, ENOTSUP);
+  local_->Setxattr(req, n, name, value, size, flags);
+}
+
+void Daemon::OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, ESTALE);
+  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, ENOTSUP);
+  local_->Removexattr(req, n, name);
 }
 
 // ---- the operation table and the loop ----
@@ -896,6 +727,10 @@ const fuse_lowlevel_ops* Operations() {
       conn->max_readahead = kReadAheadBytes;
       conn->max_write = kReadAheadBytes;
       if (conn->capable & FUSE_CAP_ASYNC_READ) conn->want |= FUSE_CAP_ASYNC_READ;
+      // The kernel truncates an O_TRUNC open itself, with a SETATTR after its checks (write
+      // permission; ETXTBSY for a running binary), as on a local file system. An atomic
+      // O_TRUNC would reach the daemon inside the open and truncate before those checks.
+      conn->want &= ~FUSE_CAP_ATOMIC_O_TRUNC;
     };
     o.lookup = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpLookup(r, p, n); };
     o.forget = [](fuse_req_t r, fuse_ino_t i, uint64_t n) {
@@ -921,13 +756,19 @@ const fuse_lowlevel_ops* Operations() {
     o.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { Self(r)->OpMkdir(r, p, n, m); };
     o.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpUnlink(r, p, n); };
     o.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpRmdir(r, p, n); };
-    // Maildir writers (Python's mailbox) try link(2) first and fall back to rename on EPERM.
-    o.link = [](fuse_req_t r, fuse_ino_t, fuse_ino_t, const char*) { fuse_reply_err(r, EPERM); };
+    o.link = [](fuse_req_t r, fuse_ino_t i, fuse_ino_t np, const char* nn) { Self(r)->OpLink(r, i, np, nn); };
+    o.mknod = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m, dev_t d) { Self(r)->OpMknod(r, p, n, m, d); };
+    o.symlink = [](fuse_req_t r, const char* t, fuse_ino_t p, const char* n) { Self(r)->OpSymlink(r, t, p, n); };
+    o.readlink = [](fuse_req_t r, fuse_ino_t i) { Self(r)->OpReadlink(r, i); };
     o.rename = [](fuse_req_t r, fuse_ino_t p, const char* n, fuse_ino_t np, const char* nn, unsigned f) {
       Self(r)->OpRename(r, p, n, np, nn, f);
     };
     o.getxattr = [](fuse_req_t r, fuse_ino_t i, const char* n, size_t s) { Self(r)->OpGetxattr(r, i, n, s); };
     o.listxattr = [](fuse_req_t r, fuse_ino_t i, size_t s) { Self(r)->OpListxattr(r, i, s); };
+    o.setxattr = [](fuse_req_t r, fuse_ino_t i, const char* n, const char* v, size_t s, int f) {
+      Self(r)->OpSetxattr(r, i, n, v, s, f);
+    };
+    o.removexattr = [](fuse_req_t r, fuse_ino_t i, const char* n) { Self(r)->OpRemovexattr(r, i, n); };
     o.statfs = [](fuse_req_t r, fuse_ino_t i) { Self(r)->OpStatfs(r, i); };
     return o;
   }();
@@ -992,6 +833,9 @@ int Daemon::Run() {
     signal_evs_.push_back(ev);
   }
   std::signal(SIGPIPE, SIG_IGN);
+  // A write past a file-size limit fails with EFBIG, reported to its writer, instead of
+  // killing the daemon (and every queued write with it).
+  std::signal(SIGXFSZ, SIG_IGN);
   event_base_dispatch(base_);
   event_del(fuse_ev_);
   std::free(fuse_buf_.mem);

@@ -1,5 +1,5 @@
 // The ghostfs daemon's internals, shared by its source files (ghostfs.cc: loop, FUSE table,
-// root and local/; origin_tree.cc: HTTP origins and the read path; control_ops.cc: the
+// root; local/ is its own class, fs/local_tree.h, reached only through local_; origin_tree.cc: HTTP origins and the read path; control_ops.cc: the
 // control socket's operations). Nothing outside fs/ may include this.
 //
 // Thread-safety: everything runs on the daemon's one event-loop thread.
@@ -36,6 +36,7 @@
 #include "fs/fuse_passthrough.h"
 #include "fs/ghostfs.h"
 #include "fs/inode_table.h"
+#include "fs/local_tree.h"
 
 struct event;
 struct event_base;
@@ -138,8 +139,8 @@ struct Handle {
   NodeKind kind = NodeKind::kLocal;
   fuse_ino_t ino = 0;  // origin: the node (for the passthrough counts)
   IoMode io_mode = IoMode::kCached;
-  int fd = -1;                    // local/: the backing file; origin: the cached body
-  std::string key;                // origin: the URL; local/: the write-queue key
+  int fd = -1;                    // origin: the cached body (local/ opens live in LocalTree)
+  std::string key;                // origin: the URL
   std::string source;             // origin: where this open reads from
   std::shared_ptr<Stream> stream; // origin, network source
   std::shared_ptr<Prefetch> prefetch;  // origin from the disk, until reads pass its end
@@ -174,8 +175,14 @@ class Daemon final : public GhostFs {
   void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name);
   void OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                 const char* newname, unsigned int flags);
+  void OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev);
+  void OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name);
+  void OpReadlink(fuse_req_t req, fuse_ino_t ino);
+  void OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname);
+  void OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags);
   void OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size);
   void OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+  void OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name);
   void OpStatfs(fuse_req_t req, fuse_ino_t ino);
 
  private:
@@ -190,17 +197,10 @@ class Daemon final : public GhostFs {
   struct stat DirStat(fuse_ino_t ino) const;
   static fuse_entry_param EntryFor(Node* n, const struct stat& st);
   void ReplyEntry(fuse_req_t req, Node* n, const struct stat& st);
-
-  // ---- local/ ----
-  std::string LocalPath(const std::string& rel) const;  // relative to the local dirfd
   static bool BadName(const char* name);
-  void LocalLookup(fuse_req_t req, Node* parent, const char* name);
-  Status LocalStat(const std::string& rel, struct stat* st);
-  std::string LocalKey(ino_t backing_ino) const { return "local:" + std::to_string(backing_ino); }
-  void FlushLocal(const std::string& key, std::function<void(Status)> done);
-  // The errno of a failed deferred write to local/ file `key`, once (0 if none).
-  int TakeWriteError(const std::string& key);
-  void LocalRead(fuse_req_t req, Handle& h, size_t size, off_t off);
+  // The errno for a create-like op on `parent`, which is not in local/ (a read-only tree).
+  static int NotWritable(const Node* parent);
+
   // The write queue's writer. Batches are applied one after another, in order.
   // Hands `body`, stored whole under cache key `key`, to the write queue as a fill (readers
   // see it at once; the disk gets it with the next batch). Saved listings and mailbox indexes.
@@ -298,7 +298,7 @@ class Daemon final : public GhostFs {
   event* fuse_ev_ = nullptr;
   fuse_buf fuse_buf_{};  // reused for every request
   std::vector<event*> signal_evs_;
-  int local_dirfd_ = -1;
+  std::unique_ptr<LocalTree> local_;  // local/ (fs/local_tree.h)
   TimePoint started_{};
 
   std::uint64_t next_fh_ = 1;
@@ -311,8 +311,6 @@ class Daemon final : public GhostFs {
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
   bool shutting_down_ = false;  // Shutdown ran: the loop ends once the queue is flushed
-  std::map<std::string, int> write_errors_;               // local/ key → errno of a failed deferred write
-  std::map<ino_t, std::string> local_paths_;              // backing inode → rel path (for the writer)
   std::map<fuse_ino_t, Decision> decisions_;
   std::map<std::string, int> requests_by_source_;
   std::uint64_t bytes_from_network_ = 0;

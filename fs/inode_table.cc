@@ -49,6 +49,12 @@ Node* InodeTable::Lookup(NodeKind kind, int origin, const std::string& path) {
   return n;
 }
 
+Node* InodeTable::LookupLocal(dev_t dev, ino_t ino, UniqueFd fd) {
+  Node* n = Lookup(NodeKind::kLocal, -1, std::to_string(dev) + ":" + std::to_string(ino));
+  if (!n->fd.valid()) n->fd = std::move(fd);
+  return n;
+}
+
 void InodeTable::Forget(fuse_ino_t ino, std::uint64_t n) {
   if (ino == kRootIno) return;
   auto it = by_ino_.find(ino);

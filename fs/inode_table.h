@@ -1,8 +1,10 @@
 // InodeTable: the mount's inodes, with lookup counts (after libfuse's passthrough_hp.cc).
 //
 // Every name the kernel has looked up has an inode here until the kernel forgets it. An inode
-// is identified by its place in the namespace: which tree (the root, an origin, `local/`) and
-// the path inside it. The root is pinned. Paths never contain "." or ".." components: names
+// is identified by its place in the namespace: which tree (the root, an origin, .ghost/, a
+// Maildir) and the path inside it; except local/ inodes, which are identified by their backing
+// file (device and inode number) and hold an O_PATH descriptor of it, so that they keep their
+// identity across rename and unlink (fs/local_tree.h). The root is pinned. Paths never contain "." or ".." components: names
 // are checked before they get here.
 //
 // Thread-safety: not thread-safe; the daemon's one event-loop thread owns it.
@@ -17,13 +19,15 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/base/file_io.h"
+
 namespace ghost {
 
 enum class NodeKind {
   kRoot,       // the mount point: one directory per origin, plus local/
   kOriginDir,  // a directory of an HTTP origin ("" is the origin's root)
   kOriginFile,
-  kLocal,      // an entry of local/ (file or directory; "" is local/ itself)
+  kLocal,      // local/ itself or an entry under it (any file type), keyed by its backing file
   // The shared store .ghost/ (fs/store_tree.cc): "" itself, "objects" and "fill" directories,
   // then "objects/<hash>" and "fill/<token>" files.
   kStoreDir,
@@ -39,8 +43,10 @@ struct Node {
   fuse_ino_t ino = 0;
   NodeKind kind = NodeKind::kRoot;
   int origin = -1;      // index into the configured origins, for kOriginDir/kOriginFile
-  std::string path;     // inside its tree: "" for a tree's root, else "a/b/c" (no slashes at the ends)
+  std::string path;     // inside its tree: "" for a tree's root, else "a/b/c" (no slashes at the ends);
+                        // kLocal: the backing file's identity "dev:ino"
   std::uint64_t lookups = 0;
+  UniqueFd fd;          // kLocal: an O_PATH descriptor of the backing file (closed with the node)
 };
 
 class InodeTable {
@@ -52,6 +58,9 @@ class InodeTable {
   Node* Find(fuse_ino_t ino);
   // The inode of (kind, origin, path), created if new; counts one lookup.
   Node* Lookup(NodeKind kind, int origin, const std::string& path);
+  // The local/ inode of backing file (dev, ino), created if new with `fd` (an O_PATH
+  // descriptor of it, which the node then owns; else `fd` is closed); counts one lookup.
+  Node* LookupLocal(dev_t dev, ino_t ino, UniqueFd fd);
   // The inode of (kind, origin, path) if the kernel knows it.
   Node* FindByPath(NodeKind kind, int origin, const std::string& path);
   // Drops `n` lookups; the inode is freed when none remain (the root never is).

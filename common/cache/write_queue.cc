@@ -93,6 +93,7 @@ std::vector<WriteRecord> MergeWriteRecords(const std::vector<const WriteRecord*>
       ++run_end;
     }
     WriteRecord out;
+    out.kind = oldest_first.front()->kind;
     out.key = key;
     out.offset = it->first;
     out.length = end - it->first;
@@ -180,6 +181,16 @@ void WriteQueue::Enqueue(WriteRecord record) {
   queued_bytes_ += record.length;
   std::string key = record.key;
   queue_[key].push_back(std::move(record));
+}
+
+void WriteQueue::Discard(const std::string& key) {
+  auto it = queue_.find(key);
+  if (it == queue_.end()) return;
+  for (const WriteRecord& r : it->second) {
+    queued_bytes_ -= r.length;
+    --queued_records_;
+  }
+  queue_.erase(it);
 }
 
 std::uint64_t WriteQueue::Flush(FlushReason reason) {

@@ -50,8 +50,15 @@
 
 namespace ghost {
 
+// What a write record stands for, so the writer routes it by type, not by its key's text.
+enum class WriteKind {
+  kCache,      // the cache store's records (fills and index updates, keyed by their prefix)
+  kLocalFile,  // a write into a file of the mount's local/ tree (fs/local_tree.h)
+};
+
 struct WriteRecord {
-  std::string key;  // the object (cache key or file path)
+  WriteKind kind = WriteKind::kCache;  // one key has one kind
+  std::string key;  // the object (cache key or file identity)
   Bytes offset = 0;
   Bytes length = 0;
   // The bytes (live), or empty (simulation). If not empty, data.size() == length.
@@ -123,6 +130,11 @@ class WriteQueue {
   // Flushes whatever is queued (spinning the disk up if needed) and calls `done` once every
   // write added so far is durable. `done` never runs inside FlushAll.
   void FlushAll(std::function<void()> done);
+
+  // Drops the queued (not yet handed to the writer) records of `key`: the object is gone (a
+  // deleted file nobody has open), so writing them would only spend the disk. Records with the
+  // writer are not recalled. Sync and FlushAll callbacks are unaffected.
+  void Discard(const std::string& key);
 
   // The bytes [offset, offset + length) of `key` as the queued and in-flight writes have them
   // (later writes win), or nullopt if those writes do not cover the whole range. Bytes of

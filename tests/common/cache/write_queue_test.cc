@@ -171,6 +171,43 @@ TEST_F(WriteQueueTest, MergesOverlappingAndAdjacentRecordsLaterWins) {
   EXPECT_EQ(queue_->stats().bytes_flushed, 11u);
 }
 
+TEST_F(WriteQueueTest, DiscardDropsTheQueuedRecordsOfOneKeyOnly) {
+  PutDiskInStandby();
+  queue_->Add(Record("gone", 0, "aaaa"));
+  queue_->Add(Record("gone", 8, "bb"));
+  queue_->Add(Record("kept", 0, "ccc"));
+  queue_->Discard("gone");
+  queue_->Discard("never-queued");
+  EXPECT_FALSE(queue_->Contains("gone"));
+  EXPECT_EQ(queue_->queued_records(), 1u);
+  EXPECT_EQ(queue_->queued_bytes(), 3u);
+  queue_->AssertInvariants();
+  disk_->RequestMode(kPerformanceIdle);
+  clock_.RunUntilIdle();
+  ASSERT_EQ(batches_.size(), 1u);
+  ASSERT_EQ(batches_[0].size(), 1u);
+  EXPECT_EQ(batches_[0][0].key, "kept");
+}
+
+TEST_F(WriteQueueTest, MergedRecordsKeepTheirKind) {
+  PutDiskInStandby();
+  WriteRecord a = Record("local:1", 0, "ab");
+  a.kind = WriteKind::kLocalFile;
+  WriteRecord b = Record("local:1", 2, "cd");
+  b.kind = WriteKind::kLocalFile;
+  queue_->Add(std::move(a));
+  queue_->Add(std::move(b));
+  queue_->Add(Record("fill:x", 0, "z"));
+  disk_->RequestMode(kPerformanceIdle);
+  clock_.RunUntilIdle();
+  ASSERT_EQ(batches_.size(), 1u);
+  ASSERT_EQ(batches_[0].size(), 2u);
+  EXPECT_EQ(batches_[0][0].key, "fill:x");
+  EXPECT_EQ(batches_[0][0].kind, WriteKind::kCache);
+  EXPECT_EQ(batches_[0][1].data, "abcd");
+  EXPECT_EQ(batches_[0][1].kind, WriteKind::kLocalFile);
+}
+
 TEST_F(WriteQueueTest, MergeKeepsBytesOfAnOlderRecordAroundANewerOneInside) {
   WriteRecord outer = Record("f", 0, "0123456789");
   WriteRecord inner = Record("f", 3, "xyz");
