@@ -16,9 +16,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/power/default_pm.h"
-#include "common/power/stpm_disk.h"
-#include "common/power/stpm_network.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -68,46 +65,37 @@ Daemon::~Daemon() {
   if (store_) (void)store_->Close();
   store_.reset();
   io_.reset();
-  pm_.reset();
-  disk_.reset();
-  net_.reset();
+  machine_.reset();
   clock_.reset();
   if (local_dirfd_ >= 0) close(local_dirfd_);
   if (base_) event_base_free(base_);
 }
 
 Status Daemon::LoadMachine() {
+  MachineProfile profile;
   if (options_.profile.empty()) {
-    machine_ = IdealMachine();
+    profile = IdealMachine();
   } else {
     Result<MachineProfile> m = LoadMachineProfile(options_.profile);
     if (!m.ok()) return m.status();
-    machine_ = *m;
+    profile = std::move(m).value();
   }
-  const DeviceProfile* storage = machine_.FindDevice(DeviceKind::kDisk);
-  if (!storage) storage = machine_.FindDevice(DeviceKind::kFlash);
-  const DeviceProfile* network = machine_.FindDevice(DeviceKind::kNetwork);
-  if (!storage || !network) {
-    return Status::InvalidArgument("profile " + machine_.name + " needs a disk (or flash) and a network device");
-  }
-  disk_ = std::make_unique<Device>(*clock_, *storage, nullptr, storage->HighPowerMode());
-  net_ = std::make_unique<Device>(*clock_, *network, &machine_.link, network->LowestMode());
-  pm_ = std::make_unique<PowerManager>(*clock_, machine_.base_power, options_.knob);
-  // Without a profile the devices are always ready: no policy. Otherwise the policies ghostsim
-  // uses for the same --policy (common/sim/simulator.cc), so live and simulated runs compare.
-  bool managed = !options_.profile.empty();
-  std::unique_ptr<DevicePolicy> disk_policy, net_policy;
-  if (managed && adaptive()) {
-    disk_policy = std::make_unique<StpmDiskPolicy>();
-    net_policy = std::make_unique<StpmNetworkPolicy>();
-  } else if (managed) {
-    disk_policy = std::make_unique<DefaultDiskPolicy>();
-    net_policy = std::make_unique<DefaultNetworkPolicy>();
-  }
-  disk_id_ = pm_->Register(disk_.get(), std::move(disk_policy));
-  net_id_ = pm_->Register(net_.get(), std::move(net_policy));
-  cost_ = std::make_unique<CostModel>(
-      *pm_, CostModel::Options{.ghost_hints = adaptive() && options_.ghost_hints});
+  // The machine ghostsim builds for the same --policy (common/power/machine.h), so live and
+  // simulated runs compare. Without a profile the devices are always ready: no policy.
+  MachineOptions mo;
+  mo.policy = options_.policy;
+  mo.knob = options_.knob;
+  mo.ghost_hints = options_.ghost_hints;
+  mo.power_management = !options_.profile.empty();
+  Result<std::unique_ptr<Machine>> machine = Machine::Build(*clock_, std::move(profile), mo);
+  if (!machine.ok()) return machine.status();
+  machine_ = std::move(machine).value();
+  pm_ = &machine_->pm();
+  disk_ = &machine_->storage();
+  net_ = &machine_->network();
+  disk_id_ = machine_->storage_id();
+  net_id_ = machine_->network_id();
+  cost_ = &machine_->cost();
   // Mode changes are pushed to `ghostctl watch`.
   for (DeviceId id : {disk_id_, net_id_}) {
     for (int m = 0; m < pm_->NumModes(id); ++m) {
@@ -133,13 +121,9 @@ Choice Daemon::ChooseSource(std::span<const Holder> holders, Bytes size) {
   return c;
 }
 
-void Daemon::DiscloseTransferBegin() {
-  if (adaptive()) pm_->TransferBegin(net_id_);
-}
+void Daemon::DiscloseTransferBegin() { machine_->TransferBegin(); }
 
-void Daemon::DiscloseTransferEnd() {
-  if (adaptive()) pm_->TransferEnd(net_id_);
-}
+void Daemon::DiscloseTransferEnd() { machine_->TransferEnd(); }
 
 Status Daemon::OpenCache() {
   std::error_code ec;

@@ -26,6 +26,7 @@
 #include "common/control/control.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
+#include "common/power/machine.h"
 #include "common/base/file_io.h"
 #include "common/http/http_fetcher.h"
 #include "common/http/http_freshness.h"
@@ -210,7 +211,7 @@ class Daemon final : public GhostFs {
 
   // ---- policy (ghostfs.cc; GhostfsOptions::policy) ----
  public:
-  bool adaptive() const { return options_.policy == CachePolicy::kAdaptive; }
+  bool adaptive() const { return options_.policy == Policy::kAdaptive; }
   // Where to read an object that `holders` hold: the cost model's choice (adaptive, which may
   // send a ghost hint), or under static the first holder that is not the network (the cached
   // copy whenever one exists), with the estimates filled in for CostJson.
@@ -282,11 +283,13 @@ class Daemon final : public GhostFs {
   GhostfsOptions options_;
   event_base* base_ = nullptr;
   std::unique_ptr<RealClock> clock_;
-  MachineProfile machine_;
-  std::unique_ptr<Device> disk_, net_;
-  std::unique_ptr<PowerManager> pm_;
+  std::unique_ptr<Machine> machine_;
+  // Borrowed from machine_ (set by LoadMachine, valid while machine_ lives).
+  PowerManager* pm_ = nullptr;
+  Device* disk_ = nullptr;
+  Device* net_ = nullptr;
   DeviceId disk_id_ = -1, net_id_ = -1;
-  std::unique_ptr<CostModel> cost_;
+  CostModel* cost_ = nullptr;
   std::unique_ptr<FileIo> io_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<WriteQueue> queue_;
