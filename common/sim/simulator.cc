@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "common/cache/cache_index.h"
+#include "common/cache/cache_manager.h"
 #include "common/base/clock.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
@@ -31,7 +32,7 @@ class Run {
         network_id_(machine.network_id()),
         cost_(machine.cost()),
         index_(clock_),
-        page_cache_(clock_, options.page_cache) {
+        manager_(clock_, machine, CacheManager::Options{.page_cache = options.page_cache}) {
     WriteQueueOptions wq;
     wq.cap = options.write_queue_cap;
     queue_ = std::make_unique<WriteQueue>(
@@ -150,51 +151,40 @@ class Run {
     }
   }
 
-  // A read of a cacheable object: from wherever is cheapest (adaptive) or the cache (static).
+  // A read of a cacheable object: wherever the cache manager decides, as in ghostfs.
   void Read(const std::string& key, Bytes size, std::function<void()> done) {
     const CacheEntry* entry = index_.Find(key);
     if (entry) index_.Touch(key);
-    bool queued = (entry && queue_->Contains(key)) || page_cache_.Touch(key);
-    Remember(key, size);
-    bool on_disk = entry && entry->where.Has(Residence::kDisk);
-    Source source = Source::kNetwork;
-    if (options_.policy != Policy::kAdaptive) {
-      if (queued) source = Source::kMemory;
-      else if (on_disk) source = Source::kDisk;
-    } else {
-      std::vector<Holder> holders;
-      if (queued) holders.push_back({Source::kMemory, -1});
-      if (on_disk) holders.push_back({Source::kDisk, storage_id_});
-      holders.push_back({Source::kNetwork, network_id_});
-      Choice c = cost_.Choose(holders, size);
-      source = c.chosen.holder.source;
-    }
-    ++sources_[SourceName(source)];
-    Note(key, size, SourceName(source));
-    switch (source) {
-      case Source::kMemory:
+    ObjectState state;
+    state.size = size;
+    // The simulated cache marks a fetched object as on disk at once, and its fill waiting in
+    // the write queue as a copy in memory next to it (both costed, as the figures always
+    // were); ghostfs sees no committed body until the fill is written (kWriteQueue). Either
+    // way a queued object is read from memory.
+    state.in_memory = (entry && queue_->Contains(key)) || manager_.InMemory(key);
+    state.on_disk = entry && entry->where.Has(Residence::kDisk);
+    manager_.Remember(key, size);
+    ReadDecision d = manager_.DecideRead(state);
+    const char* source = ReadSourceName(d.source);
+    ++sources_[source];
+    Note(key, size, source);
+    switch (d.source) {
+      case ReadSource::kMemory:
+      case ReadSource::kWriteQueue:
         clock_.ScheduleAfter(CostModel::Options().memory_bandwidth.TimeFor(size), std::move(done));
         return;
-      case Source::kDisk:
-      case Source::kFlash:
+      case ReadSource::kDisk:
+      case ReadSource::kFlash:
         storage_.Submit({size, false}, std::move(done));
         return;
-      case Source::kNetwork:
-        Transfer({size, false}, [this, key, size, cached = entry != nullptr, done = std::move(done)] {
-          if (!cached) Fill(key, size);
+      case ReadSource::kNetwork:
+      case ReadSource::kRevalidate:  // the simulated cache has no expiry
+        Transfer({size, false}, [this, key, size, fill = d.queue_fill, done = std::move(done)] {
+          if (fill) Fill(key, size);
           done();
         });
         return;
     }
-  }
-
-  // The object's bytes pass through RAM: keep a clean copy (LRU within the page cache).
-  void Remember(const std::string& key, Bytes size) {
-    if (options_.page_cache == 0 || size > options_.page_cache) return;
-    CacheEntry e;
-    e.size = size;
-    e.where = Residence::kMemory;
-    (void)page_cache_.Insert(key, e);  // evicts the least recently used copies
   }
 
   void Upload(Bytes size, std::function<void()> done) {
@@ -215,7 +205,7 @@ class Run {
   // A fetched object enters the cache: a background write of its body.
   void Fill(const std::string& key, Bytes size) {
     AddToCache(key, size);
-    Remember(key, size);
+    manager_.Remember(key, size);
     WriteRecord r;
     r.key = key;
     r.length = size;
@@ -272,7 +262,7 @@ class Run {
   DeviceId network_id_ = -1;
   CostModel& cost_;
   CacheIndex index_;
-  CacheIndex page_cache_;  // clean copies in RAM
+  CacheManager manager_;  // the read decision and the page-cache model
   std::unique_ptr<WriteQueue> queue_;
   std::vector<Duration> responses_;
   std::vector<RequestRecord> log_;
