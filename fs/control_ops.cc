@@ -99,9 +99,7 @@ void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply r
     });
   }
   if (op == "drop_caches") {
-    std::size_t n = page_cache_->size();
-    page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
-    return reply({{"dropped", n}});
+    return reply({{"dropped", manager_->ForgetMemory()}});
   }
   if (op == "hint") {
     std::string kind = request.value("kind", "");

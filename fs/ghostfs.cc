@@ -65,6 +65,7 @@ Daemon::~Daemon() {
   if (store_) (void)store_->Close();
   store_.reset();
   io_.reset();
+  manager_.reset();
   machine_.reset();
   clock_.reset();
   if (local_dirfd_ >= 0) close(local_dirfd_);
@@ -96,6 +97,8 @@ Status Daemon::LoadMachine() {
   disk_id_ = machine_->storage_id();
   net_id_ = machine_->network_id();
   cost_ = &machine_->cost();
+  manager_ = std::make_unique<CacheManager>(
+      *clock_, *machine_, CacheManager::Options{.page_cache = kPageCacheModelBytes});
   // Mode changes are pushed to `ghostctl watch`.
   for (DeviceId id : {disk_id_, net_id_}) {
     for (int m = 0; m < pm_->NumModes(id); ++m) {
@@ -103,22 +106,6 @@ Status Daemon::LoadMachine() {
     }
   }
   return Status::Ok();
-}
-
-Choice Daemon::ChooseSource(std::span<const Holder> holders, Bytes size) {
-  assert(!holders.empty());
-  if (adaptive()) return cost_->Choose(holders, size);
-  Choice c;
-  for (const Holder& h : holders) c.candidates.push_back(cost_->Estimate(h, size));
-  c.chosen = c.candidates.back();
-  for (const SourceEstimate& e : c.candidates) {
-    if (e.holder.source != Source::kNetwork) {
-      c.chosen = e;
-      break;
-    }
-  }
-  c.ideal = c.chosen;
-  return c;
 }
 
 void Daemon::DiscloseTransferBegin() { machine_->TransferBegin(); }
@@ -146,7 +133,6 @@ Status Daemon::OpenCache() {
   store_ = std::move(store).value();
   for (const std::string& w : store_->warnings()) std::fprintf(stderr, "ghostfs: %s\n", w.c_str());
 
-  page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
   WriteQueueOptions wq;
   wq.cap = options_.write_queue_cap;
   queue_ = std::make_unique<WriteQueue>(
@@ -996,8 +982,12 @@ Result<std::unique_ptr<GhostFs>> GhostFs::Create(const GhostfsOptions& options) 
 void Daemon::QueueWholeFill(const std::string& key, std::string body,
                             const std::string& content_type) {
   CacheEntry meta;
-  meta.size = body.size();
   meta.content_type = content_type;
+  QueueFill(key, std::move(meta), std::move(body));
+}
+
+void Daemon::QueueFill(const std::string& key, CacheEntry meta, std::string body) {
+  meta.size = body.size();
   pending_fills_[key] = meta;
   WriteRecord rec;
   rec.key = "fill:" + key;
