@@ -212,7 +212,6 @@ class Daemon final : public GhostFs {
 
   // ---- policy (ghostfs.cc; GhostfsOptions::policy) ----
  public:
-  bool adaptive() const { return options_.policy == Policy::kAdaptive; }
   // Hands `body`, stored whole under cache key `key` with `meta` (its size is set here), to
   // the write queue as a fill: readers see it at once (the manager's kWriteQueue holder), the
   // disk gets it with the next batch (DESIGN §3.5).
