@@ -96,8 +96,10 @@ class Machine {
 
   MachineProfile profile_;
   MachineOptions options_;
-  std::unique_ptr<PowerManager> pm_;
+  // Destroyed in reverse order: the cost model, then the power manager (which deregisters
+  // the devices), then the devices.
   std::unique_ptr<Device> storage_, network_;
+  std::unique_ptr<PowerManager> pm_;
   DeviceId storage_id_ = -1, network_id_ = -1;
   std::unique_ptr<CostModel> cost_;
 };
