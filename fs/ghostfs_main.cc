@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     }
   }
   if (!policy_text.empty()) {
-    ghost::Result<ghost::CachePolicy> p = ghost::ParseCachePolicy(policy_text);
+    ghost::Result<ghost::Policy> p = ghost::ParsePolicy(policy_text);
     if (!p.ok()) return fail("--policy: " + p.status().message());
     o.policy = *p;
   }
