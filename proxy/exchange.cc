@@ -538,7 +538,7 @@ void ClientConnection::OnOriginEof() {
   }
 }
 
-void ClientConnection::OnOriginFailed(const Status& why, bool bad_response) {
+void ClientConnection::OnOriginFailed(Status why, bool bad_response) {
   Exchange& ex = *ex_;
   // A pooled connection that fails before any answer was most likely closed by the origin while
   // idle: try once more on a new one, unless part of a request body has gone.

@@ -390,7 +390,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void OnOriginBody(std::string_view data);
   void OnOriginComplete();
   void OnOriginEof();
-  void OnOriginFailed(const Status& why, bool bad_response);
+  // `why` is taken by value: it is often the failed OriginConn's error(), and the connection is
+  // destroyed here before the message is used (a reference would read freed memory).
+  void OnOriginFailed(Status why, bool bad_response);
   void ReleaseOrigin(bool reusable);
   void EndTransfer();
   // Tells the backend's card the body's size; the response completes once it has carried it.

@@ -1017,6 +1017,57 @@ TEST_F(ProxyTest, UnresolvableHostGets504) {
       << r.Header("X-Ghost-Error");
 }
 
+// The proxy's error page for `message` (SendLocal in proxy/connection.cc), byte for byte.
+std::string ErrorPage(const std::string& title, const std::string& message) {
+  std::string escaped;
+  for (char c : message) escaped += c == '"' ? std::string("&quot;") : std::string(1, c);
+  return "<!DOCTYPE html>\n<html><head><title>" + title + "</title></head><body>\n<h1>" + title +
+         "</h1>\n<p>" + escaped + "</p>\n<hr><address>ghostproxy test-proxy</address>\n" +
+         "</body></html>\n";
+}
+
+// Issue 12 item 2: the 504 page was built from the failed origin connection's error() after
+// that connection was destroyed, so it carried freed heap bytes. The page must be exactly the
+// documented text.
+TEST_F(ProxyTest, UnreachableOriginErrorPageIsExactlyItsMessageWithNoHeapBytes) {
+  StartProxy();
+  for (int i = 0; i < 3; ++i) {
+    const int port = ClosedPort();
+    const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
+    const std::string message = "cannot reach " + url + " (cannot connect to 127.0.0.1:" +
+                                std::to_string(port) +
+                                ": connect to 127.0.0.1: Connection refused) and no cached copy "
+                                "may be served; try again when the origin is reachable";
+    Reply r = Get(url);
+    ASSERT_TRUE(r.complete);
+    EXPECT_EQ(r.status, 504);
+    EXPECT_EQ(r.Header("X-Ghost-Error"), message);
+    EXPECT_EQ(r.body, ErrorPage("504 Gateway Timeout", message));
+  }
+}
+
+// RFC 6761 §6.4: names under .invalid fail at once, without asking a nameserver (the proxy
+// answers them itself, so no query leaves the machine), and the page names the host exactly.
+TEST_F(ProxyTest, InvalidNameGets504PageWithoutAskingTheResolver) {
+  StartProxy();
+  // As sent, and as the proxy names it (hosts are compared in lower case).
+  const std::pair<std::string, std::string> hosts[] = {
+      {"nonexistent.invalid", "nonexistent.invalid"},
+      {"A.B.INVALID.", "a.b.invalid."},
+      {"invalid", "invalid"}};
+  for (const auto& [sent, host] : hosts) {
+    Reply r = Get("http://" + sent + "/x");
+    ASSERT_TRUE(r.complete) << sent;
+    EXPECT_EQ(r.status, 504);
+    const std::string message = "cannot reach http://" + host + "/x (cannot resolve host \"" +
+                                host +
+                                "\": names under .invalid never resolve (RFC 6761)) and no "
+                                "cached copy may be served; try again when the origin is reachable";
+    EXPECT_EQ(r.Header("X-Ghost-Error"), message);
+    EXPECT_EQ(r.body, ErrorPage("504 Gateway Timeout", message));
+  }
+}
+
 TEST_F(ProxyTest, MalformedOriginResponseGets502) {
   ScriptedOrigin origin(
       [](const ScriptedOrigin::Request&) { return std::string("NOT HTTP AT ALL\r\n\r\n"); });
