@@ -14,6 +14,8 @@ set -euo pipefail
 build=${1:-$GHOST_BUILD}
 out=${2:-.}
 package=ghostfs
+# Who signs the package: the usual Debian variables, else a placeholder.
+maintainer="${DEBFULLNAME:-Ghost maintainers} <${DEBEMAIL:-ghost@example.org}>"
 arch=$(dpkg --print-architecture)
 version=$(meson introspect --projectinfo "$build" | python3 -c 'import json,sys; print(json.load(sys.stdin)["version"])')
 prefix=$(meson introspect --buildoptions "$build" | python3 -c '
@@ -43,7 +45,7 @@ Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: ghost
 
 Files: *
-Copyright: the Ghost authors
+Copyright: 2026 the Ghost authors
 License: Expat
  Permission is hereby granted, free of charge, to any person obtaining a copy of this
  software and associated documentation files (the "Software"), to deal in the Software
@@ -65,13 +67,15 @@ date=$(date -R -d "@${SOURCE_DATE_EPOCH:-$(git -C "$GHOST_ROOT" log -1 --format=
 {
   printf '%s (%s) unstable; urgency=medium\n\n' "$package" "$version"
   printf '  * Package built from meson install by scripts/make-deb.sh.\n\n'
-  printf ' -- Ghost maintainers <ghost@localhost.localdomain>  %s\n' "$date"
+  printf ' -- %s  %s\n' "$maintainer" "$date"
 } | gzip -9n > "$doc/changelog.gz"
 
 # Depends from the shared libraries the programs link (dpkg-shlibdeps wants a debian/control).
 mkdir -p "$work/src/debian"
 printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$package" "$package" > "$work/src/debian/control"
-depends=$(cd "$work/src" && dpkg-shlibdeps -O -e"$stage"/usr/bin/* 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+shlibdeps_args=()
+for exe in "$stage"/usr/bin/*; do shlibdeps_args+=("-e$exe"); done
+depends=$(cd "$work/src" && dpkg-shlibdeps -O "${shlibdeps_args[@]}" 2> >(grep -v "should already be installed" >&2) | sed -n 's/^shlibs:Depends=//p')
 # mount.fuse3 and fusermount3 for mounting from fstab and the units.
 depends="$depends, fuse3"
 
@@ -81,17 +85,19 @@ cat > "$stage/DEBIAN/control" <<CONTROL
 Package: $package
 Version: $version
 Architecture: $arch
-Maintainer: Ghost maintainers <ghost@localhost.localdomain>
+Maintainer: $maintainer
 Installed-Size: $size
 Depends: $depends
 Section: utils
 Priority: optional
 Description: energy-aware caching file system over HTTP(S) and IMAP
- Ghost mounts web sites and IMAP mailboxes as a FUSE file system (ghostfs) whose cache
- chooses, for each read, the disk or the network by the energy it costs, and runs the
- devices' power modes at a performance/energy knob. It includes an HTTP forward proxy
- over the same cache (ghostproxy), a control client (ghostctl), a trace simulator
- (ghostsim) and a trace generator (ghosttrace), with systemd units and man pages.
+ Ghost mounts web sites and IMAP mailboxes as a FUSE file system
+ (ghostfs) whose cache chooses, for each read, the disk or the network
+ by the energy it costs, and runs the devices' power modes at a
+ performance/energy knob. It includes an HTTP forward proxy over the
+ same cache (ghostproxy), a control client (ghostctl), a trace
+ simulator (ghostsim) and a trace generator (ghosttrace), with systemd
+ units and man pages.
 CONTROL
 (cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z | xargs -0 md5sum) > "$stage/DEBIAN/md5sums"
 find "$stage" -type d -exec chmod 0755 {} +
