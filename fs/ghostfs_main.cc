@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   // mount.fuse3's form (fstab): ghostfs SOURCE MOUNTPOINT -o cache=...,origin=...,nodev,...
   std::vector<std::string> value_options;
   for (const CLI::Option* opt : app.get_options()) {
-    if (opt->get_type_size() != 0) {
+    if (opt->get_expected_max() > 0) {  // takes a value (flags expect none)
       for (const std::string& n : opt->get_lnames()) value_options.push_back("--" + n);
       for (const std::string& n : opt->get_snames()) value_options.push_back("-" + n);
     }

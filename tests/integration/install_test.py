@@ -5,8 +5,9 @@
     --version of every program, ghostsim on a shipped trace with a shipped profile found at
     the unpacked prefix with no source tree and no $GHOST_PROFILE_DIR, an unknown profile's
     error naming where it looked, man pages and systemd units present;
-  - an fstab line of type fuse.ghostfs mounts through mount(8) and mount.fuse3, reads a file
-    from nginx on loopback, and unmounts;
+  - the fstab form mounts: mount.fuse3 -t fuse.ghostfs (what mount(8) runs for a line of type
+    fuse.ghostfs) and mount(8) on an fstab line, each reading a file from nginx on loopback
+    and unmounting;
   - ghostproxy started by socket activation (LISTEN_FDS=1, a listening socket on fd 3, as a
     .socket unit passes it) serves through that socket.
 Needs root and /dev/fuse for the mount parts (else skip), dpkg-deb and lintian for the
@@ -30,7 +31,7 @@ MAN_PAGES = ["man1/ghostfs.1.gz", "man1/ghostctl.1.gz", "man1/ghostproxy.1.gz",
              "man5/ghostproxy.conf.5.gz"]
 UNITS = ["system/ghostfs.service", "system/ghostproxy.service", "system/ghostproxy.socket",
          "user/ghostfs.service", "user/ghostproxy.service", "user/ghostproxy.socket"]
-PLANNED = 10
+PLANNED = 12
 
 
 def run(cmd, **kw):
@@ -97,28 +98,44 @@ def package_tests(t, build, work):
             "missing: " + ", ".join(missing))
 
 
-def fstab_mount_test(t, build, work, nginx, sums):
-    mnt = os.path.join(work, "mnt-fstab")
-    os.makedirs(mnt)
-    fstab = os.path.join(work, "fstab")
-    with open(fstab, "w") as f:
-        f.write(f"ghost {mnt} fuse.ghostfs cache={work}/cache-fstab,origin=www={nginx.url()},"
-                "rw,nodev,nosuid,noauto,_netdev 0 0\n")
-    env = dict(os.environ, PATH=os.path.join(build, "fs") + ":" + os.environ.get("PATH", ""))
+def mount_and_read(t, name, cmd, mnt, sums, env=None):
+    """Runs a mount command, reads a file through the mount, unmounts: two checks."""
     h.on_exit(lambda: subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL))
-    m = run(["mount", "-T", fstab, mnt], env=env)
+    m = run(cmd, env=env)
     mounted = m.returncode == 0 and os.path.ismount(mnt)
+    detail = m.stdout + m.stderr
     data_ok = False
     if mounted:
         try:
             data_ok = h.sha256_file(os.path.join(mnt, "www", "dir1", "a.txt")) == sums["dir1/a.txt"]
         except OSError as e:
-            m = subprocess.CompletedProcess([], 1, "", str(e))
-    t.check(mounted and data_ok, "an fstab line of type fuse.ghostfs mounts and serves a file",
-            m.stdout + m.stderr)
+            detail += str(e)
+    t.check(mounted and data_ok, f"{name} mounts and serves a file from nginx", detail)
     u = run(["umount", mnt])
     t.check(u.returncode == 0 and h.wait_for(lambda: not os.path.ismount(mnt), timeout=10),
-            "umount of the fstab mount", u.stderr)
+            f"umount of the {name} mount", u.stderr)
+
+
+def fstab_mount_tests(t, build, work, nginx, sums):
+    ghostfs = os.path.join(build, "fs", "ghostfs")
+    options = (f"origin=www={nginx.url()},rw,nodev,nosuid,noauto,_netdev,"
+               "x-systemd.automount")
+    # What mount(8) runs for an fstab line of type fuse.ghostfs: mount.fuse3 -t fuse.ghostfs,
+    # which runs `ghostfs SOURCE MOUNTPOINT -o OPTIONS` from $PATH (mount(8) itself gives
+    # helpers a fixed PATH, where only an installed ghostfs is).
+    mnt = os.path.join(work, "mnt-helper")
+    os.makedirs(mnt)
+    env = dict(os.environ, PATH=os.path.dirname(ghostfs) + ":" + os.environ.get("PATH", ""))
+    mount_and_read(t, "mount.fuse3 -t fuse.ghostfs",
+                   ["mount.fuse3", "ghost", mnt, "-t", "fuse.ghostfs", "-o",
+                    f"cache={work}/cache-helper," + options], mnt, sums, env)
+    # mount(8) with an fstab line; the build's ghostfs named by path (type fuse, PATH#SOURCE).
+    mnt = os.path.join(work, "mnt-fstab")
+    os.makedirs(mnt)
+    fstab = os.path.join(work, "fstab")
+    with open(fstab, "w") as f:
+        f.write(f"{ghostfs}#ghost {mnt} fuse cache={work}/cache-fstab,{options} 0 0\n")
+    mount_and_read(t, "fstab line (mount -T FSTAB)", ["mount", "-T", fstab, mnt], mnt, sums)
 
 
 def socket_activation_test(t, build, work, nginx, sums):
@@ -188,7 +205,7 @@ def main():
     if not nginx.start():
         t.skip_rest(PLANNED, "nginx is not installed or did not start")
         t.done()
-    fstab_mount_test(t, build, work, nginx, sums)
+    fstab_mount_tests(t, build, work, nginx, sums)
     socket_activation_test(t, build, work, nginx, sums)
     t.done()
 
