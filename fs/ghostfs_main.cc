@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
       "an ordinary writable tree kept in the cache\n"
       "directory. For every read, ghostfs picks the cached copy or the network, whichever costs\n"
       "less given the devices' power modes and the knob (common/DESIGN.md §3.4)."};
-  app.set_version_flag("--version", std::string("ghostfs ") + GHOST_VERSION, "print the version and exit");
+  app.set_version_flag("--version", std::string("ghostfs ") + GHOST_VERSION,
+                       "print the version and exit");
   app.add_flag("-f,--foreground", o.foreground, "stay in the foreground (log to stderr)");
   app.add_option("--cache", o.cache_dir, "cache directory (created if missing); holds objects, the index and local/");
   app.add_option("--origin", origins,

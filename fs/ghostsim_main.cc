@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ghostsim: replay a trace (web, mail or block; common/DESIGN.md §6) through Ghost's\n"
       "power model in virtual time and print one JSON object per run (common/DESIGN.md §7)."};
-  app.set_version_flag("--version", std::string("ghostsim ") + GHOST_VERSION, "print the version and exit");
+  app.set_version_flag("--version", std::string("ghostsim ") + GHOST_VERSION,
+                       "print the version and exit");
   std::string profile = "ipaq-2004";
   std::string policy = "adaptive";
   std::string disk_policy = "stpm";

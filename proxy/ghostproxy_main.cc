@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
       "read through the mount; transfers are disclosed to its power manager. Every response says\n"
       "where it came from in X-Ghost-Source (cache, network, revalidated, stale, tunnel, proxy).\n"
       "Status: GET http://LISTEN/ghost/status (JSON) and /ghost/metrics (Prometheus)."};
-  app.set_version_flag("--version", std::string("ghostproxy ") + GHOST_VERSION, "print the version and exit");
+  app.set_version_flag("--version", std::string("ghostproxy ") + GHOST_VERSION,
+                       "print the version and exit");
   app.add_option("--listen", listen,
                  "HOST:PORT to listen on (default 127.0.0.1:3128; [::1]:PORT for IPv6). Only this "
                  "machine may connect unless --allow says otherwise. Ignored when started by "

@@ -108,10 +108,8 @@ Status Impl::Listen() {
   bound = options.listen;
   if (getsockname(evconnlistener_get_fd(l), reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
     if (options.listen_fd >= 0) {
-      if (Result<IpAddress> ip = IpAddress::FromSockaddr(reinterpret_cast<sockaddr*>(&got), got_len);
-          ip.ok()) {
-        bound.host = *ip;
-      }
+      Result<IpAddress> ip = IpAddress::FromSockaddr(reinterpret_cast<sockaddr*>(&got), got_len);
+      if (ip.ok()) bound.host = *ip;
     }
     bound.port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
                                                 : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);

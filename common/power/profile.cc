@@ -240,12 +240,15 @@ const DeviceProfile* MachineProfile::FindDevice(DeviceKind kind) const {
 
 std::vector<std::string> ProfileDirCandidates() {
   if (const char* env = std::getenv("GHOST_PROFILE_DIR"); env && *env) return {env};
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  const std::string build_root = GHOST_BUILD_ROOT "/";
-  if (!ec && exe.string().starts_with(build_root)) return {GHOST_SOURCE_PROFILE_DIR};
+  std::error_code exe_ec, root_ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", exe_ec);
+  // /proc/self/exe has no symlinks; the configured build root may.
+  const std::string build_root = fs::weakly_canonical(GHOST_BUILD_ROOT, root_ec).string() + "/";
+  if (!exe_ec && !root_ec && exe.string().starts_with(build_root)) {
+    return {GHOST_SOURCE_PROFILE_DIR};
+  }
   std::vector<std::string> dirs;
-  if (!ec && !std::string_view(GHOST_PROFILE_DIR_FROM_BINDIR).empty()) {
+  if (!exe_ec && !std::string_view(GHOST_PROFILE_DIR_FROM_BINDIR).empty()) {
     dirs.push_back((exe.parent_path() / GHOST_PROFILE_DIR_FROM_BINDIR).lexically_normal().string());
   }
   if (dirs.empty() || dirs[0] != GHOST_INSTALLED_PROFILE_DIR) {

@@ -15,8 +15,9 @@ TEST(MountArgsTest, OrdinaryCommandLineIsUnchanged) {
 
 TEST(MountArgsTest, FstabOptionsBecomeGhostOptionsAndFuseOptions) {
   const Args in = {"ghostfs", "ghost", "/mnt",
-                   "-o", "rw,nodev,nosuid,cache=/var/cache/ghost,origin=www=http://127.0.0.1:8080/,"
-                         "profile=ipaq-2004,no_passthrough,allow_other"};
+                   "-o",
+                   "rw,nodev,nosuid,cache=/var/cache/ghost,origin=www=http://127.0.0.1:8080/,"
+                   "profile=ipaq-2004,no_passthrough,allow_other"};
   const Args want = {"ghostfs", "--cache", "/var/cache/ghost", "--origin",
                      "www=http://127.0.0.1:8080/", "--profile", "ipaq-2004", "--no-passthrough",
                      "-o", "rw,nodev,nosuid,allow_other", "/mnt"};
@@ -25,7 +26,8 @@ TEST(MountArgsTest, FstabOptionsBecomeGhostOptionsAndFuseOptions) {
 
 TEST(MountArgsTest, MountOnlyOptionsAreDropped) {
   const Args in = {"ghostfs", "ghost", "/mnt", "-o",
-                   "noauto,user,_netdev,nofail,defaults,x-systemd.automount,comment=x,cache_size=1G"};
+                   "noauto,user,_netdev,nofail,defaults,x-systemd.automount,comment=x,"
+                   "cache_size=1G"};
   const Args want = {"ghostfs", "--cache-size", "1G", "/mnt"};
   EXPECT_EQ(RewriteMountArgs(in, kValueOptions), want);
 }

@@ -131,7 +131,8 @@ TEST(ProfileTest, DeviceProfileBecomesAMachineOnTheIpaq) {
 TEST(ProfileTest, UnknownProfileNamesTheDirectoryItLookedIn) {
   Result<MachineProfile> m = LoadMachineProfile("no-such-device", GHOST_PROFILE_DIR);
   ASSERT_FALSE(m.ok());
-  EXPECT_NE(m.status().message().find(GHOST_PROFILE_DIR), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find(GHOST_PROFILE_DIR), std::string::npos)
+      << m.status().message();
 }
 
 TEST(ProfileTest, EmptyProfileDirectorySaysWhereToPointGhostProfileDir) {
@@ -140,7 +141,8 @@ TEST(ProfileTest, EmptyProfileDirectorySaysWhereToPointGhostProfileDir) {
   Result<MachineProfile> m = LoadMachineProfile("ipaq-2004", empty);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), Status::Code::kNotFound);
-  EXPECT_NE(m.status().message().find("no profiles in " + empty), std::string::npos) << m.status().message();
+  EXPECT_NE(m.status().message().find("no profiles in " + empty), std::string::npos)
+      << m.status().message();
   EXPECT_NE(m.status().message().find("$GHOST_PROFILE_DIR"), std::string::npos);
 }
 
@@ -150,7 +152,11 @@ TEST(ProfileTest, GhostProfileDirOverridesEveryOtherPlace) {
   setenv("GHOST_PROFILE_DIR", "/somewhere/profiles", 1);
   EXPECT_EQ(ProfileDirCandidates(), std::vector<std::string>{"/somewhere/profiles"});
   EXPECT_EQ(DefaultProfileDir(), "/somewhere/profiles");
-  if (old) setenv("GHOST_PROFILE_DIR", saved.c_str(), 1); else unsetenv("GHOST_PROFILE_DIR");
+  if (old) {
+    setenv("GHOST_PROFILE_DIR", saved.c_str(), 1);
+  } else {
+    unsetenv("GHOST_PROFILE_DIR");
+  }
 }
 
 TEST(ProfileTest, ProgramInTheBuildTreeUsesTheSourceTreeProfiles) {
