@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/control/control.h"
 #include "common/base/units.h"
 
@@ -446,6 +447,8 @@ int main(int argc, char** argv) {
       "  status PATH    cache status of a file in the mount\n"
       "  flush          write deferred writes now (waits until they are on the device)\n"
       "  watch          live view of device modes, energy and requests (Ctrl-C quits)"};
+  app.set_version_flag("--version", std::string("ghostctl ") + GHOST_VERSION,
+                       "print the version and exit");
   std::string control = ghost::DefaultControlPath();
   bool raw_json = false;
   app.add_option("--control", control, "control socket of ghostfs ($GHOST_CONTROL)")
