@@ -201,12 +201,20 @@ Status Daemon::Init() {
 }
 
 Status Daemon::StartControl() {
-  if (options_.control_path.empty()) return Status::Ok();
+  // Always a control socket: without --control, the one ghostctl and ghostproxy derive from
+  // the mount point (MountControlPath, common/control/control.h), in a directory only we use.
   std::error_code ec;
+  if (options_.control_path.empty()) {
+    options_.control_path = MountControlPath(options_.mountpoint);
+    const std::filesystem::path dir = std::filesystem::path(options_.control_path).parent_path();
+    if (std::filesystem::create_directories(dir, ec)) {
+      std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+    }
+  }
   std::filesystem::create_directories(std::filesystem::path(options_.control_path).parent_path(), ec);
   Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
       base_, options_.control_path,
-      [this](const nlohmann::json& request, ControlServer::Reply reply) { HandleControl(request, std::move(reply)); });
+      [this](const ControlRequest& request, ControlServer::Reply reply) { HandleControl(request, std::move(reply)); });
   if (!server.ok()) return server.status();
   control_ = std::move(server).value();
   return Status::Ok();

@@ -69,7 +69,7 @@ struct GhostfsOptions {
   int knob = 50;
   CachePolicy policy = CachePolicy::kAdaptive;
   bool ghost_hints = true;   // adaptive only: static sends none
-  std::string control_path;  // empty: no control socket
+  std::string control_path;  // empty: MountControlPath(mountpoint) (common/control/control.h)
   Duration max_stale{0};
   Duration heuristic_freshness = std::chrono::seconds(300);
   Bytes write_queue_cap = 4 * 1024 * 1024;
