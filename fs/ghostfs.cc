@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base/mounts.h"
 #include "common/power/default_pm.h"
 #include "common/power/stpm_disk.h"
 #include "common/power/stpm_network.h"
@@ -144,6 +145,15 @@ Status Daemon::OpenCache() {
   std::error_code ec;
   std::filesystem::create_directories(options_.cache_dir, ec);
   if (ec) return Status::IoError("cannot create cache directory " + options_.cache_dir + ": " + ec.message());
+  // One daemon per cache directory: two would write one index and one set of bodies. Held
+  // until exit (by the daemonised child after the fork; Run records its pid).
+  Result<PidLock> lock = PidLock::Acquire(options_.cache_dir + "/lock");
+  if (!lock.ok()) {
+    if (lock.status().code() != Status::Code::kExists) return lock.status();
+    return Status::Exists("cache directory " + options_.cache_dir + " is in use by another ghostfs (" +
+                          lock.status().message() + "); stop that ghostfs, or give this one another --cache");
+  }
+  cache_lock_.emplace(std::move(lock).value());
 
   Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base_);
   if (uring.ok()) {
@@ -185,7 +195,35 @@ Status Daemon::OpenCache() {
   return Status::Ok();
 }
 
+namespace {
+
+// Refuses a mount point that already is a FUSE mount (a ghostfs, or one whose daemon died):
+// mounting on top would stack silently and hide it.
+Status CheckMountPoint(const std::string& mountpoint) {
+  struct stat st {};
+  if (::stat(mountpoint.c_str(), &st) != 0) {
+    if (errno == ENOTCONN) {
+      return Status::Exists(mountpoint + " is a FUSE mount whose daemon has gone; unmount it first " +
+                            "(fusermount3 -u " + mountpoint + ")");
+    }
+    return Status::Ok();  // fuse_session_mount reports a missing mount point
+  }
+  std::error_code ec;
+  std::filesystem::path real = std::filesystem::canonical(mountpoint, ec);
+  if (ec) return Status::Ok();
+  std::optional<MountInfo> m = MountAt(real.string());
+  if (!m || !m->fstype.starts_with("fuse")) return Status::Ok();
+  std::string what = m->fstype == "fuse.ghost" ? std::string("a ghostfs")
+                                                : "a FUSE file system (" + m->fstype + ")";
+  return Status::Exists(mountpoint + " is already the mount point of " + what +
+                        "; unmount it first (fusermount3 -u " + mountpoint +
+                        ") or choose another mount point");
+}
+
+}  // namespace
+
 Status Daemon::Init() {
+  if (Status s = CheckMountPoint(options_.mountpoint); !s.ok()) return s;
   base_ = MakeEventBase();
   if (!base_) return Status::Internal("cannot create the event loop");
   clock_ = std::make_unique<RealClock>(base_);
@@ -830,6 +868,8 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  // The daemonised child inherited the cache lock; the file names the process that serves.
+  if (cache_lock_) (void)cache_lock_->RecordPid();
   fuse_ev_ = event_new(base_, fuse_session_fd(se_), EV_READ | EV_PERSIST,
                        [](evutil_socket_t, short, void* self) { static_cast<Daemon*>(self)->OnFuseReadable(); }, this);
   event_add(fuse_ev_, nullptr);

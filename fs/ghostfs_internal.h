@@ -23,6 +23,7 @@
 #include "common/cache/cache_store.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
+#include "common/base/pid_lock.h"
 #include "common/control/control.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
@@ -303,6 +304,7 @@ class Daemon final : public GhostFs {
   std::unique_ptr<WriteQueue> queue_;
   std::unique_ptr<HttpFetcher> http_;
   std::unique_ptr<ControlServer> control_;
+  std::optional<PidLock> cache_lock_;  // CACHE/lock, held while this daemon serves
   std::unique_ptr<FusePassthrough> passthrough_;  // always set after Init; kOff unless attached
   InodeTable inodes_;
   fuse_session* se_ = nullptr;

@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/mounts.h"
+
 namespace ghost {
 namespace {
 
@@ -223,40 +225,9 @@ std::string MountControlPath(const std::string& mountpoint) {
 }
 
 std::vector<std::string> GhostfsMounts() {
-  // mountinfo: "36 35 98:0 / /mnt/ghost rw,nosuid - fuse.ghost ghostfs rw,..."; the mount
-  // point (field 5) escapes space, tab, newline and backslash as \ooo.
   std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, devno, root, point, word;
-    if (!(fields >> id >> parent >> devno >> root >> point)) continue;
-    while (fields >> word && word != "-") {
-    }
-    std::string fstype;
-    if (!(fields >> fstype) || fstype != "fuse.ghost") continue;
-    std::string decoded;
-    for (std::size_t i = 0; i < point.size(); ++i) {
-      if (point[i] == '\\' && i + 3 < point.size()) {
-        int v = 0;
-        bool octal = true;
-        for (std::size_t k = 1; k <= 3; ++k) {
-          if (point[i + k] < '0' || point[i + k] > '7') {
-            octal = false;
-          } else {
-            v = v * 8 + (point[i + k] - '0');
-          }
-        }
-        if (octal) {
-          decoded.push_back(static_cast<char>(v));
-          i += 3;
-          continue;
-        }
-      }
-      decoded.push_back(point[i]);
-    }
-    out.push_back(decoded);
+  for (const MountInfo& m : ReadMounts()) {
+    if (m.fstype == "fuse.ghost") out.push_back(m.point);
   }
   return out;
 }
