@@ -59,13 +59,13 @@ std::optional<std::uint64_t> Unsigned(const json* v) {
   return static_cast<std::uint64_t>(n);
 }
 
-// A finite number >= 0, default 0 when absent; nullopt for anything else.
-std::optional<double> NonNegative(const json& r, const char* key) {
+// A number in 0..max, default 0 when absent; nullopt for anything else.
+std::optional<double> NonNegative(const json& r, const char* key, double max) {
   const json* v = Field(r, key);
   if (v == nullptr) return 0.0;
   if (!v->is_number()) return std::nullopt;
   double d = v->get<double>();
-  if (!std::isfinite(d) || d < 0) return std::nullopt;
+  if (!std::isfinite(d) || d < 0 || d > max) return std::nullopt;
   return d;
 }
 
@@ -105,9 +105,10 @@ Result<ControlArgs> ParseHint(const json& r) {
   } else {
     return Bad("needs \"device\": a device name (see devices) or id");
   }
-  std::optional<double> t = NonNegative(r, "time_s"), e = NonNegative(r, "energy_j");
-  if (!t) return Bad("\"time_s\" must be a number of seconds >= 0");
-  if (!e) return Bad("\"energy_j\" must be a number of joules >= 0");
+  std::optional<double> t = NonNegative(r, "time_s", kMaxHintSeconds);
+  std::optional<double> e = NonNegative(r, "energy_j", kMaxHintJoules);
+  if (!t) return Bad("\"time_s\" must be a number of seconds in 0..3.15e7 (a year)");
+  if (!e) return Bad("\"energy_j\" must be a number of joules in 0..1e9");
   out.time_s = *t;
   out.energy_j = *e;
   return ControlArgs(out);
@@ -162,11 +163,10 @@ Result<ControlArgs> ParseObject(const json& r) {
   if (auto x = r.find("expires_unix"); x != r.end()) {
     if (x->is_null()) {
       out.expires_unix = std::optional<std::int64_t>();
-    } else if (auto n = IntegerIn(&*x, std::numeric_limits<std::int64_t>::min(),
-                                  std::numeric_limits<std::int64_t>::max())) {
+    } else if (auto n = IntegerIn(&*x, -kMaxUnixSeconds, kMaxUnixSeconds)) {
       out.expires_unix = n;
     } else {
-      return Bad("\"expires_unix\" must be an integer (Unix seconds) or null");
+      return Bad("\"expires_unix\" must be an integer (Unix seconds, at most 1e11) or null");
     }
   }
   return ControlArgs(out);
@@ -192,7 +192,7 @@ Result<ControlArgs> ParseTransfer(const json& r) {
   out.transfer = *id;
   if (out.phase == TransferPhase::kData) {
     std::optional<std::uint64_t> bytes = Unsigned(Field(r, "bytes"));
-    if (!bytes) return Bad("needs \"bytes\", a byte count");
+    if (!bytes || *bytes > kMaxTransferBytes) return Bad("needs \"bytes\", a byte count up to 2^40");
     out.bytes = *bytes;
   }
   return ControlArgs(out);
@@ -205,14 +205,14 @@ Result<ControlArgs> ParseServed(const json& r) {
   if (good) {
     for (const auto& [key, n] : memory->items()) {
       std::optional<std::uint64_t> reads = Unsigned(&n);
-      good = good && !key.empty() && reads && *reads >= 1;
+      good = good && !key.empty() && reads && *reads >= 1 && *reads <= kMaxServedReads;
       if (good) out.memory.emplace_back(key, *reads);
     }
   }
-  if (!good) return Bad("needs \"memory\": an object of cache keys and read counts >= 1");
+  if (!good) return Bad("needs \"memory\": an object of cache keys and read counts in 1..1000000");
   if (const json* bytes = Field(r, "bytes")) {
     std::optional<std::uint64_t> b = Unsigned(bytes);
-    if (!b) return Bad("\"bytes\" must be an integer >= 0");
+    if (!b || *b > kMaxTransferBytes) return Bad("\"bytes\" must be an integer in 0..2^40");
     out.bytes = *b;
   }
   return ControlArgs(out);

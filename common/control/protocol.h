@@ -16,8 +16,9 @@
 //       An unknown path is an error reply ("status: /x: no such file in the mount").
 //   hint {"kind": K, "device": D, "time_s": T, "energy_j": E}  an application's hint (DESIGN
 //       §3.3, §3.4). K is "ghost" | "transfer_begin" | "transfer_end" | "background"; D is a
-//       device name ("microdrive-1gb") or id (0); T and E (finite numbers >= 0, default 0) are
-//       what a ghost hint says the device's best mode would have saved. Result: {}.
+//       device name ("microdrive-1gb") or id (0); T and E (numbers >= 0, default 0, at most
+//       kMaxHintSeconds and kMaxHintJoules) are what a ghost hint says the device's best mode
+//       would have saved. Result: {}.
 //   knob {"value": V}?  without "value" (or null): get; with an integer V in 0..100: set.
 //       Result: KnobResult, {"knob":70} (a set adds "previous":50, the value before it).
 //   devices  every registered device. Result:
@@ -137,6 +138,14 @@ std::string ControlOpList();
 inline constexpr std::array<std::string_view, 4> kControlTopics = {"modes", "stats", "events",
                                                                    "objects"};
 
+// Bounds that keep numbers from a client within what the daemon's types hold (a time in
+// microseconds in an int64, byte counts turned into transfer times): larger values are refused.
+inline constexpr double kMaxHintSeconds = 365.0 * 24 * 3600;  // a ghost hint's time_s
+inline constexpr double kMaxHintJoules = 1e9;                   // a ghost hint's energy_j
+inline constexpr std::uint64_t kMaxTransferBytes = 1ull << 40;  // transfer data "bytes"
+inline constexpr std::uint64_t kMaxServedReads = 1000000;       // served: reads of one key
+inline constexpr std::int64_t kMaxUnixSeconds = 100'000'000'000;  // |expires_unix|
+
 // The performance/energy knob's range (0 saves energy, 100 favours performance).
 inline constexpr int kKnobMin = 0;
 inline constexpr int kKnobMax = 100;
@@ -154,8 +163,8 @@ enum class HintKind { kGhost, kTransferBegin, kTransferEnd, kBackground };
 struct HintArgs {
   HintKind kind = HintKind::kGhost;
   std::variant<std::string, std::int64_t> device;  // a name (non-empty) or an id (>= 0)
-  double time_s = 0;                               // finite, >= 0
-  double energy_j = 0;                             // finite, >= 0
+  double time_s = 0;                               // 0..kMaxHintSeconds
+  double energy_j = 0;                             // 0..kMaxHintJoules
 };
 struct KnobArgs {
   std::optional<int> value;  // set to this (in kKnobMin..kKnobMax); nullopt: get
@@ -167,17 +176,18 @@ struct SubscribeArgs {
 struct ObjectArgs {
   std::string key;  // non-empty
   std::optional<std::string> response, etag, last_modified, content_type;
-  // Outer nullopt: not given; inner nullopt: given as null (no expiry).
+  // Outer nullopt: not given; inner nullopt: given as null (no expiry). |X| <= kMaxUnixSeconds.
   std::optional<std::optional<std::int64_t>> expires_unix;
 };
 enum class TransferPhase { kBegin, kData, kEnd };
 struct TransferArgs {
   TransferPhase phase = TransferPhase::kBegin;
   std::uint64_t transfer = 0;  // data, end: the id "begin" returned
-  std::uint64_t bytes = 0;     // data: the body's size
+  std::uint64_t bytes = 0;     // data: the body's size, <= kMaxTransferBytes
 };
 struct ServedArgs {
-  std::vector<std::pair<std::string, std::uint64_t>> memory;  // key (non-empty), reads (>= 1)
+  // key (non-empty), reads (1..kMaxServedReads)
+  std::vector<std::pair<std::string, std::uint64_t>> memory;
   std::uint64_t bytes = 0;
 };
 using ControlArgs = std::variant<NoArgs, StatusArgs, HintArgs, KnobArgs, SubscribeArgs,
