@@ -1,9 +1,10 @@
 // Control socket (DESIGN §4.2): how ghostctl, ghostproxy and scripts talk to the ghostfs daemon.
 //
 // A Unix stream socket (mode 0600; one per mount, found from the mount point: see "Where the
-// socket is" below) speaking newline-delimited JSON. This file is the protocol's one definition: ControlServer
-// frames, validates and routes requests to a handler the daemon supplies, and pushes
-// subscription events; ControlClient is the blocking client for ghostctl and tests.
+// socket is" below) speaking newline-delimited JSON. This file is the transport; the ops are
+// defined in protocol.h. ControlServer frames, validates and routes requests to a handler the
+// daemon supplies, and pushes subscription events; ControlClient is the blocking client for
+// ghostctl and tests, AsyncControlClient the one on an event loop (ghostproxy).
 //
 // ---- Framing ----
 // Every message is one JSON object on one line ending in "\n" (a "\r" before it is ignored;
@@ -20,7 +21,7 @@
 // "id" is echoed verbatim (a number by convention; null when the request had none or could not
 // be parsed). Errors the server answers itself, the connection staying usable:
 //   - invalid JSON, a line that is not an object, a missing or non-string "op", an unknown op,
-//     arguments of the wrong type or range (see the ops below);
+//     arguments of the wrong type or range (protocol.h);
 //   - a request line longer than 64 KiB (ControlServerOptions::max_request_line): error reply,
 //     then the server reads nothing more and closes the connection once the reply is written.
 //
