@@ -220,6 +220,46 @@ Status CheckMountPoint(const std::string& mountpoint) {
                         ") or choose another mount point");
 }
 
+// fuse_daemonize(3), except that the child names itself in the cache lock (which it inherited
+// with the fork) before the parent exits: once `ghostfs` returns to the shell, CACHE/lock names
+// the process that serves. In the child: returns true (detached, in /, stdio on /dev/null). The
+// parent exits 0 once the child is ready, 1 if it died first. False if the fork failed.
+bool Daemonize(PidLock* lock) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) {
+    std::perror("ghostfs: pipe");
+    return false;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("ghostfs: fork");
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return false;
+  }
+  if (pid > 0) {
+    ::close(ready[1]);
+    char done = 1;
+    ssize_t n;
+    while ((n = ::read(ready[0], &done, 1)) < 0 && errno == EINTR) {
+    }
+    ::_exit(n == 1 && done == 0 ? 0 : 1);
+  }
+  ::close(ready[0]);
+  ::setsid();
+  if (::chdir("/") != 0) std::perror("ghostfs: chdir /");
+  int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+    if (null > 2) ::close(null);
+  }
+  if (lock != nullptr) (void)lock->RecordPid();
+  char done = 0;
+  (void)!::write(ready[1], &done, 1);
+  ::close(ready[1]);
+  return true;
+}
+
 }  // namespace
 
 Status Daemon::Init() {
@@ -863,13 +903,11 @@ int Daemon::Run() {
   }
   mail_->Start();
   if (!ec) RaiseReadAhead(mount_path);
-  if (!options_.foreground && fuse_daemonize(0) != 0) {
+  if (!options_.foreground && !Daemonize(cache_lock_ ? &*cache_lock_ : nullptr)) {
     fuse_session_unmount(se_);
     fuse_session_destroy(se_);
     return 1;
   }
-  // The daemonised child inherited the cache lock; the file names the process that serves.
-  if (cache_lock_) (void)cache_lock_->RecordPid();
   fuse_ev_ = event_new(base_, fuse_session_fd(se_), EV_READ | EV_PERSIST,
                        [](evutil_socket_t, short, void* self) { static_cast<Daemon*>(self)->OnFuseReadable(); }, this);
   event_add(fuse_ev_, nullptr);
