@@ -5,7 +5,7 @@
 #include <utility>
 #include <variant>
 
-#include "common/sim/simulator.h"
+#include "common/power/machine.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -150,9 +150,7 @@ void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
 }
 
 void Daemon::ControlDropCaches(const ControlRequest&, ControlServer::Reply reply) {
-  std::size_t n = page_cache_->size();
-  page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
-  reply({{"dropped", n}});
+  reply({{"dropped", manager_->ForgetMemory()}});
 }
 
 void Daemon::ControlHint(const ControlRequest& request, ControlServer::Reply reply) {

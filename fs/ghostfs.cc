@@ -18,9 +18,6 @@
 #include <sstream>
 
 #include "common/base/mounts.h"
-#include "common/power/default_pm.h"
-#include "common/power/stpm_disk.h"
-#include "common/power/stpm_network.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -69,45 +66,39 @@ Daemon::~Daemon() {
   if (store_) (void)store_->Close();
   store_.reset();
   io_.reset();
-  pm_.reset();
-  disk_.reset();
-  net_.reset();
+  manager_.reset();
+  machine_.reset();
   clock_.reset();
   if (base_) event_base_free(base_);
 }
 
 Status Daemon::LoadMachine() {
+  MachineProfile profile;
   if (options_.profile.empty()) {
-    machine_ = IdealMachine();
+    profile = IdealMachine();
   } else {
     Result<MachineProfile> m = LoadMachineProfile(options_.profile);
     if (!m.ok()) return m.status();
-    machine_ = *m;
+    profile = std::move(m).value();
   }
-  const DeviceProfile* storage = machine_.FindDevice(DeviceKind::kDisk);
-  if (!storage) storage = machine_.FindDevice(DeviceKind::kFlash);
-  const DeviceProfile* network = machine_.FindDevice(DeviceKind::kNetwork);
-  if (!storage || !network) {
-    return Status::InvalidArgument("profile " + machine_.name + " needs a disk (or flash) and a network device");
-  }
-  disk_ = std::make_unique<Device>(*clock_, *storage, nullptr, storage->HighPowerMode());
-  net_ = std::make_unique<Device>(*clock_, *network, &machine_.link, network->LowestMode());
-  pm_ = std::make_unique<PowerManager>(*clock_, machine_.base_power, options_.knob);
-  // Without a profile the devices are always ready: no policy. Otherwise the policies ghostsim
-  // uses for the same --policy (common/sim/simulator.cc), so live and simulated runs compare.
-  bool managed = !options_.profile.empty();
-  std::unique_ptr<DevicePolicy> disk_policy, net_policy;
-  if (managed && adaptive()) {
-    disk_policy = std::make_unique<StpmDiskPolicy>();
-    net_policy = std::make_unique<StpmNetworkPolicy>();
-  } else if (managed) {
-    disk_policy = std::make_unique<DefaultDiskPolicy>();
-    net_policy = std::make_unique<DefaultNetworkPolicy>();
-  }
-  disk_id_ = pm_->Register(disk_.get(), std::move(disk_policy));
-  net_id_ = pm_->Register(net_.get(), std::move(net_policy));
-  cost_ = std::make_unique<CostModel>(
-      *pm_, CostModel::Options{.ghost_hints = adaptive() && options_.ghost_hints});
+  // The machine ghostsim builds for the same --policy (common/power/machine.h), so live and
+  // simulated runs compare. Without a profile the devices are always ready: no policy.
+  MachineOptions mo;
+  mo.policy = options_.policy;
+  mo.knob = options_.knob;
+  mo.ghost_hints = options_.ghost_hints;
+  mo.power_management = !options_.profile.empty();
+  Result<std::unique_ptr<Machine>> machine = Machine::Build(*clock_, std::move(profile), mo);
+  if (!machine.ok()) return machine.status();
+  machine_ = std::move(machine).value();
+  pm_ = &machine_->pm();
+  disk_ = &machine_->storage();
+  net_ = &machine_->network();
+  disk_id_ = machine_->storage_id();
+  net_id_ = machine_->network_id();
+  cost_ = &machine_->cost();
+  manager_ = std::make_unique<CacheManager>(
+      *clock_, *machine_, CacheManager::Options{.page_cache = kPageCacheModelBytes});
   // Mode changes are pushed to `ghostctl watch`.
   for (DeviceId id : {disk_id_, net_id_}) {
     for (int m = 0; m < pm_->NumModes(id); ++m) {
@@ -117,29 +108,9 @@ Status Daemon::LoadMachine() {
   return Status::Ok();
 }
 
-Choice Daemon::ChooseSource(std::span<const Holder> holders, Bytes size) {
-  assert(!holders.empty());
-  if (adaptive()) return cost_->Choose(holders, size);
-  Choice c;
-  for (const Holder& h : holders) c.candidates.push_back(cost_->Estimate(h, size));
-  c.chosen = c.candidates.back();
-  for (const SourceEstimate& e : c.candidates) {
-    if (e.holder.source != Source::kNetwork) {
-      c.chosen = e;
-      break;
-    }
-  }
-  c.ideal = c.chosen;
-  return c;
-}
+void Daemon::DiscloseTransferBegin() { machine_->TransferBegin(); }
 
-void Daemon::DiscloseTransferBegin() {
-  if (adaptive()) pm_->TransferBegin(net_id_);
-}
-
-void Daemon::DiscloseTransferEnd() {
-  if (adaptive()) pm_->TransferEnd(net_id_);
-}
+void Daemon::DiscloseTransferEnd() { machine_->TransferEnd(); }
 
 Status Daemon::OpenCache() {
   std::error_code ec;
@@ -169,7 +140,6 @@ Status Daemon::OpenCache() {
   store_ = std::move(store).value();
   for (const std::string& w : store_->warnings()) std::fprintf(stderr, "ghostfs: %s\n", w.c_str());
 
-  page_cache_ = std::make_unique<CacheIndex>(*clock_, kPageCacheModelBytes);
   WriteQueueOptions wq;
   wq.cap = options_.write_queue_cap;
   queue_ = std::make_unique<WriteQueue>(
@@ -942,8 +912,12 @@ Result<std::unique_ptr<GhostFs>> GhostFs::Create(const GhostfsOptions& options) 
 void Daemon::QueueWholeFill(const std::string& key, std::string body,
                             const std::string& content_type) {
   CacheEntry meta;
-  meta.size = body.size();
   meta.content_type = content_type;
+  QueueFill(key, std::move(meta), std::move(body));
+}
+
+void Daemon::QueueFill(const std::string& key, CacheEntry meta, std::string body) {
+  meta.size = body.size();
   pending_fills_[key] = meta;
   WriteRecord rec;
   rec.key = "fill:" + key;

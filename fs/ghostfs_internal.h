@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/http/autoindex.h"
+#include "common/cache/cache_manager.h"
 #include "common/cache/cache_store.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
@@ -27,6 +28,7 @@
 #include "common/control/control.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
+#include "common/power/machine.h"
 #include "common/base/file_io.h"
 #include "common/http/http_fetcher.h"
 #include "common/http/http_freshness.h"
@@ -78,7 +80,7 @@ struct ProxyTransfer {
   bool ended = false;    // "end" came: the transfer closes once the data is through
 };
 
-// The page-cache model's size: ghostsim's default (SimOptions::page_cache).
+// The page-cache model's size: ghostsim's default (SimOptions::page_cache, CacheManager).
 constexpr Bytes kPageCacheModelBytes = 8 * 1024 * 1024;
 
 struct StoreStats {
@@ -211,11 +213,10 @@ class Daemon final : public GhostFs {
 
   // ---- policy (ghostfs.cc; GhostfsOptions::policy) ----
  public:
-  bool adaptive() const { return options_.policy == CachePolicy::kAdaptive; }
-  // Where to read an object that `holders` hold: the cost model's choice (adaptive, which may
-  // send a ghost hint), or under static the first holder that is not the network (the cached
-  // copy whenever one exists), with the estimates filled in for CostJson.
-  Choice ChooseSource(std::span<const Holder> holders, Bytes size);
+  // Hands `body`, stored whole under cache key `key` with `meta` (its size is set here), to
+  // the write queue as a fill: readers see it at once (the manager's kWriteQueue holder), the
+  // disk gets it with the next batch (DESIGN §3.5).
+  void QueueFill(const std::string& key, CacheEntry meta, std::string body);
   // Transfer hints to the network module (DESIGN §3.3): only the adaptive policy discloses its
   // transfers, as in ghostsim; under static the card's default policy sees only its I/O.
   void DiscloseTransferBegin();
@@ -266,8 +267,6 @@ class Daemon final : public GhostFs {
   void StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply);
   nlohmann::json StoreStatsJson() const;
   void StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply);
-  // Puts a clean copy of `key` in the page-cache model (no-op above its size).
-  void RememberInRam(const std::string& key, Bytes size);
   // Replies to a readdir with ".", ".." and `entries`, from offset `off` on.
   void ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                        const std::vector<std::pair<std::string, mode_t>>& entries);
@@ -294,11 +293,16 @@ class Daemon final : public GhostFs {
   GhostfsOptions options_;
   event_base* base_ = nullptr;
   std::unique_ptr<RealClock> clock_;
-  MachineProfile machine_;
-  std::unique_ptr<Device> disk_, net_;
-  std::unique_ptr<PowerManager> pm_;
+  std::unique_ptr<Machine> machine_;
+  // Borrowed from machine_ (set by LoadMachine, valid while machine_ lives).
+  PowerManager* pm_ = nullptr;
+  Device* disk_ = nullptr;
+  Device* net_ = nullptr;
   DeviceId disk_id_ = -1, net_id_ = -1;
-  std::unique_ptr<CostModel> cost_;
+  CostModel* cost_ = nullptr;
+  // Decides every read (origin_tree.cc, mail_tree.cc, store_tree.cc) and keeps the
+  // page-cache model; borrows machine_.
+  std::unique_ptr<CacheManager> manager_;
   std::unique_ptr<FileIo> io_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<WriteQueue> queue_;
@@ -334,7 +338,6 @@ class Daemon final : public GhostFs {
   std::map<std::string, std::string> store_keys_;         // .ghost/objects name → key
   std::uint64_t next_store_token_ = 1;
   StoreStats store_stats_;
-  std::unique_ptr<CacheIndex> page_cache_;                  // the page-cache model (store_tree.cc)
   std::map<std::uint64_t, ProxyTransfer> proxy_transfers_;  // by id
   std::uint64_t next_transfer_id_ = 1;
   bool objects_published_ = false;  // the store's changes go to the "objects" topic

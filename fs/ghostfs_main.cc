@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     o.knob = *k;
   }
   if (!policy_text.empty()) {
-    ghost::Result<ghost::CachePolicy> p = ghost::ParseCachePolicy(policy_text);
+    ghost::Result<ghost::Policy> p = ghost::ParsePolicy(policy_text);
     if (!p.ok()) return fail("--policy: " + p.status().message());
     o.policy = *p;
   }

@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
 
   for (int k : knobs) {
     ghost::SimOptions o;
-    o.policy = policy == "static" ? ghost::SimPolicy::kStatic : ghost::SimPolicy::kAdaptive;
+    o.policy = policy == "static" ? ghost::Policy::kStatic : ghost::Policy::kAdaptive;
     o.knob = k;
     o.ghost_hints = !no_hints;
     o.disk_policy = disk_policy == "experts" ? ghost::DiskPolicyKind::kExperts : ghost::DiskPolicyKind::kStpm;

@@ -716,20 +716,26 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     std::string key = BodyKey(*mo, box.wire, box.uidvalidity, m.uid);
     h.key = key;
     const CacheEntry* cached = d_.store_->index().Find(key);
-    if (!cached && d_.queue_->Contains("fill:" + key)) return reply(std::move(h), "memory");
-    if (cached) {
-      // Cached: the cost model chooses (and hints the ideal device), as for HTTP objects.
-      Holder holders[] = {{Source::kDisk, d_.disk_id_}, {Source::kNetwork, d_.net_id_}};
-      Choice c = d_.ChooseSource(holders, cached->size);
-      d_.decisions_[ino].cost = d_.CostJson(c);
+    // The cache manager decides, as for HTTP objects (common/cache/cache_manager.h): a fill
+    // still in the write queue is read from memory, a cached copy goes to the cost model
+    // (which may hint the ideal device).
+    ObjectState state;
+    state.on_disk = cached != nullptr;
+    state.in_write_queue = d_.queue_->Contains("fill:" + key);
+    state.size = cached ? cached->size : m.size;
+    ReadDecision d = d_.manager_->DecideRead(state);
+    if (d.source == ReadSource::kWriteQueue) return reply(std::move(h), "memory");
+    if (d.costed) {
+      d_.decisions_[ino].cost = d_.CostJson(d.choice);
+      bool on_disk = d.source == ReadSource::kDisk;
       bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
-      if (c.chosen.holder.source == Source::kDisk || offline) {
+      if (on_disk || offline) {
         h.fd = ::open(d_.store_->BodyPath(key).c_str(), O_RDONLY | O_CLOEXEC);
         if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
         posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
         d_.store_->Touch(key);
         d_.StartPrefetch(h, cached->size);
-        return reply(std::move(h), offline && c.chosen.holder.source != Source::kDisk ? "stale" : "disk");
+        return reply(std::move(h), offline && !on_disk ? "stale" : "disk");
       }
     }
     // The network: join a fetch that is running, or start one.
@@ -767,14 +773,8 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       if (st->data.size() != expected || d_.store_->index().Find(key)) return;
       // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
       CacheEntry meta;
-      meta.size = st->data.size();
       meta.content_type = "message/rfc822";
-      d_.pending_fills_[key] = meta;
-      WriteRecord r;
-      r.key = "fill:" + key;
-      r.length = st->data.size();
-      r.data = st->data;
-      d_.queue_->Add(std::move(r));
+      d_.QueueFill(key, std::move(meta), st->data);
     };
     Selected(*mo, wire, [this, mo, st, uid, uidvalidity, end](Result<std::uint32_t> v) {
       if (!v.ok()) return end(v.status());

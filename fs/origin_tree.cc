@@ -464,14 +464,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       }
       if (!st->storable || (MountEntry(url) && !st->replaces)) return;
       // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
-      CacheEntry meta = st->meta;
-      meta.size = st->data.size();
-      pending_fills_[url] = meta;
-      WriteRecord r;
-      r.key = "fill:" + url;
-      r.length = st->data.size();
-      r.data = st->data;
-      queue_->Add(std::move(r));
+      QueueFill(url, st->meta, st->data);
     };
     st->fetch = http_->Fetch(std::move(rq), std::move(cb));
     // The emulated card carries the same transfer; data reaches readers once both the real
@@ -484,24 +477,31 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     });
   };
 
-  // A fill still waiting in the write queue is read from memory (DESIGN §3.5).
-  if (!cached && queue_->Contains("fill:" + url)) {
-    decisions_[ino].source = "memory";
-    return open_handle("memory", nullptr);
+  // The cache manager decides (common/cache/cache_manager.h): a fill still waiting in the
+  // write queue is read from memory (DESIGN §3.5), a stale copy is revalidated, a fresh one
+  // goes to the cost model (which may hint the ideal device).
+  ObjectState state;
+  state.on_disk = cached != nullptr;
+  state.in_write_queue = queue_->Contains("fill:" + url);
+  state.fresh = cached && cached->expires && *cached->expires + options_.max_stale > now;
+  state.size = cached ? cached->size : 0;
+  ReadDecision d = manager_->DecideRead(state);
+  if (d.costed) decisions_[ino].cost = CostJson(d.choice);
+  switch (d.source) {
+    case ReadSource::kWriteQueue:
+    case ReadSource::kMemory:
+      decisions_[ino].source = ReadSourceName(d.source);
+      return open_handle("memory", nullptr);
+    case ReadSource::kRevalidate:
+      return from_network(cached->etag, cached->last_modified);
+    case ReadSource::kDisk:
+    case ReadSource::kFlash:
+      decisions_[ino].source = "disk";
+      store_->Touch(url);
+      return open_handle("disk", nullptr);
+    case ReadSource::kNetwork:
+      return from_network("", "");
   }
-  if (!cached) return from_network("", "");
-
-  bool fresh = cached->expires && *cached->expires + options_.max_stale > now;
-  if (!fresh) return from_network(cached->etag.empty() ? "" : cached->etag, cached->last_modified);
-
-  // Cached and fresh: the cost model chooses (and hints the ideal device).
-  Holder holders[] = {{Source::kDisk, disk_id_}, {Source::kNetwork, net_id_}};
-  Choice c = ChooseSource(holders, cached->size);
-  decisions_[ino].cost = CostJson(c);
-  if (c.chosen.holder.source == Source::kNetwork) return from_network("", "");
-  decisions_[ino].source = "disk";
-  store_->Touch(url);
-  open_handle("disk", nullptr);
 }
 
 nlohmann::json Daemon::CostJson(const Choice& c) const {

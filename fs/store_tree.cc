@@ -189,7 +189,7 @@ void Daemon::StoreHandOver(Handle& h) {
   r.key = "fill:" + fill.key;
   r.length = fill.data.size();
   r.data = std::move(fill.data);
-  RememberInRam(fill.key, r.length);
+  manager_->Remember(fill.key, r.length);
   queue_->Add(std::move(r));
   ++store_stats_.fills;
   store_fills_.erase(f);
@@ -243,11 +243,14 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
       });
     }
     auto pending = pending_fills_.find(key);
-    bool queued = !e && pending != pending_fills_.end() && queue_->Contains("fill:" + key);
+    ObjectState state;
+    state.on_disk = e != nullptr;
+    state.in_write_queue = !e && pending != pending_fills_.end() && queue_->Contains("fill:" + key);
     // The page-cache model: a copy read or written lately is still in RAM.
-    bool in_ram = page_cache_->Touch(key);
-    if (!e && !queued) return reply({{"cached", false}});
-    RememberInRam(key, e ? e->size : queue_->QueuedEnd("fill:" + key));
+    state.in_memory = manager_->InMemory(key);
+    if (!state.on_disk && !state.in_write_queue) return reply({{"cached", false}});
+    state.size = e ? e->size : queue_->QueuedEnd("fill:" + key);
+    manager_->Remember(key, state.size);
     std::string name = StoreName(key);
     store_keys_[name] = key;
     nlohmann::json out = {{"cached", true}, {"path", mount_path_ + "/.ghost/objects/" + name}};
@@ -259,34 +262,30 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     out["expires_unix"] = known.expires ? nlohmann::json(UnixNow() + static_cast<std::int64_t>(
                                                              ToSeconds(*known.expires - clock_->Now())))
                                         : nlohmann::json();
-    if (queued) {
+    // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
+    // the page cache as a holder as in ghostsim.
+    ReadDecision d = manager_->DecideRead(state);
+    if (d.source == ReadSource::kWriteQueue) {
       // Its fill still waits in the write queue: read from memory, nothing to choose.
       const CacheEntry& meta = pending->second;
-      out["size"] = queue_->QueuedEnd("fill:" + key);
+      out["size"] = state.size;
       out["response"] = meta.response;
       out["choice"] = "disk";
-      out["source"] = "memory";
+      out["source"] = ReadSourceName(d.source);
       out["ghost_hint"] = false;
-      ++requests_by_source_["memory"];
+      ++requests_by_source_[ReadSourceName(d.source)];
       ++store_stats_.hits;
       return reply(out);
     }
-    // The same choice an open of an origin file makes (common/power/cost_model.h), with the page
-    // cache as a third holder as in ghostsim.
-    std::vector<Holder> holders;
-    if (in_ram) holders.push_back({Source::kMemory, -1});
-    holders.push_back({Source::kDisk, disk_id_});
-    holders.push_back({Source::kNetwork, net_id_});
-    Choice c = ChooseSource(holders, e->size);
-    Source source = c.chosen.holder.source;
-    bool local = source != Source::kNetwork;
+    const Choice& c = d.choice;
+    bool local = IsLocal(d.source);
     out["size"] = e->size;
     out["response"] = e->response;
     out["choice"] = local ? "disk" : "network";
-    out["source"] = SourceName(source);
+    out["source"] = ReadSourceName(d.source);
     out["ghost_hint"] = c.hinted;
     out["cost"] = CostJson(c);
-    ++requests_by_source_[SourceName(source)];
+    ++requests_by_source_[ReadSourceName(d.source)];
     ++(local ? store_stats_.hits : store_stats_.network_preferred);
     if (!local) {
       if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
@@ -297,7 +296,7 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     store_->Touch(key);
     bytes_from_cache_ += e->size;
     if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
-    if (source == Source::kMemory || options_.profile.empty()) return reply(out);
+    if (d.source == ReadSource::kMemory || options_.profile.empty()) return reply(out);
     // The emulated disk does the read the caller is about to make; the answer waits for it.
     disk_->Submit({e->size, false},
                   [reply = std::move(reply), out = std::move(out)]() mutable { reply(out); });
@@ -355,14 +354,6 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
     return reply(nlohmann::json::object());
   }
   reply.Error("unknown op \"" + op + "\"");
-}
-
-void Daemon::RememberInRam(const std::string& key, Bytes size) {
-  if (size == 0 || size > kPageCacheModelBytes) return;
-  CacheEntry e;
-  e.size = size;
-  e.where = Residence::kMemory;
-  (void)page_cache_->Insert(key, e);  // evicts the least recently used copies
 }
 
 // The proxy's fetch from an origin, on the emulated card (see the file comment). The card's

@@ -29,6 +29,9 @@
 //                                                     (done) → kClosing
 //   kClosing           output sent                    shutdown(SHUT_WR), wait for the client's
 //                                                     EOF (at most 2 s), close
+//   kClosing           client EOF                     close once the output is sent
+//   kReadingHead       preempted (proxy at its limit, close silently when idle, else 408
+//                      waited >= preempt_after)       (the place is given up at once)
 //   any                socket error, send timeout     close at once
 //
 // Pipelined requests are answered in order because the parser is not asked for the next head
@@ -140,6 +143,7 @@ ClientConnection::ClientConnection(Impl* proxy, std::uint64_t id, evutil_socket_
       parser_(proxy->options.limits),
       head_timer_(proxy->clock),
       linger_timer_(proxy->clock),
+      fallback_timer_(proxy->clock),
       tunnel_timer_(proxy->clock) {
   // A response goes out as a head and then body pieces: with Nagle, a small last piece waits
   // for the client's delayed ACK (~40 ms) on every request of a keep-alive connection.
@@ -193,11 +197,18 @@ void ClientConnection::Start(int reject_status) {
                   " is not allowed to use this proxy (ghostproxy --allow CIDR admits more clients)",
               ResultCode::kDenied, /*close=*/true);
   } else if (reject_status != 0) {
-    SendLocal(reject_status,
-              "the proxy is serving its maximum of " +
+    http1::HeaderList retry;
+    retry.Add("Retry-After", "1");
+    const std::string message =
+        reject_status == 429
+            ? "client " + peer_text_ + " already has " +
+                  std::to_string(proxy_->options.max_connections_per_client) +
+                  " connections open, the most one client may have; try again shortly "
+                  "(ghostproxy --max-connections-per-client)"
+            : "the proxy is serving its maximum of " +
                   std::to_string(proxy_->options.max_connections) +
-                  " connections; try again shortly",
-              ResultCode::kError, /*close=*/true);
+                  " connections; try again shortly";
+    SendLocal(reject_status, message, ResultCode::kError, /*close=*/true, retry);
   } else {
     EnterReadingHead();
   }
@@ -208,6 +219,7 @@ void ClientConnection::EnterReadingHead() {
   state_ = State::kReadingHead;
   ex_.reset();
   head_started_ = false;
+  waiting_since_ = proxy_->clock->Now();
   SetReadTimeout(std::nullopt);
   std::weak_ptr<ClientConnection> weak = weak_from_this();
   head_timer_.Arm(proxy_->options.request_timeout, [weak] {
@@ -228,6 +240,21 @@ void ClientConnection::OnHeadTimeout() {
   SendLocal(408,
             "no complete request arrived within " + DurationText(proxy_->options.request_timeout) +
                 "; the connection is closed",
+            ResultCode::kError, /*close=*/true);
+  Drive();
+}
+
+void ClientConnection::Preempt() {
+  assert(state_ == State::kReadingHead);
+  proxy_->ReleasePlace(this);
+  if (!head_started_ && evbuffer_get_length(input()) == 0) {
+    Close();  // idle: as at the head deadline, no answer (it would race a next request)
+    return;
+  }
+  SendLocal(408,
+            "no complete request arrived within " +
+                DurationText(proxy_->clock->Now() - waiting_since_) +
+                " while the proxy is at its connection limit; the connection is closed",
             ResultCode::kError, /*close=*/true);
   Drive();
 }
@@ -647,7 +674,9 @@ void ClientConnection::OnEvent(bufferevent*, short what, void* arg) {
         self->Close();
         return;
       case State::kClosing:
-        self->Close();
+        // The client has sent all it will; what we owe it still goes out (Drive closes once
+        // the output is flushed).
+        self->Drive();
         return;
       case State::kClosed:
         return;
@@ -666,6 +695,7 @@ void ClientConnection::Close() {
   head_timer_.Cancel();
   linger_timer_.Cancel();
   tunnel_timer_.Cancel();
+  fallback_timer_.Cancel();
   bev_.reset();
   state_ = State::kClosed;
   proxy_->Remove(id_);  // the caller holds a reference

@@ -268,6 +268,23 @@ void ClientConnection::StartFetch() {
     ex.transfer_open = true;
     ++proxy_->transfers_in_progress;
   }
+  if (ex.stored && (ex.fallback_to_cache || ex.stored_state.may_serve_stale)) {
+    // A copy can answer: a stalled origin should not hold the client for origin_timeout.
+    std::weak_ptr<ClientConnection> weak = weak_from_this();
+    const std::uint64_t serial = ex.serial;
+    fallback_timer_.Arm(proxy_->options.fallback_timeout, [weak, serial] {
+      std::shared_ptr<ClientConnection> self = weak.lock();
+      if (!self || self->state_ != State::kExchange || !self->ex_ || self->ex_->serial != serial ||
+          self->ex_->step != Exchange::Step::kOrigin || self->ex_->origin_head_seen) {
+        return;
+      }
+      self->OnOriginFailed(
+          Status::TimedOut("origin " + self->ex_->url.Authority() + " sent no response within " +
+                           DurationText(self->proxy_->options.fallback_timeout)),
+          /*bad_response=*/false);
+      self->Drive();
+    });
+  }
   ConnectOrigin();
 }
 
@@ -538,12 +555,12 @@ void ClientConnection::OnOriginEof() {
   }
 }
 
-void ClientConnection::OnOriginFailed(const Status& why, bool bad_response) {
+void ClientConnection::OnOriginFailed(Status why, bool bad_response) {
   Exchange& ex = *ex_;
   // A pooled connection that fails before any answer was most likely closed by the origin while
   // idle: try once more on a new one, unless part of a request body has gone.
   if (ex.origin && ex.origin->reused && !ex.origin_head_seen && !ex.request_body_started &&
-      !bad_response && ex.attempts < 3) {
+      !bad_response && why.code() != Status::Code::kTimedOut && ex.attempts < 3) {
     ex.origin.reset();
     ConnectOrigin();
     return;
@@ -802,6 +819,7 @@ void ClientConnection::AbortExchange() {
 
 void ClientConnection::FinishExchange() {
   Exchange& ex = *ex_;
+  fallback_timer_.Cancel();
   if (ex.logged) return;
   ex.logged = true;
   if (ex.origin) ReleaseOrigin(/*reusable=*/false);  // e.g. a 304 not fully read: not reusable

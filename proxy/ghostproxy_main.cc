@@ -4,6 +4,7 @@
 // Exit codes: 0 after SIGINT/SIGTERM, 1 runtime failure (ghostfs not reachable, address in use),
 // 2 bad options or config.
 #include <event2/event.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
   std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache;
   std::vector<std::string> allow;
   std::size_t max_connections = 0;
+  std::size_t max_per_client = 0;
+  double preempt_after = 0, request_timeout = 0;
   CLI::App app{
       "ghostproxy: an HTTP/1.1 forward proxy for browsers and other HTTP clients that shares the\n"
       "cache of a running ghostfs (common/DESIGN.md §3.4, §4).\n\n"
@@ -66,7 +69,21 @@ int main(int argc, char** argv) {
   app.add_option("--connect-ports", connect_ports,
                  "comma-separated ports CONNECT may tunnel to (default 443)");
   app.add_option("--max-connections", max_connections,
-                 "client connections at once; more get 503 (default 512)");
+                 "client connections at once (default 512). At the limit a new connection takes "
+                 "the place of one that has waited --preempt-after seconds for its request head; "
+                 "else it gets 503");
+  CLI::Option* per_client_opt = app.add_option(
+      "--max-connections-per-client", max_per_client,
+      "connections one client address may hold; more get 429 (default 256; 0: only "
+      "--max-connections)");
+  app.add_option("--preempt-after", preempt_after,
+                 "seconds a connection may wait for a request head before, at the connection "
+                 "limit, a new connection takes its place (default 1)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--request-timeout", request_timeout,
+                 "seconds within which a whole request head must arrive after connecting or "
+                 "after the previous response, else 408 (default 30)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--memory-cache", memory_cache,
                  "bytes of recently served responses kept in the proxy's RAM and served without "
                  "asking ghostfs (e.g. 64M, the default; 0 keeps none)");
@@ -102,6 +119,9 @@ int main(int argc, char** argv) {
   if (!access_log.empty()) o.proxy.access_log = access_log;
   if (!via.empty()) o.proxy.via_name = via;
   if (max_connections > 0) o.proxy.max_connections = max_connections;
+  if (per_client_opt->count() > 0) o.proxy.max_connections_per_client = max_per_client;
+  if (preempt_after > 0) o.proxy.preempt_after = ghost::Seconds(preempt_after);
+  if (request_timeout > 0) o.proxy.request_timeout = ghost::Seconds(request_timeout);
   if (!memory_cache.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);
     if (!b.ok()) return fail("--memory-cache: " + b.status().message(), 2);
@@ -126,6 +146,12 @@ int main(int argc, char** argv) {
   if (!control_path.ok()) return fail(control_path.status().message(), 2);
   o.control_path = *control_path;
 
+  // Every connection, refused ones included while their answer goes out, is a descriptor, and
+  // so is each origin connection: the usual soft limit of 1024 is below what the defaults need.
+  if (rlimit nofile{}; getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &nofile);  // best effort: the limit stays as it was on failure
+  }
   std::unique_ptr<event_base, EventBaseDeleter> base(ghost::MakeEventBase());
   if (!base) return fail("cannot create the event loop", 1);
   ghost::RealClock clock(base.get());

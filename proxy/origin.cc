@@ -21,8 +21,10 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <string_view>
 #include <thread>
 
+#include "common/http/http_message.h"
 #include "proxy/proxy_internal.h"
 
 namespace ghost::proxy_internal {
@@ -32,6 +34,18 @@ std::string FormatSockaddr(const sockaddr_storage& ss) {
   Result<IpAddress> ip = IpAddress::FromSockaddr(reinterpret_cast<const sockaddr*>(&ss), sizeof ss);
   if (!ip.ok()) return "?";
   return ip->ToString();
+}
+
+// RFC 6761 §6.4: "invalid" and the names under it never resolve, and name resolution APIs
+// should answer so at once. getaddrinfo asks the configured nameservers anyway (a query that
+// leaves the machine, and waits on an offline one), so the proxy answers them itself.
+bool IsInvalidName(std::string_view host) {
+  if (!host.empty() && host.back() == '.') host.remove_suffix(1);
+  constexpr std::string_view kInvalid = "invalid";
+  if (host.size() < kInvalid.size()) return false;
+  const std::string_view tld = host.substr(host.size() - kInvalid.size());
+  if (!EqualsIgnoreCase(tld, kInvalid)) return false;
+  return host.size() == kInvalid.size() || host[host.size() - kInvalid.size() - 1] == '.';
 }
 
 socklen_t SockaddrLength(const sockaddr_storage& ss) {
@@ -74,6 +88,12 @@ void OriginConn::Connect() {
     addresses_.push_back(ss);
     TryNextAddress();
     in_connect_ = false;
+    return;
+  }
+  if (IsInvalidName(host_)) {
+    Fail(Status::Unavailable("cannot resolve host \"" + host_ +
+                             "\": names under .invalid never resolve (RFC 6761)"));
+    in_connect_ = false;  // Fail deferred the event: the owner hears of it on the next turn
     return;
   }
   auto* r = new Resolve;

@@ -21,10 +21,6 @@ namespace ghost {
 namespace proxy_internal {
 namespace {
 
-// Refused connections (403, 503) still get their answer; beyond this many more than the limit
-// the proxy just closes new ones.
-constexpr std::size_t kRefusalSlack = 64;
-
 void IgnoreSigpipeUnlessHandled() {
   struct sigaction old {};
   if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
@@ -155,6 +151,11 @@ bool Impl::ViaHasUs(std::string_view via) const {
   return false;
 }
 
+// Admission, in order: the allowlist (403), the client's own limit (429), the proxy's limit
+// (a waiting connection gives up its place, else 503). Every refused connection gets its answer
+// (written, flushed, then a lingering close: connection.cc) and holds no place meanwhile; if
+// descriptors run out, OnAcceptError pauses accepting until a connection closes, so the kernel's
+// backlog holds the rest rather than the proxy dropping them unanswered.
 void Impl::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr* addr, int len, void* arg) {
   auto* self = static_cast<Impl*>(arg);
   Result<IpAddress> peer = IpAddress::FromSockaddr(addr, static_cast<socklen_t>(len));
@@ -162,25 +163,56 @@ void Impl::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr* addr, int len
     evutil_closesocket(fd);
     return;
   }
+  const ProxyOptions& o = self->options;
+  const std::string client = peer->ToString();
   int reject = 0;
   if (!IsAllowed(self->allow, *peer)) {
     reject = 403;
     ++self->stats.connections_refused_denied;
-  } else if (self->connections.size() >= self->options.max_connections) {
+  } else if (o.max_connections_per_client > 0 &&
+             self->places_per_client[client] >= o.max_connections_per_client) {
+    reject = 429;
+    ++self->stats.connections_refused_client;
+  } else if (self->places_taken >= o.max_connections && !self->PreemptWaiting()) {
     reject = 503;
     ++self->stats.connections_refused_limit;
   } else {
     ++self->stats.connections_accepted;
   }
-  if (reject != 0 && self->connections.size() >= self->options.max_connections + kRefusalSlack) {
-    evutil_closesocket(fd);  // a flood: no answer at all
-    return;
-  }
+  if (self->places_per_client[client] == 0) self->places_per_client.erase(client);
   evutil_make_socket_nonblocking(fd);
   const std::uint64_t id = self->next_id_++;
   auto c = std::make_shared<ClientConnection>(self, id, fd, *peer);
+  if (reject == 0) {
+    c->holds_place_ = true;
+    ++self->places_taken;
+    ++self->places_per_client[client];
+  }
   self->connections.emplace(id, c);
   c->Start(reject);
+}
+
+bool Impl::PreemptWaiting() {
+  const TimePoint now = clock->Now();
+  std::shared_ptr<ClientConnection> oldest;
+  for (const auto& [id, c] : connections) {
+    if (!c->holds_place_ || c->state_ != ClientConnection::State::kReadingHead) continue;
+    if (now - c->waiting_since_ < options.preempt_after) continue;
+    if (!oldest || c->waiting_since_ < oldest->waiting_since_) oldest = c;
+  }
+  if (!oldest) return false;
+  ++stats.connections_preempted;
+  oldest->Preempt();  // releases its place at once, though a 408 may still be going out
+  return true;
+}
+
+void Impl::ReleasePlace(ClientConnection* c) {
+  if (!c->holds_place_) return;
+  c->holds_place_ = false;
+  assert(places_taken > 0);
+  --places_taken;
+  auto it = places_per_client.find(c->peer_text_);
+  if (it != places_per_client.end() && --it->second == 0) places_per_client.erase(it);
 }
 
 void Impl::OnAcceptError(evconnlistener* listener, void* arg) {
@@ -196,7 +228,10 @@ void Impl::OnAcceptError(evconnlistener* listener, void* arg) {
 }
 
 void Impl::Remove(std::uint64_t id) {
-  connections.erase(id);
+  auto it = connections.find(id);
+  if (it == connections.end()) return;
+  ReleasePlace(it->second.get());
+  connections.erase(it);
   if (!accepting_ && listener_) {
     evconnlistener_enable(listener_.get());
     accepting_ = true;
@@ -304,7 +339,10 @@ std::string Impl::StatusJson() const {
        {{"open", connections.size()},
         {"max", options.max_connections},
         {"accepted", s.connections_accepted},
+        {"max_per_client", options.max_connections_per_client},
         {"refused_limit", s.connections_refused_limit},
+        {"refused_client_limit", s.connections_refused_client},
+        {"preempted", s.connections_preempted},
         {"refused_denied", s.connections_refused_denied},
         {"timeouts", s.timeouts}}},
       {"requests",
@@ -357,9 +395,13 @@ std::string Impl::MetricsText() const {
   metric("ghostproxy_connections_total", "counter", "Client connections, by outcome at accept.",
          {{"{outcome=\"accepted\"}", s.connections_accepted},
           {"{outcome=\"refused_limit\"}", s.connections_refused_limit},
+          {"{outcome=\"refused_client_limit\"}", s.connections_refused_client},
           {"{outcome=\"refused_denied\"}", s.connections_refused_denied}});
   metric("ghostproxy_client_timeouts_total", "counter", "Client connections ended by a timeout.",
          {{"", s.timeouts}});
+  metric("ghostproxy_connections_preempted_total", "counter",
+         "Connections waiting for a request head, closed at the limit to admit a new one.",
+         {{"", s.connections_preempted}});
   metric("ghostproxy_ghost_hints_total", "counter",
          "Cache lookups whose cost-model choice sent the disk a ghost hint.",
          {{"", s.ghost_hints}});

@@ -5,7 +5,8 @@
 //
 // What it does, in the order a request meets it:
 //   - Exposure: listens on one address (127.0.0.1 by default); a client outside the allowlist
-//     gets 403, one over the connection limit 503.
+//     gets 403, one over its per-client limit 429, one over the connection limit 503 unless a
+//     connection that has waited long enough for its request head gives up its place.
 //   - Parsing (proxy/http1.h): heads over the limits get 431, slow or idle clients 408.
 //   - Loops: a request for the proxy's own address, or one whose Via already names this proxy,
 //     gets 508. GET /ghost/status (JSON) and /ghost/metrics (Prometheus text) are answered by
@@ -70,16 +71,30 @@ struct ProxyOptions {
 
   // Request heads: start line, header bytes and count (431 / 414 past them).
   http1::Limits limits;
-  // Open client connections; one more gets 503 and is closed.
+  // Open client connections. At the limit a new connection takes the place of the one that
+  // has waited longest for a request head, if that one has waited at least `preempt_after`
+  // (an idle kept-alive connection is closed silently, a partial head gets 408); otherwise the
+  // new one gets 503 (always written and flushed before the close). Refused connections do
+  // not count against the limit while their answer goes out.
   std::size_t max_connections = 512;
+  Duration preempt_after = std::chrono::seconds(1);
+  // Open connections from one client address; one more gets 429 and is closed. 0: no limit
+  // but max_connections. Clients behind one address (NAT, this machine) share it.
+  std::size_t max_connections_per_client = 256;
   // A complete request head must arrive within this time of the connection opening or of the
-  // previous response ending (else 408); a request body must keep arriving (no gap longer).
+  // previous response ending, however slowly its bytes trickle in (else 408; a connection that
+  // sent nothing is closed silently); a request body must keep arriving (no gap longer).
   Duration request_timeout = std::chrono::seconds(30);
   // A client must keep accepting response bytes (no gap longer than this) or is dropped.
   Duration send_timeout = std::chrono::seconds(60);
   // Connecting to an origin, and then waiting for each part of its response.
   Duration connect_timeout = std::chrono::seconds(10);
   Duration origin_timeout = std::chrono::seconds(60);
+  // With a stored copy that may answer when the origin fails (a stale copy without
+  // must-revalidate or no-cache, RFC 9111 §4.2.4; or a fresh copy the cost model passed over
+  // for the network), the origin's response head must arrive within this, else the copy is
+  // served at once rather than after origin_timeout (a stalled origin counts as an error).
+  Duration fallback_timeout = std::chrono::seconds(5);
   // A tunnel with no bytes either way for this long is closed.
   Duration tunnel_idle_timeout = std::chrono::minutes(5);
   // Idle origin connections kept for reuse: per host:port, and for how long.
@@ -106,7 +121,9 @@ struct ProxyOptions {
 struct ProxyStats {
   std::uint64_t connections_accepted = 0;
   std::uint64_t connections_refused_limit = 0;   // 503 at accept
+  std::uint64_t connections_refused_client = 0;  // 429: the client's own limit
   std::uint64_t connections_refused_denied = 0;  // 403: client not allowed
+  std::uint64_t connections_preempted = 0;  // waiting for a head, closed at the limit for a new one
   std::uint64_t requests = 0;
   // By result code (access-log names): HIT, MEM_HIT (from the backend's RAM copy), MISS,
   // NET_PREFERRED, REVALIDATED, STALE, TUNNEL, LOCAL, DENIED, ERROR.

@@ -36,12 +36,15 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "access_log",
                                               "via",
                                               "max_connections",
+                                              "max_connections_per_client",
+                                              "preempt_after",
                                               "max_header_bytes",
                                               "max_headers",
                                               "request_timeout",
                                               "send_timeout",
                                               "connect_timeout",
                                               "origin_timeout",
+                                              "fallback_timeout",
                                               "tunnel_idle_timeout",
                                               "origin_idle_timeout",
                                               "max_idle_per_origin",
@@ -70,6 +73,15 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
       auto i = n->value<std::int64_t>();
       if (!i || !n->is_integer() || *i <= 0)
         return bad(*n, std::string("\"") + key + "\" must be a positive integer");
+      *out = static_cast<std::size_t>(*i);
+    }
+    return Status::Ok();
+  };
+  auto count_or_zero = [&](const char* key, std::size_t* out) -> Status {
+    if (const toml::node* n = t.get(key)) {
+      auto i = n->value<std::int64_t>();
+      if (!i || !n->is_integer() || *i < 0)
+        return bad(*n, std::string("\"") + key + "\" must be an integer, 0 or more");
       *out = static_cast<std::size_t>(*i);
     }
     return Status::Ok();
@@ -157,6 +169,9 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
     }
   }
   if (!(s = count("max_connections", &p.max_connections)).ok()) return s;
+  if (!(s = count_or_zero("max_connections_per_client", &p.max_connections_per_client)).ok())
+    return s;
+  if (!(s = seconds("preempt_after", &p.preempt_after)).ok()) return s;
   if (!(s = size("max_header_bytes", &p.limits.max_header_bytes)).ok()) return s;
   if (!(s = count("max_headers", &p.limits.max_headers)).ok()) return s;
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
@@ -166,6 +181,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = seconds("send_timeout", &p.send_timeout)).ok()) return s;
   if (!(s = seconds("connect_timeout", &p.connect_timeout)).ok()) return s;
   if (!(s = seconds("origin_timeout", &p.origin_timeout)).ok()) return s;
+  if (!(s = seconds("fallback_timeout", &p.fallback_timeout)).ok()) return s;
   if (!(s = seconds("tunnel_idle_timeout", &p.tunnel_idle_timeout)).ok()) return s;
   if (!(s = seconds("origin_idle_timeout", &p.origin_idle_timeout)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &p.heuristic_freshness)).ok()) return s;

@@ -11,13 +11,19 @@
 //   connect_ports = [443]                # ports CONNECT may tunnel to
 //   access_log = "/var/log/ghostproxy/access.log"
 //   via = "laptop:3128"                  # the name in Via and loop detection
-//   max_connections = 512
+//   max_connections = 512                # at the limit, a new connection gets 503 unless ...
+//   preempt_after = 1                    # ... one has waited this many seconds for its request
+//                                        # head: it is closed (408 if it sent part of one)
+//   max_connections_per_client = 256     # per client address (429 past it); 0: no own limit
 //   max_header_bytes = "32K"             # request head limits (431 past them)
 //   max_headers = 100
-//   request_timeout = 30                 # seconds: a request head must arrive within this
+//   request_timeout = 30                 # seconds: a whole request head must arrive within
+//                                        # this of connecting or of the previous response
 //   send_timeout = 60                    # seconds a client may stop reading
 //   connect_timeout = 10                 # seconds to connect to an origin
 //   origin_timeout = 60                  # seconds an origin may stay silent
+//   fallback_timeout = 5                 # seconds an origin may stay silent when a stored
+//                                        # copy may answer instead (stale-if-error): then it does
 //   tunnel_idle_timeout = 300            # seconds a CONNECT tunnel may stay silent
 //   origin_idle_timeout = 30             # seconds an idle origin connection is kept
 //   max_idle_per_origin = 4

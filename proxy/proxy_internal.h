@@ -212,6 +212,9 @@ class Impl {
 
   // Forgets a closed connection (it lives on while a callback holds it).
   void Remove(std::uint64_t id);
+  // The connection no longer holds one of the max_connections places (nor one of its client's):
+  // it is closing, preempted. Idempotent.
+  void ReleasePlace(ClientConnection* c);
   // One access-log line (squid native format).
   void LogAccess(TimePoint start, const std::string& client, ResultCode code, int status,
                  std::uint64_t bytes, const std::string& method, const std::string& url,
@@ -238,6 +241,10 @@ class Impl {
   };
   std::shared_ptr<ResolverShared> resolver = std::make_shared<ResolverShared>();
   std::map<std::uint64_t, std::shared_ptr<ClientConnection>> connections;
+  // Connections holding a place (accepted, not refused nor preempted), in all and per client
+  // address (ClientConnection::holds_place_).
+  std::size_t places_taken = 0;
+  std::map<std::string, std::size_t> places_per_client;
   std::uint64_t transfers_in_progress = 0;
   // Expires with the proxy: backend callbacks that outlive every connection check it.
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
@@ -247,6 +254,9 @@ class Impl {
                        void* arg);
   static void OnAcceptError(evconnlistener* listener, void* arg);
   static void OnFlushAccessLog(evutil_socket_t, short, void* arg);
+  // At the limit: closes the connection that has waited longest (at least preempt_after) for a
+  // request head. False when none has.
+  bool PreemptWaiting();
 
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
   bool accepting_ = true;
@@ -343,8 +353,11 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   ClientConnection(Impl* proxy, std::uint64_t id, evutil_socket_t fd, const IpAddress& peer);
   ~ClientConnection();
 
-  // Starts reading; `reject_status` (403 or 503 at accept) answers at once and closes.
+  // Starts reading; `reject_status` (403, 429 or 503 at accept) answers at once and closes.
   void Start(int reject_status);
+  // Gives up its place for a new connection (Impl::PreemptWaiting): precondition kReadingHead.
+  // Idle (no byte of a head): closed silently; a partial head: 408, then closed.
+  void Preempt();
   // Closes at once (no more output); the proxy forgets the connection.
   void Close();
   State state() const { return state_; }
@@ -390,7 +403,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void OnOriginBody(std::string_view data);
   void OnOriginComplete();
   void OnOriginEof();
-  void OnOriginFailed(const Status& why, bool bad_response);
+  // `why` is taken by value: it is often the failed OriginConn's error(), and the connection is
+  // destroyed here before the message is used (a reference would read freed memory).
+  void OnOriginFailed(Status why, bool bad_response);
   void ReleaseOrigin(bool reusable);
   void EndTransfer();
   // Tells the backend's card the body's size; the response completes once it has carried it.
@@ -436,11 +451,14 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   std::string peer_text_;
   http1::RequestParser parser_;
   OneShotTimer head_timer_;
+  TimePoint waiting_since_{};  // when kReadingHead began (the head deadline counts from it)
+  bool holds_place_ = false;   // counted in Impl::places_taken (set and cleared by Impl)
   bool head_started_ = false;  // a byte of the next head arrived (else the connection is idle)
   bool peer_closed_ = false;  // EOF from the client
   bool keep_alive_ = true;    // the connection may carry another request
   bool linger_ = false;       // closing: wait for the client's EOF after our output
   OneShotTimer linger_timer_;
+  OneShotTimer fallback_timer_;  // the exchange's copy answers if the origin stays silent
   std::uint64_t next_serial_ = 1;
   std::unique_ptr<Exchange> ex_;
 

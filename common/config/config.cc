@@ -73,16 +73,6 @@ Result<Bytes> ParseSize(const std::string& text) {
   return v * mult;
 }
 
-const char* CachePolicyName(CachePolicy p) {
-  return p == CachePolicy::kStatic ? "static" : "adaptive";
-}
-
-Result<CachePolicy> ParseCachePolicy(const std::string& text) {
-  if (text == "static") return CachePolicy::kStatic;
-  if (text == "adaptive") return CachePolicy::kAdaptive;
-  return Status::InvalidArgument("policy \"" + text + "\" is neither \"static\" nor \"adaptive\"");
-}
-
 Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   std::ifstream in(path);
   if (!in) return Status::NotFound(path + ": cannot open config file");
@@ -167,7 +157,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
     if (!text)
       return Status::InvalidArgument(Where(path, n->source()) +
                                      ": policy must be \"static\" or \"adaptive\"");
-    Result<CachePolicy> p = ParseCachePolicy(*text);
+    Result<Policy> p = ParsePolicy(*text);
     if (!p.ok())
       return Status::InvalidArgument(Where(path, n->source()) + ": " + p.status().message());
     o->policy = *p;

@@ -7,7 +7,7 @@
 //   cache_size = "2G"                 # hard byte cap of the cache (K, M, G suffixes)
 //   profile = "ipaq-2004"             # emulated devices; absent: devices always ready
 //   knob = 50                         # 0 = save energy … 100 = performance
-//   policy = "adaptive"               # or "static": the paper's baseline (see CachePolicy)
+//   policy = "adaptive"               # or "static": the paper's baseline (see Policy)
 //   ghost_hints = true                # false: the cost model sends no ghost hints
 //   control = "/run/ghost/control.sock"
 //   max_stale = 0                     # seconds a stale object may still be served
@@ -35,6 +35,7 @@
 
 #include "common/base/status.h"
 #include "common/base/units.h"
+#include "common/power/machine.h"
 
 namespace ghost {
 
@@ -48,26 +49,16 @@ struct Origin {
   bool imap() const { return url.starts_with("imap://") || url.starts_with("imaps://"); }
 };
 
-// How the daemon manages its cache and devices, with the meanings ghostsim gives them
-// (common/sim/simulator.h, DESIGN §7), so a live run can be compared with a simulated one:
-//  - kAdaptive: the cost model picks memory / disk / network for each read (with ghost hints
-//    unless disabled), STPM disk and network modules at the knob, transfers disclosed to the
-//    network module, cache fills deferred while the disk sleeps (DESIGN §3.2–3.5);
-//  - kStatic: the paper's unmodified cache: the cached copy is read whenever one exists, the
-//    default device power management (common/power/default_pm.h) runs the devices, and every
-//    fetched object is written to the disk at once, spinning it up if needed.
-enum class CachePolicy { kStatic, kAdaptive };
-const char* CachePolicyName(CachePolicy p);
-// "static" or "adaptive" → the policy; anything else is InvalidArgument naming both.
-[[nodiscard]] Result<CachePolicy> ParseCachePolicy(const std::string& text);
-
 struct GhostfsOptions {
   std::string cache_dir;
   Bytes cache_size = 0;  // 0 = unlimited
   std::vector<Origin> origins;
   std::string profile;   // empty: an ideal machine whose devices are always ready
   int knob = 50;
-  CachePolicy policy = CachePolicy::kAdaptive;
+  // How the daemon manages its cache and devices, with the meanings ghostsim gives them
+  // (common/power/machine.h, common/cache/cache_manager.h; DESIGN §7), so a live run can be
+  // compared with a simulated one. kStatic or kAdaptive (ParsePolicy).
+  Policy policy = Policy::kAdaptive;
   bool ghost_hints = true;   // adaptive only: static sends none
   std::string control_path;  // empty: MountControlPath(mountpoint) (common/control/control.h)
   Duration max_stale{0};

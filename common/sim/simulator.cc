@@ -6,15 +6,12 @@
 #include <functional>
 #include <memory>
 
-#include "common/power/adaptive_spindown.h"
 #include "common/cache/cache_index.h"
+#include "common/cache/cache_manager.h"
 #include "common/base/clock.h"
 #include "common/power/cost_model.h"
-#include "common/power/default_pm.h"
 #include "common/power/device.h"
 #include "common/power/power_manager.h"
-#include "common/power/stpm_disk.h"
-#include "common/power/stpm_network.h"
 #include "common/cache/write_queue.h"
 
 namespace ghost {
@@ -23,19 +20,19 @@ namespace {
 // One replay: the machine, its policies and the client, on a private virtual clock.
 class Run {
  public:
-  Run(const MachineProfile& machine, const DeviceProfile& storage, const DeviceProfile& network,
-      const SimOptions& options)
-      : machine_(machine),
-        options_(options),
-        pm_(clock_, machine.base_power, options.knob),
-        storage_(clock_, storage, nullptr, storage.HighPowerMode()),
-        network_(clock_, network, &machine.link,
-                 options.policy == SimPolicy::kNone ? network.HighPowerMode() : network.LowestMode()),
-        cost_(pm_, CostModel::Options{.ghost_hints = options.ghost_hints}),
+  // Borrows `clock` and `machine` (built on that clock), which must outlive the run.
+  Run(VirtualClock& clock, Machine& machine, const SimOptions& options)
+      : options_(options),
+        clock_(clock),
+        machine_(machine),
+        pm_(machine.pm()),
+        storage_(machine.storage()),
+        network_(machine.network()),
+        storage_id_(machine.storage_id()),
+        network_id_(machine.network_id()),
+        cost_(machine.cost()),
         index_(clock_),
-        page_cache_(clock_, options.page_cache) {
-    storage_id_ = pm_.Register(&storage_, MakeStoragePolicy());
-    network_id_ = pm_.Register(&network_, MakeNetworkPolicy());
+        manager_(clock_, machine, CacheManager::Options{.page_cache = options.page_cache}) {
     WriteQueueOptions wq;
     wq.cap = options.write_queue_cap;
     queue_ = std::make_unique<WriteQueue>(
@@ -84,25 +81,6 @@ class Run {
   }
 
  private:
-  std::unique_ptr<DevicePolicy> MakeStoragePolicy() {
-    switch (options_.policy) {
-      case SimPolicy::kNone: return nullptr;
-      case SimPolicy::kStatic: return std::make_unique<DefaultDiskPolicy>();
-      case SimPolicy::kAdaptive:
-        if (options_.disk_policy == DiskPolicyKind::kExperts) return std::make_unique<ExpertsDiskPolicy>();
-        return std::make_unique<StpmDiskPolicy>();
-    }
-    return nullptr;
-  }
-  std::unique_ptr<DevicePolicy> MakeNetworkPolicy() {
-    switch (options_.policy) {
-      case SimPolicy::kNone: return nullptr;
-      case SimPolicy::kStatic: return std::make_unique<DefaultNetworkPolicy>();
-      case SimPolicy::kAdaptive: return std::make_unique<StpmNetworkPolicy>();
-    }
-    return nullptr;
-  }
-
   static TimePoint EventTime(const Trace& t, std::size_t i) {
     switch (t.kind) {
       case TraceKind::kWeb: return t.web[i].time;
@@ -173,51 +151,40 @@ class Run {
     }
   }
 
-  // A read of a cacheable object: from wherever is cheapest (adaptive) or the cache (static).
+  // A read of a cacheable object: wherever the cache manager decides, as in ghostfs.
   void Read(const std::string& key, Bytes size, std::function<void()> done) {
     const CacheEntry* entry = index_.Find(key);
     if (entry) index_.Touch(key);
-    bool queued = (entry && queue_->Contains(key)) || page_cache_.Touch(key);
-    Remember(key, size);
-    bool on_disk = entry && entry->where.Has(Residence::kDisk);
-    Source source = Source::kNetwork;
-    if (options_.policy != SimPolicy::kAdaptive) {
-      if (queued) source = Source::kMemory;
-      else if (on_disk) source = Source::kDisk;
-    } else {
-      std::vector<Holder> holders;
-      if (queued) holders.push_back({Source::kMemory, -1});
-      if (on_disk) holders.push_back({Source::kDisk, storage_id_});
-      holders.push_back({Source::kNetwork, network_id_});
-      Choice c = cost_.Choose(holders, size);
-      source = c.chosen.holder.source;
-    }
-    ++sources_[SourceName(source)];
-    Note(key, size, SourceName(source));
-    switch (source) {
-      case Source::kMemory:
+    ObjectState state;
+    state.size = size;
+    // The simulated cache marks a fetched object as on disk at once, and its fill waiting in
+    // the write queue as a copy in memory next to it (both costed, as the figures always
+    // were); ghostfs sees no committed body until the fill is written (kWriteQueue). Either
+    // way a queued object is read from memory.
+    state.in_memory = (entry && queue_->Contains(key)) || manager_.InMemory(key);
+    state.on_disk = entry && entry->where.Has(Residence::kDisk);
+    manager_.Remember(key, size);
+    ReadDecision d = manager_.DecideRead(state);
+    const char* source = ReadSourceName(d.source);
+    ++sources_[source];
+    Note(key, size, source);
+    switch (d.source) {
+      case ReadSource::kMemory:
+      case ReadSource::kWriteQueue:
         clock_.ScheduleAfter(CostModel::Options().memory_bandwidth.TimeFor(size), std::move(done));
         return;
-      case Source::kDisk:
-      case Source::kFlash:
+      case ReadSource::kDisk:
+      case ReadSource::kFlash:
         storage_.Submit({size, false}, std::move(done));
         return;
-      case Source::kNetwork:
-        Transfer({size, false}, [this, key, size, cached = entry != nullptr, done = std::move(done)] {
-          if (!cached) Fill(key, size);
+      case ReadSource::kNetwork:
+      case ReadSource::kRevalidate:  // the simulated cache has no expiry
+        Transfer({size, false}, [this, key, size, fill = d.queue_fill, done = std::move(done)] {
+          if (fill) Fill(key, size);
           done();
         });
         return;
     }
-  }
-
-  // The object's bytes pass through RAM: keep a clean copy (LRU within the page cache).
-  void Remember(const std::string& key, Bytes size) {
-    if (options_.page_cache == 0 || size > options_.page_cache) return;
-    CacheEntry e;
-    e.size = size;
-    e.where = Residence::kMemory;
-    (void)page_cache_.Insert(key, e);  // evicts the least recently used copies
   }
 
   void Upload(Bytes size, std::function<void()> done) {
@@ -228,10 +195,9 @@ class Run {
 
   // A network transfer; the adaptive application discloses it (transfer hints, DESIGN §3.3).
   void Transfer(IoRequest io, std::function<void()> done) {
-    bool disclose = options_.policy == SimPolicy::kAdaptive;
-    if (disclose) pm_.TransferBegin(network_id_);
-    network_.Submit(io, [this, disclose, done = std::move(done)] {
-      if (disclose) pm_.TransferEnd(network_id_);
+    machine_.TransferBegin();
+    network_.Submit(io, [this, done = std::move(done)] {
+      machine_.TransferEnd();
       done();
     });
   }
@@ -239,7 +205,7 @@ class Run {
   // A fetched object enters the cache: a background write of its body.
   void Fill(const std::string& key, Bytes size) {
     AddToCache(key, size);
-    Remember(key, size);
+    manager_.Remember(key, size);
     WriteRecord r;
     r.key = key;
     r.length = size;
@@ -256,14 +222,12 @@ class Run {
 
   SimResult Report(const Trace& trace) {
     SimResult r;
-    r.profile = machine_.name;
+    r.profile = machine_.profile().name;
     r.trace = trace.name;
-    r.policy = SimPolicyName(options_.policy);
-    r.disk_policy = options_.policy == SimPolicy::kAdaptive
-                        ? (options_.disk_policy == DiskPolicyKind::kExperts ? "experts" : "stpm")
-                        : (options_.policy == SimPolicy::kStatic ? "default" : "none");
+    r.policy = PolicyName(options_.policy);
+    r.disk_policy = machine_.DiskPolicyName();
     r.knob = options_.knob;
-    r.ghost_hints = options_.policy == SimPolicy::kAdaptive && options_.ghost_hints;
+    r.ghost_hints = options_.policy == Policy::kAdaptive && options_.ghost_hints;
     r.requests = responses_.size();
     if (!responses_.empty()) {
       double sum = 0;
@@ -288,17 +252,17 @@ class Run {
     return r;
   }
 
-  const MachineProfile& machine_;
   SimOptions options_;
-  VirtualClock clock_;
-  PowerManager pm_;
-  Device storage_;
-  Device network_;
+  VirtualClock& clock_;
+  Machine& machine_;
+  PowerManager& pm_;
+  Device& storage_;
+  Device& network_;
   DeviceId storage_id_ = -1;
   DeviceId network_id_ = -1;
-  CostModel cost_;
+  CostModel& cost_;
   CacheIndex index_;
-  CacheIndex page_cache_;  // clean copies in RAM
+  CacheManager manager_;  // the read decision and the page-cache model
   std::unique_ptr<WriteQueue> queue_;
   std::vector<Duration> responses_;
   std::vector<RequestRecord> log_;
@@ -312,83 +276,42 @@ double Round(double v, double unit) { return std::round(v / unit) * unit; }
 
 }  // namespace
 
-std::vector<DeviceResult> DeviceResults(const PowerManager& pm, const EnergyReport& e) {
-  std::vector<DeviceResult> out;
-  for (DeviceId id : pm.devices()) {
-    const DeviceEnergy& de = e.devices[id];
-    DeviceResult d;
-    d.name = de.name;
-    d.kind = DeviceKindName(pm.device(id).kind());
-    d.energy = de.energy;
-    d.modes = de.mode_names;
-    d.time_in_mode = de.time_in_mode;
-    d.energy_in_mode = de.energy_in_mode;
-    d.transition_time = de.transition_time;
-    d.transitions = de.transitions;
-    d.ghost_hints_received = pm.ghost_hints_received(id);
-    if (const DevicePolicy* p = pm.policy(id)) d.policy = p->Describe();
-    out.push_back(std::move(d));
-  }
-  return out;
+namespace {
+
+MachineOptions MachineOptionsFor(const SimOptions& o) {
+  MachineOptions m;
+  m.policy = o.policy;
+  m.knob = o.knob;
+  m.ghost_hints = o.ghost_hints;
+  m.disk_policy = o.disk_policy;
+  return m;
 }
 
-nlohmann::ordered_json DevicesToJson(const std::vector<DeviceResult>& devices) {
-  nlohmann::ordered_json out = nlohmann::ordered_json::array();
-  for (const DeviceResult& d : devices) {
-    nlohmann::ordered_json dj;
-    dj["name"] = d.name;
-    dj["kind"] = d.kind;
-    dj["energy_j"] = Round(d.energy.joules(), 0.001);
-    nlohmann::ordered_json tim = nlohmann::ordered_json::object(),
-                           eim = nlohmann::ordered_json::object();
-    for (std::size_t m = 0; m < d.modes.size(); ++m) {
-      tim[d.modes[m]] = Round(ToSeconds(d.time_in_mode[m]), 0.001);
-      eim[d.modes[m]] = Round(d.energy_in_mode[m].joules(), 0.001);
-    }
-    tim["transition"] = Round(ToSeconds(d.transition_time), 0.001);
-    dj["time_in_mode_s"] = tim;
-    dj["energy_in_mode_j"] = eim;
-    dj["transitions"] = d.transitions;
-    dj["ghost_hints_received"] = d.ghost_hints_received;
-    if (!d.policy.empty()) dj["policy"] = d.policy;
-    out.push_back(dj);
-  }
-  return out;
+// One replay on a fresh machine and virtual clock.
+Result<SimResult> ReplayOn(const MachineProfile& profile, const Trace& trace, const SimOptions& options) {
+  VirtualClock clock;
+  Result<std::unique_ptr<Machine>> machine = Machine::Build(clock, profile, MachineOptionsFor(options));
+  if (!machine.ok()) return machine.status();
+  Run run(clock, **machine, options);
+  return run.Replay(trace);
 }
 
-const char* SimPolicyName(SimPolicy p) {
-  switch (p) {
-    case SimPolicy::kStatic: return "static";
-    case SimPolicy::kAdaptive: return "adaptive";
-    case SimPolicy::kNone: return "none";
-  }
-  return "?";
-}
+}  // namespace
 
 Result<SimResult> Simulate(const MachineProfile& machine, const Trace& trace, const SimOptions& options) {
-  if (options.knob < 0 || options.knob > 100) {
-    return Status::InvalidArgument("knob " + std::to_string(options.knob) + " is outside 0..100");
-  }
-  const DeviceProfile* storage = machine.FindDevice(DeviceKind::kDisk);
-  if (!storage) storage = machine.FindDevice(DeviceKind::kFlash);
-  const DeviceProfile* network = machine.FindDevice(DeviceKind::kNetwork);
-  if (!storage || !network) {
-    return Status::InvalidArgument("profile " + machine.name + " needs a disk (or flash) device and a network device");
-  }
-  SimResult result;
-  {
-    Run run(machine, *storage, *network, options);
-    result = run.Replay(trace);
-  }
+  Result<SimResult> result = ReplayOn(machine, trace, options);
+  if (!result.ok()) return result.status();
   if (options.compute_lower_bound) {
     // DESIGN §7: every device in its lowest mode, plus base power, over the duration of the
     // run without power management.
     SimOptions none = options;
-    none.policy = SimPolicy::kNone;
-    Run baseline(machine, *storage, *network, none);
+    none.policy = Policy::kNone;
+    VirtualClock clock;
+    Result<std::unique_ptr<Machine>> floor = Machine::Build(clock, machine, MachineOptionsFor(none));
+    if (!floor.ok()) return floor.status();
+    Run baseline(clock, **floor, none);
     SimResult b = baseline.Replay(trace);
-    Power floor = machine.base_power + storage->modes.back().power + network->modes.back().power;
-    result.lower_bound = floor * b.duration;
+    result->lower_bound = (*floor)->FloorPower() * b.duration;
   }
   return result;
 }

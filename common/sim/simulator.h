@@ -4,10 +4,12 @@
 // modules or the default power management, the CostModel with ghost hints, the CacheIndex and
 // the WriteQueue — run against a VirtualClock, so a 20-minute trace replays in milliseconds.
 //
-// Policies (DESIGN §7):
+// The machine (devices, policies, power manager, cost model) is built by Machine
+// (common/power/machine.h) and each read is decided by the CacheManager
+// (common/cache/cache_manager.h), as in ghostfs. Policies (DESIGN §7):
 //  - static: the paper's unmodified cache. Reads the cached copy whenever one exists; writes
 //    each fetched object to the disk at once (spinning it up if needed); default device power
-//    management (DefaultDiskPolicy, DefaultNetworkPolicy).
+//    management.
 //  - adaptive: the cost model chooses memory / disk / network for each read, with ghost hints
 //    (unless disabled); STPM disk and network modules at knob K; cache fills and other
 //    background writes wait in the write queue while the disk is in a low-power mode.
@@ -38,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "common/power/power_manager.h"
+#include "common/power/machine.h"
 #include "common/power/profile.h"
 #include "common/base/status.h"
 #include "common/sim/trace.h"
@@ -46,11 +48,8 @@
 
 namespace ghost {
 
-enum class SimPolicy { kStatic, kAdaptive, kNone };
-enum class DiskPolicyKind { kStpm, kExperts };
-
 struct SimOptions {
-  SimPolicy policy = SimPolicy::kAdaptive;
+  Policy policy = Policy::kAdaptive;
   int knob = 50;                    // 0..100
   bool ghost_hints = true;          // adaptive only
   DiskPolicyKind disk_policy = DiskPolicyKind::kStpm;  // adaptive only
@@ -59,19 +58,6 @@ struct SimOptions {
   // live filesystem's reads of such objects never reach the daemon). 0 disables it.
   Bytes page_cache = 8 * 1024 * 1024;
   bool compute_lower_bound = true;  // runs the no-power-management replay as well
-};
-
-struct DeviceResult {
-  std::string name;
-  std::string kind;
-  Energy energy;
-  std::vector<std::string> modes;
-  std::vector<Duration> time_in_mode;
-  std::vector<Energy> energy_in_mode;
-  Duration transition_time{0};
-  int transitions = 0;
-  int ghost_hints_received = 0;
-  std::string policy;  // the policy's Describe() at the end of the run
 };
 
 // One request as the client saw it.
@@ -106,18 +92,10 @@ struct SimResult {
   std::vector<RequestRecord> log;  // every request, in order
 };
 
-const char* SimPolicyName(SimPolicy p);
-
 // Replays `trace` on `machine`. Fails (InvalidArgument) if the machine lacks a disk (or flash)
 // device or a network device, or the knob is out of range.
 [[nodiscard]] Result<SimResult> Simulate(const MachineProfile& machine, const Trace& trace,
                                          const SimOptions& options);
-
-// Each registered device's energy, time in mode, transitions, hints and policy, from `e`
-// (a reading of pm's meter). ghostsim's report and ghostfs's stats share it.
-std::vector<DeviceResult> DeviceResults(const PowerManager& pm, const EnergyReport& e);
-// The "devices" array of the JSON below.
-nlohmann::ordered_json DevicesToJson(const std::vector<DeviceResult>& devices);
 
 // The JSON object of DESIGN §7 (field order fixed, numbers rounded for stable output).
 nlohmann::ordered_json ToJson(const SimResult& r);

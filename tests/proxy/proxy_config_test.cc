@@ -40,12 +40,15 @@ connect_ports = [443, 8443]
 access_log = "/var/log/ghost.log"
 via = "laptop"
 max_connections = 7
+max_connections_per_client = 3
+preempt_after = 0.25
 max_header_bytes = "16K"
 max_headers = 50
 request_timeout = 1.5
 send_timeout = 2
 connect_timeout = 3
 origin_timeout = 4
+fallback_timeout = 0.5
 tunnel_idle_timeout = 5
 origin_idle_timeout = 6
 max_idle_per_origin = 2
@@ -64,10 +67,14 @@ memory_cache = "16M"
   EXPECT_EQ(o.proxy.access_log, "/var/log/ghost.log");
   EXPECT_EQ(o.proxy.via_name, "laptop");
   EXPECT_EQ(o.proxy.max_connections, 7u);
+  EXPECT_EQ(o.proxy.max_connections_per_client, 3u);
+  EXPECT_EQ(o.proxy.preempt_after, Millis(250));
   EXPECT_EQ(o.proxy.limits.max_header_bytes, 16u * 1024);
   EXPECT_EQ(o.proxy.limits.max_headers, 50u);
   EXPECT_EQ(o.proxy.request_timeout, Millis(1500));
   EXPECT_EQ(o.proxy.tunnel_idle_timeout, Seconds(5));
+  EXPECT_EQ(o.proxy.origin_timeout, Seconds(4));
+  EXPECT_EQ(o.proxy.fallback_timeout, Millis(500));
   EXPECT_EQ(o.proxy.max_idle_per_origin, 2u);
   EXPECT_EQ(o.proxy.heuristic_freshness, Seconds(60));
   EXPECT_EQ(o.proxy.high_watermark, 1u << 20);
@@ -83,6 +90,15 @@ TEST_F(ProxyConfigTest, MemoryCacheDefaultsTo64MAndZeroDisablesIt) {
   EXPECT_EQ(o.memory_cache, 0u);
 }
 
+TEST_F(ProxyConfigTest, PerClientLimitZeroMeansOnlyTheGlobalLimit) {
+  GhostproxyOptions o;
+  EXPECT_EQ(o.proxy.max_connections_per_client, 256u);
+  EXPECT_EQ(o.proxy.preempt_after, Seconds(1));
+  const Status s = Load("max_connections_per_client = 0\n", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.proxy.max_connections_per_client, 0u);
+}
+
 TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
   struct Case {
     const char* text;
@@ -93,6 +109,8 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"\n\nallow = [\"10.1.0.0/8\"]", ":3: --allow"},
         Case{"allow = \"10.0.0.0/8\"", "must be an array"}, Case{"connect_ports = [0]", "1..65535"},
         Case{"max_connections = -1", "positive integer"},
+        Case{"max_connections_per_client = -2", "0 or more"},
+        Case{"preempt_after = 0", "positive number of seconds"},
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
         Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
         Case{"colour = \"blue\"", "unknown key \"colour\""}, Case{"listen = ", ""}}) {

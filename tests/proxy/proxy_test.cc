@@ -994,6 +994,45 @@ TEST_F(ProxyTest, StaleCopyIsServedWhenTheOriginAnswers503ButNotWhenItMustRevali
   EXPECT_EQ(strict.Source(), "network");
 }
 
+// Issue 12 (Low): a stalled origin held the client for the whole origin timeout although a
+// stale copy could answer. With such a copy the origin now has fallback_timeout to start its
+// response; a copy that must be revalidated still waits for the origin.
+TEST_F(ProxyTest, StalledOriginWithStaleCopyServesTheCopyAfterTheFallbackTimeout) {
+  std::atomic<bool> stall{false};
+  std::atomic<bool> release{false};
+  ScriptedOrigin origin([&](const ScriptedOrigin::Request& r) {
+    if (stall) {
+      while (!release) std::this_thread::sleep_for(5ms);
+      return std::string();  // then close without answering
+    }
+    const std::string cc = r.head.target == "/strict" ? "max-age=5, must-revalidate" : "max-age=5";
+    return Response(200, "Cache-Control: " + cc + "\r\nETag: \"e1\"\r\n", "old copy");
+  });
+  ProxyOptions o = Options();
+  o.fallback_timeout = 200ms;
+  o.origin_timeout = 1500ms;
+  StartProxy(o);
+  ASSERT_TRUE(Get(origin.url("/lenient")).complete);
+  ASSERT_TRUE(Get(origin.url("/strict")).complete);
+  ASSERT_TRUE(WaitFor([&] { return backend_->counters().commits == 2; }));
+  stall = true;
+  clock_offset_ = 60;
+  auto start = std::chrono::steady_clock::now();
+  Reply lenient = Get(origin.url("/lenient"));
+  auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(lenient.status, 200);
+  EXPECT_EQ(lenient.body, "old copy");
+  EXPECT_EQ(lenient.Source(), "stale");
+  EXPECT_GE(waited, 190ms);
+  EXPECT_LT(waited, 1200ms);  // well before origin_timeout
+  start = std::chrono::steady_clock::now();
+  Reply strict = Get(origin.url("/strict"));
+  waited = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(strict.status, 504);  // must-revalidate: no stale copy, the origin timeout decides
+  EXPECT_GE(waited, 1400ms);
+  release = true;
+}
+
 TEST_F(ProxyTest, UnreachableOriginWithoutCopyGets504Page) {
   StartProxy();
   const int port = ClosedPort();
@@ -1015,6 +1054,57 @@ TEST_F(ProxyTest, UnresolvableHostGets504) {
   EXPECT_EQ(r.status, 504);
   EXPECT_NE(r.Header("X-Ghost-Error").find("no-such-host.invalid"), std::string::npos)
       << r.Header("X-Ghost-Error");
+}
+
+// The proxy's error page for `message` (SendLocal in proxy/connection.cc), byte for byte.
+std::string ErrorPage(const std::string& title, const std::string& message) {
+  std::string escaped;
+  for (char c : message) escaped += c == '"' ? std::string("&quot;") : std::string(1, c);
+  return "<!DOCTYPE html>\n<html><head><title>" + title + "</title></head><body>\n<h1>" + title +
+         "</h1>\n<p>" + escaped + "</p>\n<hr><address>ghostproxy test-proxy</address>\n" +
+         "</body></html>\n";
+}
+
+// Issue 12 item 2: the 504 page was built from the failed origin connection's error() after
+// that connection was destroyed, so it carried freed heap bytes. The page must be exactly the
+// documented text.
+TEST_F(ProxyTest, UnreachableOriginErrorPageIsExactlyItsMessageWithNoHeapBytes) {
+  StartProxy();
+  for (int i = 0; i < 3; ++i) {
+    const int port = ClosedPort();
+    const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/x";
+    const std::string message = "cannot reach " + url + " (cannot connect to 127.0.0.1:" +
+                                std::to_string(port) +
+                                ": connect to 127.0.0.1: Connection refused) and no cached copy "
+                                "may be served; try again when the origin is reachable";
+    Reply r = Get(url);
+    ASSERT_TRUE(r.complete);
+    EXPECT_EQ(r.status, 504);
+    EXPECT_EQ(r.Header("X-Ghost-Error"), message);
+    EXPECT_EQ(r.body, ErrorPage("504 Gateway Timeout", message));
+  }
+}
+
+// RFC 6761 §6.4: names under .invalid fail at once, without asking a nameserver (the proxy
+// answers them itself, so no query leaves the machine), and the page names the host exactly.
+TEST_F(ProxyTest, InvalidNameGets504PageWithoutAskingTheResolver) {
+  StartProxy();
+  // As sent, and as the proxy names it (hosts are compared in lower case).
+  const std::pair<std::string, std::string> hosts[] = {
+      {"nonexistent.invalid", "nonexistent.invalid"},
+      {"A.B.INVALID.", "a.b.invalid."},
+      {"invalid", "invalid"}};
+  for (const auto& [sent, host] : hosts) {
+    Reply r = Get("http://" + sent + "/x");
+    ASSERT_TRUE(r.complete) << sent;
+    EXPECT_EQ(r.status, 504);
+    const std::string message = "cannot reach http://" + host + "/x (cannot resolve host \"" +
+                                host +
+                                "\": names under .invalid never resolve (RFC 6761)) and no "
+                                "cached copy may be served; try again when the origin is reachable";
+    EXPECT_EQ(r.Header("X-Ghost-Error"), message);
+    EXPECT_EQ(r.body, ErrorPage("504 Gateway Timeout", message));
+  }
 }
 
 TEST_F(ProxyTest, MalformedOriginResponseGets502) {
@@ -1241,6 +1331,162 @@ TEST_F(ProxyTest, IdleConnectionIsClosedSilentlyAndSlowHeadGets408) {
   Reply r = slow_reader.Next();
   ASSERT_TRUE(r.complete);
   EXPECT_EQ(r.status, 408);
+}
+
+// ---- Fairness (issue 12 item 7): slow clients cannot shut others out ----
+
+// The head deadline counts from the connection's start: bytes trickling in do not extend it.
+TEST_F(ProxyTest, TricklingHeadGets408AtTheDeadline) {
+  ProxyOptions o = Options();
+  o.request_timeout = 300ms;
+  StartProxy(o);
+  Fd slow = ConnectTo(port_);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string head = "GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ";
+  std::size_t sent = 0;
+  bool closed = false;
+  while (std::chrono::steady_clock::now() - start < 2s && !closed) {
+    if (::send(slow.get(), head.data() + sent % head.size(), 1, MSG_NOSIGNAL) != 1) closed = true;
+    ++sent;
+    pollfd p{slow.get(), POLLIN, 0};
+    if (::poll(&p, 1, 50) == 1) break;  // the answer is here
+  }
+  Reader reader(slow.get());
+  Reply r = reader.Next();
+  const auto waited = std::chrono::steady_clock::now() - start;
+  ASSERT_TRUE(r.complete);
+  EXPECT_EQ(r.status, 408);
+  EXPECT_GE(waited, 280ms);
+  EXPECT_LT(waited, 2s);
+  EXPECT_GT(sent, 3u);  // bytes kept arriving until the deadline
+}
+
+// As many slow-loris clients as the connection limit (partial heads, then a byte now and then):
+// a normal client is still served at once, taking the place of the slow client that has waited
+// longest, which gets a 408.
+TEST_F(ProxyTest, SlowLorisClientsDoNotShutOutANormalClient) {
+  constexpr int kLimit = 16;
+  ProxyOptions o = Options();
+  o.max_connections = kLimit;
+  o.max_connections_per_client = 0;  // all on 127.0.0.1: the global limit is what is tested
+  o.preempt_after = 100ms;
+  StartProxy(o);
+  std::vector<Fd> slow;
+  for (int i = 0; i < kLimit; ++i) {
+    slow.push_back(ConnectTo(port_));
+    SendAll(slow.back().get(), "GET http://127.0.0.1:9/ HTTP/1.1\r\nHo");
+    // One at a time, so the proxy's order of arrival is ours.
+    ASSERT_TRUE(
+        WaitFor([&] { return OnLoop([&] { return proxy_->open_connections(); }) == slow.size(); }));
+  }
+  std::this_thread::sleep_for(150ms);  // the slow clients have now waited past preempt_after
+  for (Fd& f : slow) SendAll(f.get(), "s");  // still trickling: it buys them nothing
+
+  for (int i = 0; i < 3; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    Fd c = ConnectTo(port_);
+    SendAll(c.get(), "GET /ghost/status HTTP/1.1\r\nHost: x\r\n\r\n");
+    Reader reader(c.get());
+    Reply r = reader.Next();
+    ASSERT_TRUE(r.complete) << "normal client " << i;
+    EXPECT_EQ(r.status, 200);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+    // Kept open: the next normal client needs another slow client's place.
+    slow.push_back(std::move(c));
+  }
+  // The three oldest slow clients gave up their places, each with a whole 408.
+  for (int i = 0; i < 3; ++i) {
+    Reader reader(slow[i].get());
+    Reply r = reader.Next();
+    ASSERT_TRUE(r.complete) << "slow client " << i;
+    EXPECT_EQ(r.status, 408);
+    EXPECT_NE(r.Header("X-Ghost-Error").find("connection limit"), std::string::npos);
+  }
+  const nlohmann::json j = nlohmann::json::parse(OnLoop([&] { return proxy_->StatusJson(); }));
+  EXPECT_EQ(j["connections"]["preempted"], 3);
+  EXPECT_EQ(j["connections"]["refused_limit"], 0);
+}
+
+// Issue 12 (Low): of 488 connections over the limit, 424 were closed without their 503 (the
+// proxy answered only 64 beyond the limit). Every one now reads a whole 503, also a client that
+// has half-closed its side after its request.
+TEST_F(ProxyTest, EveryConnectionOverTheLimitReadsAComplete503) {
+  constexpr int kLimit = 4;
+  constexpr int kOver = 150;
+  ProxyOptions o = Options();
+  o.max_connections = kLimit;
+  o.max_connections_per_client = 0;
+  o.preempt_after = 60s;  // the idle connections below keep their places
+  StartProxy(o);
+  std::vector<Fd> held;
+  for (int i = 0; i < kLimit; ++i) held.push_back(ConnectTo(port_));
+  ASSERT_TRUE(WaitFor([&] { return OnLoop([&] { return proxy_->open_connections(); }) == kLimit; }));
+  std::vector<Fd> over;
+  for (int i = 0; i < kOver; ++i) {
+    over.push_back(ConnectTo(port_));
+    if (i % 3 == 1) SendAll(over.back().get(), "GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: x\r\n\r\n");
+    if (i % 3 == 2) {
+      SendAll(over.back().get(), "GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: x\r\n\r\n");
+      ::shutdown(over.back().get(), SHUT_WR);
+    }
+  }
+  int complete = 0;
+  for (int i = 0; i < kOver; ++i) {
+    Reader reader(over[i].get());
+    Reply r = reader.Next();
+    EXPECT_TRUE(r.complete) << "connection " << i << " over the limit got no whole answer";
+    if (!r.complete) continue;
+    ++complete;
+    EXPECT_EQ(r.status, 503);
+    EXPECT_EQ(r.Header("Retry-After"), "1");
+    EXPECT_NE(r.Header("X-Ghost-Error").find("maximum of 4 connections"), std::string::npos);
+    EXPECT_EQ(ReadUntilEof(over[i].get()), "");  // then closed
+  }
+  EXPECT_EQ(complete, kOver);
+  EXPECT_EQ(proxy_->stats().connections_refused_limit, static_cast<std::uint64_t>(kOver));
+  over.clear();
+  // Refusals held no places: the held connections are still served.
+  SendAll(held[0].get(), "GET /ghost/status HTTP/1.1\r\nHost: x\r\n\r\n");
+  Reader reader(held[0].get());
+  EXPECT_EQ(reader.Next().status, 200);
+  held.clear();
+  EXPECT_TRUE(WaitFor([&] { return OnLoop([&] { return proxy_->open_connections(); }) == 0; }));
+}
+
+TEST_F(ProxyTest, PerClientLimitGets429AndOtherClientsAreStillServed) {
+  ProxyOptions o = Options();
+  o.allow = {*Cidr::Parse("127.0.0.0/8")};
+  o.max_connections_per_client = 3;
+  StartProxy(o);
+  std::vector<Fd> mine;
+  for (int i = 0; i < 3; ++i) mine.push_back(ConnectTo(port_));
+  ASSERT_TRUE(WaitFor([&] { return OnLoop([&] { return proxy_->open_connections(); }) == 3; }));
+  {
+    Fd fourth = ConnectTo(port_);
+    Reader reader(fourth.get());
+    Reply r = reader.Next();
+    ASSERT_TRUE(r.complete);
+    EXPECT_EQ(r.status, 429);
+    EXPECT_EQ(r.Header("Retry-After"), "1");
+    EXPECT_NE(r.Header("X-Ghost-Error").find("client 127.0.0.1 already has 3 connections"),
+              std::string::npos)
+        << r.Header("X-Ghost-Error");
+  }
+  {
+    Fd other = ConnectTo(port_, "127.0.0.2");  // another client: its own places
+    SendAll(other.get(), "GET /ghost/status HTTP/1.1\r\nHost: x\r\n\r\n");
+    Reader reader(other.get());
+    EXPECT_EQ(reader.Next().status, 200);
+  }
+  mine.pop_back();  // one place of 127.0.0.1 comes free
+  ASSERT_TRUE(WaitFor([&] { return OnLoop([&] { return proxy_->open_connections(); }) == 2; }));
+  Fd again = ConnectTo(port_);
+  SendAll(again.get(), "GET /ghost/status HTTP/1.1\r\nHost: x\r\n\r\n");
+  Reader reader(again.get());
+  Reply r = reader.Next();
+  EXPECT_EQ(r.status, 200);
+  const nlohmann::json j = nlohmann::json::parse(r.body);
+  EXPECT_EQ(j["connections"]["refused_client_limit"], 1);
 }
 
 // ---- The proxy's own pages ----

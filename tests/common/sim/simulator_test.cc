@@ -22,7 +22,7 @@ class SimulatorTest : public ::testing::Test {
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     return t.ok() ? *t : Trace();
   }
-  SimResult Run(const Trace& t, SimPolicy policy, int knob = 50, bool hints = true) {
+  SimResult Run(const Trace& t, Policy policy, int knob = 50, bool hints = true) {
     SimOptions o;
     o.policy = policy;
     o.knob = knob;
@@ -42,15 +42,15 @@ class SimulatorTest : public ::testing::Test {
 
 TEST_F(SimulatorTest, IsDeterministic) {
   Trace t = Shipped("web");
-  std::string a = ToJson(Run(t, SimPolicy::kAdaptive)).dump();
-  std::string b = ToJson(Run(t, SimPolicy::kAdaptive)).dump();
+  std::string a = ToJson(Run(t, Policy::kAdaptive)).dump();
+  std::string b = ToJson(Run(t, Policy::kAdaptive)).dump();
   EXPECT_EQ(a, b);
 }
 
 TEST_F(SimulatorTest, AdaptiveBeatsStaticInTimeAndEnergyOnTheWebTrace) {
   Trace t = Shipped("web");
-  SimResult s = Run(t, SimPolicy::kStatic);
-  SimResult a = Run(t, SimPolicy::kAdaptive);
+  SimResult s = Run(t, Policy::kStatic);
+  SimResult a = Run(t, Policy::kAdaptive);
   EXPECT_EQ(s.requests, t.web.size());
   EXPECT_LT(a.mean_response_ms, s.mean_response_ms);
   EXPECT_LT(a.energy, s.energy);
@@ -58,8 +58,8 @@ TEST_F(SimulatorTest, AdaptiveBeatsStaticInTimeAndEnergyOnTheWebTrace) {
 
 TEST_F(SimulatorTest, AdaptiveBeatsStaticInTimeAndEnergyOnTheMailTrace) {
   Trace t = Shipped("mail");
-  SimResult s = Run(t, SimPolicy::kStatic);
-  SimResult a = Run(t, SimPolicy::kAdaptive);
+  SimResult s = Run(t, Policy::kStatic);
+  SimResult a = Run(t, Policy::kAdaptive);
   EXPECT_EQ(s.requests, t.mail.size());
   EXPECT_LT(a.mean_response_ms, s.mean_response_ms);
   EXPECT_LT(a.energy, s.energy);
@@ -68,10 +68,10 @@ TEST_F(SimulatorTest, AdaptiveBeatsStaticInTimeAndEnergyOnTheMailTrace) {
 TEST_F(SimulatorTest, EnergyNeverFallsBelowTheLowerBound) {
   for (const char* name : {"web", "mail", "web-cached"}) {
     Trace t = Shipped(name);
-    for (SimPolicy p : {SimPolicy::kStatic, SimPolicy::kAdaptive}) {
+    for (Policy p : {Policy::kStatic, Policy::kAdaptive}) {
       SimResult r = Run(t, p);
       EXPECT_GT(r.lower_bound, Energy()) << name;
-      EXPECT_GE(r.energy, r.lower_bound) << name << " " << SimPolicyName(p);
+      EXPECT_GE(r.energy, r.lower_bound) << name << " " << PolicyName(p);
     }
   }
 }
@@ -82,7 +82,7 @@ TEST_F(SimulatorTest, KnobSweepTradesTimeForEnergyMonotonically) {
   for (const char* name : {"web", "mail"}) {
     Trace t = Shipped(name);
     std::vector<SimResult> sweep;
-    for (int k : {0, 50, 90, 95, 99, 100}) sweep.push_back(Run(t, SimPolicy::kAdaptive, k));
+    for (int k : {0, 50, 90, 95, 99, 100}) sweep.push_back(Run(t, Policy::kAdaptive, k));
     for (size_t i = 1; i < sweep.size(); ++i) {
       EXPECT_LE(sweep[i].mean_response_ms, sweep[i - 1].mean_response_ms * 1.05)
           << name << " K=" << sweep[i].knob << " is slower than K=" << sweep[i - 1].knob;
@@ -97,13 +97,13 @@ TEST_F(SimulatorTest, KnobSweepTradesTimeForEnergyMonotonically) {
 TEST_F(SimulatorTest, GhostHintsNeverSlowTheAllCachedTraceAtHighKnobs) {
   Trace t = Shipped("web-cached");
   for (int k : {90, 95, 99}) {
-    SimResult on = Run(t, SimPolicy::kAdaptive, k, true);
-    SimResult off = Run(t, SimPolicy::kAdaptive, k, false);
+    SimResult on = Run(t, Policy::kAdaptive, k, true);
+    SimResult off = Run(t, Policy::kAdaptive, k, false);
     EXPECT_LE(on.mean_response_ms, off.mean_response_ms) << "K=" << k;
     EXPECT_EQ(off.ghost_hints_sent, 0);
   }
-  SimResult on = Run(t, SimPolicy::kAdaptive, 95, true);
-  SimResult off = Run(t, SimPolicy::kAdaptive, 95, false);
+  SimResult on = Run(t, Policy::kAdaptive, 95, true);
+  SimResult off = Run(t, Policy::kAdaptive, 95, false);
   EXPECT_GT(on.ghost_hints_sent, 0);
   EXPECT_LT(on.mean_response_ms, off.mean_response_ms * 0.95);
 }
@@ -113,7 +113,7 @@ TEST_F(SimulatorTest, StaticReadsCachedCopiesAndFetchesTheRest) {
       "# ghost-trace web v1\n"
       "0 GET http://o.test/a 10000 1\n"
       "1 GET http://o.test/b 10000 0\n");
-  SimResult r = Run(t, SimPolicy::kStatic);
+  SimResult r = Run(t, Policy::kStatic);
   EXPECT_EQ(r.sources["disk"], 1);
   EXPECT_EQ(r.sources["network"], 1);
   EXPECT_EQ(r.write_batches, 1);  // the fetched object is written at once
@@ -127,7 +127,7 @@ TEST_F(SimulatorTest, AdaptiveDefersTheFillUntilTheEndOfTheRun) {
       "# ghost-trace web v1\n"
       "30 GET http://o.test/b 10000 0\n"
       "60 GET http://o.test/b 10000 0\n");
-  SimResult r = Run(t, SimPolicy::kAdaptive);
+  SimResult r = Run(t, Policy::kAdaptive);
   EXPECT_EQ(r.sources["network"], 1);
   EXPECT_EQ(r.sources["memory"], 1);  // the second read sees the queued copy
   EXPECT_EQ(r.write_batches, 1);
@@ -141,7 +141,7 @@ TEST_F(SimulatorTest, ResponseTimeRunsFromStartToLastByte) {
       "# ghost-trace web v1\n"
       "0 GET http://o.test/a 32768 1\n");
   SimOptions o;
-  o.policy = SimPolicy::kNone;  // disk in performance idle: latency + size / bandwidth
+  o.policy = Policy::kNone;  // disk in performance idle: latency + size / bandwidth
   Result<SimResult> r = Simulate(machine_, t, o);
   ASSERT_TRUE(r.ok());
   const DeviceProfile& disk = *machine_.FindDevice(DeviceKind::kDisk);
@@ -162,7 +162,7 @@ TEST_F(SimulatorTest, MailSendUploadsAndFilesACopy) {
       "# ghost-trace mail v1\n"
       "0 READ INBOX 1 5000\n"
       "5 SEND INBOX - 20000\n");
-  SimResult r = Run(t, SimPolicy::kStatic);
+  SimResult r = Run(t, Policy::kStatic);
   EXPECT_EQ(r.uploads, 1);
   EXPECT_EQ(r.sources["disk"], 1);
   EXPECT_EQ(r.bytes_written, 20000u);

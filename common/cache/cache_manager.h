@@ -1,0 +1,115 @@
+// CacheManager: the one place that decides where a read of an object comes from (DESIGN §3.4,
+// §3.5, §7). ghostfs's HTTP and Maildir trees, the proxy's "lookup" and ghostsim's replay all
+// ask it, so the live daemon and the simulator make the same choice from the same state.
+//
+// The caller says which holders the object has (ObjectState): a clean copy in RAM (the
+// page-cache model below), a fill still waiting in the write queue, a committed body on disk
+// (fresh or stale), and its size. The decision, in this order:
+//
+//   holders                               decision
+//   ------------------------------------  ------------------------------------------------
+//   write queue, no committed body        kWriteQueue (memory; the only local copy: nothing
+//                                         to cost)
+//   no committed body                     kNetwork, and the fetched body fills the cache
+//   committed body, stale                 kRevalidate (ask the origin with the validators;
+//                                         a 304 reads the disk)
+//   committed body, fresh                 static / none: kMemory if the page-cache model
+//                                         holds it, else kDisk (the cached copy whenever one
+//                                         exists); adaptive: the cost model's cheapest of
+//                                         memory (if held), disk and network, which may send
+//                                         a ghost hint to the ideal device
+//
+// Network reads (kNetwork, kRevalidate) are disclosed to the network module as transfers
+// under the adaptive policy only (Machine::TransferBegin). A future flash log is one more
+// holder (ReadSource::kFlash, Source::kFlash in the cost model).
+//
+// The page-cache model: RAM that keeps clean copies of recently read or written objects (LRU
+// within a byte cap), as the kernel does under the live filesystem. Callers touch it when they
+// read an object (InMemory) and remember what passed through RAM (Remember).
+//
+// Thread-safety: not thread-safe; use from the thread that drives the clock.
+#ifndef GHOST_COMMON_CACHE_CACHE_MANAGER_H_
+#define GHOST_COMMON_CACHE_CACHE_MANAGER_H_
+
+#include <memory>
+#include <string>
+
+#include "common/base/clock.h"
+#include "common/base/units.h"
+#include "common/cache/cache_index.h"
+#include "common/power/cost_model.h"
+#include "common/power/machine.h"
+
+namespace ghost {
+
+// Where a read is served from.
+enum class ReadSource {
+  kMemory,      // a clean copy in RAM (the page-cache model)
+  kWriteQueue,  // the fill waiting in the write queue (in memory)
+  kFlash,       // the flash log (reserved)
+  kDisk,        // the committed body in the disk cache
+  kNetwork,     // the origin
+  kRevalidate,  // the origin, asked with the stale copy's validators
+};
+// The text the edges print (user.ghost.source, access logs, stats, ghostsim's "sources"):
+// "memory" for both RAM holders, "flash", "disk", "network", "revalidate".
+const char* ReadSourceName(ReadSource s);
+// Reads served locally (memory, write queue, flash, disk).
+inline bool IsLocal(ReadSource s) { return s != ReadSource::kNetwork && s != ReadSource::kRevalidate; }
+
+// What the caller knows about one object.
+struct ObjectState {
+  Bytes size = 0;
+  bool in_memory = false;       // the page-cache model holds a clean copy
+  bool in_write_queue = false;  // a fill of it waits in the write queue
+  bool on_disk = false;         // a committed body in the cache store
+  bool fresh = true;            // that body may be served without asking the origin
+};
+
+struct ReadDecision {
+  ReadSource source = ReadSource::kNetwork;
+  // The holders were costed (a fresh committed body): `choice` has the estimates behind the
+  // decision (user.ghost.cost) and says whether a ghost hint was sent.
+  bool costed = false;
+  Choice choice;
+  bool queue_fill = false;  // a network read of an uncached object: its body fills the cache
+};
+
+class CacheManager {
+ public:
+  struct Options {
+    Bytes page_cache = 8 * 1024 * 1024;  // the page-cache model's cap; 0 disables it
+  };
+
+  // Borrows `clock` and `machine`, which must outlive the manager.
+  CacheManager(const Clock& clock, Machine& machine, Options options);
+  CacheManager(const CacheManager&) = delete;
+  CacheManager& operator=(const CacheManager&) = delete;
+
+  // Where to read an object in `state` (the table above). Under the adaptive policy a costed
+  // choice may send a ghost hint.
+  ReadDecision DecideRead(const ObjectState& state);
+
+  // ---- the page-cache model ----
+  // Whether RAM still holds a clean copy of `key`; counts as a use (LRU).
+  bool InMemory(const std::string& key) { return page_cache_->Touch(key); }
+  // `key`'s `size` bytes passed through RAM: keep a clean copy as the most recently used,
+  // evicting the least recently used ones. No-op for an empty object, one larger than the
+  // cap, or a disabled model.
+  void Remember(const std::string& key, Bytes size);
+  // Forgets every copy (drop_caches). Returns how many there were.
+  std::size_t ForgetMemory();
+  Bytes page_cache_bytes() const { return options_.page_cache; }
+
+  Machine& machine() { return machine_; }
+
+ private:
+  const Clock& clock_;
+  Machine& machine_;
+  Options options_;
+  std::unique_ptr<CacheIndex> page_cache_;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_CACHE_CACHE_MANAGER_H_
