@@ -40,17 +40,17 @@ nlohmann::json Daemon::StatsJson() const {
     requests[s] = it == requests_by_source_.end() ? 0 : it->second;
   }
   const WriteQueueStats& w = queue_->stats();
-  // Per device, in the shape of ghostsim's report (common/sim/simulator.h), so a live run's JSON
+  // Per device, in the shape of ghostsim's report (common/power/machine.h), so a live run's JSON
   // can be compared field by field.
   nlohmann::json device_detail =
       nlohmann::json::parse(DevicesToJson(DeviceResults(*pm_, e)).dump());
   return {
       {"uptime_s", ToSeconds(clock_->Now() - started_)},
       {"knob", pm_->knob()},
-      {"policy", CachePolicyName(options_.policy)},
+      {"policy", PolicyName(options_.policy)},
       {"ghost_hints", cost_->ghost_hints()},
       {"devices", device_detail},
-      {"profile", machine_.name},
+      {"profile", machine_->profile().name},
       {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
       {"requests", requests},
       {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
