@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/control/control.h"
 #include "common/control/protocol.h"
 #include "common/base/units.h"
@@ -463,6 +464,8 @@ int main(int argc, char** argv) {
       "  watch          live view of device modes, energy and requests (Ctrl-C quits)\n\n"
       "Which ghostfs: --control PATH, else the one mounted at --mount MNT, else "
       "$GHOST_CONTROL, else the only ghostfs mounted."};
+  app.set_version_flag("--version", std::string("ghostctl ") + GHOST_VERSION,
+                       "print the version and exit");
   std::string control, mount;
   bool raw_json = false;
   app.add_option("--control", control,

@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/build_info.h"
 #include "common/config/config.h"
 #include "common/control/control.h"
 #include "common/control/protocol.h"
 #include "common/power/profile.h"
 #include "fs/ghostfs.h"
+#include "fs/mount_args.h"
 
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
@@ -25,6 +27,8 @@ int main(int argc, char** argv) {
       "an ordinary writable tree kept in the cache\n"
       "directory. For every read, ghostfs picks the cached copy or the network, whichever costs\n"
       "less given the devices' power modes and the knob (common/DESIGN.md §3.4)."};
+  app.set_version_flag("--version", std::string("ghostfs ") + GHOST_VERSION,
+                       "print the version and exit");
   app.add_flag("-f,--foreground", o.foreground, "stay in the foreground (log to stderr)");
   app.add_option("--cache", o.cache_dir, "cache directory (created if missing); holds objects, the index and local/");
   app.add_option("--origin", origins,
@@ -70,11 +74,28 @@ int main(int argc, char** argv) {
       "serve every read of a cached body through the daemon, without kernel FUSE passthrough "
       "(passthrough, Linux >= 6.9, is also off with --profile: the emulated disk must see every "
       "read)");
-  app.add_option("-o", o.fuse_options, "FUSE mount options (e.g. -o allow_other), repeatable");
-  app.add_option("MOUNTPOINT", o.mountpoint, "where to mount")->required();
+  app.add_option("-o", o.fuse_options,
+                 "FUSE mount options (e.g. -o allow_other), repeatable; also any setting above as "
+                 "KEY=VALUE (cache=DIR,origin=NAME=URL,profile=..., as in the config file), the "
+                 "form mount(8) uses for an fstab line of type fuse.ghostfs");
+  app.add_option("MOUNTPOINT", o.mountpoint,
+                 "where to mount (mount(8) form: SOURCE MOUNTPOINT, SOURCE a config file if it "
+                 "contains a '/', else a label)")->required();
+  // mount.fuse3's form (fstab): ghostfs SOURCE MOUNTPOINT -o cache=...,origin=...,nodev,...
+  std::vector<std::string> value_options;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->get_expected_max() > 0) {  // takes a value (flags expect none)
+      for (const std::string& n : opt->get_lnames()) value_options.push_back("--" + n);
+      for (const std::string& n : opt->get_snames()) value_options.push_back("-" + n);
+    }
+  }
+  const std::vector<std::string> args =
+      ghost::RewriteMountArgs(std::vector<std::string>(argv, argv + argc), value_options);
+  std::vector<const char*> arg_ptrs;
+  for (const std::string& a : args) arg_ptrs.push_back(a.c_str());
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "ghostfs: %s (see --help)\n", e.what());

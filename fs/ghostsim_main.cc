@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/power/profile.h"
 #include "common/sim/simulator.h"
 #include "common/sim/trace.h"
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "ghostsim: replay a trace (web, mail or block; common/DESIGN.md §6) through Ghost's\n"
       "power model in virtual time and print one JSON object per run (common/DESIGN.md §7)."};
+  app.set_version_flag("--version", std::string("ghostsim ") + GHOST_VERSION,
+                       "print the version and exit");
   std::string profile = "ipaq-2004";
   std::string policy = "adaptive";
   std::string disk_policy = "stpm";
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   app.add_option("TRACE", trace_path, "trace file (see common/traces/README.md)")->required();
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return Fail(e.what());

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/sim/trace.h"
 #include "common/sim/trace_gen.h"
 #include "common/base/units.h"
@@ -122,6 +123,8 @@ int Main(int argc, char** argv) {
   CLI::App app{
       "Generates Ghost workload traces (seeded, see common/sim/trace_gen.h) and checks trace "
       "files."};
+  app.set_version_flag("--version", std::string("ghosttrace ") + GHOST_VERSION,
+                       "print the version and exit");
   app.require_subcommand(1);
   app.footer("Exit status: 0 ok; 1 usage or I/O error; 2 a checked trace is malformed.");
 

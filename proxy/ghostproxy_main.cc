@@ -13,12 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "common/build_info.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
 #include "common/control/control.h"
 #include "proxy/ghostfs_backend.h"
 #include "proxy/proxy.h"
 #include "proxy/proxy_config.h"
+#include "proxy/socket_activation.h"
 
 namespace {
 
@@ -48,9 +50,12 @@ int main(int argc, char** argv) {
       "read through the mount; transfers are disclosed to its power manager. Every response says\n"
       "where it came from in X-Ghost-Source (cache, network, revalidated, stale, tunnel, proxy).\n"
       "Status: GET http://LISTEN/ghost/status (JSON) and /ghost/metrics (Prometheus)."};
+  app.set_version_flag("--version", std::string("ghostproxy ") + GHOST_VERSION,
+                       "print the version and exit");
   app.add_option("--listen", listen,
                  "HOST:PORT to listen on (default 127.0.0.1:3128; [::1]:PORT for IPv6). Only this "
-                 "machine may connect unless --allow says otherwise");
+                 "machine may connect unless --allow says otherwise. Ignored when started by "
+                 "socket activation (LISTEN_FDS=1: the socket on fd 3)");
   app.add_option("--mount", mount, "the ghostfs mount point whose cache the proxy uses (required)");
   app.add_option(
       "--control", control,
@@ -92,7 +97,7 @@ int main(int argc, char** argv) {
       "the name this proxy gives itself in Via, used to detect loops (default HOSTNAME:PORT)");
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "ghostproxy: %s (see --help)\n", e.what());
@@ -145,6 +150,10 @@ int main(int argc, char** argv) {
   ghost::Result<std::string> control_path = ghost::FindControlPath(o.control_path, o.mountpoint);
   if (!control_path.ok()) return fail(control_path.status().message(), 2);
   o.control_path = *control_path;
+  // Started by a .socket unit: accept on its socket instead of binding --listen.
+  ghost::Result<int> inherited = ghost::TakeInheritedListenSocket();
+  if (!inherited.ok()) return fail(inherited.status().message(), 2);
+  o.proxy.listen_fd = *inherited;
 
   // Every connection, refused ones included while their answer goes out, is a descriptor, and
   // so is each origin connection: the usual soft limit of 1024 is below what the defaults need.

@@ -72,10 +72,21 @@ Impl::~Impl() {
 Status Impl::Listen() {
   sockaddr_storage ss{};
   const socklen_t len = options.listen.ToSockaddr(&ss);
-  evconnlistener* l = evconnlistener_new_bind(
-      base, &Impl::OnAccept, this,
-      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
-      /*backlog=*/-1, reinterpret_cast<const sockaddr*>(&ss), static_cast<int>(len));
+  evconnlistener* l = nullptr;
+  if (options.listen_fd >= 0) {
+    // Inherited (socket activation): already bound and listening; it may block, libevent
+    // needs it non-blocking.
+    evutil_make_socket_nonblocking(options.listen_fd);
+    l = evconnlistener_new(base, &Impl::OnAccept, this,
+                           LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, /*backlog=*/0,
+                           options.listen_fd);
+    if (l == nullptr) return Status::FromErrno(errno, "cannot accept on the inherited socket");
+  } else {
+    l = evconnlistener_new_bind(
+        base, &Impl::OnAccept, this,
+        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+        /*backlog=*/-1, reinterpret_cast<const sockaddr*>(&ss), static_cast<int>(len));
+  }
   if (l == nullptr) {
     const int err = errno;
     if (err == EADDRINUSE) {
@@ -92,6 +103,10 @@ Status Impl::Listen() {
   socklen_t got_len = sizeof got;
   bound = options.listen;
   if (getsockname(evconnlistener_get_fd(l), reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
+    if (options.listen_fd >= 0) {
+      Result<IpAddress> ip = IpAddress::FromSockaddr(reinterpret_cast<sockaddr*>(&got), got_len);
+      if (ip.ok()) bound.host = *ip;
+    }
     bound.port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
                                                 : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
   }

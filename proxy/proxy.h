@@ -61,6 +61,9 @@ class Impl;
 struct ProxyOptions {
   // Where to listen; port 0 lets the kernel choose (see Proxy::address()).
   ListenAddress listen = *ListenAddress::Parse("127.0.0.1:3128");
+  // A socket already bound and listening (socket activation, proxy/socket_activation.h):
+  // the proxy accepts on it and takes ownership; `listen` is then ignored. -1: bind `listen`.
+  int listen_fd = -1;
   // Clients allowed to connect besides this machine's (DefaultAllowList(): 127.0.0.1, ::1,
   // always admitted).
   std::vector<Cidr> allow;

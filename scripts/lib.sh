@@ -17,6 +17,8 @@ GHOST_PACKAGES=(
   openssl  # tests/integration/ghostfs_imap_bad_test.py: a CA and server certificate for imaps://
   clang  # tests/proxy/fuzz_http1.sh: libFuzzer with ASan/UBSan (suite "fuzz")
   libnetfilter-queue-dev iptables iputils-ping
+  scdoc  # doc/*.scd: the man pages, built at install
+  dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

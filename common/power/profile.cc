@@ -7,9 +7,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
-#ifndef GHOST_PROFILE_DIR
-#define GHOST_PROFILE_DIR "common/profiles"
-#endif
+#include "common/build_info.h"
 
 namespace ghost {
 namespace {
@@ -105,7 +103,17 @@ Result<std::string> ResolveProfile(const std::string& name_or_path, const std::s
   if (fs::exists(path)) return path;
   std::string list;
   for (const std::string& n : ListProfiles(dir)) list += (list.empty() ? "" : ", ") + n;
-  return Status::NotFound("unknown profile \"" + name_or_path + "\" (available: " + list + ")");
+  if (!list.empty()) {
+    return Status::NotFound("unknown profile \"" + name_or_path + "\" in " + dir +
+                            " (available: " + list + ")");
+  }
+  // No profiles at all: say every place the default search tried.
+  std::string looked;
+  for (const std::string& d : ProfileDirCandidates()) looked += (looked.empty() ? "" : ", ") + d;
+  return Status::NotFound("unknown profile \"" + name_or_path + "\": no profiles in " + dir +
+                          (dir == DefaultProfileDir() ? " (looked in " + looked + ")" : "") +
+                          "; set $GHOST_PROFILE_DIR to the directory of the .toml profiles, "
+                          "or give a profile file's path");
 }
 
 Result<DeviceProfile> DeviceFromTable(const toml::table& t, const std::string& source) {
@@ -230,9 +238,32 @@ const DeviceProfile* MachineProfile::FindDevice(DeviceKind kind) const {
   return nullptr;
 }
 
+std::vector<std::string> ProfileDirCandidates() {
+  if (const char* env = std::getenv("GHOST_PROFILE_DIR"); env && *env) return {env};
+  std::error_code exe_ec, root_ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", exe_ec);
+  // /proc/self/exe has no symlinks; the configured build root may.
+  const std::string build_root = fs::weakly_canonical(GHOST_BUILD_ROOT, root_ec).string() + "/";
+  if (!exe_ec && !root_ec && exe.string().starts_with(build_root)) {
+    return {GHOST_SOURCE_PROFILE_DIR};
+  }
+  std::vector<std::string> dirs;
+  if (!exe_ec && !std::string_view(GHOST_PROFILE_DIR_FROM_BINDIR).empty()) {
+    dirs.push_back((exe.parent_path() / GHOST_PROFILE_DIR_FROM_BINDIR).lexically_normal().string());
+  }
+  if (dirs.empty() || dirs[0] != GHOST_INSTALLED_PROFILE_DIR) {
+    dirs.push_back(GHOST_INSTALLED_PROFILE_DIR);
+  }
+  return dirs;
+}
+
 std::string DefaultProfileDir() {
-  if (const char* env = std::getenv("GHOST_PROFILE_DIR"); env && *env) return env;
-  return GHOST_PROFILE_DIR;
+  const std::vector<std::string> dirs = ProfileDirCandidates();
+  for (const std::string& d : dirs) {
+    std::error_code ec;
+    if (fs::is_directory(d, ec)) return d;
+  }
+  return dirs.front();
 }
 
 std::vector<std::string> ListProfiles(const std::string& dir) {

@@ -108,7 +108,13 @@ struct MachineProfile {
   const DeviceProfile* FindDevice(DeviceKind kind) const;
 };
 
-// Directory of the shipped profiles (set by the build; overridable with $GHOST_PROFILE_DIR).
+// Where the shipped profiles may be, in the order DefaultProfileDir() tries them:
+//   $GHOST_PROFILE_DIR if set (only it);
+//   else, for a program run from its build tree, the source tree's common/profiles;
+//   else (installed) $datadir/ghost/profiles next to the program's own $bindir (so a package
+//   unpacked anywhere finds its copy), then the configured $prefix/$datadir/ghost/profiles.
+std::vector<std::string> ProfileDirCandidates();
+// The first candidate that is a directory; the first candidate when none is.
 std::string DefaultProfileDir();
 
 // Loads a machine profile by name (looked up as DIR/NAME.toml) or by path (anything with a

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 namespace ghost {
 namespace {
 
@@ -122,6 +125,49 @@ TEST(ProfileTest, DeviceProfileBecomesAMachineOnTheIpaq) {
   EXPECT_EQ(m->devices[0].name, "cu140");
   ASSERT_NE(m->FindDevice(DeviceKind::kNetwork), nullptr);
   EXPECT_DOUBLE_EQ(m->base_power.milliwatts(), 1440);
+}
+
+
+TEST(ProfileTest, UnknownProfileNamesTheDirectoryItLookedIn) {
+  Result<MachineProfile> m = LoadMachineProfile("no-such-device", GHOST_PROFILE_DIR);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find(GHOST_PROFILE_DIR), std::string::npos)
+      << m.status().message();
+}
+
+TEST(ProfileTest, EmptyProfileDirectorySaysWhereToPointGhostProfileDir) {
+  const std::string empty = ::testing::TempDir() + "/ghost-no-profiles";
+  std::filesystem::create_directories(empty);
+  Result<MachineProfile> m = LoadMachineProfile("ipaq-2004", empty);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Status::Code::kNotFound);
+  EXPECT_NE(m.status().message().find("no profiles in " + empty), std::string::npos)
+      << m.status().message();
+  EXPECT_NE(m.status().message().find("$GHOST_PROFILE_DIR"), std::string::npos);
+}
+
+TEST(ProfileTest, GhostProfileDirOverridesEveryOtherPlace) {
+  const char* old = std::getenv("GHOST_PROFILE_DIR");
+  const std::string saved = old ? old : "";
+  setenv("GHOST_PROFILE_DIR", "/somewhere/profiles", 1);
+  EXPECT_EQ(ProfileDirCandidates(), std::vector<std::string>{"/somewhere/profiles"});
+  EXPECT_EQ(DefaultProfileDir(), "/somewhere/profiles");
+  if (old) {
+    setenv("GHOST_PROFILE_DIR", saved.c_str(), 1);
+  } else {
+    unsetenv("GHOST_PROFILE_DIR");
+  }
+}
+
+TEST(ProfileTest, ProgramInTheBuildTreeUsesTheSourceTreeProfiles) {
+  // This test binary runs uninstalled, from the build tree.
+  const char* old = std::getenv("GHOST_PROFILE_DIR");
+  const std::string saved = old ? old : "";
+  unsetenv("GHOST_PROFILE_DIR");
+  EXPECT_EQ(DefaultProfileDir(), std::string(GHOST_PROFILE_DIR));
+  Result<MachineProfile> m = LoadMachineProfile("ipaq-2004");
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  if (old) setenv("GHOST_PROFILE_DIR", saved.c_str(), 1);
 }
 
 }  // namespace
