@@ -1,6 +1,9 @@
-// The control socket's operations (DESIGN §4.2; protocol and result shapes in
-// common/control/control.h): status, hint, knob, devices, stats, flush.
+// The control socket's operations (DESIGN §4.2; ops, arguments and result shapes in
+// common/control/protocol.h), dispatched through one table of handlers.
+#include <array>
 #include <chrono>
+#include <utility>
+#include <variant>
 
 #include "common/power/machine.h"
 #include "fs/ghostfs_internal.h"
@@ -75,92 +78,153 @@ void Daemon::PublishModes() {
   control_->Publish("stats", StatsJson());
 }
 
-void Daemon::HandleControl(const nlohmann::json& request, ControlServer::Reply reply) {
-  const std::string op = request.value("op", "");
-  if (op == "devices") return reply(DevicesJson());
-  if (op == "stats") return reply(StatsJson());
-  if (op == "knob") {
-    if (request.contains("value")) {
-      const nlohmann::json& v = request["value"];
-      if (!v.is_number_integer() || v.get<int>() < 0 || v.get<int>() > 100) {
-        return reply.Error("knob: value must be an integer in 0..100");
-      }
-      pm_->SetKnob(v.get<int>());  // every STPM module retunes now
-      PublishModes();
+namespace {
+
+// Whether a table indexed by ControlOp lists the ops in ControlOp's order.
+template <typename Table>
+constexpr bool InOpOrder(const Table& table) {
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    if (static_cast<std::size_t>(table[i].first) != i) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Daemon::HandleControl(const ControlRequest& request, ControlServer::Reply reply) {
+  using OpHandler = void (Daemon::*)(const ControlRequest&, ControlServer::Reply);
+  // The daemon's side of the ops table (common/control/protocol.h), indexed by ControlOp.
+  // subscribe is answered by the server itself.
+  static constexpr std::array<std::pair<ControlOp, OpHandler>, kControlOpCount> kOpHandlers = {{
+      {ControlOp::kStatus, &Daemon::ControlStatus},
+      {ControlOp::kHint, &Daemon::ControlHint},
+      {ControlOp::kKnob, &Daemon::ControlKnob},
+      {ControlOp::kDevices, &Daemon::ControlDevices},
+      {ControlOp::kStats, &Daemon::ControlStats},
+      {ControlOp::kFlush, &Daemon::ControlFlush},
+      {ControlOp::kDropCaches, &Daemon::ControlDropCaches},
+      {ControlOp::kSubscribe, nullptr},
+      {ControlOp::kLookup, &Daemon::ControlStore},
+      {ControlOp::kStore, &Daemon::ControlStore},
+      {ControlOp::kRefresh, &Daemon::ControlStore},
+      {ControlOp::kInvalidate, &Daemon::ControlStore},
+      {ControlOp::kTransfer, &Daemon::ControlStore},
+      {ControlOp::kServed, &Daemon::ControlStore},
+  }};
+  static_assert(InOpOrder(kOpHandlers), "kOpHandlers must list the ops in ControlOp's order");
+  OpHandler handler = kOpHandlers[static_cast<std::size_t>(request.op)].second;
+  if (handler == nullptr) {
+    return reply.Error(std::string(ControlOpName(request.op)) + ": not an op of the daemon");
+  }
+  (this->*handler)(request, std::move(reply));
+}
+
+void Daemon::ControlDevices(const ControlRequest&, ControlServer::Reply reply) {
+  reply(DevicesJson());
+}
+
+void Daemon::ControlStats(const ControlRequest&, ControlServer::Reply reply) {
+  reply(StatsJson());
+}
+
+void Daemon::ControlKnob(const ControlRequest& request, ControlServer::Reply reply) {
+  const KnobArgs& args = std::get<KnobArgs>(request.args);
+  KnobResult out;
+  if (args.value) {
+    out.previous = pm_->knob();
+    pm_->SetKnob(*args.value);  // every STPM module retunes now
+    PublishModes();
+  }
+  out.knob = pm_->knob();
+  reply(out.ToJson());
+}
+
+void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
+  auto start = std::chrono::steady_clock::now();
+  Bytes queued = queue_->queued_bytes();
+  queue_->FlushAll([reply, start, queued] {
+    reply({{"flushed_bytes", queued},
+           {"duration_s",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+  });
+}
+
+void Daemon::ControlDropCaches(const ControlRequest&, ControlServer::Reply reply) {
+  reply({{"dropped", manager_->ForgetMemory()}});
+}
+
+void Daemon::ControlHint(const ControlRequest& request, ControlServer::Reply reply) {
+  const HintArgs& args = std::get<HintArgs>(request.args);
+  DeviceId id = -1;
+  for (DeviceId d : pm_->devices()) {
+    const auto* number = std::get_if<std::int64_t>(&args.device);
+    const auto* name = std::get_if<std::string>(&args.device);
+    if ((number && *number == d) || (name && *name == pm_->device(d).name())) id = d;
+  }
+  if (id < 0) {
+    const auto* name = std::get_if<std::string>(&args.device);
+    return reply.Error("hint: no device " +
+                       (name ? *name : std::to_string(std::get<std::int64_t>(args.device))) +
+                       " (see ghostctl devices)");
+  }
+  switch (args.kind) {
+    case HintKind::kGhost:
+      pm_->SendGhostHint(id, {Seconds(args.time_s), Energy::Joules(args.energy_j)});
+      break;
+    case HintKind::kTransferBegin:
+      pm_->TransferBegin(id);
+      break;
+    case HintKind::kTransferEnd:
+      pm_->TransferEnd(id);
+      break;
+    case HintKind::kBackground:
+      break;
+  }
+  reply(nlohmann::json::object());
+}
+
+void Daemon::ControlStore(const ControlRequest& request, ControlServer::Reply reply) {
+  StoreControl(std::string(ControlOpName(request.op)), request.json, std::move(reply));
+}
+
+void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply reply) {
+  const std::string& path = std::get<StatusArgs>(request.args).path;
+  std::string rel = path;
+  if (!options_.mountpoint.empty() && rel.starts_with(options_.mountpoint)) rel = rel.substr(options_.mountpoint.size());
+  while (rel.starts_with("/")) rel.erase(0, 1);
+  auto slash = rel.find('/');
+  std::string top = rel.substr(0, slash);
+  std::string inside = slash == std::string::npos ? "" : rel.substr(slash + 1);
+  if (inside.find("..") != std::string::npos) return reply.Error("status: " + path + ": '..' is not allowed");
+  for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
+    if (options_.origins[i].name != top) continue;
+    Node probe;
+    probe.kind = NodeKind::kOriginFile;
+    probe.origin = i;
+    probe.path = inside;
+    std::string url = OriginUrl(&probe);
+    const CacheEntry* e = MountEntry(url);
+    nlohmann::json cost = nlohmann::json::object();
+    std::string preference = "network";
+    if (e) {
+      SourceEstimate disk = cost_->Estimate({Source::kDisk, disk_id_}, e->size);
+      SourceEstimate net = cost_->Estimate({Source::kNetwork, net_id_}, e->size);
+      cost["disk"] = {{"time_s", ToSeconds(disk.time)}, {"energy_j", disk.energy.joules()}};
+      cost["network"] = {{"time_s", ToSeconds(net.time)}, {"energy_j", net.energy.joules()}};
+      preference = disk.cost <= net.cost ? "disk" : "network";
     }
-    return reply({{"knob", pm_->knob()}});
+    Node* n = inodes_.FindByPath(NodeKind::kOriginFile, i, inside);
+    auto d = n ? decisions_.find(n->ino) : decisions_.end();
+    return reply({{"path", path},
+                  {"url", url},
+                  {"cached", e != nullptr},
+                  {"state", e ? (preference == "disk" ? "present" : "present-network-preferred") : "absent"},
+                  {"size", e ? nlohmann::json(e->size) : nlohmann::json()},
+                  {"source_preference", preference},
+                  {"last_source", d != decisions_.end() ? d->second.source : "none"},
+                  {"cost", cost}});
   }
-  if (op == "flush") {
-    auto start = std::chrono::steady_clock::now();
-    Bytes queued = queue_->queued_bytes();
-    return queue_->FlushAll([reply, start, queued] {
-      reply({{"flushed_bytes", queued},
-             {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
-    });
-  }
-  if (op == "drop_caches") {
-    return reply({{"dropped", manager_->ForgetMemory()}});
-  }
-  if (op == "hint") {
-    std::string kind = request.value("kind", "");
-    DeviceId id = -1;
-    const nlohmann::json& dev = request.contains("device") ? request["device"] : nlohmann::json();
-    for (DeviceId d : pm_->devices()) {
-      if ((dev.is_number_integer() && dev.get<int>() == d) || (dev.is_string() && dev.get<std::string>() == pm_->device(d).name())) id = d;
-    }
-    if (id < 0) return reply.Error("hint: no device " + dev.dump());
-    double t = request.value("time_s", 0.0), e = request.value("energy_j", 0.0);
-    if (t < 0 || e < 0) return reply.Error("hint: time_s and energy_j must be >= 0");
-    if (kind == "ghost") pm_->SendGhostHint(id, {Seconds(t), Energy::Joules(e)});
-    else if (kind == "transfer_begin") pm_->TransferBegin(id);
-    else if (kind == "transfer_end") pm_->TransferEnd(id);
-    else if (kind != "background") return reply.Error("hint: kind must be ghost, transfer_begin, transfer_end or background");
-    return reply(nlohmann::json::object());
-  }
-  if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate" ||
-      op == "transfer" || op == "served") {
-    return StoreControl(op, request, std::move(reply));
-  }
-  if (op == "status") {
-    std::string path = request.value("path", "");
-    std::string rel = path;
-    if (!options_.mountpoint.empty() && rel.starts_with(options_.mountpoint)) rel = rel.substr(options_.mountpoint.size());
-    while (rel.starts_with("/")) rel.erase(0, 1);
-    auto slash = rel.find('/');
-    std::string top = rel.substr(0, slash);
-    std::string inside = slash == std::string::npos ? "" : rel.substr(slash + 1);
-    if (inside.find("..") != std::string::npos) return reply.Error("status: " + path + ": '..' is not allowed");
-    for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
-      if (options_.origins[i].name != top) continue;
-      Node probe;
-      probe.kind = NodeKind::kOriginFile;
-      probe.origin = i;
-      probe.path = inside;
-      std::string url = OriginUrl(&probe);
-      const CacheEntry* e = MountEntry(url);
-      nlohmann::json cost = nlohmann::json::object();
-      std::string preference = "network";
-      if (e) {
-        SourceEstimate disk = cost_->Estimate({Source::kDisk, disk_id_}, e->size);
-        SourceEstimate net = cost_->Estimate({Source::kNetwork, net_id_}, e->size);
-        cost["disk"] = {{"time_s", ToSeconds(disk.time)}, {"energy_j", disk.energy.joules()}};
-        cost["network"] = {{"time_s", ToSeconds(net.time)}, {"energy_j", net.energy.joules()}};
-        preference = disk.cost <= net.cost ? "disk" : "network";
-      }
-      Node* n = inodes_.FindByPath(NodeKind::kOriginFile, i, inside);
-      auto d = n ? decisions_.find(n->ino) : decisions_.end();
-      return reply({{"path", path},
-                    {"url", url},
-                    {"cached", e != nullptr},
-                    {"state", e ? (preference == "disk" ? "present" : "present-network-preferred") : "absent"},
-                    {"size", e ? nlohmann::json(e->size) : nlohmann::json()},
-                    {"source_preference", preference},
-                    {"last_source", d != decisions_.end() ? d->second.source : "none"},
-                    {"cost", cost}});
-    }
-    return reply.Error("status: " + path + ": no such file in the mount (not under an origin)");
-  }
-  reply.Error("unknown op \"" + op + "\"");
+  reply.Error("status: " + path + ": no such file in the mount (not under an origin)");
 }
 
 }  // namespace ghost

@@ -1,7 +1,12 @@
 // ghostctl: the command-line client of ghostfs's control socket (DESIGN §4.2; the protocol and
 // the shapes of the results are in common/control/control.h).
 //
-//   ghostctl [--control PATH] [--json] devices | knob [K] | stats | status PATH | flush | watch
+//   ghostctl [--mount MNT | --control PATH] [--json]
+//            devices | knob [K] | stats | status PATH | flush | watch
+//
+// Which ghostfs: --control PATH, else the one mounted at MNT (its socket is derived from the
+// mount point: MountControlPath, common/control/control.h), else $GHOST_CONTROL, else the only
+// ghostfs mounted; with none of these, a message says what was tried.
 //
 // Human-readable output by default, the raw JSON result with --json. `watch` subscribes to
 // mode changes and stats and redraws on every pushed event; it never polls the daemon.
@@ -13,6 +18,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cassert>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +32,7 @@
 
 #include "common/build_info.h"
 #include "common/control/control.h"
+#include "common/control/protocol.h"
 #include "common/base/units.h"
 
 namespace {
@@ -237,8 +244,10 @@ std::string StatusText(const json& r) {
 }
 
 std::string KnobText(const json& r) {
-  std::string out = "knob " + CountText(Number(r, {"knob"}));
-  if (auto prev = Number(r, {"previous"})) out += " (was " + CountText(prev) + ")";
+  ghost::Result<ghost::KnobResult> k = ghost::KnobResult::FromJson(r);
+  if (!k.ok()) return "knob " + Text(r, {"knob"}) + "\n";
+  std::string out = "knob " + std::to_string(k->knob);
+  if (k->previous) out += " (was " + std::to_string(*k->previous) + ")";
   return out + "\n";
 }
 
@@ -357,17 +366,17 @@ class SignalEvents {
 int Watch(ghost::ControlClient& client, const std::string& control, bool raw_json) {
   SignalEvents signals;
   if (signals.fd() < 0) return Failed(std::string("signalfd: ") + std::strerror(errno));
-  auto sub = client.Call("subscribe", {{"topics", {"modes", "stats"}}}, kCallTimeout);
+  auto sub = client.Call(ghost::ControlOp::kSubscribe, {{"topics", {"modes", "stats"}}}, kCallTimeout);
   if (!sub.ok()) return Failed(sub.status().message());
 
   // The snapshots and the events share one ordered stream: events queued before a snapshot's
   // reply are older than it. Mode events before the devices reply and stats events before the
   // stats reply are dropped; mode events between the two replies are newer, and kept.
   WatchView view;
-  auto devices = client.Call("devices", json::object(), kCallTimeout);
+  auto devices = client.Call(ghost::ControlOp::kDevices, json::object(), kCallTimeout);
   if (!devices.ok()) return Failed(devices.status().message());
   client.DiscardQueuedEvents();
-  auto stats = client.Call("stats", json::object(), kCallTimeout);
+  auto stats = client.Call(ghost::ControlOp::kStats, json::object(), kCallTimeout);
   if (!stats.ok()) return Failed(stats.status().message());
   if (devices->is_array()) view.devices = *devices;
   if (stats->is_object()) view.stats = *stats;
@@ -421,19 +430,25 @@ int Watch(ghost::ControlClient& client, const std::string& control, bool raw_jso
   return 0;
 }
 
-// "70" → 70; anything but an integer in 0..100 is a usage error.
-bool ParseKnob(const std::string& text, int* knob) {
-  std::size_t used = 0;
-  int k = -1;
-  try {
-    k = std::stoi(text, &used);
-  } catch (...) {
-    return false;
-  }
-  if (used != text.size() || k < 0 || k > 100) return false;
-  *knob = k;
-  return true;
-}
+// The commands that make one call: the op each sends and how its result is printed.
+struct Command {
+  const char* name;
+  const char* help;
+  ghost::ControlOp op;
+  std::string (*text)(const json& result);
+  bool waits;  // no time limit: the reply comes when the device has done the work
+};
+const Command kCommands[] = {
+    {"devices", "devices, their power modes and policies", ghost::ControlOp::kDevices, &DevicesText,
+     false},
+    {"knob", "print the knob K, or set it to K", ghost::ControlOp::kKnob, &KnobText, false},
+    {"stats", "energy and activity since ghostfs started", ghost::ControlOp::kStats, &StatsText,
+     false},
+    {"status", "cache status of a file in the mount", ghost::ControlOp::kStatus, &StatusText,
+     false},
+    {"flush", "write deferred writes to their devices now", ghost::ControlOp::kFlush, &FlushText,
+     true},
+};
 
 }  // namespace
 
@@ -446,26 +461,28 @@ int main(int argc, char** argv) {
       "  stats          uptime, energy, requests by source, ghost hints, write queue, cache\n"
       "  status PATH    cache status of a file in the mount\n"
       "  flush          write deferred writes now (waits until they are on the device)\n"
-      "  watch          live view of device modes, energy and requests (Ctrl-C quits)"};
+      "  watch          live view of device modes, energy and requests (Ctrl-C quits)\n\n"
+      "Which ghostfs: --control PATH, else the one mounted at --mount MNT, else "
+      "$GHOST_CONTROL, else the only ghostfs mounted."};
   app.set_version_flag("--version", std::string("ghostctl ") + GHOST_VERSION,
                        "print the version and exit");
-  std::string control = ghost::DefaultControlPath();
+  std::string control, mount;
   bool raw_json = false;
-  app.add_option("--control", control, "control socket of ghostfs ($GHOST_CONTROL)")
-      ->capture_default_str();
+  app.add_option("--control", control,
+                 "control socket of ghostfs (only needed if ghostfs was started with --control)");
+  app.add_option("--mount", mount, "the ghostfs mount point; its control socket is found from it");
   app.add_flag("--json", raw_json, "print the raw JSON result");
   app.require_subcommand(1, 1);
   app.fallthrough();  // so `ghostctl stats --json` works as well as `ghostctl --json stats`
 
-  CLI::App* devices = app.add_subcommand("devices", "devices, their power modes and policies");
-  CLI::App* knob = app.add_subcommand("knob", "print the knob K, or set it to K");
+  std::vector<CLI::App*> subcommands;
+  for (const Command& c : kCommands) subcommands.push_back(app.add_subcommand(c.name, c.help));
+  CLI::App* knob = subcommands[1];
+  CLI::App* status = subcommands[3];
   std::string knob_text;
   knob->add_option("K", knob_text, "new knob value, 0 (save energy) .. 100 (performance)");
-  CLI::App* stats = app.add_subcommand("stats", "energy and activity since ghostfs started");
-  CLI::App* status = app.add_subcommand("status", "cache status of a file in the mount");
   std::string status_path;
   status->add_option("PATH", status_path, "a file in the mount")->required();
-  CLI::App* flush = app.add_subcommand("flush", "write deferred writes to their devices now");
   CLI::App* watch = app.add_subcommand("watch", "live view; redrawn on every change");
   try {
     app.parse(argc, argv);
@@ -475,49 +492,45 @@ int main(int argc, char** argv) {
     return Usage(e.what());
   }
 
-  int knob_value = -1;
-  if (knob->parsed() && !knob_text.empty() && !ParseKnob(knob_text, &knob_value)) {
-    return Usage("knob: \"" + knob_text + "\" is not a knob value in 0..100 " +
-                 "(0 saves energy, 100 performance)");
+  json args = json::object();
+  if (knob->parsed() && !knob_text.empty()) {
+    ghost::Result<int> k = ghost::ParseKnobText(knob_text);
+    if (!k.ok()) return Usage("knob: " + k.status().message());
+    args["value"] = *k;
   }
   if (status->parsed()) {
     std::error_code ec;
     std::filesystem::path abs = std::filesystem::absolute(status_path, ec);
-    if (!ec) status_path = abs.lexically_normal().string();
+    args["path"] = ec ? status_path : abs.lexically_normal().string();
   }
 
-  ghost::Result<ghost::ControlClient> client = ghost::ControlClient::Connect(control);
-  if (!client.ok()) return Failed(client.status().message());
+  ghost::Result<std::string> path = ghost::FindControlPath(control, mount);
+  if (!path.ok()) return Failed(path.status().message());
+  ghost::Result<ghost::ControlClient> client = ghost::ControlClient::Connect(*path);
+  if (!client.ok()) {
+    std::string msg = client.status().message();
+    if (control.empty() && !mount.empty()) {
+      msg += "; the control socket of the ghostfs at " + mount + " (if it was started with " +
+             "--control, pass the same --control here)";
+    }
+    return Failed(msg);
+  }
 
-  if (watch->parsed()) return Watch(*client, control, raw_json);
+  if (watch->parsed()) return Watch(*client, *path, raw_json);
 
-  std::string op;
-  json args = json::object();
-  std::optional<ghost::Duration> timeout = kCallTimeout;
-  if (devices->parsed()) op = "devices";
-  if (stats->parsed()) op = "stats";
-  if (knob->parsed()) {
-    op = "knob";
-    if (knob_value >= 0) args["value"] = knob_value;
+  const Command* command = nullptr;
+  for (std::size_t i = 0; i < subcommands.size(); ++i) {
+    if (subcommands[i]->parsed()) command = &kCommands[i];
   }
-  if (status->parsed()) {
-    op = "status";
-    args["path"] = status_path;
-  }
-  if (flush->parsed()) {
-    op = "flush";
-    timeout.reset();  // as long as the device takes to wake and write
-  }
-  ghost::Result<json> result = client->Call(op, args, timeout);
+  assert(command != nullptr);
+  std::optional<ghost::Duration> timeout;
+  if (!command->waits) timeout = kCallTimeout;
+  ghost::Result<json> result = client->Call(command->op, args, timeout);
   if (!result.ok()) return Failed(result.status().message());
   if (raw_json) {
     std::cout << result->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-    return 0;
+  } else {
+    std::cout << command->text(*result);
   }
-  if (op == "devices") std::cout << DevicesText(*result);
-  if (op == "stats") std::cout << StatsText(*result);
-  if (op == "knob") std::cout << KnobText(*result);
-  if (op == "status") std::cout << StatusText(*result);
-  if (op == "flush") std::cout << FlushText(*result);
   return 0;
 }

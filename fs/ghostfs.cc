@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base/mounts.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 
@@ -115,6 +116,15 @@ Status Daemon::OpenCache() {
   std::error_code ec;
   std::filesystem::create_directories(options_.cache_dir, ec);
   if (ec) return Status::IoError("cannot create cache directory " + options_.cache_dir + ": " + ec.message());
+  // One daemon per cache directory: two would write one index and one set of bodies. Held
+  // until exit (by the daemonised child after the fork; Run records its pid).
+  Result<PidLock> lock = PidLock::Acquire(options_.cache_dir + "/lock");
+  if (!lock.ok()) {
+    if (lock.status().code() != Status::Code::kExists) return lock.status();
+    return Status::Exists("cache directory " + options_.cache_dir + " is in use by another ghostfs (" +
+                          lock.status().message() + "); stop that ghostfs, or give this one another --cache");
+  }
+  cache_lock_.emplace(std::move(lock).value());
 
   Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base_);
   if (uring.ok()) {
@@ -155,7 +165,75 @@ Status Daemon::OpenCache() {
   return Status::Ok();
 }
 
+namespace {
+
+// Refuses a mount point that already is a FUSE mount (a ghostfs, or one whose daemon died):
+// mounting on top would stack silently and hide it.
+Status CheckMountPoint(const std::string& mountpoint) {
+  struct stat st {};
+  if (::stat(mountpoint.c_str(), &st) != 0) {
+    if (errno == ENOTCONN) {
+      return Status::Exists(mountpoint + " is a FUSE mount whose daemon has gone; unmount it first " +
+                            "(fusermount3 -u " + mountpoint + ")");
+    }
+    return Status::Ok();  // fuse_session_mount reports a missing mount point
+  }
+  std::error_code ec;
+  std::filesystem::path real = std::filesystem::canonical(mountpoint, ec);
+  if (ec) return Status::Ok();
+  std::optional<MountInfo> m = MountAt(real.string());
+  if (!m || !m->fstype.starts_with("fuse")) return Status::Ok();
+  std::string what = m->fstype == "fuse.ghost" ? std::string("a ghostfs")
+                                                : "a FUSE file system (" + m->fstype + ")";
+  return Status::Exists(mountpoint + " is already the mount point of " + what +
+                        "; unmount it first (fusermount3 -u " + mountpoint +
+                        ") or choose another mount point");
+}
+
+// fuse_daemonize(3), except that the child names itself in the cache lock (which it inherited
+// with the fork) before the parent exits: once `ghostfs` returns to the shell, CACHE/lock names
+// the process that serves. In the child: returns true (detached, in /, stdio on /dev/null). The
+// parent exits 0 once the child is ready, 1 if it died first. False if the fork failed.
+bool Daemonize(PidLock* lock) {
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) {
+    std::perror("ghostfs: pipe");
+    return false;
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    std::perror("ghostfs: fork");
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return false;
+  }
+  if (pid > 0) {
+    ::close(ready[1]);
+    char done = 1;
+    ssize_t n;
+    while ((n = ::read(ready[0], &done, 1)) < 0 && errno == EINTR) {
+    }
+    ::_exit(n == 1 && done == 0 ? 0 : 1);
+  }
+  ::close(ready[0]);
+  ::setsid();
+  if (::chdir("/") != 0) std::perror("ghostfs: chdir /");
+  int null = ::open("/dev/null", O_RDWR);
+  if (null >= 0) {
+    for (int fd = 0; fd <= 2; ++fd) ::dup2(null, fd);
+    if (null > 2) ::close(null);
+  }
+  if (lock != nullptr) (void)lock->RecordPid();
+  char done = 0;
+  (void)!::write(ready[1], &done, 1);
+  ::close(ready[1]);
+  return true;
+}
+
+}  // namespace
+
 Status Daemon::Init() {
+  if (Status s = CheckMountPoint(options_.mountpoint); !s.ok()) return s;
   base_ = MakeEventBase();
   if (!base_) return Status::Internal("cannot create the event loop");
   clock_ = std::make_unique<RealClock>(base_);
@@ -171,12 +249,20 @@ Status Daemon::Init() {
 }
 
 Status Daemon::StartControl() {
-  if (options_.control_path.empty()) return Status::Ok();
+  // Always a control socket: without --control, the one ghostctl and ghostproxy derive from
+  // the mount point (MountControlPath, common/control/control.h), in a directory only we use.
   std::error_code ec;
+  if (options_.control_path.empty()) {
+    options_.control_path = MountControlPath(options_.mountpoint);
+    const std::filesystem::path dir = std::filesystem::path(options_.control_path).parent_path();
+    if (std::filesystem::create_directories(dir, ec)) {
+      std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
+    }
+  }
   std::filesystem::create_directories(std::filesystem::path(options_.control_path).parent_path(), ec);
   Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
       base_, options_.control_path,
-      [this](const nlohmann::json& request, ControlServer::Reply reply) { HandleControl(request, std::move(reply)); });
+      [this](const ControlRequest& request, ControlServer::Reply reply) { HandleControl(request, std::move(reply)); });
   if (!server.ok()) return server.status();
   control_ = std::move(server).value();
   return Status::Ok();
@@ -787,7 +873,7 @@ int Daemon::Run() {
   }
   mail_->Start();
   if (!ec) RaiseReadAhead(mount_path);
-  if (!options_.foreground && fuse_daemonize(0) != 0) {
+  if (!options_.foreground && !Daemonize(cache_lock_ ? &*cache_lock_ : nullptr)) {
     fuse_session_unmount(se_);
     fuse_session_destroy(se_);
     return 1;

@@ -24,6 +24,7 @@
 #include "common/cache/cache_store.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
+#include "common/base/pid_lock.h"
 #include "common/control/control.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
@@ -271,7 +272,18 @@ class Daemon final : public GhostFs {
                        const std::vector<std::pair<std::string, mode_t>>& entries);
 
   // ---- control socket (control_ops.cc) ----
-  void HandleControl(const nlohmann::json& request, ControlServer::Reply reply);
+  // Dispatches a checked request (common/control/protocol.h) through the ops table to one of
+  // the Control* handlers below; each replies exactly once.
+  void HandleControl(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlStatus(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlHint(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlKnob(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlDevices(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlStats(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlFlush(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlDropCaches(const ControlRequest& request, ControlServer::Reply reply);
+  // lookup, store, refresh, invalidate, transfer, served: the shared store (store_tree.cc).
+  void ControlStore(const ControlRequest& request, ControlServer::Reply reply);
   nlohmann::json DevicesJson() const;
   nlohmann::json StatsJson() const;
   void PublishModes();
@@ -296,6 +308,7 @@ class Daemon final : public GhostFs {
   std::unique_ptr<WriteQueue> queue_;
   std::unique_ptr<HttpFetcher> http_;
   std::unique_ptr<ControlServer> control_;
+  std::optional<PidLock> cache_lock_;  // CACHE/lock, held while this daemon serves
   std::unique_ptr<FusePassthrough> passthrough_;  // always set after Init; kOff unless attached
   InodeTable inodes_;
   fuse_session* se_ = nullptr;

@@ -1,6 +1,7 @@
 // ghostfs: mounts the energy-aware caching file system. See `ghostfs --help`.
 //
-// Exit codes: 0 clean unmount, 1 runtime failure (mount, cache), 2 bad options or config.
+// Exit codes: 0 clean unmount, 1 runtime failure (mount, cache, the cache directory in use by
+// another ghostfs, a mount point that already is a FUSE mount), 2 bad options or config.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -8,6 +9,8 @@
 
 #include "common/build_info.h"
 #include "common/config/config.h"
+#include "common/control/control.h"
+#include "common/control/protocol.h"
 #include "common/power/profile.h"
 #include "fs/ghostfs.h"
 #include "fs/mount_args.h"
@@ -50,7 +53,10 @@ int main(int argc, char** argv) {
   app.add_flag(
       "--no-ghost-hints", no_ghost_hints,
       "adaptive policy: choose sources by cost but never send the ideal device a ghost hint");
-  app.add_option("--control", o.control_path, "Unix socket for ghostctl (mode 0600), e.g. /run/ghost/control.sock");
+  app.add_option("--control", o.control_path,
+                 "Unix socket for ghostctl and ghostproxy (mode 0600). Default: a path derived from "
+                 "the mount point (" + ghost::ControlRunDir() + "/NAME-HASH.sock), which "
+                 "`ghostctl --mount MOUNTPOINT` and `ghostproxy --mount MOUNTPOINT` find on their own");
   app.add_option("--config", config, "TOML file with the same settings (see common/config/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
@@ -135,13 +141,9 @@ int main(int argc, char** argv) {
     if (ghost::Status s = ghost::ApplyPasswordFile(spec, &o); !s.ok()) return fail(s.message());
   }
   if (!knob_text.empty()) {
-    try {
-      std::size_t used = 0;
-      o.knob = std::stoi(knob_text, &used);
-      if (used != knob_text.size()) throw std::invalid_argument(knob_text);
-    } catch (...) {
-      return fail("--knob \"" + knob_text + "\" is not a number in 0..100");
-    }
+    ghost::Result<int> k = ghost::ParseKnobText(knob_text);  // the control protocol's range
+    if (!k.ok()) return fail("--knob " + k.status().message());
+    o.knob = *k;
   }
   if (!policy_text.empty()) {
     ghost::Result<ghost::Policy> p = ghost::ParsePolicy(policy_text);

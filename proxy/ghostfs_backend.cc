@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/control/control.h"
+#include "common/control/protocol.h"
 #include "common/base/file_io.h"
 #include "common/http/http_message.h"
 #include "common/base/uring_file_io.h"
@@ -63,22 +64,17 @@ json StoreArgs(const std::string& key, const StoredResponse& head) {
 }
 
 // A stored head for an object ghostfs fetched itself (no "response" in the index).
-StoredResponse HeadFromIndex(const json& r) {
+StoredResponse HeadFromIndex(const LookupResult& r) {
   StoredResponse head;
   head.status = 200;
-  head.size = r.value("size", Bytes{0});
-  for (const char* field : {"content_type", "etag", "last_modified"}) {
-    std::string value = r.contains(field) && r[field].is_string() ? r[field].get<std::string>() : "";
-    if (value.empty()) continue;
-    std::string name = std::string(field) == "content_type" ? "Content-Type"
-                       : std::string(field) == "etag"       ? "ETag"
-                                                            : "Last-Modified";
-    head.headers.emplace_back(name, value);
+  head.size = r.size;
+  for (const auto& [name, value] : {std::pair<const char*, const std::string&>{"Content-Type", r.content_type},
+                                    {"ETag", r.etag},
+                                    {"Last-Modified", r.last_modified}}) {
+    if (!value.empty()) head.headers.emplace_back(name, value);
   }
   head.stored_unix = UnixNow();
-  if (r.contains("expires_unix") && r["expires_unix"].is_number_integer()) {
-    head.expires_unix = r["expires_unix"].get<std::int64_t>();
-  }
+  head.expires_unix = r.expires_unix;
   return head;
 }
 
@@ -256,19 +252,20 @@ class GhostfsBackend final : public CacheBackend {
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
     if (!MemoryUsable() && !subscribing_) Subscribe();
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call("lookup", {{"key", key}}, [this, alive, key, done = std::move(done)](Result<json> r) {
+    ctl_->Call(ControlOp::kLookup, {{"key", key}}, [this, alive, key, done = std::move(done)](Result<json> r) {
       if (alive.expired()) return;
       if (!r.ok()) return done(r.status());
+      Result<LookupResult> found = LookupResult::FromJson(*r);
+      if (!found.ok()) return done(found.status());
       CacheLookup out;
-      if (!r->value("cached", false)) {
+      if (!found->cached) {
         paths_.erase(key);
         return done(out);
       }
-      std::string response = r->value("response", "");
-      if (response.empty()) {
-        out.response = HeadFromIndex(*r);
+      if (found->response.empty()) {
+        out.response = HeadFromIndex(*found);
       } else {
-        Result<StoredResponse> head = ParseStoredResponse(response);
+        Result<StoredResponse> head = ParseStoredResponse(found->response);
         if (!head.ok()) {
           LogError("the stored head of " + key + " is unreadable; treating it as not cached", head.status());
           return done(CacheLookup{});
@@ -276,15 +273,15 @@ class GhostfsBackend final : public CacheBackend {
         out.response = std::move(*head);
       }
       out.cached = true;
-      out.response.size = r->value("size", Bytes{0});
-      out.choice = r->value("choice", "disk") == "network" ? CacheChoice::kNetwork : CacheChoice::kDisk;
-      out.ghost_hint = r->value("ghost_hint", false);
+      out.response.size = found->size;
+      out.choice = found->choice == LookupChoice::kNetwork ? CacheChoice::kNetwork : CacheChoice::kDisk;
+      out.ghost_hint = found->ghost_hint;
       // The body file itself when the daemon offers it (same bytes, already charged to the
       // emulated disk; no FUSE round trips), else the mount's .ghost/objects path.
       BodyPaths& p = paths_[key];
       p = BodyPaths{};
-      p.body = r->value("body_path", "");
-      p.mount = r->value("path", "");
+      p.body = found->body_path;
+      p.mount = found->path;
       // A whole body read after this answer may be kept in RAM, unless anything changes
       // before the read completes (the answer and the events come in order on one socket).
       if (MemoryUsable() && out.response.size <= memory_.max_object()) {
@@ -336,25 +333,26 @@ class GhostfsBackend final : public CacheBackend {
     state->backend_alive = alive_;
     std::weak_ptr<FillState> weak = state;
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call("store", StoreArgs(key, head), [weak, alive, key](Result<json> r) {
+    ctl_->Call(ControlOp::kStore, StoreArgs(key, head), [weak, alive, key](Result<json> r) {
       if (alive.expired()) return;
       auto st = weak.lock();
       if (!st) return;  // the writer went away before the daemon answered: nothing to hand over
-      if (!r.ok() || !r->contains("path")) {
-        st->status = r.ok() ? Status::Internal("store reply without a path") : r.status();
+      Result<std::string> path = r.ok() ? StorePathFromJson(*r) : Result<std::string>(r.status());
+      if (!path.ok()) {
+        st->status = path.status();
         LogError("not storing " + key, st->status);
         st->answered = true;
         st->MaybeFinish();
         return;
       }
-      st->Start((*r)["path"].get<std::string>());
+      st->Start(*path);
     });
     return std::make_unique<GhostfsWriter>(state);
   }
 
   void Refresh(const std::string& key, const StoredResponse& head) override {
     Changed(key);  // the next lookup brings the new head (and may keep it again)
-    ctl_->Call("refresh", StoreArgs(key, head), [key](Result<json> r) {
+    ctl_->Call(ControlOp::kRefresh, StoreArgs(key, head), [key](Result<json> r) {
       if (!r.ok()) LogError("refreshing " + key, r.status());
     });
   }
@@ -362,7 +360,7 @@ class GhostfsBackend final : public CacheBackend {
   void Invalidate(const std::string& key) override {
     Changed(key);
     paths_.erase(key);
-    ctl_->Call("invalidate", {{"key", key}}, [key](Result<json> r) {
+    ctl_->Call(ControlOp::kInvalidate, {{"key", key}}, [key](Result<json> r) {
       if (!r.ok()) LogError("invalidating " + key, r.status());
     });
   }
@@ -374,15 +372,15 @@ class GhostfsBackend final : public CacheBackend {
     std::uint64_t local = next_transfer_++;
     transfers_[local];
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call("transfer", {{"phase", "begin"}}, [this, alive, local](Result<json> r) {
+    ctl_->Call(ControlOp::kTransfer, {{"phase", "begin"}}, [this, alive, local](Result<json> r) {
       if (alive.expired()) return;
       auto it = transfers_.find(local);
       if (it == transfers_.end()) return;
-      if (r.ok() && r->contains("transfer") && (*r)["transfer"].is_number_unsigned()) {
-        it->second.id = (*r)["transfer"].get<std::uint64_t>();
+      Result<std::uint64_t> id = r.ok() ? TransferIdFromJson(*r) : Result<std::uint64_t>(r.status());
+      if (id.ok()) {
+        it->second.id = *id;
       } else {
-        LogError("starting a transfer",
-                 r.ok() ? Status::Internal("no id in the reply") : r.status());
+        LogError("starting a transfer", id.status());
       }
       it->second.known = true;
       auto waiting = std::move(it->second.waiting);
@@ -396,7 +394,7 @@ class GhostfsBackend final : public CacheBackend {
       auto it = transfers_.find(transfer);
       if (it == transfers_.end() || !it->second.id) return Defer(base_, std::move(done));
       std::weak_ptr<bool> alive = alive_;
-      ctl_->Call("transfer",
+      ctl_->Call(ControlOp::kTransfer,
                  {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}},
                  [alive, done = std::move(done)](Result<json> r) {
                    if (alive.expired()) return;
@@ -413,7 +411,7 @@ class GhostfsBackend final : public CacheBackend {
       std::optional<std::uint64_t> id = it->second.id;
       transfers_.erase(it);
       if (!id) return;
-      ctl_->Call("transfer", {{"phase", "end"}, {"transfer", *id}}, [](Result<json> r) {
+      ctl_->Call(ControlOp::kTransfer, {{"phase", "end"}, {"transfer", *id}}, [](Result<json> r) {
         if (!r.ok()) LogError("ending a transfer", r.status());
       });
     });
@@ -485,7 +483,7 @@ class GhostfsBackend final : public CacheBackend {
     if (memory_.capacity() == 0 || subscribe_refused_) return;
     subscribing_ = true;
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call("subscribe", {{"topics", {"objects"}}}, [this, alive](Result<json> r) {
+    ctl_->Call(ControlOp::kSubscribe, {{"topics", {"objects"}}}, [this, alive](Result<json> r) {
       if (alive.expired()) return;
       subscribing_ = false;
       if (!r.ok()) {
@@ -501,10 +499,12 @@ class GhostfsBackend final : public CacheBackend {
   }
 
   void OnControlEvent(const json& event) {
-    if (event.value("event", "") != "objects") return;
-    const json& data = event.contains("data") ? event["data"] : json();
-    if (!data.is_object() || !data.contains("key") || !data["key"].is_string()) return;
-    Changed(data["key"].get<std::string>());
+    auto topic = event.find("event");
+    if (topic == event.end() || !topic->is_string() || *topic != "objects") return;
+    auto data = event.find("data");
+    if (data == event.end()) return;
+    Result<std::string> key = ObjectsEventKey(*data);
+    if (key.ok()) Changed(*key);
   }
 
   // `key` changed or left the daemon's cache (or is about to, by our own hand).
@@ -527,7 +527,7 @@ class GhostfsBackend final : public CacheBackend {
     if (served_.empty()) return;
     json memory = json::object();
     for (const auto& [key, n] : served_) memory[key] = n;
-    ctl_->Call("served", {{"memory", std::move(memory)}, {"bytes", served_bytes_}},
+    ctl_->Call(ControlOp::kServed, {{"memory", std::move(memory)}, {"bytes", served_bytes_}},
                [](Result<json> r) {
                  if (!r.ok()) LogError("reporting reads served from RAM", r.status());
                });

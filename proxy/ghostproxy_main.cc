@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   app.add_option("--mount", mount, "the ghostfs mount point whose cache the proxy uses (required)");
   app.add_option(
       "--control", control,
-      "that ghostfs's control socket (default $GHOST_CONTROL or /run/ghost/control.sock)");
+      "that ghostfs's control socket, only needed if ghostfs was started with --control "
+      "(default: the one ghostfs listens on for --mount, found from the mount point)");
   app.add_option(
       "--config", config,
       "TOML file with these settings and more (see proxy/proxy_config.h); the command line wins");
@@ -120,7 +121,6 @@ int main(int argc, char** argv) {
   }
   if (!mount.empty()) o.mountpoint = mount;
   if (!control.empty()) o.control_path = control;
-  if (o.control_path.empty()) o.control_path = ghost::DefaultControlPath();
   if (!access_log.empty()) o.proxy.access_log = access_log;
   if (!via.empty()) o.proxy.via_name = via;
   if (max_connections > 0) o.proxy.max_connections = max_connections;
@@ -146,6 +146,10 @@ int main(int argc, char** argv) {
     o.proxy.connect_ports = *ports;
   }
   if (ghost::Status s = ghost::Validate(o); !s.ok()) return fail(s.message(), 2);
+  // --control (or the config's control) if given, else the socket of the ghostfs at --mount.
+  ghost::Result<std::string> control_path = ghost::FindControlPath(o.control_path, o.mountpoint);
+  if (!control_path.ok()) return fail(control_path.status().message(), 2);
+  o.control_path = *control_path;
   // Started by a .socket unit: accept on its socket instead of binding --listen.
   ghost::Result<int> inherited = ghost::TakeInheritedListenSocket();
   if (!inherited.ok()) return fail(inherited.status().message(), 2);

@@ -46,7 +46,7 @@ namespace ghost {
 struct GhostproxyOptions {
   ProxyOptions proxy;
   std::string mountpoint;
-  std::string control_path;  // empty: DefaultControlPath() (common/control/control.h)
+  std::string control_path;  // empty: the socket of the ghostfs at mountpoint (FindControlPath)
   // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
   // proxy/memory_cache.h); 0 disables it.
   Bytes memory_cache = 64ull << 20;

@@ -60,7 +60,7 @@ struct GhostfsOptions {
   // compared with a simulated one. kStatic or kAdaptive (ParsePolicy).
   Policy policy = Policy::kAdaptive;
   bool ghost_hints = true;   // adaptive only: static sends none
-  std::string control_path;  // empty: no control socket
+  std::string control_path;  // empty: MountControlPath(mountpoint) (common/control/control.h)
   Duration max_stale{0};
   Duration heuristic_freshness = std::chrono::seconds(300);
   Bytes write_queue_cap = 4 * 1024 * 1024;

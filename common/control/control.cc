@@ -4,6 +4,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/listener.h>
+#include <openssl/sha.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -18,10 +19,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <utility>
 #include <vector>
+
+#include "common/base/mounts.h"
 
 namespace ghost {
 namespace {
@@ -37,20 +44,6 @@ std::string ReplyLine(const json& id, const json& result) {
 }
 std::string ErrorLine(const json& id, const std::string& message) {
   return "{\"id\":" + Dump(id) + ",\"ok\":false,\"error\":" + Dump(json(message)) + "}\n";
-}
-
-std::string JoinNames(const auto& names) {
-  std::string out;
-  for (std::string_view n : names) {
-    if (!out.empty()) out += ", ";
-    out += n;
-  }
-  return out;
-}
-
-template <std::size_t N>
-bool IsOneOf(const std::array<std::string_view, N>& names, const std::string& s) {
-  return std::find(names.begin(), names.end(), s) != names.end();
 }
 
 // Owns a file descriptor.
@@ -126,86 +119,57 @@ void IgnoreSigpipeUnlessHandled() {
   }
 }
 
-// Checks the arguments of a request whose op is known; returns what is wrong, or "".
-std::string CheckArguments(const std::string& op, const json& r) {
-  auto non_negative_number = [&](const char* key) {
-    auto it = r.find(key);
-    return it == r.end() || it->is_null() ||
-           (it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() >= 0);
-  };
-  if (op == "status") {
-    auto it = r.find("path");
-    if (it == r.end() || !it->is_string() || it->get_ref<const std::string&>().empty()) {
-      return "needs \"path\", the file's path, e.g. "
-             "{\"id\":1,\"op\":\"status\",\"path\":\"/mnt/ghost/web/index.html\"}";
+// The deepest nesting of arrays and objects in `line`, counted outside strings; counting
+// stops past `limit`. Lets a request nested thousands deep be refused before nlohmann::json
+// parses it (and before anything recursive, such as dump, walks it).
+int NestingDepth(std::string_view line, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : line) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
     }
-  } else if (op == "hint") {
-    static constexpr std::array<std::string_view, 4> kKinds = {"ghost", "transfer_begin",
-                                                               "transfer_end", "background"};
-    auto kind = r.find("kind");
-    if (kind == r.end() || !kind->is_string() || !IsOneOf(kKinds, kind->get<std::string>())) {
-      return "needs \"kind\": one of " + JoinNames(kKinds);
+    if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
     }
-    auto device = r.find("device");
-    bool named =
-        device != r.end() && device->is_string() && !device->get_ref<const std::string&>().empty();
-    bool numbered =
-        device != r.end() && device->is_number_integer() && device->get<std::int64_t>() >= 0;
-    if (!named && !numbered) return "needs \"device\": a device name (see devices) or id";
-    if (!non_negative_number("time_s")) return "\"time_s\" must be a number of seconds >= 0";
-    if (!non_negative_number("energy_j")) return "\"energy_j\" must be a number of joules >= 0";
-  } else if (op == "knob") {
-    auto it = r.find("value");
-    if (it != r.end() && !it->is_null()) {
-      if (!it->is_number_integer()) return "\"value\" must be an integer in 0..100";
-      std::int64_t k = it->get<std::int64_t>();
-      if (k < 0 || k > 100) return std::to_string(k) + " is outside 0..100";
-    }
-  } else if (op == "transfer") {
-    const std::string phase = r.value("phase", "");
-    if (phase != "begin" && phase != "data" && phase != "end")
-      return "\"phase\" must be begin, data or end";
-    if (phase != "begin" && !(r.contains("transfer") && r["transfer"].is_number_unsigned())) {
-      return "needs \"transfer\", the number \"begin\" returned";
-    }
-    if (phase == "data" && !(r.contains("bytes") && r["bytes"].is_number_unsigned())) {
-      return "needs \"bytes\", a byte count";
-    }
-  } else if (op == "lookup" || op == "store" || op == "refresh" || op == "invalidate") {
-    auto key = r.find("key");
-    if (key == r.end() || !key->is_string() || key->get_ref<const std::string&>().empty()) {
-      return "needs \"key\", a non-empty string (the cache key)";
-    }
-    for (const char* field : {"response", "etag", "last_modified", "content_type"}) {
-      auto it = r.find(field);
-      if (it != r.end() && !it->is_string()) return std::string("\"") + field + "\" must be a string";
-    }
-    auto x = r.find("expires_unix");
-    if (x != r.end() && !x->is_null() && !x->is_number_integer()) {
-      return "\"expires_unix\" must be an integer (Unix seconds) or null";
-    }
-  } else if (op == "served") {
-    auto memory = r.find("memory");
-    bool good = memory != r.end() && memory->is_object();
-    if (good) {
-      for (const auto& [key, n] : memory->items())
-        good = good && !key.empty() && n.is_number_integer() && n.get<std::int64_t>() >= 1;
-    }
-    if (!good) return "needs \"memory\": an object of cache keys and read counts >= 1";
-    auto bytes = r.find("bytes");
-    if (bytes != r.end() && !(bytes->is_number_integer() && bytes->get<std::int64_t>() >= 0)) {
-      return "\"bytes\" must be an integer >= 0";
-    }
-  } else if (op == "subscribe") {
-    auto it = r.find("topics");
-    bool good = it != r.end() && it->is_array() && !it->empty();
-    if (good) {
-      for (const json& t : *it)
-        good = good && t.is_string() && IsOneOf(kControlTopics, t.get<std::string>());
-    }
-    if (!good) return "needs \"topics\": a list of " + JoinNames(kControlTopics);
   }
-  return "";
+  return deepest;
+}
+
+// An exception's message without nlohmann's "[json.exception.parse_error.101] " prefix.
+std::string JsonErrorText(const std::exception& e) {
+  std::string what = e.what();
+  if (auto pos = what.find("] "); what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
+    what.erase(0, pos + 2);
+  }
+  return what;
+}
+
+// Runs a libevent callback's body: no exception may cross into libevent's C code. One that
+// escapes is a bug; it is logged and `on_error` (which must not throw) cleans up.
+template <typename F, typename E>
+void NoThrow(const char* where, F&& body, E&& on_error) noexcept {
+  try {
+    body();
+    return;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ghost control: %s: %s\n", where, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "ghost control: %s: unknown exception\n", where);
+  }
+  on_error();
 }
 
 // Milliseconds left until `deadline` for poll(): -1 for none, rounded up, never negative.
@@ -231,10 +195,60 @@ std::string SecondsText(Duration d) {
 
 }  // namespace
 
-std::string DefaultControlPath() {
+std::string ControlRunDir() {
+  if (::geteuid() == 0) return "/run/ghost";
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && *xdg == '/') return std::string(xdg) + "/ghost";
+  return "/tmp/ghost-" + std::to_string(::geteuid());
+}
+
+std::string MountControlPath(const std::string& mountpoint) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path real = fs::canonical(mountpoint, ec);
+  if (ec) real = fs::absolute(mountpoint, ec).lexically_normal();
+  std::string text = real.string();
+  while (text.size() > 1 && text.back() == '/') text.pop_back();
+
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), digest);
+  char hex[17];
+  for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
+
+  std::string name = fs::path(text).filename().string();
+  if (name.empty()) name = "root";
+  if (name.size() > 32) name.resize(32);
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '.' && ch != '_' && ch != '-') ch = '_';
+  }
+  return ControlRunDir() + "/" + name + "-" + hex + ".sock";
+}
+
+std::vector<std::string> GhostfsMounts() {
+  std::vector<std::string> out;
+  for (const MountInfo& m : ReadMounts()) {
+    if (m.fstype == "fuse.ghost") out.push_back(m.point);
+  }
+  return out;
+}
+
+Result<std::string> FindControlPath(const std::string& control, const std::string& mountpoint) {
+  if (!control.empty()) return control;
+  if (!mountpoint.empty()) return MountControlPath(mountpoint);
   const char* env = std::getenv("GHOST_CONTROL");
-  if (env != nullptr && *env != '\0') return env;
-  return "/run/ghost/control.sock";
+  if (env != nullptr && *env != '\0') return std::string(env);
+  std::vector<std::string> mounts = GhostfsMounts();
+  if (mounts.size() == 1) return MountControlPath(mounts[0]);
+  std::string tried = "no --control or --mount given, $GHOST_CONTROL is not set, and ";
+  if (mounts.empty()) {
+    return Status::NotFound("cannot find ghostfs: " + tried +
+                            "no ghostfs is mounted (/proc/self/mountinfo has no fuse.ghost "
+                            "mount); start ghostfs, or pass --mount MNT or --control PATH");
+  }
+  std::string list;
+  for (const std::string& m : mounts) list += (list.empty() ? "" : ", ") + m;
+  return Status::NotFound("cannot choose a ghostfs: " + tried + std::to_string(mounts.size()) +
+                          " are mounted (" + list + "); pass --mount MNT to choose one");
 }
 
 // ---- Server connections ----
@@ -425,15 +439,25 @@ std::size_t ControlServer::subscribers(const std::string& topic) const {
 
 void ControlServer::OnAccept(evconnlistener*, int fd, sockaddr*, int, void* arg) {
   auto* self = static_cast<ControlServer*>(arg);
+  // The bufferevent owns the fd once it exists; before that, failing means closing it.
+  bool owned = false;
+  NoThrow(
+      "accepting a control connection", [&] { self->Accept(fd, &owned); },
+      [&] {
+        if (!owned) ::close(fd);
+      });
+}
+
+void ControlServer::Accept(int fd, bool* owned) {
+  ControlServer* self = this;
   bufferevent* bev = bufferevent_socket_new(self->base_, fd, BEV_OPT_CLOSE_ON_FREE);
-  if (bev == nullptr) {
-    ::close(fd);
-    return;
-  }
+  if (bev == nullptr) return;  // the caller closes fd
+  *owned = true;
+  std::unique_ptr<bufferevent, Connection::BevDeleter> owner(bev);
   auto c = std::make_shared<Connection>();
   c->server = self;
   c->id = self->next_conn_++;
-  c->bev.reset(bev);
+  c->bev = std::move(owner);
   bufferevent_setcb(bev, &ControlServer::OnRead, &ControlServer::OnWrite, &ControlServer::OnEvent,
                     c.get());
   // At most one request line (and its newline) is buffered before reading stops, so a client
@@ -459,12 +483,22 @@ void ControlServer::OnAcceptError(evconnlistener* listener, void* arg) {
 
 void ControlServer::OnRead(bufferevent*, void* arg) {
   std::shared_ptr<Connection> c = static_cast<Connection*>(arg)->shared_from_this();
-  c->server->Drive(*c, ConnEvent::kReadable);
+  c->server->DriveNoThrow(*c, ConnEvent::kReadable);
 }
 
 void ControlServer::OnWrite(bufferevent*, void* arg) {
   std::shared_ptr<Connection> c = static_cast<Connection*>(arg)->shared_from_this();
-  c->server->Drive(*c, ConnEvent::kDrained);
+  c->server->DriveNoThrow(*c, ConnEvent::kDrained);
+}
+
+void ControlServer::DriveNoThrow(Connection& c, ConnEvent ev) {
+  // A bug that throws costs this client its connection, never the daemon.
+  NoThrow(
+      "a control connection", [&] { Drive(c, ev); },
+      [&] {
+        c.in_read = false;
+        if (c.state != ConnState::kClosed) c.server->Close(c);
+      });
 }
 
 void ControlServer::OnEvent(bufferevent* bev, short what, void* arg) {
@@ -477,7 +511,7 @@ void ControlServer::OnEvent(bufferevent* bev, short what, void* arg) {
     bool hung_up = ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
     ev = hung_up ? ConnEvent::kError : ConnEvent::kPeerClosed;
   }
-  c->server->Drive(*c, ev);
+  c->server->DriveNoThrow(*c, ev);
 }
 
 void ControlServer::Drive(Connection& c, ConnEvent ev) {
@@ -536,62 +570,82 @@ void ControlServer::ReadRequests(Connection& c) {
 }
 
 void ControlServer::HandleLine(Connection& c, std::string_view line) {
+  // Whatever the line holds, it gets an answer and the server goes on.
+  try {
+    HandleRequest(c, line);
+  } catch (const std::exception& e) {
+    Send(c, ErrorLine(nullptr, std::string("internal error: ") + e.what()));
+  } catch (...) {
+    Send(c, ErrorLine(nullptr, "internal error"));
+  }
+}
+
+void ControlServer::HandleRequest(Connection& c, std::string_view line) {
   if (line.find_first_not_of(" \t") == std::string_view::npos) return;  // blank line
+  if (NestingDepth(line, kMaxRequestDepth) > kMaxRequestDepth) {
+    Send(c, ErrorLine(nullptr, "invalid request: nested deeper than " +
+                                   std::to_string(kMaxRequestDepth) + " levels"));
+    return;
+  }
   json request;
   try {
     request = json::parse(line);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    if (auto pos = what.find("] ");
-        what.rfind("[json.exception", 0) == 0 && pos != std::string::npos) {
-      what.erase(0, pos + 2);
-    }
-    Send(c, ErrorLine(nullptr, "invalid JSON: " + what));
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
+    Send(c, ErrorLine(nullptr, "invalid JSON: " + JsonErrorText(e)));
     return;
   }
   if (!request.is_object()) {
     Send(c, ErrorLine(nullptr, "a request is a JSON object such as {\"id\":1,\"op\":\"stats\"}"));
     return;
   }
-  json id = request.contains("id") ? request["id"] : json(nullptr);
+  json id = nullptr;
+  if (auto it = request.find("id"); it != request.end()) {
+    if (!it->is_null() && !it->is_number() && !it->is_string() && !it->is_boolean()) {
+      Send(c, ErrorLine(nullptr, "\"id\" must be a number or a string"));
+      return;
+    }
+    id = *it;
+  }
   auto op_it = request.find("op");
   if (op_it == request.end() || !op_it->is_string()) {
     Send(c,
          ErrorLine(id, "missing \"op\": a request names its op, e.g. {\"id\":1,\"op\":\"stats\"}"));
     return;
   }
-  const std::string op = op_it->get<std::string>();
-  if (!IsOneOf(kControlOps, op)) {
-    Send(c, ErrorLine(id, "unknown op \"" + op + "\" (known: " + JoinNames(kControlOps) + ")"));
+  const std::string& name = op_it->get_ref<const std::string&>();
+  std::optional<ControlOp> op = ParseControlOp(name);
+  if (!op) {
+    Send(c, ErrorLine(id, "unknown op \"" + name + "\" (known: " + ControlOpList() + ")"));
     return;
   }
-  if (std::string problem = CheckArguments(op, request); !problem.empty()) {
-    Send(c, ErrorLine(id, op + ": " + problem));
+  Result<ControlArgs> args = ParseControlArgs(*op, request);
+  if (!args.ok()) {
+    Send(c, ErrorLine(id, std::string(ControlOpName(*op)) + ": " + args.status().message()));
     return;
   }
 
   auto state = std::make_shared<Reply::State>();
   state->conn = c.weak_from_this();
   state->id = id;
-  state->op = op;
+  state->op = std::string(ControlOpName(*op));
   ++c.replies_owed;
   Reply reply(state);
-  if (op == "subscribe") {
-    Subscribe(c, request, reply);
+  if (*op == ControlOp::kSubscribe) {
+    Subscribe(c, std::get<SubscribeArgs>(*args), reply);
     return;
   }
   // No exception may cross libevent's C callback; a failing op still gets its one reply.
   try {
-    handler_(request, reply);
+    handler_(ControlRequest{*op, std::move(*args), request}, reply);
   } catch (const std::exception& e) {
-    if (!state->done) reply.Error("internal error in " + op + ": " + e.what());
+    if (!state->done) reply.Error("internal error in " + state->op + ": " + e.what());
   } catch (...) {
-    if (!state->done) reply.Error("internal error in " + op);
+    if (!state->done) reply.Error("internal error in " + state->op);
   }
 }
 
-void ControlServer::Subscribe(Connection& c, const json& request, const Reply& reply) {
-  for (const json& t : request["topics"]) c.topics.insert(t.get<std::string>());
+void ControlServer::Subscribe(Connection& c, const SubscribeArgs& args, const Reply& reply) {
+  for (const std::string& t : args.topics) c.topics.insert(t);
   reply(json{{"topics", c.topics}});
 }
 
@@ -697,7 +751,7 @@ Status AsyncControlClient::Open() {
   return Status::Ok();
 }
 
-void AsyncControlClient::Call(const std::string& op, nlohmann::json args, Done done) {
+void AsyncControlClient::Call(ControlOp op, nlohmann::json args, Done done) {
   if (!bev_) {
     if (Status s = Open(); !s.ok()) {
       // Never inside the call: the caller may hold state the callback changes.
@@ -708,14 +762,19 @@ void AsyncControlClient::Call(const std::string& op, nlohmann::json args, Done d
   if (!args.is_object()) args = nlohmann::json::object();
   std::int64_t id = next_id_++;
   args["id"] = id;
-  args["op"] = op;
-  std::string line = args.dump() + "\n";
+  args["op"] = ControlOpName(op);
+  std::string line = Dump(args) + "\n";
   waiting_.emplace(id, std::move(done));
   bufferevent_write(bev_.get(), line.data(), line.size());
 }
 
 void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
   auto* self = static_cast<AsyncControlClient*>(arg);
+  // The callbacks are the program's; none of their exceptions may cross libevent.
+  NoThrow("a reply from ghostfs", [&] { self->ReadReplies(bev); }, [] {});
+}
+
+void AsyncControlClient::ReadReplies(bufferevent* bev) {
   evbuffer* in = bufferevent_get_input(bev);
   while (true) {
     std::size_t len = 0;
@@ -723,28 +782,40 @@ void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
     if (line == nullptr) break;
     std::string text(line, len);
     std::free(line);
-    nlohmann::json msg = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    json msg = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!msg.is_object()) continue;
     if (msg.contains("event")) {
-      if (self->on_event_) self->on_event_(msg);
+      if (on_event_) on_event_(msg);
       continue;
     }
-    if (!msg.contains("id") || !msg["id"].is_number_integer()) continue;
-    auto it = self->waiting_.find(msg["id"].get<std::int64_t>());
-    if (it == self->waiting_.end()) continue;
+    auto id = msg.find("id");
+    if (id == msg.end() || !id->is_number_integer()) continue;
+    auto it = waiting_.find(id->get<std::int64_t>());
+    if (it == waiting_.end()) continue;
     Done done = std::move(it->second);
-    self->waiting_.erase(it);
-    if (msg.value("ok", false)) {
-      done(msg.contains("result") ? msg["result"] : nlohmann::json());
+    waiting_.erase(it);
+    auto ok = msg.find("ok");
+    if (ok != msg.end() && ok->is_boolean() && ok->get<bool>()) {
+      auto result = msg.find("result");
+      done(result != msg.end() ? *result : json());
     } else {
-      done(Status::InvalidArgument(msg.value("error", std::string("error reply without a message"))));
+      auto error = msg.find("error");
+      done(Status::InvalidArgument(error != msg.end() && error->is_string()
+                                       ? error->get<std::string>()
+                                       : std::string("error reply without a message")));
     }
+    if (!bev_ || bev_.get() != bev) return;  // a callback closed or replaced the connection
   }
 }
 
 void AsyncControlClient::OnEvent(bufferevent*, short what, void* arg) {
   auto* self = static_cast<AsyncControlClient*>(arg);
   if (!(what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) return;
+  NoThrow("the connection to ghostfs closed", [&] { self->Disconnected(); }, [] {});
+}
+
+void AsyncControlClient::Disconnected() {
+  AsyncControlClient* self = this;
   // The daemon went away: everything waiting fails; the next Call reconnects.
   self->bev_.reset();
   if (self->on_disconnect_) self->on_disconnect_();
@@ -761,7 +832,7 @@ void AsyncControlClient::Defer(std::function<void()> fn) {
       base_, -1, EV_TIMEOUT,
       [](evutil_socket_t, short, void* arg) {
         std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
-        (*f)();
+        NoThrow("a deferred control callback", [&] { (*f)(); }, [] {});
       },
       box, nullptr);
 }
@@ -844,8 +915,13 @@ Status ControlClient::Receive(std::optional<Duration> timeout) {
   return Status::Ok();
 }
 
-Result<json> ControlClient::Call(const std::string& op, const json& args,
+Result<json> ControlClient::Call(ControlOp op, const json& args, std::optional<Duration> timeout) {
+  return Call(ControlOpName(op), args, timeout);
+}
+
+Result<json> ControlClient::Call(std::string_view op_name, const json& args,
                                  std::optional<Duration> timeout) {
+  const std::string op(op_name);
   assert(args.is_null() || (args.is_object() && !args.contains("id") && !args.contains("op")));
   json request = args.is_object() ? args : json::object();
   const std::int64_t id = next_id_++;

@@ -1,9 +1,10 @@
 // Control socket (DESIGN §4.2): how ghostctl, ghostproxy and scripts talk to the ghostfs daemon.
 //
-// A Unix stream socket (mode 0600, default path $GHOST_CONTROL or /run/ghost/control.sock)
-// speaking newline-delimited JSON. This file is the protocol's one definition: ControlServer
-// frames, validates and routes requests to a handler the daemon supplies, and pushes
-// subscription events; ControlClient is the blocking client for ghostctl and tests.
+// A Unix stream socket (mode 0600; one per mount, found from the mount point: see "Where the
+// socket is" below) speaking newline-delimited JSON. This file is the transport; the ops are
+// defined in protocol.h. ControlServer frames, validates and routes requests to a handler the
+// daemon supplies, and pushes subscription events; ControlClient is the blocking client for
+// ghostctl and tests, AsyncControlClient the one on an event loop (ghostproxy).
 //
 // ---- Framing ----
 // Every message is one JSON object on one line ending in "\n" (a "\r" before it is ignored;
@@ -20,91 +21,20 @@
 // "id" is echoed verbatim (a number by convention; null when the request had none or could not
 // be parsed). Errors the server answers itself, the connection staying usable:
 //   - invalid JSON, a line that is not an object, a missing or non-string "op", an unknown op,
-//     arguments of the wrong type or range (see the ops below);
+//     arguments of the wrong type or range (protocol.h);
 //   - a request line longer than 64 KiB (ControlServerOptions::max_request_line): error reply,
 //     then the server reads nothing more and closes the connection once the reply is written.
 //
-// ---- Ops ----
-// The server validates the arguments listed here and passes only well-formed requests to the
-// handler, which implements the op (in ghostfs) and replies with the result shown.
+// ---- Ops, arguments, results, topics ----
+// Defined once in common/control/protocol.h. The server checks every request's arguments there
+// (ParseControlArgs) and passes only well-formed requests, typed, to the handler, which
+// implements the op (in ghostfs: fs/control_ops.cc); subscribe it answers itself.
 //
-//   status {"path": P}  cache status of a file. P is absolute (under the mount point; ghostctl
-//       sends absolute paths) or relative to the mount root. Result:
-//       {"path":"/mnt/ghost/web/index.html","cached":true,"size":5120,
-//        "source_preference":"disk","last_source":"network",   (optional: "url", "state")
-//        "cost":{"disk":{"time_s":0.012,"energy_j":0.03},"network":{"time_s":0.2,"energy_j":0.4}}}
-//       An unknown path is an error reply ("status: /x: no such file in the mount").
-//   hint {"kind": K, "device": D, "time_s": T, "energy_j": E}  an application's hint (DESIGN
-//       §3.3, §3.4). K is "ghost" | "transfer_begin" | "transfer_end" | "background"; D is a
-//       device name ("microdrive-1gb") or id (0); T and E (numbers >= 0, default 0) are what a
-//       ghost hint says the device's best mode would have saved. Result: {}.
-//   knob {"value": V}?  without "value": get; with an integer V in 0..100: set.
-//       Result: {"knob":70} (a set adds "previous":50).
-//   devices  every registered device. Result:
-//       [{"id":0,"name":"microdrive-1gb","kind":"disk","mode":"standby","mode_index":2,
-//         "modes":[{"name":"active","power_w":1.3},{"name":"idle","power_w":0.5},
-//                  {"name":"standby","power_w":0.08}],
-//         "power_w":0.08,"policy":"stpm-disk K=50: spin down after 12.3 s"}]
-//       ("kind": "disk" | "network" | "flash"; "power_w": what it draws now.)
-//   stats  energy and activity since the daemon started. Result:
-//       {"uptime_s":3600.5,"knob":50,
-//        "energy_j":{"total":1234.5,"base":1000.0,"devices":{"microdrive-1gb":120.5}},
-//        "requests":{"memory":0,"disk":3,"network":5},"ghost_hints_sent":2,
-//                    (more request sources, e.g. "revalidated", may follow the three)
-//        "write_queue":{"queued_bytes":4096,"flushes":1},
-//        "cache":{"objects":42,"bytes":1048576,"capacity":67108864}}
-//   flush  write every deferred write to its device now; replies when done (asynchronous).
-//       Result: {"flushed_bytes":4096,"duration_s":1.2}
-//   drop_caches  forgets the page-cache model's contents (the shared store's RAM copies,
-//       fs/store_tree.cc), as `echo 1 > /proc/sys/vm/drop_caches` does for the kernel's: the
-//       next lookups choose between disk and network. Result: {"dropped": N} (objects).
-//
-//   The shared store (ghostproxy's cache is the daemon's: fs/store_tree.cc). K is an opaque
-//   non-empty cache key (the proxy uses the URL, plus the Vary'd request headers).
-//   lookup {"key": K}  is K cached, and where should it be read from now? The daemon runs the
-//       cost model (sending the disk a ghost hint when the network wins). Result:
-//       {"cached":false}, or {"cached":true,"size":5120,"response":"<the stored head>",
-//        "choice":"disk"|"network","source":"disk"|"memory"|"network","ghost_hint":false,
-//        "cost":{...the estimates, as the user.ghost.cost attribute shows them...},
-//        "etag":"\"5f-1\"","last_modified":"...","content_type":"text/html","expires_unix":N|null,
-//        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>",   (read the body there)
-//        "body_path":"<cache dir>/objects/ab/ab12..."}   (only with "choice":"disk": the body
-//       file itself, which a reader on this machine may read instead of "path"; the daemon
-//       has charged the emulated disk for that read already)
-//   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
-//          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
-//       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
-//       body there; closing the file hands it to the write queue, replacing any object at K;
-//       unlinking it first abandons the fill.
-//   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
-//       keeps the body. Result: {}; an error if K is not cached.
-//   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
-//   transfer {"phase": "begin"}  a proxy's fetch from an origin, carried by the emulated card
-//       (fs/store_tree.cc): disclosed to the network module, the card's round trips start.
-//       Result: {"transfer": T}.
-//     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
-//       B bytes; answered ({}) once it has (once per transfer).
-//     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
-//   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
-//       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
-//       all, since its last report: counted as memory reads in stats, and each K becomes the
-//       most recently used. N are integers >= 1, B an integer >= 0. Result: {}.
-//   subscribe {"topics": [T...]}  answered by the server itself: from the reply on, every
-//       event published on those topics is pushed to this connection until it closes
-//       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
-//
-// ---- Topics (pushed {"event": topic, "data": ...}) ----
-//   modes   a device entered a mode, or a policy changed (knob set): data is the devices
-//           result, the whole array as `devices` returns it. (ghostctl also accepts one
-//           device's entry, {"device":"microdrive-1gb","id":0,"mode":"standby","mode_index":2,
-//           "power_w":0.08}, and updates that row.)
-//   stats   the stats changed: data has the shape of the stats result (the daemon coalesces;
-//           nothing is pushed while nothing happens).
-//   events  anything else worth a log line: {"type":"ghost_hint"|"flush"|"fetch_error"|...,...}
-//   objects a stored object changed or left the cache (refreshed, replaced by a fill,
-//           invalidated, evicted): {"key": K}. A client holding a copy of K in RAM drops it;
-//           one that loses its subscription must drop every copy (it may have missed events).
-//           Published from the daemon's first "lookup" on (no copy can exist before one).
+// ---- Hostile input ----
+// No line can stop the server: a line that is not JSON, numbers out of range (1e999), nesting
+// deeper than kMaxRequestDepth, an "id" that is not a number, string, boolean or null
+// (answered with a null id), wrong argument types: each gets one error reply and the
+// connection stays usable. No exception leaves a libevent callback.
 //
 // ---- Back-pressure ----
 // The server never blocks its loop on a client. It stops reading a client's requests while
@@ -133,9 +63,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/base/status.h"
 #include "common/base/units.h"
+#include "common/control/protocol.h"
 
 // libevent and socket types, kept out of the interface.
 struct bufferevent;
@@ -145,15 +77,39 @@ struct sockaddr;
 
 namespace ghost {
 
-// The ops a request may name, and the topics a subscription may hold.
-inline constexpr std::array<std::string_view, 14> kControlOps = {
-    "status",    "hint",   "knob",  "devices", "stats",      "flush",    "drop_caches",
-    "subscribe", "lookup", "store", "refresh", "invalidate", "transfer", "served"};
-inline constexpr std::array<std::string_view, 4> kControlTopics = {"modes", "stats", "events",
-                                                                   "objects"};
+// Requests nested deeper than this (arrays and objects) are refused unparsed.
+inline constexpr int kMaxRequestDepth = 32;
 
-// $GHOST_CONTROL if set and non-empty, else /run/ghost/control.sock.
-std::string DefaultControlPath();
+// ---- Where the socket is ----
+// Every ghostfs has a control socket. Without --control it listens at MountControlPath(MNT),
+// a path derived from the mount point alone, so ghostctl and ghostproxy find it from MNT:
+//
+//   RUNDIR/<name>-<h>.sock   name: the mount point's last component (at most 32 characters,
+//                            other than [A-Za-z0-9._-] replaced by '_'), h: the first 16 hex
+//                            digits of the SHA-256 of the mount point's real path
+//   RUNDIR: /run/ghost for root; else $XDG_RUNTIME_DIR/ghost, or /tmp/ghost-UID without it
+//
+// e.g. /run/ghost/ghost-3fa2b1c0d9e8a7b6.sock for /mnt/ghost. The directory is created mode
+// 0700, the socket is mode 0600. The real path is taken before the mount (ghostfs) or of the
+// mounted root (clients); a mount point that cannot be resolved (a dead mount) is made
+// absolute and normalised instead, which gives the same path unless it contains symlinks.
+
+// The runtime directory above.
+std::string ControlRunDir();
+// The control socket of the ghostfs mounted (or to be mounted) at `mountpoint`.
+std::string MountControlPath(const std::string& mountpoint);
+// The mount points of every ghostfs mounted now (file system type fuse.ghost, from
+// /proc/self/mountinfo), in mount order.
+std::vector<std::string> GhostfsMounts();
+
+// The socket a client (ghostctl, ghostproxy) should connect to, first match wins:
+//   1. `control` (--control) if non-empty;
+//   2. MountControlPath(`mountpoint`) (--mount) if non-empty;
+//   3. $GHOST_CONTROL if set and non-empty;
+//   4. the socket of the one ghostfs mounted now.
+// kNotFound when none applies (no ghostfs mounted, or several: the message lists them and
+// what was tried, and says to pass --mount or --control).
+Result<std::string> FindControlPath(const std::string& control, const std::string& mountpoint);
 
 struct ControlServerOptions {
   // A request line longer than this (without its newline) is refused and ends the connection.
@@ -189,10 +145,10 @@ class ControlServer {
     std::shared_ptr<State> state_;
   };
 
-  // Runs on the server's thread for every well-formed request except subscribe. `request` is
-  // the whole object (id, op and arguments) and lives only for the call. An exception thrown by
-  // the handler becomes an "internal error" reply (if it had not replied yet).
-  using Handler = std::function<void(const nlohmann::json& request, Reply reply)>;
+  // Runs on the server's thread for every well-formed request except subscribe: its op, its
+  // checked arguments (protocol.h) and the whole object, which lives only for the call. An
+  // exception thrown by the handler becomes an "internal error" reply (if it had not replied).
+  using Handler = std::function<void(const ControlRequest& request, Reply reply)>;
 
   // Listens on `path` with `base` (borrowed: it must outlive the server). The socket file is
   // created with mode 0600 before it accepts connections. A stale socket file (no server
@@ -233,11 +189,15 @@ class ControlServer {
   static void OnWrite(bufferevent* bev, void* arg);
   static void OnEvent(bufferevent* bev, short what, void* arg);
 
+  void Accept(int fd, bool* owned);
   // The one function that moves a connection through its states (see control.cc).
   void Drive(Connection& c, ConnEvent ev);
+  // Drive, for libevent's callbacks: an exception closes the connection instead of escaping.
+  void DriveNoThrow(Connection& c, ConnEvent ev);
   void ReadRequests(Connection& c);
   void HandleLine(Connection& c, std::string_view line);
-  void Subscribe(Connection& c, const nlohmann::json& request, const Reply& reply);
+  void HandleRequest(Connection& c, std::string_view line);
+  void Subscribe(Connection& c, const SubscribeArgs& args, const Reply& reply);
   void Send(Connection& c, const std::string& line);
   void Close(Connection& c);
 
@@ -275,7 +235,10 @@ class ControlClient {
   // with the server's message; kUnavailable if the server closed the connection, kTimedOut.
   // Precondition: `args` is an object (or null) without "id" or "op". Events that arrive
   // meanwhile are queued for ReadEvent.
-  Result<nlohmann::json> Call(const std::string& op,
+  Result<nlohmann::json> Call(ControlOp op, const nlohmann::json& args = nlohmann::json::object(),
+                              std::optional<Duration> timeout = std::nullopt);
+  // The same with the op's name as text (scripts and tests send names that are no op).
+  Result<nlohmann::json> Call(std::string_view op,
                               const nlohmann::json& args = nlohmann::json::object(),
                               std::optional<Duration> timeout = std::nullopt);
 
@@ -326,7 +289,7 @@ class AsyncControlClient {
 
   // Sends {"id":n,"op":op,...args}; `done` gets the reply's "result", an error reply as
   // kInvalidArgument with the server's message, or kUnavailable.
-  void Call(const std::string& op, nlohmann::json args, Done done);
+  void Call(ControlOp op, nlohmann::json args, Done done);
   std::size_t pending() const { return waiting_.size(); }
 
   // Receives every pushed event ({"event":topic,"data":...}) on the loop. Empty: ignored.
@@ -346,6 +309,8 @@ class AsyncControlClient {
   void Defer(std::function<void()> fn);
   static void OnRead(bufferevent* bev, void* arg);
   static void OnEvent(bufferevent* bev, short what, void* arg);
+  void ReadReplies(bufferevent* bev);
+  void Disconnected();
 
   event_base* base_;
   std::string path_;

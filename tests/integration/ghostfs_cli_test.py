@@ -4,11 +4,13 @@ bad origins, knob and profile, an uncreatable cache directory, config files with
 one clear line naming the file and line). Then, mounted against nginx and a raw socket origin on
 127.0.0.1: a cache directory under missing parents, a config file that mounts and serves,
 `..` and '%2e%2e' that must not leave the origin, an origin that sends a truncated body, and a
-directory URL that is not an HTML listing (the mount stays up throughout).
+directory URL that is not an HTML listing (the mount stays up throughout); one daemon per cache
+directory (also daemonised) and no mount on top of a ghostfs or a dead FUSE mount.
 TAP; the usage part needs only the built ghostfs, the mounted part skips without root,
 /dev/fuse or nginx."""
 import errno
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -19,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 23
+PLAN = 28
 OPTIONS = ["--cache", "--origin", "--profile", "--knob", "--control", "--config", "--cache-size",
            "--max-stale", "--no-passthrough", "-o"]
 PROFILE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "common", "profiles")
@@ -355,6 +357,87 @@ www = "{origin_url}"
     fs.stop()
 
 
+def daemonised(args, mnt):
+    """Runs ghostfs ARGS MNT without -f (it daemonises); returns (exit code, stderr)."""
+    r = subprocess.run([exe(), *args, mnt], capture_output=True, text=True, timeout=30)
+    return r.returncode, r.stderr
+
+
+def lock_pid(cache):
+    try:
+        with open(os.path.join(cache, "lock")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def stop_pid(mnt, pid):
+    """Unmounts a daemonised ghostfs and waits until its process `pid` has gone."""
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", mnt], stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while pid and os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+        time.sleep(0.05)
+    if os.path.ismount(mnt):
+        subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+
+
+def ownership_checks(t, work, nginx, sums):
+    """One daemon per cache directory (CACHE/lock names the holder), never on top of a mount."""
+    if t.n >= PLAN:  # the mounted checks skipped the rest
+        return
+    origin = ["--origin", f"www={nginx.url()}pub/"]
+    cache = os.path.join(work, "cache-owned")
+    mnts = [os.path.join(work, f"mnt-owned-{i}") for i in range(4)]
+    for m in mnts:
+        os.makedirs(m)
+
+    # Two in the foreground on one cache: the second refuses, naming the first's pid.
+    first = h.Ghostfs(mnts[0], cache, {"www": nginx.url() + "pub/"})
+    if not first.start():
+        t.skip_rest(PLAN, "not mounted: " + first.output()[-200:])
+        return
+    rc, _, err = run(["--cache", cache, *origin], mnts[1])
+    ok = rc == 1 and one_clear_line(err, cache, f"pid {first.proc.pid}", "--cache") and \
+        not os.path.ismount(mnts[1]) and \
+        h.sha256_file(os.path.join(mnts[0], "www", "small.txt")) == sums["small.txt"]
+    t.check(ok, "a second ghostfs on the same cache directory exits 1 naming the first's pid; "
+            "the first still serves", f"exit {rc}: {err}")
+    first.stop()
+
+    # Both daemonised: the lock is held by the process that serves, after the fork.
+    rc, err = daemonised(["--cache", cache, *origin], mnts[0])
+    h.on_exit(lambda: stop_pid(mnts[0], lock_pid(cache)))
+    pid = lock_pid(cache)
+    serving = rc == 0 and h.wait_for(lambda: os.path.ismount(mnts[0]), 10) and pid > 0 and \
+        os.path.exists(f"/proc/{pid}") and os.path.basename(os.readlink(f"/proc/{pid}/exe")) == "ghostfs"
+    rc2, err2 = daemonised(["--cache", cache, *origin], mnts[1])
+    ok = serving and rc2 == 1 and one_clear_line(err2, f"pid {pid}") and not os.path.ismount(mnts[1])
+    t.check(ok, "daemonised twice on one cache: CACHE/lock names the serving daemon and the second "
+            "exits 1 naming it", f"first: exit {rc} {err} pid {pid}; second: exit {rc2}: {err2}")
+
+    # On top of a live ghostfs mount.
+    rc3, _, err3 = run(["--cache", os.path.join(work, "cache-other"), *origin], mnts[0])
+    ok = rc3 == 1 and one_clear_line(err3, mnts[0], "already", "ghostfs", "fusermount3 -u") and \
+        h.sha256_file(os.path.join(mnts[0], "www", "dir1", "a.txt")) == sums["dir1/a.txt"]
+    t.check(ok, "mounting on a ghostfs mount point exits 1 with one clear line; the mount below "
+            "still serves", f"exit {rc3}: {err3}")
+
+    # A daemon killed by SIGKILL: its mount is dead (ENOTCONN), its lock is not stale.
+    if pid > 0:
+        os.kill(pid, signal.SIGKILL)
+        h.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10)
+    rc4, _, err4 = run(["--cache", os.path.join(work, "cache-other"), *origin], mnts[0])
+    t.check(rc4 == 1 and one_clear_line(err4, mnts[0], "fusermount3 -u"),
+            "mounting on a dead FUSE mount exits 1 saying to unmount it first", f"exit {rc4}: {err4}")
+    subprocess.run(["umount", "-l", mnts[0]], stderr=subprocess.DEVNULL)
+    again = h.Ghostfs(mnts[2], cache, {"www": nginx.url() + "pub/"})
+    ok = again.start() and h.sha256_file(os.path.join(mnts[2], "www", "small.txt")) == sums["small.txt"]
+    t.check(ok, "after the holder was killed the cache directory is free again (no stale lock)",
+            again.output())
+    again.stop()
+
+
 def main():
     if not os.path.exists(exe()):
         h.skip_all(f"{exe()} is not built")
@@ -382,6 +465,7 @@ def main():
         t.done()
     raw = RawOrigin()
     mounted_checks(t, work, nginx, raw, sums)
+    ownership_checks(t, work, nginx, sums)
     t.done()
 
 

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/control/protocol.h"
 
 namespace ghost {
 namespace {
@@ -124,7 +126,7 @@ class ControlTest : public ::testing::Test {
   void Start(ControlServerOptions options = {}) {
     auto server = ControlServer::Listen(
         base_, path_,
-        [this](const json& request, ControlServer::Reply reply) { Handle(request, reply); },
+        [this](const ControlRequest& request, ControlServer::Reply reply) { Handle(request, reply); },
         options);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = std::move(*server);
@@ -167,20 +169,21 @@ class ControlTest : public ::testing::Test {
     return std::move(*c);
   }
 
-  // The fake daemon.
-  void Handle(const json& request, ControlServer::Reply reply) {
+  // The fake daemon (the real one is tested through a mount: tests/integration).
+  void Handle(const ControlRequest& checked, ControlServer::Reply reply) {
     ++handled_;
-    const std::string op = request["op"];
+    const json& request = checked.json;
+    const std::string op(ControlOpName(checked.op));
     if (op == "stats") {
       reply(json{{"knob", knob_}, {"uptime_s", 1.5}});
     } else if (op == "knob") {
-      if (request.contains("value")) {
-        int previous = knob_;
-        knob_ = request["value"];
-        reply(json{{"knob", knob_}, {"previous", previous}});
-      } else {
-        reply(json{{"knob", knob_}});
+      KnobResult out;
+      if (auto value = std::get<KnobArgs>(checked.args).value) {
+        out.previous = knob_;
+        knob_ = *value;
       }
+      out.knob = knob_;
+      reply(out.ToJson());
     } else if (op == "flush") {
       flushes_.push_back(reply);  // answered when the test says the disk has been written
       if (flush_seen_) flush_seen_->set_value();
@@ -425,7 +428,7 @@ TEST_F(ControlTest, SocketFileHasMode0600) {
 TEST_F(ControlTest, SecondServerOnALivePathRefuses) {
   Start();
   auto second = OnLoop([&] {
-    return ControlServer::Listen(base_, path_, [](const json&, ControlServer::Reply) {});
+    return ControlServer::Listen(base_, path_, [](const ControlRequest&, ControlServer::Reply) {});
   });
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), Status::Code::kExists);
@@ -452,7 +455,7 @@ TEST_F(ControlTest, StaleSocketFileIsReplaced) {
 
 TEST_F(ControlTest, RefusesToReplaceAFileThatIsNotASocket) {
   std::ofstream(path_) << "precious\n";
-  auto server = ControlServer::Listen(base_, path_, [](const json&, ControlServer::Reply) {});
+  auto server = ControlServer::Listen(base_, path_, [](const ControlRequest&, ControlServer::Reply) {});
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), Status::Code::kExists);
   std::ifstream in(path_);
@@ -635,11 +638,225 @@ TEST_F(ControlTest, ReadEventTimesOutWhenNothingIsPushed) {
   EXPECT_EQ(ev.status().code(), Status::Code::kTimedOut);
 }
 
-TEST_F(ControlTest, DefaultPathComesFromGhostControl) {
+TEST_F(ControlTest, HostileLinesGetOneErrorReplyEachAndTheServerLivesOn) {
+  Start();
+  RawConnection raw(path_);
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  const std::vector<std::string> lines = {
+      "[1e999]",
+      "{\"op\":\"knob\",\"value\":1e309}",
+      "{\"id\":1e999,\"op\":\"stats\"}",
+      "{\"id\":-1e400,\"op\":\"stats\"}",
+      "{\"id\":[1,2],\"op\":\"stats\"}",
+      "{\"id\":{\"a\":[]},\"op\":\"stats\"}",
+      deep,
+      "{\"id\":" + deep + ",\"op\":\"stats\"}",
+      "{\"op\":\"status\",\"path\":" + std::string(40, '{') + "}",
+      "{\"op\":\"knob\",\"value\":18446744073709551615}",
+      "{\"op\":\"knob\",\"value\":-9223372036854775808}",
+      "{\"op\":\"knob\",\"value\":4294967346}",
+      "{\"op\":\"knob\",\"value\":50.5}",
+      "{\"op\":\"knob\",\"value\":[50]}",
+      "{\"op\":\"knob\",\"value\":NaN}",
+      "{\"op\":\"knob\",\"value\":Infinity}",
+      "{\"op\":\"hint\",\"kind\":\"ghost\",\"device\":0,\"time_s\":\"soon\"}",
+      "{\"op\":\"hint\",\"kind\":\"ghost\",\"device\":1e300}",
+      "{\"op\":\"hint\",\"kind\":[\"ghost\"],\"device\":0}",
+      "{\"op\":\"hint\",\"kind\":\"ghost\",\"device\":0,\"time_s\":1e308}",
+      "{\"op\":\"hint\",\"kind\":\"ghost\",\"device\":0,\"energy_j\":-0.5}",
+      "{\"op\":\"transfer\",\"phase\":\"data\",\"transfer\":1,\"bytes\":18446744073709551615}",
+      "{\"op\":\"served\",\"memory\":{\"k\":18446744073709551615}}",
+      "{\"op\":\"refresh\",\"key\":\"k\",\"expires_unix\":-9223372036854775808}",
+      "{\"op\":\"transfer\",\"phase\":1}",
+      "{\"op\":\"transfer\",\"phase\":\"data\",\"transfer\":-1,\"bytes\":1}",
+      "{\"op\":\"transfer\",\"phase\":\"data\",\"transfer\":1,\"bytes\":1e30}",
+      "{\"op\":\"served\",\"memory\":{\"k\":0}}",
+      "{\"op\":\"served\",\"memory\":[1]}",
+      "{\"op\":\"served\",\"memory\":{\"k\":1},\"bytes\":-5}",
+      "{\"op\":\"store\",\"key\":\"k\",\"expires_unix\":1e20}",
+      "{\"op\":\"store\",\"key\":\"k\",\"etag\":7}",
+      "{\"op\":\"lookup\",\"key\":{}}",
+      "{\"op\":\"status\",\"path\":5}",
+      "{\"op\":\"subscribe\",\"topics\":\"modes\"}",
+      "{\"op\":\"subscribe\",\"topics\":[null]}",
+      "{\"op\":\"stats\"",
+      std::string("{\"op\":\"st\0ats\"}", 17),
+      "\xff\xfe{}",
+      "{\"op\":\"status\",\"path\":\"\\ud800\"}",
+      "\"just a string\"",
+      "null",
+      "{\"op\":null}",
+  };
+  for (const std::string& line : lines) {
+    ASSERT_TRUE(raw.Send(line + "\n")) << line.substr(0, 80);
+    json reply = raw.ReadJson();
+    EXPECT_EQ(reply.value("ok", true), false) << line.substr(0, 80) << " -> " << reply.dump();
+    EXPECT_FALSE(reply.value("error", "").empty()) << line.substr(0, 80);
+    EXPECT_TRUE(reply.contains("id")) << reply.dump();
+  }
+  EXPECT_EQ(handled_.load(), 0);
+  // Still serving, on the same connection and a new one.
+  ASSERT_TRUE(raw.Send("{\"id\":9,\"op\":\"stats\"}\n"));
+  json ok = raw.ReadJson();
+  EXPECT_EQ(ok["id"], 9);
+  EXPECT_EQ(ok["ok"], true);
+  ControlClient client = Connect();
+  EXPECT_TRUE(client.Call(ControlOp::kStats).ok());
+}
+
+TEST_F(ControlTest, NumberOverflowIsNamedInTheReply) {
+  Start();
+  RawConnection raw(path_);
+  ASSERT_TRUE(raw.Send("{\"id\":1,\"op\":\"knob\",\"value\":1e309}\n"));
+  json reply = raw.ReadJson();
+  EXPECT_TRUE(reply["id"].is_null());
+  EXPECT_NE(reply.value("error", "").find("invalid JSON: number overflow"), std::string::npos)
+      << reply.dump();
+}
+
+TEST_F(ControlTest, ClientsThatLeaveMidReplyDoNotStopTheServer) {
+  Start();
+  ControlClient bystander = Connect();
+  ASSERT_TRUE(bystander.Call(ControlOp::kSubscribe, {{"topics", {"stats"}}}).ok());
+  for (int round = 0; round < 20; ++round) {
+    RawConnection raw(path_);
+    std::string burst;
+    for (int i = 0; i < 200; ++i) burst += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
+    burst += "{\"id\":1,\"op\":\"subscribe\",\"topics\":[\"stats\"]}\n";
+    raw.Send(burst);
+    raw.Close();  // before reading anything: the replies go to a closed socket
+    OnLoop([&] {
+      server_->Publish("stats", json{{"round", round}, {"pad", std::string(4096, 'x')}});
+      return 0;
+    });
+  }
+  EXPECT_TRUE(WaitForConnections(1));
+  auto stats = bystander.Call(ControlOp::kStats, json::object(), kWait);
+  EXPECT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(bystander.queued_events(), 20u);
+}
+
+TEST(ControlProtocolTest, EveryOpHasOneNameThatParsesBack) {
+  for (ControlOp op : AllControlOps()) {
+    std::optional<ControlOp> back = ParseControlOp(ControlOpName(op));
+    ASSERT_TRUE(back.has_value()) << ControlOpName(op);
+    EXPECT_EQ(*back, op);
+  }
+  EXPECT_EQ(ParseControlOp("frobnicate"), std::nullopt);
+  EXPECT_EQ(ParseControlOp(""), std::nullopt);
+}
+
+TEST(ControlProtocolTest, KnobArgumentsAreTypedAndRangeChecked) {
+  auto set = ParseControlArgs(ControlOp::kKnob, json{{"value", 70}});
+  ASSERT_TRUE(set.ok());
+  EXPECT_EQ(std::get<KnobArgs>(*set).value, 70);
+  auto get = ParseControlArgs(ControlOp::kKnob, json{{"op", "knob"}, {"value", nullptr}});
+  ASSERT_TRUE(get.ok());
+  EXPECT_EQ(std::get<KnobArgs>(*get).value, std::nullopt);
+  for (const json& bad : {json(101), json(-1), json(50.0), json("50"), json(true),
+                          json(std::numeric_limits<std::uint64_t>::max()),
+                          json(std::numeric_limits<std::int64_t>::min())}) {
+    auto r = ParseControlArgs(ControlOp::kKnob, json{{"value", bad}});
+    EXPECT_FALSE(r.ok()) << bad.dump();
+    EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
+  }
+}
+
+TEST(ControlProtocolTest, KnobTextIsTheSameRangeAsTheProtocol) {
+  EXPECT_EQ(ParseKnobText("0").value(), 0);
+  EXPECT_EQ(ParseKnobText("100").value(), 100);
+  for (const char* bad : {"", "101", "-1", "50x", " 50", "high", "99999999999999999999"}) {
+    auto r = ParseKnobText(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("0..100"), std::string::npos);
+  }
+}
+
+TEST(ControlProtocolTest, KnobResultCarriesPreviousOnlyAfterASet) {
+  EXPECT_EQ((KnobResult{70, 50}.ToJson()), (json{{"knob", 70}, {"previous", 50}}));
+  EXPECT_EQ((KnobResult{70, std::nullopt}.ToJson()), (json{{"knob", 70}}));
+  auto back = KnobResult::FromJson(json{{"knob", 30}, {"previous", 70}});
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->knob, 30);
+  EXPECT_EQ(back->previous, 70);
+  EXPECT_FALSE(KnobResult::FromJson(json{{"knob", "30"}}).ok());
+  EXPECT_FALSE(KnobResult::FromJson(json::array()).ok());
+}
+
+TEST(ControlProtocolTest, TypedArgumentsOfTheStoreOps) {
+  auto store = ParseControlArgs(ControlOp::kStore,
+                                json{{"key", "http://a/"}, {"etag", "\"1\""}, {"expires_unix", nullptr}});
+  ASSERT_TRUE(store.ok());
+  const ObjectArgs& o = std::get<ObjectArgs>(*store);
+  EXPECT_EQ(o.key, "http://a/");
+  EXPECT_EQ(o.etag, "\"1\"");
+  EXPECT_EQ(o.response, std::nullopt);
+  ASSERT_TRUE(o.expires_unix.has_value());
+  EXPECT_EQ(*o.expires_unix, std::nullopt);
+  auto data = ParseControlArgs(ControlOp::kTransfer,
+                               json{{"phase", "data"}, {"transfer", 3}, {"bytes", 4096}});
+  ASSERT_TRUE(data.ok());
+  EXPECT_EQ(std::get<TransferArgs>(*data).phase, TransferPhase::kData);
+  EXPECT_EQ(std::get<TransferArgs>(*data).bytes, 4096u);
+  auto served = ParseControlArgs(ControlOp::kServed, json{{"memory", {{"k", 2}}}, {"bytes", 10}});
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(std::get<ServedArgs>(*served).memory,
+            (std::vector<std::pair<std::string, std::uint64_t>>{{"k", 2}}));
+}
+
+TEST(ControlProtocolTest, LookupResultRefusesWrongTypesWithoutThrowing) {
+  auto ok = LookupResult::FromJson(json{{"cached", true}, {"size", 5}, {"choice", "network"},
+                                        {"path", "/m/.ghost/objects/x"}, {"expires_unix", 7}});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->cached);
+  EXPECT_EQ(ok->choice, LookupChoice::kNetwork);
+  EXPECT_EQ(ok->expires_unix, 7);
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", "yes"}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json{{"size", -1}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json{{"choice", "tape"}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json(3)).ok());
+  auto none = LookupResult::FromJson(json{{"cached", false}});
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->cached);
+}
+
+TEST(ControlPathTest, MountControlPathIsDerivedFromTheRealMountPoint) {
+  char dir[] = "/tmp/ghost-mnt-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string mnt = dir;
+  std::filesystem::create_directory(mnt + "/a b");
+  const std::string path = MountControlPath(mnt + "/a b");
+  EXPECT_EQ(path.rfind(ControlRunDir() + "/a_b-", 0), 0u) << path;
+  EXPECT_EQ(path.substr(path.size() - 5), ".sock");
+  EXPECT_LT(path.size(), sizeof(sockaddr_un{}.sun_path));
+  EXPECT_EQ(MountControlPath(mnt + "/a b/"), path);
+  EXPECT_EQ(MountControlPath(mnt + "/./a b/../a b"), path);
+  std::filesystem::create_directory_symlink(mnt + "/a b", mnt + "/link");
+  EXPECT_EQ(MountControlPath(mnt + "/link"), path);  // the real path decides
+  EXPECT_NE(MountControlPath(mnt), path);
+  // A long mount point still gives a path that fits a Unix socket.
+  std::string deep = mnt + "/" + std::string(200, 'x');
+  EXPECT_LT(MountControlPath(deep).size(), sizeof(sockaddr_un{}.sun_path));
+  std::filesystem::remove_all(mnt);
+}
+
+TEST(ControlPathTest, FindControlPathPrefersControlThenMountThenEnvironment) {
   ::setenv("GHOST_CONTROL", "/tmp/elsewhere.sock", 1);
-  EXPECT_EQ(DefaultControlPath(), "/tmp/elsewhere.sock");
+  EXPECT_EQ(FindControlPath("/x/c.sock", "/mnt/ghost").value(), "/x/c.sock");
+  EXPECT_EQ(FindControlPath("", "/mnt/ghost").value(), MountControlPath("/mnt/ghost"));
+  EXPECT_EQ(FindControlPath("", "").value(), "/tmp/elsewhere.sock");
   ::unsetenv("GHOST_CONTROL");
-  EXPECT_EQ(DefaultControlPath(), "/run/ghost/control.sock");
+  auto none = FindControlPath("", "");
+  // Without a ghostfs mounted here (unit tests mount nothing) it says what it tried.
+  if (GhostfsMounts().empty()) {
+    ASSERT_FALSE(none.ok());
+    EXPECT_EQ(none.status().code(), Status::Code::kNotFound);
+    for (const char* word : {"--control", "--mount", "$GHOST_CONTROL", "mounted"}) {
+      EXPECT_NE(none.status().message().find(word), std::string::npos) << none.status().message();
+    }
+  } else if (GhostfsMounts().size() == 1) {
+    EXPECT_EQ(none.value(), MountControlPath(GhostfsMounts()[0]));
+  }
 }
 
 }  // namespace
@@ -668,9 +885,9 @@ TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnec
       if (got.size() == 3) all.set_value();
     };
     inside_call = true;
-    client->Call("knob", {{"value", 70}}, [=](Result<json> r) { note(r.ok() ? "knob " + r->dump() : r.status().ToString()); });
-    client->Call("stats", {}, [=](Result<json> r) { note(r.ok() ? "stats " + std::to_string((*r)["knob"].get<int>()) : "stats failed"); });
-    client->Call("knob", {{"value", 170}}, [=](Result<json> r) {
+    client->Call(ControlOp::kKnob, {{"value", 70}}, [=](Result<json> r) { note(r.ok() ? "knob " + r->dump() : r.status().ToString()); });
+    client->Call(ControlOp::kStats, {}, [=](Result<json> r) { note(r.ok() ? "stats " + std::to_string((*r)["knob"].get<int>()) : "stats failed"); });
+    client->Call(ControlOp::kKnob, {{"value", 170}}, [=](Result<json> r) {
       note(r.ok() ? "bad knob accepted" : "bad knob: " + std::string(r.status().code() == Status::Code::kInvalidArgument ? "invalid" : "other"));
     });
     inside_call = false;
@@ -684,7 +901,7 @@ TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnec
   flush_seen_.emplace();
   std::future<void> flush_arrived = flush_seen_->get_future();
   OnLoop([&] {
-    client->Call("flush", {}, [&](Result<json> r) { lost.set_value(r.ok() ? Status::Code::kOk : r.status().code()); });
+    client->Call(ControlOp::kFlush, {}, [&](Result<json> r) { lost.set_value(r.ok() ? Status::Code::kOk : r.status().code()); });
     return 0;
   });
   ASSERT_EQ(flush_arrived.wait_for(kWait), std::future_status::ready);
@@ -700,10 +917,10 @@ TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnec
   // A new daemon on the same path: the next call reconnects.
   std::promise<std::string> again;
   OnLoop([&] {
-    auto server = ControlServer::Listen(base_, path_, [this](const json& rq, ControlServer::Reply reply) { Handle(rq, reply); });
+    auto server = ControlServer::Listen(base_, path_, [this](const ControlRequest& rq, ControlServer::Reply reply) { Handle(rq, reply); });
     EXPECT_TRUE(server.ok());
     server_ = std::move(*server);
-    client->Call("stats", {}, [&](Result<json> r) { again.set_value(r.ok() ? r->dump() : r.status().ToString()); });
+    client->Call(ControlOp::kStats, {}, [&](Result<json> r) { again.set_value(r.ok() ? r->dump() : r.status().ToString()); });
     return 0;
   });
   auto again_f = again.get_future();

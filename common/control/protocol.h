@@ -1,0 +1,244 @@
+// The control protocol (DESIGN §4.2), defined once: the ops a request may name, how each op's
+// arguments are checked and typed, the topics of pushed events, and the shapes of the results
+// that more than one program reads. The server (control.h) checks every request with
+// ParseControlArgs before the daemon (fs/control_ops.cc) sees it; ghostctl, ghostproxy's
+// client (proxy/ghostfs_backend.cc) and the daemon build and read the results with the types
+// below, so a field promised here is a field someone sends.
+//
+// Framing (one JSON object per line, ids, errors) is in control.h.
+//
+// ---- Ops ----
+//   status {"path": P}  cache status of a file. P is absolute (under the mount point; ghostctl
+//       sends absolute paths) or relative to the mount root. Result:
+//       {"path":"/mnt/ghost/web/index.html","cached":true,"size":5120,
+//        "source_preference":"disk","last_source":"network",   (optional: "url", "state")
+//        "cost":{"disk":{"time_s":0.012,"energy_j":0.03},"network":{"time_s":0.2,"energy_j":0.4}}}
+//       An unknown path is an error reply ("status: /x: no such file in the mount").
+//   hint {"kind": K, "device": D, "time_s": T, "energy_j": E}  an application's hint (DESIGN
+//       §3.3, §3.4). K is "ghost" | "transfer_begin" | "transfer_end" | "background"; D is a
+//       device name ("microdrive-1gb") or id (0); T and E (numbers >= 0, default 0, at most
+//       kMaxHintSeconds and kMaxHintJoules) are what a ghost hint says the device's best mode
+//       would have saved. Result: {}.
+//   knob {"value": V}?  without "value" (or null): get; with an integer V in 0..100: set.
+//       Result: KnobResult, {"knob":70} (a set adds "previous":50, the value before it).
+//   devices  every registered device. Result:
+//       [{"id":0,"name":"microdrive-1gb","kind":"disk","mode":"standby","mode_index":2,
+//         "modes":[{"name":"active","power_w":1.3},{"name":"idle","power_w":0.5},
+//                  {"name":"standby","power_w":0.08}],
+//         "power_w":0.08,"policy":"stpm-disk K=50: spin down after 12.3 s"}]
+//       ("kind": "disk" | "network" | "flash"; "power_w": what it draws now.)
+//   stats  energy and activity since the daemon started. Result:
+//       {"uptime_s":3600.5,"knob":50,
+//        "energy_j":{"total":1234.5,"base":1000.0,"devices":{"microdrive-1gb":120.5}},
+//        "requests":{"memory":0,"disk":3,"network":5},"ghost_hints_sent":2,
+//                    (more request sources, e.g. "revalidated", may follow the three)
+//        "write_queue":{"queued_bytes":4096,"flushes":1},
+//        "cache":{"objects":42,"bytes":1048576,"capacity":67108864}}
+//   flush  write every deferred write to its device now; replies when done (asynchronous).
+//       Result: {"flushed_bytes":4096,"duration_s":1.2}
+//   drop_caches  forgets the page-cache model's contents (the shared store's RAM copies,
+//       fs/store_tree.cc), as `echo 1 > /proc/sys/vm/drop_caches` does for the kernel's: the
+//       next lookups choose between disk and network. Result: {"dropped": N} (objects).
+//
+//   The shared store (ghostproxy's cache is the daemon's: fs/store_tree.cc). K is an opaque
+//   non-empty cache key (the proxy uses the URL, plus the Vary'd request headers).
+//   lookup {"key": K}  is K cached, and where should it be read from now? The daemon runs the
+//       cost model (sending the disk a ghost hint when the network wins). Result: LookupResult,
+//       {"cached":false}, or {"cached":true,"size":5120,"response":"<the stored head>",
+//        "choice":"disk"|"network","source":"disk"|"memory"|"network","ghost_hint":false,
+//        "cost":{...the estimates, as the user.ghost.cost attribute shows them...},
+//        "etag":"\"5f-1\"","last_modified":"...","content_type":"text/html","expires_unix":N|null,
+//        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>",   (read the body there)
+//        "body_path":"<cache dir>/objects/ab/ab12..."}   (only with "choice":"disk": the body
+//       file itself, which a reader on this machine may read instead of "path"; the daemon
+//       has charged the emulated disk for that read already)
+//   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
+//          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
+//       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
+//       body there; closing the file hands it to the write queue, replacing any object at K;
+//       unlinking it first abandons the fill.
+//   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
+//       keeps the body. Result: {}; an error if K is not cached.
+//   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
+//   transfer {"phase": "begin"}  a proxy's fetch from an origin, carried by the emulated card
+//       (fs/store_tree.cc): disclosed to the network module, the card's round trips start.
+//       Result: {"transfer": T}.
+//     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
+//       B bytes; answered ({}) once it has (once per transfer).
+//     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
+//   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
+//       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
+//       all, since its last report: counted as memory reads in stats, and each K becomes the
+//       most recently used. N are integers >= 1, B an integer >= 0. Result: {}.
+//   subscribe {"topics": [T...]}  answered by the server itself: from the reply on, every
+//       event published on those topics is pushed to this connection until it closes
+//       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
+//
+// ---- Topics (pushed {"event": topic, "data": ...}) ----
+//   modes   a device entered a mode, or a policy changed (knob set): data is the devices
+//           result, the whole array as `devices` returns it. (ghostctl also accepts one
+//           device's entry, {"device":"microdrive-1gb","id":0,"mode":"standby","mode_index":2,
+//           "power_w":0.08}, and updates that row.)
+//   stats   the stats changed: data has the shape of the stats result (the daemon coalesces;
+//           nothing is pushed while nothing happens).
+//   events  anything else worth a log line: {"type":"ghost_hint"|"flush"|"fetch_error"|...,...}
+//   objects a stored object changed or left the cache (refreshed, replaced by a fill,
+//           invalidated, evicted): {"key": K}. A client holding a copy of K in RAM drops it;
+//           one that loses its subscription must drop every copy (it may have missed events).
+//           Published from the daemon's first "lookup" on (no copy can exist before one).
+//
+// Nothing here throws: every parse checks types first and returns a Status.
+// Thread-safety: plain functions and values.
+#ifndef GHOST_COMMON_CONTROL_PROTOCOL_H_
+#define GHOST_COMMON_CONTROL_PROTOCOL_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/base/status.h"
+
+namespace ghost {
+
+// The ops a request may name. Their names on the wire are ControlOpName's.
+enum class ControlOp {
+  kStatus,
+  kHint,
+  kKnob,
+  kDevices,
+  kStats,
+  kFlush,
+  kDropCaches,
+  kSubscribe,
+  kLookup,
+  kStore,
+  kRefresh,
+  kInvalidate,
+  kTransfer,
+  kServed,
+};
+inline constexpr std::size_t kControlOpCount = 14;
+
+// Every op, in the order above.
+const std::array<ControlOp, kControlOpCount>& AllControlOps();
+std::string_view ControlOpName(ControlOp op);
+// The op named `name`, or nullopt for a name that is not an op.
+std::optional<ControlOp> ParseControlOp(std::string_view name);
+// "status, hint, knob, ..." for messages.
+std::string ControlOpList();
+
+// The topics a subscription may hold.
+inline constexpr std::array<std::string_view, 4> kControlTopics = {"modes", "stats", "events",
+                                                                   "objects"};
+
+// Bounds that keep numbers from a client within what the daemon's types hold (a time in
+// microseconds in an int64, byte counts turned into transfer times): larger values are refused.
+inline constexpr double kMaxHintSeconds = 365.0 * 24 * 3600;  // a ghost hint's time_s
+inline constexpr double kMaxHintJoules = 1e9;                   // a ghost hint's energy_j
+inline constexpr std::uint64_t kMaxTransferBytes = 1ull << 40;  // transfer data "bytes"
+inline constexpr std::uint64_t kMaxServedReads = 1000000;       // served: reads of one key
+inline constexpr std::int64_t kMaxUnixSeconds = 100'000'000'000;  // |expires_unix|
+
+// The performance/energy knob's range (0 saves energy, 100 favours performance).
+inline constexpr int kKnobMin = 0;
+inline constexpr int kKnobMax = 100;
+// "70" → 70. kInvalidArgument, naming the text and the range, for anything but a decimal
+// integer in kKnobMin..kKnobMax.
+Result<int> ParseKnobText(std::string_view text);
+
+// ---- Requests: the arguments of each op, checked and typed ----
+
+struct NoArgs {};  // devices, stats, flush, drop_caches
+struct StatusArgs {
+  std::string path;  // non-empty
+};
+enum class HintKind { kGhost, kTransferBegin, kTransferEnd, kBackground };
+struct HintArgs {
+  HintKind kind = HintKind::kGhost;
+  std::variant<std::string, std::int64_t> device;  // a name (non-empty) or an id (>= 0)
+  double time_s = 0;                               // 0..kMaxHintSeconds
+  double energy_j = 0;                             // 0..kMaxHintJoules
+};
+struct KnobArgs {
+  std::optional<int> value;  // set to this (in kKnobMin..kKnobMax); nullopt: get
+};
+struct SubscribeArgs {
+  std::vector<std::string> topics;  // non-empty, each one of kControlTopics
+};
+// lookup, store, refresh, invalidate. A field absent from the request is nullopt.
+struct ObjectArgs {
+  std::string key;  // non-empty
+  std::optional<std::string> response, etag, last_modified, content_type;
+  // Outer nullopt: not given; inner nullopt: given as null (no expiry). |X| <= kMaxUnixSeconds.
+  std::optional<std::optional<std::int64_t>> expires_unix;
+};
+enum class TransferPhase { kBegin, kData, kEnd };
+struct TransferArgs {
+  TransferPhase phase = TransferPhase::kBegin;
+  std::uint64_t transfer = 0;  // data, end: the id "begin" returned
+  std::uint64_t bytes = 0;     // data: the body's size, <= kMaxTransferBytes
+};
+struct ServedArgs {
+  // key (non-empty), reads (1..kMaxServedReads)
+  std::vector<std::pair<std::string, std::uint64_t>> memory;
+  std::uint64_t bytes = 0;
+};
+using ControlArgs = std::variant<NoArgs, StatusArgs, HintArgs, KnobArgs, SubscribeArgs,
+                                 ObjectArgs, TransferArgs, ServedArgs>;
+
+// Checks the arguments of a request (the whole object) for `op`. Success: the typed arguments
+// (the alternative documented for the op above). Failure: kInvalidArgument whose message says
+// what is wrong and how it should look, without the op's name ("needs \"path\", ...").
+Result<ControlArgs> ParseControlArgs(ControlOp op, const nlohmann::json& request);
+
+// A checked request as the daemon's handler receives it.
+struct ControlRequest {
+  ControlOp op;
+  ControlArgs args;             // the alternative for `op`
+  const nlohmann::json& json;   // the whole request object (borrowed for the call)
+};
+
+// ---- Results that several programs read ----
+
+struct KnobResult {
+  int knob = 0;
+  std::optional<int> previous;  // present after a set
+  nlohmann::json ToJson() const;
+  // kInvalidArgument unless `j` is an object with an integer "knob" (and "previous", if any).
+  static Result<KnobResult> FromJson(const nlohmann::json& j);
+};
+
+// Where the daemon's cost model says a cached object should be read from.
+enum class LookupChoice { kDisk, kNetwork };
+struct LookupResult {
+  bool cached = false;
+  std::uint64_t size = 0;
+  std::string response;  // the stored head (empty for objects ghostfs fetched itself)
+  LookupChoice choice = LookupChoice::kDisk;
+  std::string source;  // "disk" | "memory" | "network"
+  bool ghost_hint = false;
+  std::string etag, last_modified, content_type;
+  std::optional<std::int64_t> expires_unix;
+  std::string path;       // MOUNT/.ghost/objects/<hash>
+  std::string body_path;  // the body file itself, or empty
+  // Tolerant of missing fields (they keep the defaults above); kInvalidArgument unless `j` is
+  // an object whose fields, where present, have the types documented above.
+  static Result<LookupResult> FromJson(const nlohmann::json& j);
+};
+
+// The "path" of a store result, the "transfer" of a transfer-begin result, the "key" of an
+// objects event: kInvalidArgument when missing or of another type.
+Result<std::string> StorePathFromJson(const nlohmann::json& result);
+Result<std::uint64_t> TransferIdFromJson(const nlohmann::json& result);
+Result<std::string> ObjectsEventKey(const nlohmann::json& data);
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_CONTROL_PROTOCOL_H_
