@@ -109,13 +109,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::size_t sent = 0;
   std::string got;
   bool eof = false;
+  bool shut = false;
   for (int turns = 0; !eof; ++turns) {
     if (turns > 100000) Die("the server never closed the connection", got);
     if (sent < size) {
       const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
       if (n > 0) sent += static_cast<std::size_t>(n);
       if (n < 0 && errno != EAGAIN) sent = size;  // the server closed on an over-long line
-      if (sent == size) ::shutdown(fd, SHUT_WR);
+    }
+    if (sent == size && !shut) {
+      ::shutdown(fd, SHUT_WR);
+      shut = true;
     }
     event_base_loop(f.base, EVLOOP_NONBLOCK);
     std::vector<ghost::ControlServer::Reply> later;

@@ -23,10 +23,10 @@ declare -A TARGETS=(
   [autoindex]="common/http/autoindex.cc common/http/http_message.cc common/base/status.cc |"
   [control]="common/control/control.cc common/base/status.cc | libevent_core nlohmann_json"
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
-          common/base/clock.cc | libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
+          common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [config]="common/config/config.cc common/imap/imap_client.cc common/imap/maildir_names.cc
             common/base/status.cc common/base/clock.cc |
-            tomlplusplus libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
+            tomlplusplus libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [profile]="common/power/profile.cc common/base/status.cc | tomlplusplus"
   [trace]="common/sim/trace.cc common/base/status.cc | nlohmann_json"
 )
@@ -48,9 +48,12 @@ spec=${TARGETS[$target]}
 sources=("$root/tests/fuzz/${target}_fuzz.cc")
 for s in ${spec%%|*}; do sources+=("$root/$s"); done
 packages=(${spec#*|})
-pkgflags=()
+pkgcflags=()
+pkglibs=()
 if [ ${#packages[@]} -gt 0 ]; then
-  if ! pkgflags=($(pkg-config --cflags --libs "${packages[@]}" 2>"$work/build.log")); then
+  # The same flags as the meson build (e.g. toml++ as its shared library, not header-only).
+  if ! pkgcflags=($(pkg-config --cflags "${packages[@]}" 2>"$work/build.log")) ||
+     ! pkglibs=($(pkg-config --libs "${packages[@]}" 2>>"$work/build.log")); then
     echo "1..1"
     echo "not ok 1 - ${target}_fuzz: pkg-config ${packages[*]}"
     sed 's/^/# /' "$work/build.log"
@@ -78,14 +81,14 @@ if [ $rebuild -eq 1 ]; then
   for s in "${sources[@]}"; do
     o="$work/obj/$(basename "${s%.cc}").o"
     mkdir -p "$work/obj"
-    if ! "$cxx" "${flags[@]}" -c "$s" -MD -MF "$o.d" -o "$o" >>"$work/build.log" 2>&1; then
+    if ! "$cxx" "${flags[@]}" "${pkgcflags[@]}" -c "$s" -MD -MF "$o.d" -o "$o" >>"$work/build.log" 2>&1; then
       ok=0
       break
     fi
     cat "$o.d" >>"$exe.deps.tmp"
     objs+=("$o")
   done
-  if [ $ok -eq 1 ] && ! "$cxx" "${flags[@]}" "${objs[@]}" "${pkgflags[@]}" -o "$exe.tmp" \
+  if [ $ok -eq 1 ] && ! "$cxx" "${flags[@]}" "${objs[@]}" "${pkglibs[@]}" -o "$exe.tmp" \
                          >>"$work/build.log" 2>&1; then
     ok=0
   fi
