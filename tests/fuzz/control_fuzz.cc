@@ -40,6 +40,14 @@ constexpr std::size_t kMaxLine = 1024;
   std::abort();
 }
 
+// The request object, whether the handler is given it directly or inside a parsed request
+// (a struct with a `json` member): the target builds against either form of the API.
+const json& JsonOf(const json& j) { return j; }
+template <typename Request>
+auto JsonOf(const Request& r) -> decltype((r.json)) {
+  return r.json;
+}
+
 struct Fixture {
   event_base* base = nullptr;
   std::unique_ptr<ghost::ControlServer> server;
@@ -55,8 +63,9 @@ struct Fixture {
     options.max_request_line = kMaxLine;
     auto listening = ghost::ControlServer::Listen(
         base, path,
-        [this](const json& request, ghost::ControlServer::Reply reply) {
-          const std::string op = request["op"].get<std::string>();
+        [this](const auto& parsed, ghost::ControlServer::Reply reply) {
+          const json& request = JsonOf(parsed);
+          const std::string op = request.at("op").template get<std::string>();
           if (op == "stats") throw std::runtime_error("thrown by the fuzz handler");
           if (op == "lookup") return;  // dropped unanswered: "internal error" reply
           if (op == "flush") {

@@ -16,12 +16,14 @@ target=$3
 secs=${4:-${GHOST_FUZZ_SECONDS:-15}}
 cxx=${CLANGXX:-clang++}
 
-# TARGET -> "sources (besides tests/fuzz/TARGET_fuzz.cc) | pkg-config packages"
+# TARGET -> "sources (besides tests/fuzz/TARGET_fuzz.cc) | pkg-config packages"; a source
+# ending in "?" is compiled only where it exists (a file that a layer gains or loses).
 declare -A TARGETS=(
   [http1]="proxy/http1.cc common/http/http_message.cc common/base/status.cc |"
   [http_head]="common/http/http_message.cc common/http/http_freshness.cc common/base/status.cc |"
   [autoindex]="common/http/autoindex.cc common/http/http_message.cc common/base/status.cc |"
-  [control]="common/control/control.cc common/base/status.cc | libevent_core nlohmann_json"
+  [control]="common/control/control.cc common/control/protocol.cc? common/base/status.cc
+             common/base/mounts.cc? | libevent_core nlohmann_json openssl"
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
           common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [config]="common/config/config.cc common/imap/imap_client.cc common/imap/maildir_names.cc
@@ -46,7 +48,14 @@ rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*
 
 spec=${TARGETS[$target]}
 sources=("$root/tests/fuzz/${target}_fuzz.cc")
-for s in ${spec%%|*}; do sources+=("$root/$s"); done
+set -f  # no globbing of the "?"
+for s in ${spec%%|*}; do
+  case $s in
+    *\?) [ -f "$root/${s%\?}" ] && sources+=("$root/${s%\?}") ;;
+    *) sources+=("$root/$s") ;;
+  esac
+done
+set +f
 packages=(${spec#*|})
 pkgcflags=()
 pkglibs=()
