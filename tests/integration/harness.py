@@ -116,10 +116,10 @@ def _run_cleanups(*_):
 # the cleanups have stopped every daemon, a report there fails the test with one more TAP
 # line, "not ok N - no sanitizer report ...", quoting the reports (and the exit status 1).
 _SANITIZER_DIR = tempfile.mkdtemp(prefix="ghost-sanitizer-")
-for _var, _prefix in (("ASAN_OPTIONS", "asan"), ("UBSAN_OPTIONS", "ubsan"), ("LSAN_OPTIONS", "lsan")):
+for _var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
     _opts = os.environ.get(_var, "")
     if "log_path=" not in _opts:
-        os.environ[_var] = (_opts + ":" if _opts else "") + f"log_path={_SANITIZER_DIR}/{_prefix}"
+        os.environ[_var] = (_opts + ":" if _opts else "") + f"log_path={_SANITIZER_DIR}/report"
 
 
 def sanitizer_reports():
