@@ -33,6 +33,35 @@ def known_failures(junit_path):
     return out
 
 
+def failed_without_a_failed_case(junit_root, junit_path):
+    """Tests that meson judged failed (a non-zero exit, a crash, a timeout, a TAP plan that does
+    not match) while none of their cases in the JUnit log failed: [(test, result)]. Each counts
+    as one failure, so a test that dies after its last "ok" is never counted as passing."""
+    bad_suites = set()
+    for suite in junit_root.iter("testsuite"):
+        for c in suite.iter("testcase"):
+            if c.find("failure") is not None or c.find("error") is not None:
+                # A TAP or gtest test is a suite of its own; an exit-status test is one case
+                # of the project's suite.
+                bad_suites.add(suite.get("name", ""))
+                bad_suites.add(suite.get("name", "") + "." + c.get("name", ""))
+    out = []
+    path = os.path.join(os.path.dirname(junit_path), "testlog.json")
+    try:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("result") not in ("FAIL", "ERROR", "TIMEOUT", "UNEXPECTEDPASS"):
+                    continue
+                name = rec.get("name", "?")
+                if not any(s == name or s.endswith("." + name) or f".{name}." in s
+                           for s in bad_suites):
+                    out.append((name, rec["result"]))
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def main(path):
     try:
         root = ET.parse(path).getroot()
@@ -48,6 +77,9 @@ def main(path):
             skipped += 1
         else:
             passed += 1
+    for test, result in failed_without_a_failed_case(root, path):
+        print(f"failed as a whole ({result}), with no failed case: {test}")
+        failed += 1
     todo = known_failures(path)
     for test, check, why in todo:
         print(f"known failure (TODO, not counted as passed): {test}: {check} — {why}")

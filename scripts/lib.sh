@@ -15,7 +15,7 @@ GHOST_PACKAGES=(
   dovecot-imapd libssl-dev  # IMAP origin tests (tests/common/dovecot_fixture.h), TLS
   neomutt tmux  # tests/integration/ghostfs_imap_neomutt_test.py: a Maildir reader on the mount
   openssl  # tests/integration/ghostfs_imap_bad_test.py: a CA and server certificate for imaps://
-  clang  # tests/proxy/fuzz_http1.sh: libFuzzer with ASan/UBSan (suite "fuzz")
+  clang  # tests/fuzz/fuzz.sh: libFuzzer with ASan/UBSan (suite "fuzz")
   libnetfilter-queue-dev iptables iputils-ping
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
@@ -40,11 +40,15 @@ ghost_install() {
   apt-get install -y -qq "${missing[@]}" >/dev/null || return 1
 }
 
+# ghost_build [DIR [MESON OPTION...]]: configures DIR (default $GHOST_BUILD) with the options
+# the first time, then builds everything in it.
 ghost_build() {
-  if [ ! -f "$GHOST_BUILD/build.ninja" ]; then
-    ghost_log "configuring $GHOST_BUILD"
-    meson setup "$GHOST_BUILD" "$GHOST_ROOT" >/dev/null || return 1
+  local dir=${1:-$GHOST_BUILD}
+  [ $# -gt 0 ] && shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    ghost_log "configuring $dir${*:+ ($*)}"
+    meson setup "$dir" "$GHOST_ROOT" "$@" >/dev/null || return 1
   fi
-  ghost_log "building"
-  ninja -C "$GHOST_BUILD" >/dev/null || ninja -C "$GHOST_BUILD" || return 1
+  ghost_log "building $dir"
+  ninja -C "$dir" >/dev/null || ninja -C "$dir" || return 1
 }

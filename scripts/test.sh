@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds, and runs every test (unit and integration). Ends with one
-# line "N passed, N failed[, N skipped]" counted from the test results; exits non-zero on any
-# failure.
+# Installs what is missing, builds, and runs every test (unit, fuzz and integration). Ends with
+# one line "N passed, N failed[, N skipped]" counted from the test results; exits non-zero on
+# any failure.
+#
+# The tests run in their own build, build-test/ ($GHOST_TEST_BUILD), compiled with ASan and
+# UBSan ($GHOST_SANITIZE, "address,undefined"; "none" for a plain build): a memory error,
+# undefined behaviour or a leak in a unit test, or in a daemon an integration test starts,
+# fails that test. build/ (the demo, the benchmarks) stays an ordinary optimised build.
+# Extra arguments go to meson test (e.g. --suite unit, or test names).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 
-ghost_install || exit 1
-ghost_build || exit 1
+GHOST_TEST_BUILD=${GHOST_TEST_BUILD:-$GHOST_ROOT/build-test}
+GHOST_SANITIZE=${GHOST_SANITIZE:-address,undefined}
 
-ghost_log "running the tests"
-meson test -C "$GHOST_BUILD" --print-errorlogs --num-processes 2 "$@"
+ghost_install || exit 1
+ghost_build "$GHOST_TEST_BUILD" -Db_sanitize="$GHOST_SANITIZE" -Db_lundef=false || exit 1
+
+ghost_log "running the tests in $GHOST_TEST_BUILD (sanitizers: $GHOST_SANITIZE)"
+meson test -C "$GHOST_TEST_BUILD" --print-errorlogs --num-processes 2 "$@"
 status=$?
 
 # Count individual test cases (googletest cases, and whole scripts for other tests) from
 # meson's JUnit log.
-python3 "$GHOST_ROOT/scripts/count_tests.py" "$GHOST_BUILD/meson-logs/testlog.junit.xml" || status=1
+python3 "$GHOST_ROOT/scripts/count_tests.py" "$GHOST_TEST_BUILD/meson-logs/testlog.junit.xml" || status=1
 exit $status

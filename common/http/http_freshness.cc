@@ -102,7 +102,12 @@ std::optional<std::int64_t> ToUnix(const Civil& t) {
                            day{static_cast<unsigned>(t.day)}};
   if (!ymd.ok()) return std::nullopt;
   const std::int64_t days = sys_days{ymd}.time_since_epoch().count();
-  return days * kSecondsPerDay + t.hour * 3600 + t.minute * 60 + t.second;
+  const std::int64_t unix_seconds = days * kSecondsPerDay + t.hour * 3600 + t.minute * 60 + t.second;
+  // A leap second on 31 Dec 9999 would be year 10000, which no HTTP-date (and so no
+  // FormatHttpDate output) can express.
+  constexpr std::int64_t kYear10000 = 253402300800;
+  if (unix_seconds >= kYear10000) return std::nullopt;
+  return unix_seconds;
 }
 
 // "Sun, 06 Nov 1994 08:49:37 GMT" (after the weekday and comma).

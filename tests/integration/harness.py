@@ -17,10 +17,15 @@ import time
 SKIP = 77
 
 
+_tap = None  # the test's Tap, for the sanitizer check at exit
+
+
 class Tap:
     def __init__(self, planned):
+        global _tap
         self.n = 0
         self.failed = 0
+        _tap = self
         print(f"1..{planned}", flush=True)
 
     def check(self, ok, name, detail=""):
@@ -105,6 +110,56 @@ def _run_cleanups(*_):
             print(f"# cleanup: {e}", flush=True)
 
 
+# Sanitizer reports (a build with -Db_sanitize=address,undefined, scripts/test.sh): every
+# program this test starts, directly or not, writes its ASan/UBSan/LSan report to a file in
+# one directory of ours instead of a stderr nobody reads (a daemon's goes to its log). After
+# the cleanups have stopped every daemon, a report there fails the test with one more TAP
+# line, "not ok N - no sanitizer report ...", quoting the reports (and the exit status 1).
+_SANITIZER_DIR = tempfile.mkdtemp(prefix="ghost-sanitizer-")
+for _var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
+    _opts = os.environ.get(_var, "")
+    if "log_path=" not in _opts:
+        os.environ[_var] = (_opts + ":" if _opts else "") + f"log_path={_SANITIZER_DIR}/report"
+
+
+def sanitizer_reports():
+    """[(file name, text)] of the sanitizer reports written so far by this test's programs."""
+    out = []
+    try:
+        names = sorted(os.listdir(_SANITIZER_DIR))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(_SANITIZER_DIR, name), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if text.strip():
+            out.append((name, text))
+    return out
+
+
+def _check_sanitizer_reports():
+    reports = sanitizer_reports()
+    shutil.rmtree(_SANITIZER_DIR, ignore_errors=True)
+    if not reports:
+        return
+    n = (_tap.n if _tap else 0) + 1
+    print(f"not ok {n} - no sanitizer report from the programs this test ran "
+          f"({len(reports)} report(s))", flush=True)
+    for name, text in reports:
+        lines = text.splitlines()
+        keep = [l for l in lines if "ERROR:" in l or "runtime error:" in l or "SUMMARY:" in l
+                or l.lstrip().startswith("#")][:40]
+        print(f"# {name}:", flush=True)
+        for line in keep or lines[:40]:
+            print(f"#   {line}", flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
+atexit.register(_check_sanitizer_reports)  # registered first: runs after the cleanups
 atexit.register(_run_cleanups)
 for _sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(_sig, lambda *a: (_run_cleanups(), sys.exit(1)))

@@ -46,6 +46,19 @@ TEST(HttpDateTest, ParsesTheThreeFormats) {
   EXPECT_EQ(ParseHttpDate("Fri, 31 Dec 1999 23:59:59 GMT"), 946684799);
 }
 
+// Found by tests/fuzz/http_head_fuzz.cc: a leap second at the very end of year 9999 parsed to
+// a time that formats as year 10000, which does not parse back.
+TEST(HttpDateTest, EveryAcceptedDateFormatsBackToItselfEvenALeapSecondAtYear9999) {
+  EXPECT_EQ(ParseHttpDate("Fri, 31 Dec 9999 23:59:60 GMT"), std::nullopt);
+  EXPECT_EQ(ParseHttpDate("Fri, 31 Dec 9999 23:59:59 GMT"), 253402300799);
+  for (const char* good : {"Fri, 31 Dec 9999 23:59:59 GMT", "Sat, 31 Dec 2016 23:59:60 GMT",
+                           "Thu, 01 Jan 1970 00:00:00 GMT"}) {
+    const std::optional<std::int64_t> t = ParseHttpDate(good);
+    ASSERT_TRUE(t) << good;
+    EXPECT_EQ(ParseHttpDate(FormatHttpDate(*t)), t) << good << " -> " << FormatHttpDate(*t);
+  }
+}
+
 TEST(HttpDateTest, RejectsMalformedDates) {
   for (const char* bad : {"",
                           "0",

@@ -1,5 +1,5 @@
 // libFuzzer target for the HTTP/1.1 message layer (proxy/http1.h). Built and run by
-// tests/proxy/fuzz_http1.sh with clang's -fsanitize=fuzzer,address,undefined.
+// tests/fuzz/fuzz.sh with clang's -fsanitize=fuzzer,address,undefined.
 //
 // Each input is fed, as plain bytes, to the request parser and to the response parser (as the
 // answer to GET, HEAD and CONNECT), with the default limits and with tiny ones, and each time:

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Fuzzes one parser with libFuzzer, ASan and UBSan for a bounded time: builds
+# tests/fuzz/TARGET_fuzz.cc with clang++ from the few sources it needs (not through the g++
+# meson build; the list is in TARGETS below), seeds it with tests/fuzz/TARGET_corpus/, and runs
+# it. A crash, a hang, a leak, a sanitizer report or a failed check in the target fails the
+# test; the crashing input is kept in WORK_DIR and named in the output.
+# TAP; skipped (1..0 # SKIP) when clang++ or its libFuzzer runtime is missing.
+#
+# Usage: fuzz.sh SOURCE_ROOT WORK_DIR TARGET [SECONDS]
+#   SECONDS defaults to $GHOST_FUZZ_SECONDS or 15. CLANGXX picks the compiler (clang++).
+#   scripts/fuzz.sh runs a target (or all) for longer by hand.
+set -u
+root=$1
+work=$2
+target=$3
+secs=${4:-${GHOST_FUZZ_SECONDS:-15}}
+cxx=${CLANGXX:-clang++}
+
+# TARGET -> "sources (besides tests/fuzz/TARGET_fuzz.cc) | pkg-config packages"; a source
+# ending in "?" is compiled only where it exists (a file that a layer gains or loses).
+declare -A TARGETS=(
+  [http1]="proxy/http1.cc common/http/http_message.cc common/base/status.cc |"
+  [http_head]="common/http/http_message.cc common/http/http_freshness.cc common/base/status.cc |"
+  [autoindex]="common/http/autoindex.cc common/http/http_message.cc common/base/status.cc |"
+  [control]="common/control/control.cc common/control/protocol.cc? common/base/status.cc
+             common/base/mounts.cc? | libevent_core nlohmann_json openssl"
+  [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
+          common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
+  [config]="common/config/config.cc common/imap/imap_client.cc common/imap/maildir_names.cc
+            common/base/status.cc common/base/clock.cc |
+            tomlplusplus libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
+  [profile]="common/power/profile.cc common/base/status.cc | tomlplusplus"
+  [trace]="common/sim/trace.cc common/base/status.cc | nlohmann_json"
+)
+
+if [ -z "${TARGETS[$target]+x}" ]; then
+  echo "1..1"
+  echo "not ok 1 - unknown fuzz target '$target' (known: ${!TARGETS[*]})"
+  exit 0
+fi
+if ! command -v "$cxx" >/dev/null 2>&1; then
+  echo "1..0 # SKIP $cxx is not installed (apt-get install clang)"
+  exit 0
+fi
+mkdir -p "$work/corpus" || exit 1
+# Crashes from an earlier run are kept for inspection, not replayed as passes.
+rm -f "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*
+
+spec=${TARGETS[$target]}
+sources=("$root/tests/fuzz/${target}_fuzz.cc")
+set -f  # no globbing of the "?"
+for s in ${spec%%|*}; do
+  case $s in
+    *\?) [ -f "$root/${s%\?}" ] && sources+=("$root/${s%\?}") ;;
+    *) sources+=("$root/$s") ;;
+  esac
+done
+set +f
+packages=(${spec#*|})
+pkgcflags=()
+pkglibs=()
+if [ ${#packages[@]} -gt 0 ]; then
+  # The same flags as the meson build (e.g. toml++ as its shared library, not header-only).
+  if ! pkgcflags=($(pkg-config --cflags "${packages[@]}" 2>"$work/build.log")) ||
+     ! pkglibs=($(pkg-config --libs "${packages[@]}" 2>>"$work/build.log")); then
+    echo "1..1"
+    echo "not ok 1 - ${target}_fuzz: pkg-config ${packages[*]}"
+    sed 's/^/# /' "$work/build.log"
+    exit 0
+  fi
+fi
+exe="$work/${target}_fuzz"
+flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
+       -fno-sanitize-recover=undefined -I "$root" -DGHOST_PROFILE_DIR="\"$root/common/profiles\"")
+
+# Rebuild when this script, a source or a header it includes (from the last build's
+# dependency file) is newer than the binary.
+rebuild=1
+if [ -x "$exe" ] && [ -f "$exe.deps" ]; then
+  rebuild=0
+  for s in "$0" $(sed -e 's/^[^:]*://' -e 's/\\$//' "$exe.deps"); do
+    [ "$s" -nt "$exe" ] && rebuild=1 && break
+  done
+fi
+if [ $rebuild -eq 1 ]; then
+  rm -f "$exe.deps"
+  objs=()
+  ok=1
+  : >"$work/build.log"
+  for s in "${sources[@]}"; do
+    o="$work/obj/$(basename "${s%.cc}").o"
+    mkdir -p "$work/obj"
+    if ! "$cxx" "${flags[@]}" "${pkgcflags[@]}" -c "$s" -MD -MF "$o.d" -o "$o" >>"$work/build.log" 2>&1; then
+      ok=0
+      break
+    fi
+    cat "$o.d" >>"$exe.deps.tmp"
+    objs+=("$o")
+  done
+  if [ $ok -eq 1 ] && ! "$cxx" "${flags[@]}" "${objs[@]}" "${pkglibs[@]}" -o "$exe.tmp" \
+                         >>"$work/build.log" 2>&1; then
+    ok=0
+  fi
+  if [ $ok -eq 0 ]; then
+    rm -f "$exe.deps.tmp"
+    if grep -q -e "libclang_rt.fuzzer" -e "cannot find -l.*fuzzer" "$work/build.log"; then
+      echo "1..0 # SKIP $cxx has no libFuzzer runtime (apt-get install clang)"
+      exit 0
+    fi
+    echo "1..1"
+    echo "not ok 1 - ${target}_fuzz builds with $cxx"
+    sed 's/^/# /' "$work/build.log" | tail -n 40
+    exit 0
+  fi
+  mv "$exe.deps.tmp" "$exe.deps"
+  mv "$exe.tmp" "$exe"
+fi
+
+echo "1..1"
+# Run from WORK_DIR so crash-* files land there; new corpus entries go to WORK_DIR/corpus, the
+# checked-in seeds stay read-only.
+seeds=()
+[ -d "$root/tests/fuzz/${target}_corpus" ] && seeds=("$root/tests/fuzz/${target}_corpus")
+(cd "$work" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  "$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    -print_final_stats=1 corpus "${seeds[@]}") >"$work/fuzz.log" 2>&1
+rc=$?
+stats=$(grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb|new_units_added)' \
+          "$work/fuzz.log" | sed 's/^stat:://' | tr -s ' \n' ' ')
+done_line=$(grep -E '^Done [0-9]+ runs' "$work/fuzz.log" | tail -n 1)
+crash=$(ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* 2>/dev/null | head -n 1)
+if [ $rc -eq 0 ] && [ -z "$crash" ] && [ -n "$done_line" ]; then
+  echo "ok 1 - $target parser survives ${secs}s of libFuzzer (ASan+UBSan): $done_line; $stats"
+else
+  echo "not ok 1 - $target parser under libFuzzer (exit $rc)${crash:+; input kept in $crash}"
+  grep -E -A 30 'ERROR|runtime error|_fuzz:|deadly signal|terminate called' "$work/fuzz.log" |
+    head -n 60 | sed 's/^/# /'
+fi
+exit 0
