@@ -767,14 +767,8 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       if (st->data.size() != expected || d_.store_->index().Find(key)) return;
       // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
       CacheEntry meta;
-      meta.size = st->data.size();
       meta.content_type = "message/rfc822";
-      d_.pending_fills_[key] = meta;
-      WriteRecord r;
-      r.key = "fill:" + key;
-      r.length = st->data.size();
-      r.data = st->data;
-      d_.queue_->Add(std::move(r));
+      d_.QueueFill(key, std::move(meta), st->data);
     };
     Selected(*mo, wire, [this, mo, st, uid, uidvalidity, end](Result<std::uint32_t> v) {
       if (!v.ok()) return end(v.status());
