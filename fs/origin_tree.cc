@@ -414,7 +414,9 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   auto from_network = [this, ino, url, open_handle, req, listed_size, cached = cached != nullptr](const std::string& validator_etag,
                                                                                    const std::string& validator_date) mutable {
     auto running = streams_.find(url);
-    if (running != streams_.end() && validator_etag.empty()) {
+    // A running stream is joined only while it still holds the body's first bytes: once its
+    // window moved on, a reader from the start gets its own fetch (one version each).
+    if (running != streams_.end() && validator_etag.empty() && running->second->base == 0) {
       decisions_[ino].source = "network";
       return open_handle("network", running->second);
     }

@@ -9,8 +9,12 @@
 //     the disk a ghost hint when the network wins); "store" opens a fill; "refresh" replaces
 //     a stored head after a 304; "invalidate" drops a key; "transfer" has the emulated card
 //     carry the proxy's own fetches (below);
-//   - this directory: .ghost/objects/<hash> reads a cached body (hash = hex SHA-256 of the
-//     key, the name a "lookup" returns) through the same read path as an origin file — the
+//   - this directory: .ghost/objects/<hash>@<version> reads one version of a cached body
+//     (hash = hex SHA-256 of the key; version d<inode>-<size> of the body file or q<n> of a
+//     fill still queued: the name a "lookup" returns, which opens only while that version is
+//     current; an opened file stays that version to its close, as does the "body_path" file,
+//     since a replacement is a new file renamed over the name), through the same read path as
+//     an origin file — the
 //     write queue's copy while its fill waits, else the disk via io_uring, with the emulated
 //     disk doing the same work; .ghost/fill/<token> (from "store") takes the body's bytes,
 //     and closing it hands the fill to the write queue like any fill of ghostfs's own, so a
