@@ -309,12 +309,15 @@ class GhostfsBackend final : public CacheBackend {
       return;
     }
     if (offset + length > body->size) {
-      Defer(base_, [done = std::move(done), key] {
-        done(Status::InvalidArgument("read past the end of the cached body of " + key));
-      });
+      Status s = Status::InvalidArgument("read of [" + std::to_string(offset) + ", " +
+                                         std::to_string(offset + length) + ") past the end (" +
+                                         std::to_string(body->size) + " bytes) of the cached body of " + key);
+      LogError("reading a cached body", s);
+      Defer(base_, [done = std::move(done), s] { done(s); });
       return;
     }
     auto read = std::make_shared<BodyRead>();
+    read->key_for_log = key;
     read->body = body;
     read->fd = body->fd;
     read->next = offset;
@@ -475,6 +478,7 @@ class GhostfsBackend final : public CacheBackend {
 
   struct BodyRead {
     std::shared_ptr<const OpenedBody> body;  // owns fd
+    std::string key_for_log;
     int fd = -1;
     Bytes next = 0, end = 0;
     std::string buf;
@@ -514,8 +518,11 @@ class GhostfsBackend final : public CacheBackend {
     io_->Read(read->fd, read->next, std::span<char>(read->buf.data(), want),
               [this, alive, read](Result<std::size_t> n) {
                 if (alive.expired()) return;
-                if (!n.ok()) return read->done(n.status());
-                if (*n == 0) return read->done(Status::IoError("the cached body ended early"));
+                if (!n.ok() || *n == 0) {
+                  Status s = !n.ok() ? n.status() : Status::IoError("the cached body ended early");
+                  LogError("reading the cached body of " + read->key_for_log + " at " + std::to_string(read->next), s);
+                  return read->done(s);
+                }
                 read->next += *n;
                 if (read->keep) read->keep->body.append(read->buf.data(), *n);
                 if (!read->on_data(std::string_view(read->buf.data(), *n))) {
