@@ -156,6 +156,7 @@ struct PageVersion {
   std::string version;
   int opens = 0;
   TimePoint since{};  // when it became the inode's version
+  bool pages_valid = false;  // a cached open of it dropped the older pages (keep_cache off)
 };
 
 // The start of a cached body, read when it is opened so that the first READ finds it in

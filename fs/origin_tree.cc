@@ -898,10 +898,14 @@ bool Daemon::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_
     pv.version = version;
     pv.since = now;
     pv.opens = 0;
-    info->keep_cache = 0;
+    pv.pages_valid = false;
     return false;
   }
   if (now - pv.since < settle) return false;
+  // The first cached open of this version drops whatever pages the kernel kept (of an older
+  // version); later ones keep the pages it read.
+  if (!pv.pages_valid) info->keep_cache = 0;
+  pv.pages_valid = true;
   ++pv.opens;
   return true;
 }
