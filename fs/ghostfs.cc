@@ -147,6 +147,12 @@ Status Daemon::OpenCache() {
       [this](std::vector<WriteRecord> batch, std::function<void()> done) { WriteBatch(std::move(batch), std::move(done)); });
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
+  // A stalled origin fails within the stall timeout (libcurl's low-speed limit: under 1 byte/s
+  // for that long, whole seconds), and so does one that does not finish connecting.
+  ho.low_speed_time = options_.stall_timeout;
+  if (options_.stall_timeout > Duration::zero()) {
+    ho.connect_timeout = std::min<Duration>(ho.connect_timeout, options_.stall_timeout);
+  }
   http_ = std::make_unique<HttpFetcher>(base_, ho);
   Result<std::unique_ptr<LocalTree>> local = LocalTree::Create(
       options_.cache_dir + "/local",
@@ -586,6 +592,12 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
       if (meta == pending_fills_.end()) continue;
       CacheEntry entry = meta->second;
       pending_fills_.erase(meta);
+      // The latest queued version of the body (its metadata is the latest too).
+      std::shared_ptr<const std::string> body;
+      if (auto q = queued_bodies_.find(url); q != queued_bodies_.end()) {
+        body = std::move(q->second.data);
+        queued_bodies_.erase(q);
+      }
       Result<FillId> fill = store_->BeginFill(url, entry);
       if (!fill.ok()) {
         std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), fill.status().ToString().c_str());
@@ -594,7 +606,7 @@ void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> do
       ++*pending;
       FillId id = *fill;
       ++writing_fills_[url];
-      store_->AppendFill(id, std::move(r.data), [this, id, url, finish](Status s) {
+      store_->AppendFill(id, body ? std::string(*body) : std::move(r.data), [this, id, url, finish](Status s) {
         if (!s.ok()) {
           std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), s.ToString().c_str());
           store_->AbortFill(id);
@@ -919,10 +931,14 @@ void Daemon::QueueWholeFill(const std::string& key, std::string body,
 void Daemon::QueueFill(const std::string& key, CacheEntry meta, std::string body) {
   meta.size = body.size();
   pending_fills_[key] = meta;
+  QueuedBody& q = queued_bodies_[key];
+  q.data = std::make_shared<const std::string>(std::move(body));
+  q.version = next_body_version_++;
+  // Length only: two queued fills of one key must not merge into a body of neither (the
+  // queue merges records of a key byte-wise); the writer takes the bytes from queued_bodies_.
   WriteRecord rec;
   rec.key = "fill:" + key;
-  rec.length = body.size();
-  rec.data = std::move(body);
+  rec.length = meta.size;
   queue_->Add(std::move(rec));
 }
 

@@ -95,10 +95,15 @@ struct Listing {
   bool from_saved = false;  // loaded from the cache (possibly stale)
 };
 
-// An object being fetched from an origin: the bytes so far, and the reads waiting for more.
+// An object being fetched from an origin: a window of the bytes so far, and the reads waiting
+// for more. The window holds bytes [base, base + data.size()); an origin stream keeps it at
+// most kStreamWindow long (bytes every open reader has passed are dropped, and the fetch is
+// paused while the window is full), so a body larger than memory streams through (DESIGN §4).
 struct Stream {
   std::string key;       // cache key (the URL)
   std::string data;
+  Bytes base = 0;        // offset of data[0]
+  Bytes received() const { return base + data.size(); }
   std::optional<Bytes> size;  // from Content-Length, once known
   bool done = false;
   Status status;         // set when done
@@ -112,11 +117,50 @@ struct Stream {
     fuse_req_t req;
     Bytes offset;
     std::size_t size;
+    std::uint64_t fh = 0;  // the handle reading (its position moves when answered)
   };
   std::deque<Waiter> waiters;
   int opens = 0;
   // Pieces fetched with range requests for reads far ahead of the stream (by first byte).
   std::map<Bytes, std::string> ranges;
+  // Origin streams: how far each open handle (by fh) has read; the window never drops bytes
+  // a reader has not passed. A reader behind the window gets a range request.
+  std::map<std::uint64_t, Bytes> readers;
+  bool windowed = false;  // data is trimmed to the window (origin streams; mail keeps it whole)
+  bool paused = false;    // the fetch is paused until readers (or the fill) catch up
+  // The cache fill, once the body is too big to wait in the write queue: written to the
+  // store as it arrives (fill_id), or abandoned (fill_failed); fill_in_flight bytes are with
+  // the disk (the fetch pauses above kStreamWindow of them).
+  std::optional<FillId> fill_id;
+  bool fill_failed = false;
+  Bytes fill_in_flight = 0;
+  std::string fill_pending;  // bytes for the store fill not handed over yet (< kFillPiece)
+  bool fill_wanted = false;  // storable, and not a copy of what the cache already has
+  std::string small_body;    // the whole body while it may still go through the write queue
+  bool small = true;         // small_body holds every byte so far
+};
+
+// Bytes of an origin body held in memory per stream, and the largest body that waits whole
+// in the write queue (bigger ones are written to the store as they arrive).
+constexpr Bytes kStreamWindow = 8 * 1024 * 1024;
+constexpr Bytes kMaxQueuedFill = 4 * 1024 * 1024;
+constexpr Bytes kFillPiece = 1024 * 1024;
+
+// A fill waiting in the write queue: the one version of the body that readers opening it now
+// get. A reader keeps its version even when a newer fill of the key is queued after it.
+struct QueuedBody {
+  std::shared_ptr<const std::string> data;
+  std::uint64_t version = 0;
+};
+
+// Which version of a body an origin inode's page cache holds, and how many cached-mode
+// handles read it: handles of another version read with direct_io, so the kernel's pages
+// (and its idea of the size) never mix two versions (fs/origin_tree.cc).
+struct PageVersion {
+  std::string version;
+  int opens = 0;
+  TimePoint since{};  // when it became the inode's version
+  bool pages_valid = false;  // a cached open of it dropped the older pages (keep_cache off)
 };
 
 // The start of a cached body, read when it is opened so that the first READ finds it in
@@ -147,6 +191,12 @@ struct Handle {
   std::string source;             // origin: where this open reads from
   std::shared_ptr<Stream> stream; // origin, network source
   std::shared_ptr<Prefetch> prefetch;  // origin from the disk, until reads pass its end
+  // Source "memory": the queued fill this handle reads (one version, kept until release).
+  std::shared_ptr<const std::string> body;
+  // The size of the body file `fd` (origin from the disk), known once fd_size_known.
+  Bytes fd_size = 0;
+  bool fd_size_known = false;
+  bool page_counted = false;  // counted in page_versions_[ino].opens
 };
 
 class Daemon final : public GhostFs {
@@ -208,6 +258,11 @@ class Daemon final : public GhostFs {
   // Hands `body`, stored whole under cache key `key`, to the write queue as a fill (readers
   // see it at once; the disk gets it with the next batch). Saved listings and mailbox indexes.
   void QueueWholeFill(const std::string& key, std::string body, const std::string& content_type);
+  // Origin streams (origin_tree.cc): drops what every reader has passed, pauses or resumes
+  // the fetch by the window, and feeds the store fill of a big body.
+  void TrimStream(Stream& st);
+  void StreamToFill(const std::shared_ptr<Stream>& st, std::string_view data);
+  void FinishStreamFill(const std::shared_ptr<Stream>& st, bool complete);
   void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
   void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
 
@@ -215,7 +270,8 @@ class Daemon final : public GhostFs {
  public:
   // Hands `body`, stored whole under cache key `key` with `meta` (its size is set here), to
   // the write queue as a fill: readers see it at once (the manager's kWriteQueue holder), the
-  // disk gets it with the next batch (DESIGN §3.5).
+  // disk gets it with the next batch (DESIGN §3.5). The body is kept once, in queued_bodies_:
+  // readers that open it share that version; the write queue's record carries only the length.
   void QueueFill(const std::string& key, CacheEntry meta, std::string body);
   // Transfer hints to the network module (DESIGN §3.3): only the adaptive policy discloses its
   // transfers, as in ghostsim; under static the card's default policy sees only its I/O.
@@ -231,6 +287,8 @@ class Daemon final : public GhostFs {
   // `fh` is h's file handle (to find it again after waiting).
   void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
   void OriginRelease(Handle& h);
+  bool PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info);
+  void DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries);
   // Starts reading the first piece of h's cached body (of `size` bytes) into h.prefetch.
   void StartPrefetch(Handle& h, Bytes size);
   // Answers the reads of `st` that its data (or its end) can answer.
@@ -257,6 +315,7 @@ class Daemon final : public GhostFs {
   std::string StoreName(const std::string& key) const;
   struct stat StoreStat(const Node* n) const;
   const std::string* StoreKey(const std::string& name) const;
+  std::string StoreVersion(const std::string& key) const;
   void StoreLookup(fuse_req_t req, Node* parent, const char* name);
   void StoreGetattr(fuse_req_t req, Node* n);
   void StoreReaddir(fuse_req_t req, Node* n, size_t size, off_t off);
@@ -323,6 +382,10 @@ class Daemon final : public GhostFs {
   std::map<std::string, Listing> listings_;               // by directory URL
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<std::string, CacheEntry> pending_fills_;       // queued fills: their metadata
+  std::map<std::string, QueuedBody> queued_bodies_;       // queued fills: their bodies
+  std::uint64_t next_body_version_ = 1;
+  std::map<fuse_ino_t, PageVersion> page_versions_;       // origin inodes read in cached mode
+  std::set<std::string> long_names_logged_;               // listing URLs with names > NAME_MAX
   std::map<std::string, int> writing_fills_;              // fills being written, by key
   std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;

@@ -18,6 +18,7 @@
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
   std::vector<std::string> origins, password_files;
+  std::string stall_timeout;
   std::string config, cache_size, max_stale, knob_text, cacert, imap_delete, policy_text;
   bool no_ghost_hints = false;
   CLI::App app{
@@ -60,6 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", config, "TOML file with the same settings (see common/config/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
+  app.add_option("--stall-timeout", stall_timeout,
+                 "seconds an origin may send nothing before its fetch fails and a stale cached copy is "
+                 "served instead (default 10; 0 disables)");
   app.add_option(
       "--cacert", cacert,
       "PEM file of the CAs that https:// and imaps:// servers must be signed by (default: the "
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
     if (cache_size.empty()) o.cache_size = file.cache_size;
     if (max_stale.empty()) o.max_stale = file.max_stale;
     o.heuristic_freshness = file.heuristic_freshness;
+    if (stall_timeout.empty()) o.stall_timeout = file.stall_timeout;
     o.write_queue_cap = file.write_queue_cap;
     o.cacert = file.cacert;
     o.imap_delete = file.imap_delete;
@@ -163,6 +168,15 @@ int main(int argc, char** argv) {
       o.max_stale = ghost::Seconds(s);
     } catch (...) {
       return fail("--max-stale \"" + max_stale + "\" is not a number of seconds");
+    }
+  }
+  if (!stall_timeout.empty()) {
+    try {
+      double s = std::stod(stall_timeout);
+      if (s < 0) throw std::invalid_argument(stall_timeout);
+      o.stall_timeout = ghost::Seconds(s);
+    } catch (...) {
+      return fail("--stall-timeout \"" + stall_timeout + "\" is not a number of seconds");
     }
   }
   ghost::Result<std::unique_ptr<ghost::GhostFs>> fs = ghost::GhostFs::Create(o);

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <ctime>
 
@@ -76,6 +77,21 @@ std::string Daemon::OriginUrl(const Node* n) const {
   return url;
 }
 
+// A name longer than NAME_MAX (255 bytes) cannot be looked up through any Linux file system:
+// listing it would show a file nobody can open. Such names are left out of the directory, with
+// one line per directory URL on stderr (not one per listing: listings are refetched).
+void Daemon::DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries) {
+  std::size_t before = entries->size();
+  std::erase_if(*entries, [](const DirEntry& e) { return e.name.size() > NAME_MAX; });
+  std::size_t dropped = before - entries->size();
+  if (dropped > 0 && long_names_logged_.insert(url).second) {
+    std::fprintf(stderr,
+                 "ghostfs: %s: %zu name(s) longer than %d bytes left out of the listing (Linux cannot open "
+                 "them; rename them on the origin)\n",
+                 url.c_str(), dropped, NAME_MAX);
+  }
+}
+
 void Daemon::WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then) {
   Node probe;
   probe.kind = NodeKind::kOriginDir;
@@ -101,6 +117,7 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
     if (s.ok() && *status == 200) {
       Result<std::vector<DirEntry>> entries = ParseAutoindex(*body);
       if (entries.ok()) {
+        DropUnopenableNames(url, &*entries);
         Listing& l = listings_[url];
         l.entries = std::move(entries).value();
         l.expires = clock_->Now() + options_.heuristic_freshness;
@@ -129,6 +146,7 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
                        buf->resize(*n);
                        Result<std::vector<DirEntry>> entries = ParseAutoindex(*buf);
                        if (!entries.ok()) return then(entries.status());
+                       DropUnopenableNames(url, &*entries);
                        Listing& l = listings_[url];
                        l.entries = std::move(entries).value();
                        l.expires = clock_->Now();  // stale: try the origin again next time
@@ -312,6 +330,8 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     info.direct_io = source == "network" ? 1 : 0;
     info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
     std::optional<int> backing;
+    // Which version of the body this handle reads (one, from open to release).
+    std::string version;
     if (source == "disk") {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
       h.fd = ::open(store_->BodyPath(url).c_str(), O_RDONLY | O_CLOEXEC);
@@ -323,11 +343,28 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // (a committed body is complete and never rewritten: a replacement is a new file).
       const CacheEntry* e = MountEntry(url);
       struct stat body;
-      if (e && fstat(h.fd, &body) == 0 && static_cast<Bytes>(body.st_size) == e->size) {
+      if (fstat(h.fd, &body) == 0) {
+        h.fd_size = static_cast<Bytes>(body.st_size);
+        h.fd_size_known = true;
+        version = "d" + std::to_string(body.st_ino) + "-" + std::to_string(body.st_size);
+      }
+      if (e && h.fd_size_known && h.fd_size == e->size) {
         backing = passthrough_->Acquire(ino, h.fd);
       }
-      if (!backing && e) StartPrefetch(h, e->size);
+      if (!backing && h.fd_size_known) StartPrefetch(h, h.fd_size);
+    } else if (source == "memory") {
+      if (auto q = queued_bodies_.find(url); q != queued_bodies_.end()) {
+        h.body = q->second.data;
+        version = "q" + std::to_string(q->second.version);
+      }
     }
+    if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, &info)) {
+      // Another version is in (or may be in) the kernel's pages of this inode: read this
+      // one past them.
+      info.direct_io = 1;
+      info.keep_cache = 0;
+    }
+    if (!info.direct_io && !backing) h.page_counted = true;
     h.io_mode = backing ? IoMode::kPassthrough : info.direct_io ? IoMode::kDirect : IoMode::kCached;
     if (!backing && (backing = passthrough_->JoinBacking(ino))) {
       // Passthrough opens of this inode (of another body) are active: the kernel fails any
@@ -340,6 +377,8 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (h.stream) ++h.stream->opens;
     info.fh = next_fh_++;
     std::uint64_t fh = info.fh;
+    // From its open on, the window keeps what this reader has not read yet.
+    if (h.stream && h.stream->windowed) h.stream->readers.try_emplace(fh, h.stream->base);
     IoMode mode = h.io_mode;
     handles_[fh] = std::move(h);
     if (mode == IoMode::kCached) passthrough_->CachedOpened(ino);
@@ -375,7 +414,9 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   auto from_network = [this, ino, url, open_handle, req, listed_size, cached = cached != nullptr](const std::string& validator_etag,
                                                                                    const std::string& validator_date) mutable {
     auto running = streams_.find(url);
-    if (running != streams_.end() && validator_etag.empty()) {
+    // A running stream is joined only while it still holds the body's first bytes: once its
+    // window moved on, a reader from the start gets its own fetch (one version each).
+    if (running != streams_.end() && validator_etag.empty() && running->second->base == 0) {
       decisions_[ino].source = "network";
       return open_handle("network", running->second);
     }
@@ -417,17 +458,30 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         st->no_body = true;
         *opened = true;
         streams_.erase(url);
+        if (h.status >= 500 && MountEntry(url)) {
+          // stale-if-error (RFC 5861): a failing origin does not hide the copy we have.
+          std::fprintf(stderr, "ghostfs: %s answered HTTP %d; serving the cached copy (stale)\n", url.c_str(),
+                       h.status);
+          ++requests_by_source_["stale"];
+          decisions_[ino].source = "stale";
+          open_handle("disk", nullptr);
+          return false;
+        }
         fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
         return false;
       }
       st->size = h.content_length;
       st->replaces = revalidating;
+      st->windowed = true;
       FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
       st->storable = f.storable;
       st->meta.etag = h.etag;
       st->meta.last_modified = h.last_modified;
       st->meta.content_type = h.content_type;
       st->meta.expires = f.fresh_until;
+      st->fill_wanted = st->storable && (!MountEntry(url) || st->replaces);
+      // Too big to wait in the write queue: written to the store as it arrives.
+      if (st->fill_wanted && st->size && *st->size > kMaxQueuedFill) StreamToFill(st, {});
       *opened = true;
       decisions_[ino].source = "network";
       open_handle("network", st);
@@ -436,7 +490,9 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     cb.on_data = [this, st](std::string_view d) {
       st->data.append(d);
       bytes_from_network_ += d.size();
+      if (st->fill_wanted) StreamToFill(st, d);
       ServeStream(*st);
+      TrimStream(*st);  // pauses the fetch while the window is full
       return true;
     };
     cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
@@ -449,7 +505,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         *opened = true;
         // Unreachable: serve the cached copy if there is one (stale), else a clear errno.
         if (cached && MountEntry(url)) {
-          std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy\n", url.c_str(), s.message().c_str());
+          std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy (stale)\n", url.c_str(), s.message().c_str());
           ++requests_by_source_["stale"];
           return open_handle("disk", nullptr);
         }
@@ -457,14 +513,12 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         return (void)fuse_reply_err(req, ErrnoFor(s, 0));
       }
       ServeStream(*st);  // reads still waiting get what there is (EOF), or the error
-      bool complete = s.ok() && (!st->size || *st->size == st->data.size());
+      TrimStream(*st);
+      bool complete = s.ok() && (!st->size || *st->size == st->received());
       if (!complete) {
         std::fprintf(stderr, "ghostfs: %s: incomplete (%s); not cached\n", url.c_str(), s.message().c_str());
-        return;
       }
-      if (!st->storable || (MountEntry(url) && !st->replaces)) return;
-      // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
-      QueueFill(url, st->meta, st->data);
+      FinishStreamFill(st, complete);
     };
     st->fetch = http_->Fetch(std::move(rq), std::move(cb));
     // The emulated card carries the same transfer; data reaches readers once both the real
@@ -526,36 +580,42 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
         return (void)fuse_reply_buf(req, piece.data() + (offset - first), size);
       }
     }
-    if (!st.done && offset > st.data.size() + kReadAheadGap && (!st.size || offset < *st.size)) {
+    bool behind = offset < st.base && (!st.size || offset < *st.size);
+    if (behind || (!st.done && offset > st.received() + kReadAheadGap && (!st.size || offset < *st.size))) {
+      // Far ahead of the stream, or behind its window (those bytes are gone from memory).
       return ReadAhead(req, h.stream, offset, size);
     }
-    st.waiters.push_back({req, offset, size});
+    if (st.windowed) st.readers.try_emplace(h_fh, st.base);
+    st.waiters.push_back({req, offset, size, h_fh});
     ServeStream(st);
+    TrimStream(st);
     return;
   }
+  if (h.source == "memory" && !h.body) {
+    // Opened before the fill was queued (mail): the version queued now, for good.
+    if (auto q = queued_bodies_.find(h.key); q != queued_bodies_.end()) h.body = q->second.data;
+  }
+  if (h.body) {
+    // The one version of the queued fill this handle opened.
+    const std::string& body = *h.body;
+    std::size_t from = static_cast<std::size_t>(std::min<Bytes>(offset, body.size()));
+    std::size_t n = std::min<std::size_t>(size, body.size() - from);
+    return (void)fuse_reply_buf(req, body.data() + from, n);
+  }
   if (h.source == "memory") {
-    std::string key = "fill:" + h.key;
-    Bytes end = queue_->QueuedEnd(key);
-    if (end == 0 && !queue_->Contains(key)) {
-      // Flushed meanwhile: the copy is on the disk now, or about to be.
-      if (writing_fills_.count(h.key)) {
-        std::uint64_t fh = h_fh;
-        return WhenFillSettles(h.key, [this, req, fh, size, off] {
-          auto it = handles_.find(fh);
-          if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-          OriginRead(req, it->second, size, off, fh);
-        });
-      }
-      if (!store_->index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
-      h.source = "disk";
-      h.fd = ::open(store_->BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
-    } else {
-      std::size_t n = offset < end ? static_cast<std::size_t>(std::min<Bytes>(size, end - offset)) : 0;
-      std::string buf(n, '\0');
-      queue_->Overlay(key, offset, buf.data(), n);
-      return (void)fuse_reply_buf(req, buf.data(), n);
+    // Flushed before the first read: the copy is on the disk now, or about to be.
+    if (writing_fills_.count(h.key)) {
+      std::uint64_t fh = h_fh;
+      return WhenFillSettles(h.key, [this, req, fh, size, off] {
+        auto it = handles_.find(fh);
+        if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
+        OriginRead(req, it->second, size, off, fh);
+      });
     }
+    if (!store_->index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
+    h.source = "disk";
+    h.fd = ::open(store_->BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
   }
   // The prefetch started at open covers this read: wait for it or take from it.
   if (h.prefetch) {
@@ -577,12 +637,15 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
     if (!p->ok || offset >= p->data.size()) h.prefetch.reset();  // done with it
   }
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
-  // The size of the body this handle opened (it stays readable if evicted meanwhile).
-  const CacheEntry* e = store_->index().Find(h.key);
-  Bytes body_size = 0;
-  struct stat st;
-  if (e) body_size = e->size;
-  else if (fstat(h.fd, &st) == 0) body_size = static_cast<Bytes>(st.st_size);
+  // The size of the body this handle opened (it stays readable if evicted or replaced
+  // meanwhile; the index describes the current version, which may be another file).
+  if (!h.fd_size_known) {
+    struct stat st;
+    if (fstat(h.fd, &st) != 0) return (void)fuse_reply_err(req, errno);
+    h.fd_size = static_cast<Bytes>(st.st_size);
+    h.fd_size_known = true;
+  }
+  Bytes body_size = h.fd_size;
   if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
   std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, body_size - offset));
   bytes_from_cache_ += want;
@@ -641,6 +704,8 @@ void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset,
   HttpRequest rq;
   rq.url = st->key;
   rq.range = std::make_pair(offset, offset + len - 1);
+  // Only a range of the version being streamed (a weak tag cannot validate a range).
+  rq.if_range = !st->meta.etag.empty() && !st->meta.etag.starts_with("W/") ? st->meta.etag : st->meta.last_modified;
   auto piece = std::make_shared<std::string>();
   auto ok = std::make_shared<bool>(false);
   HttpFetcher::Callbacks cb;
@@ -670,19 +735,131 @@ void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset,
 
 void Daemon::ServeStream(Stream& st) {
   if (!st.emulated_ready) return;
-  while (!st.waiters.empty()) {
-    Stream::Waiter& w = st.waiters.front();
-    bool have = st.data.size() >= w.offset + w.size;
-    if (!have && !st.done) break;
-    if (!have && !st.status.ok()) {
-      fuse_reply_err(w.req, EIO);
-    } else {
-      std::size_t from = std::min<std::size_t>(w.offset, st.data.size());
-      std::size_t n = std::min<std::size_t>(w.size, st.data.size() - from);
-      fuse_reply_buf(w.req, st.data.data() + from, n);
+  // Every waiter its bytes are here for, not only the first: readers at different places
+  // must not wait for each other (the window may be full waiting for the one behind).
+  for (auto it = st.waiters.begin(); it != st.waiters.end();) {
+    Stream::Waiter& w = *it;
+    Bytes end = st.received();
+    bool have = end >= w.offset + w.size;
+    if (!have && !st.done) {
+      ++it;
+      continue;
     }
-    st.waiters.pop_front();
+    if (w.offset < st.base || (!have && !st.status.ok())) {
+      fuse_reply_err(w.req, EIO);  // fell behind the window, or the fetch failed short
+    } else {
+      Bytes from = std::min<Bytes>(w.offset, end);
+      std::size_t n = static_cast<std::size_t>(std::min<Bytes>(w.size, end - from));
+      fuse_reply_buf(w.req, st.data.data() + (from - st.base), n);
+      if (auto r = st.readers.find(w.fh); r != st.readers.end()) r->second = std::max(r->second, from + n);
+    }
+    it = st.waiters.erase(it);
   }
+}
+
+void Daemon::TrimStream(Stream& st) {
+  if (!st.windowed) return;
+  // Bytes every open reader has passed, and no waiter needs, leave memory (the store fill has
+  // its own copy of them in flight).
+  Bytes keep_from = st.received();
+  for (const auto& [fh, pos] : st.readers) keep_from = std::min(keep_from, pos);
+  for (const Stream::Waiter& w : st.waiters) keep_from = std::min(keep_from, w.offset);
+  if (keep_from > st.base) {
+    std::size_t drop = static_cast<std::size_t>(std::min<Bytes>(keep_from - st.base, st.data.size()));
+    st.data.erase(0, drop);
+    st.base += drop;
+    if (st.data.capacity() > 2 * kStreamWindow) st.data.shrink_to_fit();
+  }
+  bool full = st.data.size() >= kStreamWindow || st.fill_in_flight >= kStreamWindow;
+  if (st.done || st.fetch == 0) return;
+  if (full != st.paused && http_->Pause(st.fetch, full)) st.paused = full;
+}
+
+// The fill of a streamed body: small ones are kept whole and go through the write queue at
+// the end (deferred while the disk sleeps, DESIGN §3.5); from kMaxQueuedFill on, the body is
+// written to the store as it arrives (the queue would spin the disk up for it anyway), so no
+// copy of it stays in memory.
+void Daemon::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d) {
+  Stream& st = *sp;
+  if (st.fill_failed) return;
+  if (st.small) {
+    if ((!st.size || *st.size <= kMaxQueuedFill) && st.small_body.size() + d.size() <= kMaxQueuedFill) {
+      st.small_body.append(d);
+      return;
+    }
+    st.small = false;
+    CacheEntry meta = st.meta;
+    meta.size = st.size.value_or(0);
+    Result<FillId> id = store_->BeginFill(st.key, meta);
+    if (!id.ok()) {
+      std::fprintf(stderr, "ghostfs: not caching %s: %s\n", st.key.c_str(), id.status().ToString().c_str());
+      st.fill_failed = true;
+      std::string().swap(st.small_body);
+      return;
+    }
+    st.fill_id = *id;
+    std::string first;
+    first.swap(st.small_body);
+    first.append(d);
+    d = {};
+    if (!first.empty()) StreamToFill(sp, first);
+    return;
+  }
+  if (!st.fill_id) return;
+  // Handed to the store in pieces of kFillPiece (the network delivers 16 KiB at a time), the
+  // rest by FinishStreamFill (called with an empty `d`).
+  st.fill_pending.append(d);
+  if (st.fill_pending.empty() || (!d.empty() && st.fill_pending.size() < kFillPiece)) return;
+  std::string piece;
+  piece.swap(st.fill_pending);
+  Bytes n = piece.size();
+  st.fill_in_flight += n;
+  std::weak_ptr<Stream> weak = sp;
+  FillId id = *st.fill_id;
+  store_->AppendFill(id, std::move(piece), [this, weak, n, id](Status s) {
+    std::shared_ptr<Stream> sp = weak.lock();
+    if (!sp) return;
+    sp->fill_in_flight -= n;
+    if (!s.ok() && !sp->fill_failed) {
+      // Disk full or failing: the body still streams to its readers, it is just not cached.
+      std::fprintf(stderr, "ghostfs: not caching %s: %s\n", sp->key.c_str(), s.ToString().c_str());
+      sp->fill_failed = true;
+      if (sp->fill_id == id) sp->fill_id.reset();
+      store_->AbortFill(id);
+    }
+    TrimStream(*sp);
+  });
+}
+
+void Daemon::FinishStreamFill(const std::shared_ptr<Stream>& sp, bool complete) {
+  Stream& st = *sp;
+  if (!st.fill_wanted || st.fill_failed) return;
+  const std::string url = st.key;
+  // Another read may have cached it meanwhile; a revalidation's new body replaces it.
+  bool wanted = complete && (!MountEntry(url) || st.replaces);
+  if (st.small) {
+    if (wanted) QueueFill(url, st.meta, std::move(st.small_body));
+    std::string().swap(st.small_body);
+    return;
+  }
+  if (!st.fill_id) return;
+  if (wanted) StreamToFill(sp, {});  // the last piece
+  if (!st.fill_id) return;           // it could not be handed over
+  FillId id = *st.fill_id;
+  st.fill_id.reset();
+  std::string().swap(st.fill_pending);
+  if (!wanted) return store_->AbortFill(id);
+  // The emulated disk does the work of the writes (DESIGN §7), as for a queued fill.
+  disk_->Submit({st.received(), true}, [] {});
+  ++writing_fills_[url];
+  store_->CommitFill(id, [this, url](Status c) {
+    if (!c.ok()) {
+      std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), c.ToString().c_str());
+    } else {
+      FillCommitted(url);
+    }
+    FillSettled(url);
+  });
 }
 
 void Daemon::OriginRelease(Handle& h) {
@@ -690,11 +867,54 @@ void Daemon::OriginRelease(Handle& h) {
     passthrough_->ReleasePassthrough(h.ino);
   }
   if (h.io_mode == IoMode::kCached) passthrough_->CachedReleased(h.ino);
+  if (h.page_counted) {
+    auto pv = page_versions_.find(h.ino);
+    if (pv != page_versions_.end()) --pv->second.opens;
+    h.page_counted = false;
+  }
   if (!h.stream) return;
   Stream& st = *h.stream;
   --st.opens;
-  // Nobody reads it any more: a fetch still running may finish into the cache; readers'
-  // waiters were answered or belong to other handles.
+  // Its position no longer holds the window back. A fetch still running may finish into the
+  // cache; readers' waiters were answered or belong to other handles.
+  for (auto it = st.readers.begin(); it != st.readers.end();) {
+    auto other = handles_.find(it->first);
+    if (other == handles_.end() || &other->second == &h) {
+      it = st.readers.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  TrimStream(st);
+}
+
+// May a cached-mode (page cache) open of `ino` read body version `version`? The kernel keeps
+// one set of pages and one size per inode: they may serve only one version, and only once the
+// kernel's attributes (attr timeout) can no longer carry the previous version's size. Sets
+// keep_cache: the pages are kept only when they are of this version.
+bool Daemon::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info) {
+  if (version.empty()) return false;
+  TimePoint now = clock_->Now();
+  const Duration settle = Seconds(kAttrTimeout + 0.5);
+  auto [it, fresh] = page_versions_.try_emplace(ino);
+  PageVersion& pv = it->second;
+  if (fresh || pv.version != version) {
+    if (pv.opens > 0) return false;  // readers of the other version are still open
+    // No reader of the old version: this one becomes the inode's version once the kernel's
+    // size has had time to follow; until then reads bypass the pages.
+    pv.version = version;
+    pv.since = now;
+    pv.opens = 0;
+    pv.pages_valid = false;
+    return false;
+  }
+  if (now - pv.since < settle) return false;
+  // The first cached open of this version drops whatever pages the kernel kept (of an older
+  // version); later ones keep the pages it read.
+  if (!pv.pages_valid) info->keep_cache = 0;
+  pv.pages_valid = true;
+  ++pv.opens;
+  return true;
 }
 
 std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name) {

@@ -9,8 +9,12 @@
 //     the disk a ghost hint when the network wins); "store" opens a fill; "refresh" replaces
 //     a stored head after a 304; "invalidate" drops a key; "transfer" has the emulated card
 //     carry the proxy's own fetches (below);
-//   - this directory: .ghost/objects/<hash> reads a cached body (hash = hex SHA-256 of the
-//     key, the name a "lookup" returns) through the same read path as an origin file — the
+//   - this directory: .ghost/objects/<hash>@<version> reads one version of a cached body
+//     (hash = hex SHA-256 of the key; version d<inode>-<size> of the body file or q<n> of a
+//     fill still queued: the name a "lookup" returns, which opens only while that version is
+//     current; an opened file stays that version to its close, as does the "body_path" file,
+//     since a replacement is a new file renamed over the name), through the same read path as
+//     an origin file — the
 //     write queue's copy while its fill waits, else the disk via io_uring, with the emulated
 //     disk doing the same work; .ghost/fill/<token> (from "store") takes the body's bytes,
 //     and closing it hands the fill to the write queue like any fill of ghostfs's own, so a
@@ -54,6 +58,19 @@ std::string After(const std::string& path, const char* dir) {
   return path.starts_with(prefix) ? path.substr(prefix.size()) : std::string();
 }
 
+// .ghost/objects/<hash>@<version> names one version of an object (see StoreVersion); the
+// plain <hash> whatever version is current when it is opened.
+std::pair<std::string, std::string> SplitVersion(const std::string& name) {
+  auto at = name.find('@');
+  if (at == std::string::npos) return {name, ""};
+  return {name.substr(0, at), name.substr(at + 1)};
+}
+
+// The version of a body file: its inode and size (a replacement is a new file, renamed over).
+std::string FileVersion(const struct stat& st) {
+  return "d" + std::to_string(st.st_ino) + "-" + std::to_string(st.st_size);
+}
+
 }  // namespace
 
 std::string Daemon::StoreName(const std::string& key) const {
@@ -79,12 +96,12 @@ struct stat Daemon::StoreStat(const Node* n) const {
     return st;
   }
   st.st_mode = S_IFREG | 0400;
-  auto k = store_keys_.find(After(n->path, kObjectsDir));
+  auto k = store_keys_.find(SplitVersion(After(n->path, kObjectsDir)).first);
   if (k != store_keys_.end()) {
     if (const CacheEntry* e = store_->index().Find(k->second)) {
       st.st_size = static_cast<off_t>(e->size);
-    } else {
-      st.st_size = static_cast<off_t>(queue_->QueuedEnd("fill:" + k->second));
+    } else if (auto q = queued_bodies_.find(k->second); q != queued_bodies_.end()) {
+      st.st_size = static_cast<off_t>(q->second.data->size());
     }
   }
   st.st_blocks = (st.st_size + 511) / 512;
@@ -93,13 +110,21 @@ struct stat Daemon::StoreStat(const Node* n) const {
 
 // The object behind .ghost/objects/<name>: cached, or its fill still in the write queue.
 const std::string* Daemon::StoreKey(const std::string& name) const {
-  auto k = store_keys_.find(name);
+  auto k = store_keys_.find(SplitVersion(name).first);
   if (k == store_keys_.end()) return nullptr;
-  if (!store_->index().Find(k->second) &&
-      !(pending_fills_.count(k->second) && queue_->Contains("fill:" + k->second))) {
-    return nullptr;
-  }
+  if (!store_->index().Find(k->second) && !queued_bodies_.count(k->second)) return nullptr;
   return &k->second;
+}
+
+// The version a "lookup" hands out: the queued fill's ("q<n>") while one waits, else the body
+// file's ("d<inode>-<size>"); empty if neither exists.
+std::string Daemon::StoreVersion(const std::string& key) const {
+  if (auto q = queued_bodies_.find(key); q != queued_bodies_.end())
+    return "q" + std::to_string(q->second.version);
+  if (!store_->index().Find(key)) return "";
+  struct stat st;
+  if (::stat(store_->BodyPath(key).c_str(), &st) != 0) return "";
+  return FileVersion(st);
 }
 
 void Daemon::StoreLookup(fuse_req_t req, Node* parent, const char* name_c) {
@@ -143,17 +168,33 @@ void Daemon::StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     h.key = token;
   } else {
     if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EACCES);
-    const std::string* key = StoreKey(After(n->path, kObjectsDir));
+    const std::string name = After(n->path, kObjectsDir);
+    const std::string* key = StoreKey(name);
     if (!key) return (void)fuse_reply_err(req, ENOENT);
     h.key = *key;
-    if (store_->index().Find(*key)) {
+    // A reader gets exactly one version: the queued body it shares, or the body file it
+    // opened (a replacement renames a new file over it). A name with a version that is no
+    // longer current is ENOENT: the reader looks the key up again.
+    const std::string version = SplitVersion(name).second;
+    auto q = queued_bodies_.find(*key);
+    if (q != queued_bodies_.end() && (version.empty() || version == "q" + std::to_string(q->second.version))) {
+      h.source = "memory";  // its fill still waits in the write queue
+      h.body = q->second.data;
+    } else if (store_->index().Find(*key) && (version.empty() || version[0] == 'd')) {
       h.source = "disk";
       h.fd = ::open(store_->BodyPath(*key).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
+      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? ENOENT : EIO);
+      struct stat body;
+      if (fstat(h.fd, &body) != 0 || (!version.empty() && FileVersion(body) != version)) {
+        close(h.fd);
+        return (void)fuse_reply_err(req, ENOENT);
+      }
+      h.fd_size = static_cast<Bytes>(body.st_size);
+      h.fd_size_known = true;
       posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
       store_->Touch(*key);
     } else {
-      h.source = "memory";  // its fill still waits in the write queue
+      return (void)fuse_reply_err(req, ENOENT);
     }
   }
   // The proxy reads each body once, and a key's body can be replaced: no page cache.
@@ -184,13 +225,8 @@ void Daemon::StoreHandOver(Handle& h) {
   fill.handed_over = true;
   CacheEntry meta = fill.meta;
   meta.size = fill.data.size();
-  pending_fills_[fill.key] = meta;
-  WriteRecord r;
-  r.key = "fill:" + fill.key;
-  r.length = fill.data.size();
-  r.data = std::move(fill.data);
-  manager_->Remember(fill.key, r.length);
-  queue_->Add(std::move(r));
+  manager_->Remember(fill.key, fill.data.size());
+  QueueFill(fill.key, std::move(meta), std::move(fill.data));
   ++store_stats_.fills;
   store_fills_.erase(f);
 }
@@ -243,19 +279,26 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
       });
     }
     auto pending = pending_fills_.find(key);
+    auto queued_body = queued_bodies_.find(key);
     ObjectState state;
     state.on_disk = e != nullptr;
-    state.in_write_queue = !e && pending != pending_fills_.end() && queue_->Contains("fill:" + key);
+    state.in_write_queue = pending != pending_fills_.end() && queued_body != queued_bodies_.end();
     // The page-cache model: a copy read or written lately is still in RAM.
     state.in_memory = manager_->InMemory(key);
     if (!state.on_disk && !state.in_write_queue) return reply({{"cached", false}});
-    state.size = e ? e->size : queue_->QueuedEnd("fill:" + key);
+    state.size = state.in_write_queue ? queued_body->second.data->size() : e->size;
     manager_->Remember(key, state.size);
     std::string name = StoreName(key);
     store_keys_[name] = key;
-    nlohmann::json out = {{"cached", true}, {"path", mount_path_ + "/.ghost/objects/" + name}};
+    // The version this answer describes: its size and head go with exactly these bytes, and
+    // the path (and body_path's inode) open only them.
+    const std::string version = StoreVersion(key);
+    if (version.empty()) return reply({{"cached", false}});
+    nlohmann::json out = {{"cached", true},
+                          {"path", mount_path_ + "/.ghost/objects/" + name + "@" + version},
+                          {"version", version}};
     // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
-    const CacheEntry& known = e ? *e : pending->second;
+    const CacheEntry& known = state.in_write_queue ? pending->second : *e;
     out["etag"] = known.etag;
     out["last_modified"] = known.last_modified;
     out["content_type"] = known.content_type;
@@ -333,6 +376,7 @@ void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, 
   if (op == "invalidate") {
     // A fill still queued is dropped too: the writer skips fills without their metadata.
     bool queued = pending_fills_.erase(key) > 0;
+    queued_bodies_.erase(key);
     if (queued && control_ && control_->Subscribed("objects"))
       control_->Publish("objects", {{"key", key}});
     Status s = store_->Erase(key);

@@ -60,6 +60,10 @@ struct CacheLookup {
   CacheChoice choice = CacheChoice::kDisk;  // when cached: the cheaper source now
   bool ghost_hint = false;              // the choice sent the disk a ghost hint
   std::shared_ptr<const MemoryObject> memory;  // with kMemory: the copy to serve
+  // When cached: the backend's hold on the one version of the body this lookup describes
+  // (opaque to the proxy). Passed to every ReadBody of the exchange, it keeps the slices to
+  // that version, even when the object is replaced or evicted meanwhile. May be empty.
+  std::shared_ptr<const void> body;
 };
 
 // Receives one body being stored. Write calls are ordered; Commit makes the object visible
@@ -96,8 +100,11 @@ class CacheBackend {
   }
 
   // Streams bytes [offset, offset + length) of a cached body: `on_data` gets them in order
-  // (return false to stop early), then `done` once. An object evicted meanwhile is an error.
-  virtual void ReadBody(const std::string& key, Bytes offset, Bytes length,
+  // (return false to stop early), then `done` once. `body` is the lookup's CacheLookup::body:
+  // the bytes then come from that version only. Without it, an object evicted meanwhile is
+  // an error.
+  virtual void ReadBody(const std::string& key, const std::shared_ptr<const void>& body,
+                        Bytes offset, Bytes length,
                         std::function<bool(std::string_view)> on_data,
                         std::function<void(Status)> done) = 0;
 

@@ -206,6 +206,7 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
   ex.key = key;
   ex.stored = lookup->response;
   ex.memory = lookup->memory;
+  ex.body = lookup->body;  // every slice reads this version
   DecideFromStored(*lookup);
 }
 
@@ -723,7 +724,7 @@ void ClientConnection::ReadNextCacheSlice() {
     return self;
   };
   proxy_->backend->ReadBody(
-      ex.key, start, length,
+      ex.key, ex.body, start, length,
       [current](std::string_view data) -> bool {
         std::shared_ptr<ClientConnection> self = current();
         if (!self) return false;

@@ -251,17 +251,18 @@ class GhostfsBackend final : public CacheBackend {
 
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
     if (!MemoryUsable() && !subscribing_) Subscribe();
+    LookupAttempt(key, 1, std::move(done));
+  }
+
+  void LookupAttempt(const std::string& key, int attempt, std::function<void(Result<CacheLookup>)> done) {
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call(ControlOp::kLookup, {{"key", key}}, [this, alive, key, done = std::move(done)](Result<json> r) {
+    ctl_->Call(ControlOp::kLookup, {{"key", key}}, [this, alive, key, attempt, done = std::move(done)](Result<json> r) mutable {
       if (alive.expired()) return;
       if (!r.ok()) return done(r.status());
       Result<LookupResult> found = LookupResult::FromJson(*r);
       if (!found.ok()) return done(found.status());
       CacheLookup out;
-      if (!found->cached) {
-        paths_.erase(key);
-        return done(out);
-      }
+      if (!found->cached) return done(out);
       if (found->response.empty()) {
         out.response = HeadFromIndex(*found);
       } else {
@@ -276,52 +277,60 @@ class GhostfsBackend final : public CacheBackend {
       out.response.size = found->size;
       out.choice = found->choice == LookupChoice::kNetwork ? CacheChoice::kNetwork : CacheChoice::kDisk;
       out.ghost_hint = found->ghost_hint;
-      // The body file itself when the daemon offers it (same bytes, already charged to the
-      // emulated disk; no FUSE round trips), else the mount's .ghost/objects path.
-      BodyPaths& p = paths_[key];
-      p = BodyPaths{};
-      p.body = found->body_path;
-      p.mount = found->path;
+      // Open the version this answer describes now: its size and head go with exactly those
+      // bytes, and every slice of the exchange reads that file (a replacement renames a new
+      // one over the name). Replaced between the answer and the open: ask again.
+      Result<std::shared_ptr<OpenedBody>> body = OpenVersion(*found);
+      if (!body.ok()) {
+        if (attempt < kLookupAttempts) return LookupAttempt(key, attempt + 1, std::move(done));
+        LogError("the cached body of " + key + " keeps changing; fetching it", body.status());
+        return done(CacheLookup{});
+      }
       // A whole body read after this answer may be kept in RAM, unless anything changes
       // before the read completes (the answer and the events come in order on one socket).
       if (MemoryUsable() && out.response.size <= memory_.max_object()) {
-        p.head = std::make_shared<StoredResponse>(out.response);
-        p.changes = changes_;
+        (*body)->head = std::make_shared<StoredResponse>(out.response);
+        (*body)->changes = changes_;
       }
+      out.body = std::move(*body);
       done(std::move(out));
     });
   }
 
-  void ReadBody(const std::string& key, Bytes offset, Bytes length,
-                std::function<bool(std::string_view)> on_data, std::function<void(Status)> done) override {
-    auto p = paths_.find(key);
-    if (p == paths_.end() || p->second.mount.empty()) {
+  void ReadBody(const std::string& key, const std::shared_ptr<const void>& version, Bytes offset,
+                Bytes length, std::function<bool(std::string_view)> on_data,
+                std::function<void(Status)> done) override {
+    auto body = std::static_pointer_cast<const OpenedBody>(version);
+    if (!body) {
       Defer(base_, [done = std::move(done), key] { done(Status::NotFound("not looked up: " + key)); });
       return;
     }
-    int fd = p->second.body.empty() ? -1 : ::open(p->second.body.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fd = ::open(p->second.mount.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      Status s = Status::FromErrno(errno, "opening the cached body of " + key);
+    if (offset + length > body->size) {
+      Status s = Status::InvalidArgument("read of [" + std::to_string(offset) + ", " +
+                                         std::to_string(offset + length) + ") past the end (" +
+                                         std::to_string(body->size) + " bytes) of the cached body of " + key);
+      LogError("reading a cached body", s);
       Defer(base_, [done = std::move(done), s] { done(s); });
       return;
     }
     auto read = std::make_shared<BodyRead>();
-    read->fd = fd;
+    read->key_for_log = key;
+    read->body = body;
+    read->fd = body->fd;
     read->next = offset;
     read->end = offset + length;
     read->on_data = std::move(on_data);
     read->done = std::move(done);
     read->buf.resize(kPiece);
-    if (p->second.head && offset == 0 && length == p->second.head->size) {
+    if (body->head && !body->keep_offered && offset == 0 && length == body->head->size) {
       // The whole body: keep a copy in RAM once it has been read completely.
       read->keep = std::make_shared<MemoryObject>();
-      read->keep->head = *p->second.head;
+      read->keep->head = *body->head;
       read->keep->body.reserve(static_cast<std::size_t>(length));
       read->key = key;
-      read->changes = p->second.changes;
+      read->changes = body->changes;
     }
-    p->second.head.reset();  // one chance per lookup; the map keeps only paths
+    body->keep_offered = true;  // one chance per lookup
     ReadPiece(read);
   }
 
@@ -359,7 +368,6 @@ class GhostfsBackend final : public CacheBackend {
 
   void Invalidate(const std::string& key) override {
     Changed(key);
-    paths_.erase(key);
     ctl_->Call(ControlOp::kInvalidate, {{"key", key}}, [key](Result<json> r) {
       if (!r.ok()) LogError("invalidating " + key, r.status());
     });
@@ -418,7 +426,58 @@ class GhostfsBackend final : public CacheBackend {
   }
 
  private:
+  // Lookups answered with a version that was replaced before it could be opened are asked
+  // again this many times in all, then treated as misses (the proxy fetches the object).
+  static constexpr int kLookupAttempts = 3;
+
+  // One version of a cached body, opened when its lookup was answered (CacheLookup::body).
+  struct OpenedBody {
+    int fd = -1;
+    Bytes size = 0;
+    // Set when a whole read of the body may be kept in RAM: the head, and changes_ then.
+    std::shared_ptr<const StoredResponse> head;
+    std::uint64_t changes = 0;
+    mutable bool keep_offered = false;  // the one read that may keep it has started
+    OpenedBody() = default;
+    OpenedBody(const OpenedBody&) = delete;
+    OpenedBody& operator=(const OpenedBody&) = delete;
+    ~OpenedBody() {
+      if (fd >= 0) ::close(fd);
+    }
+  };
+
+  // Opens the body a "lookup" answer describes: the body file itself when the daemon offers
+  // it (same bytes, already charged to the emulated disk; no FUSE round trips) if it is still
+  // that version ("version" d<inode>-<size>), else the mount's path for that version
+  // (.ghost/objects/<hash>@<version>, which the daemon opens only while it is current).
+  // Fails if the version is gone (replaced or evicted since the answer).
+  static Result<std::shared_ptr<OpenedBody>> OpenVersion(const LookupResult& r) {
+    auto out = std::make_shared<OpenedBody>();
+    const Bytes size = r.size;
+    out->size = size;
+    const std::string& version = r.version;
+    const std::string& body_path = r.body_path;
+    const std::string& mount_path = r.path;
+    if (!body_path.empty()) {
+      out->fd = ::open(body_path.c_str(), O_RDONLY | O_CLOEXEC);
+      struct stat st;
+      if (out->fd >= 0 && ::fstat(out->fd, &st) == 0 && static_cast<Bytes>(st.st_size) == size &&
+          (version.empty() ||
+           version == "d" + std::to_string(st.st_ino) + "-" + std::to_string(st.st_size))) {
+        return out;
+      }
+      if (out->fd >= 0) ::close(out->fd);
+      out->fd = -1;
+    }
+    if (mount_path.empty()) return Status::NotFound("no path in the lookup's answer");
+    out->fd = ::open(mount_path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (out->fd < 0) return Status::FromErrno(errno, "opening " + mount_path);
+    return out;
+  }
+
   struct BodyRead {
+    std::shared_ptr<const OpenedBody> body;  // owns fd
+    std::string key_for_log;
     int fd = -1;
     Bytes next = 0, end = 0;
     std::string buf;
@@ -429,9 +488,6 @@ class GhostfsBackend final : public CacheBackend {
     std::shared_ptr<MemoryObject> keep;
     std::string key;
     std::uint64_t changes = 0;
-    ~BodyRead() {
-      if (fd >= 0) ::close(fd);
-    }
   };
 
   void ReadPiece(std::shared_ptr<BodyRead> read) {
@@ -461,8 +517,11 @@ class GhostfsBackend final : public CacheBackend {
     io_->Read(read->fd, read->next, std::span<char>(read->buf.data(), want),
               [this, alive, read](Result<std::size_t> n) {
                 if (alive.expired()) return;
-                if (!n.ok()) return read->done(n.status());
-                if (*n == 0) return read->done(Status::IoError("the cached body ended early"));
+                if (!n.ok() || *n == 0) {
+                  Status s = !n.ok() ? n.status() : Status::IoError("the cached body ended early");
+                  LogError("reading the cached body of " + read->key_for_log + " at " + std::to_string(read->next), s);
+                  return read->done(s);
+                }
                 read->next += *n;
                 if (read->keep) read->keep->body.append(read->buf.data(), *n);
                 if (!read->on_data(std::string_view(read->buf.data(), *n))) {
@@ -546,14 +605,6 @@ class GhostfsBackend final : public CacheBackend {
   std::unique_ptr<AsyncControlClient> ctl_;
   std::unique_ptr<FileIo> io_;
   GhostfsBackendOptions options_;
-  struct BodyPaths {
-    std::string body;   // the cache's body file ("body_path"), may be empty
-    std::string mount;  // MOUNTPOINT/.ghost/objects/<hash>
-    // Set when a whole read of the body may be kept in RAM: the head, and changes_ then.
-    std::shared_ptr<const StoredResponse> head;
-    std::uint64_t changes = 0;
-  };
-  std::map<std::string, BodyPaths> paths_;  // by key, from its last lookup
   struct Transfer {
     bool known = false;               // "begin" answered
     std::optional<std::uint64_t> id;  // the daemon's id, if it answered with one

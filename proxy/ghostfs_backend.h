@@ -7,7 +7,12 @@
 //     returns whether a key is cached, its stored response head and the cost model's choice
 //     (the daemon sends the disk a ghost hint when the network wins); "store", "refresh" and
 //     "invalidate" change it; "hint" discloses the proxy's own network transfers.
-//   - Bodies move through the mount: a lookup names MOUNTPOINT/.ghost/objects/<hash>, read here
+//   - Bodies move through the mount: a lookup names one version of a body (its "version":
+//     d<inode>-<size> for a body file, q<n> for a fill still in the write queue) and
+//     MOUNTPOINT/.ghost/objects/<hash>@<version> (or the body file itself), which is opened
+//     when the answer arrives and read by every slice of that exchange (CacheLookup::body), so
+//     a replacement meanwhile never mixes two versions in one response; a version gone before
+//     the open is looked up again. Read here
 //     with io_uring (common/base/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
 //     a store names MOUNTPOINT/.ghost/fill/<token>, written the same way and closed to hand
 //     the fill to the daemon's deferred write queue (a sleeping disk stays asleep).

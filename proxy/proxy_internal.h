@@ -303,6 +303,8 @@ struct Exchange {
   StoredState stored_state;
   // The backend's copy in RAM that `stored` came from (CacheChoice::kMemory), if any.
   std::shared_ptr<const MemoryObject> memory;
+  // The backend's hold on the version of the body `stored` describes (CacheLookup::body).
+  std::shared_ptr<const void> body;
   bool skip_memory = false;        // the RAM copy cannot answer: the lookups go to the backend
   std::string vary;                // the URL key holds a vary index with this Vary
   bool revalidating = false;       // the origin request carries our validators

@@ -87,7 +87,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
-      "policy",    "ghost_hints",         "passthrough",     "origins"};
+      "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -140,6 +140,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = size("write_queue_cap", &o->write_queue_cap)).ok()) return s;
   if (!(s = seconds("max_stale", &o->max_stale)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &o->heuristic_freshness)).ok()) return s;
+  if (!(s = seconds("stall_timeout", &o->stall_timeout)).ok()) return s;
   if (const toml::node* n = t.get("passthrough")) {
     auto b = n->value<bool>();
     if (!b || !n->is_boolean())

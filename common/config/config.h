@@ -63,6 +63,10 @@ struct GhostfsOptions {
   std::string control_path;  // empty: MountControlPath(mountpoint) (common/control/control.h)
   Duration max_stale{0};
   Duration heuristic_freshness = std::chrono::seconds(300);
+  // An origin that sends nothing for this long (connecting included) fails the fetch: a
+  // reader then gets the cached copy if there is one (stale-if-error, logged), else an error.
+  // Zero disables stall detection (only for tests).
+  Duration stall_timeout = std::chrono::seconds(10);
   Bytes write_queue_cap = 4 * 1024 * 1024;
   // PEM file of the CAs that TLS servers (https://, imaps://, STARTTLS) must be signed by;
   // empty: the system's default CA store.

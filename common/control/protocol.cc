@@ -349,7 +349,8 @@ Result<LookupResult> LookupResult::FromJson(const json& j) {
               Read(j, "source", &out.source) && Read(j, "ghost_hint", &out.ghost_hint) &&
               Read(j, "etag", &out.etag) && Read(j, "last_modified", &out.last_modified) &&
               Read(j, "content_type", &out.content_type) && Read(j, "path", &out.path) &&
-              Read(j, "body_path", &out.body_path) && Read(j, "expires_unix", &expires);
+              Read(j, "body_path", &out.body_path) && Read(j, "version", &out.version) &&
+              Read(j, "expires_unix", &expires);
   if (!good) return Bad("the lookup result has a field of the wrong type");
   if (choice != "disk" && choice != "network") return Bad("the lookup result's choice is " + choice);
   out.choice = choice == "network" ? LookupChoice::kNetwork : LookupChoice::kDisk;

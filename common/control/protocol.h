@@ -226,8 +226,9 @@ struct LookupResult {
   bool ghost_hint = false;
   std::string etag, last_modified, content_type;
   std::optional<std::int64_t> expires_unix;
-  std::string path;       // MOUNT/.ghost/objects/<hash>
+  std::string path;       // MOUNT/.ghost/objects/<hash>@<version>: opens only that version
   std::string body_path;  // the body file itself, or empty
+  std::string version;    // "d<inode>-<size>" (a body file) or "q<n>" (a queued fill)
   // Tolerant of missing fields (they keep the defaults above); kInvalidArgument unless `j` is
   // an object whose fields, where present, have the types documented above.
   static Result<LookupResult> FromJson(const nlohmann::json& j);

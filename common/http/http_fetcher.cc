@@ -106,6 +106,7 @@ struct HttpFetcher::Transfer {
   std::array<char, CURL_ERROR_SIZE> error{};
   HttpResponseHead head;
   bool head_delivered = false;
+  bool paused = false;  // receiving paused (Pause)
   Status failure;  // why we aborted it ourselves (receiver's refusal, a throw), or kFailed's
 };
 
@@ -238,6 +239,22 @@ bool HttpFetcher::Cancel(FetchId id) {
   return false;
 }
 
+bool HttpFetcher::Pause(FetchId id, bool paused) {
+  auto it = transfers_.find(id);
+  if (it == transfers_.end() || it->second->state != State::kRunning) return false;
+  Transfer& t = *it->second;
+  if (t.paused == paused) return true;
+  t.paused = paused;
+  if (paused) {
+    curl_easy_pause(t.easy.get(), CURLPAUSE_RECV);
+  } else {
+    // Unpausing may hand over buffered bytes at once: not inside the caller's frame.
+    to_resume_.push_back(id);
+    ScheduleDeferred();
+  }
+  return true;
+}
+
 std::size_t HttpFetcher::active() const {
   std::size_t n = 0;
   for (const auto& [id, t] : transfers_) {
@@ -255,7 +272,8 @@ Status HttpFetcher::Configure(Transfer& t) {
                                    std::to_string(r.range->second) + " for " + r.url +
                                    " has first > last");
   }
-  if (HasLineBreakOrNul(r.if_none_match) || HasLineBreakOrNul(r.if_modified_since)) {
+  if (HasLineBreakOrNul(r.if_none_match) || HasLineBreakOrNul(r.if_modified_since) ||
+      HasLineBreakOrNul(r.if_range)) {
     return Status::InvalidArgument("conditional header for " + r.url +
                                    " contains a line break or NUL");
   }
@@ -272,6 +290,7 @@ Status HttpFetcher::Configure(Transfer& t) {
   };
   bool ok = true;
   if (!r.if_none_match.empty()) ok = ok && add_header("If-None-Match: " + r.if_none_match);
+  if (!r.if_range.empty() && r.range) ok = ok && add_header("If-Range: " + r.if_range);
   if (!r.if_modified_since.empty()) {
     ok = ok && add_header("If-Modified-Since: " + r.if_modified_since);
   }
@@ -374,6 +393,13 @@ void HttpFetcher::RunDeferred() {
   to_attach_.clear();
   to_fail_.clear();
   for (FetchId id : reap) Reap(id);
+  std::vector<FetchId> resume = std::move(to_resume_);
+  to_resume_.clear();
+  for (FetchId id : resume) {
+    auto it = transfers_.find(id);
+    if (it == transfers_.end() || it->second->state != State::kRunning || it->second->paused) continue;
+    curl_easy_pause(it->second->easy.get(), CURLPAUSE_CONT);
+  }
   for (FetchId id : attach) {
     auto it = transfers_.find(id);
     if (it != transfers_.end() && it->second->state == State::kQueued) Attach(*it->second);

@@ -125,6 +125,12 @@ class HttpFetcher {
   // Stops a fetch: none of its callbacks runs after Cancel returns (even when called from
   // inside one of them). Returns false if the id is unknown or already finished/cancelled.
   bool Cancel(FetchId id);
+  // Stops receiving a running fetch's body (paused = true) or receives it again (false): the
+  // receiver's back-pressure, so a body larger than memory streams through a fixed window.
+  // A paused fetch is exempt from stall detection. Pausing takes effect at once (also from
+  // inside its own on_data); resuming on the loop's next turn, never inside this call, so
+  // on_data is not re-entered. Returns false if the fetch is not running.
+  bool Pause(FetchId id, bool paused);
 
   // Fetches started and not yet finished or cancelled.
   std::size_t active() const;
@@ -169,6 +175,7 @@ class HttpFetcher {
   std::vector<FetchId> to_attach_;  // kQueued fetches started inside a curl callback
   std::vector<FetchId> to_fail_;    // kFailed fetches awaiting on_done
   std::vector<FetchId> to_reap_;    // kCancelled fetches still attached to curl
+  std::vector<FetchId> to_resume_;  // paused fetches to resume on the next turn
   std::set<SocketWatch*> watches_;  // every socket event, owned
   std::uint64_t connections_opened_ = 0;
 };

@@ -29,6 +29,9 @@ struct HttpRequest {
   std::optional<std::pair<Bytes, Bytes>> range;
   std::string if_none_match;      // entity tag(s) for If-None-Match, empty for none
   std::string if_modified_since;  // HTTP-date for If-Modified-Since, empty for none
+  // With `range`: an entity tag or HTTP-date for If-Range, so a changed object answers 200
+  // (the whole new version) instead of a range of another version. Empty for none.
+  std::string if_range;
 };
 
 // The head (status line and header fields) of the final response to a request.

@@ -118,7 +118,8 @@ void MemoryBackend::Lookup(const std::string& key, std::function<void(Result<Cac
   });
 }
 
-void MemoryBackend::ReadBody(const std::string& key, Bytes offset, Bytes length,
+void MemoryBackend::ReadBody(const std::string& key, const std::shared_ptr<const void>&,
+                             Bytes offset, Bytes length,
                              std::function<bool(std::string_view)> on_data,
                              std::function<void(Status)> done) {
   Post([state = state_, key, offset, length, on_data = std::move(on_data), done = std::move(done)] {

@@ -53,7 +53,8 @@ class MemoryBackend final : public CacheBackend {
 
   // CacheBackend.
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override;
-  void ReadBody(const std::string& key, Bytes offset, Bytes length,
+  void ReadBody(const std::string& key, const std::shared_ptr<const void>& body, Bytes offset,
+                Bytes length,
                 std::function<bool(std::string_view)> on_data,
                 std::function<void(Status)> done) override;
   std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) override;

@@ -539,6 +539,50 @@ TEST_F(HttpFetcherTest, CancelInsideOnDataStopsWithoutFurtherCallbacks) {
   EXPECT_EQ(event_base_get_num_events(base_, EVENT_BASE_COUNT_ADDED), 0);
 }
 
+TEST_F(HttpFetcherTest, PauseInsideOnDataHoldsTheBodyUntilResumed) {
+  Outcome out;
+  FetchId id = 0;
+  HttpFetcher::Callbacks cb = Recorder(&out);
+  auto record = cb.on_data;
+  bool paused = false;
+  cb.on_data = [&](std::string_view d) {
+    record(d);
+    if (!paused) {
+      paused = true;
+      EXPECT_TRUE(fetcher_->Pause(id, true));
+    }
+    return true;
+  };
+  id = fetcher_->Fetch(Req(Url("/big.bin")), cb);
+  ASSERT_TRUE(RunLoopUntil(base_, [&] { return paused; }));
+  const std::size_t held_at = out.body.size();
+  // Paused: no more bytes and no end for a while (the back-pressure a stream window needs).
+  EXPECT_FALSE(RunLoopUntil(base_, [&] { return out.done; }, Seconds(0.5)));
+  EXPECT_EQ(out.body.size(), held_at);
+  EXPECT_LT(held_at, kBigSize);
+  EXPECT_TRUE(fetcher_->Pause(id, false));
+  EXPECT_EQ(out.body.size(), held_at);  // resuming never calls on_data inside Pause
+  ASSERT_TRUE(RunLoopUntil(base_, [&] { return out.done; }));
+  ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+  EXPECT_TRUE(out.body == ReadFile(*tree_ / "big.bin")) << "body differs from the file";
+  EXPECT_FALSE(fetcher_->Pause(id, true));  // finished: nothing to pause
+}
+
+TEST_F(HttpFetcherTest, IfRangeWithAnotherVersionsTagGetsTheWholeBody) {
+  Outcome first = Get("/big.bin");
+  ASSERT_TRUE(first.status.ok());
+  HttpRequest r = Req(Url("/big.bin"));
+  r.range = std::make_pair(Bytes{1'000}, Bytes{1'999});
+  r.if_range = first.head.etag;
+  Outcome same = FetchAndWait(r);
+  EXPECT_EQ(same.head.status, 206);
+  EXPECT_EQ(same.body, BigContent().substr(1'000, 1'000));
+  r.if_range = "\"another-version\"";
+  Outcome other = FetchAndWait(r);
+  EXPECT_EQ(other.head.status, 200);
+  EXPECT_EQ(other.body.size(), kBigSize);
+}
+
 TEST_F(HttpFetcherTest, CancelInsideOnHeadAndBeforeTheLoopRuns) {
   Outcome in_head;
   FetchId id = 0;
