@@ -550,15 +550,18 @@ void Daemon::WriteBatch(std::vector<WriteRecord> batch, std::function<void()> do
   if (writing_) return;
   writing_ = true;
   // Runs the backlog one batch at a time: io_uring does not order writes, batches must be.
+  // The runner holds itself only weakly: each batch's completion holds it until it has started
+  // the next batch, so it is freed once the backlog is empty (a strong self-reference leaked it
+  // every time the writer went idle).
   auto next = std::make_shared<std::function<void()>>();
-  *next = [this, next] {
+  *next = [this, self = std::weak_ptr<std::function<void()>>(next)] {
     if (write_backlog_.empty()) {
       writing_ = false;
       return;
     }
     auto [records, done] = std::move(write_backlog_.front());
     write_backlog_.pop_front();
-    ApplyBatch(std::move(records), [this, done = std::move(done), next] {
+    ApplyBatch(std::move(records), [this, done = std::move(done), next = self.lock()] {
       done();
       local_->DropIdle();  // files whose last queued write is now durable
       (*next)();
@@ -855,6 +858,7 @@ int Daemon::Run() {
   for (std::string& s : argv_store) argv.push_back(s.data());
   fuse_args args = FUSE_ARGS_INIT(static_cast<int>(argv.size()), argv.data());
   se_ = fuse_session_new(&args, Operations(), sizeof(fuse_lowlevel_ops), this);
+  fuse_opt_free_args(&args);  // option parsing left a copy of the arguments there
   if (!se_) {
     std::fprintf(stderr, "ghostfs: bad FUSE options\n");
     return 2;

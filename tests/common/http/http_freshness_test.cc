@@ -105,7 +105,9 @@ TEST(HttpDateTest, SurvivesRandomBytes) {
     s[rng() % s.size()] = static_cast<char>(rng());
     if (rng() % 3 == 0) s.resize(rng() % s.size());
     std::optional<std::int64_t> t = ParseHttpDate(s);
-    if (s == base) EXPECT_EQ(t, kSunday6Nov1994);
+    if (s == base) {
+      EXPECT_EQ(t, kSunday6Nov1994);
+    }
     if (!t) continue;
     ++parsed;
     // Whatever parses is a real date that formats back to a parseable IMF-fixdate.
