@@ -57,7 +57,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string line(in.substr(pos, nl - pos));
     CheckStatus(ParseOrigin(line).status());
     CheckStatus(ParseSize(line).status());
-    CheckStatus(ParseCachePolicy(line).status());
+    CheckStatus(ParsePolicy(line).status());
     CheckStatus(ParseImapDelete(line).status());
     pos = nl + 1;
   }

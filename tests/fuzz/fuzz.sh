@@ -27,7 +27,11 @@ declare -A TARGETS=(
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
           common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [config]="common/config/config.cc common/imap/imap_client.cc common/imap/maildir_names.cc
-            common/base/status.cc common/base/clock.cc |
+            common/base/status.cc common/base/clock.cc common/power/machine.cc
+            common/power/profile.cc common/power/device.cc common/power/energy_meter.cc
+            common/power/power_manager.cc common/power/spin_down_timers.cc
+            common/power/default_pm.cc common/power/stpm_disk.cc common/power/stpm_network.cc
+            common/power/adaptive_spindown.cc common/power/cost_model.cc |
             tomlplusplus libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [profile]="common/power/profile.cc common/base/status.cc | tomlplusplus"
   [trace]="common/sim/trace.cc common/base/status.cc | nlohmann_json"
@@ -70,8 +74,18 @@ if [ ${#packages[@]} -gt 0 ]; then
   fi
 fi
 exe="$work/${target}_fuzz"
+# The header meson generates (common/build_info.h), made here from its template: the version
+# and the profile directory of the source tree.
+mkdir -p "$work/include/common"
+sed -e 's/@version@/fuzz/' -e "s|@source_profile_dir@|$root/common/profiles|" \
+    -e "s|@installed_profile_dir@|$root/common/profiles|" -e 's|@profile_dir_from_bindir@||' \
+    -e "s|@build_root@|$work|" "$root/common/base/build_info.h.in" > "$work/include/common/build_info.h.new"
+cmp -s "$work/include/common/build_info.h.new" "$work/include/common/build_info.h" ||
+  mv "$work/include/common/build_info.h.new" "$work/include/common/build_info.h"
+rm -f "$work/include/common/build_info.h.new"
 flags=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
-       -fno-sanitize-recover=undefined -I "$root" -DGHOST_PROFILE_DIR="\"$root/common/profiles\"")
+       -fno-sanitize-recover=undefined -I "$root" -I "$work/include"
+       -DGHOST_PROFILE_DIR="\"$root/common/profiles\"")
 
 # Rebuild when this script, a source or a header it includes (from the last build's
 # dependency file) is newer than the binary.

@@ -680,7 +680,7 @@ TEST_F(ControlTest, HostileLinesGetOneErrorReplyEachAndTheServerLivesOn) {
       "{\"op\":\"subscribe\",\"topics\":\"modes\"}",
       "{\"op\":\"subscribe\",\"topics\":[null]}",
       "{\"op\":\"stats\"",
-      std::string("{\"op\":\"st\0ats\"}", 17),
+      std::string("{\"op\":\"st\0ats\"}", 15),
       "\xff\xfe{}",
       "{\"op\":\"status\",\"path\":\"\\ud800\"}",
       "\"just a string\"",
