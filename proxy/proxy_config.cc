@@ -2,32 +2,17 @@
 
 #include <toml++/toml.h>
 
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "common/config/config.h"
+#include "common/config/toml_file.h"
 
 namespace ghost {
-namespace {
-
-std::string Where(const std::string& path, const toml::source_region& r) {
-  return path + (r.begin.line > 0 ? ":" + std::to_string(r.begin.line) : "");
-}
-
-}  // namespace
 
 Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + ": cannot open config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  toml::table t;
-  try {
-    t = toml::parse(ss.str(), path);
-  } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(Where(path, e.source()) + ": " + std::string(e.description()));
-  }
+  Result<toml::table> parsed = ParseTomlFile(path);
+  if (!parsed.ok()) return parsed.status();
+  toml::table& t = *parsed;
   static const std::set<std::string> kKeys = {"listen",
                                               "mount",
                                               "control",
@@ -53,12 +38,12 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "memory_cache"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
-      return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" +
+      return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" +
                                      std::string(k.str()) + "\"");
     }
   }
   auto bad = [&](const toml::node& n, const std::string& what) {
-    return Status::InvalidArgument(Where(path, n.source()) + ": " + what);
+    return Status::InvalidArgument(TomlWhere(path, n.source()) + ": " + what);
   };
   auto str = [&](const char* key, std::string* out) -> Status {
     if (const toml::node* n = t.get(key)) {

@@ -1,4 +1,5 @@
 #include "common/config/config.h"
+#include "common/config/toml_file.h"
 
 #include <toml++/toml.h>
 #include <unistd.h>
@@ -21,10 +22,6 @@ bool ValidName(const std::string& n) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') return false;
   }
   return true;
-}
-
-std::string Where(const std::string& path, const toml::source_region& r) {
-  return path + (r.begin.line > 0 ? ":" + std::to_string(r.begin.line) : "");
 }
 
 }  // namespace
@@ -74,29 +71,22 @@ Result<Bytes> ParseSize(const std::string& text) {
 }
 
 Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound(path + ": cannot open config file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  toml::table t;
-  try {
-    t = toml::parse(ss.str(), path);
-  } catch (const toml::parse_error& e) {
-    return Status::InvalidArgument(Where(path, e.source()) + ": " + std::string(e.description()));
-  }
+  Result<toml::table> parsed = ParseTomlFile(path);
+  if (!parsed.ok()) return parsed.status();
+  toml::table& t = *parsed;
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
       "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
-      return Status::InvalidArgument(Where(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
+      return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
     }
   }
   auto str = [&](const char* key, std::string* out) -> Status {
     if (const toml::node* n = t.get(key)) {
       auto s = n->value<std::string>();
-      if (!s) return Status::InvalidArgument(Where(path, n->source()) + ": \"" + key + "\" must be a string");
+      if (!s) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a string");
       *out = *s;
     }
     return Status::Ok();
@@ -109,10 +99,10 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
       } else if (auto s = n->value<std::string>()) {
         text = *s;
       } else {
-        return Status::InvalidArgument(Where(path, n->source()) + ": \"" + key + "\" must be a size");
+        return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a size");
       }
       Result<Bytes> b = ParseSize(text);
-      if (!b.ok()) return Status::InvalidArgument(Where(path, n->source()) + ": " + b.status().message());
+      if (!b.ok()) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + b.status().message());
       *out = *b;
     }
     return Status::Ok();
@@ -120,7 +110,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   auto seconds = [&](const char* key, Duration* out) -> Status {
     if (const toml::node* n = t.get(key)) {
       auto d = n->value<double>();
-      if (!d || *d < 0) return Status::InvalidArgument(Where(path, n->source()) + ": \"" + key + "\" must be a non-negative number of seconds");
+      if (!d || *d < 0) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a non-negative number of seconds");
       *out = Seconds(*d);
     }
     return Status::Ok();
@@ -133,7 +123,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = str("imap_delete", &o->imap_delete)).ok()) return s;
   if (const toml::node* n = t.get("imap_delete")) {
     if (Result<std::string> d = ParseImapDelete(o->imap_delete); !d.ok()) {
-      return Status::InvalidArgument(Where(path, n->source()) + ": " + d.status().message());
+      return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + d.status().message());
     }
   }
   if (!(s = size("cache_size", &o->cache_size)).ok()) return s;
@@ -144,35 +134,35 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (const toml::node* n = t.get("passthrough")) {
     auto b = n->value<bool>();
     if (!b || !n->is_boolean())
-      return Status::InvalidArgument(Where(path, n->source()) +
+      return Status::InvalidArgument(TomlWhere(path, n->source()) +
                                      ": passthrough must be true or false");
     o->passthrough = *b;
   }
   if (const toml::node* n = t.get("knob")) {
     auto k = n->value<std::int64_t>();
-    if (!k || *k < 0 || *k > 100) return Status::InvalidArgument(Where(path, n->source()) + ": knob must be an integer in 0..100");
+    if (!k || *k < 0 || *k > 100) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": knob must be an integer in 0..100");
     o->knob = static_cast<int>(*k);
   }
   if (const toml::node* n = t.get("policy")) {
     auto text = n->value<std::string>();
     if (!text)
-      return Status::InvalidArgument(Where(path, n->source()) +
+      return Status::InvalidArgument(TomlWhere(path, n->source()) +
                                      ": policy must be \"static\" or \"adaptive\"");
     Result<Policy> p = ParsePolicy(*text);
     if (!p.ok())
-      return Status::InvalidArgument(Where(path, n->source()) + ": " + p.status().message());
+      return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + p.status().message());
     o->policy = *p;
   }
   if (const toml::node* n = t.get("ghost_hints")) {
     auto b = n->value<bool>();
     if (!b || !n->is_boolean())
-      return Status::InvalidArgument(Where(path, n->source()) +
+      return Status::InvalidArgument(TomlWhere(path, n->source()) +
                                      ": ghost_hints must be true or false");
     o->ghost_hints = *b;
   }
   if (const toml::node* n = t.get("origins")) {
     const toml::table* origins = n->as_table();
-    if (!origins) return Status::InvalidArgument(Where(path, n->source()) + ": [origins] must be a table of NAME = \"URL\"");
+    if (!origins) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": [origins] must be a table of NAME = \"URL\"");
     for (auto&& [k, v] : *origins) {
       // NAME = "URL", or NAME = { url = "URL", password_file = "PATH" } (or password = "...").
       std::optional<std::string> url = v.value<std::string>();
@@ -181,19 +171,19 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
         for (auto&& [sk, sv] : *spec) {
           std::string key(sk.str());
           if (key != "url" && key != "password_file" && key != "password") {
-            return Status::InvalidArgument(Where(path, sv.source()) + ": unknown origin key \"" + key + "\" (url, password_file, password)");
+            return Status::InvalidArgument(TomlWhere(path, sv.source()) + ": unknown origin key \"" + key + "\" (url, password_file, password)");
           }
-          if (!sv.value<std::string>()) return Status::InvalidArgument(Where(path, sv.source()) + ": \"" + key + "\" must be a string");
+          if (!sv.value<std::string>()) return Status::InvalidArgument(TomlWhere(path, sv.source()) + ": \"" + key + "\" must be a string");
         }
         url = (*spec)["url"].value<std::string>();
         password_file = (*spec)["password_file"].value_or(std::string());
         password = (*spec)["password"].value_or(std::string());
       }
-      if (!url) return Status::InvalidArgument(Where(path, v.source()) + ": origin URL must be a string (or a table with url)");
+      if (!url) return Status::InvalidArgument(TomlWhere(path, v.source()) + ": origin URL must be a string (or a table with url)");
       Result<Origin> origin = ParseOrigin(std::string(k.str()) + "=" + *url);
-      if (!origin.ok()) return Status::InvalidArgument(Where(path, v.source()) + ": " + origin.status().message());
+      if (!origin.ok()) return Status::InvalidArgument(TomlWhere(path, v.source()) + ": " + origin.status().message());
       if ((!password_file.empty() || !password.empty()) && !origin->imap()) {
-        return Status::InvalidArgument(Where(path, v.source()) + ": origin " + origin->name + ": a password is only for imap:// and imaps:// origins");
+        return Status::InvalidArgument(TomlWhere(path, v.source()) + ": origin " + origin->name + ": a password is only for imap:// and imaps:// origins");
       }
       origin.value().password_file = password_file;
       origin.value().password = password;

@@ -26,7 +26,7 @@ declare -A TARGETS=(
              common/base/mounts.cc? | libevent_core nlohmann_json openssl"
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
           common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
-  [config]="common/config/config.cc common/imap/imap_client.cc common/imap/maildir_names.cc
+  [config]="common/config/config.cc common/config/toml_file.cc common/imap/imap_client.cc common/imap/maildir_names.cc
             common/base/status.cc common/base/clock.cc common/power/machine.cc
             common/power/profile.cc common/power/device.cc common/power/energy_meter.cc
             common/power/power_manager.cc common/power/spin_down_timers.cc
