@@ -1,6 +1,7 @@
 #include "common/sim/flash_sim.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ghost {
 
@@ -39,6 +40,18 @@ class DiskTimeline {
     energy_ += io_.active_power * d;
     free_ += d;
   }
+  // Head positioning from byte `from` to byte `to` of a disk whose data spans `span` bytes.
+  Duration Position(Bytes from, Bytes to, Bytes span, const FlashSimOptions& o) const {
+    if (from == to) return Duration::zero();
+    Duration rot = std::min(o.half_rotation, io_.latency);
+    Duration seek_avg = io_.latency - rot;
+    Duration min_seek = std::min(o.min_seek, seek_avg);
+    double k = ToSeconds(seek_avg - min_seek) / (8.0 / 15.0);
+    double frac = span == 0 ? 1.0
+                            : std::min(1.0, static_cast<double>(from > to ? from - to : to - from) /
+                                                static_cast<double>(span));
+    return rot + min_seek + Seconds(k * std::sqrt(frac));
+  }
   Duration IoTime(Bytes size, bool write, bool seek = true) const {
     return (seek ? io_.latency : Duration::zero()) +
            (write ? io_.write_bandwidth : io_.read_bandwidth).TimeFor(size);
@@ -68,17 +81,17 @@ class DiskTimeline {
 
 // Prices a flush of `records` to the disk starting now; returns its duration.
 Duration PriceFlush(const std::vector<PlanRecord>& records, const FlashSimOptions& o,
-                    const IoModel& log_io, DiskTimeline* disk, FlashSimResult* r) {
+                    const IoModel& log_io, Bytes span, Bytes* head, DiskTimeline* disk,
+                    FlashSimResult* r) {
   FlushPlan plan = PlanFlush(records, o.algorithm, o.dram_buffer);
   std::vector<Duration> reads, writes;
-  Bytes last_end = ~Bytes{0};
   for (const FlushStep& s : plan.steps) {
     reads.push_back(log_io.latency + log_io.read_bandwidth.TimeFor(s.read_length));
     Duration w{0};
     for (const PlannedOp& op : s.ops) {
       if (op.type != PlannedOp::Type::kWrite) continue;
-      w += disk->IoTime(op.length, true, op.offset != last_end);
-      last_end = op.offset + op.length;
+      w += disk->Position(*head, op.offset, span, o) + disk->IoTime(op.length, true, false);
+      *head = op.offset + op.length;
     }
     writes.push_back(w);
   }
@@ -124,12 +137,17 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     Power log_idle = log_device != nullptr ? log_device->modes[0].power : Power();
     if (log_device != nullptr) r.log_device = log_device->name;
     std::vector<PlanRecord> log;
+    Bytes span = 0;
+    for (const BlockEvent& e : trace.block) {
+      span = std::max<Bytes>(span, (e.sector + e.sectors) * kSectorSize);
+    }
+    Bytes head = span / 2;  // where the head is; reads move it too
     Bytes log_used = 0;
     Energy log_energy;
     TimePoint log_free{};
     auto flush = [&](LogFlushReason why) {
       if (log.empty()) return;
-      Duration took = PriceFlush(log, o, log_io, &disk, &r);
+      Duration took = PriceFlush(log, o, log_io, span, &head, &disk, &r);
       r.flush_time += took;
       log_energy += log_io.active_power * took;  // an upper bound: the log is read part of it
       ++r.flushes;
@@ -176,6 +194,7 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
         start = disk.free();
       }
       disk.Busy(disk.IoTime(size, e.write));
+      head = addr + size;
       Duration resp = disk.free() - e.time;
       (e.write ? write_total : read_total) += resp;
       ++(e.write ? r.writes : r.reads);
@@ -221,6 +240,14 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
   return r;
+}
+
+Duration PredictFlushTime(const std::vector<PlanRecord>& records, const FlashSimOptions& o,
+                          const DeviceProfile& log_device, const DeviceProfile& disk, Bytes span) {
+  DiskTimeline timeline(disk, o.spin_down);
+  FlashSimResult unused;
+  Bytes head = span / 2;
+  return PriceFlush(records, o, log_device.modes[0].io, span, &head, &timeline, &unused);
 }
 
 nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
