@@ -3,6 +3,7 @@
 // prediction for the same content (PredictFlushTime).
 //
 //   flash_flush_bench DIR [--records N] [--file-mib M] [--seed S] [--profile DEVICE]
+//                         [--buffer-kib K]  (the DRAM flush buffer, default 256)
 //
 // Writes N random overwrites (512 B - 8 KiB, 512-aligned, in a file of M MiB) into a flash log
 // under DIR/flash, keeps a copy of the log, then flushes the same log once per algorithm to
@@ -67,12 +68,14 @@ int main(int argc, char** argv) {
   Bytes file_mib = 64;
   unsigned seed = 1;
   std::string profile = "nvme-ssd";
+  Bytes buffer = 256 << 10;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i];
     if (k == "--records") records = std::atoi(argv[i + 1]);
     else if (k == "--file-mib") file_mib = std::strtoull(argv[i + 1], nullptr, 10);
     else if (k == "--seed") seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
     else if (k == "--profile") profile = argv[i + 1];
+    else if (k == "--buffer-kib") buffer = std::strtoull(argv[i + 1], nullptr, 10) << 10;
     else return Die("unknown option " + k);
   }
   fs::create_directories(dir / "flash");
@@ -98,7 +101,7 @@ int main(int argc, char** argv) {
   FlashLogOptions o;
   o.dir = (dir / "flash").string();
   o.capacity = 256 << 20;
-  o.buffer = 256 << 10;
+  o.buffer = buffer;
   auto run_until = [&](const bool& done) {
     while (!done) event_base_loop(base, EVLOOP_ONCE);
   };
