@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "common/base/file_io.h"
+#include "common/base/uring_file_io.h"
 
 namespace ghost {
 namespace {
@@ -525,6 +526,38 @@ TEST_F(FlashLogTest, ReadOnlyLogDirectoryIsAClearError) {
   ASSERT_TRUE(WIFEXITED(status));
   if (WEXITSTATUS(status) == 77) GTEST_SKIP() << "no mount namespace (needs root)";
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_F(FlashLogTest, AppendAndSortMergeFlushThroughIoUringLeaveTheDiskAsTheReference) {
+  auto uring = UringFileIo::Create(base_);
+  if (!uring.ok()) GTEST_SKIP() << "no io_uring: " << uring.status().ToString();
+  std::unique_ptr<UringFileIo> io = std::move(uring).value();
+  FlashLogOptions o = Options();
+  o.buffer = 2048;
+  auto opened = FlashLog::Open(o, *io, *target_, nullptr);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  std::unique_ptr<FlashLog> log = std::move(opened).value();
+  std::mt19937 rng(11);
+  std::string ref;
+  for (int i = 0; i < 100; ++i) {
+    Bytes off = rng() % 5000;
+    std::string data(1 + rng() % 700, static_cast<char>('A' + rng() % 26));
+    ApplyReference(&ref, off, data);
+    bool done = false;
+    log->AppendWrite(LogRecordKind::kLocalWrite, "u", off, data, [&](Result<std::uint64_t> r) {
+      EXPECT_TRUE(r.ok());
+      done = true;
+    });
+    RunUntil(done);
+  }
+  bool done = false;
+  FlushReport rep;
+  log->Flush(LogFlushReason::kExplicit, [&](const FlushReport& r) { rep = r; done = true; });
+  RunUntil(done);
+  EXPECT_TRUE(rep.errors.empty());
+  EXPECT_GT(rep.bytes_merged_away, 0u);
+  EXPECT_EQ(target_->Contents("u"), ref);
+  log.reset();
 }
 
 TEST_F(FlashLogTest, ABufferLargerThanTheCapacityIsRefused) {
