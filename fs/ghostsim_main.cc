@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "common/build_info.h"
 #include "common/power/profile.h"
+#include "common/sim/flash_sim.h"
 #include "common/sim/simulator.h"
 #include "common/sim/trace.h"
 
@@ -47,6 +49,26 @@ bool ParseKnobList(const std::string& text, std::vector<int>* out, std::string* 
     *err = "--knob-sweep needs a list such as 0,50,90,95,99,100";
     return false;
   }
+  return true;
+}
+
+// "4096", "256K", "2M", "1G" -> bytes.
+bool ParseSize(const std::string& text, ghost::Bytes* out) {
+  if (text.empty()) return false;
+  std::size_t used = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &used);
+  } catch (...) {
+    return false;
+  }
+  std::string suffix = text.substr(used);
+  ghost::Bytes mult = 1;
+  if (suffix == "K" || suffix == "k") mult = 1024;
+  else if (suffix == "M" || suffix == "m") mult = 1024 * 1024;
+  else if (suffix == "G" || suffix == "g") mult = ghost::Bytes{1} << 30;
+  else if (!suffix.empty()) return false;
+  *out = v * mult;
   return true;
 }
 
@@ -86,6 +108,28 @@ int main(int argc, char** argv) {
   app.add_option("--requests", requests_path,
                  "also write every request (start_s, response_ms, source, size, key) as CSV "
                  "to this file (the last run's, with --knob-sweep)");
+  // Block-trace replay for the flash questions (common/sim/flash_sim.h).
+  std::string flash_log_size, flush_policy = "when-full", flush_alg = "4", dram_buffer = "256K";
+  std::string storage, log_device = "intel-flash", cleaning = "async";
+  double utilisation = 0.4;
+  app.add_option("--flash-log", flash_log_size,
+                 "block trace: put a flash log of SIZE (e.g. 2M) in front of the disk");
+  app.add_option("--flush-policy", flush_policy, "flash log flush policy: each-spinup or when-full")
+      ->check(CLI::IsMember({"each-spinup", "when-full"}))
+      ->capture_default_str();
+  app.add_option("--flush-alg", flush_alg, "flash log flush algorithm 1..4 (DESIGN §3.5)")
+      ->check(CLI::IsMember({"1", "2", "3", "4"}))
+      ->capture_default_str();
+  app.add_option("--dram-buffer", dram_buffer, "flash log flush buffer SIZE")->capture_default_str();
+  app.add_option("--storage", storage,
+                 "block trace: the device holding the data (cu140, sdp10, intel-flash, sd-card, ...)");
+  app.add_option("--log-device", log_device, "the flash log's device profile")->capture_default_str();
+  app.add_option("--utilisation", utilisation, "flash storage: live fraction preloaded (0..1)")
+      ->check(CLI::Range(0.0, 0.97))
+      ->capture_default_str();
+  app.add_option("--cleaning", cleaning, "flash storage cleaning: on-demand or async")
+      ->check(CLI::IsMember({"on-demand", "async"}))
+      ->capture_default_str();
   app.add_option("TRACE", trace_path, "trace file (see common/traces/README.md)")->required();
   try {
     app.parse(argc, argv);
@@ -102,6 +146,36 @@ int main(int argc, char** argv) {
   } else {
     if (knob < 0 || knob > 100) return Fail("--knob " + std::to_string(knob) + " is outside 0..100");
     knobs.push_back(knob);
+  }
+
+  if (!flash_log_size.empty() || !storage.empty()) {
+    ghost::Result<ghost::Trace> trace = ghost::LoadTrace(trace_path);
+    if (!trace.ok()) return Fail(trace.status().message());
+    ghost::FlashSimOptions o;
+    if (!flash_log_size.empty() && !ParseSize(flash_log_size, &o.log_capacity)) {
+      return Fail("--flash-log: \"" + flash_log_size + "\" is not a size such as 2M");
+    }
+    if (!ParseSize(dram_buffer, &o.dram_buffer) || o.dram_buffer <= 64) {
+      return Fail("--dram-buffer: \"" + dram_buffer + "\" is not a size such as 256K");
+    }
+    o.policy = *ghost::ParseLogFlushPolicy(flush_policy);
+    o.algorithm = *ghost::ParseFlushAlgorithm(flush_alg);
+    o.utilisation = utilisation;
+    o.cleaning = *ghost::ParseCleaningPolicy(cleaning);
+    ghost::Result<ghost::DeviceProfile> dev =
+        ghost::LoadDeviceProfile(storage.empty() ? "cu140" : storage);
+    if (!dev.ok()) return Fail(dev.status().message());
+    std::optional<ghost::DeviceProfile> log_dev;
+    if (o.log_capacity > 0) {
+      ghost::Result<ghost::DeviceProfile> l = ghost::LoadDeviceProfile(log_device);
+      if (!l.ok()) return Fail(l.status().message());
+      log_dev = *l;
+    }
+    ghost::Result<ghost::FlashSimResult> r =
+        ghost::SimulateFlash(*dev, log_dev ? &*log_dev : nullptr, *trace, o);
+    if (!r.ok()) return Fail(r.status().message());
+    std::cout << ghost::ToJson(*r, o).dump(pretty ? 2 : -1) << "\n";
+    return 0;
   }
 
   ghost::Result<ghost::MachineProfile> machine = ghost::LoadMachineProfile(profile);

@@ -168,8 +168,18 @@ int Main(int argc, char** argv) {
   mail->add_option("--sends", sends, "messages sent")
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{0}, std::size_t{100'000}));
-  generator("block", "desktop-like disk I/O bursts with idle periods",
-            ToSeconds(BlockTraceOptions{}.duration));
+  CLI::App* block = generator("block", "desktop-like disk I/O bursts with idle periods",
+                              ToSeconds(BlockTraceOptions{}.duration));
+  // The NVCache-shaped trace (scripts/bench-flash.sh): a small disk whose hot region is
+  // overwritten often, e.g. --disk-mib 40 --hot-space 0.02.
+  double disk_mib = static_cast<double>(BlockTraceOptions{}.disk_sectors * kSectorSize) / (1 << 20);
+  double hot_space = BlockTraceOptions{}.hot_space_fraction;
+  block->add_option("--disk-mib", disk_mib, "size of the traced disk in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e7));
+  block->add_option("--hot-space", hot_space, "fraction of the disk that is hot (gets 90% of starts)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0001, 1.0));
   CLI::App* check = app.add_subcommand("check", "parse trace files and summarise each one");
   check->add_option("files", files, "trace files")->required();
 
@@ -202,6 +212,8 @@ int Main(int argc, char** argv) {
   }
   BlockTraceOptions o;  // the one generator left
   o.seed = seed;
+  o.disk_sectors = static_cast<std::uint64_t>(disk_mib * (1 << 20)) / kSectorSize;
+  o.hot_space_fraction = hot_space;
   if (custom_duration) o.duration = Seconds(duration_s);
   return Emit(GenerateBlockTrace(o), output, command);
 }

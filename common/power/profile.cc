@@ -130,6 +130,8 @@ Result<DeviceProfile> DeviceFromTable(const toml::table& t, const std::string& s
   else if (f.status().ok()) f.Fail(t.get("kind")->source(), "kind \"" + kind + "\" is not disk, network, flash or memory");
   d.flash.erase_segment = static_cast<Bytes>(f.Number("erase_segment_kib", false) * 1024);
   d.flash.erase_time = Millis(f.Number("erase_ms", false));
+  d.flash.erase_power = Power::Milliwatts(f.Number("erase_mw", false));
+  d.flash.capacity = static_cast<Bytes>(f.Number("capacity_mib", false) * 1024 * 1024);
   if (!f.status().ok()) return f.status();
 
   const toml::array* modes = t["mode"].as_array();

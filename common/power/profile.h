@@ -56,8 +56,10 @@ struct Transition {
 
 // Flash devices (DESIGN §3.7); zero for others.
 struct FlashGeometry {
-  Bytes erase_segment = 0;
-  Duration erase_time{0};
+  Bytes erase_segment = 0;  // 0: erasure is inside the write bandwidth (a flash disk)
+  Duration erase_time{0};   // per segment
+  Power erase_power;        // drawn while erasing (0: the mode's active power)
+  Bytes capacity = 0;       // the device's size; 0: unknown (the flash model needs it)
 };
 
 struct DeviceProfile {

@@ -34,7 +34,7 @@ trace() {  # trace NAME LINES...: writes a web trace
   echo "$f"
 }
 
-echo "1..14"
+echo "1..19"
 
 out=$("$GHOSTSIM" --policy adaptive "$TRACES/web.trace")
 if python3 -c '
@@ -70,5 +70,23 @@ expect_bad "missing trace file" 'nofile\.trace' "$tmp/nofile.trace"
 expect_bad "unknown policy" 'policy' --policy fastest "$TRACES/web.trace"
 printf 'kind = "disk"\nname = "x"\n[[mode]]\nname = "on"\npower_mw = "lots"\n' >"$tmp/bad.toml"
 expect_bad "malformed profile names file and line" 'bad\.toml:5:' --profile "$tmp/bad.toml" "$TRACES/web.trace"
+
+# Block-trace replay with a flash log and on flash storage (common/sim/flash_sim.h).
+if "$GHOSTSIM" --flash-log 2M --flush-policy each-spinup --flush-alg 1 "$TRACES/nvcache.trace" >"$tmp/flash" 2>"$tmp/err" &&
+   python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["flush_policy"] == "each-spinup" and r["flush_alg"] == 1
+assert r["flushes"] > 0 and r["flush_time_s"] > 0 and r["bytes_flushed"] == r["bytes_logged"] > 0
+' "$tmp/flash" 2>>"$tmp/err"; then ok "--flash-log prints the flush fields"; else not_ok "--flash-log" "$(cat "$tmp/err")"; fi
+if "$GHOSTSIM" --storage intel-flash --utilisation 0.9 --cleaning on-demand "$TRACES/nvcache.trace" >"$tmp/card" 2>"$tmp/err" &&
+   python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["storage"] == "intel-flash" and r["erasures"] > 0 and r["energy_j"] > 0
+' "$tmp/card" 2>>"$tmp/err"; then ok "--storage intel-flash reports erasures"; else not_ok "--storage" "$(cat "$tmp/err")"; fi
+expect_bad "flash log size that is not a size" 'flash-log: "2Q"' --flash-log 2Q "$TRACES/nvcache.trace"
+expect_bad "flash simulation of a web trace" 'block traces' --flash-log 2M "$TRACES/web.trace"
+expect_bad "flash log smaller than its buffer" 'at least one DRAM buffer' --flash-log 64K "$TRACES/nvcache.trace"
 
 exit $failed

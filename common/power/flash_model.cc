@@ -1,0 +1,195 @@
+#include "common/power/flash_model.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdio>
+#include <cstdlib>
+
+namespace ghost {
+
+std::optional<CleaningPolicy> ParseCleaningPolicy(std::string_view text) {
+  if (text == "on-demand") return CleaningPolicy::kOnDemand;
+  if (text == "async" || text == "asynchronous") return CleaningPolicy::kAsynchronous;
+  return std::nullopt;
+}
+
+const char* CleaningPolicyName(CleaningPolicy policy) {
+  return policy == CleaningPolicy::kOnDemand ? "on-demand" : "async";
+}
+
+Result<FlashModel> FlashModel::Create(const DeviceProfile& device, CleaningPolicy policy,
+                                      Bytes block) {
+  if (device.modes.empty() || !device.modes[0].serves_io) {
+    return Status::InvalidArgument("flash model: profile " + device.name +
+                                   " has no mode 0 that serves I/O");
+  }
+  if (device.flash.erase_segment > 0) {
+    if (device.flash.capacity == 0) {
+      return Status::InvalidArgument("flash model: profile " + device.name +
+                                     " has an erase segment but no capacity_mib");
+    }
+    if (block == 0 || device.flash.erase_segment % block != 0 ||
+        device.flash.capacity < 4 * device.flash.erase_segment) {
+      return Status::InvalidArgument("flash model: profile " + device.name +
+                                     " needs a capacity of at least 4 erase segments, and "
+                                     "segments a multiple of the block size");
+    }
+  }
+  return FlashModel(device, policy, block);
+}
+
+FlashModel::FlashModel(const DeviceProfile& device, CleaningPolicy policy, Bytes block)
+    : io_(device.modes[0].io), geometry_(device.flash), policy_(policy), block_(block) {
+  if (geometry_.erase_power.watts() == 0) geometry_.erase_power = io_.active_power;
+  if (geometry_.erase_segment == 0) return;
+  segment_blocks_ = geometry_.erase_segment / block_;
+  std::uint64_t segments = geometry_.capacity / geometry_.erase_segment;
+  blocks_ = segments * segment_blocks_;
+  where_.assign(blocks_, -1);
+  owner_.assign(blocks_, -1);
+  live_.assign(segments, 0);
+  erase_counts_.assign(segments, 0);
+  for (std::uint64_t s = segments; s-- > 0;) erased_.push_back(s);
+}
+
+Duration FlashModel::TransferTime(Bytes size, bool write) const {
+  Bandwidth bw = write ? io_.write_bandwidth : io_.read_bandwidth;
+  return io_.latency + bw.TimeFor(size);
+}
+
+double FlashModel::utilisation() const {
+  if (blocks_ == 0) return 0;
+  std::uint64_t live = 0;
+  for (std::uint32_t l : live_) live += l;
+  return static_cast<double>(live) / static_cast<double>(blocks_);
+}
+
+void FlashModel::Preload(double fraction) {
+  if (segment_blocks_ == 0) return;
+  // Logical blocks are the physical ones less two segments (the active one and the
+  // cleaner's reserve), so cleaning can always make progress.
+  std::uint64_t logical = blocks_ - 2 * segment_blocks_;
+  std::uint64_t n = std::min<std::uint64_t>(
+      logical, static_cast<std::uint64_t>(fraction * static_cast<double>(blocks_)));
+  FlashCost ignored;
+  for (std::uint64_t lb = 0; lb < n; ++lb) Place(lb, &ignored, false);
+  stats_ = FlashStats{};
+  std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
+}
+
+FlashCost FlashModel::Read(Bytes, Bytes size) const {
+  FlashCost cost;
+  cost.time = TransferTime(size, false);
+  cost.energy = io_.active_power * cost.time;
+  return cost;
+}
+
+FlashCost FlashModel::Write(Bytes address, Bytes size) {
+  FlashCost cost;
+  cost.time = TransferTime(size, true);
+  cost.energy = io_.active_power * cost.time;
+  stats_.written += size;
+  if (segment_blocks_ == 0 || size == 0) return cost;
+  const std::uint64_t logical = blocks_ - 2 * segment_blocks_;
+  std::uint64_t first = address / block_;
+  std::uint64_t count = (size + block_ - 1) / block_;
+  for (std::uint64_t i = 0; i < count; ++i) Place((first + i) % logical, &cost, true);
+  if (policy_ == CleaningPolicy::kAsynchronous) {
+    // Keep one segment erased beyond the cleaner's reserve, in the background.
+    FlashCost bg;
+    int guard = 0;
+    while (erased_.size() < 2 && guard++ < 1000) Clean(&bg, true);
+    cost.background += bg.time;
+    cost.energy += bg.energy;
+    cost.copied += bg.copied;
+    cost.erasures += bg.erasures;
+  }
+  return cost;
+}
+
+void FlashModel::Place(std::uint64_t lb, FlashCost* cost, bool charge_time) {
+  if (active_ < 0 || write_point_ == segment_blocks_) TakeErasedSegment(cost, charge_time);
+  std::int64_t phys = active_ * static_cast<std::int64_t>(segment_blocks_) +
+                      static_cast<std::int64_t>(write_point_++);
+  std::int64_t old = where_[lb];
+  if (old >= 0) {
+    owner_[old] = -1;
+    --live_[static_cast<std::uint64_t>(old) / segment_blocks_];
+  }
+  where_[lb] = phys;
+  owner_[phys] = static_cast<std::int64_t>(lb);
+  ++live_[static_cast<std::uint64_t>(active_)];
+}
+
+void FlashModel::TakeErasedSegment(FlashCost* cost, bool charge_time) {
+  // The last erased segment is the cleaner's reserve: a user write that would take it cleans
+  // first (on demand: the write waits).
+  int guard = 0;
+  while (erased_.size() <= 1 && guard++ < 1000) Clean(cost, charge_time);
+  if (erased_.empty()) {
+    std::fprintf(stderr, "flash model: no erased segment left (cleaning made no progress)\n");
+    std::abort();
+  }
+  active_ = static_cast<std::int64_t>(erased_.back());
+  erased_.pop_back();
+  write_point_ = 0;
+}
+
+void FlashModel::Clean(FlashCost* cost, bool charge_time) {
+  std::int64_t victim = -1;
+  for (std::size_t s = 0; s < live_.size(); ++s) {
+    if (static_cast<std::int64_t>(s) == active_) continue;
+    if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
+    if (victim < 0 || live_[s] < live_[static_cast<std::size_t>(victim)]) {
+      victim = static_cast<std::int64_t>(s);
+    }
+  }
+  if (victim < 0) return;
+  ++stats_.cleanings;
+  Bytes moved = 0;
+  const std::uint64_t base = static_cast<std::uint64_t>(victim) * segment_blocks_;
+  for (std::uint64_t b = base; b < base + segment_blocks_; ++b) {
+    if (owner_[b] < 0) continue;
+    std::uint64_t lb = static_cast<std::uint64_t>(owner_[b]);
+    // The copy goes to the write point; a full active segment takes the reserve directly.
+    if (write_point_ == segment_blocks_) {
+      active_ = static_cast<std::int64_t>(erased_.back());
+      erased_.pop_back();
+      write_point_ = 0;
+    }
+    FlashCost unused;
+    Place(lb, &unused, false);
+    moved += block_;
+  }
+  Duration t = geometry_.erase_time;
+  Energy e = geometry_.erase_power * geometry_.erase_time;
+  if (moved > 0) {
+    Duration copy = TransferTime(moved, false) + TransferTime(moved, true);
+    t += copy;
+    e += io_.active_power * copy;
+  }
+  ++erase_counts_[static_cast<std::size_t>(victim)];
+  stats_.max_segment_erasures =
+      std::max(stats_.max_segment_erasures, erase_counts_[static_cast<std::size_t>(victim)]);
+  ++stats_.erasures;
+  stats_.copied += moved;
+  erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));
+  if (charge_time) cost->time += t;
+  cost->energy += e;
+  cost->copied += moved;
+  ++cost->erasures;
+}
+
+void FlashModel::AssertInvariants() const {
+  std::vector<std::uint32_t> live(live_.size(), 0);
+  for (std::size_t b = 0; b < owner_.size(); ++b) {
+    if (owner_[b] < 0) continue;
+    assert(where_[static_cast<std::size_t>(owner_[b])] == static_cast<std::int64_t>(b));
+    ++live[b / segment_blocks_];
+  }
+  assert(live == live_);
+  for (std::uint64_t s : erased_) assert(live_[s] == 0);
+  (void)live;
+}
+
+}  // namespace ghost

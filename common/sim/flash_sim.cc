@@ -1,0 +1,289 @@
+#include "common/sim/flash_sim.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ghost {
+
+namespace {
+
+// The disk rule of flash_sim.h, accounting its energy as it goes.
+class DiskTimeline {
+ public:
+  explicit DiskTimeline(const DeviceProfile& d, Duration spin_down)
+      : d_(d), io_(d.modes[0].io), spin_down_(spin_down),
+        up_(d.TransitionCost(d.LowestMode(), 0)), down_(d.TransitionCost(0, d.LowestMode())) {}
+
+  // Brings the disk to serving at or after `t`; returns when it can start and whether it spun
+  // up.
+  TimePoint Ready(TimePoint t, bool* spun_up) {
+    TimePoint start = std::max(t, free_);
+    *spun_up = false;
+    if (d_.modes.size() > 1 && start - free_ > spin_down_) {
+      // Idle for spin_down, spin down, sleep, spin up.
+      energy_ += d_.modes[0].power * spin_down_;
+      energy_ += down_.energy;
+      Duration asleep = start - free_ - spin_down_ - down_.time;
+      if (asleep > Duration::zero()) energy_ += d_.modes.back().power * asleep;
+      energy_ += up_.energy;
+      start += up_.time;
+      ++spin_ups_;
+      *spun_up = true;
+    } else {
+      energy_ += d_.modes[0].power * (start - free_);
+    }
+    free_ = start;
+    return start;
+  }
+  // Busy from free_ for `d` at active power.
+  void Busy(Duration d) {
+    energy_ += io_.active_power * d;
+    free_ += d;
+  }
+  // Head positioning from byte `from` to byte `to` of a disk whose data spans `span` bytes.
+  Duration Position(Bytes from, Bytes to, Bytes span, const FlashSimOptions& o) const {
+    if (from == to) return Duration::zero();
+    Duration rot = std::min(o.half_rotation, io_.latency);
+    Duration seek_avg = io_.latency - rot;
+    Duration min_seek = std::min(o.min_seek, seek_avg);
+    double k = ToSeconds(seek_avg - min_seek) / (8.0 / 15.0);
+    double frac = span == 0 ? 1.0
+                            : std::min(1.0, static_cast<double>(from > to ? from - to : to - from) /
+                                                static_cast<double>(span));
+    return rot + min_seek + Seconds(k * std::sqrt(frac));
+  }
+  Duration IoTime(Bytes size, bool write, bool seek = true) const {
+    return (seek ? io_.latency : Duration::zero()) +
+           (write ? io_.write_bandwidth : io_.read_bandwidth).TimeFor(size);
+  }
+  void Finish(TimePoint end) {
+    bool unused;
+    if (end > free_) {
+      Duration idle = std::min(end - free_, spin_down_);
+      energy_ += d_.modes[0].power * idle;
+      free_ += idle;
+      (void)unused;
+    }
+  }
+  TimePoint free() const { return free_; }
+  Energy energy() const { return energy_; }
+  std::uint64_t spin_ups() const { return spin_ups_; }
+
+ private:
+  const DeviceProfile& d_;
+  IoModel io_;
+  Duration spin_down_;
+  Transition up_, down_;
+  TimePoint free_{};
+  Energy energy_;
+  std::uint64_t spin_ups_ = 0;
+};
+
+// Prices a flush of `records` to the disk starting now; returns its duration.
+Duration PriceFlush(const std::vector<PlanRecord>& records, const FlashSimOptions& o,
+                    const IoModel& log_io, Bytes span, Bytes* head, DiskTimeline* disk,
+                    FlashSimResult* r) {
+  FlushPlan plan = PlanFlush(records, o.algorithm, o.dram_buffer);
+  std::vector<Duration> reads, writes;
+  for (const FlushStep& s : plan.steps) {
+    reads.push_back(log_io.latency + log_io.read_bandwidth.TimeFor(s.read_length));
+    Duration w{0};
+    for (const PlannedOp& op : s.ops) {
+      if (op.type != PlannedOp::Type::kWrite) continue;
+      w += disk->Position(*head, op.offset, span, o) + disk->IoTime(op.length, true, false);
+      *head = op.offset + op.length;
+    }
+    writes.push_back(w);
+  }
+  Duration total{0};
+  if (plan.overlap) {
+    if (!reads.empty()) total += reads[0];
+    for (std::size_t k = 0; k < writes.size(); ++k) {
+      total += std::max(writes[k], k + 1 < reads.size() ? reads[k + 1] : Duration::zero());
+    }
+  } else {
+    for (std::size_t k = 0; k < reads.size(); ++k) total += reads[k] + writes[k];
+  }
+  r->bytes_flushed += plan.written_bytes;
+  r->bytes_merged_away += plan.merged_away();
+  disk->Busy(total);
+  return total;
+}
+
+}  // namespace
+
+Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceProfile* log_device,
+                                     const Trace& trace, const FlashSimOptions& o) {
+  if (trace.kind != TraceKind::kBlock) {
+    return Status::InvalidArgument("the flash simulation replays block traces (# ghost-trace block v1)");
+  }
+  if (storage.modes.empty() || !storage.modes[0].serves_io) {
+    return Status::InvalidArgument("profile " + storage.name + " has no mode 0 serving I/O");
+  }
+  FlashSimResult r;
+  r.storage = storage.name;
+  Duration read_total{0}, write_total{0};
+  TimePoint end{};
+
+  if (o.log_capacity > 0 || storage.kind == DeviceKind::kDisk) {
+    if (o.log_capacity > 0 && log_device == nullptr) {
+      return Status::InvalidArgument("a flash log needs a log device profile");
+    }
+    if (o.log_capacity > 0 && o.log_capacity < o.dram_buffer) {
+      return Status::InvalidArgument("the flash log must hold at least one DRAM buffer");
+    }
+    DiskTimeline disk(storage, o.spin_down);
+    IoModel log_io = log_device != nullptr ? log_device->modes[0].io : IoModel{};
+    Power log_idle = log_device != nullptr ? log_device->modes[0].power : Power();
+    if (log_device != nullptr) r.log_device = log_device->name;
+    std::vector<PlanRecord> log;
+    Bytes span = 0;
+    for (const BlockEvent& e : trace.block) {
+      span = std::max<Bytes>(span, (e.sector + e.sectors) * kSectorSize);
+    }
+    Bytes head = span / 2;  // where the head is; reads move it too
+    Bytes log_used = 0;
+    Energy log_energy;
+    TimePoint log_free{};
+    auto flush = [&](LogFlushReason why) {
+      if (log.empty()) return;
+      Duration took = PriceFlush(log, o, log_io, span, &head, &disk, &r);
+      r.flush_time += took;
+      log_energy += log_io.active_power * took;  // an upper bound: the log is read part of it
+      ++r.flushes;
+      ++r.flushes_by_reason[static_cast<std::size_t>(why)];
+      log.clear();
+      log_used = 0;
+    };
+    for (const BlockEvent& e : trace.block) {
+      const Bytes size = Bytes{e.sectors} * kSectorSize;
+      const Bytes addr = e.sector * kSectorSize;
+      if (e.write && o.log_capacity > 0) {
+        ++r.writes;
+        // Append in records of at most one DRAM buffer.
+        TimePoint start = std::max(e.time, log_free);
+        Duration t{0};
+        const Bytes max_data = o.dram_buffer - FlashLog::kHeaderSize - 4;
+        for (Bytes at = 0; at < size; at += max_data) {
+          Bytes len = std::min(max_data, size - at);
+          Bytes rec = FlashLog::kHeaderSize + 4 + len;
+          if (log_used + rec > o.log_capacity) {
+            bool spun;
+            TimePoint ready = disk.Ready(start + t, &spun);
+            (void)ready;
+            flush(LogFlushReason::kFull);
+            t = disk.free() - start;
+          }
+          log.push_back({r.writes, LogRecordKind::kBlock, "disk", addr + at, len, log_used, rec,
+                         FlashLog::kHeaderSize + 4});
+          log_used += rec;
+          r.bytes_logged += len;
+          Duration w = log_io.latency + log_io.write_bandwidth.TimeFor(rec);
+          log_energy += log_io.active_power * w;
+          t += w;
+        }
+        log_free = start + t;
+        write_total += log_free - e.time;
+        end = std::max(end, log_free);
+        continue;
+      }
+      bool spun = false;
+      TimePoint start = disk.Ready(e.time, &spun);
+      if (spun && o.log_capacity > 0 && o.policy == LogFlushPolicy::kEachSpinUp) {
+        flush(LogFlushReason::kSpinUp);
+        start = disk.free();
+      }
+      disk.Busy(disk.IoTime(size, e.write));
+      head = addr + size;
+      Duration resp = disk.free() - e.time;
+      (e.write ? write_total : read_total) += resp;
+      ++(e.write ? r.writes : r.reads);
+      end = std::max(end, disk.free());
+      (void)start;
+    }
+    if (!log.empty()) {
+      bool spun;
+      (void)disk.Ready(end, &spun);
+      flush(LogFlushReason::kExplicit);
+      end = std::max(end, disk.free());
+    }
+    disk.Finish(end);
+    r.spin_ups = disk.spin_ups();
+    r.duration = end.time_since_epoch();
+    r.energy = disk.energy() + log_energy + log_idle * r.duration;
+  } else {
+    Result<FlashModel> m = FlashModel::Create(storage, o.cleaning);
+    if (!m.ok()) return m.status();
+    FlashModel model = std::move(m).value();
+    model.Preload(o.utilisation);
+    TimePoint free{};
+    Energy active;
+    for (const BlockEvent& e : trace.block) {
+      const Bytes size = Bytes{e.sectors} * kSectorSize;
+      TimePoint start = std::max(e.time, free);
+      FlashCost c = e.write ? model.Write(e.sector * kSectorSize, size)
+                            : model.Read(e.sector * kSectorSize, size);
+      free = start + c.time;
+      active += c.energy;
+      Duration resp = free - e.time;
+      (e.write ? write_total : read_total) += resp;
+      ++(e.write ? r.writes : r.reads);
+      free += c.background;  // asynchronous cleaning keeps the device busy afterwards
+      end = std::max(end, free);
+    }
+    r.duration = end.time_since_epoch();
+    r.energy = active + storage.modes[0].power * r.duration;
+    r.erasures = model.stats().erasures;
+    r.max_segment_erasures = model.stats().max_segment_erasures;
+    r.final_utilisation = model.utilisation();
+  }
+  r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
+  r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
+  return r;
+}
+
+Duration PredictFlushTime(const std::vector<PlanRecord>& records, const FlashSimOptions& o,
+                          const DeviceProfile& log_device, const DeviceProfile& disk, Bytes span) {
+  DiskTimeline timeline(disk, o.spin_down);
+  FlashSimResult unused;
+  Bytes head = span / 2;
+  return PriceFlush(records, o, log_device.modes[0].io, span, &head, &timeline, &unused);
+}
+
+nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
+  nlohmann::json j;
+  j["storage"] = r.storage;
+  j["reads"] = r.reads;
+  j["writes"] = r.writes;
+  j["mean_read_ms"] = r.mean_read_ms;
+  j["mean_write_ms"] = r.mean_write_ms;
+  j["energy_j"] = r.energy.joules();
+  j["duration_s"] = ToSeconds(r.duration);
+  j["spin_ups"] = r.spin_ups;
+  if (o.log_capacity > 0) {
+    j["log_device"] = r.log_device;
+    j["flash_log_bytes"] = o.log_capacity;
+    j["flush_policy"] = LogFlushPolicyName(o.policy);
+    j["flush_alg"] = static_cast<int>(o.algorithm);
+    j["dram_buffer_bytes"] = o.dram_buffer;
+    j["flushes"] = r.flushes;
+    nlohmann::json by;
+    for (std::size_t i = 0; i < kLogFlushReasons; ++i) {
+      by[LogFlushReasonName(static_cast<LogFlushReason>(i))] = r.flushes_by_reason[i];
+    }
+    j["flushes_by_reason"] = by;
+    j["flush_time_s"] = ToSeconds(r.flush_time);
+    j["bytes_logged"] = r.bytes_logged;
+    j["bytes_flushed"] = r.bytes_flushed;
+    j["bytes_merged_away"] = r.bytes_merged_away;
+  }
+  if (r.erasures > 0 || r.final_utilisation > 0) {
+    j["cleaning"] = CleaningPolicyName(o.cleaning);
+    j["utilisation"] = r.final_utilisation;
+    j["erasures"] = r.erasures;
+    j["max_segment_erasures"] = r.max_segment_erasures;
+  }
+  return j;
+}
+
+}  // namespace ghost

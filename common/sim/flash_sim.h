@@ -1,0 +1,89 @@
+// FlashSim: block-trace replay for the flash questions (DESIGN §3.5, §3.7, §7): a disk behind a
+// flash log (NVCache: flush time by policy and algorithm), and a cache wholly on one device
+// (Douglis et al., "Storage alternatives for mobile computers", Table 4 and §5.2).
+//
+// Disk rule (the papers'): the disk spins down after `spin_down` of idleness and spins up for
+// the next I/O (the profile's transitions, mode 0 serving, the last mode sleeping). Requests
+// are served in trace order, one at a time; response = wait + spin-up + latency + size / bw.
+//
+// With a flash log (`log_capacity` > 0) writes are appended to the log on `log_device`
+// (latency + size / write bandwidth; the log is written sequentially so it does not clean) and
+// reads go to the disk. The log is flushed to the disk on spin-up (kEachSpinUp), when an
+// append does not fit (both policies), and at the end of the run. A flush is priced from the
+// same FlushPlan the live flusher executes (common/cache/flush_plan.h): each step reads its
+// range of the log (latency + bytes / read bandwidth) and writes its ops to the disk, a write
+// paying a positioning time by seek distance (see FlashSimOptions) unless it starts where the
+// previous one ended; with the
+// double-buffer algorithms a step's writes overlap the next step's read.
+//
+// Without a flash log every request goes to `storage`: a disk (rule above) or a flash device
+// (FlashModel: erasures and cleaning, the card preloaded to `utilisation`).
+//
+// Thread-safety: pure function of its inputs.
+#ifndef GHOST_COMMON_SIM_FLASH_SIM_H_
+#define GHOST_COMMON_SIM_FLASH_SIM_H_
+
+#include <nlohmann/json.hpp>
+
+#include "common/base/status.h"
+#include "common/base/units.h"
+#include "common/cache/flash_log.h"
+#include "common/power/flash_model.h"
+#include "common/power/profile.h"
+#include "common/sim/trace.h"
+
+namespace ghost {
+
+struct FlashSimOptions {
+  Bytes log_capacity = 0;  // 0: no flash log
+  LogFlushPolicy policy = LogFlushPolicy::kWhenFull;
+  FlushAlgorithm algorithm = FlushAlgorithm::kSortMerge;
+  Bytes dram_buffer = 256 << 10;
+  Duration spin_down = std::chrono::seconds(5);  // Douglis's cu140 policy
+  double utilisation = 0.4;                       // flash storage: preloaded live data
+  CleaningPolicy cleaning = CleaningPolicy::kAsynchronous;
+  // Flush writes position the disk head by distance (sorting pays off through shorter seeks):
+  // positioning = half a rotation + min_seek + k·sqrt(distance / span), k chosen so random
+  // positions average the profile's latency (E[sqrt(|x-y|)] = 8/15 for x, y uniform on [0,1]).
+  // The split of the cu140's 25.7 ms is ours [E]: 3600 rpm (8.3 ms half rotation), 3 ms
+  // track-to-track seek.
+  Duration half_rotation = Millis(8.3);
+  Duration min_seek = Millis(3);
+};
+
+struct FlashSimResult {
+  std::string storage;
+  std::string log_device;
+  std::size_t reads = 0, writes = 0;
+  double mean_read_ms = 0, mean_write_ms = 0;
+  Energy energy;  // the storage device(s), idle power included
+  Duration duration{0};
+  std::uint64_t spin_ups = 0;
+  // Flash log
+  std::uint64_t flushes = 0;
+  std::array<std::uint64_t, kLogFlushReasons> flushes_by_reason{};
+  Duration flush_time{0};
+  Bytes bytes_logged = 0, bytes_flushed = 0, bytes_merged_away = 0;
+  // Flash storage
+  std::uint64_t erasures = 0;
+  std::uint32_t max_segment_erasures = 0;
+  double final_utilisation = 0;
+};
+
+// `storage` is the disk (with a log) or the device holding everything; `log_device` the flash
+// device of the log (needed iff options.log_capacity > 0). The trace must be a block trace.
+[[nodiscard]] Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage,
+                                                   const DeviceProfile* log_device,
+                                                   const Trace& trace,
+                                                   const FlashSimOptions& options);
+nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& options);
+
+// The time one flush of `records` (log order) takes from `log_device` to a spinning `disk`
+// whose data spans `span` bytes, by the rule above (options.algorithm, options.dram_buffer):
+// the prediction the live flush measurement (tests/bench/flash_flush_bench.cc) is set beside.
+Duration PredictFlushTime(const std::vector<PlanRecord>& records, const FlashSimOptions& options,
+                          const DeviceProfile& log_device, const DeviceProfile& disk, Bytes span);
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_SIM_FLASH_SIM_H_

@@ -1,0 +1,105 @@
+#include "common/power/flash_model.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace ghost {
+namespace {
+
+DeviceProfile Card(Bytes capacity = 2 << 20) {
+  auto d = LoadDeviceProfile("intel-flash", GHOST_PROFILE_DIR);
+  EXPECT_TRUE(d.ok()) << d.status().ToString();
+  DeviceProfile p = *d;
+  p.flash.capacity = capacity;
+  return p;
+}
+
+// Random 4 KiB overwrites over a hot region of `hot` bytes; returns the model after them.
+FlashModel RunOverwrites(double utilisation, CleaningPolicy policy, Energy* energy,
+                         Duration* time, int writes = 2000) {
+  auto m = FlashModel::Create(Card(), policy);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  FlashModel model = std::move(m).value();
+  model.Preload(utilisation);
+  std::mt19937 rng(1);
+  const Bytes hot = 256 << 10;
+  for (int i = 0; i < writes; ++i) {
+    FlashCost c = model.Write((rng() % (hot / 4096)) * 4096, 4096);
+    *energy += c.energy;
+    *time += c.time;
+  }
+  model.AssertInvariants();
+  return model;
+}
+
+TEST(FlashModelTest, ProfilesOfThePapersFlashDevicesLoadWithTheirGeometry) {
+  auto card = LoadDeviceProfile("intel-flash", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(card.ok());
+  EXPECT_EQ(card->flash.erase_segment, 64u * 1024);
+  EXPECT_EQ(card->flash.erase_time, Millis(1600));
+  EXPECT_GT(card->flash.capacity, 0u);
+  auto disk = LoadDeviceProfile("sdp10", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(disk.ok());
+  EXPECT_EQ(disk->flash.erase_segment, 0u);
+}
+
+TEST(FlashModelTest, AFlashDiskHasNoCleaningWritesCostTheirBandwidth) {
+  auto disk = LoadDeviceProfile("sdp10", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(disk.ok());
+  auto m = FlashModel::Create(*disk, CleaningPolicy::kOnDemand);
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE(m->has_cleaning());
+  FlashCost c = m->Write(0, 50000);
+  EXPECT_NEAR(ToSeconds(c.time), 1.0 + 0.0015, 0.02);  // 50 KB at 50 KB/s + 1.5 ms
+  EXPECT_EQ(c.erasures, 0);
+}
+
+TEST(FlashModelTest, ACardWithoutCapacityIsRefused) {
+  DeviceProfile p = Card(0);
+  auto m = FlashModel::Create(p, CleaningPolicy::kOnDemand);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("capacity"), std::string::npos);
+}
+
+TEST(FlashModelTest, CleaningCostGrowsWithUtilisation) {
+  Energy e40, e95;
+  Duration t40{0}, t95{0};
+  FlashModel low = RunOverwrites(0.40, CleaningPolicy::kOnDemand, &e40, &t40);
+  FlashModel high = RunOverwrites(0.95, CleaningPolicy::kOnDemand, &e95, &t95);
+  EXPECT_GT(e95, e40 * 1.3);
+  EXPECT_GT(t95, t40);
+  EXPECT_GT(high.stats().erasures, low.stats().erasures);
+  EXPECT_GT(high.stats().copied, low.stats().copied);
+}
+
+TEST(FlashModelTest, AsynchronousCleaningKeepsASegmentErasedAndOffTheResponseTime) {
+  Energy e_sync, e_async;
+  Duration t_sync{0}, t_async{0};
+  RunOverwrites(0.8, CleaningPolicy::kOnDemand, &e_sync, &t_sync);
+  RunOverwrites(0.8, CleaningPolicy::kAsynchronous, &e_async, &t_async);
+  EXPECT_LT(t_async, t_sync / 2);
+  EXPECT_GT(e_async, Energy());
+}
+
+TEST(FlashModelTest, ErasureCountsAreKeptPerSegment) {
+  Energy e;
+  Duration t{0};
+  FlashModel m = RunOverwrites(0.6, CleaningPolicy::kOnDemand, &e, &t);
+  std::uint64_t sum = 0;
+  for (auto c : m.erase_counts()) sum += c;
+  EXPECT_EQ(sum, m.stats().erasures);
+  EXPECT_GT(m.stats().max_segment_erasures, 0u);
+  EXPECT_EQ(m.erase_counts().size(), (2u << 20) / (64u << 10));
+}
+
+TEST(FlashModelTest, UtilisationFollowsThePreload) {
+  auto m = FlashModel::Create(Card(), CleaningPolicy::kOnDemand);
+  ASSERT_TRUE(m.ok());
+  m->Preload(0.5);
+  EXPECT_NEAR(m->utilisation(), 0.5, 0.01);
+  m->AssertInvariants();
+}
+
+}  // namespace
+}  // namespace ghost
