@@ -19,6 +19,7 @@ GHOST_PACKAGES=(
   libnetfilter-queue-dev iptables iputils-ping
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
+  libnl-3-dev libnl-genl-3-dev libcap-dev  # common/power/real_wifi.cc, hardware.cc: nl80211, capabilities
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
