@@ -149,9 +149,14 @@ void MeterSampler::OnTimer() {
   if (active) timer_ = clock_.ScheduleAfter(interval_, [this] { OnTimer(); });
 }
 
+void MeterSampler::SampleIfOlderThan(Duration age) {
+  if (clock_.Now() - last_sample_ >= age) Sample();
+}
+
 void MeterSampler::Sample() {
   active_since_sample_ = false;
   const TimePoint now = clock_.Now();
+  last_sample_ = now;
   readings_.clear();
   for (auto& s : sources_) readings_.push_back(s->Read(now));
   ++samples_;

@@ -103,6 +103,9 @@ class MeterSampler {
   void NoteActivity();
   // Reads every meter now.
   void Sample();
+  // Reads every meter unless the last reading is younger than `age` (a stats request, which
+  // mode changes also push, reads at most this often).
+  void SampleIfOlderThan(Duration age);
   const std::vector<MeterReading>& readings() const { return readings_; }
   // Readings taken so far (for tests: the idle daemon's count stays put).
   int samples() const { return samples_; }
@@ -118,6 +121,7 @@ class MeterSampler {
   Duration interval_;
   std::vector<MeterReading> readings_;
   int samples_ = 0;
+  TimePoint last_sample_{};
   bool active_since_sample_ = false;
   TimerId timer_ = kNoTimer;
 };

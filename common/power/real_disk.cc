@@ -63,6 +63,10 @@ std::string CommandName(std::uint8_t c) {
 }
 
 bool IsPermission(const Status& s) { return s.ToErrno() == EPERM || s.ToErrno() == EACCES; }
+// The device takes no SCSI/ATA pass-through at all (virtio-blk, a loop or dm device).
+bool IsNotAta(const Status& s) {
+  return s.ToErrno() == ENOTTY || s.ToErrno() == EINVAL || s.ToErrno() == EOPNOTSUPP;
+}
 bool IsGone(const Status& s) {
   return s.ToErrno() == ENODEV || s.ToErrno() == ENXIO || s.ToErrno() == ENOENT;
 }
@@ -157,6 +161,12 @@ void AtaDiskBackend::Fail(const Status& s, const std::string& what) {
     error_ = what + " on " + options_.info.dev_path() +
              ": permission denied (needs CAP_SYS_RAWIO); the disk is modelled only";
     manage_ = false;
+  } else if (IsNotAta(s)) {
+    error_ = options_.info.dev_path() + " takes no ATA commands (" + s.message() +
+             "); the disk is modelled only";
+    manage_ = false;
+    disk_.reset();
+    hardware_mode_ = "n/a";
   } else if (IsGone(s)) {
     error_ = options_.info.dev_path() + " is gone; the disk is modelled only";
     manage_ = false;

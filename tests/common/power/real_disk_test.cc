@@ -196,6 +196,19 @@ TEST_F(AtaDiskBackendTest, DiskGoneIsModelOnlyAndSaysSo) {
   EXPECT_EQ(b->ToJson()["hardware_mode"], "gone");
 }
 
+TEST_F(AtaDiskBackendTest, DiskWithoutAtaPassThroughIsModelOnly) {
+  log_.replies.push_back(Status::FromErrno(ENOTTY, "SG_IO on /dev/sda"));  // virtio-blk
+  auto b = Make(true);
+  nlohmann::json j = b->ToJson();
+  EXPECT_FALSE(j["managed"].get<bool>());
+  EXPECT_EQ(j["hardware_mode"], "n/a");
+  EXPECT_NE(j["error"].get<std::string>().find("takes no ATA commands"), std::string::npos) << j.dump();
+  log_.sent.clear();
+  b->Apply(profile_, Mode("standby"));
+  b->Refresh();
+  EXPECT_TRUE(log_.sent.empty());
+}
+
 TEST_F(AtaDiskBackendTest, DriveRefusingTheCommandIsAnError) {
   auto b = Make(true);
   log_.replies.push_back(FakeSgIo::Ok(0, 0x51, 0x04));
