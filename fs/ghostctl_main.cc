@@ -227,7 +227,7 @@ std::string MeasuredText(const json& s) {
       names += (names.empty() ? "" : ", ") + one;
     }
   }
-  if (names.empty()) return "no meter (no battery, no RAPL)";
+  if (names.empty()) return "none (no battery or RAPL meter)";
   return PowerText(Number(*m, {"power_w"})) + ", " + EnergyText(Number(*m, {"energy_j"})) +
          " since start (" + names + ")";
 }

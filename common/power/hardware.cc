@@ -101,7 +101,8 @@ void Hardware::DetectDisk(const HardwareOptions& o) {
               " (run as root or grant the capability); modelled only";
     ro.manage = false;
   } else if (Result<std::unique_ptr<SgIo>> sg = layers_.open_sg(info->dev_path()); !sg.ok()) {
-    ro.note = sg.status().message() + "; modelled only";
+    ro.note = "cannot send ATA commands to " + info->dev_path() + " (" + sg.status().message() +
+              "); modelled only";
     ro.manage = false;
   } else {
     io = std::move(sg).value();

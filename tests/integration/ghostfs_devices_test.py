@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 13
+PLAN = 14
 
 
 def ghostctl(ctl, *args):
