@@ -10,6 +10,35 @@
 #include "fs/mail_tree.h"
 
 namespace ghost {
+namespace {
+
+// stats' "measured": the meters (read now unless read within the last second), their sum,
+// and what is missing.
+nlohmann::json MeasuredJson(Hardware& hw, Duration uptime) {
+  hw.meters().SampleIfOlderThan(std::chrono::seconds(1));
+  nlohmann::json meters = hw.meters().ToJson();
+  // The battery sees the whole machine; RAPL only the package. Prefer the battery's figure.
+  std::optional<double> power, energy;
+  for (const char* kind : {"battery", "rapl"}) {
+    if (power) break;
+    for (const nlohmann::json& m : meters) {
+      if (m["kind"] != kind || !m["ok"].get<bool>()) continue;
+      if (m["power_w"].is_number()) power = power.value_or(0) + m["power_w"].get<double>();
+      energy = energy.value_or(0) + m["energy_j"].get<double>();
+    }
+  }
+  nlohmann::json notes = nlohmann::json::array();
+  for (const std::string& n : hw.notes()) {
+    if (n.starts_with("no energy meter")) notes.push_back(n);
+  }
+  return {{"power_w", power ? nlohmann::json(*power) : nlohmann::json()},
+          {"energy_j", energy ? nlohmann::json(*energy) : nlohmann::json()},
+          {"since_s", ToSeconds(uptime)},
+          {"meters", meters},
+          {"notes", notes}};
+}
+
+}  // namespace
 
 nlohmann::json Daemon::DevicesJson() const {
   nlohmann::json out = nlohmann::json::array();
@@ -26,6 +55,7 @@ nlohmann::json Daemon::DevicesJson() const {
                    {"modes", modes},
                    {"power_w", d.profile().modes[d.mode()].power.watts()},
                    {"policy", p ? p->Describe() : "none (always ready)"}});
+    if (hardware_) out.back()["hardware"] = hardware_->DeviceJson(id);
   }
   return out;
 }
@@ -44,7 +74,7 @@ nlohmann::json Daemon::StatsJson() const {
   // can be compared field by field.
   nlohmann::json device_detail =
       nlohmann::json::parse(DevicesToJson(DeviceResults(*pm_, e)).dump());
-  return {
+  nlohmann::json out = {
       {"uptime_s", ToSeconds(clock_->Now() - started_)},
       {"knob", pm_->knob()},
       {"policy", PolicyName(options_.policy)},
@@ -70,6 +100,10 @@ nlohmann::json Daemon::StatsJson() const {
         // null: no cap
         {"capacity",
          options_.cache_size ? nlohmann::json(options_.cache_size) : nlohmann::json()}}}};
+  // The model's power now, and (--devices auto) what the machine's meters measured.
+  out["model"] = {{"power_w", (pm_->base_power() + pm_->IdlePowerOfOthers(-1)).watts()}};
+  if (hardware_) out["measured"] = MeasuredJson(*hardware_, clock_->Now() - started_);
+  return out;
 }
 
 void Daemon::PublishModes() {

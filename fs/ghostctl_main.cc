@@ -176,16 +176,60 @@ std::string RequestsText(const json& stats, const char* sep, const char* is = " 
 
 // ---- The commands ----
 
+// The real device behind a model device (ghostfs --devices auto): "standby (/dev/sda)",
+// "power_save (wlan0)", "none", with "model only" when ghostfs does not drive it.
+std::string HardwareText(const json& h) {
+  std::string where = Text(h, {"path"}) != "-" ? Text(h, {"path"}) : Text(h, {"interface"});
+  if (Text(h, {"backend"}) == "none") return "none (modelled only)";
+  std::string mode = Find(h, {"hardware_mode"}) != nullptr ? Text(h, {"hardware_mode"})
+                                                            : Text(h, {"link"});
+  std::string out = mode + " (" + where + ")";
+  const json* managed = Find(h, {"managed"});
+  if (managed == nullptr || !managed->is_boolean() || !managed->get<bool>()) out += ", model only";
+  return out;
+}
+
 std::string DevicesText(const json& devices) {
+  bool hardware = false;
+  if (devices.is_array()) {
+    for (const json& d : devices) hardware = hardware || Find(d, {"hardware"}) != nullptr;
+  }
   std::vector<std::vector<std::string>> rows = {{"DEVICE", "KIND", "MODE", "POWER", "POLICY"}};
+  if (hardware) rows[0].insert(rows[0].begin() + 3, "REAL DEVICE");
+  std::string notes;
   if (devices.is_array()) {
     for (const json& d : devices) {
       rows.push_back({Text(d, {"name"}), Text(d, {"kind"}), Text(d, {"mode"}),
                       PowerText(Number(d, {"power_w"})), Text(d, {"policy"})});
+      if (!hardware) continue;
+      const json* h = Find(d, {"hardware"});
+      rows.back().insert(rows.back().begin() + 3, h ? HardwareText(*h) : "-");
+      for (const char* k : {"note", "error"}) {
+        if (h != nullptr && Find(*h, {k}) != nullptr) notes += Text(d, {"name"}) + ": " + Text(*h, {k}) + "\n";
+      }
     }
   }
   if (rows.size() == 1) return "no devices registered\n";
-  return Table(rows);
+  return Table(rows) + (notes.empty() ? "" : "\n" + notes);
+}
+
+// "9.2 W measured (BAT0), 12.1 J since start" beside "model 7.1 W".
+std::string MeasuredText(const json& s) {
+  const json* m = Find(s, {"measured"});
+  if (m == nullptr) return "";
+  std::string names;
+  if (const json* meters = Find(*m, {"meters"}); meters != nullptr && meters->is_array()) {
+    for (const json& r : *meters) {
+      std::string one = Text(r, {"name"});
+      if (const json* ok = Find(r, {"ok"}); ok != nullptr && ok->is_boolean() && !ok->get<bool>()) {
+        one += ": " + Text(r, {"error"});
+      }
+      names += (names.empty() ? "" : ", ") + one;
+    }
+  }
+  if (names.empty()) return "none (no battery or RAPL meter)";
+  return PowerText(Number(*m, {"power_w"})) + ", " + EnergyText(Number(*m, {"energy_j"})) +
+         " since start (" + names + ")";
 }
 
 std::string StatsText(const json& s) {
@@ -199,6 +243,9 @@ std::string StatsText(const json& s) {
     for (const auto& [name, j] : devs->items()) {
       rows.push_back({"  " + name, j.is_number() ? EnergyText(j.get<double>()) : "-"});
     }
+  }
+  if (std::string measured = MeasuredText(s); !measured.empty()) {
+    rows.push_back({"power", "model " + PowerText(Number(s, {"model", "power_w"})) + ", measured " + measured});
   }
   rows.push_back({"requests", RequestsText(s, ", ")});
   rows.push_back({"ghost hints", CountText(Number(s, {"ghost_hints_sent"})) + " sent"});
@@ -316,9 +363,14 @@ struct WatchView {
     std::string energy = EnergyText(Number(stats, {"energy_j", "total"}));
     if (auto base = Number(stats, {"energy_j", "base"}))
       energy += " (base " + EnergyText(base) + ")";
-    out += Table({{"energy", energy},
-                  {"requests", RequestsText(stats, "   ")},
-                  {"ghost hints", CountText(Number(stats, {"ghost_hints_sent"})) + " sent"}});
+    std::vector<std::vector<std::string>> summary = {{"energy", energy}};
+    if (std::string measured = MeasuredText(stats); !measured.empty()) {
+      summary.push_back({"power", "model " + PowerText(Number(stats, {"model", "power_w"})) +
+                                      ", measured " + measured});
+    }
+    summary.push_back({"requests", RequestsText(stats, "   ")});
+    summary.push_back({"ghost hints", CountText(Number(stats, {"ghost_hints_sent"})) + " sent"});
+    out += Table(summary);
     return out;
   }
 
@@ -327,6 +379,10 @@ struct WatchView {
     std::string out = "uptime=" + Printf("%.1f", Number(stats, {"uptime_s"}).value_or(0)) + "s";
     for (const json& d : devices) out += " " + Text(d, {"name"}) + "=" + Text(d, {"mode"});
     out += " energy=" + Printf("%.2f", Number(stats, {"energy_j", "total"}).value_or(0)) + "J";
+    if (auto w = Number(stats, {"measured", "power_w"})) {
+      out += " model_power=" + Printf("%.2f", Number(stats, {"model", "power_w"}).value_or(0)) +
+             "W measured_power=" + Printf("%.2f", *w) + "W";
+    }
     out += " requests=" + RequestsText(stats, ",", ":");
     out += " hints=" + CountText(Number(stats, {"ghost_hints_sent"}));
     return out + "\n";

@@ -56,6 +56,7 @@ MachineProfile IdealMachine() {
 Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
 
 Daemon::~Daemon() {
+  hardware_.reset();  // the card's power save back as found (SIGTERM ends here too)
   local_.reset();
   for (event* ev : signal_evs_) event_free(ev);
   if (fuse_ev_) event_free(fuse_ev_);
@@ -246,6 +247,7 @@ Status Daemon::Init() {
   started_ = clock_->Now();
   if (Status s = LoadMachine(); !s.ok()) return s;
   if (Status s = OpenCache(); !s.ok()) return s;
+  StartHardware();
   passthrough_ = std::make_unique<FusePassthrough>(options_.cache_dir);
   Result<std::unique_ptr<MailTree>> mail = MailTree::Create(*this);
   if (!mail.ok()) return mail.status();

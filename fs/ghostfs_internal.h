@@ -28,6 +28,7 @@
 #include "common/control/control.h"
 #include "common/power/cost_model.h"
 #include "common/power/device.h"
+#include "common/power/hardware.h"
 #include "common/power/machine.h"
 #include "common/base/file_io.h"
 #include "common/http/http_fetcher.h"
@@ -241,6 +242,8 @@ class Daemon final : public GhostFs {
  private:
   // ---- set-up ----
   Status LoadMachine();
+  // --devices auto: finds the real devices and meters and binds them (fs/devices.cc).
+  void StartHardware();
   Status OpenCache();
   Status StartControl();
   void OnFuseReadable();
@@ -353,6 +356,8 @@ class Daemon final : public GhostFs {
   event_base* base_ = nullptr;
   std::unique_ptr<RealClock> clock_;
   std::unique_ptr<Machine> machine_;
+  // --devices auto (fs/devices.cc): the real devices behind machine_'s; null with "none".
+  std::unique_ptr<Hardware> hardware_;
   // Borrowed from machine_ (set by LoadMachine, valid while machine_ lives).
   PowerManager* pm_ = nullptr;
   Device* disk_ = nullptr;

@@ -72,6 +72,20 @@ int main(int argc, char** argv) {
       "--imap-delete", imap_delete,
       "what unlinking a message in an IMAP Maildir does: move:MAILBOX (UID MOVE there, created "
       "if missing; the default is move:Trash) or expunge");
+  std::string devices_text;
+  app.add_option(
+      "--devices", devices_text,
+      "none (default): only the model's devices. auto: the machine's own devices follow the "
+      "model: the disk under --cache (ATA: CHECK POWER MODE, STANDBY/IDLE IMMEDIATE as hdparm; "
+      "SSD/NVMe reported only), the Wi-Fi card carrying the route to the first origin (nl80211 "
+      "power save, restored on exit), the battery and RAPL as energy meters; without --profile "
+      "the model is laptop-2024 (laptop-hdd, wifi-ac). See `ghostctl devices`");
+  bool force_manage_disk = false;
+  app.add_option("--manage-disk", o.manage_disk,
+                 "with --devices auto: let STPM spin this disk (/dev/sdX, the one under --cache) "
+                 "down and up; without it the disk is only read");
+  app.add_flag("--force-manage-disk", force_manage_disk,
+               "allow --manage-disk on the disk that holds / (its spin-ups stall the whole system)");
   bool no_passthrough = false;
   app.add_flag(
       "--no-passthrough", no_passthrough,
@@ -130,6 +144,16 @@ int main(int argc, char** argv) {
     o.origins = file.origins;
   }
   if (no_passthrough) o.passthrough = false;
+  if (!devices_text.empty()) {
+    if (devices_text != "auto" && devices_text != "none") {
+      return fail("--devices \"" + devices_text + "\" is neither \"auto\" nor \"none\"");
+    }
+    o.devices = devices_text;
+  }
+  if (force_manage_disk) o.force_manage_disk = true;
+  if (!o.manage_disk.empty() && o.devices != "auto") return fail("--manage-disk needs --devices auto");
+  // Real devices need a model with real numbers: the shipped laptop unless one is named.
+  if (o.devices == "auto" && o.profile.empty()) o.profile = "laptop-2024";
   if (!cacert.empty()) o.cacert = cacert;
   if (!imap_delete.empty()) {
     if (ghost::Result<std::string> d = ghost::ParseImapDelete(imap_delete); !d.ok()) {

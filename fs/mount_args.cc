@@ -8,10 +8,12 @@ namespace ghost {
 namespace {
 
 // -o keys that are ghostfs settings (spelled as in the config file, common/config/config.h).
-constexpr std::array<std::string_view, 12> kValueKeys = {
+constexpr std::array<std::string_view, 14> kValueKeys = {
     "cache", "origin",  "password_file", "profile", "knob",   "policy",
-    "control", "config", "cache_size",   "max_stale", "cacert", "imap_delete"};
-constexpr std::array<std::string_view, 2> kFlagKeys = {"no_passthrough", "no_ghost_hints"};
+    "control", "config", "cache_size",   "max_stale", "cacert", "imap_delete",
+    "devices", "manage_disk"};
+constexpr std::array<std::string_view, 3> kFlagKeys = {"no_passthrough", "no_ghost_hints",
+                                                       "force_manage_disk"};
 // Options for mount(8) and mount.fuse3, meaningless to the file system.
 constexpr std::array<std::string_view, 10> kMountOnly = {
     "auto", "noauto", "user", "users", "nouser", "owner", "group", "_netdev", "nofail", "defaults"};

@@ -20,6 +20,7 @@ GHOST_PACKAGES=(
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
   libisal-dev  # common/cache/flash_log.cc: CRC32C of the flash log (crc32_iscsi)
+  libnl-3-dev libnl-genl-3-dev libcap-dev  # common/power/real_wifi.cc, hardware.cc: nl80211, capabilities
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -82,6 +82,13 @@ struct GhostfsOptions {
   // Kernel FUSE passthrough for opens of fully cached bodies (fs/fuse_passthrough.h); off
   // with --profile, whose emulated disk must see every read.
   bool passthrough = true;
+  // The machine's own devices (common/power/hardware.h): "none" (the model only) or "auto"
+  // (the disk under the cache directory and the link to the origins follow the model; the
+  // battery and RAPL are metered). A disk is managed only when named in `manage_disk`, and
+  // never the one holding / unless `force_manage_disk`.
+  std::string devices = "none";
+  std::string manage_disk;
+  bool force_manage_disk = false;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

@@ -27,13 +27,21 @@
 //                  {"name":"standby","power_w":0.08}],
 //         "power_w":0.08,"policy":"stpm-disk K=50: spin down after 12.3 s"}]
 //       ("kind": "disk" | "network" | "flash"; "power_w": what it draws now.)
+//       With ghostfs --devices auto each entry adds "hardware", the real device behind it
+//       (common/power/hardware.h): {"backend":"ata"|"ssd"|"nvme"|"nl80211"|"link"|"none",
+//       "managed":false,"hardware_mode":"standby","path":"/dev/sda" | "interface":"wlan0",
+//       "note":"why it is modelled only","error":"the last failure"}.
 //   stats  energy and activity since the daemon started. Result:
 //       {"uptime_s":3600.5,"knob":50,
 //        "energy_j":{"total":1234.5,"base":1000.0,"devices":{"microdrive-1gb":120.5}},
 //        "requests":{"memory":0,"disk":3,"network":5},"ghost_hints_sent":2,
 //                    (more request sources, e.g. "revalidated", may follow the three)
 //        "write_queue":{"queued_bytes":4096,"flushes":1},
-//        "cache":{"objects":42,"bytes":1048576,"capacity":67108864}}
+//        "cache":{"objects":42,"bytes":1048576,"capacity":67108864},
+//        "model":{"power_w":7.1},   (the model's whole-machine power now)
+//        "measured":{"power_w":9.2,"energy_j":12.5,"since_s":60,"meters":[{"name":"BAT0",
+//          "kind":"battery","ok":true,"power_w":9.2,"energy_j":12.5,...}],"notes":[...]}}
+//       ("measured" only with --devices auto; null power/energy when no meter answers.)
 //   flush  write every deferred write to its device now; replies when done (asynchronous).
 //       Result: {"flushed_bytes":4096,"duration_s":1.2}
 //   drop_caches  forgets the page-cache model's contents (the shared store's RAM copies,
