@@ -39,6 +39,7 @@
 
 #include "common/base/status.h"
 #include "common/base/units.h"
+#include "proxy/imap_proxy.h"
 #include "proxy/proxy.h"
 
 namespace ghost {
@@ -50,6 +51,8 @@ struct GhostproxyOptions {
   // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
   // proxy/memory_cache.h); 0 disables it.
   Bytes memory_cache = 64ull << 20;
+  // The mail proxy (proxy/imap_proxy.h; its keys in proxy/mail_proxy_config.h).
+  MailProxyOptions mail;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors
