@@ -20,6 +20,7 @@
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <strings.h>
@@ -160,6 +161,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   }
   // Says `why` to the client (a line, already framed), then closes once it is written.
   void Close(const std::string& why);
+  void Linger();
   bool Selected() const { return !selected_.empty() && uidvalidity_ != 0; }
   std::string KeyFor(std::uint32_t uid) const {
     return owner_->KeyPrefix(user_) + selected_ + ";UIDVALIDITY=" + std::to_string(uidvalidity_) +
@@ -256,10 +258,19 @@ void ImapSession::Close(const std::string& why) {
   bufferevent_disable(client_, EV_READ);
   bufferevent_setwatermark(client_, EV_WRITE, 0, 0);
   if (!why.empty()) ToClient(why);
-  if (evbuffer_get_length(bufferevent_get_output(client_)) == 0) return owner_->Remove(this);
+  if (evbuffer_get_length(bufferevent_get_output(client_)) == 0) return Linger();
   timeval tv = ToTimeval(owner_->options.timeout);
   bufferevent_set_timeouts(client_, nullptr, &tv);
   bufferevent_enable(client_, EV_WRITE);
+}
+
+void ImapSession::Linger() {
+  // The last words are out: half-close, and drop what the client still sends until it closes,
+  // so the close is a FIN, not a reset that could destroy those words before they are read.
+  shutdown(bufferevent_getfd(client_), SHUT_WR);
+  timeval tv = ToTimeval(std::chrono::seconds(5));
+  bufferevent_set_timeouts(client_, &tv, nullptr);
+  bufferevent_enable(client_, EV_READ);
 }
 
 void ImapSession::ClientEvent(short what) {
@@ -297,7 +308,7 @@ void ImapSession::ServerEvent(short what) {
 }
 
 void ImapSession::ClientDrained() {
-  if (closing_) return owner_->Remove(this);
+  if (closing_) return Linger();
   UpdateFlow();
   if (answer_ && !answer_->reading) StreamSlice();
 }
@@ -334,8 +345,12 @@ void ImapSession::ArmTimeouts() {
 }
 
 void ImapSession::ProcessClient() {
-  if (!client_ || closing_) return;
+  if (!client_) return;
   evbuffer* in = bufferevent_get_input(client_);
+  if (closing_) {
+    evbuffer_drain(in, evbuffer_get_length(in));
+    return;
+  }
   while (!closing_ && !busy_) {
     std::size_t len = evbuffer_get_length(in);
     evbuffer_iovec v{};

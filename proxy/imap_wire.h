@@ -59,11 +59,13 @@ class Framer {
   std::size_t Next(std::string_view in, Event* ev);
 
   // Between two commands (or responses): no partial line, no literal in progress.
-  bool AtBoundary() const { return state_ == State::kLine && line_.empty() && !continuing_; }
+  bool AtBoundary() const {
+    return state_ == State::kLine && (line_.empty() || clear_line_) && !continuing_;
+  }
   bool failed() const { return state_ == State::kFailed; }
   // The line being read (on an error: its start), and whether it begins a command/response:
   // for naming the tag of a command that is refused.
-  const std::string& partial() const { return line_; }
+  std::string_view partial() const { return clear_line_ ? std::string_view() : std::string_view(line_); }
   bool partial_first() const { return !continuing_; }
   // Inside a literal: bytes still to come.
   std::uint64_t literal_left() const { return literal_left_; }

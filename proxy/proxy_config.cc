@@ -171,7 +171,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = seconds("tunnel_idle_timeout", &p.tunnel_idle_timeout)).ok()) return s;
   if (!(s = seconds("origin_idle_timeout", &p.origin_idle_timeout)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &p.heuristic_freshness)).ok()) return s;
-  if (!(s = LoadMailProxyConfig(t, path, &o->mail)).ok()) return s;
+  if (!(s = LoadMailProxyConfig(t, path, &o->mail, &o->smtp)).ok()) return s;
   return Status::Ok();
 }
 
@@ -186,7 +186,7 @@ Status Validate(const GhostproxyOptions& o) {
     return Status::InvalidArgument("header limits must be above zero");
   }
   if (p.high_watermark == 0) return Status::InvalidArgument("high_watermark must be above zero");
-  return ValidateMailProxy(o.mail);
+  return ValidateMailProxy(o.mail, o.smtp);
 }
 
 }  // namespace ghost

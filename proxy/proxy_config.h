@@ -41,6 +41,7 @@
 #include "common/base/units.h"
 #include "proxy/imap_proxy.h"
 #include "proxy/proxy.h"
+#include "proxy/smtp_proxy.h"
 
 namespace ghost {
 
@@ -53,6 +54,7 @@ struct GhostproxyOptions {
   Bytes memory_cache = 64ull << 20;
   // The mail proxy (proxy/imap_proxy.h; its keys in proxy/mail_proxy_config.h).
   MailProxyOptions mail;
+  SmtpProxyOptions smtp;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors
