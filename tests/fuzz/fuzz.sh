@@ -36,6 +36,7 @@ declare -A TARGETS=(
   [profile]="common/power/profile.cc common/base/status.cc | tomlplusplus"
   [trace]="common/sim/trace.cc common/base/status.cc | nlohmann_json"
   [imap_proxy]="proxy/imap_wire.cc | openssl"
+  [smtp_proxy]="proxy/smtp_wire.cc | openssl"
 )
 
 if [ -z "${TARGETS[$target]+x}" ]; then
