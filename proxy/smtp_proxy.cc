@@ -147,7 +147,9 @@ class SmtpProxy::Impl {
   void Flush(const char* why);
   void Sent(std::vector<SendResult> results, std::uint64_t transfer);
   void SubscribeModes();
-  void OnModes(const nlohmann::json& devices);
+  // A "modes" event (or, with baseline, the modes at subscription): sends the outbox when a
+  // network device has just entered its most power-hungry mode.
+  void OnModes(const nlohmann::json& devices, bool baseline = false);
 };
 
 class SmtpSession {
@@ -203,7 +205,8 @@ class SmtpSession {
     owner_->passwords[user] = password;  // RAM only: for this user's upstream sends
     Reply("235 2.7.0 Authentication accepted (Ghost: used for the upstream send)");
     state_ = State::kCommand;
-    owner_->Flush("credentials");  // mail of this user waiting since a restart can go now
+    // Mail of this user waiting since a restart goes at the next turn (not now: a login is
+    // no reason to wake the radio).
   }
 
   void Read();
@@ -409,7 +412,10 @@ void SmtpProxy::Impl::Flush(const char* why) {
     j.size = m.size;
     jobs.push_back(std::move(j));
   }
-  if (jobs.empty()) return;
+  if (jobs.empty()) {
+    ArmDeadline();  // mail waiting for its user's credentials is tried again at the deadline
+    return;
+  }
   ++stats.flushes;
   std::fprintf(stderr, "ghostproxy: smtp: sending %zu message(s) (%s)\n", jobs.size(), why);
   evtimer_del(deadline_timer);
@@ -482,12 +488,20 @@ void SmtpProxy::Impl::SubscribeModes() {
     if (e.value("event", "") == "modes" && e.contains("data")) OnModes(e["data"]);
   });
   control->SetDisconnectHandler([this] { network_high = false; });
-  control->Call(ControlOp::kSubscribe, {{"topics", {"modes"}}}, [](Result<nlohmann::json> r) {
-    if (!r.ok()) std::fprintf(stderr, "ghostproxy: smtp: subscribing to modes: %s\n", r.status().ToString().c_str());
+  control->Call(ControlOp::kSubscribe, {{"topics", {"modes"}}}, [this](Result<nlohmann::json> r) {
+    if (!r.ok()) {
+      std::fprintf(stderr, "ghostproxy: smtp: subscribing to modes: %s\n", r.status().ToString().c_str());
+      return;
+    }
+    // The modes now are the baseline: only a later entry into the high-power mode sends mail
+    // (a card kept in it all the time gives no occasion; the cap and the deadline do).
+    control->Call(ControlOp::kDevices, nlohmann::json::object(), [this](Result<nlohmann::json> d) {
+      if (d.ok()) OnModes(*d, /*baseline=*/true);
+    });
   });
 }
 
-void SmtpProxy::Impl::OnModes(const nlohmann::json& devices) {
+void SmtpProxy::Impl::OnModes(const nlohmann::json& devices, bool baseline) {
   if (!devices.is_array()) return;
   bool high = false;
   for (const auto& d : devices) {
@@ -496,7 +510,7 @@ void SmtpProxy::Impl::OnModes(const nlohmann::json& devices) {
     for (const auto& m : d["modes"]) top = std::max(top, m.value("power_w", 0.0));
     if (d.value("power_w", -2.0) >= top) high = true;
   }
-  bool entered = high && !network_high;
+  bool entered = high && !network_high && !baseline;
   network_high = high;
   if (entered && !outbox->waiting().empty()) Flush("network card in its high-power mode");
 }

@@ -197,6 +197,14 @@ Result<nlohmann::json> ListOutbox(const std::string& dir) {
       out[std::string(kind) == "msg" ? "waiting" : "refused"].push_back(m->ToJson());
     }
   }
+  // A message being refused is in both directories for a moment: it is refused.
+  nlohmann::json waiting = nlohmann::json::array();
+  for (const auto& w : out["waiting"]) {
+    bool refused = false;
+    for (const auto& r : out["refused"]) refused = refused || r["id"] == w["id"];
+    if (!refused) waiting.push_back(w);
+  }
+  out["waiting"] = waiting;
   return out;
 }
 
