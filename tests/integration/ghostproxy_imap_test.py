@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 19
+PLAN = 20
 
 
 def message(subject, size, seed):
@@ -118,7 +118,7 @@ def hanging_server():
     return srv.getsockname()[1]
 
 
-def start_proxy(mnt, ctl, origin, extra=(), config=None):
+def start_proxy(mnt, ctl, origin, extra=(), config=None, env=None):
     port, iport = h.free_port(), h.free_port()
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
     cmd = [exe, "--listen", f"127.0.0.1:{port}", "--mount", mnt, "--control", ctl,
@@ -126,14 +126,14 @@ def start_proxy(mnt, ctl, origin, extra=(), config=None):
     if config:
         cmd += ["--config", config]
     log = open(os.path.join(h.tempdir("ghost-log-"), "ghostproxy.log"), "w")
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
     return p, iport, log.name
 
 
 def main():
     h.require_root_and_fuse()
-    dc = h.Dovecot()
+    dc = h.Dovecot(tls=True)
     if not dc.available():
         h.skip_all("dovecot is not installed")
     if not dc.start():
@@ -148,7 +148,7 @@ def main():
     os.makedirs(mnt)
     ctl = os.path.join(work, "control.sock")
     fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"mail": dc.url()},
-                   args=["--password-file", f"mail={dc.password_file()}"], control=ctl)
+                   args=["--password-file", f"mail={dc.password_file()}", "--cacert", dc.ca_file], control=ctl)
     if not fs.start():
         t.skip_rest(PLAN, "ghostfs did not mount")
         t.done()
@@ -288,6 +288,22 @@ def main():
     t.check(after - before <= 2 and b"i1 OK" in done,
             "an IDLE client costs the proxy no wake-ups and outlives imap_timeout",
             f"{after - before} context switches; {done!r}")
+
+    # imaps:// toward the server, verified against the test CA (SSL_CERT_FILE).
+    env = dict(os.environ, SSL_CERT_FILE=dc.ca_file)
+    p3, iport3, plog3 = start_proxy(mnt, ctl, f"imaps://127.0.0.1:{dc.imaps_port}/", env=env)
+    ok = h.wait_port(iport3, 15)
+    data = None
+    try:
+        c = imaplib.IMAP4("127.0.0.1", iport3)
+        c.login(dc.user, dc.password)
+        c.select("INBOX", readonly=True)
+        data = c.uid("FETCH", u_medium, "(BODY.PEEK[])")[1][0][1]
+        c.logout()
+    except Exception as e:  # noqa: BLE001 - reported below
+        data = repr(e).encode()
+    t.check(ok and data == direct[u_medium], "an imaps:// origin: TLS toward the server, the same bytes",
+            open(plog3).read()[-300:] + repr(data)[:200])
 
     # A server hanging mid-literal: the client gets a BYE after imap_timeout, the proxy lives.
     fake = hanging_server()
