@@ -211,7 +211,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
     std::string tag, name, key;
     imapwire::BodyFetch fetch;
     std::uint32_t uid = 0;
-    Bytes size = 0, offset = 0;
+    Bytes size = 0, offset = 0;  // the literal's size; the next byte of the body to send
+    Bytes end = 0;               // the body's byte after the last one to send
     std::shared_ptr<const void> body;
     bool reading = false;
   };
@@ -539,17 +540,24 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     a.key = key;
     a.fetch = f;
     a.uid = uid;
-    a.size = r->response.size;
     a.body = r->body;
+    const Bytes whole = r->response.size;
+    a.offset = 0;
+    a.end = whole;
+    if (f.partial) {  // RFC 3501 §6.4.5: the octets from start, at most count; none past the end
+      a.offset = std::min<Bytes>(f.partial->first, whole);
+      a.end = a.offset + std::min<Bytes>(f.partial->second, whole - a.offset);
+    }
+    a.size = a.end - a.offset;
     std::string head = "* " + std::to_string(seq) + " FETCH (" +
                        (name == "UID FETCH" ? "UID " + std::to_string(uid) + " " : std::string()) +
                        f.response_name() + " {" + std::to_string(a.size) + "}\r\n";
     ToClient(head);
     ++owner_->stats.cache_hits;
-    if (r->choice == CacheChoice::kMemory && r->memory && r->memory->body.size() == a.size) {
-      ToClient(r->memory->body);
+    if (r->choice == CacheChoice::kMemory && r->memory && r->memory->body.size() == whole) {
+      ToClient(std::string_view(r->memory->body).substr(a.offset, a.size));
       owner_->backend->ServedFromMemory(key, a.size);
-      a.offset = a.size;
+      a.offset = a.end;
       answer_ = std::move(a);
       return FinishCacheAnswer();
     }
@@ -561,10 +569,10 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
 void ImapSession::StreamSlice() {
   if (!answer_ || answer_->reading || closing_) return;
   CacheAnswer& a = *answer_;
-  if (a.offset >= a.size) return FinishCacheAnswer();
+  if (a.offset >= a.end) return FinishCacheAnswer();
   if (evbuffer_get_length(bufferevent_get_output(client_)) > owner_->options.high_watermark) return;
   a.reading = true;
-  Bytes len = std::min<Bytes>(owner_->options.cache_read_slice, a.size - a.offset);
+  Bytes len = std::min<Bytes>(owner_->options.cache_read_slice, a.end - a.offset);
   std::weak_ptr<ImapSession> weak = weak_from_this();
   auto got = std::make_shared<Bytes>(0);
   owner_->backend->ReadBody(

@@ -222,6 +222,25 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
     if (w.empty()) break;
     if (!parens && bodies > 0) return std::nullopt;
     if (IEquals(w, "UID")) continue;
+    // A partial: BODY[]<start.count> or BODY.PEEK[]<start.count>.
+    if (std::size_t lt = w.find("[]<"); lt != std::string_view::npos && w.back() == '>') {
+      std::string_view range = w.substr(lt + 3, w.size() - lt - 4);
+      std::size_t dot = range.find('.');
+      if (dot == std::string_view::npos) return std::nullopt;
+      std::string_view a = range.substr(0, dot), b = range.substr(dot + 1);
+      auto digits = [](std::string_view d) {
+        return !d.empty() && d.size() <= 10 &&
+               std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (!digits(a) || !digits(b)) return std::nullopt;
+      std::uint64_t start = 0, count = 0;
+      std::from_chars(a.data(), a.data() + a.size(), start);
+      std::from_chars(b.data(), b.data() + b.size(), count);
+      if (count == 0) return std::nullopt;
+      f.partial = std::make_pair(start, count);
+      w = w.substr(0, lt + 2);
+      if (IEquals(w, "RFC822")) return std::nullopt;
+    }
     if (IEquals(w, "BODY[]")) {
       f.item = BodyFetch::Item::kBody;
     } else if (IEquals(w, "BODY.PEEK[]")) {

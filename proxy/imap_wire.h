@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ghost::imapwire {
@@ -103,15 +104,21 @@ std::optional<Command> ParseCommand(std::string_view line);
 // skipping spaces before it; advances *s past it. nullopt on a literal or malformed input.
 std::optional<std::string> ReadAstring(std::string_view* s);
 
-// A FETCH the proxy may answer from the cache: one message and one whole-body item, with
-// UID besides at most. Anything else (ranges, sections, partials, other items, unbalanced
+// A FETCH the proxy may answer from the cache: one message and one whole-body item (or a
+// partial of it, BODY[]<start.count>), with UID besides at most. Anything else (ranges, sections, partials, other items, unbalanced
 // parentheses) is nullopt and passes through to the server, which answers it.
 struct BodyFetch {
   std::uint32_t number = 0;  // a UID for UID FETCH, else a sequence number
   enum class Item { kBody, kBodyPeek, kRfc822 } item = Item::kBodyPeek;
+  // <start.count> of BODY[] or BODY.PEEK[] (RFC 3501 §6.4.5): count > 0.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> partial;
   bool sets_seen() const { return item != Item::kBodyPeek; }
-  // The item's name in the response: BODY[] (for BODY[] and BODY.PEEK[]) or RFC822.
-  const char* response_name() const { return item == Item::kRfc822 ? "RFC822" : "BODY[]"; }
+  // The item's name in the response: BODY[] (for BODY[] and BODY.PEEK[]), BODY[]<start> for a
+  // partial, or RFC822.
+  std::string response_name() const {
+    if (item == Item::kRfc822) return "RFC822";
+    return partial ? "BODY[]<" + std::to_string(partial->first) + ">" : "BODY[]";
+  }
 };
 std::optional<BodyFetch> ParseBodyFetch(std::string_view rest);
 

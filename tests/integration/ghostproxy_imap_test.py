@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 20
+PLAN = 22
 
 
 def message(subject, size, seed):
@@ -195,6 +195,14 @@ def main():
     raw = fetch_raw(iport, dc, b"FETCH 1 (BODY.PEEK[])")
     t.check(b"from the cache" in raw and body_of(raw) == direct[u_small] and raw.startswith(b"* 1 FETCH ("),
             "FETCH by sequence number is answered from the cache", raw[:100] + raw[-100:])
+
+    # Partials from the cache (RFC 3501 §6.4.5): the octets asked for, none past the end.
+    raw = fetch_raw(iport, dc, b"UID FETCH " + u_medium + b" BODY.PEEK[]<100.5000>")
+    t.check(b"from the cache" in raw and b"BODY[]<100> {5000}" in raw and body_of(raw) == direct[u_medium][100:5100],
+            "a partial BODY.PEEK[]<100.5000> is answered from the cache", raw[:120] + raw[-120:])
+    raw = fetch_raw(iport, dc, b"UID FETCH " + u_medium + b" BODY.PEEK[]<999999999.10>")
+    t.check(b"from the cache" in raw and b"BODY[]<999999999> {0}" in raw,
+            "a partial past the end is empty", raw[-200:])
 
     # A body read through the mount (never through the proxy) is a proxy hit (one cache, the
     # same keys).

@@ -121,8 +121,13 @@ TEST(ImapWireTest, RecognizesOnlyWholeBodyFetchesOfOneMessage) {
   EXPECT_FALSE(f->sets_seen());
   ASSERT_TRUE(ParseBodyFetch("3 RFC822"));
   EXPECT_TRUE(ParseBodyFetch("3 RFC822")->sets_seen());
-  EXPECT_STREQ(ParseBodyFetch("3 body[]")->response_name(), "BODY[]");
-  for (const char* no : {"1:3 BODY[]", "1,2 BODY[]", "* BODY[]", "3 BODY[TEXT]", "3 BODY[]<0.10>",
+  EXPECT_EQ(ParseBodyFetch("3 body[]")->response_name(), "BODY[]");
+  auto partial = ParseBodyFetch("3 (UID BODY.PEEK[]<100.5000>)");
+  ASSERT_TRUE(partial);
+  EXPECT_EQ(partial->partial, std::make_pair(std::uint64_t{100}, std::uint64_t{5000}));
+  EXPECT_EQ(partial->response_name(), "BODY[]<100>");
+  EXPECT_FALSE(partial->sets_seen());
+  for (const char* no : {"1:3 BODY[]", "1,2 BODY[]", "* BODY[]", "3 BODY[TEXT]", "3 BODY[]<0>", "3 BODY[]<0.0>", "3 BODY[]<a.1>",
                          "3 (BODY[] FLAGS)", "3 (BODY[]", "3 BODY[] BODY[]", "0 BODY[]",
                          "3 BINARY[]", "3 (BODY[] RFC822)"}) {
     EXPECT_FALSE(ParseBodyFetch(no)) << no;
