@@ -373,17 +373,21 @@ std::string FilterCapabilities(std::string_view line) {
     return std::string(line);
   }
   std::string kept;
+  bool removed = false;
   std::string_view caps = body.substr(start, end - start);
   while (true) {
     std::string_view w = Word(&caps);
     if (w.empty()) break;
     std::string u = Upper(w);
     if (u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
-        (u.starts_with("AUTH=") && u != "AUTH=PLAIN"))
+        (u.starts_with("AUTH=") && u != "AUTH=PLAIN")) {
+      removed = true;
       continue;
+    }
     if (!kept.empty()) kept += ' ';
     kept += w;
   }
+  if (!removed) return std::string(line);  // byte for byte what the server said
   return std::string(body.substr(0, start)) + kept + std::string(body.substr(end)) + std::string(eol);
 }
 

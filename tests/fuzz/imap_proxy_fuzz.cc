@@ -47,8 +47,15 @@ void Recognize(std::string_view seg) {
   std::string upper = f;
   for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   if (upper.starts_with("* CAPABILITY ")) {
-    Check(upper.find(" COMPRESS=") == std::string::npos && upper.find(" STARTTLS") == std::string::npos,
-          "a filtered capability line keeps COMPRESS or STARTTLS", f);
+    std::string_view caps = StripEol(upper).substr(13);
+    while (!caps.empty()) {
+      std::size_t sp = caps.find(' ');
+      std::string_view w = caps.substr(0, sp);
+      Check(!w.starts_with("COMPRESS=") && w != "STARTTLS",
+            "a filtered capability line keeps COMPRESS or STARTTLS", f);
+      if (sp == std::string_view::npos) break;
+      caps.remove_prefix(sp + 1);
+    }
   }
 }
 
