@@ -32,6 +32,7 @@
 
 #include "common/build_info.h"
 #include "common/control/control.h"
+#include "common/imap/outbox.h"
 #include "common/control/protocol.h"
 #include "common/base/units.h"
 
@@ -517,7 +518,8 @@ int main(int argc, char** argv) {
       "  stats          uptime, energy, requests by source, ghost hints, write queue, cache\n"
       "  status PATH    cache status of a file in the mount\n"
       "  flush          write deferred writes now (waits until they are on the device)\n"
-      "  watch          live view of device modes, energy and requests (Ctrl-C quits)\n\n"
+      "  watch          live view of device modes, energy and requests (Ctrl-C quits)\n"
+      "  outbox DIR     mail waiting in ghostproxy's SMTP outbox, and mail the server refused\n\n"
       "Which ghostfs: --control PATH, else the one mounted at --mount MNT, else "
       "$GHOST_CONTROL, else the only ghostfs mounted."};
   app.set_version_flag("--version", std::string("ghostctl ") + GHOST_VERSION,
@@ -540,6 +542,11 @@ int main(int argc, char** argv) {
   std::string status_path;
   status->add_option("PATH", status_path, "a file in the mount")->required();
   CLI::App* watch = app.add_subcommand("watch", "live view; redrawn on every change");
+  // Reads ghostproxy's outbox directory itself (common/imap/outbox.h): no ghostfs needed.
+  CLI::App* outbox = app.add_subcommand(
+      "outbox", "mail waiting in ghostproxy's SMTP outbox, and mail the server refused");
+  std::string outbox_dir;
+  outbox->add_option("DIR", outbox_dir, "the outbox directory (ghostproxy --smtp-outbox)")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -560,6 +567,26 @@ int main(int argc, char** argv) {
     args["path"] = ec ? status_path : abs.lexically_normal().string();
   }
 
+  if (outbox->parsed()) {
+    ghost::Result<json> list = ghost::ListOutbox(outbox_dir);
+    if (!list.ok()) return Failed(list.status().message());
+    if (raw_json) {
+      std::cout << list->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      return 0;
+    }
+    for (const char* kind : {"waiting", "refused"}) {
+      std::cout << kind << ": " << (*list)[kind].size() << "\n";
+      for (const json& m : (*list)[kind]) {
+        std::string rcpts;
+        for (const json& r : m["rcpts"]) rcpts += (rcpts.empty() ? "" : ",") + r.get<std::string>();
+        std::cout << "  " << m.value("id", "") << "  <" << m.value("from", "") << "> -> " << rcpts
+                  << "  " << m.value("size", 0) << " bytes";
+        if (m.contains("reply")) std::cout << "  server: " << m.value("reply", "");
+        std::cout << "\n";
+      }
+    }
+    return 0;
+  }
   ghost::Result<std::string> path = ghost::FindControlPath(control, mount);
   if (!path.ok()) return Failed(path.status().message());
   ghost::Result<ghost::ControlClient> client = ghost::ControlClient::Connect(*path);

@@ -18,6 +18,8 @@
 #include "common/config/config.h"
 #include "common/control/control.h"
 #include "proxy/ghostfs_backend.h"
+#include "proxy/imap_proxy.h"
+#include "proxy/smtp_proxy.h"
 #include "proxy/proxy.h"
 #include "proxy/proxy_config.h"
 #include "proxy/socket_activation.h"
@@ -40,6 +42,7 @@ void OnSignal(evutil_socket_t, short, void* arg) {
 int main(int argc, char** argv) {
   std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache;
   std::vector<std::string> allow;
+  std::string imap_listen, imap_origin, smtp_listen, smtp_origin, smtp_outbox;
   std::size_t max_connections = 0;
   std::size_t max_per_client = 0;
   double preempt_after = 0, request_timeout = 0;
@@ -95,6 +98,19 @@ int main(int argc, char** argv) {
   app.add_option(
       "--via", via,
       "the name this proxy gives itself in Via, used to detect loops (default HOSTNAME:PORT)");
+  app.add_option("--imap-listen", imap_listen,
+                 "HOST:PORT where mail clients connect to the IMAP proxy (e.g. 127.0.0.1:1143); "
+                 "message bodies come from the cache when the cost model picks the disk");
+  app.add_option("--imap-origin", imap_origin,
+                 "the IMAP server the IMAP proxy relays to: imaps://HOST:993/ or imap://HOST:PORT/ "
+                 "(no user: each client logs in with its own)");
+  app.add_option("--smtp-listen", smtp_listen,
+                 "HOST:PORT where mail clients submit mail (e.g. 127.0.0.1:1587): journaled, "
+                 "answered at once, sent when the radio is up (SIGUSR1 sends now)");
+  app.add_option("--smtp-origin", smtp_origin,
+                 "the submission server: smtps://HOST:465/ or smtp://HOST:587/ (STARTTLS when "
+                 "offered)");
+  app.add_option("--smtp-outbox", smtp_outbox, "the directory of the durable outbox");
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -145,6 +161,19 @@ int main(int argc, char** argv) {
     if (!ports.ok()) return fail("--connect-ports: " + ports.status().message(), 2);
     o.proxy.connect_ports = *ports;
   }
+  if (!imap_listen.empty()) {
+    ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(imap_listen);
+    if (!la.ok()) return fail("--imap-listen: " + la.status().message(), 2);
+    o.mail.imap_listen = *la;
+  }
+  if (!imap_origin.empty()) o.mail.imap_origin = imap_origin;
+  if (!smtp_listen.empty()) {
+    ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(smtp_listen);
+    if (!la.ok()) return fail("--smtp-listen: " + la.status().message(), 2);
+    o.smtp.smtp_listen = *la;
+  }
+  if (!smtp_origin.empty()) o.smtp.smtp_origin = smtp_origin;
+  if (!smtp_outbox.empty()) o.smtp.outbox = smtp_outbox;
   if (ghost::Status s = ghost::Validate(o); !s.ok()) return fail(s.message(), 2);
   // --control (or the config's control) if given, else the socket of the ghostfs at --mount.
   ghost::Result<std::string> control_path = ghost::FindControlPath(o.control_path, o.mountpoint);
@@ -175,6 +204,39 @@ int main(int argc, char** argv) {
     const bool usage = proxy.status().code() == ghost::Status::Code::kInvalidArgument;
     return fail(proxy.status().message(), usage ? 2 : 1);
   }
+  // The IMAP proxy for mail clients (proxy/imap_proxy.h), over the same cache.
+  std::unique_ptr<ghost::ImapProxy> imap;
+  if (o.mail.imap_listen) {
+    ghost::Result<std::unique_ptr<ghost::ImapProxy>> started =
+        ghost::ImapProxy::Start(base.get(), backend->get(), o.mail);
+    if (!started.ok()) {
+      const bool usage = started.status().code() == ghost::Status::Code::kInvalidArgument;
+      return fail(started.status().message(), usage ? 2 : 1);
+    }
+    imap = std::move(*started);
+    std::fprintf(stderr, "ghostproxy: IMAP on %s for %s\n", imap->address().ToString().c_str(),
+                 o.mail.imap_origin.c_str());
+  }
+  // The SMTP outbox (proxy/smtp_proxy.h); SIGUSR1 sends it now.
+  std::unique_ptr<ghost::SmtpProxy> smtp;
+  std::unique_ptr<event, EventDeleter> sigusr1;
+  if (o.smtp.smtp_listen) {
+    o.smtp.control_path = o.control_path;
+    ghost::Result<std::unique_ptr<ghost::SmtpProxy>> started =
+        ghost::SmtpProxy::Start(base.get(), backend->get(), o.smtp);
+    if (!started.ok()) {
+      const bool usage = started.status().code() == ghost::Status::Code::kInvalidArgument;
+      return fail(started.status().message(), usage ? 2 : 1);
+    }
+    smtp = std::move(*started);
+    sigusr1.reset(evsignal_new(
+        base.get(), SIGUSR1,
+        [](evutil_socket_t, short, void* p) { static_cast<ghost::SmtpProxy*>(p)->Flush("SIGUSR1"); },
+        smtp.get()));
+    evsignal_add(sigusr1.get(), nullptr);
+    std::fprintf(stderr, "ghostproxy: SMTP on %s for %s (outbox %s)\n",
+                 smtp->address().ToString().c_str(), o.smtp.smtp_origin.c_str(), o.smtp.outbox.c_str());
+  }
   // Signals are events on the loop: no handler runs outside it.
   std::unique_ptr<event, EventDeleter> sigint(
       evsignal_new(base.get(), SIGINT, &OnSignal, base.get()));
@@ -187,6 +249,9 @@ int main(int argc, char** argv) {
                o.control_path.c_str());
   event_base_dispatch(base.get());
   std::fprintf(stderr, "ghostproxy: stopping\n");
+  sigusr1.reset();
+  smtp.reset();
+  imap.reset();
   proxy->reset();  // before the backend it borrows
   backend->reset();
   return 0;

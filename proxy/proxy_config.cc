@@ -6,6 +6,7 @@
 
 #include "common/config/config.h"
 #include "common/config/toml_file.h"
+#include "proxy/mail_proxy_config.h"
 
 namespace ghost {
 
@@ -37,7 +38,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "high_watermark",
                                               "memory_cache"};
   for (auto&& [k, v] : t) {
-    if (!kKeys.count(std::string(k.str()))) {
+    if (!kKeys.count(std::string(k.str())) && !IsMailProxyKey(k.str())) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" +
                                      std::string(k.str()) + "\"");
     }
@@ -170,6 +171,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = seconds("tunnel_idle_timeout", &p.tunnel_idle_timeout)).ok()) return s;
   if (!(s = seconds("origin_idle_timeout", &p.origin_idle_timeout)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &p.heuristic_freshness)).ok()) return s;
+  if (!(s = LoadMailProxyConfig(t, path, &o->mail, &o->smtp)).ok()) return s;
   return Status::Ok();
 }
 
@@ -184,7 +186,7 @@ Status Validate(const GhostproxyOptions& o) {
     return Status::InvalidArgument("header limits must be above zero");
   }
   if (p.high_watermark == 0) return Status::InvalidArgument("high_watermark must be above zero");
-  return Status::Ok();
+  return ValidateMailProxy(o.mail, o.smtp);
 }
 
 }  // namespace ghost

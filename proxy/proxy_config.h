@@ -39,7 +39,9 @@
 
 #include "common/base/status.h"
 #include "common/base/units.h"
+#include "proxy/imap_proxy.h"
 #include "proxy/proxy.h"
+#include "proxy/smtp_proxy.h"
 
 namespace ghost {
 
@@ -50,6 +52,9 @@ struct GhostproxyOptions {
   // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
   // proxy/memory_cache.h); 0 disables it.
   Bytes memory_cache = 64ull << 20;
+  // The mail proxy (proxy/imap_proxy.h; its keys in proxy/mail_proxy_config.h).
+  MailProxyOptions mail;
+  SmtpProxyOptions smtp;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors

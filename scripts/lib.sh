@@ -21,6 +21,7 @@ GHOST_PACKAGES=(
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
   libisal-dev  # common/cache/flash_log.cc: CRC32C of the flash log (crc32_iscsi)
   libnl-3-dev libnl-genl-3-dev libcap-dev  # common/power/real_wifi.cc, hardware.cc: nl80211, capabilities
+  python3-aiosmtpd  # tests/integration/ghostproxy_smtp_test.py: the SMTP server behind the outbox
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -1,0 +1,904 @@
+// The IMAP proxy: one Session per client, relaying to one server connection. See
+// proxy/imap_proxy.h.
+//
+// A session's client side, in the order a client line meets it:
+//
+//   await_ == kAuthData ──▶ SASL data (PLAIN: the user name is read, the password is not kept)
+//   await_ == kIdleDone ──▶ "DONE" ends IDLE
+//   a command ──▶ COMPRESS/STARTTLS refused here; a cacheable body FETCH answered from the cache
+//                 (busy_: no further client input is read until it is complete); anything else
+//                 recorded in pending_ by tag and sent to the server
+//
+// The server side: responses tagged with the proxy's own tags (kOwnTagPrefix) are consumed;
+// every other byte goes to the client, capabilities filtered, whole bodies teed into a fill.
+#include "proxy/imap_proxy.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <strings.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <map>
+#include <set>
+
+#include "common/imap/imap_client.h"
+#include "proxy/imap_wire.h"
+
+namespace ghost {
+
+namespace {
+
+constexpr char kOwnTagPrefix[] = "ghostp";
+constexpr std::size_t kMaxMapUids = 4'000'000;
+
+timeval ToTimeval(Duration d) {
+  auto us = std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+  return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
+}
+
+std::string NormalizeMailbox(std::string box) {
+  if (strcasecmp(box.c_str(), "INBOX") == 0) return "INBOX";
+  return box;
+}
+
+}  // namespace
+
+class ImapSession;
+
+class ImapProxy::Impl {
+ public:
+  event_base* base = nullptr;
+  CacheBackend* backend = nullptr;
+  MailProxyOptions options;
+  ImapUrl origin;
+  std::string origin_text;  // scheme://HOST:PORT/ with the path the user gave
+  ListenAddress bound;
+  evconnlistener* listener = nullptr;
+  SSL_CTX* ssl_ctx = nullptr;
+  ImapProxyStats stats;
+  std::map<ImapSession*, std::shared_ptr<ImapSession>> sessions;
+
+  ~Impl();
+  static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  void Remove(ImapSession* s) {
+    // Deferred: the session may be inside its own callback.
+    auto it = sessions.find(s);
+    if (it == sessions.end()) return;
+    std::shared_ptr<ImapSession> keep = it->second;
+    sessions.erase(it);
+    event_base_once(
+        base, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* p) { delete static_cast<std::shared_ptr<ImapSession>*>(p); },
+        new std::shared_ptr<ImapSession>(std::move(keep)), nullptr);
+  }
+  // The prefix of every body key for `user` (MailTree::BodyKey's mo.url).
+  std::string KeyPrefix(const std::string& user) const {
+    std::size_t scheme = origin_text.find("://");
+    return origin_text.substr(0, scheme + 3) + user + "@" + origin_text.substr(scheme + 3);
+  }
+};
+
+class ImapSession : public std::enable_shared_from_this<ImapSession> {
+ public:
+  ImapSession(ImapProxy::Impl* owner, evutil_socket_t fd)
+      : owner_(owner),
+        cframer_({owner->options.client_max_line, owner->options.max_literal}),
+        sframer_({owner->options.server_max_line, owner->options.max_literal}) {
+    client_ = bufferevent_socket_new(owner->base, fd, BEV_OPT_CLOSE_ON_FREE);
+  }
+  ~ImapSession() {
+    if (fill_writer_) fill_writer_->Abort();
+    for (auto& [tag, p] : pending_) {
+      if (p.transfer) owner_->backend->TransferEnd(p.transfer, p.bytes);
+    }
+    if (client_) bufferevent_free(client_);
+    if (server_) bufferevent_free(server_);
+  }
+
+  void Start();
+
+ private:
+  enum class Await { kNone, kAuthData, kIdleDone };
+  enum class Kind { kOther, kLogin, kAuth, kSelect, kClose, kIdle, kFetch };
+  struct Pending {
+    Kind kind = Kind::kOther;
+    std::string arg;  // kLogin/kAuth: the user; kSelect: the mailbox
+    std::uint64_t transfer = 0;
+    Bytes bytes = 0;
+  };
+  enum class Own { kMapRefresh, kSeen };
+
+  static void OnClientRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessClient(); }
+  static void OnServerRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessServer(); }
+  static void OnClientWrite(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ClientDrained(); }
+  static void OnServerWrite(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ServerDrained(); }
+  static void OnClientEvent(bufferevent*, short what, void* arg) {
+    static_cast<ImapSession*>(arg)->ClientEvent(what);
+  }
+  static void OnServerEvent(bufferevent*, short what, void* arg) {
+    static_cast<ImapSession*>(arg)->ServerEvent(what);
+  }
+
+  void ClientEvent(short what);
+  void ServerEvent(short what);
+  void ClientDrained();
+  void ServerDrained();
+  void ProcessClient();
+  void ProcessServer();
+  void HandleClientEvent(const imapwire::Event& ev);
+  void HandleServerEvent(const imapwire::Event& ev);
+  // Returns true when the command was handled here (not to be sent on).
+  bool HandleClientCommand(std::string_view line, bool allow_cache = true);
+  bool TryCacheFetch(const imapwire::Command& cmd, const imapwire::BodyFetch& f, std::string line);
+  void ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f, std::uint32_t uid,
+                      std::uint32_t seq, std::string key, std::string line);
+  void StreamSlice();
+  void FinishCacheAnswer();
+  void ForwardLine(std::string_view line);
+  void SendOwn(Own what, const std::string& command);
+  void ServerTagged(std::string_view line);
+  // Remembers what the server can do (ESEARCH: the map refresh) from a capability list.
+  void NoteCapabilities(std::string_view line);
+  void StartFill(const imapwire::BodyPrefix& p);
+  void EndFill();
+  void ArmTimeouts();
+  void UpdateFlow();
+  void ToClient(std::string_view s) {
+    if (client_) bufferevent_write(client_, s.data(), s.size());
+  }
+  void ToServer(std::string_view s) {
+    if (server_) bufferevent_write(server_, s.data(), s.size());
+  }
+  // Says `why` to the client (a line, already framed), then closes once it is written.
+  void Close(const std::string& why);
+  void Linger();
+  bool Selected() const { return !selected_.empty() && uidvalidity_ != 0; }
+  std::string KeyFor(std::uint32_t uid) const {
+    return owner_->KeyPrefix(user_) + selected_ + ";UIDVALIDITY=" + std::to_string(uidvalidity_) +
+           ";UID=" + std::to_string(uid);
+  }
+
+  ImapProxy::Impl* owner_;
+  bufferevent* client_ = nullptr;
+  bufferevent* server_ = nullptr;
+  imapwire::Framer cframer_, sframer_;
+  bool closing_ = false;
+  bool connected_ = false;
+
+  // Client side.
+  Await await_ = Await::kNone;
+  std::string await_tag_;
+  std::map<std::string, Pending> pending_;  // the client's commands sent to the server
+  bool busy_ = false;                       // a command is being answered here
+  std::string client_tag_;                  // of the command whose segments are arriving
+  bool client_dropping_ = false;            // the current client command is not sent on
+
+  // The session's mailbox view.
+  std::string user_;      // empty until a login succeeded (and known)
+  std::string selected_;  // the mailbox's wire name
+  std::uint32_t uidvalidity_ = 0, pending_uidvalidity_ = 0;
+  std::vector<std::uint32_t> uids_;  // seq - 1 -> UID, when map_valid_
+  bool map_valid_ = false;
+  bool esearch_ = false;
+
+  // Server side.
+  std::map<std::string, Own> own_;  // the proxy's own commands by tag
+  std::uint64_t own_counter_ = 0;
+  bool server_dropping_ = false;  // the current server response is the proxy's own
+  std::string map_tag_;           // the outstanding map refresh
+  std::string deferred_line_;     // a client command waiting for the map
+  std::optional<std::vector<std::uint32_t>> map_result_;
+
+  // A body being teed from the server into the cache.
+  std::string fill_key_;
+  std::string fill_data_;
+  std::uint64_t fill_expected_ = 0;
+  bool filling_ = false;
+  std::unique_ptr<CacheWriter> fill_writer_;
+
+  // An answer from the cache in progress.
+  struct CacheAnswer {
+    std::string tag, name, key;
+    imapwire::BodyFetch fetch;
+    std::uint32_t uid = 0;
+    Bytes size = 0, offset = 0;  // the literal's size; the next byte of the body to send
+    Bytes end = 0;               // the body's byte after the last one to send
+    std::shared_ptr<const void> body;
+    bool reading = false;
+  };
+  std::optional<CacheAnswer> answer_;
+};
+
+void ImapSession::Start() {
+  ImapProxy::Impl* o = owner_;
+  bufferevent_setcb(client_, &OnClientRead, &OnClientWrite, &OnClientEvent, this);
+  bufferevent_setwatermark(client_, EV_WRITE, o->options.high_watermark / 2, 0);
+  if (o->origin.implicit_tls) {
+    SSL* ssl = SSL_new(o->ssl_ctx);
+    SSL_set_tlsext_host_name(ssl, o->origin.host.c_str());
+    SSL_set1_host(ssl, o->origin.host.c_str());
+    server_ = bufferevent_openssl_socket_new(o->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                             BEV_OPT_CLOSE_ON_FREE);
+  } else {
+    server_ = bufferevent_socket_new(o->base, -1, BEV_OPT_CLOSE_ON_FREE);
+  }
+  bufferevent_setcb(server_, &OnServerRead, &OnServerWrite, &OnServerEvent, this);
+  bufferevent_setwatermark(server_, EV_WRITE, o->options.high_watermark / 2, 0);
+  timeval tv = ToTimeval(o->options.timeout);
+  bufferevent_set_timeouts(server_, &tv, nullptr);  // the connection and the greeting
+  if (bufferevent_socket_connect_hostname(server_, nullptr, AF_UNSPEC, o->origin.host.c_str(),
+                                          o->origin.port) != 0) {
+    return Close("* BYE Ghost: cannot connect to the IMAP server " + o->origin_text + "\r\n");
+  }
+  // The client's bytes wait in the kernel until the server is there.
+  bufferevent_enable(server_, EV_READ | EV_WRITE);
+}
+
+void ImapSession::Close(const std::string& why) {
+  if (closing_) return;
+  closing_ = true;
+  if (server_) {
+    bufferevent_free(server_);
+    server_ = nullptr;
+  }
+  if (fill_writer_) {
+    fill_writer_->Abort();
+    fill_writer_.reset();
+  }
+  if (!client_) return owner_->Remove(this);
+  bufferevent_disable(client_, EV_READ);
+  bufferevent_setwatermark(client_, EV_WRITE, 0, 0);
+  if (!why.empty()) ToClient(why);
+  if (evbuffer_get_length(bufferevent_get_output(client_)) == 0) return Linger();
+  timeval tv = ToTimeval(owner_->options.timeout);
+  bufferevent_set_timeouts(client_, nullptr, &tv);
+  bufferevent_enable(client_, EV_WRITE);
+}
+
+void ImapSession::Linger() {
+  // The last words are out: half-close, and drop what the client still sends until it closes,
+  // so the close is a FIN, not a reset that could destroy those words before they are read.
+  shutdown(bufferevent_getfd(client_), SHUT_WR);
+  timeval tv = ToTimeval(std::chrono::seconds(5));
+  bufferevent_set_timeouts(client_, &tv, nullptr);
+  bufferevent_enable(client_, EV_READ);
+}
+
+void ImapSession::ClientEvent(short what) {
+  // EOF, an error or a timeout: the client is gone or stalled (or our last words were cut).
+  if (!closing_ && (what & BEV_EVENT_TIMEOUT)) ++owner_->stats.client_errors;
+  bufferevent_free(client_);
+  client_ = nullptr;
+  if (closing_) return owner_->Remove(this);
+  Close("");
+}
+
+void ImapSession::ServerEvent(short what) {
+  if (what & BEV_EVENT_CONNECTED) {
+    connected_ = true;
+    int one = 1;
+    setsockopt(bufferevent_getfd(server_), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    bufferevent_enable(client_, EV_READ | EV_WRITE);
+    ArmTimeouts();
+    return;
+  }
+  std::string why;
+  if (what & BEV_EVENT_TIMEOUT) {
+    ++owner_->stats.server_errors;
+    why = "* BYE Ghost: the IMAP server " + owner_->origin_text + " stopped answering\r\n";
+  } else if (!connected_) {
+    why = "* BYE Ghost: cannot reach the IMAP server " + owner_->origin_text + "\r\n";
+  } else if (what & BEV_EVENT_EOF) {
+    // The server's last words (a BYE) were relayed already.
+    if (!sframer_.AtBoundary()) why = "* BYE Ghost: the IMAP server closed the connection mid-response\r\n";
+  } else {
+    why = "* BYE Ghost: lost the connection to the IMAP server\r\n";
+  }
+  // A literal cut short leaves the client's parser in the middle of it: close at once.
+  Close(why);
+}
+
+void ImapSession::ClientDrained() {
+  if (closing_) return Linger();
+  UpdateFlow();
+  if (answer_ && !answer_->reading) StreamSlice();
+}
+
+void ImapSession::ServerDrained() { UpdateFlow(); }
+
+void ImapSession::UpdateFlow() {
+  if (closing_ || !server_ || !client_ || !connected_) return;
+  const std::size_t high = owner_->options.high_watermark;
+  if (evbuffer_get_length(bufferevent_get_output(client_)) > high) {
+    bufferevent_disable(server_, EV_READ);
+  } else if (!(bufferevent_get_enabled(server_) & EV_READ)) {
+    bufferevent_enable(server_, EV_READ);
+    ProcessServer();
+  }
+  if (closing_) return;
+  if (busy_ || evbuffer_get_length(bufferevent_get_output(server_)) > high) {
+    bufferevent_disable(client_, EV_READ);
+  } else if (!(bufferevent_get_enabled(client_) & EV_READ)) {
+    bufferevent_enable(client_, EV_READ);
+    ProcessClient();
+  }
+}
+
+void ImapSession::ArmTimeouts() {
+  if (closing_ || !server_ || !client_) return;
+  timeval tv = ToTimeval(owner_->options.timeout);
+  bool awaiting = !own_.empty();
+  for (const auto& [tag, p] : pending_) {
+    if (p.kind != Kind::kIdle) awaiting = true;
+  }
+  bufferevent_set_timeouts(server_, (!sframer_.AtBoundary() || awaiting) ? &tv : nullptr, nullptr);
+  bufferevent_set_timeouts(client_, !cframer_.AtBoundary() ? &tv : nullptr, nullptr);
+}
+
+void ImapSession::ProcessClient() {
+  if (!client_) return;
+  evbuffer* in = bufferevent_get_input(client_);
+  if (closing_) {
+    evbuffer_drain(in, evbuffer_get_length(in));
+    return;
+  }
+  while (!closing_ && !busy_) {
+    std::size_t len = evbuffer_get_length(in);
+    evbuffer_iovec v{};
+    std::string_view chunk;
+    if (len > 0 && evbuffer_peek(in, -1, nullptr, &v, 1) >= 1)
+      chunk = std::string_view(static_cast<const char*>(v.iov_base), v.iov_len);
+    imapwire::Event ev;
+    std::size_t used = cframer_.Next(chunk, &ev);
+    if (ev.kind == imapwire::Event::Kind::kError) {
+      ++owner_->stats.client_errors;
+      std::optional<imapwire::Command> c = imapwire::ParseCommand(cframer_.partial());
+      std::string tag = c && cframer_.partial_first() ? c->tag : "*";
+      return Close(tag + " BAD Ghost: " + ev.error + "\r\n* BYE Ghost: closing after a malformed command\r\n");
+    }
+    HandleClientEvent(ev);
+    if (client_) evbuffer_drain(in, used);
+    if (ev.kind == imapwire::Event::Kind::kNeedMore && (used == 0 || evbuffer_get_length(in) == 0)) break;
+  }
+  ArmTimeouts();
+  UpdateFlow();
+}
+
+void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
+  using K = imapwire::Event::Kind;
+  switch (ev.kind) {
+    case K::kNeedMore:
+    case K::kError:
+    case K::kLiteralEnd:
+      return;
+    case K::kLiteralData:
+      if (!client_dropping_) ToServer(ev.text);
+      return;
+    case K::kSegment:
+      break;
+  }
+  if (!ev.first) {
+    if (!client_dropping_) ToServer(ev.text);
+    return;
+  }
+  client_dropping_ = false;
+  if (await_ == Await::kAuthData) {
+    // SASL data: PLAIN's carries the user (and the password, which is passed on, not kept).
+    auto p = pending_.find(await_tag_);
+    if (p != pending_.end() && p->second.arg.empty() && p->second.kind == Kind::kAuth) {
+      if (std::optional<std::string> user = imapwire::PlainUser(ev.text)) p->second.arg = *user;
+    }
+    ToServer(ev.text);
+    return;
+  }
+  if (await_ == Await::kIdleDone) {
+    if (strncasecmp(std::string(imapwire::StripEol(ev.text)).c_str(), "DONE", 5) == 0) await_ = Await::kNone;
+    ToServer(ev.text);
+    return;
+  }
+  if (ev.literal) {
+    // A command with literals (APPEND, LOGIN {n}): passed on; LOGIN's user stays unknown.
+    std::optional<imapwire::Command> c = imapwire::ParseCommand(ev.text);
+    if (c) {
+      Pending p;
+      if (c->name == "LOGIN") p.kind = Kind::kLogin;  // user unknown: no caching
+      if (c->name == "SELECT" || c->name == "EXAMINE") {
+        p.kind = Kind::kSelect;
+        selected_.clear();
+        map_valid_ = false;
+      }
+      if (c->name == "LOGIN") p.arg.clear();
+      pending_[c->tag] = p;
+    }
+    ToServer(ev.text);
+    return;
+  }
+  if (!HandleClientCommand(ev.text)) ForwardLine(ev.text);
+}
+
+bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
+  std::optional<imapwire::Command> c = imapwire::ParseCommand(line);
+  if (!c) return false;  // the server answers BAD
+  const std::string& n = c->name;
+  if (n == "COMPRESS") {
+    ToClient(c->tag + " NO [CANNOT] Ghost: COMPRESS is not available through this proxy\r\n");
+    return true;
+  }
+  if (n == "STARTTLS") {
+    ToClient(c->tag + " BAD Ghost: STARTTLS is not available through this proxy\r\n");
+    return true;
+  }
+  if (allow_cache && (n == "FETCH" || n == "UID FETCH")) {
+    if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(c->rest)) {
+      if (TryCacheFetch(*c, *f, std::string(line))) return true;
+    }
+  }
+  Pending p;
+  std::string_view rest = c->rest;
+  if (n == "LOGIN") {
+    p.kind = Kind::kLogin;
+    if (std::optional<std::string> user = imapwire::ReadAstring(&rest)) p.arg = *user;
+  } else if (n == "AUTHENTICATE") {
+    p.kind = Kind::kAuth;
+    std::optional<std::string> mech = imapwire::ReadAstring(&rest);
+    std::optional<std::string> initial = imapwire::ReadAstring(&rest);
+    if (mech && strcasecmp(mech->c_str(), "PLAIN") == 0 && initial && *initial != "=") {
+      if (std::optional<std::string> user = imapwire::PlainUser(*initial)) p.arg = *user;
+    }
+    await_ = Await::kAuthData;
+    await_tag_ = c->tag;
+  } else if (n == "SELECT" || n == "EXAMINE") {
+    p.kind = Kind::kSelect;
+    if (std::optional<std::string> box = imapwire::ReadAstring(&rest)) p.arg = NormalizeMailbox(*box);
+    selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
+    map_valid_ = false;
+  } else if (n == "CLOSE" || n == "UNSELECT") {
+    p.kind = Kind::kClose;
+  } else if (n == "IDLE") {
+    p.kind = Kind::kIdle;
+    await_ = Await::kIdleDone;
+  } else if (n == "FETCH" || n == "UID FETCH") {
+    std::string upper(c->rest);
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    if (upper.find("BODY[") != std::string::npos || upper.find("BODY.PEEK[") != std::string::npos ||
+        upper.find("RFC822") != std::string::npos || upper.find("BINARY") != std::string::npos) {
+      p.kind = Kind::kFetch;
+      p.transfer = owner_->backend->TransferBegin();
+    }
+  } else if (n == "ENABLE") {
+    map_valid_ = false;  // whatever it enables, the proxy reads the map again
+  }
+  pending_[c->tag] = std::move(p);
+  return false;
+}
+
+void ImapSession::ForwardLine(std::string_view line) { ToServer(line); }
+
+bool ImapSession::TryCacheFetch(const imapwire::Command& cmd, const imapwire::BodyFetch& f,
+                                std::string line) {
+  // Only in a state the answer cannot reorder: nothing of the client's outstanding.
+  if (user_.empty() || !Selected() || !pending_.empty() || await_ != Await::kNone) return false;
+  if (!map_valid_) {
+    if (!esearch_ || !map_tag_.empty()) return false;
+    // Read the map first, then decide (the command waits; no other client input is read).
+    busy_ = true;
+    deferred_line_ = std::move(line);
+    map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
+    own_[map_tag_] = Own::kMapRefresh;
+    ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
+    return true;
+  }
+  std::uint32_t uid = 0, seq = 0;
+  if (cmd.name == "UID FETCH") {
+    auto it = std::lower_bound(uids_.begin(), uids_.end(), f.number);
+    if (it == uids_.end() || *it != f.number) return false;
+    uid = f.number;
+    seq = static_cast<std::uint32_t>(it - uids_.begin()) + 1;
+  } else {
+    if (f.number > uids_.size()) return false;
+    seq = f.number;
+    uid = uids_[seq - 1];
+  }
+  ServeFromCache(cmd.tag, cmd.name, f, uid, seq, KeyFor(uid), std::move(line));
+  return true;
+}
+
+void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f,
+                                 std::uint32_t uid, std::uint32_t seq, std::string key,
+                                 std::string line) {
+  busy_ = true;
+  std::weak_ptr<ImapSession> weak = weak_from_this();
+  owner_->backend->Lookup(key, [this, weak, tag, name, f, uid, seq, key,
+                                line](Result<CacheLookup> r) {
+    if (weak.expired() || closing_) return;
+    bool from_cache = r.ok() && r->cached && r->choice != CacheChoice::kNetwork;
+    if (!from_cache) {
+      // The server answers (the cost model chose the network, or nothing is cached); the body
+      // it sends is stored on the way.
+      busy_ = false;
+      ++owner_->stats.forwarded_fetches;
+      HandleClientCommand(line, /*allow_cache=*/false);  // records it, discloses the transfer
+      ForwardLine(line);
+      ArmTimeouts();
+      UpdateFlow();
+      ProcessClient();
+      return;
+    }
+    CacheAnswer a;
+    a.tag = tag;
+    a.name = name;
+    a.key = key;
+    a.fetch = f;
+    a.uid = uid;
+    a.body = r->body;
+    const Bytes whole = r->response.size;
+    a.offset = 0;
+    a.end = whole;
+    if (f.partial) {  // RFC 3501 §6.4.5: the octets from start, at most count; none past the end
+      a.offset = std::min<Bytes>(f.partial->first, whole);
+      a.end = a.offset + std::min<Bytes>(f.partial->second, whole - a.offset);
+    }
+    a.size = a.end - a.offset;
+    std::string head = "* " + std::to_string(seq) + " FETCH (" +
+                       (name == "UID FETCH" ? "UID " + std::to_string(uid) + " " : std::string()) +
+                       f.response_name() + " {" + std::to_string(a.size) + "}\r\n";
+    ToClient(head);
+    ++owner_->stats.cache_hits;
+    if (r->choice == CacheChoice::kMemory && r->memory && r->memory->body.size() == whole) {
+      ToClient(std::string_view(r->memory->body).substr(a.offset, a.size));
+      owner_->backend->ServedFromMemory(key, a.size);
+      a.offset = a.end;
+      answer_ = std::move(a);
+      return FinishCacheAnswer();
+    }
+    answer_ = std::move(a);
+    StreamSlice();
+  });
+}
+
+void ImapSession::StreamSlice() {
+  if (!answer_ || answer_->reading || closing_) return;
+  CacheAnswer& a = *answer_;
+  if (a.offset >= a.end) return FinishCacheAnswer();
+  if (evbuffer_get_length(bufferevent_get_output(client_)) > owner_->options.high_watermark) return;
+  a.reading = true;
+  Bytes len = std::min<Bytes>(owner_->options.cache_read_slice, a.end - a.offset);
+  std::weak_ptr<ImapSession> weak = weak_from_this();
+  auto got = std::make_shared<Bytes>(0);
+  owner_->backend->ReadBody(
+      a.key, a.body, a.offset, len,
+      [this, weak, got](std::string_view data) {
+        if (weak.expired() || closing_) return false;
+        ToClient(data);
+        *got += data.size();
+        return true;
+      },
+      [this, weak, got, len](Status s) {
+        if (weak.expired() || closing_ || !answer_) return;
+        answer_->reading = false;
+        if (!s.ok() || *got != len) {
+          // The client has part of a literal: nothing can follow but a close.
+          std::fprintf(stderr, "ghostproxy: imap: reading %s from the cache: %s\n",
+                       answer_->key.c_str(), s.ToString().c_str());
+          return Close("");
+        }
+        answer_->offset += len;
+        StreamSlice();
+      });
+}
+
+void ImapSession::FinishCacheAnswer() {
+  CacheAnswer a = std::move(*answer_);
+  answer_.reset();
+  ToClient(")\r\n" + a.tag + " OK " + a.name + " completed (Ghost: from the cache)\r\n");
+  if (a.fetch.sets_seen()) {
+    // \Seen as if the server had served it; its untagged FETCH FLAGS reaches the client.
+    ++owner_->stats.seen_stores;
+    SendOwn(Own::kSeen, "UID STORE " + std::to_string(a.uid) + " +FLAGS (\\Seen)");
+  }
+  busy_ = false;
+  ArmTimeouts();
+  UpdateFlow();
+  ProcessClient();
+}
+
+void ImapSession::SendOwn(Own what, const std::string& command) {
+  std::string tag = kOwnTagPrefix + std::to_string(++own_counter_);
+  own_[tag] = what;
+  ToServer(tag + " " + command + "\r\n");
+}
+
+void ImapSession::ProcessServer() {
+  if (!server_ || closing_) return;
+  evbuffer* in = bufferevent_get_input(server_);
+  const std::size_t high = owner_->options.high_watermark;
+  while (!closing_ && server_) {
+    if (client_ && evbuffer_get_length(bufferevent_get_output(client_)) > high) break;
+    std::size_t len = evbuffer_get_length(in);
+    evbuffer_iovec v{};
+    std::string_view chunk;
+    if (len > 0 && evbuffer_peek(in, -1, nullptr, &v, 1) >= 1)
+      chunk = std::string_view(static_cast<const char*>(v.iov_base), v.iov_len);
+    imapwire::Event ev;
+    std::size_t used = sframer_.Next(chunk, &ev);
+    if (ev.kind == imapwire::Event::Kind::kError) {
+      ++owner_->stats.server_errors;
+      return Close("* BYE Ghost: the IMAP server sent malformed data (" + ev.error + ")\r\n");
+    }
+    HandleServerEvent(ev);
+    if (!server_) break;
+    evbuffer_drain(in, used);
+    if (ev.kind == imapwire::Event::Kind::kNeedMore && (used == 0 || evbuffer_get_length(in) == 0)) break;
+  }
+  ArmTimeouts();
+  UpdateFlow();
+}
+
+void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
+  using K = imapwire::Event::Kind;
+  switch (ev.kind) {
+    case K::kNeedMore:
+    case K::kError:
+      return;
+    case K::kLiteralData:
+      for (auto& [tag, p] : pending_) {
+        if (p.kind == Kind::kFetch) p.bytes += ev.text.size();
+      }
+      if (filling_) {
+        if (fill_data_.size() + ev.text.size() <= fill_expected_) fill_data_.append(ev.text);
+      }
+      if (!server_dropping_) ToClient(ev.text);
+      return;
+    case K::kLiteralEnd:
+      if (filling_) EndFill();
+      return;
+    case K::kSegment:
+      break;
+  }
+  if (!ev.first) {
+    if (!server_dropping_) ToClient(ev.text);
+    return;
+  }
+  server_dropping_ = false;
+  std::string_view line = ev.text;
+  if (line.starts_with("* ")) {
+    if (!map_tag_.empty()) {
+      if (auto uids = imapwire::EsearchUids(line, map_tag_, kMaxMapUids)) {
+        map_result_ = std::move(*uids);
+        server_dropping_ = true;
+        return;
+      }
+    }
+    if (std::optional<std::uint32_t> v = imapwire::UidValidity(line)) pending_uidvalidity_ = *v;
+    if (std::optional<std::uint32_t> n = imapwire::UntaggedNumber(line, "EXISTS")) {
+      if (!map_valid_ || *n != uids_.size()) map_valid_ = false;
+    } else if (std::optional<std::uint32_t> e = imapwire::UntaggedNumber(line, "EXPUNGE")) {
+      if (map_valid_ && *e >= 1 && *e <= uids_.size()) {
+        uids_.erase(uids_.begin() + (*e - 1));
+      } else {
+        map_valid_ = false;
+      }
+    } else if (line.size() > 10 && strncasecmp(line.data(), "* VANISHED", 10) == 0) {
+      map_valid_ = false;
+    }
+    if (ev.literal) {
+      if (std::optional<imapwire::BodyPrefix> p = imapwire::ParseBodyPrefix(line)) StartFill(*p);
+    }
+    std::string filtered = imapwire::FilterCapabilities(line);
+    NoteCapabilities(line);
+    ToClient(filtered);
+    return;
+  }
+  if (line.starts_with("+")) {
+    ToClient(line);
+    return;
+  }
+  ServerTagged(line);
+}
+
+void ImapSession::ServerTagged(std::string_view line) {
+  std::string_view s = imapwire::StripEol(line);
+  std::size_t sp = s.find(' ');
+  std::string tag(s.substr(0, sp));
+  std::string_view rest = sp == std::string_view::npos ? std::string_view() : s.substr(sp + 1);
+  bool ok = rest.size() >= 2 && strncasecmp(rest.data(), "OK", 2) == 0;
+  if (auto own = own_.find(tag); own != own_.end()) {
+    Own what = own->second;
+    own_.erase(own);
+    server_dropping_ = true;
+    if (what == Own::kMapRefresh && tag == map_tag_) {
+      map_tag_.clear();
+      if (ok && map_result_) {
+        uids_ = std::move(*map_result_);
+        map_valid_ = true;
+      } else {
+        esearch_ = false;  // the server did not take it: no map for this session
+      }
+      map_result_.reset();
+      if (!deferred_line_.empty()) {
+        std::string deferred = std::move(deferred_line_);
+        deferred_line_.clear();
+        busy_ = false;
+        std::optional<imapwire::Command> c = imapwire::ParseCommand(deferred);
+        std::optional<imapwire::BodyFetch> f = c ? imapwire::ParseBodyFetch(c->rest) : std::nullopt;
+        if (!(c && f && map_valid_ && TryCacheFetch(*c, *f, deferred))) {
+          HandleClientCommand(deferred, /*allow_cache=*/false);
+          ForwardLine(deferred);
+        }
+        // Client input behind it is read again (UpdateFlow / ProcessClient).
+        event_base_once(
+            owner_->base, -1, EV_TIMEOUT,
+            [](evutil_socket_t, short, void* p) {
+              auto* weak = static_cast<std::weak_ptr<ImapSession>*>(p);
+              if (auto s = weak->lock()) s->ProcessClient();
+              delete weak;
+            },
+            new std::weak_ptr<ImapSession>(weak_from_this()), nullptr);
+      }
+    }
+    return;
+  }
+  auto p = pending_.find(tag);
+  if (p != pending_.end()) {
+    Pending done = std::move(p->second);
+    pending_.erase(p);
+    switch (done.kind) {
+      case Kind::kLogin:
+      case Kind::kAuth:
+        if (ok) user_ = done.arg;
+        if (done.kind == Kind::kAuth && await_ == Await::kAuthData && await_tag_ == tag)
+          await_ = Await::kNone;
+        break;
+      case Kind::kSelect:
+        if (ok && !done.arg.empty()) {
+          selected_ = done.arg;
+          uidvalidity_ = pending_uidvalidity_;
+        }
+        map_valid_ = false;
+        break;
+      case Kind::kClose:
+        if (ok) selected_.clear();
+        break;
+      case Kind::kIdle:
+        if (await_ == Await::kIdleDone) await_ = Await::kNone;
+        break;
+      case Kind::kFetch:
+        owner_->backend->TransferEnd(done.transfer, done.bytes);
+        break;
+      case Kind::kOther:
+        break;
+    }
+    pending_uidvalidity_ = done.kind == Kind::kSelect ? 0 : pending_uidvalidity_;
+  }
+  NoteCapabilities(line);
+  ToClient(imapwire::FilterCapabilities(line));
+}
+
+void ImapSession::NoteCapabilities(std::string_view line) {
+  std::string upper(imapwire::StripEol(line));
+  std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+  if (upper.find("CAPABILITY") != std::string::npos && upper.find(" ESEARCH") != std::string::npos)
+    esearch_ = true;
+}
+
+void ImapSession::StartFill(const imapwire::BodyPrefix& p) {
+  filling_ = false;
+  if (user_.empty() || !Selected() || p.size > owner_->options.max_fill || p.size == 0) return;
+  std::optional<std::uint32_t> uid = p.uid;
+  if (!uid && map_valid_ && p.seq >= 1 && p.seq <= uids_.size()) uid = uids_[p.seq - 1];
+  if (!uid) return;
+  filling_ = true;
+  fill_key_ = KeyFor(*uid);
+  fill_data_.clear();
+  fill_data_.reserve(p.size);
+  fill_expected_ = p.size;
+}
+
+void ImapSession::EndFill() {
+  filling_ = false;
+  if (fill_data_.size() != fill_expected_) return;
+  auto data = std::make_shared<std::string>(std::move(fill_data_));
+  fill_data_.clear();
+  std::string key = fill_key_;
+  ImapProxy::Impl* owner = owner_;
+  std::weak_ptr<ImapSession> weak = weak_from_this();
+  // Stored only when not cached yet: a body the cost model sent to the network is already on
+  // the disk, and writing it again would wake the disk for nothing.
+  owner_->backend->Lookup(key, [owner, weak, key, data](Result<CacheLookup> r) {
+    if (weak.expired()) return;  // the backend may be going away with the proxy
+    if (!r.ok() || r->cached) return;
+    StoredResponse head;
+    head.status = 200;
+    head.headers = {{"Content-Type", "message/rfc822"}};
+    head.size = data->size();
+    head.stored_unix = static_cast<std::int64_t>(std::time(nullptr));
+    std::unique_ptr<CacheWriter> w = owner->backend->Store(key, head);
+    if (!w) return;
+    w->Write(std::move(*data));
+    // The fill outlives its writer once committed (CacheWriter::Commit).
+    w->Commit([owner, key](Status s) {
+      if (s.ok()) {
+        ++owner->stats.fills;
+      } else {
+        std::fprintf(stderr, "ghostproxy: imap: storing %s: %s\n", key.c_str(), s.ToString().c_str());
+      }
+    });
+  });
+}
+
+// ---- the listener ----
+
+ImapProxy::Impl::~Impl() {
+  if (listener) evconnlistener_free(listener);
+  sessions.clear();
+  if (ssl_ctx) SSL_CTX_free(ssl_ctx);
+}
+
+void ImapProxy::Impl::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg) {
+  auto* self = static_cast<Impl*>(arg);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto s = std::make_shared<ImapSession>(self, fd);
+  self->sessions[s.get()] = s;
+  ++self->stats.sessions;
+  s->Start();
+}
+
+Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBackend* backend,
+                                                    const MailProxyOptions& options) {
+  if (!options.imap_listen) return Status::InvalidArgument("no imap_listen address");
+  auto impl = std::make_unique<Impl>();
+  impl->base = base;
+  impl->backend = backend;
+  impl->options = options;
+  Result<ImapUrl> url = ParseImapUrl(options.imap_origin);
+  if (!url.ok()) return Status::InvalidArgument("--imap-origin: " + url.status().message());
+  if (!url->user.empty()) {
+    return Status::InvalidArgument(
+        "--imap-origin " + options.imap_origin +
+        ": give no user name: each mail client logs in with its own");
+  }
+  impl->origin = *url;
+  impl->origin_text = options.imap_origin;
+  if (url->implicit_tls) {
+    impl->ssl_ctx = SSL_CTX_new(TLS_client_method());
+    if (!impl->ssl_ctx) return Status::Internal("cannot create a TLS context");
+    SSL_CTX_set_verify(impl->ssl_ctx, SSL_VERIFY_PEER, nullptr);
+    SSL_CTX_set_default_verify_paths(impl->ssl_ctx);  // honours SSL_CERT_FILE
+  }
+  sockaddr_storage ss{};
+  socklen_t len = options.imap_listen->ToSockaddr(&ss);
+  impl->listener = evconnlistener_new_bind(
+      base, &Impl::OnAccept, impl.get(),
+      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, -1,
+      reinterpret_cast<const sockaddr*>(&ss), static_cast<int>(len));
+  if (!impl->listener) {
+    return Status::FromErrno(errno, "imap_listen " + options.imap_listen->ToString() +
+                                        " (address in use: is another proxy running?)");
+  }
+  impl->bound = *options.imap_listen;
+  sockaddr_storage got{};
+  socklen_t got_len = sizeof got;
+  if (getsockname(evconnlistener_get_fd(impl->listener), reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
+    impl->bound.port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
+                                                      : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+  }
+  return std::make_unique<ImapProxy>(std::move(impl));
+}
+
+ImapProxy::ImapProxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ImapProxy::~ImapProxy() = default;
+const ListenAddress& ImapProxy::address() const { return impl_->bound; }
+const ImapProxyStats& ImapProxy::stats() const { return impl_->stats; }
+
+}  // namespace ghost

@@ -1,0 +1,121 @@
+// ImapProxy: ghostproxy as an IMAP proxy for mail clients (issue 14; DESIGN §3.4: the mail
+// application reads each body from the cache or the server by cost).
+//
+// A client connects to `imap_listen`; the proxy opens one connection to `imap_origin` for it
+// and relays both ways. The client logs in with its own credentials (LOGIN or AUTHENTICATE
+// PLAIN), which go to the server unchanged: the proxy keeps no password, only the user name
+// (for the cache keys). What the proxy does not need to understand passes through unchanged,
+// framed by proxy/imap_wire.h (segments and streamed literals, bounded memory).
+//
+// What it acts on:
+//   - CAPABILITY (untagged or as a response code): COMPRESS=, STARTTLS, QRESYNC and AUTH=
+//     mechanisms other than PLAIN are removed (imap_wire.h FilterCapabilities); COMPRESS and
+//     STARTTLS commands are refused locally.
+//   - A whole-body FETCH of one message (FETCH n / UID FETCH u with BODY[], BODY.PEEK[] or
+//     RFC822, UID besides at most), sent while no other command of the client is outstanding:
+//     the body's cache key is the Maildir view's (fs/mail_tree.cc MailTree::BodyKey:
+//     ORIGIN-URL-WITH-USER + mailbox + ";UIDVALIDITY=v;UID=u", the origin URL being
+//     --imap-origin with "USER@" inserted, so a ghostfs mail origin written as
+//     imap://USER@HOST:PORT/ shares its bodies with the proxy). The backend's lookup runs the
+//     cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
+//     "* seq FETCH ([UID u ]BODY[] {n}" + the cached bytes itself and completes the command
+//     with "OK ... (Ghost: from the cache)". A non-PEEK fetch so answered still marks the
+//     message \Seen on the server (UID STORE u +FLAGS (\Seen), whose untagged FETCH FLAGS the
+//     client sees). Otherwise the command goes to the server.
+//   - Whole bodies the server sends (BODY[] or RFC822 literals, any FETCH) are stored in the
+//     cache under that key when not cached yet (bodies up to `max_fill` bytes).
+//   - Body fetches forwarded to the server are disclosed to the power manager
+//     (TransferBegin/TransferEnd).
+//   - SELECT/EXAMINE, EXISTS, EXPUNGE: the selected mailbox, its UIDVALIDITY and its
+//     sequence-number -> UID map (read with "UID SEARCH RETURN (ALL) ALL", ESEARCH, under the
+//     proxy's own tag when a body fetch needs it, and kept with EXPUNGE; EXISTS growth or
+//     anything unknown makes it stale).
+//
+// Bad input: a line over the limit or a literal announced over `max_literal` from the client
+// gets "BAD" and "* BYE" and the connection is closed; from the server the client gets
+// "* BYE" and both connections close. Silence in the middle of a line or literal (either
+// side), or a server that does not answer an outstanding command other than IDLE, for
+// `timeout` closes the session the same way.
+//
+// Event model: the proxy's libevent loop, callbacks only. Timers exist only as bufferevent
+// timeouts while a frame or a command is in progress: an idle session, and a client in IDLE,
+// cost no wake-up.
+//
+// Not yet: TLS or STARTTLS toward clients; STARTTLS toward an imap:// server (imaps:// is
+// supported); BINARY[], sections and partials from the cache (they pass through); deferred
+// STORE/EXPUNGE/MOVE/COPY/APPEND; a user name given as a literal (no caching then).
+//
+// Thread-safety: everything on the thread of the event_base.
+#ifndef GHOST_PROXY_IMAP_PROXY_H_
+#define GHOST_PROXY_IMAP_PROXY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/base/status.h"
+#include "common/base/units.h"
+#include "proxy/address.h"
+#include "proxy/cache_backend.h"
+
+struct event_base;
+
+namespace ghost {
+
+// The mail proxy's settings (config keys in brackets; see LoadMailProxyConfig).
+struct MailProxyOptions {
+  // [imap_listen] Where mail clients connect; nullopt: no IMAP proxy.
+  std::optional<ListenAddress> imap_listen;
+  // [imap_origin] imap://HOST:PORT/ or imaps://HOST:PORT/ (no user: each client's own).
+  std::string imap_origin;
+  // [imap_max_line] Bytes of one line from a client; a server's lines may be 64 times longer
+  // (a SEARCH answer over a large mailbox).
+  std::size_t client_max_line = 64 * 1024;
+  std::size_t server_max_line = 4 * 1024 * 1024;
+  // [imap_max_literal] Bytes one literal may announce (either side).
+  Bytes max_literal = 256ull << 20;
+  // Bodies the server sends up to this size are stored in the cache.
+  Bytes max_fill = 64ull << 20;
+  // [imap_timeout] Seconds of silence mid-frame or with a command outstanding.
+  Duration timeout = std::chrono::seconds(60);
+  // Output waiting for one side above which the other side is not read.
+  std::size_t high_watermark = 256 * 1024;
+  Bytes cache_read_slice = 256 * 1024;
+};
+
+struct ImapProxyStats {
+  std::uint64_t sessions = 0;
+  std::uint64_t cache_hits = 0;        // body fetches answered from the cache
+  std::uint64_t forwarded_fetches = 0; // body fetches the proxy could have answered, sent on
+  std::uint64_t fills = 0;             // bodies stored in the cache
+  std::uint64_t seen_stores = 0;       // \Seen sent for fetches answered from the cache
+  std::uint64_t client_errors = 0;     // sessions closed for malformed client input
+  std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
+};
+
+class ImapProxy {
+ public:
+  // Listens on options.imap_listen (required). `base` and `backend` are borrowed and must
+  // outlive the proxy. Fails on a bad origin URL or when the address cannot be bound.
+  [[nodiscard]] static Result<std::unique_ptr<ImapProxy>> Start(event_base* base,
+                                                                CacheBackend* backend,
+                                                                const MailProxyOptions& options);
+  ~ImapProxy();
+  ImapProxy(const ImapProxy&) = delete;
+  ImapProxy& operator=(const ImapProxy&) = delete;
+
+  const ListenAddress& address() const;
+  const ImapProxyStats& stats() const;
+
+  class Impl;
+  explicit ImapProxy(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_PROXY_IMAP_PROXY_H_

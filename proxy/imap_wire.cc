@@ -1,0 +1,419 @@
+// The IMAP proxy's framer and recognizers. See proxy/imap_wire.h.
+#include "proxy/imap_wire.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace ghost::imapwire {
+
+namespace {
+
+bool IEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::toupper(static_cast<unsigned char>(a[i])) != std::toupper(static_cast<unsigned char>(b[i])))
+      return false;
+  }
+  return true;
+}
+
+bool IStartsWith(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && IEquals(s.substr(0, prefix.size()), prefix);
+}
+
+std::string Upper(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+void SkipSpaces(std::string_view* s) {
+  while (!s->empty() && s->front() == ' ') s->remove_prefix(1);
+}
+
+std::string_view Word(std::string_view* s) {
+  SkipSpaces(s);
+  std::size_t end = s->find(' ');
+  if (end == std::string_view::npos) end = s->size();
+  std::string_view w = s->substr(0, end);
+  s->remove_prefix(end);
+  return w;
+}
+
+std::optional<std::uint32_t> Number(std::string_view s) {
+  if (s.empty() || s.size() > 10) return std::nullopt;
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v == 0 || v > 0xffffffffu) return std::nullopt;
+  return static_cast<std::uint32_t>(v);
+}
+
+}  // namespace
+
+std::string_view StripEol(std::string_view line) {
+  if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  return line;
+}
+
+std::optional<std::uint64_t> AnnouncedLiteral(std::string_view line, bool* nonsync, bool* bad) {
+  *bad = false;
+  *nonsync = false;
+  line = StripEol(line);
+  if (line.empty() || line.back() != '}') return std::nullopt;
+  std::size_t open = line.rfind('{');
+  if (open == std::string_view::npos) return std::nullopt;
+  std::string_view inside = line.substr(open + 1, line.size() - open - 2);
+  if (!inside.empty() && inside.back() == '+') {
+    *nonsync = true;
+    inside.remove_suffix(1);
+  }
+  // "{...}" that is not a size ends a line only in a malformed stream (a quoted string cannot
+  // end a line; an atom cannot hold braces).
+  if (inside.empty() || inside.size() > 19 ||
+      !std::all_of(inside.begin(), inside.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    *bad = true;
+    return std::nullopt;
+  }
+  std::uint64_t n = 0;
+  std::from_chars(inside.data(), inside.data() + inside.size(), n);
+  return n;
+}
+
+std::size_t Framer::Next(std::string_view in, Event* ev) {
+  *ev = Event{};
+  if (clear_line_) {
+    line_.clear();
+    clear_line_ = false;
+  }
+  auto fail = [&](std::string why) {
+    state_ = State::kFailed;
+    error_ = std::move(why);
+    ev->kind = Event::Kind::kError;
+    ev->error = error_;
+    return std::size_t{0};
+  };
+  switch (state_) {
+    case State::kFailed:
+      ev->kind = Event::Kind::kError;
+      ev->error = error_;
+      return 0;
+    case State::kLiteral: {
+      if (literal_left_ == 0) {
+        state_ = State::kLine;
+        ev->kind = Event::Kind::kLiteralEnd;
+        return 0;
+      }
+      if (in.empty()) return 0;
+      std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(literal_left_, in.size()));
+      literal_left_ -= n;
+      ev->kind = Event::Kind::kLiteralData;
+      ev->text = in.substr(0, n);
+      return n;
+    }
+    case State::kLine:
+      break;
+  }
+  std::size_t nl = in.find('\n');
+  auto keep_start = [&] {  // for partial(): enough to name the tag
+    if (line_.size() < 256) line_.append(in.substr(0, std::min<std::size_t>(256 - line_.size(), in.size())));
+  };
+  if (nl == std::string_view::npos) {
+    if (line_.size() + in.size() > limits_.max_line) keep_start();
+    if (line_.size() + in.size() > limits_.max_line)
+      return fail("line longer than " + std::to_string(limits_.max_line) + " bytes");
+    line_.append(in);
+    return in.size();
+  }
+  if (line_.size() + nl + 1 > limits_.max_line) keep_start();
+  if (line_.size() + nl + 1 > limits_.max_line)
+    return fail("line longer than " + std::to_string(limits_.max_line) + " bytes");
+  line_.append(in.substr(0, nl + 1));
+  bool nonsync = false, bad = false;
+  std::optional<std::uint64_t> lit = AnnouncedLiteral(line_, &nonsync, &bad);
+  if (bad) return fail("malformed literal size");
+  if (lit && *lit > limits_.max_literal)
+    return fail("literal of " + std::to_string(*lit) + " bytes is over the limit of " +
+                std::to_string(limits_.max_literal));
+  ev->kind = Event::Kind::kSegment;
+  ev->text = line_;
+  ev->first = !continuing_;
+  ev->literal = lit;
+  ev->nonsync = nonsync;
+  continuing_ = lit.has_value();
+  if (lit) {
+    state_ = State::kLiteral;
+    literal_left_ = *lit;
+  }
+  clear_line_ = true;
+  return nl + 1;
+}
+
+std::optional<Command> ParseCommand(std::string_view line) {
+  std::string_view s = StripEol(line);
+  Command c;
+  std::string_view tag = Word(&s);
+  if (tag.empty() || tag == "*" || tag == "+") return std::nullopt;
+  c.tag = std::string(tag);
+  std::string_view name = Word(&s);
+  if (name.empty()) return std::nullopt;
+  c.name = Upper(name);
+  if (c.name == "UID") {
+    std::string_view sub = Word(&s);
+    if (sub.empty()) return std::nullopt;
+    c.name += " " + Upper(sub);
+  }
+  SkipSpaces(&s);
+  c.rest = s;
+  return c;
+}
+
+std::optional<std::string> ReadAstring(std::string_view* s) {
+  SkipSpaces(s);
+  if (s->empty()) return std::nullopt;
+  if (s->front() == '"') {
+    std::string out;
+    for (std::size_t i = 1; i < s->size(); ++i) {
+      char c = (*s)[i];
+      if (c == '\\') {
+        if (++i >= s->size()) return std::nullopt;
+        out += (*s)[i];
+      } else if (c == '"') {
+        s->remove_prefix(i + 1);
+        return out;
+      } else {
+        out += c;
+      }
+    }
+    return std::nullopt;
+  }
+  if (s->front() == '{') return std::nullopt;
+  std::size_t end = 0;
+  while (end < s->size()) {
+    char c = (*s)[end];
+    if (c == ' ' || c == '(' || c == ')' || c == '"' || c == '{' || c < 0x20 || c == 0x7f) break;
+    ++end;
+  }
+  if (end == 0) return std::nullopt;
+  std::string out(s->substr(0, end));
+  s->remove_prefix(end);
+  return out;
+}
+
+std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
+  rest = StripEol(rest);
+  BodyFetch f;
+  std::string_view num = Word(&rest);
+  std::optional<std::uint32_t> n = Number(num);
+  if (!n) return std::nullopt;
+  f.number = *n;
+  SkipSpaces(&rest);
+  bool parens = !rest.empty() && rest.front() == '(';
+  if (parens) {
+    if (rest.back() != ')') return std::nullopt;
+    rest = rest.substr(1, rest.size() - 2);
+  }
+  int bodies = 0;
+  while (true) {
+    std::string_view w = Word(&rest);
+    if (w.empty()) break;
+    if (!parens && bodies > 0) return std::nullopt;
+    if (IEquals(w, "UID")) continue;
+    // A partial: BODY[]<start.count> or BODY.PEEK[]<start.count>.
+    if (std::size_t lt = w.find("[]<"); lt != std::string_view::npos && w.back() == '>') {
+      std::string_view range = w.substr(lt + 3, w.size() - lt - 4);
+      std::size_t dot = range.find('.');
+      if (dot == std::string_view::npos) return std::nullopt;
+      std::string_view a = range.substr(0, dot), b = range.substr(dot + 1);
+      auto digits = [](std::string_view d) {
+        return !d.empty() && d.size() <= 10 &&
+               std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (!digits(a) || !digits(b)) return std::nullopt;
+      std::uint64_t start = 0, count = 0;
+      std::from_chars(a.data(), a.data() + a.size(), start);
+      std::from_chars(b.data(), b.data() + b.size(), count);
+      if (count == 0) return std::nullopt;
+      f.partial = std::make_pair(start, count);
+      w = w.substr(0, lt + 2);
+      if (IEquals(w, "RFC822")) return std::nullopt;
+    }
+    if (IEquals(w, "BODY[]")) {
+      f.item = BodyFetch::Item::kBody;
+    } else if (IEquals(w, "BODY.PEEK[]")) {
+      f.item = BodyFetch::Item::kBodyPeek;
+    } else if (IEquals(w, "RFC822")) {
+      f.item = BodyFetch::Item::kRfc822;
+    } else {
+      return std::nullopt;
+    }
+    ++bodies;
+  }
+  if (bodies != 1) return std::nullopt;
+  return f;
+}
+
+std::optional<BodyPrefix> ParseBodyPrefix(std::string_view segment) {
+  std::string_view s = StripEol(segment);
+  if (!s.starts_with("* ")) return std::nullopt;
+  s.remove_prefix(2);
+  std::optional<std::uint32_t> seq = Number(Word(&s));
+  if (!seq) return std::nullopt;
+  if (!IEquals(Word(&s), "FETCH")) return std::nullopt;
+  SkipSpaces(&s);
+  if (s.empty() || s.front() != '(') return std::nullopt;
+  s.remove_prefix(1);
+  bool nonsync = false, bad = false;
+  std::optional<std::uint64_t> size = AnnouncedLiteral(s, &nonsync, &bad);
+  if (!size || nonsync) return std::nullopt;
+  std::string_view items = s.substr(0, s.rfind('{'));
+  // The literal must belong to a whole-body item: the last word before it.
+  std::string_view head = items;
+  while (!head.empty() && head.back() == ' ') head.remove_suffix(1);
+  std::size_t sp = head.rfind(' ');
+  std::string_view item = sp == std::string_view::npos ? head : head.substr(sp + 1);
+  if (!IEquals(item, "BODY[]") && !IEquals(item, "RFC822")) return std::nullopt;
+  BodyPrefix p;
+  p.seq = *seq;
+  p.size = *size;
+  // Earlier items are simple (UID n, FLAGS (...), RFC822.SIZE n ...): find "UID n" as words.
+  std::string_view rest = head.substr(0, sp == std::string_view::npos ? 0 : sp);
+  std::string_view prev;
+  while (true) {
+    std::string_view w = Word(&rest);
+    if (w.empty()) break;
+    if (IEquals(prev, "UID")) {
+      std::string_view digits = w;
+      while (!digits.empty() && digits.back() == ')') digits.remove_suffix(1);
+      p.uid = Number(digits);
+    }
+    // "(UID" at the start of a parenthesized list cannot occur here (we removed '('), but
+    // FLAGS lists may hold "UID"-looking atoms only as flags with a backslash or keywords.
+    prev = w;
+  }
+  return p;
+}
+
+std::optional<std::uint32_t> UntaggedNumber(std::string_view line, std::string_view keyword) {
+  std::string_view s = StripEol(line);
+  if (!s.starts_with("* ")) return std::nullopt;
+  s.remove_prefix(2);
+  std::string_view num = Word(&s);
+  std::optional<std::uint32_t> n;
+  if (num == "0") {
+    n = 0;
+  } else {
+    n = Number(num);
+  }
+  if (!n) return std::nullopt;
+  if (!IEquals(Word(&s), keyword)) return std::nullopt;
+  SkipSpaces(&s);
+  if (!s.empty()) return std::nullopt;
+  return n;
+}
+
+std::optional<std::uint32_t> UidValidity(std::string_view line) {
+  std::string_view s = StripEol(line);
+  if (!s.starts_with("* ")) return std::nullopt;
+  std::string upper = Upper(s);
+  std::size_t at = upper.find("[UIDVALIDITY ");
+  if (at == std::string::npos) return std::nullopt;
+  std::string_view v = s.substr(at + 13);
+  std::size_t close = v.find(']');
+  if (close == std::string_view::npos) return std::nullopt;
+  return Number(v.substr(0, close));
+}
+
+std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std::string_view tag,
+                                                      std::size_t max_uids) {
+  std::string_view s = StripEol(line);
+  if (!IStartsWith(s, "* ESEARCH (TAG \"")) return std::nullopt;
+  s.remove_prefix(16);
+  if (!s.starts_with(tag) || s.substr(tag.size()).substr(0, 2) != "\")") return std::nullopt;
+  s.remove_prefix(tag.size() + 2);
+  std::vector<std::uint32_t> uids;
+  if (!IEquals(Word(&s), "UID")) return std::nullopt;
+  std::string_view key = Word(&s);
+  if (key.empty()) return uids;
+  if (!IEquals(key, "ALL")) return std::nullopt;
+  std::string_view set = Word(&s);
+  while (!set.empty()) {
+    std::size_t comma = set.find(',');
+    std::string_view part = set.substr(0, comma);
+    set = comma == std::string_view::npos ? std::string_view() : set.substr(comma + 1);
+    std::size_t colon = part.find(':');
+    std::optional<std::uint32_t> a = Number(part.substr(0, colon));
+    std::optional<std::uint32_t> b = colon == std::string_view::npos ? a : Number(part.substr(colon + 1));
+    if (!a || !b) return std::nullopt;
+    std::uint32_t lo = std::min(*a, *b), hi = std::max(*a, *b);
+    if (hi - lo >= max_uids || uids.size() + (hi - lo) + 1 > max_uids) return std::nullopt;
+    for (std::uint64_t u = lo; u <= hi; ++u) uids.push_back(static_cast<std::uint32_t>(u));
+  }
+  std::sort(uids.begin(), uids.end());
+  uids.erase(std::unique(uids.begin(), uids.end()), uids.end());
+  return uids;
+}
+
+std::string FilterCapabilities(std::string_view line) {
+  std::string_view body = StripEol(line);
+  std::string_view eol = line.substr(body.size());
+  std::string upper = Upper(body);
+  std::size_t start, end;
+  if (upper.starts_with("* CAPABILITY ")) {
+    start = 13;
+    end = body.size();
+  } else if (std::size_t at = upper.find("[CAPABILITY "); at != std::string::npos) {
+    start = at + 12;
+    end = upper.find(']', start);
+    if (end == std::string::npos) return std::string(line);
+  } else {
+    return std::string(line);
+  }
+  std::string kept;
+  bool removed = false;
+  std::string_view caps = body.substr(start, end - start);
+  while (true) {
+    std::string_view w = Word(&caps);
+    if (w.empty()) break;
+    std::string u = Upper(w);
+    if (u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
+        (u.starts_with("AUTH=") && u != "AUTH=PLAIN")) {
+      removed = true;
+      continue;
+    }
+    if (!kept.empty()) kept += ' ';
+    kept += w;
+  }
+  if (!removed) return std::string(line);  // byte for byte what the server said
+  return std::string(body.substr(0, start)) + kept + std::string(body.substr(end)) + std::string(eol);
+}
+
+std::optional<std::string> PlainUser(std::string_view base64) {
+  base64 = StripEol(base64);
+  while (!base64.empty() && base64.back() == ' ') base64.remove_suffix(1);
+  if (base64.empty() || base64.size() % 4 != 0 || base64.size() > 4096) return std::nullopt;
+  std::string out(base64.size() / 4 * 3 + 1, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(base64.data()),
+                          static_cast<int>(base64.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t len = static_cast<std::size_t>(n);
+  // EVP_DecodeBlock counts the padding as zero bytes.
+  if (base64.ends_with("==")) len -= 2;
+  else if (base64.ends_with("=")) len -= 1;
+  out.resize(len);
+  std::size_t first = out.find('\0');
+  if (first == std::string::npos) return std::nullopt;
+  std::size_t second = out.find('\0', first + 1);
+  if (second == std::string::npos) return std::nullopt;
+  std::string authzid = out.substr(0, first);
+  std::string authcid = out.substr(first + 1, second - first - 1);
+  std::fill(out.begin(), out.end(), '\0');  // the password does not linger
+  if (authcid.empty()) return std::nullopt;
+  return authzid.empty() ? authcid : authzid;
+}
+
+}  // namespace ghost::imapwire

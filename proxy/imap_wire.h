@@ -1,0 +1,157 @@
+// imap_wire: the IMAP proxy's view of the byte streams it relays (RFC 3501 §2.2, §4.3, RFC 7888
+// for {n+}). The proxy (proxy/imap_proxy.h) passes through what it need not understand, so it
+// does not parse whole commands and responses: it frames each stream into segments (a line up
+// to CRLF, which may announce a literal) and literal bytes, streamed, never gathered; and it
+// recognizes the few commands and responses it acts on (LOGIN, AUTHENTICATE PLAIN, SELECT,
+// whole-body FETCH, CAPABILITY, EXISTS, EXPUNGE, UIDVALIDITY, ESEARCH).
+//
+// Memory is bounded: a line longer than Limits::max_line, or a literal announced larger than
+// Limits::max_literal (a 1 GB literal, say), is an error the proxy answers with BAD and a close.
+// Literal bytes are handed out as views of the caller's input, never copied.
+//
+// Everything here is pure (no I/O, no libevent), so tests/fuzz/imap_proxy_fuzz.cc runs it.
+// Thread-safety: a Framer is a value used by one thread; the functions are reentrant.
+#ifndef GHOST_PROXY_IMAP_WIRE_H_
+#define GHOST_PROXY_IMAP_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ghost::imapwire {
+
+struct Limits {
+  std::size_t max_line = 64 * 1024;         // bytes of one segment, CRLF included
+  std::uint64_t max_literal = 64ull << 20;  // bytes one literal may announce
+};
+
+struct Event {
+  enum class Kind {
+    kNeedMore,     // everything given was consumed; call again with more input
+    kSegment,      // `text` is one line with its line end; `literal` what it announces
+    kLiteralData,  // `text` is the next bytes of the current literal (a view of the input)
+    kLiteralEnd,   // the current literal is complete; the line continues in the next segment
+    kError,        // `error` says what; the framer stays failed
+  };
+  Kind kind = Kind::kNeedMore;
+  std::string_view text;
+  bool first = false;  // kSegment: begins a new command or response (not a continuation)
+  std::optional<std::uint64_t> literal;  // kSegment: the literal announced at the line's end
+  bool nonsync = false;                  // kSegment: the literal is {n+}
+  std::string error;
+};
+
+// Splits a stream into segments and literals. States:
+//
+//   kLine ──CRLF, no literal──▶ kLine (next segment starts a new command/response)
+//   kLine ──CRLF, {n}──▶ kLiteral ──n bytes──▶ kLiteralEnd event ──▶ kLine (continuation)
+//   any ──line over max_line / literal over max_literal / bad {n}──▶ kFailed (stays)
+class Framer {
+ public:
+  explicit Framer(Limits limits) : limits_(limits) {}
+
+  // Consumes a prefix of `in` and reports one event. Returns how many bytes of `in` were
+  // consumed (0 is possible: kLiteralEnd, kError). Event views stay valid until the next call
+  // and while `in`'s bytes do.
+  std::size_t Next(std::string_view in, Event* ev);
+
+  // Between two commands (or responses): no partial line, no literal in progress.
+  bool AtBoundary() const {
+    return state_ == State::kLine && (line_.empty() || clear_line_) && !continuing_;
+  }
+  bool failed() const { return state_ == State::kFailed; }
+  // The line being read (on an error: its start), and whether it begins a command/response:
+  // for naming the tag of a command that is refused.
+  std::string_view partial() const { return clear_line_ ? std::string_view() : std::string_view(line_); }
+  bool partial_first() const { return !continuing_; }
+  // Inside a literal: bytes still to come.
+  std::uint64_t literal_left() const { return literal_left_; }
+
+ private:
+  enum class State { kLine, kLiteral, kFailed };
+  Limits limits_;
+  State state_ = State::kLine;
+  std::string line_;
+  bool clear_line_ = false;  // line_ was handed out by the last event
+  bool continuing_ = false;  // the next segment continues the current command
+  bool literal_pending_end_ = false;
+  std::uint64_t literal_left_ = 0;
+  std::string error_;
+};
+
+// The literal announced at the end of `line` (line end removed or not): {n} or {n+}.
+// nullopt when there is none; sets *bad when the braces hold something other than a size
+// (then the stream cannot be framed).
+std::optional<std::uint64_t> AnnouncedLiteral(std::string_view line, bool* nonsync, bool* bad);
+
+// The line without its CR LF.
+std::string_view StripEol(std::string_view line);
+
+// A client command's first words: "a1 UID FETCH 5 BODY[]" -> tag "a1", name "UID FETCH"
+// (upper case), rest "5 BODY[]". Fails (nullopt) when there is no tag or no name.
+struct Command {
+  std::string tag;
+  std::string name;
+  std::string_view rest;
+};
+std::optional<Command> ParseCommand(std::string_view line);
+
+// Reads an atom or a quoted string (RFC 3501 astring without literals) from the front of *s,
+// skipping spaces before it; advances *s past it. nullopt on a literal or malformed input.
+std::optional<std::string> ReadAstring(std::string_view* s);
+
+// A FETCH the proxy may answer from the cache: one message and one whole-body item (or a
+// partial of it, BODY[]<start.count>), with UID besides at most. Anything else (ranges, sections, partials, other items, unbalanced
+// parentheses) is nullopt and passes through to the server, which answers it.
+struct BodyFetch {
+  std::uint32_t number = 0;  // a UID for UID FETCH, else a sequence number
+  enum class Item { kBody, kBodyPeek, kRfc822 } item = Item::kBodyPeek;
+  // <start.count> of BODY[] or BODY.PEEK[] (RFC 3501 §6.4.5): count > 0.
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> partial;
+  bool sets_seen() const { return item != Item::kBodyPeek; }
+  // The item's name in the response: BODY[] (for BODY[] and BODY.PEEK[]), BODY[]<start> for a
+  // partial, or RFC822.
+  std::string response_name() const {
+    if (item == Item::kRfc822) return "RFC822";
+    return partial ? "BODY[]<" + std::to_string(partial->first) + ">" : "BODY[]";
+  }
+};
+std::optional<BodyFetch> ParseBodyFetch(std::string_view rest);
+
+// A server's untagged FETCH segment announcing a whole body: "* 3 FETCH (UID 7 BODY[] {512}"
+// or "... RFC822 {512}". seq, the UID when the prefix names it, the body's size.
+struct BodyPrefix {
+  std::uint32_t seq = 0;
+  std::optional<std::uint32_t> uid;
+  std::uint64_t size = 0;
+};
+std::optional<BodyPrefix> ParseBodyPrefix(std::string_view segment);
+
+// Untagged data the proxy tracks for the selected mailbox's sequence-number map.
+// "* 5 EXISTS" / "* 5 EXPUNGE": the number; nullopt otherwise.
+std::optional<std::uint32_t> UntaggedNumber(std::string_view line, std::string_view keyword);
+// "[UIDVALIDITY n]" anywhere in an untagged OK.
+std::optional<std::uint32_t> UidValidity(std::string_view line);
+// "* ESEARCH (TAG "t") UID ALL 1:3,7" for tag `tag`: the UIDs, ascending (empty for no ALL).
+// nullopt when the line is not that tag's ESEARCH or the set is malformed or over max_uids.
+std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std::string_view tag,
+                                                      std::size_t max_uids);
+
+// The line with capabilities the proxy cannot honour while inspecting the stream removed
+// from "* CAPABILITY ..." and from "[CAPABILITY ...]" response codes: COMPRESS=* (the stream
+// would be unreadable), STARTTLS (no TLS toward clients yet), QRESYNC (VANISHED instead of
+// EXPUNGE), AUTH= mechanisms other than PLAIN (the proxy learns the user only from LOGIN and
+// PLAIN). Other lines come back unchanged.
+std::string FilterCapabilities(std::string_view line);
+
+// The user a SASL PLAIN initial response (base64 of authzid NUL authcid NUL password) logs
+// in as: authzid when given, else authcid. The password is not kept. nullopt when malformed.
+std::optional<std::string> PlainUser(std::string_view base64);
+
+}  // namespace ghost::imapwire
+
+#endif  // GHOST_PROXY_IMAP_WIRE_H_

@@ -1,0 +1,107 @@
+// The mail proxy's config keys. See proxy/mail_proxy_config.h.
+#include "proxy/mail_proxy_config.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "common/config/config.h"
+#include "common/config/toml_file.h"
+
+namespace ghost {
+
+bool IsMailProxyKey(std::string_view key) {
+  static const std::set<std::string, std::less<>> kKeys = {
+      "imap_listen", "imap_origin", "imap_max_line", "imap_max_literal", "imap_timeout",
+      "smtp_listen", "smtp_origin", "smtp_outbox", "smtp_deadline", "smtp_outbox_cap"};
+  return kKeys.count(key) > 0;
+}
+
+Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailProxyOptions* o,
+                           SmtpProxyOptions* smtp) {
+  auto bad = [&](const toml::node& n, const std::string& what) {
+    return Status::InvalidArgument(TomlWhere(path, n.source()) + ": " + what);
+  };
+  if (const toml::node* n = t.get("imap_listen")) {
+    auto s = n->value<std::string>();
+    if (!s) return bad(*n, "\"imap_listen\" must be a string such as \"127.0.0.1:1143\"");
+    Result<ListenAddress> la = ListenAddress::Parse(*s);
+    if (!la.ok()) return bad(*n, la.status().message());
+    o->imap_listen = *la;
+  }
+  if (const toml::node* n = t.get("imap_origin")) {
+    auto s = n->value<std::string>();
+    if (!s) return bad(*n, "\"imap_origin\" must be a string such as \"imaps://mail.example:993/\"");
+    o->imap_origin = *s;
+  }
+  for (auto [key, out] : {std::pair<const char*, Bytes*>{"imap_max_literal", &o->max_literal}}) {
+    if (const toml::node* n = t.get(key)) {
+      std::string text;
+      if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
+      else if (auto s = n->value<std::string>()) text = *s;
+      Result<Bytes> b = ParseSize(text);
+      if (!b.ok() || *b == 0) return bad(*n, std::string("\"") + key + "\" must be a size above zero, e.g. \"256M\"");
+      *out = *b;
+    }
+  }
+  if (const toml::node* n = t.get("imap_max_line")) {
+    std::string text;
+    if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
+    else if (auto s = n->value<std::string>()) text = *s;
+    Result<Bytes> b = ParseSize(text);
+    if (!b.ok() || *b < 1024) return bad(*n, "\"imap_max_line\" must be a size of at least 1K");
+    o->client_max_line = *b;
+    o->server_max_line = std::max<std::size_t>(o->server_max_line, *b);
+  }
+  if (const toml::node* n = t.get("imap_timeout")) {
+    auto d = n->value<double>();
+    if (!d || *d <= 0) return bad(*n, "\"imap_timeout\" must be a positive number of seconds");
+    o->timeout = Seconds(*d);
+  }
+  if (const toml::node* n = t.get("smtp_listen")) {
+    auto s = n->value<std::string>();
+    if (!s) return bad(*n, "\"smtp_listen\" must be a string such as \"127.0.0.1:1587\"");
+    Result<ListenAddress> la = ListenAddress::Parse(*s);
+    if (!la.ok()) return bad(*n, la.status().message());
+    smtp->smtp_listen = *la;
+  }
+  for (auto [key, out] : {std::pair<const char*, std::string*>{"smtp_origin", &smtp->smtp_origin},
+                          {"smtp_outbox", &smtp->outbox}}) {
+    if (const toml::node* n = t.get(key)) {
+      auto s = n->value<std::string>();
+      if (!s) return bad(*n, std::string("\"") + key + "\" must be a string");
+      *out = *s;
+    }
+  }
+  if (const toml::node* n = t.get("smtp_deadline")) {
+    auto d = n->value<double>();
+    if (!d || *d <= 0) return bad(*n, "\"smtp_deadline\" must be a positive number of seconds");
+    smtp->deadline = Seconds(*d);
+  }
+  if (const toml::node* n = t.get("smtp_outbox_cap")) {
+    std::string text;
+    if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
+    else if (auto s = n->value<std::string>()) text = *s;
+    Result<Bytes> b = ParseSize(text);
+    if (!b.ok() || *b == 0) return bad(*n, "\"smtp_outbox_cap\" must be a size above zero, e.g. \"1M\"");
+    smtp->cap = *b;
+  }
+  return Status::Ok();
+}
+
+Status ValidateMailProxy(const MailProxyOptions& o, const SmtpProxyOptions& smtp) {
+  if (smtp.smtp_listen && (smtp.smtp_origin.empty() || smtp.outbox.empty())) {
+    return Status::InvalidArgument(
+        "--smtp-listen needs --smtp-origin smtp[s]://HOST:PORT/ and --smtp-outbox DIR");
+  }
+  if (o.imap_listen && o.imap_origin.empty()) {
+    return Status::InvalidArgument(
+        "--imap-listen needs --imap-origin imap[s]://HOST:PORT/ (the IMAP server to relay to)");
+  }
+  if (!o.imap_listen && !o.imap_origin.empty()) {
+    return Status::InvalidArgument("--imap-origin needs --imap-listen HOST:PORT (where mail clients connect)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace ghost

@@ -1,0 +1,39 @@
+// The mail proxy's keys in ghostproxy's config file (proxy/proxy_config.h reads the file and
+// hands these keys here; the fields are MailProxyOptions in proxy/imap_proxy.h):
+//
+//   imap_listen = "127.0.0.1:1143"        # where mail clients connect (no IMAP proxy without it)
+//   imap_origin = "imaps://mail.example:993/"   # the IMAP server (imap:// plain, loopback)
+//   imap_max_line = "64K"                 # bytes of one client line (BAD and close past it)
+//   imap_max_literal = "256M"             # bytes one literal may announce (BAD and close past it)
+//   imap_timeout = 60                     # seconds of silence mid-frame or awaiting an answer
+//   smtp_listen = "127.0.0.1:1587"        # SMTP submission (proxy/smtp_proxy.h)
+//   smtp_origin = "smtps://mail.example:465/"   # or smtp://HOST:587/ (STARTTLS when offered)
+//   smtp_outbox = "/var/spool/ghostproxy/outbox"  # the durable outbox (common/imap/outbox.h)
+//   smtp_deadline = 60                    # seconds mail may wait for the radio
+//   smtp_outbox_cap = "1M"                # waiting bytes past which the outbox is sent
+//
+// Thread-safety: reentrant.
+#ifndef GHOST_PROXY_MAIL_PROXY_CONFIG_H_
+#define GHOST_PROXY_MAIL_PROXY_CONFIG_H_
+
+#include <toml++/toml.h>
+
+#include <string>
+#include <string_view>
+
+#include "common/base/status.h"
+#include "proxy/imap_proxy.h"
+#include "proxy/smtp_proxy.h"
+
+namespace ghost {
+
+bool IsMailProxyKey(std::string_view key);
+// Reads the keys above from `t` (the file `path`); errors name the file, the line and the key.
+[[nodiscard]] Status LoadMailProxyConfig(const toml::table& t, const std::string& path,
+                                         MailProxyOptions* o, SmtpProxyOptions* smtp);
+// Checks the combination: an IMAP listener needs an origin; an SMTP one an origin and an outbox.
+[[nodiscard]] Status ValidateMailProxy(const MailProxyOptions& o, const SmtpProxyOptions& smtp);
+
+}  // namespace ghost
+
+#endif  // GHOST_PROXY_MAIL_PROXY_CONFIG_H_

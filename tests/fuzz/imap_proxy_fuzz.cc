@@ -1,0 +1,115 @@
+// libFuzzer target for the IMAP proxy's stream framing and recognizers (proxy/imap_wire.h).
+// Built and run by tests/fuzz/fuzz.sh.
+//
+// The input is a byte stream from either side. It is framed twice, whole and in pieces whose
+// sizes come from the input's first byte; both must give the same segments, literal bytes and
+// error (what a socket delivers in pieces must not change what the proxy sees). Every segment
+// goes to each recognizer. Checked: no crash, no sanitizer report; a segment never exceeds the
+// line limit; literal bytes never exceed what was announced; FilterCapabilities leaves no
+// COMPRESS= or STARTTLS in a capability line and is idempotent.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "proxy/imap_wire.h"
+
+namespace ghost::imapwire {
+namespace {
+
+void Check(bool ok, const char* what, std::string_view detail) {
+  if (ok) return;
+  std::fprintf(stderr, "imap_proxy_fuzz: %s\n%.*s\n", what, static_cast<int>(detail.size()),
+               detail.data());
+  std::abort();
+}
+
+constexpr Limits kLimits{512, 4096};
+
+void Recognize(std::string_view seg) {
+  if (std::optional<Command> c = ParseCommand(seg)) {
+    std::string_view rest = c->rest;
+    while (ReadAstring(&rest)) {
+    }
+    (void)ParseBodyFetch(c->rest);
+  }
+  (void)ParseBodyPrefix(seg);
+  (void)UntaggedNumber(seg, "EXISTS");
+  (void)UidValidity(seg);
+  (void)EsearchUids(seg, "ghostp1", 10000);
+  (void)PlainUser(seg);
+  std::string f = FilterCapabilities(seg);
+  Check(FilterCapabilities(f) == f, "FilterCapabilities is not idempotent", seg);
+  std::string upper = f;
+  for (char& ch : upper) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (upper.starts_with("* CAPABILITY ")) {
+    std::string_view caps = StripEol(upper).substr(13);
+    while (!caps.empty()) {
+      std::size_t sp = caps.find(' ');
+      std::string_view w = caps.substr(0, sp);
+      Check(!w.starts_with("COMPRESS=") && w != "STARTTLS",
+            "a filtered capability line keeps COMPRESS or STARTTLS", f);
+      if (sp == std::string_view::npos) break;
+      caps.remove_prefix(sp + 1);
+    }
+  }
+}
+
+// The framing of `in` delivered in pieces of `piece` bytes: the structure (segments, literal
+// ends, the error) and the literal bytes, as two comparable strings.
+std::pair<std::string, std::string> Frame(std::string_view in, std::size_t piece, bool recognize) {
+  Framer f(kLimits);
+  std::string out, literals;
+  std::size_t pos = 0;
+  std::uint64_t literal_left = 0;
+  for (int guard = 0; guard < 1'000'000; ++guard) {
+    std::string_view chunk = in.substr(pos, std::min(piece, in.size() - pos));
+    Event ev;
+    std::size_t used = f.Next(chunk, &ev);
+    Check(used <= chunk.size(), "consumed more than given", in);
+    pos += used;
+    switch (ev.kind) {
+      case Event::Kind::kSegment:
+        Check(ev.text.size() <= kLimits.max_line, "segment over the line limit", ev.text);
+        out += ev.first ? "S+" : "S";
+        out += ev.text;
+        if (ev.literal) literal_left = *ev.literal;
+        if (recognize) Recognize(ev.text);
+        break;
+      case Event::Kind::kLiteralData:
+        Check(ev.text.size() <= literal_left, "literal bytes beyond the announced size", in);
+        literal_left -= ev.text.size();
+        literals += ev.text;
+        break;
+      case Event::Kind::kLiteralEnd:
+        Check(literal_left == 0, "literal ended early", in);
+        out += "E";
+        break;
+      case Event::Kind::kError:
+        return {out + "X" + ev.error, literals};
+      case Event::Kind::kNeedMore:
+        if (pos >= in.size()) return {out, literals};
+        break;
+    }
+  }
+  Check(false, "the framer made no progress", in);
+  return {out, literals};
+}
+
+}  // namespace
+}  // namespace ghost::imapwire
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  using namespace ghost::imapwire;
+  if (size == 0) return 0;
+  std::size_t piece = 1 + data[0] % 17;
+  std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
+  auto whole = Frame(in, in.size() + 1, true);
+  auto pieces = Frame(in, piece, false);
+  Check(whole == pieces, "framing depends on how the bytes are split", in);
+  return 0;
+}
