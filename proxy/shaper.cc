@@ -10,6 +10,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 namespace ghost {
@@ -108,9 +110,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   last_arrival_ = start_;
   shaper_ = std::make_unique<DownloadShaper>(so, start_);
   if (ReadTcpInfo(fd_, &info)) {
-    if (info.tcpi_min_rtt > 0 && info.tcpi_min_rtt != ~0u) {
-      shaper_->SetMinRtt(Duration(info.tcpi_min_rtt));
-    }
+    UpdateRtt(info);
     ooo_seen_ = info.tcpi_rcv_ooopack;
   }
 
@@ -167,10 +167,22 @@ std::size_t UpstreamShaper::Queued() const {
   return static_cast<std::size_t>(n);
 }
 
+void UpstreamShaper::UpdateRtt(const tcp_info& info) {
+  // The round trip from an open to its data is the receiver's: tcpi_rcv_rtt (from TCP
+  // timestamps) when the kernel has one. tcpi_min_rtt comes from the few segments this side
+  // sent (the request) and was seen far below the path's RTT on the emulated link.
+  if (info.tcpi_rcv_rtt > 0) {
+    if (!rcv_rtt_min_ || Duration(info.tcpi_rcv_rtt) < *rcv_rtt_min_) rcv_rtt_min_ = Duration(info.tcpi_rcv_rtt);
+    shaper_->SetMinRtt(*rcv_rtt_min_);
+  } else if (info.tcpi_min_rtt > 0 && info.tcpi_min_rtt != ~0u) {
+    shaper_->SetMinRtt(Duration(info.tcpi_min_rtt));
+  }
+}
+
 bool UpstreamShaper::MissingData() {
   tcp_info info;
   if (!ReadTcpInfo(fd_, &info)) return false;
-  if (info.tcpi_min_rtt > 0 && info.tcpi_min_rtt != ~0u) shaper_->SetMinRtt(Duration(info.tcpi_min_rtt));
+  UpdateRtt(info);
   const bool missing = info.tcpi_rcv_ooopack != ooo_seen_;
   ooo_seen_ = info.tcpi_rcv_ooopack;
   return missing;
@@ -202,7 +214,9 @@ bool UpstreamShaper::Observe(TimePoint now, bool woke_readable) {
   if (q > seen_) {
     tcp_info info;
     TimePoint at = now;
-    if (ReadTcpInfo(fd_, &info)) at = now - Millis(info.tcpi_last_data_recv);
+    // Woken by the read event, the data has just come (SO_RCVLOWAT wakes per segment);
+    // from the timer, TCP_INFO says when (to the millisecond) the last segment came.
+    if (!woke_readable && ReadTcpInfo(fd_, &info)) at = now - Millis(info.tcpi_last_data_recv);
     at = std::max(at, last_arrival_);
     const Bytes added = q - seen_;
     seen_ = q;
@@ -244,11 +258,13 @@ void UpstreamShaper::SetReading(bool on) {
 }
 
 void UpstreamShaper::Watch(bool on) {
-  if (on) {
-    const int lowat = static_cast<int>(std::min<std::size_t>(seen_ + 1, lowat_cap_));
+  // Past SO_RCVLOWAT's cap the socket would stay readable: the timer looks instead.
+  if (on && seen_ + 1 > static_cast<std::size_t>(lowat_cap_)) on = false;
+  // Not watching, SO_RCVLOWAT is back to 1: the bufferevent must see every byte when it reads.
+  const int lowat = on ? static_cast<int>(seen_ + 1) : 1;
+  if (lowat != lowat_) {
     setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
-    // Past the cap the socket stays readable: the timer looks instead of the read event.
-    on = seen_ + 1 <= static_cast<std::size_t>(lowat_cap_);
+    lowat_ = lowat;
   }
   if (on == watching_) return;
   watching_ = on;
@@ -256,8 +272,6 @@ void UpstreamShaper::Watch(bool on) {
     event_add(watch_, nullptr);
   } else {
     event_del(watch_);
-    int one = 1;
-    setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
   }
 }
 
@@ -274,6 +288,11 @@ void UpstreamShaper::Step() {
     }
   }
   const bool freely = shaper_->reads_freely();
+  if (std::getenv("GHOST_SHAPER_TRACE")) {
+    std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d\n",
+                 ToSeconds(now), ShaperStateName(shaper_->state()), freely, draining_, awaiting_burst_,
+                 shaper_->wants_open(), Queued(), seen_, paused_, shaper_->card_awake());
+  }
   if (!freely && was_freely_) awaiting_burst_ = Queued() == 0;  // bursts begin
   was_freely_ = freely;
   // Waiting for a burst with the socket empty, the bufferevent reads: its first read ends the

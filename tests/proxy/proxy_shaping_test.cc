@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -347,6 +348,26 @@ TEST_F(ProxyShapingTest, TunnelDownloadIsShapedAndByteIdentical) {
   const std::string got = BodyOf(out);
   EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
   EXPECT_EQ(Stats().shaped_downloads, 1u);
+}
+
+// On an emulated link (scripts/linkemu.sh; GHOST_SHAPING_URL names a large file behind it,
+// GHOST_SHAPING_SHA256 nothing: the bytes are compared by size here), a shaped download goes in
+// bursts and the card model sleeps between them. Skipped without the link.
+TEST_F(ProxyShapingTest, EmulatedLinkDownloadGoesInBursts) {
+  const char* url = std::getenv("GHOST_SHAPING_URL");
+  if (url == nullptr) GTEST_SKIP() << "GHOST_SHAPING_URL not set (needs scripts/linkemu.sh)";
+  ProxyOptions o = Options(ShapeMode::kAlways);
+  if (const char* buffer = std::getenv("GHOST_SHAPING_BUFFER")) o.shaping.buffer = std::atoi(buffer);
+  StartProxy(o);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = Exchange(std::string("GET ") + url + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ShapingStats s = Stats();
+  std::printf("%.3f s, %zu bytes: %s\n", secs, BodyOf(out).size(),
+              ShapingStatusJson(ShapingOptions{}, s).c_str());
+  EXPECT_EQ(s.shaped_downloads, 1u);
+  EXPECT_GT(s.bursts, 10u);
+  EXPECT_GT(ToSeconds(s.sleep), 0.2 * secs);
 }
 
 }  // namespace
