@@ -758,6 +758,7 @@ void ClientConnection::StartTunnel() {
   ++proxy_->transfers_in_progress;
   tunnel_ = std::make_unique<OriginConn>(proxy_, hp->host, hp->port);
   tunnel_->SetOwner(this);
+  if (proxy_->options.shaping.mode != ShapeMode::kOff) tunnel_->FixBufferAtConnect();
   ++proxy_->stats.origin_connections;
   state_ = State::kTunnelConnecting;
   tunnel_->Connect();
@@ -841,11 +842,11 @@ void ClientConnection::RelayTunnel() {
   } else {
     bufferevent_enable(bev_.get(), EV_READ);
   }
-  if (evbuffer_get_length(output()) > high) {
-    bufferevent_disable(tunnel_->bev(), EV_READ);
-  } else {
-    bufferevent_enable(tunnel_->bev(), EV_READ);
+  // Download shaping of the server-to-client direction once it is large (proxy/shaper.h).
+  if (!tunnel_->shaping() && tunnel_bytes_down_ >= proxy_->options.shaping.threshold) {
+    tunnel_->StartShaping(0);
   }
+  tunnel_->PauseReading(evbuffer_get_length(output()) > high);
 }
 
 void ClientConnection::OnTunnelIdle() {
@@ -870,6 +871,7 @@ void ClientConnection::CloseTunnelWhenFlushed() {
     tunnel_closing_ = true;
     bufferevent_disable(bev_.get(), EV_READ);
     if (tunnel_) {
+      tunnel_->StopShaping();
       bufferevent_disable(tunnel_->bev(), EV_READ);
       bufferevent_setwatermark(tunnel_->bev(), EV_WRITE, 0, 0);
     }

@@ -450,6 +450,11 @@ void ClientConnection::OnOriginHead() {
   WriteResponseHead(h.status, h.reason, std::move(fields), "network", framing, body_follows,
                     /*defer=*/false);
   if (framing == Exchange::Framing::kLength && ex.transfer_open) StartCardData(h.content_length);
+  // Download shaping (proxy/shaper.h): a large declared length from the network.
+  if (framing == Exchange::Framing::kLength && ex.origin && !ex.discard_origin_body &&
+      h.content_length > proxy_->options.shaping.threshold) {
+    ex.origin->StartShaping(h.content_length);
+  }
 }
 
 void ClientConnection::StartCardData(Bytes body_bytes) {
@@ -496,10 +501,15 @@ void ClientConnection::OnOriginBody(std::string_view data) {
     data.remove_suffix(1);
   }
   WriteBody(data);
+  // Download shaping: an unknown length that has grown past the threshold.
+  if (ex.origin && !ex.origin->shaping() &&
+      ex.origin_body_bytes >= proxy_->options.shaping.threshold) {
+    ex.origin->StartShaping(0);
+  }
   if (ClientBackedUp() && !ex.origin_paused && ex.origin) {
     // A slow client: stop reading the origin (its window closes) until half has drained.
     ex.origin_paused = true;
-    bufferevent_disable(ex.origin->bev(), EV_READ);
+    ex.origin->PauseReading(true);
   }
 }
 
@@ -508,7 +518,7 @@ void ClientConnection::OnClientDrained() {
   Exchange& ex = *ex_;
   if (ex.origin_paused && ex.origin && !ClientBackedUp()) {
     ex.origin_paused = false;
-    bufferevent_enable(ex.origin->bev(), EV_READ);
+    ex.origin->PauseReading(false);
     OnOriginReadable(/*force=*/false);
   }
   if (ex_ && ex_->step == Exchange::Step::kCacheBody && !ex_->cache_read_in_flight &&

@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
   std::size_t max_connections = 0;
   std::size_t max_per_client = 0;
   double preempt_after = 0, request_timeout = 0;
+  std::string shape;
+  double shape_max_slowdown = 0;
+  int shape_knob = -1;
   CLI::App app{
       "ghostproxy: an HTTP/1.1 forward proxy for browsers and other HTTP clients that shares the\n"
       "cache of a running ghostfs (common/DESIGN.md §3.4, §4).\n\n"
@@ -111,6 +114,19 @@ int main(int argc, char** argv) {
                  "the submission server: smtps://HOST:465/ or smtp://HOST:587/ (STARTTLS when "
                  "offered)");
   app.add_option("--smtp-outbox", smtp_outbox, "the directory of the durable outbox");
+  app.add_option("--shape", shape,
+                 "download shaping of large responses and CONNECT downloads, so the network card "
+                 "can sleep between bursts (DESIGN §3.6): auto (when the eq. 4 cost at the knob "
+                 "says it pays; the default), always, or off")
+      ->check(CLI::IsMember({"auto", "always", "off"}));
+  app.add_option("--shape-max-slowdown", shape_max_slowdown,
+                 "never shape a download slower than this factor of plain TCP (default from the "
+                 "knob: 3 at K=0, 2 at K=50, 1 at K=100)")
+      ->check(CLI::Range(1.0, 100.0));
+  app.add_option("--shape-knob", shape_knob,
+                 "the knob K (0 saves energy, 100 favours performance) the shaping decision uses "
+                 "(default 50; K=100 never shapes)")
+      ->check(CLI::Range(0, 100));
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -143,6 +159,9 @@ int main(int argc, char** argv) {
   if (per_client_opt->count() > 0) o.proxy.max_connections_per_client = max_per_client;
   if (preempt_after > 0) o.proxy.preempt_after = ghost::Seconds(preempt_after);
   if (request_timeout > 0) o.proxy.request_timeout = ghost::Seconds(request_timeout);
+  if (!shape.empty()) o.proxy.shaping.mode = *ghost::ParseShapeMode(shape.c_str());
+  if (shape_max_slowdown > 0) o.proxy.shaping.max_slowdown = shape_max_slowdown;
+  if (shape_knob >= 0) o.proxy.shaping.knob = shape_knob;
   if (!memory_cache.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);
     if (!b.ok()) return fail("--memory-cache: " + b.status().message(), 2);

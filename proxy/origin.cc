@@ -75,7 +75,34 @@ OriginConn::~OriginConn() {
   if (resolve_ != nullptr) resolve_->conn = nullptr;  // the posted result only frees itself
 }
 
-void OriginConn::SetOwner(ClientConnection* owner) { owner_ = owner; }
+void OriginConn::SetOwner(ClientConnection* owner) {
+  if (owner == nullptr) {
+    StopShaping();
+    read_paused_ = false;
+  }
+  owner_ = owner;
+}
+
+void OriginConn::StartShaping(Bytes size) {
+  const ShapingOptions& o = proxy_->options.shaping;
+  if (shaper_ || !bev_ || state_ != State::kOpen || o.mode == ShapeMode::kOff) return;
+  shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed_buffer_,
+                                             &proxy_->stats.shaping);
+  if (read_paused_) shaper_->SetPaused(true);
+}
+
+void OriginConn::StopShaping() { shaper_.reset(); }  // reads again unless paused
+
+void OriginConn::PauseReading(bool paused) {
+  read_paused_ = paused;
+  if (shaper_) {
+    shaper_->SetPaused(paused);
+  } else if (paused) {
+    bufferevent_disable(bev_.get(), EV_READ);
+  } else {
+    bufferevent_enable(bev_.get(), EV_READ);
+  }
+}
 
 void OriginConn::Connect() {
   in_connect_ = true;
@@ -151,8 +178,15 @@ void OriginConn::OnResolved(evutil_socket_t, short, void* arg) {
 void OriginConn::TryNextAddress() {
   while (next_address_ < addresses_.size()) {
     const sockaddr_storage& ss = addresses_[next_address_++];
-    bev_.reset(bufferevent_socket_new(proxy_->base, -1, BEV_OPT_CLOSE_ON_FREE));
+    evutil_socket_t fd = -1;
+    if (fixed_buffer_) {
+      // Download shaping: the receive buffer must be fixed before the SYN (TESTING.md).
+      fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd >= 0) SetShapingBuffer(fd, proxy_->options.shaping.buffer);
+    }
+    bev_.reset(bufferevent_socket_new(proxy_->base, fd, BEV_OPT_CLOSE_ON_FREE));
     if (!bev_) {
+      if (fd >= 0) evutil_closesocket(fd);
       last_connect_error_ = Status::Internal("cannot create a socket event");
       continue;
     }

@@ -380,6 +380,7 @@ std::string Impl::StatusJson() const {
         {"reuses", s.origin_reuses},
         {"idle", idle_origin_count()},
         {"transfers_in_progress", transfers_in_progress}}},
+      {"shaping", json::parse(ShapingStatusJson(options.shaping, s.shaping))},
   };
   return j.dump(2) + "\n";
 }
@@ -433,6 +434,7 @@ std::string Impl::MetricsText() const {
   metric("ghostproxy_transfers_in_progress", "gauge",
          "Origin transfers disclosed to the power manager and not yet ended.",
          {{"", transfers_in_progress}});
+  out += ShapingMetricsText(s.shaping);
   return out;
 }
 

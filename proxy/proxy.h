@@ -47,6 +47,7 @@
 #include "proxy/address.h"
 #include "proxy/cache_backend.h"
 #include "proxy/http1.h"
+#include "proxy/shaper.h"
 
 struct event_base;
 
@@ -118,6 +119,8 @@ struct ProxyOptions {
   // Wall-clock Unix seconds, for HTTP dates and freshness; empty: the system clock. Tests
   // move it to age cached responses without sleeping.
   std::function<std::int64_t()> unix_now;
+  // Download shaping of large responses and of tunnels' downloads (proxy/shaper.h).
+  ShapingOptions shaping;
 };
 
 // Counters behind /ghost/status and /ghost/metrics.
@@ -140,6 +143,7 @@ struct ProxyStats {
   std::uint64_t origin_connections = 0;  // opened
   std::uint64_t origin_reuses = 0;       // requests sent on a pooled connection
   std::uint64_t timeouts = 0;            // client timeouts (408 or dropped)
+  ShapingStats shaping;
 };
 
 class Proxy {

@@ -36,7 +36,12 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "max_idle_per_origin",
                                               "heuristic_freshness",
                                               "high_watermark",
-                                              "memory_cache"};
+                                              "memory_cache",
+                                              "shape",
+                                              "shape_knob",
+                                              "shape_max_slowdown",
+                                              "shape_threshold",
+                                              "shape_buffer"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str())) && !IsMailProxyKey(k.str())) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" +
@@ -172,6 +177,33 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = seconds("origin_idle_timeout", &p.origin_idle_timeout)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &p.heuristic_freshness)).ok()) return s;
   if (!(s = LoadMailProxyConfig(t, path, &o->mail, &o->smtp)).ok()) return s;
+  // Download shaping (proxy/shaper.h).
+  std::string shape;
+  if (!(s = str("shape", &shape)).ok()) return s;
+  if (!shape.empty()) {
+    std::optional<ShapeMode> m = ParseShapeMode(shape.c_str());
+    if (!m) return bad(*t.get("shape"), "\"shape\" must be \"auto\", \"off\" or \"always\"");
+    p.shaping.mode = *m;
+  }
+  if (const toml::node* n = t.get("shape_knob")) {
+    auto k = n->value<std::int64_t>();
+    if (!k || !n->is_integer() || *k < 0 || *k > 100)
+      return bad(*n, "\"shape_knob\" must be an integer in 0..100");
+    p.shaping.knob = static_cast<int>(*k);
+  }
+  if (const toml::node* n = t.get("shape_max_slowdown")) {
+    auto d = n->value<double>();
+    if (!d || *d < 1) return bad(*n, "\"shape_max_slowdown\" must be a number ≥ 1 (1.5: 50% slower)");
+    p.shaping.max_slowdown = *d;
+  }
+  if (!(s = size("shape_threshold", &p.shaping.threshold)).ok()) return s;
+  std::size_t buffer = 0;
+  if (!(s = size("shape_buffer", &buffer)).ok()) return s;
+  if (buffer > 0) {
+    if (buffer < 4096 || buffer > (64u << 20))
+      return bad(*t.get("shape_buffer"), "\"shape_buffer\" must be between 4K and 64M");
+    p.shaping.buffer = static_cast<int>(buffer);
+  }
   return Status::Ok();
 }
 

@@ -159,6 +159,17 @@ class OriginConn {
   bool reused = false;  // has carried an earlier exchange (a failure may be a stale socket)
   ClientConnection* owner() const { return owner_; }
 
+  // Download shaping (proxy/shaper.h). Before Connect: fix the receive buffer at connect
+  // (tunnels, --shape always). StartShaping shapes what this connection reads from now on
+  // (`size`: the declared length, 0 unknown; nothing with --shape off); StopShaping (also on
+  // SetOwner(nullptr)) ends it. PauseReading is the owner's back-pressure: while paused nothing
+  // is read, resumed the shaper decides.
+  void FixBufferAtConnect() { fixed_buffer_ = true; }
+  void StartShaping(Bytes size);
+  void StopShaping();
+  void PauseReading(bool paused);
+  bool shaping() const { return shaper_ != nullptr; }
+
  private:
   struct Resolve;  // a name being resolved (outlives us if we give up on it; see origin.cc)
   static void OnResolved(evutil_socket_t, short, void* arg);
@@ -186,6 +197,9 @@ class OriginConn {
   std::vector<sockaddr_storage> addresses_;
   std::size_t next_address_ = 0;
   ClientConnection* owner_ = nullptr;
+  bool fixed_buffer_ = false;
+  bool read_paused_ = false;
+  std::unique_ptr<UpstreamShaper> shaper_;  // declared after bev_: destroyed before it
 };
 
 // The server state shared by every connection.

@@ -99,6 +99,30 @@ TEST_F(ProxyConfigTest, PerClientLimitZeroMeansOnlyTheGlobalLimit) {
   EXPECT_EQ(o.proxy.max_connections_per_client, 0u);
 }
 
+TEST_F(ProxyConfigTest, ReadsTheShapingKeysAndRejectsBadOnes) {
+  GhostproxyOptions o;
+  const Status s = Load(R"(
+shape = "always"
+shape_knob = 20
+shape_max_slowdown = 1.5
+shape_threshold = "1M"
+shape_buffer = "32K"
+)", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.proxy.shaping.mode, ShapeMode::kAlways);
+  EXPECT_EQ(o.proxy.shaping.knob, 20);
+  EXPECT_DOUBLE_EQ(o.proxy.shaping.max_slowdown, 1.5);
+  EXPECT_EQ(o.proxy.shaping.threshold, 1u << 20);
+  EXPECT_EQ(o.proxy.shaping.buffer, 32 * 1024);
+  for (const char* bad : {"shape = \"sometimes\"\n", "shape_knob = 101\n",
+                          "shape_max_slowdown = 0.5\n", "shape_buffer = \"1K\"\n"}) {
+    GhostproxyOptions other;
+    const Status e = Load(bad, &other);
+    EXPECT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.message().find("shape"), std::string::npos) << e.message();
+  }
+}
+
 TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
   struct Case {
     const char* text;

@@ -1,0 +1,427 @@
+#include "common/power/shaper.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace ghost {
+namespace {
+
+// A lost open is declared when no data came this long after it: two round trips (the window
+// update, then the data) plus Linux's minimum persist interval, after which the sender probes.
+constexpr Duration kLostOpenSlack = Millis(200);
+// A slow-start flight this share of the window means the sender is window-limited, not
+// cwnd-limited: bursts can begin.
+constexpr double kFullFlight = 0.75;
+
+Duration FromSeconds(double s) { return Seconds(s); }
+
+}  // namespace
+
+const char* ShapeModeName(ShapeMode mode) {
+  switch (mode) {
+    case ShapeMode::kOff: return "off";
+    case ShapeMode::kAuto: return "auto";
+    case ShapeMode::kAlways: return "always";
+  }
+  return "?";
+}
+
+std::optional<ShapeMode> ParseShapeMode(const char* text) {
+  if (text == nullptr) return std::nullopt;
+  if (std::strcmp(text, "off") == 0) return ShapeMode::kOff;
+  if (std::strcmp(text, "auto") == 0) return ShapeMode::kAuto;
+  if (std::strcmp(text, "always") == 0) return ShapeMode::kAlways;
+  return std::nullopt;
+}
+
+const char* ShaperStateName(ShaperState state) {
+  switch (state) {
+    case ShaperState::kSlowStart: return "slow-start";
+    case ShaperState::kSaving: return "saving";
+    case ShaperState::kRecovery: return "recovery";
+    case ShaperState::kPlain: return "plain";
+  }
+  return "?";
+}
+
+double DefaultMaxSlowdown(int knob) {
+  knob = std::clamp(knob, 0, 100);
+  return 1.0 + 2.0 * (100 - knob) / 100.0;
+}
+
+ShapingEstimate EstimateShaping(const WnicPowers& wnic, Power base, Bytes size,
+                                const ShapingLink& link) {
+  ShapingEstimate e;
+  const double rtt = ToSeconds(link.min_rtt);
+  const double transfer = static_cast<double>(size) / link.rate_bytes_per_s;
+  const double cycles =
+      std::max(1.0, std::ceil(static_cast<double>(size) / static_cast<double>(link.window)));
+  // Plain TCP is window-limited too when its window is below the bandwidth-delay product: it
+  // then receives a window per round trip with the card idling between.
+  const double plain_rate =
+      link.plain_window > 0
+          ? std::min(link.rate_bytes_per_s, static_cast<double>(link.plain_window) / std::max(rtt, 1e-6))
+          : link.rate_bytes_per_s;
+  const double plain = rtt + static_cast<double>(size) / plain_rate;
+  // Shaped: every window waits a round trip after its open; each but the last is judged
+  // ended after Td.
+  const double shaped = cycles * rtt + transfer + (cycles - 1) * ToSeconds(link.td);
+  const double nap = std::max(0.0, rtt - 2 * ToSeconds(wnic.wake));  // per sleep, wake lead too
+  const double slept = (cycles - 1) * nap;
+  const Energy receiving = (wnic.receive - wnic.idle) * FromSeconds(transfer);
+  e.plain_time = FromSeconds(plain);
+  e.shaped_time = FromSeconds(shaped);
+  e.plain_energy = wnic.idle * FromSeconds(plain) + receiving + base * FromSeconds(plain);
+  e.shaped_energy = wnic.idle * FromSeconds(shaped - slept) + wnic.sleep * FromSeconds(slept) +
+                    receiving + base * FromSeconds(shaped);
+  e.slowdown = plain > 0 ? shaped / plain : 1;
+  return e;
+}
+
+bool ShapingPays(const ShapingEstimate& estimate, int knob, double max_slowdown) {
+  if (knob >= 100) return false;
+  if (estimate.slowdown > max_slowdown) return false;
+  // Eq. 4 of the ghost-hints paper, seconds and joules.
+  auto cost = [knob](Duration t, Energy e) {
+    return knob * ToSeconds(t) + (100 - knob) * e.joules();
+  };
+  return cost(estimate.shaped_time, estimate.shaped_energy) <
+         cost(estimate.plain_time, estimate.plain_energy);
+}
+
+DownloadShaper::DownloadShaper(const ShaperOptions& options, TimePoint start)
+    : options_(options), since_(start) {
+  if (options_.mode == ShapeMode::kOff || options_.knob < 0 || options_.knob > 100 ||
+      options_.mss == 0 || options_.window == 0) {
+    std::fprintf(stderr, "ghost: shaper: bad options (mode off, knob, mss or window)\n");
+    std::abort();
+  }
+  w_ = static_cast<double>(options_.window) / static_cast<double>(options_.mss) + 1;
+}
+
+double DownloadShaper::MaxSlowdown() const {
+  return options_.max_slowdown > 0 ? options_.max_slowdown : DefaultMaxSlowdown(options_.knob);
+}
+
+void DownloadShaper::SetMinRtt(Duration rtt) {
+  if (rtt > Duration::zero()) min_rtt_ = rtt;
+}
+
+Duration DownloadShaper::BurstEndThreshold() const {
+  // DESIGN §3.6: Td(P) = (W − P)·IA + 4·ID, clamped to [3 ms, one-way delay].
+  const Duration low = options_.td_min;
+  const Duration high = std::max(low, min_rtt() / 2);
+  if (!have_ia_) return high;  // no interarrival seen yet: wait as long as allowed
+  double td = std::max(0.0, w_ - burst_packets_) * ia_ + 4 * id_;
+  // Past the paper: while the window is not complete (P < W − 1) more data must still come,
+  // so a gap up to twice the longest recent one inside a burst is not its end. Jitter that
+  // never reorders (the paper's emulator, real Wi-Fi) bunches packets and leaves gaps of
+  // several IA that 4·ID does not cover; ending there costs missed packets.
+  if (burst_packets_ < w_ - 1) td = std::max(td, 2 * gap_max_);
+  return std::clamp(FromSeconds(td), low, high);
+}
+
+bool DownloadShaper::reads_freely() const {
+  return finished_ || stats_.declined || state_ == ShaperState::kSlowStart ||
+         state_ == ShaperState::kPlain;
+}
+
+std::optional<TimePoint> DownloadShaper::NextDeadline() const {
+  if (finished_ || stats_.declined) return std::nullopt;
+  std::optional<TimePoint> next;
+  auto consider = [&next](TimePoint t) {
+    if (!next || t < *next) next = t;
+  };
+  if (in_burst_ && !wants_open_) consider(burst_last_ + BurstEndThreshold());
+  if (wake_at_) consider(*wake_at_);
+  if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
+  return next;
+}
+
+void DownloadShaper::OnTimer(TimePoint now) {
+  if (finished_ || stats_.declined) return;
+  if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
+  if (in_burst_ && !wants_open_) {
+    const TimePoint end = burst_last_ + BurstEndThreshold();
+    if (now >= end) EndBurst(end, burst_last_);
+  }
+  if (opened_at_ && now >= *opened_at_ + 2 * min_rtt() + kLostOpenSlack) {
+    // The window update was lost or the server stalled: nothing came. Stay awake for it.
+    opened_at_.reset();
+    ++stats_.lost_opens;
+    if (!awake_) Wake(now);
+    Judge(false, true, false, 0);
+  }
+}
+
+void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
+  if (finished_ || bytes == 0) return;
+  if (stats_.declined) return;
+  // A deadline that passed before this arrival happened first.
+  if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
+  if (in_burst_ && !wants_open_) {
+    const TimePoint end = burst_last_ + BurstEndThreshold();
+    if (now > end) EndBurst(end, burst_last_);
+  }
+  const double packets =
+      std::ceil(static_cast<double>(bytes) / static_cast<double>(options_.mss));
+  bool missed = false;
+  if (!awake_) {
+    // The model had the card asleep: these packets were missed (a real card would have had
+    // them buffered at the access point or lost them). Wake for the rest.
+    stats_.missed_packets += static_cast<std::uint64_t>(packets);
+    missed = true;
+    Wake(now);
+  }
+  // Data long before the opened window can be back (a retransmission, the tail of a burst
+  // judged ended too early) belongs to the last window, not to the next burst.
+  const bool straggler = expected_ && now < *expected_ - min_rtt() / 4;
+  if (in_burst_ && burst_straggler_ && !straggler) EndBurst(burst_last_, burst_last_);
+  if (!straggler) {
+    opened_at_.reset();
+    expected_.reset();
+  }
+  if (missed) {
+    // The last burst was judged ended too early: it was bigger than its count, so W must not
+    // shrink to it.
+    w_ = std::max(w_, w_before_);
+  }
+  if (in_burst_) {
+    // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
+    const double gap = ToSeconds(now - burst_last_);
+    gap_max_ = std::max(gap_max_, gap);
+    const double sa = gap / packets;
+    if (!have_ia_) {
+      ia_ = sa;
+      id_ = sa / 2;
+      have_ia_ = true;
+    } else {
+      const double sd = std::fabs(sa - ia_);
+      ia_ = 0.875 * ia_ + 0.125 * sa;
+      id_ = 0.75 * id_ + 0.25 * sd;
+    }
+  } else {
+    in_burst_ = true;
+    burst_first_ = now;
+    burst_packets_ = 0;
+    burst_bytes_ = 0;
+    burst_missing_ = false;
+    burst_missed_ = false;
+    burst_straggler_ = straggler;
+  }
+  burst_last_ = now;
+  burst_packets_ += packets;
+  burst_bytes_ += bytes;
+  total_bytes_ += bytes;
+  burst_missing_ = burst_missing_ || missing_data;
+  burst_missed_ = burst_missed_ || missed;
+  // Reading freely, a flight with no gap is cut at each window's worth, so a saturated stream
+  // (which never pauses) is still judged.
+  if (reads_freely() && burst_bytes_ >= options_.window) EndBurst(now, now, /*cut=*/true);
+  AssertInvariants();
+}
+
+void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
+  gap_max_ *= 0.9375;  // the longest gap inside a burst, forgotten over some bursts
+  in_burst_ = false;
+  const double span = ToSeconds(last - burst_first_);
+  // The first packet's bytes arrived before the span began.
+  const double first = std::min(static_cast<double>(burst_bytes_), static_cast<double>(options_.mss));
+  if (span > 0 && burst_packets_ >= 2) rate_ = (static_cast<double>(burst_bytes_) - first) / span;
+  const bool saturated =
+      rate_ > 0 && static_cast<double>(options_.window) >=
+                       options_.saturation * rate_ * ToSeconds(min_rtt());
+  switch (state_) {
+    case ShaperState::kSlowStart:
+      saturated_run_ = saturated ? saturated_run_ + 1 : 0;
+      if (saturated_run_ >= options_.saturated_bursts) {
+        stats_.saturated = true;
+        Enter(ShaperState::kPlain);
+        break;
+      }
+      if (static_cast<double>(burst_bytes_) >= kFullFlight * static_cast<double>(options_.window)) {
+        if (options_.mode == ShapeMode::kAuto) {
+          if (rate_ <= 0 && options_.knob < 100) break;  // no rate yet: judge the next flight
+          const Bytes left = options_.size > total_bytes_
+                                 ? options_.size - total_bytes_
+                                 : std::max<Bytes>(options_.window * 8, total_bytes_);
+          const ShapingEstimate e = EstimateShaping(
+              options_.wnic, options_.base, left,
+              ShapingLink{std::max(rate_, 1.0), min_rtt(), options_.window, options_.td_min,
+                          options_.plain_window});
+          if (!ShapingPays(e, options_.knob, MaxSlowdown())) {
+            stats_.declined = true;
+            Enter(ShaperState::kPlain);
+            break;
+          }
+        }
+        w_ = burst_packets_ + 1;
+        Enter(ShaperState::kSaving);
+      }
+      break;
+    case ShaperState::kSaving:
+    case ShaperState::kRecovery: {
+      if (burst_straggler_) {
+        // The window is open already; the next burst is still due at expected_.
+        if (burst_missed_) Judge(false, true, false, 0);
+        if (state_ == ShaperState::kSaving && awake_ && expected_) {
+          const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
+          if (wake > end + options_.wnic.wake) {
+            Sleep(end);
+            wake_at_ = wake;
+          }
+        }
+        break;
+      }
+      ++stats_.bursts;
+      stats_.burst_bytes += burst_bytes_;
+      wants_open_ = true;
+      Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
+      // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
+      // follows at once, OnOpened moves the wake-up to the real open.
+      if (state_ == ShaperState::kSaving) {
+        const TimePoint wake = end + min_rtt() - options_.wake_lead - options_.wnic.wake;
+        if (wake > end + options_.wnic.wake) {
+          Sleep(end);
+          wake_at_ = wake;
+        }
+      }
+      break;
+    }
+    case ShaperState::kPlain:
+      // Reading freely, a flight that ended in a gap means the link idled: no longer saturated
+      // whatever the (possibly stale) min RTT says.
+      unsaturated_run_ = saturated && cut ? 0 : unsaturated_run_ + 1;
+      if (unsaturated_run_ >= options_.saturated_bursts) {
+        unsaturated_run_ = 0;
+        saturated_run_ = 0;
+        bad_run_ = 0;
+        stats_.saturated = false;
+        Enter(ShaperState::kSlowStart);
+      }
+      break;
+  }
+  AssertInvariants();
+}
+
+void DownloadShaper::Judge(bool missing, bool mistaken, bool saturated, double packets) {
+  if (mistaken) {
+    // The shaper's own mistake (a missed packet, a lost open): three in a row and shaping
+    // costs more than it saves on this connection.
+    ++stats_.bad_bursts;
+    ++bad_run_;
+    if (bad_run_ >= options_.bad_bursts) {
+      Enter(ShaperState::kPlain);
+      return;
+    }
+    Enter(ShaperState::kRecovery);
+  } else if (missing) {
+    // Loss: the retransmission comes about a round trip later; stay awake for it.
+    Enter(ShaperState::kRecovery);
+  } else {
+    bad_run_ = 0;
+    // W: one more than the packets of the last window (the paper). Here W rises at once and
+    // falls by 1/8 of the difference per burst: the closed window makes every complete burst
+    // the same size, a burst cut short by jitter would otherwise shrink W and make Td end the
+    // next one early too (a cascade of missed packets), and a W too large only keeps the card
+    // awake a little longer after a short burst.
+    w_before_ = w_;
+    if (packets + 1 >= w_) {
+      w_ = packets + 1;
+    } else {
+      w_ -= (w_ - (packets + 1)) / 8;
+    }
+    if (state_ == ShaperState::kRecovery) Enter(ShaperState::kSaving);
+  }
+  saturated_run_ = saturated ? saturated_run_ + 1 : 0;
+  if (saturated_run_ >= options_.saturated_bursts) {
+    stats_.saturated = true;
+    Enter(ShaperState::kPlain);
+  }
+}
+
+void DownloadShaper::Enter(ShaperState next) {
+  if (next == state_) return;
+  state_ = next;
+  if (reads_freely()) {
+    // Reading freely: no open to wait for, no nap.
+    wants_open_ = false;
+    opened_at_.reset();
+    expected_.reset();
+  }
+  if (next != ShaperState::kSaving && wake_at_) wake_at_.reset();
+  if (next == ShaperState::kPlain) unsaturated_run_ = 0;
+}
+
+void DownloadShaper::OnOpened(TimePoint now) {
+  if (finished_) return;
+  wants_open_ = false;
+  if (reads_freely()) return;
+  opened_at_ = now;
+  expected_ = now + min_rtt();
+  if (!awake_) {
+    const TimePoint wake = now + min_rtt() - options_.wake_lead - options_.wnic.wake;
+    if (wake <= now) {
+      Wake(now);
+    } else {
+      wake_at_ = wake;
+    }
+  }
+  AssertInvariants();
+}
+
+void DownloadShaper::Sleep(TimePoint now) {
+  if (!awake_) return;
+  stats_.awake += now - since_;
+  since_ = now;
+  awake_ = false;
+  if (listener_) listener_(now, false);
+}
+
+void DownloadShaper::Wake(TimePoint now) {
+  wake_at_.reset();
+  if (awake_) return;
+  stats_.sleep += now - since_;
+  since_ = now;
+  awake_ = true;
+  if (listener_) listener_(now, true);
+}
+
+void DownloadShaper::Finish(TimePoint now) {
+  if (finished_) return;
+  if (in_burst_ && (state_ == ShaperState::kSaving || state_ == ShaperState::kRecovery)) {
+    ++stats_.bursts;
+    stats_.burst_bytes += burst_bytes_;
+  }
+  in_burst_ = false;
+  if (!awake_) Wake(now);
+  stats_.awake += now - since_;
+  since_ = now;
+  finished_ = true;
+  wants_open_ = false;
+  opened_at_.reset();
+  expected_.reset();
+  wake_at_.reset();
+  AssertInvariants();
+}
+
+void DownloadShaper::AssertInvariants() const {
+  auto fail = [](const char* what) {
+    std::fprintf(stderr, "ghost: shaper: broken invariant: %s\n", what);
+    std::abort();
+  };
+  if (!awake_ && state_ != ShaperState::kSaving) fail("the card sleeps outside kSaving");
+  if (!awake_ && !wake_at_) fail("asleep with no wake-up");
+  if (awake_ && wake_at_) fail("a wake-up armed while awake");
+  if (wants_open_ && reads_freely()) fail("an open is wanted while reading freely");
+  if (finished_ && NextDeadline()) fail("a deadline after Finish");
+  if (stats_.declined && state_ != ShaperState::kPlain) fail("declined but still shaping");
+  if (options_.knob >= 100 && options_.mode == ShapeMode::kAuto && state_ == ShaperState::kSaving)
+    fail("shaping at K = 100");
+  if (bad_run_ > options_.bad_bursts) fail("bad-burst run past its limit");
+}
+
+}  // namespace ghost

@@ -1,0 +1,251 @@
+// DownloadShaper: the estimator and state machine of client-centred TCP download shaping
+// (DESIGN §3.6; after Yan, Fan, Papadopoulos, "Client-centred energy and delay analysis for
+// TCP downloads", the shaping paper of DESIGN §1 item 2).
+//
+// The receiver of a large download reads its socket in bursts. While the window is closed it
+// does not read, so the kernel's receive buffer fills and it advertises a zero window; when it
+// judges that a window's worth has arrived (the burst has ended) it drains the socket, a full
+// window opens, and one round trip later the server sends the next window as one burst. The
+// network card sleeps from the burst end until just before the next burst is due. This class
+// decides, from the arrival times the adapter reports, when a burst has ended, when the card
+// may sleep and when it must be awake; it never touches a socket, a timer or a byte of data.
+// The adapter (proxy/shaper.cc, the benchmark's post-mortem model) does the I/O.
+//
+// Burst end (DESIGN §3.6, the paper's eq. for the closed-ack timer). With SA the interarrival
+// time of the latest packet and SD = |SA − IA|:
+//   IA = 7/8·IA + 1/8·SA        ID = 3/4·ID + 1/4·SD
+//   Td(P) = (W − P)·IA + 4·ID,  clamped to [td_min (3 ms), one-way delay = min RTT / 2]
+// P is the packets of the current burst so far, W one more than the packets of the last good
+// window. The burst has ended when no packet came for Td(P) after the last one. The next
+// burst is expected one minimum RTT after the open; the card wakes `wake_lead` before it.
+//
+// States (the paper's, plus the knob's veto):
+//
+//        ┌────────── no longer saturated (3 samples) ────────────┐
+//        v                                                       │
+//   kSlowStart ──flight ≥ ¾ window──> kSaving ──saturated ×3───> kPlain
+//        │  (auto: the eq. 4 cost      │   ^                     ^  ^
+//        │   says no ─> kPlain)   loss or  │ clean burst         │  │
+//        │                         bad v   │                     │  │
+//        │                           kRecovery ──3 bad bursts ───┘  │
+//        └──────────────────── saturated ×3 ────────────────────────┘
+//
+//   state       reads        card between bursts   leaves on
+//   kSlowStart  freely       awake                 a flight of ≥ ¾ window (→ kSaving, or
+//                                                  kPlain when shaping does not pay);
+//                                                  saturated for 3 flights (→ kPlain)
+//   kSaving     in bursts    asleep (end → wake)   loss or a bad burst (→ kRecovery); saturated for
+//                                                  3 bursts (→ kPlain)
+//   kRecovery   in bursts    awake                 a clean burst (→ kSaving); the 3rd bad burst
+//                                                  in a row, or saturated ×3 (→ kPlain)
+//   kPlain      freely       awake                 3 flights not saturated: ended by a gap, or
+//                                                  window < 90% BDP (→ kSlowStart), unless the
+//                                                  knob vetoed shaping (then inert: no timers)
+//
+// Past the paper (each measured on the synthetic link of tests/common/power/shaper_test.cc):
+// W rises at once and falls slowly; while P < W − 1, Td is at least twice the longest recent
+// gap inside a burst (jitter bunches packets); data that comes long before an open can be
+// answered (a retransmission, a tail) is a straggler of the last window, not a new burst.
+//
+// A burst with missing data (the adapter saw out-of-order or retransmitted segments) sends the
+// shaper to kRecovery: the card stays awake for the retransmission, the next clean burst
+// returns to kSaving. A burst is *bad* when the shaper was wrong: a packet arrived while the
+// card slept (a missed packet: the end was predicted too early), or no data came by open +
+// 2·min RTT + 200 ms (a lost open: the window update was lost and the server waits for its
+// persist timer). Loss is the network's doing and is not counted as bad: at 1% loss most
+// bursts of 80 packets lose one, and the paper still shaped there. Saturated: the
+// window is at least 90% of the bandwidth-delay product (rate of the burst × min RTT), so
+// there is no idle time between bursts to sleep in.
+//
+// The knob decides (DESIGN §3.4 eq. 4): in kAuto, shaping continues past slow start only if
+// EstimateShaping() says its `K·time + (100 − K)·energy` is below plain TCP's and its
+// slowdown is within max_slowdown; K = 100 never shapes.
+//
+// Thread-safety: none; one shaper belongs to one download on one thread.
+#ifndef GHOST_COMMON_POWER_SHAPER_H_
+#define GHOST_COMMON_POWER_SHAPER_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "common/base/units.h"
+
+namespace ghost {
+
+// The WNIC of the shaping paper (WaveLAN; DESIGN §3.6): idle 1319, receive 1425, transmit
+// 1675, sleep 177 mW; waking costs 2 ms of idle.
+struct WnicPowers {
+  Power idle = Power::Milliwatts(1319);
+  Power receive = Power::Milliwatts(1425);
+  Power transmit = Power::Milliwatts(1675);
+  Power sleep = Power::Milliwatts(177);
+  Duration wake = Millis(2);
+};
+
+enum class ShapeMode { kOff, kAuto, kAlways };
+const char* ShapeModeName(ShapeMode mode);
+// Parses "off", "auto", "always". Returns nullopt for anything else.
+std::optional<ShapeMode> ParseShapeMode(const char* text);
+
+// The maximum slowdown the knob tolerates when none is configured: 3× at K = 0, 2× at K = 50,
+// 1× (never slower, so never shaped) at K = 100.
+double DefaultMaxSlowdown(int knob);
+
+// What one download costs plain and shaped, from a simple cycle model: shaped, each window W
+// takes one min RTT from the open to its first byte, W / rate to arrive and Td to be judged
+// ended; the card sleeps through the RTT less the wake-up. Plain, the data arrives at `rate`
+// after one RTT with the card awake throughout.
+struct ShapingEstimate {
+  Duration plain_time{};
+  Duration shaped_time{};
+  Energy plain_energy;   // card + base power over plain_time
+  Energy shaped_energy;  // card + base power over shaped_time
+  double slowdown = 1;   // shaped_time / plain_time
+};
+struct ShapingLink {
+  double rate_bytes_per_s = 0;  // bottleneck rate seen by the receiver; > 0
+  Duration min_rtt{};           // > 0
+  Bytes window = 0;             // the shaped receive window in bytes; > 0
+  Duration td = Millis(3);      // burst-end detection delay
+  Bytes plain_window = 0;       // the window plain TCP would have; 0 = never limits it
+};
+ShapingEstimate EstimateShaping(const WnicPowers& wnic, Power base, Bytes size,
+                                const ShapingLink& link);
+// Eq. 4 of the ghost-hints paper: shaping pays when K·t + (100 − K)·E is lower shaped than
+// plain and the slowdown is at most max_slowdown. Always false at K = 100.
+bool ShapingPays(const ShapingEstimate& estimate, int knob, double max_slowdown);
+
+struct ShaperOptions {
+  ShapeMode mode = ShapeMode::kAuto;  // kOff: the adapter makes no shaper at all
+  int knob = 50;                      // 0..100
+  double max_slowdown = 0;            // 0: DefaultMaxSlowdown(knob)
+  Bytes mss = 1448;                   // bytes per packet, to count packets from bytes
+  Bytes window = 120 * 1024;          // what one open window holds (the fixed receive buffer)
+  Bytes size = 0;                     // declared length of the download; 0 = unknown
+  // The window the connection would have unshaped (0: autotuned, never the limit). Shaping
+  // only saves energy against a plain download that idles between windows.
+  Bytes plain_window = 0;
+  Duration td_min = Millis(3);
+  Duration wake_lead = Millis(2);     // wake this long before the next burst is due
+  Duration default_rtt = Millis(100); // until the first min RTT sample
+  double saturation = 0.9;            // window ≥ this × BDP is saturated
+  int saturated_bursts = 3;           // in a row, to leave for plain TCP
+  int bad_bursts = 3;                 // in a row, to leave for plain TCP
+  WnicPowers wnic;
+  Power base = Power::Watts(0);       // the rest of the machine, for the eq. 4 decision
+};
+
+enum class ShaperState { kSlowStart, kSaving, kRecovery, kPlain };
+const char* ShaperStateName(ShaperState state);
+
+struct ShaperStats {
+  std::uint64_t bursts = 0;          // bursts that ended while shaping (saving or recovery)
+  Bytes burst_bytes = 0;             // their bytes (mean burst = burst_bytes / bursts)
+  std::uint64_t bad_bursts = 0;
+  std::uint64_t lost_opens = 0;
+  std::uint64_t missed_packets = 0;  // packets that arrived while the card slept
+  Duration sleep{};                  // time the card was asleep
+  Duration awake{};                  // time the card was awake, from start to Finish
+  bool declined = false;             // the knob said shaping does not pay
+  bool saturated = false;            // left for plain TCP because the link was saturated
+};
+
+class DownloadShaper {
+ public:
+  // Told of every card transition: awake = false at the burst end, true at the wake-up.
+  using CardListener = std::function<void(TimePoint when, bool awake)>;
+
+  // Precondition: options.mode != kOff, 0 ≤ knob ≤ 100, mss > 0, window > 0.
+  DownloadShaper(const ShaperOptions& options, TimePoint start);
+  DownloadShaper(const DownloadShaper&) = delete;
+  DownloadShaper& operator=(const DownloadShaper&) = delete;
+
+  void SetCardListener(CardListener listener) { listener_ = std::move(listener); }
+
+  // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
+  // minimum; the first call may come from the connect handshake). Replaces the last value.
+  void SetMinRtt(Duration rtt);
+
+  // `bytes` (> 0) arrived at `now` (one packet or a batch). `missing_data`: the adapter saw
+  // loss in it (out-of-order or retransmitted segments). Call OnTimer first if a deadline
+  // passed before `now`.
+  void OnArrival(TimePoint now, Bytes bytes, bool missing_data = false);
+
+  // The adapter drained the socket at `now`: the window is open again. Precondition:
+  // wants_open() or reads_freely().
+  void OnOpened(TimePoint now);
+
+  // When OnTimer must run next (burst end if nothing arrives, wake-up, lost open), or nullopt
+  // when nothing is pending. Timers exist only while a download runs.
+  std::optional<TimePoint> NextDeadline() const;
+  // Runs what is due at `now`; harmless when nothing is.
+  void OnTimer(TimePoint now);
+
+  // The download ended (EOF, error, client gone) at `now`: the card is awake again, the
+  // shaper stops. Idempotent.
+  void Finish(TimePoint now);
+
+  // The adapter reads as data comes (slow start, plain TCP) rather than in bursts.
+  bool reads_freely() const;
+  // A burst ended: the adapter should drain the socket and call OnOpened.
+  bool wants_open() const { return wants_open_; }
+  bool card_awake() const { return awake_; }
+  ShaperState state() const { return state_; }
+  const ShaperStats& stats() const { return stats_; }
+  Duration min_rtt() const { return min_rtt_ ? *min_rtt_ : options_.default_rtt; }
+  // Td(P) for the current burst (DESIGN §3.6).
+  Duration BurstEndThreshold() const;
+  double window_packets() const { return w_; }
+  // The rate of the last complete burst or flight, bytes/s (0 before one).
+  double rate() const { return rate_; }
+
+  void AssertInvariants() const;
+
+ private:
+  // `cut`: a flight read freely was cut at a window's worth, not ended by a gap.
+  void EndBurst(TimePoint now, TimePoint last, bool cut = false);
+  void Judge(bool missing, bool mistaken, bool saturated, double packets);
+  void Enter(ShaperState next);
+  void Sleep(TimePoint now);
+  void Wake(TimePoint now);
+  double MaxSlowdown() const;
+
+  ShaperOptions options_;
+  ShaperState state_ = ShaperState::kSlowStart;
+  CardListener listener_;
+  std::optional<Duration> min_rtt_;
+
+  // Estimator (seconds as doubles inside, durations at the edges).
+  double ia_ = 0, id_ = 0;  // EWMAs of interarrival time and its deviation, in seconds
+  bool have_ia_ = false;
+  double gap_max_ = 0;      // longest gap inside recent bursts, seconds (decays per burst)
+  double w_ = 0;            // W: one more than the packets of the last good window
+  double w_before_ = 0;     // W before the last update, restored when that burst missed data
+
+  // The burst (or, reading freely, the flight) in progress.
+  bool in_burst_ = false;
+  TimePoint burst_first_{}, burst_last_{};
+  double burst_packets_ = 0;
+  Bytes burst_bytes_ = 0;
+  Bytes total_bytes_ = 0;
+  bool burst_missing_ = false;
+  bool burst_missed_ = false;
+  bool burst_straggler_ = false;        // data of the last window, after its open
+
+  bool wants_open_ = false;
+  std::optional<TimePoint> opened_at_;   // the open whose burst has not begun
+  std::optional<TimePoint> expected_;    // opened_at_ + min RTT: when its burst is due
+  std::optional<TimePoint> wake_at_;     // while asleep
+  bool awake_ = true;
+  TimePoint since_{};                    // last card transition, for the time totals
+  bool finished_ = false;
+
+  double rate_ = 0;
+  int bad_run_ = 0, saturated_run_ = 0, unsaturated_run_ = 0;
+  ShaperStats stats_;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_POWER_SHAPER_H_

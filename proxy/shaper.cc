@@ -1,0 +1,315 @@
+#include "proxy/shaper.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <linux/sockios.h>
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+namespace ghost {
+
+std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats& s) {
+  nlohmann::json j = {
+      {"mode", ShapeModeName(options.mode)},
+      {"knob", options.knob},
+      {"max_slowdown", options.max_slowdown > 0 ? options.max_slowdown
+                                                : DefaultMaxSlowdown(options.knob)},
+      {"threshold_bytes", options.threshold},
+      {"buffer_bytes", options.buffer},
+      {"shaped_downloads", s.shaped_downloads},
+      {"active", s.active},
+      {"bursts", s.bursts},
+      {"mean_burst_bytes", s.bursts > 0 ? s.burst_bytes / s.bursts : 0},
+      {"missed_packets", s.missed_packets},
+      {"lost_opens", s.lost_opens},
+      {"bad_bursts", s.bad_bursts},
+      {"declined", s.declined},
+      {"saturated", s.saturated},
+      {"sleep_s", ToSeconds(s.sleep)},
+      {"elapsed_s", ToSeconds(s.elapsed)},
+      {"bytes", s.bytes},
+      {"mean_slowdown", s.slowdown_count > 0 ? s.slowdown_sum / s.slowdown_count : 1.0},
+  };
+  return j.dump();
+}
+
+std::string ShapingMetricsText(const ShapingStats& s) {
+  std::string out;
+  auto metric = [&out](const char* name, const char* type, const char* help, const std::string& v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+           name + " " + v + "\n";
+  };
+  metric("ghostproxy_shaped_downloads_total", "counter", "Downloads a shaper ran on.",
+         std::to_string(s.shaped_downloads));
+  metric("ghostproxy_shaped_downloads_active", "gauge", "Shaped downloads running now.",
+         std::to_string(s.active));
+  metric("ghostproxy_shaping_bursts_total", "counter", "Bursts of shaped downloads.",
+         std::to_string(s.bursts));
+  metric("ghostproxy_shaping_burst_bytes_total", "counter", "Bytes in those bursts.",
+         std::to_string(s.burst_bytes));
+  metric("ghostproxy_shaping_missed_packets_total", "counter",
+         "Packets that arrived while the card model slept.", std::to_string(s.missed_packets));
+  metric("ghostproxy_shaping_declined_total", "counter",
+         "Shaped downloads the eq. 4 cost sent back to plain TCP.", std::to_string(s.declined));
+  metric("ghostproxy_shaping_saturated_total", "counter",
+         "Shaped downloads that reverted to plain TCP on a saturated link.",
+         std::to_string(s.saturated));
+  metric("ghostproxy_shaping_sleep_seconds_total", "counter",
+         "Estimated time the network card slept between bursts.", std::to_string(ToSeconds(s.sleep)));
+  metric("ghostproxy_shaping_slowdown", "gauge",
+         "Mean slowdown of shaped downloads against plain TCP at the bursts' rate.",
+         std::to_string(s.slowdown_count > 0 ? s.slowdown_sum / s.slowdown_count : 1.0));
+  return out;
+}
+
+bool SetShapingBuffer(int fd, int bytes) {
+  return fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes) == 0;
+}
+
+namespace {
+
+bool ReadTcpInfo(int fd, tcp_info* info) {
+  socklen_t len = sizeof *info;
+  *info = {};
+  return getsockopt(fd, IPPROTO_TCP, TCP_INFO, info, &len) == 0;
+}
+
+}  // namespace
+
+UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOptions& options,
+                               Bytes size, bool fixed_at_connect, ShapingStats* stats)
+    : clock_(clock), bev_(bev), fd_(bufferevent_getfd(bev)), stats_(stats) {
+  SetShapingBuffer(fd_, options.buffer);  // harmless if it was set before connect
+  int rcvbuf = 0;
+  socklen_t len = sizeof rcvbuf;
+  if (getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) != 0 || rcvbuf <= 0)
+    rcvbuf = 2 * options.buffer;
+  lowat_cap_ = rcvbuf / 2;  // tcp_set_rcvlowat caps SO_RCVLOWAT at half a locked buffer
+
+  ShaperOptions so;
+  so.mode = options.mode == ShapeMode::kOff ? ShapeMode::kAlways : options.mode;
+  so.knob = options.knob;
+  so.max_slowdown = options.max_slowdown;
+  so.size = size;
+  // What one open window holds: measured here as ≈ 0.94 of the doubled buffer (TESTING.md:
+  // ≈ 123 KB with SO_RCVBUF = 64 KiB).
+  so.window = static_cast<Bytes>(rcvbuf) * 15 / 16;
+  so.plain_window = fixed_at_connect ? so.window : 0;
+  tcp_info info;
+  if (ReadTcpInfo(fd_, &info) && info.tcpi_rcv_mss > 0) so.mss = info.tcpi_rcv_mss;
+  if (so.mss < 536) so.mss = 1448;
+  start_ = clock_->Now();
+  last_arrival_ = start_;
+  shaper_ = std::make_unique<DownloadShaper>(so, start_);
+  if (ReadTcpInfo(fd_, &info)) {
+    UpdateRtt(info);
+    ooo_seen_ = info.tcpi_rcv_ooopack;
+  }
+
+  event_base* base = bufferevent_get_base(bev_);
+  watch_ = event_new(base, fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnWatch, this);
+  timer_ = evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
+  evbuffer_add_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
+  ++stats_->shaped_downloads;
+  ++stats_->active;
+  Step();
+}
+
+UpstreamShaper::~UpstreamShaper() {
+  const TimePoint now = clock_->Now();
+  shaper_->Finish(now);
+  evbuffer_remove_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
+  if (watch_) event_free(watch_);
+  if (timer_) event_free(timer_);
+  int one = 1;
+  setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+  if (!paused_) bufferevent_enable(bev_, EV_READ);
+
+  const ShaperStats& s = shaper_->stats();
+  --stats_->active;
+  stats_->bursts += s.bursts;
+  stats_->burst_bytes += s.burst_bytes;
+  stats_->missed_packets += s.missed_packets;
+  stats_->lost_opens += s.lost_opens;
+  stats_->bad_bursts += s.bad_bursts;
+  if (s.declined) ++stats_->declined;
+  if (s.saturated) ++stats_->saturated;
+  stats_->sleep += s.sleep;
+  const Duration elapsed = now - start_;
+  stats_->elapsed += elapsed;
+  stats_->bytes += bytes_;
+  if (shaper_->rate() > 0 && bytes_ > 0 && s.bursts > 0) {
+    // Slowdown against plain TCP at the bursts' rate: one RTT, then the bytes at that rate.
+    const double plain = ToSeconds(shaper_->min_rtt()) + static_cast<double>(bytes_) / shaper_->rate();
+    if (plain > 0) {
+      stats_->slowdown_sum += ToSeconds(elapsed) / plain;
+      ++stats_->slowdown_count;
+    }
+  }
+}
+
+void UpstreamShaper::SetPaused(bool paused) {
+  paused_ = paused;
+  Step();
+}
+
+std::size_t UpstreamShaper::Queued() const {
+  int n = 0;
+  if (ioctl(fd_, SIOCINQ, &n) != 0 || n < 0) return 0;
+  return static_cast<std::size_t>(n);
+}
+
+void UpstreamShaper::UpdateRtt(const tcp_info& info) {
+  // The round trip from an open to its data is the receiver's: tcpi_rcv_rtt (from TCP
+  // timestamps) when the kernel has one. tcpi_min_rtt comes from the few segments this side
+  // sent (the request) and was seen far below the path's RTT on the emulated link.
+  if (info.tcpi_rcv_rtt > 0) {
+    if (!rcv_rtt_min_ || Duration(info.tcpi_rcv_rtt) < *rcv_rtt_min_) rcv_rtt_min_ = Duration(info.tcpi_rcv_rtt);
+    shaper_->SetMinRtt(*rcv_rtt_min_);
+  } else if (info.tcpi_min_rtt > 0 && info.tcpi_min_rtt != ~0u) {
+    shaper_->SetMinRtt(Duration(info.tcpi_min_rtt));
+  }
+}
+
+bool UpstreamShaper::MissingData() {
+  tcp_info info;
+  if (!ReadTcpInfo(fd_, &info)) return false;
+  UpdateRtt(info);
+  const bool missing = info.tcpi_rcv_ooopack != ooo_seen_;
+  ooo_seen_ = info.tcpi_rcv_ooopack;
+  return missing;
+}
+
+void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+  auto* self = static_cast<UpstreamShaper*>(arg);
+  if (info->n_added == 0) return;
+  const TimePoint now = self->clock_->Now();
+  self->bytes_ += info->n_added;  // every byte read from the socket, once
+  if (!self->draining_) {
+    // Reading freely, or the first bytes of a burst after an open: each read is an arrival.
+    self->awaiting_burst_ = false;
+    self->shaper_->OnTimer(now);
+    self->shaper_->OnArrival(now, info->n_added, self->MissingData());
+    self->last_arrival_ = now;
+  } else if (self->Queued() == 0) {
+    // The window is open again: everything queued has been read.
+    self->draining_ = false;
+    self->seen_ = 0;
+    self->awaiting_burst_ = true;
+    self->shaper_->OnOpened(now);
+  }
+  self->Step();
+}
+
+bool UpstreamShaper::Observe(TimePoint now, bool woke_readable) {
+  const std::size_t q = Queued();
+  if (q > seen_) {
+    tcp_info info;
+    TimePoint at = now;
+    // Woken by the read event, the data has just come (SO_RCVLOWAT wakes per segment);
+    // from the timer, TCP_INFO says when (to the millisecond) the last segment came.
+    if (!woke_readable && ReadTcpInfo(fd_, &info)) at = now - Millis(info.tcpi_last_data_recv);
+    at = std::max(at, last_arrival_);
+    const Bytes added = q - seen_;
+    seen_ = q;
+    shaper_->OnTimer(at);
+    shaper_->OnArrival(at, added, MissingData());
+    last_arrival_ = at;
+    return true;
+  }
+  return !woke_readable;
+}
+
+void UpstreamShaper::OnWatch(int, short, void* arg) {
+  auto* self = static_cast<UpstreamShaper*>(arg);
+  const TimePoint now = self->clock_->Now();
+  if (!self->Observe(now, /*woke_readable=*/true)) {
+    // Readable with nothing new: the origin closed or reset. Read, so the owner sees it.
+    self->draining_ = true;
+  }
+  self->shaper_->OnTimer(now);
+  self->Step();
+}
+
+void UpstreamShaper::OnTimerEvent(int, short, void* arg) {
+  auto* self = static_cast<UpstreamShaper*>(arg);
+  const TimePoint now = self->clock_->Now();
+  if (!self->reading_) self->Observe(now, /*woke_readable=*/false);
+  self->shaper_->OnTimer(now);
+  self->Step();
+}
+
+void UpstreamShaper::SetReading(bool on) {
+  if (on == reading_) return;
+  reading_ = on;
+  if (on) {
+    bufferevent_enable(bev_, EV_READ);
+  } else {
+    bufferevent_disable(bev_, EV_READ);
+  }
+}
+
+void UpstreamShaper::Watch(bool on) {
+  // Past SO_RCVLOWAT's cap the socket would stay readable: the timer looks instead.
+  if (on && seen_ + 1 > static_cast<std::size_t>(lowat_cap_)) on = false;
+  // Not watching, SO_RCVLOWAT is back to 1: the bufferevent must see every byte when it reads.
+  const int lowat = on ? static_cast<int>(seen_ + 1) : 1;
+  if (lowat != lowat_) {
+    setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
+    lowat_ = lowat;
+  }
+  if (on == watching_) return;
+  watching_ = on;
+  if (on) {
+    event_add(watch_, nullptr);
+  } else {
+    event_del(watch_);
+  }
+}
+
+void UpstreamShaper::Step() {
+  const TimePoint now = clock_->Now();
+  if (!shaper_->reads_freely() && shaper_->wants_open() && !draining_ && !paused_) {
+    Observe(now, /*woke_readable=*/false);
+    if (Queued() == 0) {
+      seen_ = 0;
+      awaiting_burst_ = true;
+      shaper_->OnOpened(now);
+    } else {
+      draining_ = true;
+    }
+  }
+  const bool freely = shaper_->reads_freely();
+  if (std::getenv("GHOST_SHAPER_TRACE")) {
+    std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d\n",
+                 ToSeconds(now), ShaperStateName(shaper_->state()), freely, draining_, awaiting_burst_,
+                 shaper_->wants_open(), Queued(), seen_, paused_, shaper_->card_awake());
+  }
+  if (!freely && was_freely_) awaiting_burst_ = Queued() == 0;  // bursts begin
+  was_freely_ = freely;
+  // Waiting for a burst with the socket empty, the bufferevent reads: its first read ends the
+  // wait (and its read timeout still catches an origin that stalls between bursts).
+  const bool read = freely || draining_ || awaiting_burst_;
+  SetReading(!paused_ && read);
+  Watch(!paused_ && !read);
+  event_del(timer_);
+  if (std::optional<TimePoint> next = shaper_->NextDeadline()) {
+    const Duration in = std::max(Duration::zero(), *next - now) + Duration(100);
+    timeval tv{static_cast<time_t>(in.count() / 1000000), static_cast<suseconds_t>(in.count() % 1000000)};
+    event_add(timer_, &tv);
+  } else if (!read && !paused_ && !watching_) {
+    // Window closed and past the SO_RCVLOWAT cap with no deadline: look again soon.
+    timeval tv{0, 3000};
+    event_add(timer_, &tv);
+  }
+}
+
+}  // namespace ghost

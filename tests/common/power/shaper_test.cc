@@ -1,0 +1,392 @@
+#include "common/power/shaper.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace ghost {
+namespace {
+
+constexpr Bytes kMss = 1448;
+constexpr Bytes kWindow = 120 * 1024;
+constexpr double kRate20Mbps = 20e6 / 8;  // bytes/s
+
+// A scripted TCP sender behind a bottleneck, in virtual time, driving one DownloadShaper the
+// way the proxy does: while the shaper reads freely the window never limits the sender (its
+// cwnd doubles each round trip up to the window); while it shapes, the sender is blocked by
+// the zero window until the shaper opens it and the next window arrives one RTT later.
+struct LinkSpec {
+  double rate = kRate20Mbps;
+  std::function<Duration(TimePoint)> rtt = [](TimePoint) { return Millis(60); };
+  double loss = 0;             // per packet; the retransmission arrives one RTT later
+  double jitter_mean_ms = 0;   // gamma(shape 2) extra delay per packet, never reordering
+  std::vector<int> lost_opens; // opens (1-based) whose window update is lost
+  Bytes size = 5'000'000;
+  std::uint64_t seed = 7;
+};
+
+struct RunResult {
+  ShaperStats stats;
+  ShaperState final_state{};
+  std::vector<ShaperState> states;  // every state seen, in order (no repeats)
+  Duration time{};
+  int opens = 0;
+};
+
+class SimLink {
+ public:
+  SimLink(const LinkSpec& spec, const ShaperOptions& options)
+      : spec_(spec), shaper_(options, TimePoint{}), rng_(spec.seed) {
+    shaper_.SetMinRtt(spec.rtt(TimePoint{}));
+  }
+
+  DownloadShaper& shaper() { return shaper_; }
+
+  RunResult Run() {
+    RunResult r;
+    r.states.push_back(shaper_.state());
+    ScheduleFlight(TimePoint{} + spec_.rtt(TimePoint{}), 10);
+    while (delivered_ < spec_.size) {
+      if (guard_++ > 10'000'000) {
+        ADD_FAILURE() << "simulation did not finish";
+        break;
+      }
+      const std::optional<TimePoint> deadline = shaper_.NextDeadline();
+      const std::optional<TimePoint> arrival =
+          pending_.empty() ? std::nullopt : std::optional<TimePoint>(pending_.front().at);
+      if (!arrival && !deadline) {
+        if (waiting_open_ || shaper_.wants_open()) {
+          Open(now_, r);
+          continue;
+        }
+        ADD_FAILURE() << "stuck: no arrival and no deadline";
+        break;
+      }
+      if (deadline && (!arrival || *deadline <= *arrival)) {
+        now_ = std::max(now_, *deadline);
+        shaper_.OnTimer(now_);
+      } else {
+        const Packet p = pending_.front();
+        pending_.erase(pending_.begin());
+        now_ = std::max(now_, p.at);
+        shaper_.OnArrival(now_, p.bytes, p.missing);
+        delivered_ += p.bytes;
+        if (pending_.empty() || pending_.front().retransmission) FlightDone();
+      }
+      if (shaper_.wants_open()) Open(now_, r);
+      if (r.states.back() != shaper_.state()) r.states.push_back(shaper_.state());
+    }
+    shaper_.Finish(now_);
+    r.stats = shaper_.stats();
+    r.final_state = shaper_.state();
+    r.time = now_ - TimePoint{};
+    return r;
+  }
+
+ private:
+  struct Packet {
+    TimePoint at;
+    Bytes bytes;
+    bool missing;
+    bool retransmission;
+  };
+
+  void Open(TimePoint now, RunResult& r) {
+    shaper_.OnOpened(now);
+    ++r.opens;
+    if (!waiting_open_) return;
+    waiting_open_ = false;
+    TimePoint first = now + spec_.rtt(now);
+    if (std::find(spec_.lost_opens.begin(), spec_.lost_opens.end(), r.opens) !=
+        spec_.lost_opens.end()) {
+      first = now + Millis(400);  // the sender's zero-window probe finds the open window
+    }
+    ScheduleFlight(first, static_cast<double>(kWindow) / kMss);
+  }
+
+  // The sender's last packet of a flight has arrived: what comes next.
+  void FlightDone() {
+    if (delivered_ >= spec_.size) return;
+    if (shaper_.reads_freely()) {
+      cwnd_ = std::min(cwnd_ * 2, static_cast<double>(kWindow) / kMss);
+      const TimePoint ack_clock = flight_first_ + spec_.rtt(flight_first_);
+      ScheduleFlight(std::max(ack_clock, now_ + Serialise(kMss)), cwnd_);
+    } else {
+      waiting_open_ = true;
+      if (shaper_.wants_open()) return;
+    }
+  }
+
+  Duration Serialise(Bytes b) const { return Seconds(static_cast<double>(b) / spec_.rate); }
+
+  void ScheduleFlight(TimePoint first, double packets) {
+    flight_first_ = first;
+    shaper_.SetMinRtt(spec_.rtt(now_));  // as the kernel's windowed minimum follows the path
+    std::gamma_distribution<double> jitter(2.0, spec_.jitter_mean_ms / 2.0);
+    std::bernoulli_distribution lost(spec_.loss);
+    TimePoint last = TimePoint{};
+    bool hole = false;
+    std::vector<Packet> retrans;
+    Bytes left = spec_.size - std::min(spec_.size, delivered_ + Queued());
+    for (int i = 0; i < static_cast<int>(packets) && left > 0; ++i) {
+      const Bytes b = std::min(kMss, left);
+      left -= b;
+      TimePoint at = first + Serialise(kMss) * i;
+      if (spec_.jitter_mean_ms > 0) at += Millis(jitter(rng_));
+      at = std::max(at, last + Duration(1));  // no reordering
+      last = at;
+      if (spec_.loss > 0 && lost(rng_)) {
+        hole = true;
+        retrans.push_back(Packet{at + spec_.rtt(at), b, false, true});
+        continue;
+      }
+      pending_.push_back(Packet{at, b, hole, false});
+    }
+    for (const Packet& p : retrans) {
+      TimePoint at = std::max(p.at, (pending_.empty() ? p.at : pending_.back().at) + Duration(1));
+      pending_.push_back(Packet{at, p.bytes, false, true});
+    }
+  }
+
+  Bytes Queued() const {
+    Bytes q = 0;
+    for (const Packet& p : pending_) q += p.bytes;
+    return q;
+  }
+
+  LinkSpec spec_;
+  DownloadShaper shaper_;
+  std::mt19937_64 rng_;
+  std::vector<Packet> pending_;
+  TimePoint now_{};
+  TimePoint flight_first_{};
+  double cwnd_ = 10;
+  Bytes delivered_ = 0;
+  bool waiting_open_ = false;
+  std::uint64_t guard_ = 0;
+};
+
+ShaperOptions Options(ShapeMode mode = ShapeMode::kAlways, int knob = 0) {
+  ShaperOptions o;
+  o.mode = mode;
+  o.knob = knob;
+  o.mss = kMss;
+  o.window = kWindow;
+  o.base = Power::Watts(0);
+  return o;
+}
+
+bool Saw(const RunResult& r, ShaperState s) {
+  return std::find(r.states.begin(), r.states.end(), s) != r.states.end();
+}
+
+class DownloadShaperTest : public ::testing::Test {};
+
+TEST_F(DownloadShaperTest, InterarrivalAverageFollowsTheArrivals) {
+  DownloadShaper s(Options(), TimePoint{});
+  s.SetMinRtt(Millis(200));
+  TimePoint t{};
+  for (int i = 0; i < 200; ++i) {
+    t += Millis(1);
+    s.OnArrival(t, kMss);
+  }
+  // Steady 1 ms gaps: IA → 1 ms, ID → 0, so with P = 200 past W the threshold is the floor.
+  EXPECT_EQ(s.BurstEndThreshold(), Millis(3));
+  // Early in a burst (P small against W) the (W − P)·IA term dominates, capped at RTT / 2.
+  DownloadShaper fresh(Options(), TimePoint{});
+  fresh.SetMinRtt(Millis(200));
+  t = TimePoint{};
+  for (int i = 0; i < 20; ++i) {
+    t += Millis(1);
+    fresh.OnArrival(t, kMss);
+  }
+  const double w = fresh.window_packets();
+  const double expected_ms = (w - 20) * 1.0;  // ID ≈ 0 after 19 equal gaps... plus 4·ID
+  EXPECT_GE(ToMillis(fresh.BurstEndThreshold()), expected_ms);
+  EXPECT_LE(ToMillis(fresh.BurstEndThreshold()), 100.0);
+}
+
+TEST_F(DownloadShaperTest, ThresholdIsClampedToOneWayDelay) {
+  DownloadShaper s(Options(), TimePoint{});
+  s.SetMinRtt(Millis(20));
+  TimePoint t{};
+  for (int i = 0; i < 5; ++i) {
+    t += Millis(5);
+    s.OnArrival(t, kMss);
+  }
+  // (W − 5)·5 ms is far above the one-way delay of 10 ms.
+  EXPECT_EQ(s.BurstEndThreshold(), Millis(10));
+}
+
+TEST_F(DownloadShaperTest, NoTimerBeforeTheFirstByteNorAfterFinish) {
+  DownloadShaper s(Options(), TimePoint{});
+  EXPECT_FALSE(s.NextDeadline());
+  s.OnArrival(TimePoint{} + Millis(1), kMss);
+  EXPECT_TRUE(s.NextDeadline());
+  s.Finish(TimePoint{} + Millis(2));
+  EXPECT_FALSE(s.NextDeadline());
+  EXPECT_TRUE(s.card_awake());
+}
+
+TEST_F(DownloadShaperTest, CleanLinkSettlesInSavingAndSleepsBetweenBursts) {
+  SimLink link(LinkSpec{}, Options());
+  std::vector<std::pair<TimePoint, bool>> card;
+  link.shaper().SetCardListener([&](TimePoint t, bool awake) { card.emplace_back(t, awake); });
+  const RunResult r = link.Run();
+  EXPECT_EQ(r.final_state, ShaperState::kSaving);
+  EXPECT_TRUE(Saw(r, ShaperState::kSlowStart));
+  EXPECT_EQ(r.stats.missed_packets, 0u);
+  EXPECT_EQ(r.stats.bad_bursts, 0u);
+  // 5 MB in windows of 120 KiB: about 40 bursts, each about one window.
+  EXPECT_GE(r.stats.bursts, 35u);
+  EXPECT_LE(r.stats.bursts, 45u);
+  const double mean = static_cast<double>(r.stats.burst_bytes) / r.stats.bursts;
+  EXPECT_GT(mean, 0.8 * kWindow);
+  // Each cycle is ~60 ms asleep of ~110 ms: the card sleeps well over a third of the time.
+  EXPECT_GT(ToSeconds(r.stats.sleep), 0.4 * ToSeconds(r.time));
+  // The listener saw alternating sleeps and wake-ups, each sleep before the next burst.
+  ASSERT_GE(card.size(), 2u);
+  for (size_t i = 0; i < card.size(); ++i) EXPECT_EQ(card[i].second, i % 2 == 1);
+}
+
+std::string States(const RunResult& r) {
+  std::string out;
+  for (ShaperState s : r.states) out += std::string(ShaperStateName(s)) + " ";
+  return out;
+}
+
+TEST_F(DownloadShaperTest, LossSendsTheShaperToRecoveryAndBack) {
+  LinkSpec spec;
+  spec.loss = 0.01;
+  SimLink link(spec, Options());
+  const RunResult r = link.Run();
+  EXPECT_TRUE(Saw(r, ShaperState::kRecovery));
+  EXPECT_NE(r.final_state, ShaperState::kPlain);
+  // Recovery stays awake for the retransmissions: they are not missed.
+  EXPECT_EQ(r.stats.missed_packets, 0u);
+  // Most 84-packet bursts lose one at 1%; the card stays awake after those, so it sleeps less
+  // than on a clean link but still a good share of the time.
+  EXPECT_GT(ToSeconds(r.stats.sleep), 0.1 * ToSeconds(r.time));
+  // After recovery, a clean burst brings the shaper back to saving.
+  const auto rec = std::find(r.states.begin(), r.states.end(), ShaperState::kRecovery);
+  EXPECT_NE(std::find(rec, r.states.end(), ShaperState::kSaving), r.states.end());
+}
+
+TEST_F(DownloadShaperTest, GammaJitterMissesUnderOnePacketPerDownload) {
+  std::uint64_t missed = 0;
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    LinkSpec spec;
+    spec.jitter_mean_ms = 2;
+    spec.seed = seed;
+    SimLink link(spec, Options());
+    const RunResult r = link.Run();
+    missed += r.stats.missed_packets;
+    EXPECT_NE(r.final_state, ShaperState::kPlain) << "seed " << seed;
+    EXPECT_GT(r.stats.bursts, 20u) << "seed " << seed;
+  }
+  EXPECT_LT(missed, 10u);
+}
+
+TEST_F(DownloadShaperTest, LostOpenIsDetectedAndTheCardWaitsAwake) {
+  LinkSpec spec;
+  spec.lost_opens = {6};
+  SimLink link(spec, Options());
+  const RunResult r = link.Run();
+  EXPECT_EQ(r.stats.lost_opens, 1u);
+  EXPECT_EQ(r.stats.bad_bursts, 1u);
+  EXPECT_EQ(r.stats.missed_packets, 0u);
+  EXPECT_TRUE(Saw(r, ShaperState::kRecovery));
+  EXPECT_EQ(r.final_state, ShaperState::kSaving);
+}
+
+TEST_F(DownloadShaperTest, SaturatedLinkRevertsToPlainTcp) {
+  // BDP at 20 Mb/s and 40 ms is 100 kB: the 120 KiB window is more than 90% of it.
+  LinkSpec spec;
+  spec.rtt = [](TimePoint) { return Millis(40); };
+  SimLink link(spec, Options());
+  const RunResult r = link.Run();
+  EXPECT_EQ(r.final_state, ShaperState::kPlain);
+  EXPECT_TRUE(r.stats.saturated);
+  EXPECT_TRUE(link.shaper().reads_freely());
+}
+
+TEST_F(DownloadShaperTest, PlainReturnsToShapingWhenNoLongerSaturated) {
+  LinkSpec spec;
+  spec.size = 12'000'000;
+  // Saturated for the first second, then the path lengthens to 120 ms.
+  spec.rtt = [](TimePoint t) { return ToSeconds(t) < 1.0 ? Millis(40) : Millis(120); };
+  SimLink link(spec, Options());
+  const RunResult r = link.Run();
+  const auto plain = std::find(r.states.begin(), r.states.end(), ShaperState::kPlain);
+  ASSERT_NE(plain, r.states.end()) << States(r);
+  EXPECT_NE(std::find(plain, r.states.end(), ShaperState::kSaving), r.states.end()) << States(r);
+  EXPECT_EQ(r.final_state, ShaperState::kSaving) << States(r);
+}
+
+TEST_F(DownloadShaperTest, KnobAtHundredNeverShapes) {
+  SimLink link(LinkSpec{}, Options(ShapeMode::kAuto, 100));
+  const RunResult r = link.Run();
+  EXPECT_TRUE(r.stats.declined);
+  EXPECT_FALSE(Saw(r, ShaperState::kSaving));
+  EXPECT_EQ(r.stats.sleep, Duration::zero());
+  EXPECT_EQ(r.stats.bursts, 0u);
+}
+
+TEST_F(DownloadShaperTest, AutoShapesAtAnEnergyKnobAgainstWindowLimitedPlainTcp) {
+  ShaperOptions o = Options(ShapeMode::kAuto, 0);
+  o.plain_window = kWindow;  // plain TCP would idle between windows: shaping pays
+  LinkSpec spec;
+  spec.rtt = [](TimePoint) { return Millis(120); };
+  SimLink link(spec, o);
+  const RunResult r = link.Run();
+  EXPECT_FALSE(r.stats.declined);
+  EXPECT_EQ(r.final_state, ShaperState::kSaving);
+}
+
+TEST_F(DownloadShaperTest, AutoDeclinesAgainstPlainTcpAtTheLinkRate) {
+  // Unshaped, an autotuned window fills the link and the card never idles: there is nothing
+  // to sleep through, and shaping only adds round trips.
+  SimLink link(LinkSpec{}, Options(ShapeMode::kAuto, 0));
+  const RunResult r = link.Run();
+  EXPECT_TRUE(r.stats.declined);
+  EXPECT_EQ(r.final_state, ShaperState::kPlain);
+  EXPECT_FALSE(link.shaper().NextDeadline());
+}
+
+TEST_F(DownloadShaperTest, EqFourCostDecides) {
+  const WnicPowers wnic;
+  // 120 KiB windows at 120 ms and 20 Mb/s: plain TCP with the same window idles ~60% of
+  // each round trip with the card awake.
+  const ShapingLink link{kRate20Mbps, Millis(120), kWindow, Millis(3), kWindow};
+  const ShapingEstimate e = EstimateShaping(wnic, Power::Watts(0), 5'000'000, link);
+  EXPECT_GT(e.slowdown, 1.0);
+  EXPECT_LT(e.shaped_energy, e.plain_energy);
+  EXPECT_TRUE(ShapingPays(e, 0, DefaultMaxSlowdown(0)));
+  EXPECT_FALSE(ShapingPays(e, 100, 100.0));
+  // The slowdown cap vetoes shaping even where energy wins.
+  EXPECT_FALSE(ShapingPays(e, 0, 1.05));
+  // With a heavy base power the time the shaping costs outweighs the card's saving.
+  const ShapingEstimate heavy = EstimateShaping(wnic, Power::Watts(20), 5'000'000, link);
+  EXPECT_FALSE(ShapingPays(heavy, 0, 10.0));
+  // Against plain TCP at the link rate the card saves nothing.
+  const ShapingLink full{kRate20Mbps, Millis(60), kWindow, Millis(3), 0};
+  EXPECT_FALSE(ShapingPays(EstimateShaping(wnic, Power::Watts(0), 5'000'000, full), 0, 10.0));
+  EXPECT_DOUBLE_EQ(DefaultMaxSlowdown(100), 1.0);
+  EXPECT_DOUBLE_EQ(DefaultMaxSlowdown(0), 3.0);
+}
+
+TEST_F(DownloadShaperTest, ParsesShapeModes) {
+  EXPECT_EQ(ParseShapeMode("off"), ShapeMode::kOff);
+  EXPECT_EQ(ParseShapeMode("auto"), ShapeMode::kAuto);
+  EXPECT_EQ(ParseShapeMode("always"), ShapeMode::kAlways);
+  EXPECT_FALSE(ParseShapeMode("sometimes"));
+  EXPECT_STREQ(ShapeModeName(ShapeMode::kAlways), "always");
+}
+
+}  // namespace
+}  // namespace ghost

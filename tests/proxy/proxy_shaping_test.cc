@@ -1,0 +1,374 @@
+// Download shaping in ghostproxy end to end (proxy/shaper.h): the Proxy on 127.0.0.1 with its
+// loop on a thread, the in-memory cache, a streaming origin thread whose body can stall or be
+// cut by a reset, and a raw-socket client. Whatever the origin does, the client gets exactly
+// its bytes (or a cut connection), never altered bytes and never a hang. Sockets time out
+// after 10 s so a hang fails instead of blocking. Loopback has no round trip to sleep in: these
+// tests check the mechanism and the bytes; the energy is tests/integration/shaping_test.py's.
+#include "proxy/shaper.h"
+
+#include <arpa/inet.h>
+#include <event2/event.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "common/base/clock.h"
+#include "proxy/proxy.h"
+#include "tests/proxy/memory_backend.h"
+
+namespace ghost {
+namespace {
+
+using namespace std::chrono_literals;
+
+void SetTimeouts(int fd) {
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+int ListenOn(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  EXPECT_EQ(::listen(fd, 16), 0);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+int ConnectTo(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  SetTimeouts(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  return fd;
+}
+
+bool SendAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+std::string RandomBytes(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (char& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+// How the origin sends its one response.
+struct Script {
+  std::string head;                 // the response head (or nothing for a raw tunnel peer)
+  std::string body;
+  std::size_t stall_at = 0;         // after this many body bytes, wait `stall`
+  std::chrono::milliseconds stall{0};
+  std::size_t reset_at = 0;         // after this many body bytes, reset the connection
+  bool wait_request = true;         // read a request head first (not for a tunnel peer)
+};
+
+// One connection, one response, from a thread.
+class StreamingOrigin {
+ public:
+  explicit StreamingOrigin(Script script) : script_(std::move(script)) {
+    listen_ = ListenOn(&port_);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~StreamingOrigin() {
+    ::shutdown(listen_, SHUT_RDWR);
+    thread_.join();
+    ::close(listen_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void Serve() {
+    const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    SetTimeouts(fd);
+    if (script_.wait_request) {
+      std::string req;
+      char buf[4096];
+      while (req.find("\r\n\r\n") == std::string::npos) {
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        req.append(buf, static_cast<std::size_t>(n));
+      }
+    }
+    SendAll(fd, script_.head);
+    std::string_view body = script_.body;
+    std::size_t sent = 0;
+    auto upto = [&](std::size_t mark) {
+      if (mark == 0 || mark <= sent) return;
+      SendAll(fd, body.substr(sent, mark - sent));
+      sent = mark;
+    };
+    if (script_.reset_at > 0) {
+      upto(script_.reset_at);
+      linger l{1, 0};  // close with RST
+      setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+      ::close(fd);
+      return;
+    }
+    if (script_.stall_at > 0) {
+      upto(script_.stall_at);
+      std::this_thread::sleep_for(script_.stall);
+    }
+    upto(body.size());
+    ::shutdown(fd, SHUT_WR);
+    char drain[256];
+    while (::recv(fd, drain, sizeof drain, 0) > 0) {
+    }
+    ::close(fd);
+  }
+
+  Script script_;
+  int listen_ = -1;
+  int port_ = 0;
+  std::thread thread_;
+};
+
+class ProxyShapingTest : public ::testing::Test {
+ protected:
+  void TearDown() override { StopProxy(); }
+
+  ProxyOptions Options(ShapeMode mode, int knob = 0) {
+    ProxyOptions o;
+    o.listen = *ListenAddress::Parse("127.0.0.1:0");
+    o.via_name = "test-proxy";
+    o.shaping.mode = mode;
+    o.shaping.knob = knob;
+    return o;
+  }
+
+  void StartProxy(const ProxyOptions& options) {
+    base_ = MakeEventBase();
+    clock_ = std::make_unique<RealClock>(base_);
+    backend_ = std::make_unique<MemoryBackend>(base_);
+    Result<std::unique_ptr<Proxy>> p = Proxy::Start(base_, clock_.get(), backend_.get(), options);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    proxy_ = std::move(*p);
+    port_ = proxy_->address().port;
+    loop_ = std::thread([this] { event_base_loop(base_, EVLOOP_NO_EXIT_ON_EMPTY); });
+  }
+
+  void StopProxy() {
+    if (!base_) return;
+    event_base_loopbreak(base_);
+    loop_.join();
+    proxy_.reset();
+    backend_.reset();
+    clock_.reset();
+    event_base_free(base_);
+    base_ = nullptr;
+  }
+
+  // The proxy's shaping counters, read on its loop.
+  ShapingStats Stats() {
+    std::promise<ShapingStats> done;
+    std::future<ShapingStats> result = done.get_future();
+    struct Task {
+      Proxy* proxy;
+      std::promise<ShapingStats>* done;
+    } task{proxy_.get(), &done};
+    const timeval zero{0, 0};
+    event_base_once(
+        base_, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* arg) {
+          auto* t = static_cast<Task*>(arg);
+          t->done->set_value(t->proxy->stats().shaping);
+        },
+        &task, &zero);
+    return result.get();
+  }
+
+  // Sends `request` and reads until EOF or the timeout; `pace` sleeps between 16 KiB reads.
+  std::string Exchange(const std::string& request, std::chrono::milliseconds pace = 0ms) {
+    const int fd = ConnectTo(port_);
+    EXPECT_TRUE(SendAll(fd, request));
+    std::string out;
+    char buf[16384];
+    while (true) {
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+      if (pace > 0ms) std::this_thread::sleep_for(pace);
+    }
+    ::close(fd);
+    return out;
+  }
+
+  std::string Get(int origin_port, std::chrono::milliseconds pace = 0ms) {
+    return Exchange("GET http://127.0.0.1:" + std::to_string(origin_port) +
+                        "/big HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+                    pace);
+  }
+
+  static std::string BodyOf(const std::string& response) {
+    const std::size_t at = response.find("\r\n\r\n");
+    return at == std::string::npos ? "" : response.substr(at + 4);
+  }
+
+  event_base* base_ = nullptr;
+  std::unique_ptr<RealClock> clock_;
+  std::unique_ptr<MemoryBackend> backend_;
+  std::unique_ptr<Proxy> proxy_;
+  std::thread loop_;
+  int port_ = 0;
+};
+
+std::string LengthHead(std::size_t n) {
+  return "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nCache-Control: no-store\r\n"
+         "Content-Length: " + std::to_string(n) + "\r\nConnection: close\r\n\r\n";
+}
+
+TEST_F(ProxyShapingTest, LargeDownloadIsShapedAndByteIdentical) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(5'000'000, 1);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  const std::string got = BodyOf(Get(origin.port()));
+  EXPECT_EQ(got.size(), body.size());
+  EXPECT_TRUE(got == body) << "the shaped body differs from the origin's";
+  const ShapingStats s = Stats();
+  EXPECT_EQ(s.shaped_downloads, 1u);
+  EXPECT_EQ(s.active, 0u);
+  // The shaper starts after the head: all but the first read of the body passes it.
+  EXPECT_GT(s.bytes, body.size() - 300'000);
+  EXPECT_LE(s.bytes, body.size());
+  // Loopback is a saturated link (window ≥ its tiny bandwidth-delay product): how many bursts
+  // come before the shaper reverts to plain TCP is not fixed, so only the bytes are checked.
+}
+
+TEST_F(ProxyShapingTest, SmallResponseIsNotShaped) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(100'000, 2);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+  EXPECT_EQ(Stats().shaped_downloads, 0u);
+}
+
+TEST_F(ProxyShapingTest, UnknownLengthIsShapedPastTheThresholdAndByteIdentical) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(3'000'000, 3);
+  // No length: delimited by the close (the proxy re-chunks it for an HTTP/1.1 client, so ask
+  // as HTTP/1.0 to get the raw bytes back until the close).
+  StreamingOrigin origin({"HTTP/1.1 200 OK\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
+                          body});
+  const std::string got = BodyOf(
+      Exchange("GET http://127.0.0.1:" + std::to_string(origin.port()) + "/big HTTP/1.0\r\n\r\n"));
+  EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
+  EXPECT_EQ(Stats().shaped_downloads, 1u);
+}
+
+TEST_F(ProxyShapingTest, OffNeverShapes) {
+  StartProxy(Options(ShapeMode::kOff));
+  const std::string body = RandomBytes(2'000'000, 4);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+  EXPECT_EQ(Stats().shaped_downloads, 0u);
+}
+
+TEST_F(ProxyShapingTest, KnobAtHundredNeverBursts) {
+  StartProxy(Options(ShapeMode::kAuto, 100));
+  const std::string body = RandomBytes(3'000'000, 5);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+  const ShapingStats s = Stats();
+  EXPECT_EQ(s.bursts, 0u);
+  EXPECT_EQ(s.sleep, Duration::zero());
+}
+
+TEST_F(ProxyShapingTest, StallingOriginIsNeitherCorruptedNorTruncated) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(2'000'000, 6);
+  StreamingOrigin origin({LengthHead(body.size()), body, 900'000, 1500ms});
+  const std::string got = BodyOf(Get(origin.port()));
+  EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
+}
+
+TEST_F(ProxyShapingTest, ResetMidBurstCutsTheClientWithoutHangingOrAlteringBytes) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(4'000'000, 7);
+  Script script{LengthHead(body.size()), body};
+  script.reset_at = 1'500'000;
+  StreamingOrigin origin(script);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string got = BodyOf(Get(origin.port()));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 8s) << "the client hung";
+  // The client sees a cut response (shorter than its Content-Length), and what it got is a
+  // prefix of what the origin sent.
+  EXPECT_LT(got.size(), body.size());
+  EXPECT_TRUE(body.compare(0, got.size(), got) == 0) << "the bytes before the reset differ";
+  EXPECT_EQ(Stats().active, 0u);
+}
+
+TEST_F(ProxyShapingTest, SlowReadingClientGetsEveryByte) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(2'000'000, 8);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  const std::string got = BodyOf(Get(origin.port(), 2ms));
+  EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
+  EXPECT_EQ(Stats().shaped_downloads, 1u);
+}
+
+TEST_F(ProxyShapingTest, TunnelDownloadIsShapedAndByteIdentical) {
+  ProxyOptions o = Options(ShapeMode::kAlways);
+  StartProxy(o);
+  const std::string body = RandomBytes(3'000'000, 9);
+  Script script{"", body};
+  script.wait_request = false;  // a raw peer: it sends at once
+  StreamingOrigin origin(script);
+  o.connect_ports = {static_cast<std::uint16_t>(origin.port())};
+  StopProxy();
+  StartProxy(o);
+  const std::string out = Exchange("CONNECT 127.0.0.1:" + std::to_string(origin.port()) +
+                                   " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  const std::string got = BodyOf(out);
+  EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
+  EXPECT_EQ(Stats().shaped_downloads, 1u);
+}
+
+// On an emulated link (scripts/linkemu.sh; GHOST_SHAPING_URL names a large file behind it,
+// GHOST_SHAPING_SHA256 nothing: the bytes are compared by size here), a shaped download goes in
+// bursts and the card model sleeps between them. Skipped without the link.
+TEST_F(ProxyShapingTest, EmulatedLinkDownloadGoesInBursts) {
+  const char* url = std::getenv("GHOST_SHAPING_URL");
+  if (url == nullptr) GTEST_SKIP() << "GHOST_SHAPING_URL not set (needs scripts/linkemu.sh)";
+  ProxyOptions o = Options(ShapeMode::kAlways);
+  if (const char* buffer = std::getenv("GHOST_SHAPING_BUFFER")) o.shaping.buffer = std::atoi(buffer);
+  StartProxy(o);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string out = Exchange(std::string("GET ") + url + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ShapingStats s = Stats();
+  std::printf("%.3f s, %zu bytes: %s\n", secs, BodyOf(out).size(),
+              ShapingStatusJson(ShapingOptions{}, s).c_str());
+  EXPECT_EQ(s.shaped_downloads, 1u);
+  EXPECT_GT(s.bursts, 10u);
+  EXPECT_GT(ToSeconds(s.sleep), 0.2 * secs);
+}
+
+}  // namespace
+}  // namespace ghost
