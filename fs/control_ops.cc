@@ -37,9 +37,10 @@ nlohmann::json Daemon::StatsJson() const {
   nlohmann::json devices = nlohmann::json::object();
   for (const DeviceEnergy& d : e.devices) devices[d.name] = d.energy.joules();
   nlohmann::json requests = nlohmann::json::object();
-  for (const char* s : {"memory", "disk", "network", "revalidated", "stale"}) {
-    auto it = reads_.requests_by_source.find(s);
-    requests[s] = it == reads_.requests_by_source.end() ? 0 : it->second;
+  for (const char* s : {"memory", "disk", "network", "revalidated", "stale"}) requests[s] = 0;
+  for (const auto& [source, n] : reads_.requests_by_source) {
+    const char* label = SourceLabel(source);
+    if (requests.contains(label)) requests[label] = requests[label].get<int>() + n;
   }
   const WriteQueueStats& w = write_back_->queue().stats();
   // Per device, in the shape of ghostsim's report (common/power/machine.h), so a live run's JSON
@@ -223,7 +224,7 @@ void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply r
                   {"state", e ? (preference == "disk" ? "present" : "present-network-preferred") : "absent"},
                   {"size", e ? nlohmann::json(e->size) : nlohmann::json()},
                   {"source_preference", preference},
-                  {"last_source", d != reads_.decisions.end() ? d->second.source : "none"},
+                  {"last_source", d != reads_.decisions.end() && d->second.source ? SourceLabel(*d->second.source) : "none"},
                   {"cost", cost}});
   }
   reply.Error("status: " + path + ": no such file in the mount (not under an origin)");

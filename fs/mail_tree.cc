@@ -681,7 +681,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (fi->flags & O_TRUNC) t->second.clear();
     Handle h;
     h.kind = NodeKind::kMailFile;
-    h.source = "tmp";
+    h.tmp = true;
     h.key = n->path;
     info.fh = reads_.AddHandle(std::move(h));
     info.direct_io = 1;
@@ -696,10 +696,10 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     const MailMessage& m = it->second;
     Handle h;
     h.kind = NodeKind::kMailFile;
-    auto reply = [this, req, &info, ino](Handle h, const std::string& source) {
+    auto reply = [this, req, &info, ino](Handle h, ReadSource source) {
       h.source = source;
-      info.direct_io = source == "network" ? 1 : 0;
-      info.keep_cache = source == "network" ? 0 : 1;
+      info.direct_io = source == ReadSource::kNetwork ? 1 : 0;
+      info.keep_cache = source == ReadSource::kNetwork ? 0 : 1;
       if (h.stream) ++h.stream->opens;
       ctx_.reads.decisions[ino].source = source;
       ++ctx_.reads.requests_by_source[source];
@@ -713,7 +713,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       st->size = m.body->size();
       st->done = st->emulated_ready = true;
       h.stream = st;
-      return reply(std::move(h), "memory");
+      return reply(std::move(h), ReadSource::kWriteQueue);
     }
     std::string key = BodyKey(*mo, box.wire, box.uidvalidity, m.uid);
     h.key = key;
@@ -726,24 +726,24 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     state.in_write_queue = ctx_.write_back.FillPending(key);
     state.size = cached ? cached->size : m.size;
     ReadDecision d = ctx_.manager.DecideRead(state);
-    if (d.source == ReadSource::kWriteQueue) return reply(std::move(h), "memory");
+    if (d.source == ReadSource::kWriteQueue) return reply(std::move(h), ReadSource::kWriteQueue);
     if (d.costed) {
       ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
       bool on_disk = d.source == ReadSource::kDisk;
       bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
       if (on_disk || offline) {
-        h.fd = ::open(ctx_.store.BodyPath(key).c_str(), O_RDONLY | O_CLOEXEC);
-        if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
-        posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+        Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, key);
+        if (!file.ok()) return (void)fuse_reply_err(req, EIO);
+        h.file = std::move(file).value();
         ctx_.store.Touch(key);
         reads_.StartPrefetch(h, cached->size);
-        return reply(std::move(h), offline && !on_disk ? "stale" : "disk");
+        return reply(std::move(h), offline && !on_disk ? ReadSource::kStale : ReadSource::kDisk);
       }
     }
     // The network: join a fetch that is running, or start one.
     if (auto running = reads_.streams().find(key); running != reads_.streams().end()) {
       h.stream = running->second;
-      return reply(std::move(h), "network");
+      return reply(std::move(h), ReadSource::kNetwork);
     }
     auto st = std::make_shared<Stream>();
     st->key = key;
@@ -797,7 +797,7 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
           },
           end);
     });
-    reply(std::move(h), "network");
+    reply(std::move(h), ReadSource::kNetwork);
   });
 }
 
@@ -805,7 +805,7 @@ void MailTree::Read(fuse_req_t req, Node*, size_t size, off_t off, fuse_file_inf
   Handle* hp = reads_.FindHandle(fi->fh);
   if (!hp) return (void)fuse_reply_err(req, EBADF);
   Handle& h = *hp;
-  if (h.source != "tmp") return reads_.ReadHandle(req, fi->fh, size, off);
+  if (!h.tmp) return reads_.ReadHandle(req, fi->fh, size, off);
   // tmp/ files live in memory until they are renamed into new/ or cur/.
   for (auto& mo : origins_) {
     if (!mo) continue;
@@ -833,7 +833,7 @@ void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t mod
   Node* n = ctx_.inodes.Lookup(NodeKind::kMailFile, parent->origin, path);
   Handle h;
   h.kind = NodeKind::kMailFile;
-  h.source = "tmp";
+  h.tmp = true;
   h.key = path;
   fi->fh = reads_.AddHandle(std::move(h));
   fi->direct_io = 1;
@@ -846,7 +846,7 @@ void MailTree::Write(fuse_req_t req, Node*, const char* buf, size_t size, off_t 
   Handle* hp = reads_.FindHandle(fi->fh);
   if (!hp) return (void)fuse_reply_err(req, EBADF);
   Handle& h = *hp;
-  if (h.source != "tmp") return (void)fuse_reply_err(req, EROFS);
+  if (!h.tmp) return (void)fuse_reply_err(req, EROFS);
   for (auto& mo : origins_) {
     if (!mo) continue;
     auto t = mo->tmp.find(h.key);
@@ -1352,7 +1352,7 @@ std::optional<std::string> MailTree::Xattr(Node* n, const std::string& name) {
   auto d = ctx_.reads.decisions.find(n->ino);
   if (name == "user.ghost.cached") return std::string(!key.empty() && ctx_.store.index().Find(key) ? "1" : "0");
   if (name == "user.ghost.source") {
-    return d == ctx_.reads.decisions.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+    return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : std::string(SourceLabel(*d->second.source));
   }
   if (name == "user.ghost.cost") {
     if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;

@@ -326,7 +326,7 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   const CacheEntry* cached = MountEntry(url);
   TimePoint now = ctx_.clock.Now();
 
-  auto open_handle = [this, req, info, url, ino](const std::string& source,
+  auto open_handle = [this, req, info, url, ino](ReadSource source,
                                                  std::shared_ptr<Stream> stream) mutable {
     Handle h;
     h.kind = NodeKind::kOriginFile;
@@ -334,32 +334,29 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     h.key = url;
     h.source = source;
     // A network read's length may differ from what stat said; let reads go to EOF.
-    info.direct_io = source == "network" ? 1 : 0;
-    info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
+    info.direct_io = source == ReadSource::kNetwork ? 1 : 0;
+    info.keep_cache = source == ReadSource::kDisk || source == ReadSource::kWriteQueue ? 1 : 0;
     std::optional<int> backing;
     // Which version of the body this handle reads (one, from open to release).
     std::string version;
-    if (source == "disk") {
+    if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
-      h.fd = ::open(ctx_.store.BodyPath(url).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
-      // Whole-object reads are the rule: let the kernel read ahead twice as far on the body.
-      posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, url);
+      if (!file.ok()) {
+        int err = file.status().ToErrno();
+        return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);
+      }
+      h.file = std::move(file).value();
       ctx_.store.Touch(url);
       // The cost model chose the disk for this open: the kernel may read the body file itself
       // (a committed body is complete and never rewritten: a replacement is a new file).
       const CacheEntry* e = MountEntry(url);
-      struct stat body;
-      if (fstat(h.fd, &body) == 0) {
-        h.fd_size = static_cast<Bytes>(body.st_size);
-        h.fd_size_known = true;
-        version = "d" + std::to_string(body.st_ino) + "-" + std::to_string(body.st_size);
+      if (h.file.size_known()) version = h.file.version();
+      if (e && h.file.size_known() && h.file.size() == e->size) {
+        backing = ctx_.passthrough.Acquire(ino, h.file.fd());
       }
-      if (e && h.fd_size_known && h.fd_size == e->size) {
-        backing = ctx_.passthrough.Acquire(ino, h.fd);
-      }
-      if (!backing && h.fd_size_known) StartPrefetch(h, h.fd_size);
-    } else if (source == "memory") {
+      if (!backing && h.file.size_known()) StartPrefetch(h, h.file.size());
+    } else if (source == ReadSource::kWriteQueue) {
       if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(url)) {
         h.body = q->data;
         version = "q" + std::to_string(q->version);
@@ -397,7 +394,6 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // The open was interrupted: the kernel forgot it, and no release will come.
       auto it = handles_.find(fh);
       if (it != handles_.end()) {
-        if (it->second.fd >= 0) close(it->second.fd);
         OriginRelease(it->second);
         handles_.erase(it);
       }
@@ -424,8 +420,8 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     // A running stream is joined only while it still holds the body's first bytes: once its
     // window moved on, a reader from the start gets its own fetch (one version each).
     if (running != streams_.end() && validator_etag.empty() && running->second->base == 0) {
-      ctx_.reads.decisions[ino].source = "network";
-      return open_handle("network", running->second);
+      ctx_.reads.decisions[ino].source = ReadSource::kNetwork;
+      return open_handle(ReadSource::kNetwork, running->second);
     }
     auto st = std::make_shared<Stream>();
     st->key = url;
@@ -452,9 +448,9 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         streams_.erase(url);
         st->no_body = true;
         *opened = true;
-        ctx_.reads.decisions[ino].source = "revalidated";
-        open_handle("disk", nullptr);
-        ++ctx_.reads.requests_by_source["revalidated"];
+        ctx_.reads.decisions[ino].source = ReadSource::kRevalidate;
+        open_handle(ReadSource::kDisk, nullptr);
+        ++ctx_.reads.requests_by_source[ReadSource::kRevalidate];
         return false;  // no body to wait for
       }
       if (h.status != 200) {
@@ -466,9 +462,9 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
           // stale-if-error (RFC 5861): a failing origin does not hide the copy we have.
           std::fprintf(stderr, "ghostfs: %s answered HTTP %d; serving the cached copy (stale)\n", url.c_str(),
                        h.status);
-          ++ctx_.reads.requests_by_source["stale"];
-          ctx_.reads.decisions[ino].source = "stale";
-          open_handle("disk", nullptr);
+          ++ctx_.reads.requests_by_source[ReadSource::kStale];
+          ctx_.reads.decisions[ino].source = ReadSource::kStale;
+          open_handle(ReadSource::kDisk, nullptr);
           return false;
         }
         fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
@@ -487,8 +483,8 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // Too big to wait in the write queue: written to the store as it arrives.
       if (st->fill_wanted && st->size && *st->size > kMaxQueuedFill) StreamToFill(st, {});
       *opened = true;
-      ctx_.reads.decisions[ino].source = "network";
-      open_handle("network", st);
+      ctx_.reads.decisions[ino].source = ReadSource::kNetwork;
+      open_handle(ReadSource::kNetwork, st);
       return true;
     };
     cb.on_data = [this, st](std::string_view d) {
@@ -510,8 +506,8 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         // Unreachable: serve the cached copy if there is one (stale), else a clear errno.
         if (cached && MountEntry(url)) {
           std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy (stale)\n", url.c_str(), s.message().c_str());
-          ++ctx_.reads.requests_by_source["stale"];
-          return open_handle("disk", nullptr);
+          ++ctx_.reads.requests_by_source[ReadSource::kStale];
+          return open_handle(ReadSource::kDisk, nullptr);
         }
         std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), s.message().c_str());
         return (void)fuse_reply_err(req, ErrnoFor(s, 0));
@@ -548,16 +544,17 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
-      ctx_.reads.decisions[ino].source = ReadSourceName(d.source);
-      return open_handle("memory", nullptr);
+      ctx_.reads.decisions[ino].source = d.source;
+      return open_handle(ReadSource::kWriteQueue, nullptr);
     case ReadSource::kRevalidate:
       return from_network(cached->etag, cached->last_modified);
     case ReadSource::kDisk:
     case ReadSource::kFlash:
-      ctx_.reads.decisions[ino].source = "disk";
+      ctx_.reads.decisions[ino].source = ReadSource::kDisk;
       ctx_.store.Touch(url);
-      return open_handle("disk", nullptr);
+      return open_handle(ReadSource::kDisk, nullptr);
     case ReadSource::kNetwork:
+    case ReadSource::kStale:  // not a decision (see cache_manager.h)
       return from_network("", "");
   }
 }
@@ -595,7 +592,7 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     TrimStream(st);
     return;
   }
-  if (h.source == "memory" && !h.body) {
+  if (h.source == ReadSource::kWriteQueue && !h.body) {
     // Opened before the fill was queued (mail): the version queued now, for good.
     if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(h.key)) h.body = q->data;
   }
@@ -606,7 +603,7 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     std::size_t n = std::min<std::size_t>(size, body.size() - from);
     return (void)fuse_reply_buf(req, body.data() + from, n);
   }
-  if (h.source == "memory") {
+  if (h.source == ReadSource::kWriteQueue) {
     // Flushed before the first read: the copy is on the disk now, or about to be.
     if (ctx_.write_back.Writing(h.key)) {
       std::uint64_t fh = h_fh;
@@ -617,9 +614,10 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
       });
     }
     if (!ctx_.store.index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
-    h.source = "disk";
-    h.fd = ::open(ctx_.store.BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
-    if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
+    h.source = ReadSource::kDisk;
+    Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, h.key);
+    if (!file.ok()) return (void)fuse_reply_err(req, EIO);
+    h.file = std::move(file).value();
   }
   // The prefetch started at open covers this read: wait for it or take from it.
   if (h.prefetch) {
@@ -643,13 +641,10 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
   // The size of the body this handle opened (it stays readable if evicted or replaced
   // meanwhile; the index describes the current version, which may be another file).
-  if (!h.fd_size_known) {
-    struct stat st;
-    if (fstat(h.fd, &st) != 0) return (void)fuse_reply_err(req, errno);
-    h.fd_size = static_cast<Bytes>(st.st_size);
-    h.fd_size_known = true;
+  if (!h.file.size_known()) {
+    if (int err = h.file.Stat()) return (void)fuse_reply_err(req, err);
   }
-  Bytes body_size = h.fd_size;
+  Bytes body_size = h.file.size();
   if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
   std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, body_size - offset));
   ctx_.reads.bytes_from_cache += want;
@@ -661,7 +656,7 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
   std::size_t have = 0;
   if (!emulated) {
     iovec iov{buf->data(), want};
-    ssize_t n = preadv2(h.fd, &iov, 1, off, RWF_NOWAIT);
+    ssize_t n = preadv2(h.file.fd(), &iov, 1, off, RWF_NOWAIT);
     if (n > 0) have = static_cast<std::size_t>(n);
     if (have == want) return (void)fuse_reply_buf(req, buf->data(), want);
   }
@@ -675,7 +670,7 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     if (--*pending == 0) reply();
   };
   if (emulated) ctx_.machine.storage().Submit({want, false}, finish);  // the emulated disk does the same work
-  ctx_.io.Read(h.fd, offset + have, std::span<char>(buf->data() + have, want - have), [result, finish](Result<std::size_t> n) {
+  ctx_.io.Read(h.file.fd(), offset + have, std::span<char>(buf->data() + have, want - have), [result, finish](Result<std::size_t> n) {
     *result = std::move(n);
     finish();
   });
@@ -688,12 +683,12 @@ void OriginTree::StartPrefetch(Handle& h, Bytes size) {
   p->data.resize(static_cast<std::size_t>(std::min<Bytes>(size, kPrefetchBytes)));
   h.prefetch = p;
   iovec iov{p->data.data(), p->data.size()};
-  ssize_t n = preadv2(h.fd, &iov, 1, 0, RWF_NOWAIT);  // in the page cache: no I/O at all
+  ssize_t n = preadv2(h.file.fd(), &iov, 1, 0, RWF_NOWAIT);  // in the page cache: no I/O at all
   if (n == static_cast<ssize_t>(p->data.size())) {
     p->done = p->ok = true;
     return;
   }
-  ctx_.io.Read(h.fd, 0, std::span<char>(p->data.data(), p->data.size()), [p](Result<std::size_t> r) {
+  ctx_.io.Read(h.file.fd(), 0, std::span<char>(p->data.data(), p->data.size()), [p](Result<std::size_t> r) {
     p->done = true;
     p->ok = r.ok();
     if (r.ok()) p->data.resize(*r);
@@ -926,7 +921,7 @@ std::optional<std::string> OriginTree::OriginXattr(Node* n, const std::string& n
   const CacheEntry* e = MountEntry(url);
   auto d = ctx_.reads.decisions.find(n->ino);
   if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
-  if (name == "user.ghost.source") return d == ctx_.reads.decisions.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+  if (name == "user.ghost.source") return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : SourceLabel(*d->second.source);
   if (name == "user.ghost.cost") {
     if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;
     return d->second.cost.dump();
@@ -964,7 +959,6 @@ void OriginTree::ReadHandle(fuse_req_t req, std::uint64_t fh, size_t size, off_t
 void OriginTree::ReleaseHandle(std::uint64_t fh) {
   auto it = handles_.find(fh);
   if (it == handles_.end()) return;
-  if (it->second.fd >= 0) close(it->second.fd);
   OriginRelease(it->second);
   handles_.erase(it);
 }

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cache/body_file.h"
 #include "common/cache/cache_store.h"
 #include "common/http/autoindex.h"
 #include "common/http/http_fetcher.h"
@@ -130,16 +131,16 @@ struct Handle {
   NodeKind kind = NodeKind::kLocal;
   fuse_ino_t ino = 0;  // origin: the node (for the passthrough counts)
   IoMode io_mode = IoMode::kCached;
-  int fd = -1;                    // origin: the cached body (local/ opens live in LocalTree)
+  BodyFile file;                  // the cached body read from the disk (closed with the handle)
   std::string key;                // origin: the URL
-  std::string source;             // origin: where this open reads from
+  // Where this open reads from: kWriteQueue (the queued fill, `body`; the disk once it is
+  // written), kDisk or kStale (`file`), or kNetwork (`stream`).
+  ReadSource source = ReadSource::kDisk;
+  bool tmp = false;               // mail: a tmp/ file, held in memory by the Maildir tree
   std::shared_ptr<Stream> stream; // origin, network source
   std::shared_ptr<Prefetch> prefetch;  // origin from the disk, until reads pass its end
-  // Source "memory": the queued fill this handle reads (one version, kept until release).
+  // Source kWriteQueue: the queued fill this handle reads (one version, kept until release).
   std::shared_ptr<const std::string> body;
-  // The size of the body file `fd` (origin from the disk), known once fd_size_known.
-  Bytes fd_size = 0;
-  bool fd_size_known = false;
   bool page_counted = false;  // counted in page_versions_[ino].opens
 };
 

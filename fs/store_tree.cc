@@ -39,11 +39,15 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <array>
 #include <random>
+#include <utility>
+#include <variant>
 
 #include "fs/store_tree.h"
 
 #include "common/config/config.h"
+#include "common/control/protocol.h"
 #include "fs/origin_tree.h"
 #include "fs/write_back.h"
 
@@ -184,20 +188,16 @@ void StoreTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     const std::string version = SplitVersion(name).second;
     const QueuedBody* q = ctx_.write_back.QueuedBodyOf(*key);
     if (q && (version.empty() || version == "q" + std::to_string(q->version))) {
-      h.source = "memory";  // its fill still waits in the write queue
+      h.source = ReadSource::kWriteQueue;  // its fill still waits in the write queue
       h.body = q->data;
     } else if (ctx_.store.index().Find(*key) && (version.empty() || version[0] == 'd')) {
-      h.source = "disk";
-      h.fd = ::open(ctx_.store.BodyPath(*key).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? ENOENT : EIO);
-      struct stat body;
-      if (fstat(h.fd, &body) != 0 || (!version.empty() && FileVersion(body) != version)) {
-        close(h.fd);
+      h.source = ReadSource::kDisk;
+      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, *key);
+      if (!file.ok()) return (void)fuse_reply_err(req, file.status().ToErrno() == ENOENT ? ENOENT : EIO);
+      if (!file->size_known() || (!version.empty() && file->version() != version)) {
         return (void)fuse_reply_err(req, ENOENT);
       }
-      h.fd_size = static_cast<Bytes>(body.st_size);
-      h.fd_size_known = true;
-      posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+      h.file = std::move(file).value();
       ctx_.store.Touch(*key);
     } else {
       return (void)fuse_reply_err(req, ENOENT);
@@ -265,140 +265,170 @@ void ReadStoredFields(const nlohmann::json& request, const Clock& clock, CacheEn
 
 }  // namespace
 
-void StoreTree::StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply) {
-  const std::string key = request.value("key", "");
-  if (op == "lookup" && !objects_published_) {
+void StoreTree::Control(const ControlRequest& request, ControlServer::Reply reply) {
+  using Handler = void (StoreTree::*)(const ControlRequest&, ControlServer::Reply);
+  // The shared store's side of the ops table (common/control/protocol.h).
+  static constexpr std::array<std::pair<ControlOp, Handler>, 6> kHandlers = {{
+      {ControlOp::kLookup, &StoreTree::ControlLookup},
+      {ControlOp::kStore, &StoreTree::ControlStore},
+      {ControlOp::kRefresh, &StoreTree::ControlRefresh},
+      {ControlOp::kInvalidate, &StoreTree::ControlInvalidate},
+      {ControlOp::kTransfer, &StoreTree::ControlTransfer},
+      {ControlOp::kServed, &StoreTree::ControlServed},
+  }};
+  for (const auto& [op, handler] : kHandlers) {
+    if (op == request.op) return (this->*handler)(request, std::move(reply));
+  }
+  reply.Error(std::string(ControlOpName(request.op)) + ": not an op of the shared store");
+}
+
+void StoreTree::ControlLookup(const ControlRequest& request, ControlServer::Reply reply) {
+  LookupObject(std::get<ObjectArgs>(request.args).key, std::move(reply));
+}
+
+void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply) {
+  if (!objects_published_) {
     // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
     // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
     objects_published_ = true;
     ctx_.store.SetChangeListener([this](const std::string& changed) { ctx_.object_changed(changed); });
   }
-  if (op == "lookup") {
-    ++store_stats_.lookups;
-    const CacheEntry* e = ctx_.store.index().Find(key);
-    // A fill queued and not yet being written (one being written shows up when it commits).
-    if (!e && ctx_.write_back.Writing(key)) {
-      // Being written right now: answer once it is in the index.
-      return ctx_.write_back.WhenFillSettles(key, [this, op, request, reply = std::move(reply)]() mutable {
-        --store_stats_.lookups;
-        StoreControl(op, request, std::move(reply));
-      });
-    }
-    const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
-    const QueuedBody* queued_body = ctx_.write_back.QueuedBodyOf(key);
-    ObjectState state;
-    state.on_disk = e != nullptr;
-    state.in_write_queue = pending != nullptr && queued_body != nullptr;
-    // The page-cache model: a copy read or written lately is still in RAM.
-    state.in_memory = ctx_.manager.InMemory(key);
-    if (!state.on_disk && !state.in_write_queue) return reply({{"cached", false}});
-    state.size = state.in_write_queue ? queued_body->data->size() : e->size;
-    ctx_.manager.Remember(key, state.size);
-    std::string name = StoreName(key);
-    store_keys_[name] = key;
-    // The version this answer describes: its size and head go with exactly these bytes, and
-    // the path (and body_path's inode) open only them.
-    const std::string version = StoreVersion(key);
-    if (version.empty()) return reply({{"cached", false}});
-    nlohmann::json out = {{"cached", true},
-                          {"path", ctx_.mount_path + "/.ghost/objects/" + name + "@" + version},
-                          {"version", version}};
-    // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
-    const CacheEntry& known = state.in_write_queue ? *pending : *e;
-    out["etag"] = known.etag;
-    out["last_modified"] = known.last_modified;
-    out["content_type"] = known.content_type;
-    out["expires_unix"] = known.expires ? nlohmann::json(UnixNow() + static_cast<std::int64_t>(
-                                                             ToSeconds(*known.expires - ctx_.clock.Now())))
-                                        : nlohmann::json();
-    // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
-    // the page cache as a holder as in ghostsim.
-    ReadDecision d = ctx_.manager.DecideRead(state);
-    if (d.source == ReadSource::kWriteQueue) {
-      // Its fill still waits in the write queue: read from memory, nothing to choose.
-      const CacheEntry& meta = *pending;
-      out["size"] = state.size;
-      out["response"] = meta.response;
-      out["choice"] = "disk";
-      out["source"] = ReadSourceName(d.source);
-      out["ghost_hint"] = false;
-      ++ctx_.reads.requests_by_source[ReadSourceName(d.source)];
-      ++store_stats_.hits;
-      return reply(out);
-    }
-    const Choice& c = d.choice;
-    bool local = IsLocal(d.source);
-    out["size"] = e->size;
-    out["response"] = e->response;
-    out["choice"] = local ? "disk" : "network";
-    out["source"] = ReadSourceName(d.source);
-    out["ghost_hint"] = c.hinted;
-    out["cost"] = CostJson(c, ctx_.machine.pm());
-    ++ctx_.reads.requests_by_source[ReadSourceName(d.source)];
-    ++(local ? store_stats_.hits : store_stats_.network_preferred);
-    if (!local) {
-      ctx_.stats_changed();
-      return reply(out);
-    }
-    // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
-    out["body_path"] = ctx_.store.BodyPath(key);
-    ctx_.store.Touch(key);
-    ctx_.reads.bytes_from_cache += e->size;
-    ctx_.stats_changed();
-    if (d.source == ReadSource::kMemory || ctx_.options.profile.empty()) return reply(out);
-    // The emulated disk does the read the caller is about to make; the answer waits for it.
-    ctx_.machine.storage().Submit({e->size, false},
-                  [reply = std::move(reply), out = std::move(out)]() mutable { reply(out); });
-    return;
-  }
-  if (op == "store") {
-    CacheEntry meta;
-    ReadStoredFields(request, ctx_.clock, &meta);
-    meta.fetched = ctx_.clock.Now();
-    std::uint64_t r = std::random_device{}();
-    char token[40];
-    std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
-                  static_cast<unsigned long long>(r << 32 ^ std::random_device{}()));
-    StoreFill& f = store_fills_[token];
-    f.key = key;
-    f.meta = std::move(meta);
-    return reply({{"path", ctx_.mount_path + "/.ghost/fill/" + token}});
-  }
-  if (op == "refresh") {
-    Status s = ctx_.store.UpdateMeta(key, [&](CacheEntry& e) {
-      ReadStoredFields(request, ctx_.clock, &e);
-      e.fetched = ctx_.clock.Now();
+  ++store_stats_.lookups;
+  const CacheEntry* e = ctx_.store.index().Find(key);
+  // A fill queued and not yet being written (one being written shows up when it commits).
+  if (!e && ctx_.write_back.Writing(key)) {
+    // Being written right now: answer once it is in the index.
+    return ctx_.write_back.WhenFillSettles(key, [this, key, reply = std::move(reply)]() mutable {
+      --store_stats_.lookups;
+      LookupObject(key, std::move(reply));
     });
-    if (!s.ok()) return reply.Error("refresh: " + s.message());
-    // The index row reaches sqlite with the next write batch (DESIGN §3.5).
-    ctx_.write_back.QueueIndexUpdate(key);
-    ++store_stats_.refreshes;
-    return reply(nlohmann::json::object());
   }
-  if (op == "transfer") return StoreTransfer(request, std::move(reply));
-  if (op == "invalidate") {
-    // A fill still queued is dropped too: the writer skips fills without their metadata.
-    bool queued = ctx_.write_back.DropQueuedFill(key);
-    if (queued) ctx_.object_changed(key);
-    Status s = ctx_.store.Erase(key);
-    if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
-    return reply({{"removed", s.ok() || queued}});
+  const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
+  const QueuedBody* queued_body = ctx_.write_back.QueuedBodyOf(key);
+  ObjectState state;
+  state.on_disk = e != nullptr;
+  state.in_write_queue = pending != nullptr && queued_body != nullptr;
+  // The page-cache model: a copy read or written lately is still in RAM.
+  state.in_memory = ctx_.manager.InMemory(key);
+  LookupResult out;
+  if (!state.on_disk && !state.in_write_queue) return reply(out.ToJson());
+  state.size = state.in_write_queue ? queued_body->data->size() : e->size;
+  ctx_.manager.Remember(key, state.size);
+  std::string name = StoreName(key);
+  store_keys_[name] = key;
+  // The version this answer describes: its size and head go with exactly these bytes, and
+  // the path (and body_path's inode) open only them.
+  const std::string version = StoreVersion(key);
+  if (version.empty()) return reply(out.ToJson());
+  out.cached = true;
+  out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
+  out.version = version;
+  // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
+  const CacheEntry& known = state.in_write_queue ? *pending : *e;
+  out.etag = known.etag;
+  out.last_modified = known.last_modified;
+  out.content_type = known.content_type;
+  if (known.expires) {
+    out.expires_unix = UnixNow() + static_cast<std::int64_t>(ToSeconds(*known.expires - ctx_.clock.Now()));
   }
-  if (op == "served") {
-    // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
-    // costs no device anything; counted, and the objects stay recently used on disk too.
-    std::uint64_t reads = 0;
-    for (const auto& [served_key, n] : request["memory"].items()) {
-      ctx_.store.Touch(served_key);
-      reads += n.get<std::uint64_t>();
-    }
-    ctx_.reads.requests_by_source["memory"] += static_cast<int>(reads);
-    store_stats_.memory_hits += reads;
-    ctx_.reads.bytes_from_cache += request.value("bytes", Bytes{0});
+  // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
+  // the page cache as a holder as in ghostsim.
+  ReadDecision d = ctx_.manager.DecideRead(state);
+  if (d.source == ReadSource::kWriteQueue) {
+    // Its fill still waits in the write queue: read from memory, nothing to choose.
+    const CacheEntry& meta = *pending;
+    out.size = state.size;
+    out.response = meta.response;
+    out.choice = LookupChoice::kDisk;
+    out.source = ReadSourceName(d.source);
+    out.ghost_hint = false;
+    ++ctx_.reads.requests_by_source[d.source];
+    ++store_stats_.hits;
+    return reply(out.ToJson());
+  }
+  const Choice& c = d.choice;
+  bool local = IsLocal(d.source);
+  out.size = e->size;
+  out.response = e->response;
+  out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;
+  out.source = ReadSourceName(d.source);
+  out.ghost_hint = c.hinted;
+  out.cost = CostJson(c, ctx_.machine.pm());
+  ++ctx_.reads.requests_by_source[d.source];
+  ++(local ? store_stats_.hits : store_stats_.network_preferred);
+  if (!local) {
     ctx_.stats_changed();
-    return reply(nlohmann::json::object());
+    return reply(out.ToJson());
   }
-  reply.Error("unknown op \"" + op + "\"");
+  // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
+  out.body_path = ctx_.store.BodyPath(key);
+  ctx_.store.Touch(key);
+  ctx_.reads.bytes_from_cache += e->size;
+  ctx_.stats_changed();
+  if (d.source == ReadSource::kMemory || ctx_.options.profile.empty()) return reply(out.ToJson());
+  // The emulated disk does the read the caller is about to make; the answer waits for it.
+  ctx_.machine.storage().Submit({e->size, false},
+                [reply = std::move(reply), out = out.ToJson()]() mutable { reply(out); });
+}
+
+void StoreTree::ControlStore(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  const std::string& key = std::get<ObjectArgs>(request_args.args).key;
+  CacheEntry meta;
+  ReadStoredFields(request, ctx_.clock, &meta);
+  meta.fetched = ctx_.clock.Now();
+  std::uint64_t r = std::random_device{}();
+  char token[40];
+  std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
+                static_cast<unsigned long long>(r << 32 ^ std::random_device{}()));
+  StoreFill& f = store_fills_[token];
+  f.key = key;
+  f.meta = std::move(meta);
+  return reply({{"path", ctx_.mount_path + "/.ghost/fill/" + token}});
+}
+
+void StoreTree::ControlRefresh(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  const std::string& key = std::get<ObjectArgs>(request_args.args).key;
+  Status s = ctx_.store.UpdateMeta(key, [&](CacheEntry& e) {
+    ReadStoredFields(request, ctx_.clock, &e);
+    e.fetched = ctx_.clock.Now();
+  });
+  if (!s.ok()) return reply.Error("refresh: " + s.message());
+  // The index row reaches sqlite with the next write batch (DESIGN §3.5).
+  ctx_.write_back.QueueIndexUpdate(key);
+  ++store_stats_.refreshes;
+  return reply(nlohmann::json::object());
+}
+
+void StoreTree::ControlTransfer(const ControlRequest& request, ControlServer::Reply reply) {
+  StoreTransfer(request.json, std::move(reply));
+}
+
+void StoreTree::ControlInvalidate(const ControlRequest& request, ControlServer::Reply reply) {
+  const std::string& key = std::get<ObjectArgs>(request.args).key;
+  // A fill still queued is dropped too: the writer skips fills without their metadata.
+  bool queued = ctx_.write_back.DropQueuedFill(key);
+  if (queued) ctx_.object_changed(key);
+  Status s = ctx_.store.Erase(key);
+  if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
+  return reply({{"removed", s.ok() || queued}});
+}
+
+void StoreTree::ControlServed(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
+  // costs no device anything; counted, and the objects stay recently used on disk too.
+  std::uint64_t reads = 0;
+  for (const auto& [served_key, n] : request["memory"].items()) {
+    ctx_.store.Touch(served_key);
+    reads += n.get<std::uint64_t>();
+  }
+  ctx_.reads.requests_by_source[ReadSource::kMemory] += static_cast<int>(reads);
+  store_stats_.memory_hits += reads;
+  ctx_.reads.bytes_from_cache += request.value("bytes", Bytes{0});
+  ctx_.stats_changed();
+  return reply(nlohmann::json::object());
 }
 
 // The proxy's fetch from an origin, on the emulated card (see the file comment). The card's
@@ -515,8 +545,5 @@ void StoreTree::Release(fuse_req_t req, Node*, fuse_file_info* fi) {
   fuse_reply_err(req, 0);
 }
 
-void StoreTree::Control(const ControlRequest& request, ControlServer::Reply reply) {
-  StoreControl(std::string(ControlOpName(request.op)), request.json, std::move(reply));
-}
 
 }  // namespace ghost

@@ -85,7 +85,15 @@ class StoreTree final : public Tree {
   const std::string* StoreKey(const std::string& name) const;
   std::string StoreVersion(const std::string& key) const;
   void StoreHandOver(Handle& h);
-  void StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply);
+  // The control ops, one handler each (Control's table).
+  void ControlLookup(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlStore(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlRefresh(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlInvalidate(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlTransfer(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlServed(const ControlRequest& request, ControlServer::Reply reply);
+  // Answers a lookup of `key` with a LookupResult (waits for a fill of it being written).
+  void LookupObject(const std::string& key, ControlServer::Reply reply);
   void StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply);
 
   TreeContext ctx_;

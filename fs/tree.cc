@@ -109,6 +109,10 @@ void ReplyXattr(fuse_req_t req, const std::string& value, size_t size) {
   fuse_reply_buf(req, value.data(), value.size());
 }
 
+const char* SourceLabel(ReadSource s) {
+  return s == ReadSource::kRevalidate ? "revalidated" : ReadSourceName(s);
+}
+
 bool BadName(const char* name) {
   return name[0] == '\0' || std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0 ||
          std::strchr(name, '/') != nullptr || std::strlen(name) > 255;

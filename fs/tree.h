@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,14 +41,14 @@ struct GhostfsOptions;
 
 // What a read of a file last did, for the user.ghost.* attributes.
 struct Decision {
-  std::string source;     // memory | disk | network | revalidated | stale ("" never read)
-  nlohmann::json cost;    // the estimates behind it
+  std::optional<ReadSource> source;  // unset: never read
+  nlohmann::json cost;               // the estimates behind it
 };
 
 // Where the reads the daemon answered came from, for `ghostctl stats` and user.ghost.source.
 struct ReadLog {
   std::map<fuse_ino_t, Decision> decisions;
-  std::map<std::string, int> requests_by_source;
+  std::map<ReadSource, int> requests_by_source;
   std::uint64_t bytes_from_network = 0;
   std::uint64_t bytes_from_cache = 0;  // served by the daemon (passthrough reads are not seen)
   std::uint64_t fuse_reads = 0;        // READ requests that reached the daemon
@@ -133,6 +134,9 @@ void ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 void ReplyXattr(fuse_req_t req, const std::string& value, size_t size);
 // "", ".", "..", a name with '/', or one longer than NAME_MAX.
 bool BadName(const char* name);
+// How user.ghost.source, `ghostctl status` and `ghostctl stats` name a source: "memory" (both
+// RAM holders), "disk", "flash", "network", "revalidated", "stale".
+const char* SourceLabel(ReadSource s);
 // The estimates behind a cost-model choice, as user.ghost.cost and "lookup" show them.
 nlohmann::json CostJson(const Choice& c, const PowerManager& pm);
 
