@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "common/base/mounts.h"
+#include "common/power/ideal_machine.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/local_tree.h"
 #include "fs/mail_tree.h"
@@ -33,27 +34,6 @@ constexpr const char* kLocalName = "local";
 constexpr const char* kStoreName = ".ghost";  // the shared store (store_tree.cc); not listed
 
 Daemon* Self(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
-
-// A machine whose devices are always ready and cost nothing: used without --profile, so the
-// read path is the same code, and nothing is injected.
-MachineProfile IdealMachine() {
-  MachineProfile m;
-  m.name = "ideal";
-  m.description = "no emulated devices: always ready, no delays";
-  m.link.round_trips = 1;
-  m.link.warm_round_trips = 1;
-  for (DeviceKind kind : {DeviceKind::kDisk, DeviceKind::kNetwork}) {
-    DeviceProfile d;
-    d.kind = kind;
-    d.name = kind == DeviceKind::kDisk ? "cache-disk" : "network";
-    Mode on;
-    on.name = "ready";
-    on.serves_io = true;
-    d.modes.push_back(on);
-    m.devices.push_back(d);
-  }
-  return m;
-}
 
 }  // namespace
 
@@ -82,7 +62,7 @@ Daemon::~Daemon() {
 Status Daemon::LoadMachine() {
   MachineProfile profile;
   if (options_.profile.empty()) {
-    profile = IdealMachine();
+    profile = IdealMachineProfile();
   } else {
     Result<MachineProfile> m = LoadMachineProfile(options_.profile);
     if (!m.ok()) return m.status();

@@ -20,6 +20,7 @@
 #include "common/control/control.h"
 #include "common/control/protocol.h"
 #include "common/http/http_fetcher.h"
+#include "common/power/ideal_machine.h"
 #include "common/power/machine.h"
 #include "fs/fuse_passthrough.h"
 #include "fs/origin_tree.h"
@@ -27,25 +28,6 @@
 
 namespace ghost {
 namespace {
-
-// Devices that are always ready and cost nothing (ghostfs without --profile).
-MachineProfile IdealMachine() {
-  MachineProfile m;
-  m.name = "ideal";
-  m.link.round_trips = 1;
-  m.link.warm_round_trips = 1;
-  for (DeviceKind kind : {DeviceKind::kDisk, DeviceKind::kNetwork}) {
-    DeviceProfile d;
-    d.kind = kind;
-    d.name = kind == DeviceKind::kDisk ? "cache-disk" : "network";
-    Mode on;
-    on.name = "ready";
-    on.serves_io = true;
-    d.modes.push_back(on);
-    m.devices.push_back(d);
-  }
-  return m;
-}
 
 class StoreTreeTest : public ::testing::Test {
  protected:
@@ -59,7 +41,7 @@ class StoreTreeTest : public ::testing::Test {
     mount_path_ = root_ + "/mnt";
     MachineOptions mo;
     mo.power_management = false;
-    Result<std::unique_ptr<Machine>> machine = Machine::Build(clock_, IdealMachine(), mo);
+    Result<std::unique_ptr<Machine>> machine = Machine::Build(clock_, IdealMachineProfile(), mo);
     ASSERT_TRUE(machine.ok()) << machine.status().ToString();
     machine_ = std::move(machine).value();
     manager_ = std::make_unique<CacheManager>(clock_, *machine_, CacheManager::Options{});
