@@ -8,6 +8,8 @@
 #include "common/power/machine.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
+#include "fs/origin_tree.h"
+#include "fs/store_tree.h"
 
 namespace ghost {
 namespace {
@@ -65,11 +67,12 @@ nlohmann::json Daemon::StatsJson() const {
   nlohmann::json devices = nlohmann::json::object();
   for (const DeviceEnergy& d : e.devices) devices[d.name] = d.energy.joules();
   nlohmann::json requests = nlohmann::json::object();
-  for (const char* s : {"memory", "disk", "network", "revalidated", "stale"}) {
-    auto it = requests_by_source_.find(s);
-    requests[s] = it == requests_by_source_.end() ? 0 : it->second;
+  for (const char* s : {"memory", "disk", "network", "revalidated", "stale"}) requests[s] = 0;
+  for (const auto& [source, n] : reads_.requests_by_source) {
+    const char* label = SourceLabel(source);
+    if (requests.contains(label)) requests[label] = requests[label].get<int>() + n;
   }
-  const WriteQueueStats& w = queue_->stats();
+  const WriteQueueStats& w = write_back_->queue().stats();
   // Per device, in the shape of ghostsim's report (common/power/machine.h), so a live run's JSON
   // can be compared field by field.
   nlohmann::json device_detail =
@@ -83,14 +86,14 @@ nlohmann::json Daemon::StatsJson() const {
       {"profile", machine_->profile().name},
       {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
       {"requests", requests},
-      {"bytes", {{"network", bytes_from_network_}, {"cache", bytes_from_cache_}}},
+      {"bytes", {{"network", reads_.bytes_from_network}, {"cache", reads_.bytes_from_cache}}},
       {"ghost_hints_sent", cost_->hints_sent()},
       // READ requests the daemon served; reads of passthrough opens never reach it.
-      {"fuse", {{"reads", fuse_reads_}, {"passthrough", passthrough_->StatsJson()}}},
-      {"proxy", StoreStatsJson()},
+      {"fuse", {{"reads", reads_.fuse_reads}, {"passthrough", passthrough_->StatsJson()}}},
+      {"proxy", store_tree_->StatsJson()},
       {"imap", mail_->StatsJson()},
       {"write_queue",
-       {{"queued_bytes", queue_->queued_bytes()},
+       {{"queued_bytes", write_back_->queue().queued_bytes()},
         {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
         {"flushes_power_callback", w.flushes_power_callback},
         {"flushes_cap", w.flushes_cap}}},
@@ -175,8 +178,8 @@ void Daemon::ControlKnob(const ControlRequest& request, ControlServer::Reply rep
 
 void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
   auto start = std::chrono::steady_clock::now();
-  Bytes queued = queue_->queued_bytes();
-  queue_->FlushAll([reply, start, queued] {
+  Bytes queued = write_back_->queue().queued_bytes();
+  write_back_->queue().FlushAll([reply, start, queued] {
     reply({{"flushed_bytes", queued},
            {"duration_s",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
@@ -218,7 +221,7 @@ void Daemon::ControlHint(const ControlRequest& request, ControlServer::Reply rep
 }
 
 void Daemon::ControlStore(const ControlRequest& request, ControlServer::Reply reply) {
-  StoreControl(std::string(ControlOpName(request.op)), request.json, std::move(reply));
+  store_tree_->Control(request, std::move(reply));
 }
 
 void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply reply) {
@@ -236,8 +239,8 @@ void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply r
     probe.kind = NodeKind::kOriginFile;
     probe.origin = i;
     probe.path = inside;
-    std::string url = OriginUrl(&probe);
-    const CacheEntry* e = MountEntry(url);
+    std::string url = origin_->OriginUrl(&probe);
+    const CacheEntry* e = origin_->MountEntry(url);
     nlohmann::json cost = nlohmann::json::object();
     std::string preference = "network";
     if (e) {
@@ -248,14 +251,14 @@ void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply r
       preference = disk.cost <= net.cost ? "disk" : "network";
     }
     Node* n = inodes_.FindByPath(NodeKind::kOriginFile, i, inside);
-    auto d = n ? decisions_.find(n->ino) : decisions_.end();
+    auto d = n ? reads_.decisions.find(n->ino) : reads_.decisions.end();
     return reply({{"path", path},
                   {"url", url},
                   {"cached", e != nullptr},
                   {"state", e ? (preference == "disk" ? "present" : "present-network-preferred") : "absent"},
                   {"size", e ? nlohmann::json(e->size) : nlohmann::json()},
                   {"source_preference", preference},
-                  {"last_source", d != decisions_.end() ? d->second.source : "none"},
+                  {"last_source", d != reads_.decisions.end() && d->second.source ? SourceLabel(*d->second.source) : "none"},
                   {"cost", cost}});
   }
   reply.Error("status: " + path + ": no such file in the mount (not under an origin)");

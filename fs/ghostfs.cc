@@ -1,6 +1,7 @@
 // The daemon's loop, its FUSE operation table and the root directory; each operation goes to
-// the tree of its node. local/ is in local_tree.cc (LocalTree, behind a LocalContext); origins
-// and the read path in origin_tree.cc; control operations in control_ops.cc.
+// the tree of its node (fs/tree.h): origins and the read path in origin_tree.cc, Maildirs in
+// mail_tree.cc, .ghost/ in store_tree.cc, local/ in local_tree.cc; control operations in
+// control_ops.cc.
 #include <dirent.h>
 #include <event2/event.h>
 #include <fcntl.h>
@@ -18,8 +19,12 @@
 #include <sstream>
 
 #include "common/base/mounts.h"
+#include "common/power/ideal_machine.h"
 #include "fs/ghostfs_internal.h"
+#include "fs/local_tree.h"
 #include "fs/mail_tree.h"
+#include "fs/origin_tree.h"
+#include "fs/store_tree.h"
 
 namespace ghost {
 namespace {
@@ -30,27 +35,6 @@ constexpr const char* kStoreName = ".ghost";  // the shared store (store_tree.cc
 
 Daemon* Self(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req)); }
 
-// A machine whose devices are always ready and cost nothing: used without --profile, so the
-// read path is the same code, and nothing is injected.
-MachineProfile IdealMachine() {
-  MachineProfile m;
-  m.name = "ideal";
-  m.description = "no emulated devices: always ready, no delays";
-  m.link.round_trips = 1;
-  m.link.warm_round_trips = 1;
-  for (DeviceKind kind : {DeviceKind::kDisk, DeviceKind::kNetwork}) {
-    DeviceProfile d;
-    d.kind = kind;
-    d.name = kind == DeviceKind::kDisk ? "cache-disk" : "network";
-    Mode on;
-    on.name = "ready";
-    on.serves_io = true;
-    d.modes.push_back(on);
-    m.devices.push_back(d);
-  }
-  return m;
-}
-
 }  // namespace
 
 Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
@@ -58,12 +42,15 @@ Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
 Daemon::~Daemon() {
   hardware_.reset();  // the card's power save back as found (SIGTERM ends here too)
   local_.reset();
+  root_.reset();
   for (event* ev : signal_evs_) event_free(ev);
   if (fuse_ev_) event_free(fuse_ev_);
   control_.reset();
   mail_.reset();
-  queue_.reset();
   http_.reset();
+  store_tree_.reset();
+  origin_.reset();
+  write_back_.reset();
   if (store_) (void)store_->Close();
   store_.reset();
   io_.reset();
@@ -76,7 +63,7 @@ Daemon::~Daemon() {
 Status Daemon::LoadMachine() {
   MachineProfile profile;
   if (options_.profile.empty()) {
-    profile = IdealMachine();
+    profile = IdealMachineProfile();
   } else {
     Result<MachineProfile> m = LoadMachineProfile(options_.profile);
     if (!m.ok()) return m.status();
@@ -93,8 +80,6 @@ Status Daemon::LoadMachine() {
   if (!machine.ok()) return machine.status();
   machine_ = std::move(machine).value();
   pm_ = &machine_->pm();
-  disk_ = &machine_->storage();
-  net_ = &machine_->network();
   disk_id_ = machine_->storage_id();
   net_id_ = machine_->network_id();
   cost_ = &machine_->cost();
@@ -108,10 +93,6 @@ Status Daemon::LoadMachine() {
   }
   return Status::Ok();
 }
-
-void Daemon::DiscloseTransferBegin() { machine_->TransferBegin(); }
-
-void Daemon::DiscloseTransferEnd() { machine_->TransferEnd(); }
 
 Status Daemon::OpenCache() {
   std::error_code ec;
@@ -143,9 +124,7 @@ Status Daemon::OpenCache() {
 
   WriteQueueOptions wq;
   wq.cap = options_.write_queue_cap;
-  queue_ = std::make_unique<WriteQueue>(
-      *pm_, disk_id_, wq,
-      [this](std::vector<WriteRecord> batch, std::function<void()> done) { WriteBatch(std::move(batch), std::move(done)); });
+  write_back_ = std::make_unique<WriteBack>(*pm_, disk_id_, machine_->storage(), *store_, wq);
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   // A stalled origin fails within the stall timeout (libcurl's low-speed limit: under 1 byte/s
@@ -155,21 +134,114 @@ Status Daemon::OpenCache() {
     ho.connect_timeout = std::min<Duration>(ho.connect_timeout, options_.stall_timeout);
   }
   http_ = std::make_unique<HttpFetcher>(base_, ho);
+  return Status::Ok();
+}
+
+// The root directory: one directory per origin, local/, and .ghost/ (not listed).
+class RootTree final : public Tree {
+ public:
+  RootTree(const GhostfsOptions& options, InodeTable& inodes, LocalTree& local, StoreTree& store, MailTree& mail)
+      : options_(options), inodes_(inodes), local_(local), store_(store), mail_(mail) {}
+
+  void Lookup(fuse_req_t req, Node*, const char* name) override {
+    if (std::strcmp(name, kLocalName) == 0) return local_.LookupRoot(req);
+    if (std::strcmp(name, kStoreName) == 0) return store_.LookupRoot(req);
+    for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
+      if (options_.origins[i].name == name) {
+        Node* n = inodes_.Lookup(mail_.IsMailOrigin(i) ? NodeKind::kMailDir : NodeKind::kOriginDir, i, "");
+        return ReplyNodeEntry(req, n, ReadOnlyDirStat(n->ino), kAttrTimeout);
+      }
+    }
+    fuse_reply_err(req, ENOENT);
+  }
+  void Getattr(fuse_req_t req, Node* n) override {
+    struct stat st = ReadOnlyDirStat(n->ino);
+    st.st_mode = S_IFDIR | 0755;
+    fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override {
+    std::vector<std::pair<std::string, mode_t>> entries;
+    for (const Origin& o : options_.origins) entries.emplace_back(o.name, S_IFDIR);
+    entries.emplace_back(kLocalName, S_IFDIR);
+    ReplyDirEntries(req, n->ino, size, off, entries);
+  }
+  void Open(fuse_req_t req, Node*, fuse_file_info*) override { fuse_reply_err(req, EISDIR); }
+
+ protected:
+  int NotWritable(const Node*) const override { return EACCES; }
+
+ private:
+  const GhostfsOptions& options_;
+  InodeTable& inodes_;
+  LocalTree& local_;
+  StoreTree& store_;
+  MailTree& mail_;
+};
+
+TreeContext Daemon::Context() {
+  return TreeContext{.options = options_,
+                     .clock = *clock_,
+                     .machine = *machine_,
+                     .manager = *manager_,
+                     .store = *store_,
+                     .write_back = *write_back_,
+                     .inodes = inodes_,
+                     .io = *io_,
+                     .http = *http_,
+                     .passthrough = *passthrough_,
+                     .reads = reads_,
+                     .new_fh = [this] { return next_fh_++; },
+                     .stats_changed = [this] { PublishStats(); },
+                     .object_changed =
+                         [this](const std::string& key) {
+                           if (control_ && control_->Subscribed("objects")) control_->Publish("objects", {{"key", key}});
+                         },
+                     .loop = base_,
+                     .mount_path = mount_path_};
+}
+
+Status Daemon::MakeTrees() {
   Result<std::unique_ptr<LocalTree>> local = LocalTree::Create(
       options_.cache_dir + "/local",
       LocalContext{.inodes = inodes_,
-                   .queue = *queue_,
+                   .queue = write_back_->queue(),
                    .io = *io_,
                    .new_fh = [this] { return next_fh_++; },
-                   .reply_dir_entries =
-                       [this](fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                              const std::vector<std::pair<std::string, mode_t>>& entries) {
-                         ReplyDirEntries(req, ino, size, off, entries);
-                       },
+                   .reply_dir_entries = ReplyDirEntries,
                    .attr_timeout = kAttrTimeout});
   if (!local.ok()) return local.status();
   local_ = std::move(local).value();
+  origin_ = std::make_unique<OriginTree>(Context());
+  store_tree_ = std::make_unique<StoreTree>(Context(), *origin_);
+  Result<std::unique_ptr<MailTree>> mail = MailTree::Create(Context(), *origin_);
+  if (!mail.ok()) return mail.status();
+  mail_ = std::move(mail).value();
+  root_ = std::make_unique<RootTree>(options_, inodes_, *local_, *store_tree_, *mail_);
+  write_back_->SetHooks(WriteBack::Hooks{
+      .local_file = [this](WriteRecord r, std::function<void()> done) { local_->ApplyWrite(std::move(r), std::move(done)); },
+      .batch_done = [this] { local_->DropIdle(); },  // files whose last queued write is durable
+      .fill_committed = [this](const std::string&) { PublishStats(); }});
   return Status::Ok();
+}
+
+void Daemon::PublishStats() {
+  if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
+}
+
+Tree& Daemon::TreeOf(const Node* n) {
+  switch (n->kind) {
+    case NodeKind::kRoot: return *root_;
+    case NodeKind::kLocal: return *local_;
+    case NodeKind::kOriginDir:
+    case NodeKind::kOriginFile: return *origin_;
+    case NodeKind::kStoreDir:
+    case NodeKind::kStoreObject:
+    case NodeKind::kStoreFill: return *store_tree_;
+    case NodeKind::kMailDir:
+    case NodeKind::kMailFile: return *mail_;
+  }
+  assert(false && "a node of no tree");
+  return *root_;
 }
 
 namespace {
@@ -249,9 +321,7 @@ Status Daemon::Init() {
   if (Status s = OpenCache(); !s.ok()) return s;
   StartHardware();
   passthrough_ = std::make_unique<FusePassthrough>(options_.cache_dir);
-  Result<std::unique_ptr<MailTree>> mail = MailTree::Create(*this);
-  if (!mail.ok()) return mail.status();
-  mail_ = std::move(mail).value();
+  if (Status s = MakeTrees(); !s.ok()) return s;
   if (Status s = StartControl(); !s.ok()) return s;
   return Status::Ok();
 }
@@ -294,76 +364,32 @@ void Daemon::Shutdown() {
   shutting_down_ = true;
   if (fuse_ev_) event_del(fuse_ev_);
   // Deferred writes reach the disk before the loop ends (they may spin it up).
-  if (!queue_) {
+  if (!write_back_) {
     event_base_loopbreak(base_);
     return;
   }
-  queue_->FlushAll([this] { event_base_loopbreak(base_); });
+  write_back_->queue().FlushAll([this] { event_base_loopbreak(base_); });
 }
 
-// ---- attributes ----
+// ---- FUSE operations: the node, the checks every tree shares, then the node's tree ----
 
-struct stat Daemon::DirStat(fuse_ino_t ino) const {
-  struct stat st {};
-  st.st_ino = ino;
-  st.st_mode = S_IFDIR | 0555;
-  st.st_nlink = 2;
-  st.st_uid = getuid();
-  st.st_gid = getgid();
-  return st;
+namespace {
+
+bool IsDir(NodeKind k) {
+  return k == NodeKind::kRoot || k == NodeKind::kOriginDir || k == NodeKind::kStoreDir || k == NodeKind::kMailDir;
 }
 
-fuse_entry_param Daemon::EntryFor(Node* n, const struct stat& st) {
-  fuse_entry_param e{};
-  e.ino = n->ino;
-  e.attr = st;
-  e.attr.st_ino = n->ino;
-  e.attr_timeout = kAttrTimeout;
-  e.entry_timeout = kAttrTimeout;
-  return e;
-}
-
-void Daemon::ReplyEntry(fuse_req_t req, Node* n, const struct stat& st) {
-  fuse_entry_param e = EntryFor(n, st);
-  fuse_reply_entry(req, &e);
-}
-
-bool Daemon::BadName(const char* name) {
-  return name[0] == '\0' || std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0 ||
-         std::strchr(name, '/') != nullptr || std::strlen(name) > 255;
-}
-
-// ---- FUSE operations ----
+}  // namespace
 
 void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind == NodeKind::kLocal) return local_->Lookup(req, p, name);
-  if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
-  switch (p->kind) {
-    case NodeKind::kRoot: {
-      if (std::strcmp(name, kLocalName) == 0) return local_->LookupRoot(req);
-      if (std::strcmp(name, kStoreName) == 0) {
-        Node* n = inodes_.Lookup(NodeKind::kStoreDir, -1, "");
-        return ReplyEntry(req, n, StoreStat(n));
-      }
-      for (int i = 0; i < static_cast<int>(options_.origins.size()); ++i) {
-        if (options_.origins[i].name == name) {
-          Node* n = inodes_.Lookup(mail_->IsMailOrigin(i) ? NodeKind::kMailDir : NodeKind::kOriginDir, i, "");
-          return ReplyEntry(req, n, DirStat(n->ino));
-        }
-      }
-      return (void)fuse_reply_err(req, ENOENT);
-    }
-    case NodeKind::kLocal: return;  // answered above (local/ checks its own names)
-    case NodeKind::kOriginDir: return OriginLookup(req, p, name);
-    case NodeKind::kStoreDir: return StoreLookup(req, p, name);
-    case NodeKind::kMailDir: return mail_->Lookup(req, p, name);
-    case NodeKind::kMailFile:
-    case NodeKind::kOriginFile:
-    case NodeKind::kStoreObject:
-    case NodeKind::kStoreFill: return (void)fuse_reply_err(req, ENOTDIR);
+  Tree& t = TreeOf(p);
+  if (!t.ChecksNames()) {
+    if (BadName(name)) return (void)fuse_reply_err(req, ENOENT);
+    if (!IsDir(p->kind)) return (void)fuse_reply_err(req, ENOTDIR);
   }
+  t.Lookup(req, p, name);
 }
 
 void Daemon::OpForget(fuse_ino_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
@@ -371,397 +397,154 @@ void Daemon::OpForget(fuse_ino_t ino, uint64_t nlookup) { inodes_.Forget(ino, nl
 void Daemon::OpGetattr(fuse_req_t req, fuse_ino_t ino) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  switch (n->kind) {
-    case NodeKind::kRoot: {
-      struct stat st = DirStat(ino);
-      st.st_mode = S_IFDIR | 0755;
-      return (void)fuse_reply_attr(req, &st, kAttrTimeout);
-    }
-    case NodeKind::kLocal: return local_->Getattr(req, n);
-    case NodeKind::kOriginDir:
-    case NodeKind::kOriginFile: return OriginGetattr(req, n);
-    case NodeKind::kStoreDir:
-    case NodeKind::kStoreObject:
-    case NodeKind::kStoreFill: return StoreGetattr(req, n);
-    case NodeKind::kMailDir:
-    case NodeKind::kMailFile: return mail_->Getattr(req, n);
-  }
+  TreeOf(n).Getattr(req, n);
 }
 
 void Daemon::OpSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kMailDir || n->kind == NodeKind::kMailFile) return mail_->Setattr(req, n, attr, to_set);
-  // The kernel truncates O_TRUNC opens with a SETATTR (no atomic O_TRUNC, local_tree.h): a
-  // proxy opens its fill token with O_TRUNC, and a fill starts empty anyway.
-  constexpr int kTimes = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
-                         FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
-  if (n->kind == NodeKind::kStoreFill && (to_set & ~(FUSE_SET_ATTR_SIZE | kTimes)) == 0 && attr->st_size == 0) {
-    return StoreGetattr(req, n);
-  }
-  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EROFS);
-  local_->Setattr(req, n, *attr, to_set, fi ? fi->fh : 0);
+  TreeOf(n).Setattr(req, n, attr, to_set, fi);
 }
 
 void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kOriginFile || n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill ||
-      n->kind == NodeKind::kMailFile) {
-    return (void)fuse_reply_err(req, ENOTDIR);
-  }
+  if (n->kind != NodeKind::kLocal && !IsDir(n->kind)) return (void)fuse_reply_err(req, ENOTDIR);
   fi->fh = 0;
   fuse_reply_open(req, fi);
 }
 
 void Daemon::OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
 
-namespace {
-
-// Collects directory entries into the reply buffer, from offset `off` on.
-class DirBuffer {
- public:
-  DirBuffer(fuse_req_t req, size_t size, off_t off) : req_(req), buf_(size), off_(off) {}
-  // Returns false when the buffer is full.
-  bool Add(const std::string& name, fuse_ino_t ino, mode_t mode) {
-    ++index_;
-    if (index_ <= off_) return true;
-    struct stat st {};
-    st.st_ino = ino;
-    st.st_mode = mode;
-    size_t need = fuse_add_direntry(req_, buf_.data() + used_, buf_.size() - used_, name.c_str(), &st, index_);
-    if (need > buf_.size() - used_) return false;
-    used_ += need;
-    return true;
-  }
-  void Reply() { fuse_reply_buf(req_, buf_.data(), used_); }
-
- private:
-  fuse_req_t req_;
-  std::vector<char> buf_;
-  off_t off_;
-  off_t index_ = 0;
-  size_t used_ = 0;
-};
-
-}  // namespace
-
 void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kOriginDir) return OriginReaddir(req, n, size, off);
-  if (n->kind == NodeKind::kStoreDir) return StoreReaddir(req, n, size, off);
-  if (n->kind == NodeKind::kMailDir) return mail_->Readdir(req, n, size, off);
-  if (n->kind == NodeKind::kRoot) {
-    std::vector<std::pair<std::string, mode_t>> entries;
-    for (const Origin& o : options_.origins) entries.emplace_back(o.name, S_IFDIR);
-    entries.emplace_back(kLocalName, S_IFDIR);
-    return ReplyDirEntries(req, ino, size, off, entries);
-  }
-  local_->Readdir(req, n, size, off);
-}
-
-void Daemon::ReplyDirEntries(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
-                             const std::vector<std::pair<std::string, mode_t>>& entries) {
-  DirBuffer out(req, size, off);
-  if (out.Add(".", ino, S_IFDIR) && out.Add("..", ino, S_IFDIR)) {
-    for (const auto& [name, mode] : entries) {
-      if (!out.Add(name, kUnknownIno, mode)) break;
-    }
-  }
-  out.Reply();
+  TreeOf(n).Readdir(req, n, size, off);
 }
 
 void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind == NodeKind::kLocal) return local_->Create(req, p, name, mode, fi);
-  if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Create(req, p, name, mode, fi);
-  fuse_reply_err(req, NotWritable(p));
+  TreeOf(p).Create(req, p, name, mode, fi);
 }
 
 void Daemon::OpOpen(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kRoot || n->kind == NodeKind::kOriginDir || n->kind == NodeKind::kStoreDir ||
-      n->kind == NodeKind::kMailDir) {
-    return (void)fuse_reply_err(req, EISDIR);
-  }
-  if (n->kind == NodeKind::kMailFile) return mail_->Open(req, n, fi);
-  if (n->kind == NodeKind::kStoreObject || n->kind == NodeKind::kStoreFill) return StoreOpen(req, n, fi);
-  if (n->kind == NodeKind::kOriginFile) {
-    if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
-    return OriginOpen(req, n, fi);
-  }
-  local_->Open(req, n, fi);
+  if (IsDir(n->kind)) return (void)fuse_reply_err(req, EISDIR);
+  TreeOf(n).Open(req, n, fi);
 }
 
-void Daemon::OpRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
-  ++fuse_reads_;
-  if (local_->Owns(fi->fh)) return local_->Read(req, fi->fh, size, off);
-  auto it = handles_.find(fi->fh);
-  if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-  if (it->second.kind == NodeKind::kStoreFill) return (void)fuse_reply_err(req, EBADF);  // write-only
-  if (it->second.kind == NodeKind::kMailFile) return mail_->Read(req, it->second, size, off, fi->fh);
-  OriginRead(req, it->second, size, off, fi->fh);
+// Open files: the kernel holds a lookup of an open file's inode until it is released, so the
+// node is there; if not, the handle is unknown.
+void Daemon::OpRead(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
+  ++reads_.fuse_reads;
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, EBADF);
+  TreeOf(n).Read(req, n, size, off, fi);
 }
 
-void Daemon::OpWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
-  if (local_->Owns(fi->fh)) return local_->Write(req, fi->fh, buf, size, off);
-  auto it = handles_.find(fi->fh);
-  if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
-  Handle& h = it->second;
-  if (h.kind == NodeKind::kStoreFill) return StoreWrite(req, h, buf, size, off);
-  if (h.kind == NodeKind::kMailFile) return mail_->Write(req, h, buf, size, off);
-  fuse_reply_err(req, EROFS);
+void Daemon::OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, EBADF);
+  TreeOf(n).Write(req, n, buf, size, off, fi);
 }
 
-void Daemon::OpFlush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  if (local_->Owns(fi->fh)) return local_->Flush(req, fi->fh);
-  auto it = handles_.find(fi->fh);
-  if (it != handles_.end() && it->second.kind == NodeKind::kStoreFill) StoreHandOver(it->second);
-  fuse_reply_err(req, 0);
+void Daemon::OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, 0);
+  TreeOf(n).Flush(req, n, fi);
 }
 
-void Daemon::OpFsync(fuse_req_t req, fuse_ino_t, int datasync, fuse_file_info* fi) {
-  if (local_->Owns(fi->fh)) return local_->Fsync(req, fi->fh, datasync);
-  if (!handles_.contains(fi->fh)) return (void)fuse_reply_err(req, EBADF);
-  fuse_reply_err(req, 0);
+void Daemon::OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, EBADF);
+  TreeOf(n).Fsync(req, n, datasync, fi);
 }
 
-void Daemon::OpRelease(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
-  if (local_->Owns(fi->fh)) {
-    local_->Release(fi->fh);
-    return (void)fuse_reply_err(req, 0);
-  }
-  auto it = handles_.find(fi->fh);
-  if (it != handles_.end()) {
-    if (it->second.kind == NodeKind::kStoreFill) {
-      StoreHandOver(it->second);
-    } else {
-      if (it->second.fd >= 0) close(it->second.fd);
-      OriginRelease(it->second);
-    }
-    handles_.erase(it);
-  }
-  fuse_reply_err(req, 0);
-}
-
-void Daemon::WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done) {
-  write_backlog_.emplace_back(std::move(batch), std::move(done));
-  if (writing_) return;
-  writing_ = true;
-  // Runs the backlog one batch at a time: io_uring does not order writes, batches must be.
-  // The runner holds itself only weakly: each batch's completion holds it until it has started
-  // the next batch, so it is freed once the backlog is empty (a strong self-reference leaked it
-  // every time the writer went idle).
-  auto next = std::make_shared<std::function<void()>>();
-  *next = [this, self = std::weak_ptr<std::function<void()>>(next)] {
-    if (write_backlog_.empty()) {
-      writing_ = false;
-      return;
-    }
-    auto [records, done] = std::move(write_backlog_.front());
-    write_backlog_.pop_front();
-    ApplyBatch(std::move(records), [this, done = std::move(done), next = self.lock()] {
-      done();
-      local_->DropIdle();  // files whose last queued write is now durable
-      (*next)();
-    });
-  };
-  (*next)();
-}
-
-// Applies a sorted, merged batch to the disk: local/ records are written into their files;
-// cache fills are committed to the cache store.
-void Daemon::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done) {
-  Bytes total = 0;
-  for (const WriteRecord& r : batch) total += r.length;
-  auto pending = std::make_shared<int>(1);
-  auto finish = [pending, done] {
-    if (--*pending == 0) done();
-  };
-  // The emulated disk does the same amount of work (it may need to spin up first).
-  ++*pending;
-  disk_->Submit({total, true}, finish);
-  bool save_index = false;  // metadata changes (after a 304) wait for a batch, too
-  for (WriteRecord& r : batch) {
-    if (r.kind == WriteKind::kLocalFile) {
-      ++*pending;
-      local_->ApplyWrite(std::move(r), finish);
-    } else if (r.key.starts_with("index:")) {
-      save_index = true;
-    } else if (r.key.starts_with("fill:")) {
-      std::string url = r.key.substr(5);
-      auto meta = pending_fills_.find(url);
-      if (meta == pending_fills_.end()) continue;
-      CacheEntry entry = meta->second;
-      pending_fills_.erase(meta);
-      // The latest queued version of the body (its metadata is the latest too).
-      std::shared_ptr<const std::string> body;
-      if (auto q = queued_bodies_.find(url); q != queued_bodies_.end()) {
-        body = std::move(q->second.data);
-        queued_bodies_.erase(q);
-      }
-      Result<FillId> fill = store_->BeginFill(url, entry);
-      if (!fill.ok()) {
-        std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), fill.status().ToString().c_str());
-        continue;
-      }
-      ++*pending;
-      FillId id = *fill;
-      ++writing_fills_[url];
-      store_->AppendFill(id, body ? std::string(*body) : std::move(r.data), [this, id, url, finish](Status s) {
-        if (!s.ok()) {
-          std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), s.ToString().c_str());
-          store_->AbortFill(id);
-          FillSettled(url);
-          return finish();
-        }
-        store_->CommitFill(id, [this, url, finish](Status c) {
-          if (!c.ok()) std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), c.ToString().c_str());
-          else FillCommitted(url);
-          FillSettled(url);
-          finish();
-        });
-      });
-    }
-  }
-  if (save_index) {
-    if (Status s = store_->SaveIndex(); !s.ok()) std::fprintf(stderr, "ghostfs: saving the cache index: %s\n", s.ToString().c_str());
-  }
-  finish();
+void Daemon::OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, 0);
+  TreeOf(n).Release(req, n, fi);
 }
 
 void Daemon::OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
-  local_->Mkdir(req, p, name, mode);
+  TreeOf(p).Mkdir(req, p, name, mode);
 }
 
 void Daemon::OpMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
-  local_->Mknod(req, p, name, mode, rdev);
+  TreeOf(p).Mknod(req, p, name, mode, rdev);
 }
 
 void Daemon::OpSymlink(fuse_req_t req, const char* target, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
-  local_->Symlink(req, target, p, name);
+  TreeOf(p).Symlink(req, target, p, name);
 }
 
 void Daemon::OpReadlink(fuse_req_t req, fuse_ino_t ino) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EINVAL);  // no links elsewhere
-  local_->Readlink(req, n);
+  TreeOf(n).Readlink(req, n);
 }
 
 void Daemon::OpLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char* newname) {
   Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, ESTALE);
   Node* q = inodes_.Find(newparent);
-  if (!n || !q) return (void)fuse_reply_err(req, ESTALE);
-  // Maildir writers (Python's mailbox) try link(2) first and fall back to rename on EPERM.
-  if (n->kind != NodeKind::kLocal || q->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, EPERM);
-  local_->Link(req, n, q, newname);
+  if (!q) return (void)fuse_reply_err(req, ESTALE);
+  TreeOf(n).Link(req, n, q, newname);
 }
-
-int Daemon::NotWritable(const Node* parent) { return parent->kind == NodeKind::kRoot ? EACCES : EROFS; }
 
 void Daemon::OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind == NodeKind::kLocal) return local_->Unlink(req, p, name);
-  if (p->kind == NodeKind::kStoreDir) return StoreUnlink(req, p, name);
-  if (p->kind == NodeKind::kMailDir && !BadName(name)) return mail_->Unlink(req, p, name);
-  fuse_reply_err(req, NotWritable(p));
+  TreeOf(p).Unlink(req, p, name);
 }
 
 void Daemon::OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
   Node* p = inodes_.Find(parent);
   if (!p) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, NotWritable(p));
-  local_->Rmdir(req, p, name);
+  TreeOf(p).Rmdir(req, p, name);
 }
 
 void Daemon::OpRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t newparent,
                       const char* newname, unsigned int flags) {
   Node* p = inodes_.Find(parent);
+  if (!p) return (void)fuse_reply_err(req, ESTALE);
   Node* q = inodes_.Find(newparent);
-  if (!p || !q) return (void)fuse_reply_err(req, ESTALE);
-  if (p->kind == NodeKind::kMailDir && !BadName(name) && !BadName(newname)) {
-    return mail_->Rename(req, p, name, q, newname, flags);
-  }
-  if (p->kind != NodeKind::kLocal || q->kind != NodeKind::kLocal) {
-    return (void)fuse_reply_err(req, (p->kind == NodeKind::kOriginDir || q->kind == NodeKind::kOriginDir) ? EROFS : EXDEV);
-  }
-  local_->Rename(req, p, name, q, newname, flags);
+  if (!q) return (void)fuse_reply_err(req, ESTALE);
+  TreeOf(p).Rename(req, p, name, q, newname, flags);
 }
 
 void Daemon::OpStatfs(fuse_req_t req, fuse_ino_t) { local_->Statfs(req); }
 
-// ---- extended attributes ----
-
-namespace {
-constexpr const char* kXattrs[] = {"user.ghost.cached", "user.ghost.source", "user.ghost.cost",
-                                   "user.http.etag", "user.http.content_type"};
-
-void ReplyXattr(fuse_req_t req, const std::string& value, size_t size) {
-  if (size == 0) return (void)fuse_reply_xattr(req, value.size());
-  if (size < value.size()) return (void)fuse_reply_err(req, ERANGE);
-  fuse_reply_buf(req, value.data(), value.size());
-}
-}  // namespace
-
 void Daemon::OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kMailFile) {
-    std::optional<std::string> v = mail_->Xattr(n, name);
-    if (!v) return (void)fuse_reply_err(req, ENODATA);
-    return ReplyXattr(req, *v, size);
-  }
-  if (n->kind == NodeKind::kLocal) return local_->Getxattr(req, n, name, size);
-  if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
-  std::optional<std::string> v = OriginXattr(n, name);
-  if (!v) return (void)fuse_reply_err(req, ENODATA);
-  ReplyXattr(req, *v, size);
+  TreeOf(n).Getxattr(req, n, name, size);
 }
 
 void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind == NodeKind::kLocal) return local_->Listxattr(req, n, size);
-  std::string list;
-  if (n->kind == NodeKind::kOriginFile) {
-    for (const char* x : kXattrs) {
-      if (OriginXattr(n, x)) list.append(x).push_back('\0');
-    }
-  }
-  if (n->kind == NodeKind::kMailFile) {
-    for (const std::string& x : mail_->XattrNames(n)) list.append(x).push_back('\0');
-  }
-  ReplyXattr(req, list, size);
+  TreeOf(n).Listxattr(req, n, size);
 }
 
-// Only local/ keeps attributes that users set; elsewhere ENOTSUP (never ENOSYS, which the
-// kernel would take as "no setxattr on the whole mount").
 void Daemon::OpSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size, int flags) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, ENOTSUP);
-  local_->Setxattr(req, n, name, value, size, flags);
+  TreeOf(n).Setxattr(req, n, name, value, size, flags);
 }
 
 void Daemon::OpRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  if (n->kind != NodeKind::kLocal) return (void)fuse_reply_err(req, ENOTSUP);
-  local_->Removexattr(req, n, name);
+  TreeOf(n).Removexattr(req, n, name);
 }
 
 // ---- the operation table and the loop ----
@@ -925,27 +708,6 @@ Result<std::unique_ptr<GhostFs>> GhostFs::Create(const GhostfsOptions& options) 
   auto d = std::make_unique<Daemon>(options);
   if (Status s = d->Init(); !s.ok()) return s;
   return std::unique_ptr<GhostFs>(std::move(d));
-}
-
-void Daemon::QueueWholeFill(const std::string& key, std::string body,
-                            const std::string& content_type) {
-  CacheEntry meta;
-  meta.content_type = content_type;
-  QueueFill(key, std::move(meta), std::move(body));
-}
-
-void Daemon::QueueFill(const std::string& key, CacheEntry meta, std::string body) {
-  meta.size = body.size();
-  pending_fills_[key] = meta;
-  QueuedBody& q = queued_bodies_[key];
-  q.data = std::make_shared<const std::string>(std::move(body));
-  q.version = next_body_version_++;
-  // Length only: two queued fills of one key must not merge into a body of neither (the
-  // queue merges records of a key byte-wise); the writer takes the bytes from queued_bodies_.
-  WriteRecord rec;
-  rec.key = "fill:" + key;
-  rec.length = meta.size;
-  queue_->Add(std::move(rec));
 }
 
 }  // namespace ghost

@@ -211,6 +211,7 @@ void LocalTree::Readlink(fuse_req_t req, Node* n) {
 }
 
 void LocalTree::Link(fuse_req_t req, Node* n, Node* newparent, const char* newname) {
+  if (newparent->kind != NodeKind::kLocal) return Tree::Link(req, n, newparent, newname);
   if (int e = NameError(newname)) return (void)fuse_reply_err(req, e);
   // AT_EMPTY_PATH links the descriptor's own file (the daemon has CAP_DAC_READ_SEARCH).
   if (linkat(NodeFd(n), "", NodeFd(newparent), newname, AT_EMPTY_PATH) != 0) return (void)fuse_reply_err(req, errno);
@@ -243,6 +244,7 @@ void LocalTree::Rmdir(fuse_req_t req, Node* parent, const char* name) {
 
 void LocalTree::Rename(fuse_req_t req, Node* parent, const char* name, Node* newparent, const char* newname,
                        unsigned int flags) {
+  if (newparent->kind != NodeKind::kLocal) return Tree::Rename(req, parent, name, newparent, newname, flags);
   if (int e = NameError(name)) return (void)fuse_reply_err(req, e);
   if (int e = NameError(newname)) return (void)fuse_reply_err(req, e);
   if (flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE)) return (void)fuse_reply_err(req, EINVAL);

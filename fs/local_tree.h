@@ -43,6 +43,7 @@
 #include "common/base/status.h"
 #include "common/cache/write_queue.h"
 #include "fs/inode_table.h"
+#include "fs/tree.h"
 
 namespace ghost {
 
@@ -59,7 +60,7 @@ struct LocalContext {
   double attr_timeout = 1.0;  // seconds the kernel may cache attributes and entries
 };
 
-class LocalTree {
+class LocalTree final : public Tree {
  public:
   // Opens (creating if needed) the backing directory `dir`. `ctx` is borrowed: its references
   // must outlive the tree.
@@ -69,16 +70,32 @@ class LocalTree {
   LocalTree& operator=(const LocalTree&) = delete;
 
   // ---- FUSE operations on local/ nodes: each replies to `req` exactly once ----
+  // local/ checks its own names (NameError): any name the kernel sends reaches it.
+  bool ChecksNames() const override { return true; }
+  // The Tree operations on open files: the file handle the kernel names (fi->fh).
+  void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info* fi) override {
+    Setattr(req, n, *attr, to_set, fi ? fi->fh : 0);
+  }
+  void Read(fuse_req_t req, Node*, size_t size, off_t off, fuse_file_info* fi) override { Read(req, fi->fh, size, off); }
+  void Write(fuse_req_t req, Node*, const char* buf, size_t size, off_t off, fuse_file_info* fi) override {
+    Write(req, fi->fh, buf, size, off);
+  }
+  void Flush(fuse_req_t req, Node*, fuse_file_info* fi) override { Flush(req, fi->fh); }
+  void Fsync(fuse_req_t req, Node*, int datasync, fuse_file_info* fi) override { Fsync(req, fi->fh, datasync); }
+  void Release(fuse_req_t req, Node*, fuse_file_info* fi) override {
+    Release(fi->fh);
+    fuse_reply_err(req, 0);
+  }
   // Looks up local/ itself (the root's entry "local").
   void LookupRoot(fuse_req_t req);
-  void Lookup(fuse_req_t req, Node* parent, const char* name);
-  void Getattr(fuse_req_t req, Node* n);
+  void Lookup(fuse_req_t req, Node* parent, const char* name) override;
+  void Getattr(fuse_req_t req, Node* n) override;
   // `fh` is the open file the kernel names (0 if none).
   void Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to_set, std::uint64_t fh);
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off);
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
   // On success replies with a new file handle (fi->fh) that the daemon routes back here.
-  void Open(fuse_req_t req, Node* n, fuse_file_info* fi);
-  void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi);
+  void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi) override;
   void Read(fuse_req_t req, std::uint64_t fh, size_t size, off_t off);
   void Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t size, off_t off);
   void Flush(fuse_req_t req, std::uint64_t fh);
@@ -86,20 +103,20 @@ class LocalTree {
   // Closes the open file `fh` (no reply: the daemon replies).
   void Release(std::uint64_t fh);
   bool Owns(std::uint64_t fh) const { return opens_.contains(fh); }
-  void Mkdir(fuse_req_t req, Node* parent, const char* name, mode_t mode);
-  void Mknod(fuse_req_t req, Node* parent, const char* name, mode_t mode, dev_t rdev);
-  void Symlink(fuse_req_t req, const char* target, Node* parent, const char* name);
-  void Readlink(fuse_req_t req, Node* n);
-  void Link(fuse_req_t req, Node* n, Node* newparent, const char* newname);
-  void Unlink(fuse_req_t req, Node* parent, const char* name);
-  void Rmdir(fuse_req_t req, Node* parent, const char* name);
+  void Mkdir(fuse_req_t req, Node* parent, const char* name, mode_t mode) override;
+  void Mknod(fuse_req_t req, Node* parent, const char* name, mode_t mode, dev_t rdev) override;
+  void Symlink(fuse_req_t req, const char* target, Node* parent, const char* name) override;
+  void Readlink(fuse_req_t req, Node* n) override;
+  void Link(fuse_req_t req, Node* n, Node* newparent, const char* newname) override;
+  void Unlink(fuse_req_t req, Node* parent, const char* name) override;
+  void Rmdir(fuse_req_t req, Node* parent, const char* name) override;
   // renameat2: RENAME_NOREPLACE and RENAME_EXCHANGE are honoured.
   void Rename(fuse_req_t req, Node* parent, const char* name, Node* newparent, const char* newname,
-              unsigned int flags);
-  void Setxattr(fuse_req_t req, Node* n, const char* name, const char* value, size_t size, int flags);
-  void Getxattr(fuse_req_t req, Node* n, const char* name, size_t size);
-  void Listxattr(fuse_req_t req, Node* n, size_t size);
-  void Removexattr(fuse_req_t req, Node* n, const char* name);
+              unsigned int flags) override;
+  void Setxattr(fuse_req_t req, Node* n, const char* name, const char* value, size_t size, int flags) override;
+  void Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) override;
+  void Listxattr(fuse_req_t req, Node* n, size_t size) override;
+  void Removexattr(fuse_req_t req, Node* n, const char* name) override;
   void Statfs(fuse_req_t req);
 
   // ---- the write queue's writer ----

@@ -14,7 +14,10 @@
 
 #include "common/config/config.h"
 #include "common/imap/maildir_names.h"
-#include "fs/ghostfs_internal.h"
+#include "common/cache/cache_store.h"
+#include "common/config/config.h"
+#include "fs/origin_tree.h"
+#include "fs/write_back.h"
 
 namespace ghost {
 
@@ -133,15 +136,16 @@ struct MailOrigin {
   }
 };
 
-MailTree::MailTree(Daemon& d) : d_(d) {}
+MailTree::MailTree(TreeContext ctx, OriginTree& reads) : ctx_(std::move(ctx)), reads_(reads) {}
 
 MailTree::~MailTree() = default;
 
-Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
-  std::unique_ptr<MailTree> t(new MailTree(d));
+Result<std::unique_ptr<MailTree>> MailTree::Create(TreeContext ctx, OriginTree& reads) {
+  std::unique_ptr<MailTree> t(new MailTree(std::move(ctx), reads));
+  const TreeContext& d = t->ctx_;
   bool any = false;
-  for (int i = 0; i < static_cast<int>(d.options_.origins.size()); ++i) {
-    const Origin& o = d.options_.origins[i];
+  for (int i = 0; i < static_cast<int>(d.options.origins.size()); ++i) {
+    const Origin& o = d.options.origins[i];
     t->origins_.emplace_back();
     if (!o.imap()) continue;
     any = true;
@@ -156,8 +160,8 @@ Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
     mo->user = url->user;
     mo->password = *password;
     ImapClientOptions co;
-    co.ca_file = d.options_.cacert;
-    mo->client = std::make_unique<ImapClient>(d.base_, co);
+    co.ca_file = d.options.cacert;
+    mo->client = std::make_unique<ImapClient>(d.loop, co);
     MailOrigin* raw = mo.get();
     MailTree* self = t.get();
     mo->client->SetEventHandler([self, raw](const MailboxEvent& e) { self->OnMailboxEvent(*raw, e); });
@@ -172,18 +176,18 @@ Result<std::unique_ptr<MailTree>> MailTree::Create(Daemon& d) {
     t->origins_.back() = std::move(mo);
   }
   if (!any) return t;
-  Result<std::string> trash = ParseImapDelete(d.options_.imap_delete);
+  Result<std::string> trash = ParseImapDelete(d.options.imap_delete);
   if (!trash.ok()) return trash.status();
   if (!trash->empty()) {
     Result<std::string> wire = EncodeMutf7(*trash);
     if (!wire.ok()) return Status::InvalidArgument("imap_delete: " + wire.status().message());
     t->trash_ = *wire;
   }
-  t->unapplied_path_ = d.options_.cache_dir + "/imap-unapplied.jsonl";
+  t->unapplied_path_ = d.options.cache_dir + "/imap-unapplied.jsonl";
   ImapQueueOptions qo;
-  qo.journal_path = d.options_.cache_dir + "/imap-journal";
+  qo.journal_path = d.options.cache_dir + "/imap-journal";
   Result<std::unique_ptr<ImapQueue>> q = ImapQueue::Open(
-      qo, *d.pm_, d.net_id_, [self = t.get()](const ImapOp& op, std::function<void(SendOutcome)> done) {
+      qo, d.machine.pm(), d.machine.network_id(), [self = t.get()](const ImapOp& op, std::function<void(SendOutcome)> done) {
         self->Send(op, std::move(done));
       });
   if (!q.ok()) return q.status();
@@ -255,7 +259,7 @@ void MailTree::OnMailboxEvent(MailOrigin& mo, const MailboxEvent& e) {
 // ---- mailboxes and their summaries ----
 
 void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
-  if (mo.boxes_loaded && mo.boxes_expires > d_.clock_->Now()) return then(Status::Ok());
+  if (mo.boxes_loaded && mo.boxes_expires > ctx_.clock.Now()) return then(Status::Ok());
   mo.boxes_waiters.push_back(std::move(then));
   if (mo.boxes_loading) return;
   mo.boxes_loading = true;
@@ -290,18 +294,18 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
         saved.push_back({m.name, std::string(1, m.delimiter)});
       }
       apply(list);
-      mo.boxes_expires = d_.clock_->Now() + d_.options_.heuristic_freshness;
+      mo.boxes_expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;
       std::string key = kMailboxesPrefix + mo.url;
-      d_.QueueWholeFill(key, saved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      ctx_.write_back.QueueWholeFill(key, saved.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                         "application/json");
       return finish(Status::Ok());
     }
     // Unreachable: the list saved with the cache, if any (disconnected operation).
     std::string key = kMailboxesPrefix + mo.url;
-    const CacheEntry* e = d_.store_->index().Find(key);
+    const CacheEntry* e = ctx_.store.index().Find(key);
     if (!e || mo.boxes_loaded) return finish(mo.boxes_loaded ? Status::Ok() : r.status());
     auto buf = std::make_shared<std::string>(e->size, '\0');
-    d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+    ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
                         [buf, finish, apply, st = r.status()](Result<std::size_t> n) {
                           if (!n.ok()) return finish(st);
                           buf->resize(*n);
@@ -324,7 +328,7 @@ void MailTree::WithBox(MailOrigin& mo, const std::string& folder, bool force,
     auto it = mo.boxes.find(folder);
     if (it == mo.boxes.end()) return then(listed.ok() ? Status::NotFound(folder) : listed);
     MailBox& box = it->second;
-    if (box.loaded && !force && box.expires > d_.clock_->Now()) return then(&box);
+    if (box.loaded && !force && box.expires > ctx_.clock.Now()) return then(&box);
     LoadBox(mo, box, [&box, then](Status s) {
       if (!s.ok() && !box.loaded) return then(s);
       then(&box);  // a failed refresh keeps showing what was known
@@ -388,7 +392,7 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
       box.loaded = true;
       box.offline = false;
       box.Changed();
-      box.expires = d_.clock_->Now() + d_.options_.heuristic_freshness;
+      box.expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;
       SaveBox(mo, box);
       ApplyPending(mo, box);
       finish(Status::Ok());
@@ -412,7 +416,7 @@ void MailTree::SaveBox(MailOrigin& mo, const MailBox& box) {
     if (m.uid) msgs.push_back({m.uid, m.size, m.info, m.date});
   }
   std::string body = nlohmann::json{{"uidvalidity", box.uidvalidity}, {"messages", msgs}}.dump();
-  d_.QueueWholeFill(kListingPrefix + mo.url + box.wire, std::move(body), "application/json");
+  ctx_.write_back.QueueWholeFill(kListingPrefix + mo.url + box.wire, std::move(body), "application/json");
 }
 
 void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::function<void(Status)> then) {
@@ -420,10 +424,10 @@ void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::funct
                why.message().c_str(), box.loaded ? "; showing what was known" : "; using the saved listing");
   if (box.loaded) return then(Status::Ok());
   std::string key = kListingPrefix + mo.url + box.wire;
-  const CacheEntry* e = d_.store_->index().Find(key);
+  const CacheEntry* e = ctx_.store.index().Find(key);
   if (!e) return then(why);
   auto buf = std::make_shared<std::string>(e->size, '\0');
-  d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+  ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
                       [this, &mo, &box, buf, why, then](Result<std::size_t> n) {
                         if (!n.ok()) return then(why);
                         buf->resize(*n);
@@ -443,7 +447,7 @@ void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::funct
                         box.loaded = true;
                         box.offline = true;
                         box.Changed();
-                        box.expires = d_.clock_->Now();  // try the server again next time
+                        box.expires = ctx_.clock.Now();  // try the server again next time
                         ApplyPending(mo, box);
                         then(Status::Ok());
                       });
@@ -524,8 +528,8 @@ struct stat MailTree::FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) c
 
 void MailTree::ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
                                  std::int64_t mtime) {
-  Node* n = d_.inodes_.Lookup(NodeKind::kMailFile, mo.index, path);
-  fuse_entry_param e = Daemon::EntryFor(n, FileStat(n->ino, size, mtime));
+  Node* n = ctx_.inodes.Lookup(NodeKind::kMailFile, mo.index, path);
+  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, size, mtime));
   e.attr_timeout = e.entry_timeout = kMailAttrTimeout;
   fuse_reply_entry(req, &e);
 }
@@ -537,8 +541,8 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
   MailPath p = Split(parent->path);
   int origin = parent->origin;
   auto dir_entry = [this, req, origin](const std::string& path) {
-    Node* n = d_.inodes_.Lookup(NodeKind::kMailDir, origin, path);
-    fuse_entry_param e = Daemon::EntryFor(n, DirStat(n->ino));
+    Node* n = ctx_.inodes.Lookup(NodeKind::kMailDir, origin, path);
+    fuse_entry_param e = NodeEntry(n, DirStat(n->ino));
     MailPath c = Split(path);
     if (c.sub == "cur" || c.sub == "new") e.attr_timeout = 0;  // their mtime: see Getattr
     fuse_reply_entry(req, &e);
@@ -603,7 +607,7 @@ void MailTree::Getattr(fuse_req_t req, Node* n) {
   });
 }
 
-void MailTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set) {
+void MailTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info*) {
   MailOrigin* mo = OriginOf(n->origin);
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kMailDir) {
@@ -630,12 +634,12 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   using Entries = std::vector<std::pair<std::string, mode_t>>;
   if (p.sub.empty()) {
     Entries entries = {{"cur", S_IFDIR}, {"new", S_IFDIR}, {"tmp", S_IFDIR}};
-    if (!p.folder.empty()) return d_.ReplyDirEntries(req, ino, size, off, entries);
+    if (!p.folder.empty()) return ReplyDirEntries(req, ino, size, off, entries);
     return WithMailboxes(*mo, [this, mo, req, ino, size, off, entries](Status) mutable {
       for (const auto& [folder, box] : mo->boxes) {
         if (!folder.empty()) entries.emplace_back(folder, S_IFDIR);
       }
-      d_.ReplyDirEntries(req, ino, size, off, entries);
+      ReplyDirEntries(req, ino, size, off, entries);
     });
   }
   if (p.sub == "tmp") {
@@ -644,7 +648,7 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
     for (const auto& [path, data] : mo->tmp) {
       if (path.starts_with(prefix)) entries.emplace_back(path.substr(prefix.size()), S_IFREG);
     }
-    return d_.ReplyDirEntries(req, ino, size, off, entries);
+    return ReplyDirEntries(req, ino, size, off, entries);
   }
   // Listing cur/ or new/ refreshes the summary once its freshness ran out (offset 0 only: a
   // listing read in several calls must see one state).
@@ -659,7 +663,7 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
     for (const auto& [u, m] : (*b)->messages) {
       if (m.sub == p.sub) entries.emplace_back(m.Name(), S_IFREG);
     }
-    d_.ReplyDirEntries(req, ino, size, off, entries);
+    ReplyDirEntries(req, ino, size, off, entries);
   });
 }
 
@@ -677,11 +681,10 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (fi->flags & O_TRUNC) t->second.clear();
     Handle h;
     h.kind = NodeKind::kMailFile;
-    h.source = "tmp";
+    h.tmp = true;
     h.key = n->path;
-    info.fh = d_.next_fh_++;
+    info.fh = reads_.AddHandle(std::move(h));
     info.direct_io = 1;
-    d_.handles_[info.fh] = std::move(h);
     return (void)fuse_reply_open(req, &info);
   }
   if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
@@ -693,15 +696,14 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     const MailMessage& m = it->second;
     Handle h;
     h.kind = NodeKind::kMailFile;
-    auto reply = [this, req, &info, ino](Handle h, const std::string& source) {
+    auto reply = [this, req, &info, ino](Handle h, ReadSource source) {
       h.source = source;
-      info.fh = d_.next_fh_++;
-      info.direct_io = source == "network" ? 1 : 0;
-      info.keep_cache = source == "network" ? 0 : 1;
+      info.direct_io = source == ReadSource::kNetwork ? 1 : 0;
+      info.keep_cache = source == ReadSource::kNetwork ? 0 : 1;
       if (h.stream) ++h.stream->opens;
-      d_.decisions_[ino].source = source;
-      ++d_.requests_by_source_[source];
-      d_.handles_[info.fh] = std::move(h);
+      ctx_.reads.decisions[ino].source = source;
+      ++ctx_.reads.requests_by_source[source];
+      info.fh = reads_.AddHandle(std::move(h));
       fuse_reply_open(req, &info);
     };
     if (m.body) {
@@ -711,70 +713,70 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       st->size = m.body->size();
       st->done = st->emulated_ready = true;
       h.stream = st;
-      return reply(std::move(h), "memory");
+      return reply(std::move(h), ReadSource::kWriteQueue);
     }
     std::string key = BodyKey(*mo, box.wire, box.uidvalidity, m.uid);
     h.key = key;
-    const CacheEntry* cached = d_.store_->index().Find(key);
+    const CacheEntry* cached = ctx_.store.index().Find(key);
     // The cache manager decides, as for HTTP objects (common/cache/cache_manager.h): a fill
     // still in the write queue is read from memory, a cached copy goes to the cost model
     // (which may hint the ideal device).
     ObjectState state;
     state.on_disk = cached != nullptr;
-    state.in_write_queue = d_.queue_->Contains("fill:" + key);
+    state.in_write_queue = ctx_.write_back.FillPending(key);
     state.size = cached ? cached->size : m.size;
-    ReadDecision d = d_.manager_->DecideRead(state);
-    if (d.source == ReadSource::kWriteQueue) return reply(std::move(h), "memory");
+    ReadDecision d = ctx_.manager.DecideRead(state);
+    if (d.source == ReadSource::kWriteQueue) return reply(std::move(h), ReadSource::kWriteQueue);
     if (d.costed) {
-      d_.decisions_[ino].cost = d_.CostJson(d.choice);
+      ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
       bool on_disk = d.source == ReadSource::kDisk;
       bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
       if (on_disk || offline) {
-        h.fd = ::open(d_.store_->BodyPath(key).c_str(), O_RDONLY | O_CLOEXEC);
-        if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
-        posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-        d_.store_->Touch(key);
-        d_.StartPrefetch(h, cached->size);
-        return reply(std::move(h), offline && !on_disk ? "stale" : "disk");
+        Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, key);
+        if (!file.ok()) return (void)fuse_reply_err(req, EIO);
+        h.file = std::move(file).value();
+        ctx_.store.Touch(key);
+        reads_.StartPrefetch(h, cached->size);
+        return reply(std::move(h), offline && !on_disk ? ReadSource::kStale : ReadSource::kDisk);
       }
     }
     // The network: join a fetch that is running, or start one.
-    if (auto running = d_.streams_.find(key); running != d_.streams_.end()) {
+    if (auto running = reads_.streams().find(key); running != reads_.streams().end()) {
       h.stream = running->second;
-      return reply(std::move(h), "network");
+      return reply(std::move(h), ReadSource::kNetwork);
     }
     auto st = std::make_shared<Stream>();
     st->key = key;
     st->size = m.size;
-    d_.streams_[key] = st;
+    reads_.streams()[key] = st;
     h.stream = st;
     ++fetches_;
-    d_.DiscloseTransferBegin();
+    ctx_.machine.TransferBegin();
     // The emulated card carries the same transfer (DESIGN §7).
-    d_.net_->Submit({m.size, false}, [this, st] {
+    ctx_.machine.network().Submit({m.size, false}, [this, st] {
       st->emulated_ready = true;
-      d_.ServeStream(*st);
+      reads_.ServeStream(*st);
     });
     std::uint32_t uid = m.uid, uidvalidity = box.uidvalidity;
     std::string wire = box.wire;
     Bytes expected = m.size;
     auto end = [this, st, mo, key, expected](Status s) {
-      d_.DiscloseTransferEnd();
+      ctx_.machine.TransferEnd();
       st->done = true;
       st->status = s;
-      if (auto it = d_.streams_.find(key); it != d_.streams_.end() && it->second == st)
-        d_.streams_.erase(it);
-      d_.ServeStream(*st);  // waiting reads get the rest, or EIO
+      if (auto it = reads_.streams().find(key); it != reads_.streams().end() && it->second == st)
+        reads_.streams().erase(it);
+      reads_.ServeStream(*st);  // waiting reads get the rest, or EIO
       if (!s.ok()) {
         ++fetch_errors_;
         std::fprintf(stderr, "ghostfs: %s: fetching %s: %s\n", mo->name.c_str(), key.c_str(), s.ToString().c_str());
         return;
       }
-      if (st->data.size() != expected || d_.store_->index().Find(key)) return;
+      if (st->data.size() != expected || ctx_.store.index().Find(key)) return;
       // The fill waits in the write queue while the disk sleeps (DESIGN §3.5).
       CacheEntry meta;
       meta.content_type = "message/rfc822";
-      d_.QueueFill(key, std::move(meta), st->data);
+      ctx_.write_back.QueueFill(key, std::move(meta), st->data);
     };
     Selected(*mo, wire, [this, mo, st, uid, uidvalidity, end](Result<std::uint32_t> v) {
       if (!v.ok()) return end(v.status());
@@ -789,18 +791,21 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
           [this, st](std::string_view data) {
             st->data.append(data);
             bytes_fetched_ += data.size();
-            d_.bytes_from_network_ += data.size();
-            d_.ServeStream(*st);
+            ctx_.reads.bytes_from_network += data.size();
+            reads_.ServeStream(*st);
             return true;
           },
           end);
     });
-    reply(std::move(h), "network");
+    reply(std::move(h), ReadSource::kNetwork);
   });
 }
 
-void MailTree::Read(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh) {
-  if (h.source != "tmp") return d_.OriginRead(req, h, size, off, fh);
+void MailTree::Read(fuse_req_t req, Node*, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* hp = reads_.FindHandle(fi->fh);
+  if (!hp) return (void)fuse_reply_err(req, EBADF);
+  Handle& h = *hp;
+  if (!h.tmp) return reads_.ReadHandle(req, fi->fh, size, off);
   // tmp/ files live in memory until they are renamed into new/ or cur/.
   for (auto& mo : origins_) {
     if (!mo) continue;
@@ -815,7 +820,8 @@ void MailTree::Read(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint
 
 // ---- writing ----
 
-void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t, fuse_file_info* fi) {
+void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi) {
+  if (BadName(name)) return Tree::Create(req, parent, name, mode, fi);
   MailOrigin* mo = OriginOf(parent->origin);
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   MailPath p = Split(parent->path);
@@ -824,21 +830,23 @@ void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t, fu
   std::string path = parent->path + "/" + name;
   if ((fi->flags & O_EXCL) && mo->tmp.count(path)) return (void)fuse_reply_err(req, EEXIST);
   mo->tmp[path];
-  Node* n = d_.inodes_.Lookup(NodeKind::kMailFile, parent->origin, path);
+  Node* n = ctx_.inodes.Lookup(NodeKind::kMailFile, parent->origin, path);
   Handle h;
   h.kind = NodeKind::kMailFile;
-  h.source = "tmp";
+  h.tmp = true;
   h.key = path;
-  fi->fh = d_.next_fh_++;
+  fi->fh = reads_.AddHandle(std::move(h));
   fi->direct_io = 1;
-  d_.handles_[fi->fh] = std::move(h);
-  fuse_entry_param e = Daemon::EntryFor(n, FileStat(n->ino, mo->tmp[path].size(), UnixNow()));
+  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, mo->tmp[path].size(), UnixNow()));
   e.attr_timeout = e.entry_timeout = 0;
   fuse_reply_create(req, &e, fi);
 }
 
-void MailTree::Write(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off) {
-  if (h.source != "tmp") return (void)fuse_reply_err(req, EROFS);
+void MailTree::Write(fuse_req_t req, Node*, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* hp = reads_.FindHandle(fi->fh);
+  if (!hp) return (void)fuse_reply_err(req, EBADF);
+  Handle& h = *hp;
+  if (!h.tmp) return (void)fuse_reply_err(req, EROFS);
   for (auto& mo : origins_) {
     if (!mo) continue;
     auto t = mo->tmp.find(h.key);
@@ -852,6 +860,7 @@ void MailTree::Write(fuse_req_t req, Handle& h, const char* buf, size_t size, of
 }
 
 void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
+  if (BadName(name_c)) return Tree::Unlink(req, parent, name_c);
   MailOrigin* mo = OriginOf(parent->origin);
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   MailPath p = Split(parent->path);
@@ -894,6 +903,7 @@ void MailTree::Unlink(fuse_req_t req, Node* parent, const char* name_c) {
 }
 
 void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, const char* newname_c, unsigned flags) {
+  if (BadName(name_c) || BadName(newname_c)) return Tree::Rename(req, p, name_c, q, newname_c, flags);
   MailOrigin* mo = OriginOf(p->origin);
   if (!mo || q->origin != p->origin || q->kind != NodeKind::kMailDir) return (void)fuse_reply_err(req, EXDEV);
   if (flags & RENAME_EXCHANGE) return (void)fuse_reply_err(req, EINVAL);
@@ -910,7 +920,7 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
       std::fprintf(stderr, "ghostfs: cannot queue an IMAP operation: %s\n", seq.status().ToString().c_str());
       return (void)fuse_reply_err(req, EIO);
     }
-    d_.inodes_.Rename(NodeKind::kMailFile, origin, from_path, to_path);
+    ctx_.inodes.Rename(NodeKind::kMailFile, origin, from_path, to_path);
     fuse_reply_err(req, 0);
   };
   WithBox(*mo, to.folder, false,
@@ -1181,7 +1191,7 @@ void MailTree::Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidit
       mo.name.c_str(), op.mailbox.c_str(), op.uidvalidity, uidvalidity_now, ImapOpKindName(op.kind),
       op.uid);
   std::string key = BodyKey(mo, op.mailbox, op.uidvalidity, op.uid);
-  const CacheEntry* e = d_.store_->index().Find(key);
+  const CacheEntry* e = ctx_.store.index().Find(key);
   auto with_body = [this, &mo, op, uidvalidity_now, result,
                     done](std::shared_ptr<std::string> body) {
     std::string id = body ? MessageIdOf(*body) : "";
@@ -1288,7 +1298,7 @@ void MailTree::Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidit
   };
   if (!e) return with_body(nullptr);
   auto buf = std::make_shared<std::string>(e->size, '\0');
-  d_.store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+  ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
                       [buf, with_body](Result<std::size_t> n) {
                         if (!n.ok() || *n != buf->size()) return with_body(nullptr);
                         with_body(buf);
@@ -1339,13 +1349,13 @@ std::optional<std::string> MailTree::Xattr(Node* n, const std::string& name) {
   if (it == b->second.messages.end()) return std::nullopt;
   const MailMessage& m = it->second;
   std::string key = m.uid ? BodyKey(*mo, b->second.wire, b->second.uidvalidity, m.uid) : "";
-  auto d = d_.decisions_.find(n->ino);
-  if (name == "user.ghost.cached") return std::string(!key.empty() && d_.store_->index().Find(key) ? "1" : "0");
+  auto d = ctx_.reads.decisions.find(n->ino);
+  if (name == "user.ghost.cached") return std::string(!key.empty() && ctx_.store.index().Find(key) ? "1" : "0");
   if (name == "user.ghost.source") {
-    return d == d_.decisions_.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+    return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : std::string(SourceLabel(*d->second.source));
   }
   if (name == "user.ghost.cost") {
-    if (d == d_.decisions_.end() || d->second.cost.is_null()) return std::nullopt;
+    if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;
     return d->second.cost.dump();
   }
   if (name == "user.imap.mailbox") return b->second.wire;
@@ -1405,6 +1415,25 @@ nlohmann::json MailTree::StatsJson() const {
           {"resync_unapplied", resync_unapplied_},
           {"unapplied_file", unapplied_path_},
           {"origins", origins}};
+}
+
+void MailTree::Release(fuse_req_t req, Node*, fuse_file_info* fi) {
+  reads_.ReleaseHandle(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+void MailTree::Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) {
+  std::optional<std::string> v = n->kind == NodeKind::kMailFile ? Xattr(n, name) : std::nullopt;
+  if (!v) return (void)fuse_reply_err(req, ENODATA);
+  ReplyXattr(req, *v, size);
+}
+
+void MailTree::Listxattr(fuse_req_t req, Node* n, size_t size) {
+  std::string list;
+  if (n->kind == NodeKind::kMailFile) {
+    for (const std::string& x : XattrNames(n)) list.append(x).push_back('\0');
+  }
+  ReplyXattr(req, list, size);
 }
 
 }  // namespace ghost

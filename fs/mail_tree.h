@@ -56,20 +56,22 @@
 #include "common/imap/imap_client.h"
 #include "common/imap/imap_queue.h"
 #include "common/base/status.h"
+#include "fs/tree.h"
 
 namespace ghost {
 
-class Daemon;
+class OriginTree;
 struct Node;
 struct Handle;
 struct MailOrigin;
 struct MailBox;
 
-class MailTree {
+class MailTree final : public Tree {
  public:
   // Opens the IMAP operation journal (CACHE/imap-journal) and reads the origins' passwords.
-  // Borrows `d`, which owns the tree and outlives it.
-  [[nodiscard]] static Result<std::unique_ptr<MailTree>> Create(Daemon& d);
+  // Borrows `ctx` and `reads` (the read path bodies are read through, fs/origin_tree.h),
+  // which must outlive the tree.
+  [[nodiscard]] static Result<std::unique_ptr<MailTree>> Create(TreeContext ctx, OriginTree& reads);
   ~MailTree();
   MailTree(const MailTree&) = delete;
   MailTree& operator=(const MailTree&) = delete;
@@ -78,24 +80,27 @@ class MailTree {
   // Once mounted: sends what the journal replayed (operations of the last run).
   void Start();
 
-  // FUSE operations on mail nodes (NodeKind::kMailDir, kMailFile); each replies exactly once.
-  void Lookup(fuse_req_t req, Node* parent, const char* name);
-  void Getattr(fuse_req_t req, Node* n);
-  void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set);
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off);
-  void Open(fuse_req_t req, Node* n, fuse_file_info* fi);
-  void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi);
-  void Read(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
-  void Write(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off);
-  void Unlink(fuse_req_t req, Node* parent, const char* name);
-  void Rename(fuse_req_t req, Node* p, const char* name, Node* q, const char* newname, unsigned flags);
-  std::optional<std::string> Xattr(Node* n, const std::string& name);
-  std::vector<std::string> XattrNames(Node* n);
+  // ---- Tree: mail nodes (NodeKind::kMailDir, kMailFile); each replies exactly once ----
+  void Lookup(fuse_req_t req, Node* parent, const char* name) override;
+  void Getattr(fuse_req_t req, Node* n) override;
+  void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info* fi) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi) override;
+  void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
+  void Write(fuse_req_t req, Node* n, const char* buf, size_t size, off_t off, fuse_file_info* fi) override;
+  void Release(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Unlink(fuse_req_t req, Node* parent, const char* name) override;
+  void Rename(fuse_req_t req, Node* p, const char* name, Node* q, const char* newname, unsigned flags) override;
+  void Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) override;
+  void Listxattr(fuse_req_t req, Node* n, size_t size) override;
   // For `ghostctl stats`: {"queued", "sent", "dropped", ...}.
   nlohmann::json StatsJson() const;
 
  private:
-  explicit MailTree(Daemon& d);
+  MailTree(TreeContext ctx, OriginTree& reads);
+  std::optional<std::string> Xattr(Node* n, const std::string& name);
+  std::vector<std::string> XattrNames(Node* n);
   MailOrigin* OriginOf(int origin) const;
   void EnsureConnected(MailOrigin& mo);
   void OnMailboxEvent(MailOrigin& mo, const MailboxEvent& e);
@@ -121,7 +126,8 @@ class MailTree {
   struct stat FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const;
   struct stat DirStat(fuse_ino_t ino) const;
 
-  Daemon& d_;
+  TreeContext ctx_;
+  OriginTree& reads_;
   std::vector<std::unique_ptr<MailOrigin>> origins_;  // by origin index; null for HTTP origins
   std::unique_ptr<ImapQueue> queue_;
   std::uint64_t fetches_ = 0, fetch_errors_ = 0, bytes_fetched_ = 0, refreshes_ = 0,

@@ -12,8 +12,12 @@
 #include <cstdio>
 #include <ctime>
 
+#include "fs/origin_tree.h"
+
+#include "common/base/file_io.h"
+#include "common/config/config.h"
 #include "common/http/http_freshness.h"
-#include "fs/ghostfs_internal.h"
+#include "fs/fuse_passthrough.h"
 
 namespace ghost {
 namespace {
@@ -62,8 +66,10 @@ constexpr Bytes kRangePiece = 1 << 20;
 
 }  // namespace
 
-std::string Daemon::OriginUrl(const Node* n) const {
-  std::string url = options_.origins[n->origin].url;
+OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)) {}
+
+std::string OriginTree::OriginUrl(const Node* n) const {
+  std::string url = ctx_.options.origins[n->origin].url;
   std::string component;
   for (std::size_t i = 0; i <= n->path.size(); ++i) {
     if (i == n->path.size() || n->path[i] == '/') {
@@ -80,7 +86,7 @@ std::string Daemon::OriginUrl(const Node* n) const {
 // A name longer than NAME_MAX (255 bytes) cannot be looked up through any Linux file system:
 // listing it would show a file nobody can open. Such names are left out of the directory, with
 // one line per directory URL on stderr (not one per listing: listings are refetched).
-void Daemon::DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries) {
+void OriginTree::DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries) {
   std::size_t before = entries->size();
   std::erase_if(*entries, [](const DirEntry& e) { return e.name.size() > NAME_MAX; });
   std::size_t dropped = before - entries->size();
@@ -92,14 +98,14 @@ void Daemon::DropUnopenableNames(const std::string& url, std::vector<DirEntry>* 
   }
 }
 
-void Daemon::WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then) {
+void OriginTree::WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then) {
   Node probe;
   probe.kind = NodeKind::kOriginDir;
   probe.origin = origin;
   probe.path = dir;
   std::string url = OriginUrl(&probe);
   auto it = listings_.find(url);
-  if (it != listings_.end() && it->second.expires > clock_->Now()) return then(&it->second);
+  if (it != listings_.end() && it->second.expires > ctx_.clock.Now()) return then(&it->second);
 
   auto body = std::make_shared<std::string>();
   auto status = std::make_shared<int>(0);
@@ -120,10 +126,10 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
         DropUnopenableNames(url, &*entries);
         Listing& l = listings_[url];
         l.entries = std::move(entries).value();
-        l.expires = clock_->Now() + options_.heuristic_freshness;
+        l.expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;
         l.from_saved = false;
         // Saved with the cache, so the tree can be listed offline.
-        QueueWholeFill(kListingPrefix + url, std::move(*body), "text/html");
+        ctx_.write_back.QueueWholeFill(kListingPrefix + url, std::move(*body), "text/html");
         return then(&l);
       }
       std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), entries.status().message().c_str());
@@ -133,14 +139,14 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
     auto have = listings_.find(url);
     if (have != listings_.end() && *status != 404) return then(&have->second);
     std::string key = kListingPrefix + url;
-    const CacheEntry* saved = store_->index().Find(key);
+    const CacheEntry* saved = ctx_.store.index().Find(key);
     if (!saved || *status == 404) {
       if (*status == 404) return then(Status::NotFound(url));
       return then(s.ok() ? Status::IoError(url + ": HTTP " + std::to_string(*status))
                          : Status::Unavailable(url + ": " + s.message()));
     }
     auto buf = std::make_shared<std::string>(saved->size, '\0');
-    store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
+    ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
                      [this, url, buf, then](Result<std::size_t> n) {
                        if (!n.ok()) return then(n.status());
                        buf->resize(*n);
@@ -149,14 +155,14 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
                        DropUnopenableNames(url, &*entries);
                        Listing& l = listings_[url];
                        l.entries = std::move(entries).value();
-                       l.expires = clock_->Now();  // stale: try the origin again next time
+                       l.expires = ctx_.clock.Now();  // stale: try the origin again next time
                        l.from_saved = true;
                        then(&l);
                      });
   };
   HttpRequest rq;
   rq.url = url;
-  http_->Fetch(std::move(rq), std::move(cb));
+  ctx_.http.Fetch(std::move(rq), std::move(cb));
 }
 
 namespace {
@@ -187,8 +193,8 @@ const DirEntry* FindEntry(const Listing& l, const std::string& name) {
 // keys its objects by URL too; what it stores under a URL that is not a plain 200 response
 // (its index of Vary variants, a 404 it cached) is not this URL's file: the mount fetches
 // the URL itself then.
-const CacheEntry* Daemon::MountEntry(const std::string& url) const {
-  const CacheEntry* e = store_->index().Find(url);
+const CacheEntry* OriginTree::MountEntry(const std::string& url) const {
+  const CacheEntry* e = ctx_.store.index().Find(url);
   if (!e || e->response.empty()) return e;
   nlohmann::json head = nlohmann::json::parse(e->response, nullptr, /*allow_exceptions=*/false);
   if (!head.is_object() || head.value("status", 0) != 200) return nullptr;
@@ -206,13 +212,13 @@ const CacheEntry* Daemon::MountEntry(const std::string& url) const {
 // One rule for every reply, so a file's mtime never flips between lookup and getattr (the
 // kernel drops a file's cached pages when it sees the mtime change): the listing's time, else
 // the cached copy's Last-Modified.
-std::optional<std::int64_t> Daemon::FileMtime(const DirEntry* listed, const CacheEntry* cached) const {
+std::optional<std::int64_t> OriginTree::FileMtime(const DirEntry* listed, const CacheEntry* cached) const {
   if (listed && listed->mtime_unix) return listed->mtime_unix;
   if (cached) return ParseHttpDate(cached->last_modified);
   return std::nullopt;
 }
 
-const DirEntry* Daemon::ListedEntry(const Node* n) const {
+const DirEntry* OriginTree::ListedEntry(const Node* n) const {
   Node dir;
   dir.kind = NodeKind::kOriginDir;
   dir.origin = n->origin;
@@ -221,7 +227,7 @@ const DirEntry* Daemon::ListedEntry(const Node* n) const {
   return it == listings_.end() ? nullptr : FindEntry(it->second, BaseOf(n->path));
 }
 
-void Daemon::OriginLookup(fuse_req_t req, Node* parent, const char* name_c) {
+void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
   std::string name = name_c;
   int origin = parent->origin;
   std::string dir = parent->path;
@@ -231,15 +237,15 @@ void Daemon::OriginLookup(fuse_req_t req, Node* parent, const char* name_c) {
     if (!e) return (void)fuse_reply_err(req, ENOENT);
     std::string path = InodeTable::Join(dir, name);
     if (e->is_dir) {
-      Node* n = inodes_.Lookup(NodeKind::kOriginDir, origin, path);
-      return ReplyEntry(req, n, DirStat(n->ino));
+      Node* n = ctx_.inodes.Lookup(NodeKind::kOriginDir, origin, path);
+      return ReplyNodeEntry(req, n, ReadOnlyDirStat(n->ino));
     }
-    Node* n = inodes_.Lookup(NodeKind::kOriginFile, origin, path);
+    Node* n = ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
     std::string url = OriginUrl(n);
     // The cached copy's size is exact; a listing's may be missing (Apache's "1.2K").
     const CacheEntry* cached = MountEntry(url);
     std::optional<Bytes> size = cached ? std::optional<Bytes>(cached->size) : e->size;
-    if (size) return ReplyEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)));
+    if (size) return ReplyNodeEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)));
     fuse_ino_t ino = n->ino;
     auto mtime = FileMtime(e, nullptr);
     HttpRequest head;
@@ -252,17 +258,17 @@ void Daemon::OriginLookup(fuse_req_t req, Node* parent, const char* name_c) {
       return true;
     };
     cb.on_done = [this, req, ino, mtime, length](Status) {
-      Node* node = inodes_.Find(ino);
+      Node* node = ctx_.inodes.Find(ino);
       if (!node) return (void)fuse_reply_err(req, ENOENT);
       // Unknown length: 0 until read (like /proc); reads go past it with direct_io.
-      ReplyEntry(req, node, FileStat(ino, length->value_or(0), mtime));
+      ReplyNodeEntry(req, node, FileStat(ino, length->value_or(0), mtime));
     };
-    http_->Fetch(std::move(head), std::move(cb));
+    ctx_.http.Fetch(std::move(head), std::move(cb));
   });
 }
 
-void Daemon::OriginGetattr(fuse_req_t req, Node* n) {
-  if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(DirStat(n->ino)), kAttrTimeout);
+void OriginTree::Getattr(fuse_req_t req, Node* n) {
+  if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(ReadOnlyDirStat(n->ino)), kAttrTimeout);
   std::string url = OriginUrl(n);
   // Served from memory: the cache index or the parent's listing; no disk, no network.
   const CacheEntry* c = MountEntry(url);
@@ -285,7 +291,7 @@ void Daemon::OriginGetattr(fuse_req_t req, Node* n) {
   });
 }
 
-void Daemon::OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   fuse_ino_t ino = n->ino;
   WithListing(n->origin, n->path, [req, ino, size, off](Result<const Listing*> l) {
     if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
@@ -312,14 +318,15 @@ void Daemon::OriginReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
   });
 }
 
-void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
+void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
+  if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
   std::string url = OriginUrl(n);
   fuse_ino_t ino = n->ino;
   fuse_file_info info = *fi;
   const CacheEntry* cached = MountEntry(url);
-  TimePoint now = clock_->Now();
+  TimePoint now = ctx_.clock.Now();
 
-  auto open_handle = [this, req, info, url, ino](const std::string& source,
+  auto open_handle = [this, req, info, url, ino](ReadSource source,
                                                  std::shared_ptr<Stream> stream) mutable {
     Handle h;
     h.kind = NodeKind::kOriginFile;
@@ -327,35 +334,32 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     h.key = url;
     h.source = source;
     // A network read's length may differ from what stat said; let reads go to EOF.
-    info.direct_io = source == "network" ? 1 : 0;
-    info.keep_cache = source == "disk" || source == "memory" ? 1 : 0;
+    info.direct_io = source == ReadSource::kNetwork ? 1 : 0;
+    info.keep_cache = source == ReadSource::kDisk || source == ReadSource::kWriteQueue ? 1 : 0;
     std::optional<int> backing;
     // Which version of the body this handle reads (one, from open to release).
     std::string version;
-    if (source == "disk") {
+    if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
-      h.fd = ::open(store_->BodyPath(url).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? EIO : errno);
-      // Whole-object reads are the rule: let the kernel read ahead twice as far on the body.
-      posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-      store_->Touch(url);
+      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, url);
+      if (!file.ok()) {
+        int err = file.status().ToErrno();
+        return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);
+      }
+      h.file = std::move(file).value();
+      ctx_.store.Touch(url);
       // The cost model chose the disk for this open: the kernel may read the body file itself
       // (a committed body is complete and never rewritten: a replacement is a new file).
       const CacheEntry* e = MountEntry(url);
-      struct stat body;
-      if (fstat(h.fd, &body) == 0) {
-        h.fd_size = static_cast<Bytes>(body.st_size);
-        h.fd_size_known = true;
-        version = "d" + std::to_string(body.st_ino) + "-" + std::to_string(body.st_size);
+      if (h.file.size_known()) version = h.file.version();
+      if (e && h.file.size_known() && h.file.size() == e->size) {
+        backing = ctx_.passthrough.Acquire(ino, h.file.fd());
       }
-      if (e && h.fd_size_known && h.fd_size == e->size) {
-        backing = passthrough_->Acquire(ino, h.fd);
-      }
-      if (!backing && h.fd_size_known) StartPrefetch(h, h.fd_size);
-    } else if (source == "memory") {
-      if (auto q = queued_bodies_.find(url); q != queued_bodies_.end()) {
-        h.body = q->second.data;
-        version = "q" + std::to_string(q->second.version);
+      if (!backing && h.file.size_known()) StartPrefetch(h, h.file.size());
+    } else if (source == ReadSource::kWriteQueue) {
+      if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(url)) {
+        h.body = q->data;
+        version = "q" + std::to_string(q->version);
       }
     }
     if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, &info)) {
@@ -366,7 +370,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     }
     if (!info.direct_io && !backing) h.page_counted = true;
     h.io_mode = backing ? IoMode::kPassthrough : info.direct_io ? IoMode::kDirect : IoMode::kCached;
-    if (!backing && (backing = passthrough_->JoinBacking(ino))) {
+    if (!backing && (backing = ctx_.passthrough.JoinBacking(ino))) {
       // Passthrough opens of this inode (of another body) are active: the kernel fails any
       // open of it without the flag, so this one carries it with direct_io (reads come here).
       info.direct_io = 1;
@@ -375,22 +379,21 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     }
     h.stream = std::move(stream);
     if (h.stream) ++h.stream->opens;
-    info.fh = next_fh_++;
+    info.fh = ctx_.new_fh();
     std::uint64_t fh = info.fh;
     // From its open on, the window keeps what this reader has not read yet.
     if (h.stream && h.stream->windowed) h.stream->readers.try_emplace(fh, h.stream->base);
     IoMode mode = h.io_mode;
     handles_[fh] = std::move(h);
-    if (mode == IoMode::kCached) passthrough_->CachedOpened(ino);
-    ++requests_by_source_[source];
-    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
+    if (mode == IoMode::kCached) ctx_.passthrough.CachedOpened(ino);
+    ++ctx_.reads.requests_by_source[source];
+    ctx_.stats_changed();
     int sent =
-        backing ? passthrough_->ReplyOpen(req, &info, *backing) : fuse_reply_open(req, &info);
+        backing ? ctx_.passthrough.ReplyOpen(req, &info, *backing) : fuse_reply_open(req, &info);
     if (sent == -ENOENT) {
       // The open was interrupted: the kernel forgot it, and no release will come.
       auto it = handles_.find(fh);
       if (it != handles_.end()) {
-        if (it->second.fd >= 0) close(it->second.fd);
         OriginRelease(it->second);
         handles_.erase(it);
       }
@@ -417,8 +420,8 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     // A running stream is joined only while it still holds the body's first bytes: once its
     // window moved on, a reader from the start gets its own fetch (one version each).
     if (running != streams_.end() && validator_etag.empty() && running->second->base == 0) {
-      decisions_[ino].source = "network";
-      return open_handle("network", running->second);
+      ctx_.reads.decisions[ino].source = ReadSource::kNetwork;
+      return open_handle(ReadSource::kNetwork, running->second);
     }
     auto st = std::make_shared<Stream>();
     st->key = url;
@@ -430,27 +433,24 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     rq.if_modified_since = validator_date;
     bool revalidating = !validator_etag.empty() || !validator_date.empty();
     // The emulated card carries the transfer (its mode decides the delay, DESIGN §7).
-    DiscloseTransferBegin();
+    ctx_.machine.TransferBegin();
     HttpFetcher::Callbacks cb;
     cb.on_head = [this, st, opened, open_handle, req, ino, url, revalidating](const HttpResponseHead& h) mutable {
       if (revalidating && h.status == 304) {
         // Still good: refresh the copy's freshness and read it from the disk.
-        FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
-        (void)store_->UpdateMeta(url, [&](CacheEntry& e) {
+        FreshnessInfo f = ComputeFreshness(h, ctx_.clock.Now(), UnixNow(), ctx_.options.heuristic_freshness);
+        (void)ctx_.store.UpdateMeta(url, [&](CacheEntry& e) {
           e.expires = f.fresh_until;
           if (!h.etag.empty()) e.etag = h.etag;
         });
         // The index row reaches sqlite with the next write batch (DESIGN §3.5): one page.
-        WriteRecord r;
-        r.key = "index:" + url;
-        r.length = kIndexRowBytes;
-        queue_->Add(std::move(r));
+        ctx_.write_back.QueueIndexUpdate(url);
         streams_.erase(url);
         st->no_body = true;
         *opened = true;
-        decisions_[ino].source = "revalidated";
-        open_handle("disk", nullptr);
-        ++requests_by_source_["revalidated"];
+        ctx_.reads.decisions[ino].source = ReadSource::kRevalidate;
+        open_handle(ReadSource::kDisk, nullptr);
+        ++ctx_.reads.requests_by_source[ReadSource::kRevalidate];
         return false;  // no body to wait for
       }
       if (h.status != 200) {
@@ -462,9 +462,9 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
           // stale-if-error (RFC 5861): a failing origin does not hide the copy we have.
           std::fprintf(stderr, "ghostfs: %s answered HTTP %d; serving the cached copy (stale)\n", url.c_str(),
                        h.status);
-          ++requests_by_source_["stale"];
-          decisions_[ino].source = "stale";
-          open_handle("disk", nullptr);
+          ++ctx_.reads.requests_by_source[ReadSource::kStale];
+          ctx_.reads.decisions[ino].source = ReadSource::kStale;
+          open_handle(ReadSource::kDisk, nullptr);
           return false;
         }
         fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
@@ -473,7 +473,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       st->size = h.content_length;
       st->replaces = revalidating;
       st->windowed = true;
-      FreshnessInfo f = ComputeFreshness(h, clock_->Now(), UnixNow(), options_.heuristic_freshness);
+      FreshnessInfo f = ComputeFreshness(h, ctx_.clock.Now(), UnixNow(), ctx_.options.heuristic_freshness);
       st->storable = f.storable;
       st->meta.etag = h.etag;
       st->meta.last_modified = h.last_modified;
@@ -483,20 +483,20 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       // Too big to wait in the write queue: written to the store as it arrives.
       if (st->fill_wanted && st->size && *st->size > kMaxQueuedFill) StreamToFill(st, {});
       *opened = true;
-      decisions_[ino].source = "network";
-      open_handle("network", st);
+      ctx_.reads.decisions[ino].source = ReadSource::kNetwork;
+      open_handle(ReadSource::kNetwork, st);
       return true;
     };
     cb.on_data = [this, st](std::string_view d) {
       st->data.append(d);
-      bytes_from_network_ += d.size();
+      ctx_.reads.bytes_from_network += d.size();
       if (st->fill_wanted) StreamToFill(st, d);
       ServeStream(*st);
       TrimStream(*st);  // pauses the fetch while the window is full
       return true;
     };
     cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
-      DiscloseTransferEnd();
+      ctx_.machine.TransferEnd();
       if (st->no_body) return;
       st->done = true;
       st->status = s;
@@ -506,8 +506,8 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         // Unreachable: serve the cached copy if there is one (stale), else a clear errno.
         if (cached && MountEntry(url)) {
           std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy (stale)\n", url.c_str(), s.message().c_str());
-          ++requests_by_source_["stale"];
-          return open_handle("disk", nullptr);
+          ++ctx_.reads.requests_by_source[ReadSource::kStale];
+          return open_handle(ReadSource::kDisk, nullptr);
         }
         std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), s.message().c_str());
         return (void)fuse_reply_err(req, ErrnoFor(s, 0));
@@ -520,12 +520,12 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       }
       FinishStreamFill(st, complete);
     };
-    st->fetch = http_->Fetch(std::move(rq), std::move(cb));
+    st->fetch = ctx_.http.Fetch(std::move(rq), std::move(cb));
     // The emulated card carries the same transfer; data reaches readers once both the real
     // bytes and the card's modelled delay (mode change, beacons, DESIGN §7) are through.
     Bytes expected = listed_size;
     if (const CacheEntry* e = MountEntry(url)) expected = e->size;
-    net_->Submit({expected, false}, [this, st] {
+    ctx_.machine.network().Submit({expected, false}, [this, st] {
       st->emulated_ready = true;
       ServeStream(*st);
     });
@@ -536,41 +536,42 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   // goes to the cost model (which may hint the ideal device).
   ObjectState state;
   state.on_disk = cached != nullptr;
-  state.in_write_queue = queue_->Contains("fill:" + url);
-  state.fresh = cached && cached->expires && *cached->expires + options_.max_stale > now;
+  state.in_write_queue = ctx_.write_back.FillPending(url);
+  state.fresh = cached && cached->expires && *cached->expires + ctx_.options.max_stale > now;
   state.size = cached ? cached->size : 0;
-  ReadDecision d = manager_->DecideRead(state);
-  if (d.costed) decisions_[ino].cost = CostJson(d.choice);
+  ReadDecision d = ctx_.manager.DecideRead(state);
+  if (d.costed) ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
-      decisions_[ino].source = ReadSourceName(d.source);
-      return open_handle("memory", nullptr);
+      ctx_.reads.decisions[ino].source = d.source;
+      return open_handle(ReadSource::kWriteQueue, nullptr);
     case ReadSource::kRevalidate:
       return from_network(cached->etag, cached->last_modified);
     case ReadSource::kDisk:
     case ReadSource::kFlash:
-      decisions_[ino].source = "disk";
-      store_->Touch(url);
-      return open_handle("disk", nullptr);
+      ctx_.reads.decisions[ino].source = ReadSource::kDisk;
+      ctx_.store.Touch(url);
+      return open_handle(ReadSource::kDisk, nullptr);
     case ReadSource::kNetwork:
+    case ReadSource::kStale:  // not a decision (see cache_manager.h)
       return from_network("", "");
   }
 }
 
-nlohmann::json Daemon::CostJson(const Choice& c) const {
+nlohmann::json CostJson(const Choice& c, const PowerManager& pm) {
   nlohmann::json cost = nlohmann::json::object();
   for (const SourceEstimate& e : c.candidates) {
     cost[SourceName(e.holder.source)] = {{"time_ms", ToMillis(e.time)}, {"energy_j", e.energy.joules()}, {"cost", e.cost}};
   }
-  cost["knob"] = pm_->knob();
+  cost["knob"] = pm.knob();
   cost["chosen"] = SourceName(c.chosen.holder.source);
   cost["ideal"] = SourceName(c.ideal.holder.source);
   cost["ghost_hint"] = c.hinted;
   return cost;
 }
 
-void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t h_fh) {
+void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t h_fh) {
   Bytes offset = static_cast<Bytes>(off);
   if (h.stream) {
     Stream& st = *h.stream;
@@ -591,9 +592,9 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
     TrimStream(st);
     return;
   }
-  if (h.source == "memory" && !h.body) {
+  if (h.source == ReadSource::kWriteQueue && !h.body) {
     // Opened before the fill was queued (mail): the version queued now, for good.
-    if (auto q = queued_bodies_.find(h.key); q != queued_bodies_.end()) h.body = q->second.data;
+    if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(h.key)) h.body = q->data;
   }
   if (h.body) {
     // The one version of the queued fill this handle opened.
@@ -602,20 +603,21 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
     std::size_t n = std::min<std::size_t>(size, body.size() - from);
     return (void)fuse_reply_buf(req, body.data() + from, n);
   }
-  if (h.source == "memory") {
+  if (h.source == ReadSource::kWriteQueue) {
     // Flushed before the first read: the copy is on the disk now, or about to be.
-    if (writing_fills_.count(h.key)) {
+    if (ctx_.write_back.Writing(h.key)) {
       std::uint64_t fh = h_fh;
-      return WhenFillSettles(h.key, [this, req, fh, size, off] {
+      return ctx_.write_back.WhenFillSettles(h.key, [this, req, fh, size, off] {
         auto it = handles_.find(fh);
         if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
         OriginRead(req, it->second, size, off, fh);
       });
     }
-    if (!store_->index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
-    h.source = "disk";
-    h.fd = ::open(store_->BodyPath(h.key).c_str(), O_RDONLY | O_CLOEXEC);
-    if (h.fd < 0) return (void)fuse_reply_err(req, EIO);
+    if (!ctx_.store.index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
+    h.source = ReadSource::kDisk;
+    Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, h.key);
+    if (!file.ok()) return (void)fuse_reply_err(req, EIO);
+    h.file = std::move(file).value();
   }
   // The prefetch started at open covers this read: wait for it or take from it.
   if (h.prefetch) {
@@ -631,7 +633,7 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
     if (p->ok && offset < p->data.size() && (offset + size <= p->data.size() || p->data.size() < kPrefetchBytes)) {
       // Inside it, or past the end of a body it holds whole (then the read ends at EOF).
       std::size_t n = static_cast<std::size_t>(std::min<Bytes>(size, p->data.size() - offset));
-      bytes_from_cache_ += n;
+      ctx_.reads.bytes_from_cache += n;
       return (void)fuse_reply_buf(req, p->data.data() + offset, n);
     }
     if (!p->ok || offset >= p->data.size()) h.prefetch.reset();  // done with it
@@ -639,17 +641,14 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
   // From the disk cache (through io_uring), with the emulated disk doing the same work.
   // The size of the body this handle opened (it stays readable if evicted or replaced
   // meanwhile; the index describes the current version, which may be another file).
-  if (!h.fd_size_known) {
-    struct stat st;
-    if (fstat(h.fd, &st) != 0) return (void)fuse_reply_err(req, errno);
-    h.fd_size = static_cast<Bytes>(st.st_size);
-    h.fd_size_known = true;
+  if (!h.file.size_known()) {
+    if (int err = h.file.Stat()) return (void)fuse_reply_err(req, err);
   }
-  Bytes body_size = h.fd_size;
+  Bytes body_size = h.file.size();
   if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
   std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, body_size - offset));
-  bytes_from_cache_ += want;
-  bool emulated = !options_.profile.empty();
+  ctx_.reads.bytes_from_cache += want;
+  bool emulated = !ctx_.options.profile.empty();
   auto buf = std::make_shared<std::string>(want, '\0');
   // Bytes already in the page cache are copied here without blocking (RWF_NOWAIT fails with
   // EAGAIN rather than wait for the disk); only the rest goes through io_uring. A warm read
@@ -657,7 +656,7 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
   std::size_t have = 0;
   if (!emulated) {
     iovec iov{buf->data(), want};
-    ssize_t n = preadv2(h.fd, &iov, 1, off, RWF_NOWAIT);
+    ssize_t n = preadv2(h.file.fd(), &iov, 1, off, RWF_NOWAIT);
     if (n > 0) have = static_cast<std::size_t>(n);
     if (have == want) return (void)fuse_reply_buf(req, buf->data(), want);
   }
@@ -670,26 +669,26 @@ void Daemon::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::
   auto finish = [pending, reply] {
     if (--*pending == 0) reply();
   };
-  if (emulated) disk_->Submit({want, false}, finish);  // the emulated disk does the same work
-  io_->Read(h.fd, offset + have, std::span<char>(buf->data() + have, want - have), [result, finish](Result<std::size_t> n) {
+  if (emulated) ctx_.machine.storage().Submit({want, false}, finish);  // the emulated disk does the same work
+  ctx_.io.Read(h.file.fd(), offset + have, std::span<char>(buf->data() + have, want - have), [result, finish](Result<std::size_t> n) {
     *result = std::move(n);
     finish();
   });
 }
 
-void Daemon::StartPrefetch(Handle& h, Bytes size) {
+void OriginTree::StartPrefetch(Handle& h, Bytes size) {
   // The emulated disk is charged per read (OriginRead); a prefetch would bypass it.
-  if (!options_.profile.empty() || size == 0) return;
+  if (!ctx_.options.profile.empty() || size == 0) return;
   auto p = std::make_shared<Prefetch>();
   p->data.resize(static_cast<std::size_t>(std::min<Bytes>(size, kPrefetchBytes)));
   h.prefetch = p;
   iovec iov{p->data.data(), p->data.size()};
-  ssize_t n = preadv2(h.fd, &iov, 1, 0, RWF_NOWAIT);  // in the page cache: no I/O at all
+  ssize_t n = preadv2(h.file.fd(), &iov, 1, 0, RWF_NOWAIT);  // in the page cache: no I/O at all
   if (n == static_cast<ssize_t>(p->data.size())) {
     p->done = p->ok = true;
     return;
   }
-  io_->Read(h.fd, 0, std::span<char>(p->data.data(), p->data.size()), [p](Result<std::size_t> r) {
+  ctx_.io.Read(h.file.fd(), 0, std::span<char>(p->data.data(), p->data.size()), [p](Result<std::size_t> r) {
     p->done = true;
     p->ok = r.ok();
     if (r.ok()) p->data.resize(*r);
@@ -698,7 +697,7 @@ void Daemon::StartPrefetch(Handle& h, Bytes size) {
   });
 }
 
-void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size) {
+void OriginTree::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size) {
   Bytes len = std::max<Bytes>(size, kRangePiece);
   if (st->size) len = std::min<Bytes>(len, *st->size - offset);
   HttpRequest rq;
@@ -719,7 +718,7 @@ void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset,
   };
   cb.on_done = [this, req, st, offset, size, piece, ok](Status s) {
     if (s.ok() && *ok) {
-      bytes_from_network_ += piece->size();
+      ctx_.reads.bytes_from_network += piece->size();
       std::size_t n = std::min<std::size_t>(size, piece->size());
       fuse_reply_buf(req, piece->data(), n);
       if (st->ranges.size() >= 8) st->ranges.erase(st->ranges.begin());
@@ -730,10 +729,10 @@ void Daemon::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset,
     st->waiters.push_back({req, offset, size});
     ServeStream(*st);
   };
-  http_->Fetch(std::move(rq), std::move(cb));
+  ctx_.http.Fetch(std::move(rq), std::move(cb));
 }
 
-void Daemon::ServeStream(Stream& st) {
+void OriginTree::ServeStream(Stream& st) {
   if (!st.emulated_ready) return;
   // Every waiter its bytes are here for, not only the first: readers at different places
   // must not wait for each other (the window may be full waiting for the one behind).
@@ -757,7 +756,7 @@ void Daemon::ServeStream(Stream& st) {
   }
 }
 
-void Daemon::TrimStream(Stream& st) {
+void OriginTree::TrimStream(Stream& st) {
   if (!st.windowed) return;
   // Bytes every open reader has passed, and no waiter needs, leave memory (the store fill has
   // its own copy of them in flight).
@@ -772,14 +771,14 @@ void Daemon::TrimStream(Stream& st) {
   }
   bool full = st.data.size() >= kStreamWindow || st.fill_in_flight >= kStreamWindow;
   if (st.done || st.fetch == 0) return;
-  if (full != st.paused && http_->Pause(st.fetch, full)) st.paused = full;
+  if (full != st.paused && ctx_.http.Pause(st.fetch, full)) st.paused = full;
 }
 
 // The fill of a streamed body: small ones are kept whole and go through the write queue at
 // the end (deferred while the disk sleeps, DESIGN §3.5); from kMaxQueuedFill on, the body is
 // written to the store as it arrives (the queue would spin the disk up for it anyway), so no
 // copy of it stays in memory.
-void Daemon::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d) {
+void OriginTree::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d) {
   Stream& st = *sp;
   if (st.fill_failed) return;
   if (st.small) {
@@ -790,7 +789,7 @@ void Daemon::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d)
     st.small = false;
     CacheEntry meta = st.meta;
     meta.size = st.size.value_or(0);
-    Result<FillId> id = store_->BeginFill(st.key, meta);
+    Result<FillId> id = ctx_.store.BeginFill(st.key, meta);
     if (!id.ok()) {
       std::fprintf(stderr, "ghostfs: not caching %s: %s\n", st.key.c_str(), id.status().ToString().c_str());
       st.fill_failed = true;
@@ -816,7 +815,7 @@ void Daemon::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d)
   st.fill_in_flight += n;
   std::weak_ptr<Stream> weak = sp;
   FillId id = *st.fill_id;
-  store_->AppendFill(id, std::move(piece), [this, weak, n, id](Status s) {
+  ctx_.store.AppendFill(id, std::move(piece), [this, weak, n, id](Status s) {
     std::shared_ptr<Stream> sp = weak.lock();
     if (!sp) return;
     sp->fill_in_flight -= n;
@@ -825,20 +824,20 @@ void Daemon::StreamToFill(const std::shared_ptr<Stream>& sp, std::string_view d)
       std::fprintf(stderr, "ghostfs: not caching %s: %s\n", sp->key.c_str(), s.ToString().c_str());
       sp->fill_failed = true;
       if (sp->fill_id == id) sp->fill_id.reset();
-      store_->AbortFill(id);
+      ctx_.store.AbortFill(id);
     }
     TrimStream(*sp);
   });
 }
 
-void Daemon::FinishStreamFill(const std::shared_ptr<Stream>& sp, bool complete) {
+void OriginTree::FinishStreamFill(const std::shared_ptr<Stream>& sp, bool complete) {
   Stream& st = *sp;
   if (!st.fill_wanted || st.fill_failed) return;
   const std::string url = st.key;
   // Another read may have cached it meanwhile; a revalidation's new body replaces it.
   bool wanted = complete && (!MountEntry(url) || st.replaces);
   if (st.small) {
-    if (wanted) QueueFill(url, st.meta, std::move(st.small_body));
+    if (wanted) ctx_.write_back.QueueFill(url, st.meta, std::move(st.small_body));
     std::string().swap(st.small_body);
     return;
   }
@@ -848,25 +847,25 @@ void Daemon::FinishStreamFill(const std::shared_ptr<Stream>& sp, bool complete) 
   FillId id = *st.fill_id;
   st.fill_id.reset();
   std::string().swap(st.fill_pending);
-  if (!wanted) return store_->AbortFill(id);
+  if (!wanted) return ctx_.store.AbortFill(id);
   // The emulated disk does the work of the writes (DESIGN §7), as for a queued fill.
-  disk_->Submit({st.received(), true}, [] {});
-  ++writing_fills_[url];
-  store_->CommitFill(id, [this, url](Status c) {
+  ctx_.machine.storage().Submit({st.received(), true}, [] {});
+  ctx_.write_back.FillStarted(url);
+  ctx_.store.CommitFill(id, [this, url](Status c) {
     if (!c.ok()) {
       std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), c.ToString().c_str());
     } else {
-      FillCommitted(url);
+      ctx_.write_back.FillCommitted(url);
     }
-    FillSettled(url);
+    ctx_.write_back.FillSettled(url);
   });
 }
 
-void Daemon::OriginRelease(Handle& h) {
+void OriginTree::OriginRelease(Handle& h) {
   if (h.io_mode == IoMode::kPassthrough || h.io_mode == IoMode::kDirectJoined) {
-    passthrough_->ReleasePassthrough(h.ino);
+    ctx_.passthrough.ReleasePassthrough(h.ino);
   }
-  if (h.io_mode == IoMode::kCached) passthrough_->CachedReleased(h.ino);
+  if (h.io_mode == IoMode::kCached) ctx_.passthrough.CachedReleased(h.ino);
   if (h.page_counted) {
     auto pv = page_versions_.find(h.ino);
     if (pv != page_versions_.end()) --pv->second.opens;
@@ -892,9 +891,9 @@ void Daemon::OriginRelease(Handle& h) {
 // one set of pages and one size per inode: they may serve only one version, and only once the
 // kernel's attributes (attr timeout) can no longer carry the previous version's size. Sets
 // keep_cache: the pages are kept only when they are of this version.
-bool Daemon::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info) {
+bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info) {
   if (version.empty()) return false;
-  TimePoint now = clock_->Now();
+  TimePoint now = ctx_.clock.Now();
   const Duration settle = Seconds(kAttrTimeout + 0.5);
   auto [it, fresh] = page_versions_.try_emplace(ino);
   PageVersion& pv = it->second;
@@ -917,14 +916,14 @@ bool Daemon::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_
   return true;
 }
 
-std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name) {
+std::optional<std::string> OriginTree::OriginXattr(Node* n, const std::string& name) {
   std::string url = OriginUrl(n);
   const CacheEntry* e = MountEntry(url);
-  auto d = decisions_.find(n->ino);
+  auto d = ctx_.reads.decisions.find(n->ino);
   if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
-  if (name == "user.ghost.source") return d == decisions_.end() || d->second.source.empty() ? std::string("none") : d->second.source;
+  if (name == "user.ghost.source") return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : SourceLabel(*d->second.source);
   if (name == "user.ghost.cost") {
-    if (d == decisions_.end() || d->second.cost.is_null()) return std::nullopt;
+    if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;
     return d->second.cost.dump();
   }
   if (name == "user.http.etag") {
@@ -938,23 +937,61 @@ std::optional<std::string> Daemon::OriginXattr(Node* n, const std::string& name)
   return std::nullopt;
 }
 
-void Daemon::FillSettled(const std::string& key) {
-  auto w = writing_fills_.find(key);
-  if (w == writing_fills_.end() || --w->second > 0) return;
-  writing_fills_.erase(w);
-  auto waiters = fill_waiters_.extract(key);
-  if (waiters.empty()) return;
-  for (auto& fn : waiters.mapped()) fn();
+// ---- the open bodies of the read path ----
+
+std::uint64_t OriginTree::AddHandle(Handle h) {
+  std::uint64_t fh = ctx_.new_fh();
+  handles_[fh] = std::move(h);
+  return fh;
 }
 
-void Daemon::WhenFillSettles(const std::string& key, std::function<void()> fn) {
-  if (!writing_fills_.count(key)) return fn();
-  fill_waiters_[key].push_back(std::move(fn));
+Handle* OriginTree::FindHandle(std::uint64_t fh) {
+  auto it = handles_.find(fh);
+  return it == handles_.end() ? nullptr : &it->second;
 }
 
-void Daemon::FillCommitted(const std::string& key) {
-  if (control_) control_->Publish("stats", StatsJson());
-  (void)key;
+void OriginTree::ReadHandle(fuse_req_t req, std::uint64_t fh, size_t size, off_t off) {
+  auto it = handles_.find(fh);
+  if (it == handles_.end()) return (void)fuse_reply_err(req, EBADF);
+  OriginRead(req, it->second, size, off, fh);
+}
+
+void OriginTree::ReleaseHandle(std::uint64_t fh) {
+  auto it = handles_.find(fh);
+  if (it == handles_.end()) return;
+  OriginRelease(it->second);
+  handles_.erase(it);
+}
+
+void OriginTree::Read(fuse_req_t req, Node*, size_t size, off_t off, fuse_file_info* fi) {
+  ReadHandle(req, fi->fh, size, off);
+}
+
+void OriginTree::Release(fuse_req_t req, Node*, fuse_file_info* fi) {
+  ReleaseHandle(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+namespace {
+constexpr const char* kXattrs[] = {"user.ghost.cached", "user.ghost.source", "user.ghost.cost",
+                                   "user.http.etag", "user.http.content_type"};
+}  // namespace
+
+void OriginTree::Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) {
+  if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
+  std::optional<std::string> v = OriginXattr(n, name);
+  if (!v) return (void)fuse_reply_err(req, ENODATA);
+  ReplyXattr(req, *v, size);
+}
+
+void OriginTree::Listxattr(fuse_req_t req, Node* n, size_t size) {
+  std::string list;
+  if (n->kind == NodeKind::kOriginFile) {
+    for (const char* x : kXattrs) {
+      if (OriginXattr(n, x)) list.append(x).push_back('\0');
+    }
+  }
+  ReplyXattr(req, list, size);
 }
 
 }  // namespace ghost

@@ -39,9 +39,17 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <array>
 #include <random>
+#include <utility>
+#include <variant>
 
-#include "fs/ghostfs_internal.h"
+#include "fs/store_tree.h"
+
+#include "common/config/config.h"
+#include "common/control/protocol.h"
+#include "fs/origin_tree.h"
+#include "fs/write_back.h"
 
 namespace ghost {
 
@@ -73,12 +81,14 @@ std::string FileVersion(const struct stat& st) {
 
 }  // namespace
 
-std::string Daemon::StoreName(const std::string& key) const {
-  std::string body = store_->BodyPath(key);
+StoreTree::StoreTree(TreeContext ctx, OriginTree& reads) : ctx_(std::move(ctx)), reads_(reads) {}
+
+std::string StoreTree::StoreName(const std::string& key) const {
+  std::string body = ctx_.store.BodyPath(key);
   return body.substr(body.rfind('/') + 1);
 }
 
-struct stat Daemon::StoreStat(const Node* n) const {
+struct stat StoreTree::StoreStat(const Node* n) const {
   struct stat st {};
   st.st_ino = n->ino;
   st.st_uid = getuid();
@@ -98,10 +108,10 @@ struct stat Daemon::StoreStat(const Node* n) const {
   st.st_mode = S_IFREG | 0400;
   auto k = store_keys_.find(SplitVersion(After(n->path, kObjectsDir)).first);
   if (k != store_keys_.end()) {
-    if (const CacheEntry* e = store_->index().Find(k->second)) {
+    if (const CacheEntry* e = ctx_.store.index().Find(k->second)) {
       st.st_size = static_cast<off_t>(e->size);
-    } else if (auto q = queued_bodies_.find(k->second); q != queued_bodies_.end()) {
-      st.st_size = static_cast<off_t>(q->second.data->size());
+    } else if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(k->second)) {
+      st.st_size = static_cast<off_t>(q->data->size());
     }
   }
   st.st_blocks = (st.st_size + 511) / 512;
@@ -109,47 +119,47 @@ struct stat Daemon::StoreStat(const Node* n) const {
 }
 
 // The object behind .ghost/objects/<name>: cached, or its fill still in the write queue.
-const std::string* Daemon::StoreKey(const std::string& name) const {
+const std::string* StoreTree::StoreKey(const std::string& name) const {
   auto k = store_keys_.find(SplitVersion(name).first);
   if (k == store_keys_.end()) return nullptr;
-  if (!store_->index().Find(k->second) && !queued_bodies_.count(k->second)) return nullptr;
+  if (!ctx_.store.index().Find(k->second) && !ctx_.write_back.QueuedBodyOf(k->second)) return nullptr;
   return &k->second;
 }
 
 // The version a "lookup" hands out: the queued fill's ("q<n>") while one waits, else the body
 // file's ("d<inode>-<size>"); empty if neither exists.
-std::string Daemon::StoreVersion(const std::string& key) const {
-  if (auto q = queued_bodies_.find(key); q != queued_bodies_.end())
-    return "q" + std::to_string(q->second.version);
-  if (!store_->index().Find(key)) return "";
+std::string StoreTree::StoreVersion(const std::string& key) const {
+  if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(key))
+    return "q" + std::to_string(q->version);
+  if (!ctx_.store.index().Find(key)) return "";
   struct stat st;
-  if (::stat(store_->BodyPath(key).c_str(), &st) != 0) return "";
+  if (::stat(ctx_.store.BodyPath(key).c_str(), &st) != 0) return "";
   return FileVersion(st);
 }
 
-void Daemon::StoreLookup(fuse_req_t req, Node* parent, const char* name_c) {
+void StoreTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
   std::string name = name_c;
   if (parent->path.empty()) {
     if (name != kObjectsDir && name != kFillDir) return (void)fuse_reply_err(req, ENOENT);
-    Node* n = inodes_.Lookup(NodeKind::kStoreDir, -1, name);
-    return ReplyEntry(req, n, StoreStat(n));
+    Node* n = ctx_.inodes.Lookup(NodeKind::kStoreDir, -1, name);
+    return ReplyNodeEntry(req, n, StoreStat(n));
   }
   if (parent->path == kObjectsDir) {
     if (!StoreKey(name)) return (void)fuse_reply_err(req, ENOENT);
-    Node* n = inodes_.Lookup(NodeKind::kStoreObject, -1, InodeTable::Join(kObjectsDir, name));
-    return ReplyEntry(req, n, StoreStat(n));
+    Node* n = ctx_.inodes.Lookup(NodeKind::kStoreObject, -1, InodeTable::Join(kObjectsDir, name));
+    return ReplyNodeEntry(req, n, StoreStat(n));
   }
   if (!store_fills_.count(name)) return (void)fuse_reply_err(req, ENOENT);
-  Node* n = inodes_.Lookup(NodeKind::kStoreFill, -1, InodeTable::Join(kFillDir, name));
-  ReplyEntry(req, n, StoreStat(n));
+  Node* n = ctx_.inodes.Lookup(NodeKind::kStoreFill, -1, InodeTable::Join(kFillDir, name));
+  ReplyNodeEntry(req, n, StoreStat(n));
 }
 
-void Daemon::StoreGetattr(fuse_req_t req, Node* n) {
+void StoreTree::Getattr(fuse_req_t req, Node* n) {
   struct stat st = StoreStat(n);
   fuse_reply_attr(req, &st, kStoreAttrTimeout);
 }
 
-void Daemon::StoreReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void StoreTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   // Only .ghost/ itself lists anything: objects and fills are reached by the names the
   // control socket hands out.
   std::vector<std::pair<std::string, mode_t>> entries;
@@ -157,7 +167,7 @@ void Daemon::StoreReaddir(fuse_req_t req, Node* n, size_t size, off_t off) {
   ReplyDirEntries(req, n->ino, size, off, entries);
 }
 
-void Daemon::StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
+void StoreTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   Handle h;
   h.kind = n->kind;
   if (n->kind == NodeKind::kStoreFill) {
@@ -176,23 +186,19 @@ void Daemon::StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
     // opened (a replacement renames a new file over it). A name with a version that is no
     // longer current is ENOENT: the reader looks the key up again.
     const std::string version = SplitVersion(name).second;
-    auto q = queued_bodies_.find(*key);
-    if (q != queued_bodies_.end() && (version.empty() || version == "q" + std::to_string(q->second.version))) {
-      h.source = "memory";  // its fill still waits in the write queue
-      h.body = q->second.data;
-    } else if (store_->index().Find(*key) && (version.empty() || version[0] == 'd')) {
-      h.source = "disk";
-      h.fd = ::open(store_->BodyPath(*key).c_str(), O_RDONLY | O_CLOEXEC);
-      if (h.fd < 0) return (void)fuse_reply_err(req, errno == ENOENT ? ENOENT : EIO);
-      struct stat body;
-      if (fstat(h.fd, &body) != 0 || (!version.empty() && FileVersion(body) != version)) {
-        close(h.fd);
+    const QueuedBody* q = ctx_.write_back.QueuedBodyOf(*key);
+    if (q && (version.empty() || version == "q" + std::to_string(q->version))) {
+      h.source = ReadSource::kWriteQueue;  // its fill still waits in the write queue
+      h.body = q->data;
+    } else if (ctx_.store.index().Find(*key) && (version.empty() || version[0] == 'd')) {
+      h.source = ReadSource::kDisk;
+      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, *key);
+      if (!file.ok()) return (void)fuse_reply_err(req, file.status().ToErrno() == ENOENT ? ENOENT : EIO);
+      if (!file->size_known() || (!version.empty() && file->version() != version)) {
         return (void)fuse_reply_err(req, ENOENT);
       }
-      h.fd_size = static_cast<Bytes>(body.st_size);
-      h.fd_size_known = true;
-      posix_fadvise(h.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-      store_->Touch(*key);
+      h.file = std::move(file).value();
+      ctx_.store.Touch(*key);
     } else {
       return (void)fuse_reply_err(req, ENOENT);
     }
@@ -200,12 +206,15 @@ void Daemon::StoreOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
   // The proxy reads each body once, and a key's body can be replaced: no page cache.
   fi->direct_io = 1;
   fi->keep_cache = 0;
-  fi->fh = next_fh_++;
-  handles_[fi->fh] = std::move(h);
+  fi->fh = reads_.AddHandle(std::move(h));
   fuse_reply_open(req, fi);
 }
 
-void Daemon::StoreWrite(fuse_req_t req, Handle& h, const char* buf, size_t size, off_t off) {
+void StoreTree::Write(fuse_req_t req, Node*, const char* buf, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* hp = reads_.FindHandle(fi->fh);
+  if (!hp) return (void)fuse_reply_err(req, EBADF);
+  Handle& h = *hp;
+  if (h.kind != NodeKind::kStoreFill) return (void)fuse_reply_err(req, EROFS);
   auto f = store_fills_.find(h.key);
   if (f == store_fills_.end() || f->second.handed_over) return (void)fuse_reply_err(req, EBADF);
   std::string& data = f->second.data;
@@ -218,15 +227,15 @@ void Daemon::StoreWrite(fuse_req_t req, Handle& h, const char* buf, size_t size,
 
 // The first close of a fill's file hands the body to the write queue (close() returns after
 // this, so a "lookup" right after it finds the object).
-void Daemon::StoreHandOver(Handle& h) {
+void StoreTree::StoreHandOver(Handle& h) {
   auto f = store_fills_.find(h.key);
   if (f == store_fills_.end() || f->second.handed_over) return;
   StoreFill& fill = f->second;
   fill.handed_over = true;
   CacheEntry meta = fill.meta;
   meta.size = fill.data.size();
-  manager_->Remember(fill.key, fill.data.size());
-  QueueFill(fill.key, std::move(meta), std::move(fill.data));
+  ctx_.manager.Remember(fill.key, fill.data.size());
+  ctx_.write_back.QueueFill(fill.key, std::move(meta), std::move(fill.data));
   ++store_stats_.fills;
   store_fills_.erase(f);
 }
@@ -256,164 +265,186 @@ void ReadStoredFields(const nlohmann::json& request, const Clock& clock, CacheEn
 
 }  // namespace
 
-void Daemon::StoreControl(const std::string& op, const nlohmann::json& request, ControlServer::Reply reply) {
-  const std::string key = request.value("key", "");
-  if (op == "lookup" && !objects_published_ && control_) {
+void StoreTree::Control(const ControlRequest& request, ControlServer::Reply reply) {
+  using Handler = void (StoreTree::*)(const ControlRequest&, ControlServer::Reply);
+  // The shared store's side of the ops table (common/control/protocol.h).
+  static constexpr std::array<std::pair<ControlOp, Handler>, 6> kHandlers = {{
+      {ControlOp::kLookup, &StoreTree::ControlLookup},
+      {ControlOp::kStore, &StoreTree::ControlStore},
+      {ControlOp::kRefresh, &StoreTree::ControlRefresh},
+      {ControlOp::kInvalidate, &StoreTree::ControlInvalidate},
+      {ControlOp::kTransfer, &StoreTree::ControlTransfer},
+      {ControlOp::kServed, &StoreTree::ControlServed},
+  }};
+  for (const auto& [op, handler] : kHandlers) {
+    if (op == request.op) return (this->*handler)(request, std::move(reply));
+  }
+  reply.Error(std::string(ControlOpName(request.op)) + ": not an op of the shared store");
+}
+
+void StoreTree::ControlLookup(const ControlRequest& request, ControlServer::Reply reply) {
+  LookupObject(std::get<ObjectArgs>(request.args).key, std::move(reply));
+}
+
+void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply) {
+  if (!objects_published_) {
     // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
     // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
     objects_published_ = true;
-    store_->SetChangeListener([this](const std::string& changed) {
-      if (control_ && control_->Subscribed("objects"))
-        control_->Publish("objects", {{"key", changed}});
+    ctx_.store.SetChangeListener([this](const std::string& changed) { ctx_.object_changed(changed); });
+  }
+  ++store_stats_.lookups;
+  const CacheEntry* e = ctx_.store.index().Find(key);
+  // A fill queued and not yet being written (one being written shows up when it commits).
+  if (!e && ctx_.write_back.Writing(key)) {
+    // Being written right now: answer once it is in the index.
+    return ctx_.write_back.WhenFillSettles(key, [this, key, reply = std::move(reply)]() mutable {
+      --store_stats_.lookups;
+      LookupObject(key, std::move(reply));
     });
   }
-  if (op == "lookup") {
-    ++store_stats_.lookups;
-    const CacheEntry* e = store_->index().Find(key);
-    // A fill queued and not yet being written (one being written shows up when it commits).
-    if (!e && writing_fills_.count(key)) {
-      // Being written right now: answer once it is in the index.
-      return WhenFillSettles(key, [this, op, request, reply = std::move(reply)]() mutable {
-        --store_stats_.lookups;
-        StoreControl(op, request, std::move(reply));
-      });
-    }
-    auto pending = pending_fills_.find(key);
-    auto queued_body = queued_bodies_.find(key);
-    ObjectState state;
-    state.on_disk = e != nullptr;
-    state.in_write_queue = pending != pending_fills_.end() && queued_body != queued_bodies_.end();
-    // The page-cache model: a copy read or written lately is still in RAM.
-    state.in_memory = manager_->InMemory(key);
-    if (!state.on_disk && !state.in_write_queue) return reply({{"cached", false}});
-    state.size = state.in_write_queue ? queued_body->second.data->size() : e->size;
-    manager_->Remember(key, state.size);
-    std::string name = StoreName(key);
-    store_keys_[name] = key;
-    // The version this answer describes: its size and head go with exactly these bytes, and
-    // the path (and body_path's inode) open only them.
-    const std::string version = StoreVersion(key);
-    if (version.empty()) return reply({{"cached", false}});
-    nlohmann::json out = {{"cached", true},
-                          {"path", mount_path_ + "/.ghost/objects/" + name + "@" + version},
-                          {"version", version}};
-    // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
-    const CacheEntry& known = state.in_write_queue ? pending->second : *e;
-    out["etag"] = known.etag;
-    out["last_modified"] = known.last_modified;
-    out["content_type"] = known.content_type;
-    out["expires_unix"] = known.expires ? nlohmann::json(UnixNow() + static_cast<std::int64_t>(
-                                                             ToSeconds(*known.expires - clock_->Now())))
-                                        : nlohmann::json();
-    // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
-    // the page cache as a holder as in ghostsim.
-    ReadDecision d = manager_->DecideRead(state);
-    if (d.source == ReadSource::kWriteQueue) {
-      // Its fill still waits in the write queue: read from memory, nothing to choose.
-      const CacheEntry& meta = pending->second;
-      out["size"] = state.size;
-      out["response"] = meta.response;
-      out["choice"] = "disk";
-      out["source"] = ReadSourceName(d.source);
-      out["ghost_hint"] = false;
-      ++requests_by_source_[ReadSourceName(d.source)];
-      ++store_stats_.hits;
-      return reply(out);
-    }
-    const Choice& c = d.choice;
-    bool local = IsLocal(d.source);
-    out["size"] = e->size;
-    out["response"] = e->response;
-    out["choice"] = local ? "disk" : "network";
-    out["source"] = ReadSourceName(d.source);
-    out["ghost_hint"] = c.hinted;
-    out["cost"] = CostJson(c);
-    ++requests_by_source_[ReadSourceName(d.source)];
-    ++(local ? store_stats_.hits : store_stats_.network_preferred);
-    if (!local) {
-      if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
-      return reply(out);
-    }
-    // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
-    out["body_path"] = store_->BodyPath(key);
-    store_->Touch(key);
-    bytes_from_cache_ += e->size;
-    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
-    if (d.source == ReadSource::kMemory || options_.profile.empty()) return reply(out);
-    // The emulated disk does the read the caller is about to make; the answer waits for it.
-    disk_->Submit({e->size, false},
-                  [reply = std::move(reply), out = std::move(out)]() mutable { reply(out); });
-    return;
+  const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
+  const QueuedBody* queued_body = ctx_.write_back.QueuedBodyOf(key);
+  ObjectState state;
+  state.on_disk = e != nullptr;
+  state.in_write_queue = pending != nullptr && queued_body != nullptr;
+  // The page-cache model: a copy read or written lately is still in RAM.
+  state.in_memory = ctx_.manager.InMemory(key);
+  LookupResult out;
+  if (!state.on_disk && !state.in_write_queue) return reply(out.ToJson());
+  state.size = state.in_write_queue ? queued_body->data->size() : e->size;
+  ctx_.manager.Remember(key, state.size);
+  std::string name = StoreName(key);
+  store_keys_[name] = key;
+  // The version this answer describes: its size and head go with exactly these bytes, and
+  // the path (and body_path's inode) open only them.
+  const std::string version = StoreVersion(key);
+  if (version.empty()) return reply(out.ToJson());
+  out.cached = true;
+  out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
+  out.version = version;
+  // What the index knows, so a reader can make a head for objects ghostfs fetched itself.
+  const CacheEntry& known = state.in_write_queue ? *pending : *e;
+  out.etag = known.etag;
+  out.last_modified = known.last_modified;
+  out.content_type = known.content_type;
+  if (known.expires) {
+    out.expires_unix = UnixNow() + static_cast<std::int64_t>(ToSeconds(*known.expires - ctx_.clock.Now()));
   }
-  if (op == "store") {
-    CacheEntry meta;
-    ReadStoredFields(request, *clock_, &meta);
-    meta.fetched = clock_->Now();
-    std::uint64_t r = std::random_device{}();
-    char token[40];
-    std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
-                  static_cast<unsigned long long>(r << 32 ^ std::random_device{}()));
-    StoreFill& f = store_fills_[token];
-    f.key = key;
-    f.meta = std::move(meta);
-    return reply({{"path", mount_path_ + "/.ghost/fill/" + token}});
+  // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
+  // the page cache as a holder as in ghostsim.
+  ReadDecision d = ctx_.manager.DecideRead(state);
+  if (d.source == ReadSource::kWriteQueue) {
+    // Its fill still waits in the write queue: read from memory, nothing to choose.
+    const CacheEntry& meta = *pending;
+    out.size = state.size;
+    out.response = meta.response;
+    out.choice = LookupChoice::kDisk;
+    out.source = ReadSourceName(d.source);
+    out.ghost_hint = false;
+    ++ctx_.reads.requests_by_source[d.source];
+    ++store_stats_.hits;
+    return reply(out.ToJson());
   }
-  if (op == "refresh") {
-    Status s = store_->UpdateMeta(key, [&](CacheEntry& e) {
-      ReadStoredFields(request, *clock_, &e);
-      e.fetched = clock_->Now();
-    });
-    if (!s.ok()) return reply.Error("refresh: " + s.message());
-    // The index row reaches sqlite with the next write batch (DESIGN §3.5).
-    WriteRecord w;
-    w.key = "index:" + key;
-    w.length = kIndexRowBytes;
-    queue_->Add(std::move(w));
-    ++store_stats_.refreshes;
-    return reply(nlohmann::json::object());
+  const Choice& c = d.choice;
+  bool local = IsLocal(d.source);
+  out.size = e->size;
+  out.response = e->response;
+  out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;
+  out.source = ReadSourceName(d.source);
+  out.ghost_hint = c.hinted;
+  out.cost = CostJson(c, ctx_.machine.pm());
+  ++ctx_.reads.requests_by_source[d.source];
+  ++(local ? store_stats_.hits : store_stats_.network_preferred);
+  if (!local) {
+    ctx_.stats_changed();
+    return reply(out.ToJson());
   }
-  if (op == "transfer") return StoreTransfer(request, std::move(reply));
-  if (op == "invalidate") {
-    // A fill still queued is dropped too: the writer skips fills without their metadata.
-    bool queued = pending_fills_.erase(key) > 0;
-    queued_bodies_.erase(key);
-    if (queued && control_ && control_->Subscribed("objects"))
-      control_->Publish("objects", {{"key", key}});
-    Status s = store_->Erase(key);
-    if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
-    return reply({{"removed", s.ok() || queued}});
+  // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
+  out.body_path = ctx_.store.BodyPath(key);
+  ctx_.store.Touch(key);
+  ctx_.reads.bytes_from_cache += e->size;
+  ctx_.stats_changed();
+  if (d.source == ReadSource::kMemory || ctx_.options.profile.empty()) return reply(out.ToJson());
+  // The emulated disk does the read the caller is about to make; the answer waits for it.
+  ctx_.machine.storage().Submit({e->size, false},
+                [reply = std::move(reply), out = out.ToJson()]() mutable { reply(out); });
+}
+
+void StoreTree::ControlStore(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  const std::string& key = std::get<ObjectArgs>(request_args.args).key;
+  CacheEntry meta;
+  ReadStoredFields(request, ctx_.clock, &meta);
+  meta.fetched = ctx_.clock.Now();
+  std::uint64_t r = std::random_device{}();
+  char token[40];
+  std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
+                static_cast<unsigned long long>(r << 32 ^ std::random_device{}()));
+  StoreFill& f = store_fills_[token];
+  f.key = key;
+  f.meta = std::move(meta);
+  return reply({{"path", ctx_.mount_path + "/.ghost/fill/" + token}});
+}
+
+void StoreTree::ControlRefresh(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  const std::string& key = std::get<ObjectArgs>(request_args.args).key;
+  Status s = ctx_.store.UpdateMeta(key, [&](CacheEntry& e) {
+    ReadStoredFields(request, ctx_.clock, &e);
+    e.fetched = ctx_.clock.Now();
+  });
+  if (!s.ok()) return reply.Error("refresh: " + s.message());
+  // The index row reaches sqlite with the next write batch (DESIGN §3.5).
+  ctx_.write_back.QueueIndexUpdate(key);
+  ++store_stats_.refreshes;
+  return reply(nlohmann::json::object());
+}
+
+void StoreTree::ControlTransfer(const ControlRequest& request, ControlServer::Reply reply) {
+  StoreTransfer(request.json, std::move(reply));
+}
+
+void StoreTree::ControlInvalidate(const ControlRequest& request, ControlServer::Reply reply) {
+  const std::string& key = std::get<ObjectArgs>(request.args).key;
+  // A fill still queued is dropped too: the writer skips fills without their metadata.
+  bool queued = ctx_.write_back.DropQueuedFill(key);
+  if (queued) ctx_.object_changed(key);
+  Status s = ctx_.store.Erase(key);
+  if (!s.ok() && s.code() != Status::Code::kNotFound) return reply.Error("invalidate: " + s.message());
+  return reply({{"removed", s.ok() || queued}});
+}
+
+void StoreTree::ControlServed(const ControlRequest& request_args, ControlServer::Reply reply) {
+  const nlohmann::json& request = request_args.json;
+  // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
+  // costs no device anything; counted, and the objects stay recently used on disk too.
+  std::uint64_t reads = 0;
+  for (const auto& [served_key, n] : request["memory"].items()) {
+    ctx_.store.Touch(served_key);
+    reads += n.get<std::uint64_t>();
   }
-  if (op == "served") {
-    // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
-    // costs no device anything; counted, and the objects stay recently used on disk too.
-    std::uint64_t reads = 0;
-    for (const auto& [served_key, n] : request["memory"].items()) {
-      store_->Touch(served_key);
-      reads += n.get<std::uint64_t>();
-    }
-    requests_by_source_["memory"] += static_cast<int>(reads);
-    store_stats_.memory_hits += reads;
-    bytes_from_cache_ += request.value("bytes", Bytes{0});
-    if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
-    return reply(nlohmann::json::object());
-  }
-  reply.Error("unknown op \"" + op + "\"");
+  ctx_.reads.requests_by_source[ReadSource::kMemory] += static_cast<int>(reads);
+  store_stats_.memory_hits += reads;
+  ctx_.reads.bytes_from_cache += request.value("bytes", Bytes{0});
+  ctx_.stats_changed();
+  return reply(nlohmann::json::object());
 }
 
 // The proxy's fetch from an origin, on the emulated card (see the file comment). The card's
 // policy sees one disclosed transfer, as ghostsim's card sees one I/O: under static the
 // default policy counts the transfer's begin as ghostsim counts its I/O's begin.
-void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply) {
+void StoreTree::StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply) {
   const std::string phase = request.value("phase", "");
-  const bool emulated = !options_.profile.empty();
+  const bool emulated = !ctx_.options.profile.empty();
   if (phase == "begin") {
     std::uint64_t id = next_transfer_id_++;
     proxy_transfers_[id] = ProxyTransfer{};
-    pm_->TransferBegin(net_id_);
+    ctx_.machine.pm().TransferBegin(ctx_.machine.network_id());
     if (emulated) {
       IoRequest io;
       io.round_trips_only = true;
-      net_->Submit(io, [] {});
+      ctx_.machine.network().Submit(io, [] {});
     }
     return reply({{"transfer", id}});
   }
@@ -435,11 +466,11 @@ void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply r
     IoRequest io;
     io.size = b.get<Bytes>();
     io.continuation = true;
-    net_->Submit(io, [this, id, reply = std::move(reply)]() mutable {
+    ctx_.machine.network().Submit(io, [this, id, reply = std::move(reply)]() mutable {
       auto t = proxy_transfers_.find(id);
       if (t != proxy_transfers_.end() && --t->second.data_pending == 0 && t->second.ended) {
         proxy_transfers_.erase(t);
-        pm_->TransferEnd(net_id_);
+        ctx_.machine.pm().TransferEnd(ctx_.machine.network_id());
       }
       reply(nlohmann::json::object());
     });
@@ -449,7 +480,7 @@ void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply r
     it->second.ended = true;
     if (it->second.data_pending == 0) {
       proxy_transfers_.erase(it);
-      pm_->TransferEnd(net_id_);
+      ctx_.machine.pm().TransferEnd(ctx_.machine.network_id());
     }
     return reply(nlohmann::json::object());
   }
@@ -457,7 +488,7 @@ void Daemon::StoreTransfer(const nlohmann::json& request, ControlServer::Reply r
 }
 
 // Unlinking .ghost/fill/<token> before closing it abandons the fill.
-void Daemon::StoreUnlink(fuse_req_t req, Node* parent, const char* name) {
+void StoreTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
   if (parent->path != kFillDir) return (void)fuse_reply_err(req, EROFS);
   auto f = store_fills_.find(name);
   if (f == store_fills_.end()) return (void)fuse_reply_err(req, ENOENT);
@@ -465,7 +496,7 @@ void Daemon::StoreUnlink(fuse_req_t req, Node* parent, const char* name) {
   fuse_reply_err(req, 0);
 }
 
-nlohmann::json Daemon::StoreStatsJson() const {
+nlohmann::json StoreTree::StatsJson() const {
   return {{"lookups", store_stats_.lookups},
           {"hits", store_stats_.hits},
           {"network_preferred", store_stats_.network_preferred},
@@ -474,5 +505,45 @@ nlohmann::json Daemon::StoreStatsJson() const {
           {"memory_hits", store_stats_.memory_hits},
           {"open_fills", store_fills_.size()}};
 }
+
+void StoreTree::LookupRoot(fuse_req_t req) {
+  Node* n = ctx_.inodes.Lookup(NodeKind::kStoreDir, -1, "");
+  ReplyNodeEntry(req, n, StoreStat(n));
+}
+
+void StoreTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info*) {
+  // The kernel truncates O_TRUNC opens with a SETATTR (no atomic O_TRUNC, local_tree.h): a
+  // proxy opens its fill token with O_TRUNC, and a fill starts empty anyway.
+  constexpr int kTimes = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
+                         FUSE_SET_ATTR_MTIME_NOW | FUSE_SET_ATTR_CTIME;
+  if (n->kind == NodeKind::kStoreFill && (to_set & ~(FUSE_SET_ATTR_SIZE | kTimes)) == 0 && attr->st_size == 0) {
+    return Getattr(req, n);
+  }
+  fuse_reply_err(req, EROFS);
+}
+
+void StoreTree::Read(fuse_req_t req, Node*, size_t size, off_t off, fuse_file_info* fi) {
+  Handle* h = reads_.FindHandle(fi->fh);
+  if (!h || h->kind == NodeKind::kStoreFill) return (void)fuse_reply_err(req, EBADF);  // fills are write-only
+  reads_.ReadHandle(req, fi->fh, size, off);
+}
+
+void StoreTree::Flush(fuse_req_t req, Node*, fuse_file_info* fi) {
+  Handle* h = reads_.FindHandle(fi->fh);
+  if (h && h->kind == NodeKind::kStoreFill) StoreHandOver(*h);
+  fuse_reply_err(req, 0);
+}
+
+void StoreTree::Release(fuse_req_t req, Node*, fuse_file_info* fi) {
+  Handle* h = reads_.FindHandle(fi->fh);
+  if (h && h->kind == NodeKind::kStoreFill) {
+    StoreHandOver(*h);
+    reads_.DropHandle(fi->fh);
+  } else {
+    reads_.ReleaseHandle(fi->fh);
+  }
+  fuse_reply_err(req, 0);
+}
+
 
 }  // namespace ghost

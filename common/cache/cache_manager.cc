@@ -12,6 +12,7 @@ const char* ReadSourceName(ReadSource s) {
     case ReadSource::kDisk: return "disk";
     case ReadSource::kNetwork: return "network";
     case ReadSource::kRevalidate: return "revalidate";
+    case ReadSource::kStale: return "stale";
   }
   return "?";
 }

@@ -36,6 +36,8 @@
 
 #include "common/base/clock.h"
 #include "common/base/units.h"
+#include "common/cache/body_file.h"
+#include "common/cache/cache_store.h"
 #include "common/cache/cache_index.h"
 #include "common/power/cost_model.h"
 #include "common/power/machine.h"
@@ -50,9 +52,11 @@ enum class ReadSource {
   kDisk,        // the committed body in the disk cache
   kNetwork,     // the origin
   kRevalidate,  // the origin, asked with the stale copy's validators
+  kStale,       // the committed body although stale: the origin failed (stale-if-error, RFC
+                // 5861); an outcome the caller reports, never a decision of DecideRead
 };
 // The text the edges print (user.ghost.source, access logs, stats, ghostsim's "sources"):
-// "memory" for both RAM holders, "flash", "disk", "network", "revalidate".
+// "memory" for both RAM holders, "flash", "disk", "network", "revalidate", "stale".
 const char* ReadSourceName(ReadSource s);
 // Reads served locally (memory, write queue, flash, disk).
 inline bool IsLocal(ReadSource s) { return s != ReadSource::kNetwork && s != ReadSource::kRevalidate; }
@@ -89,6 +93,12 @@ class CacheManager {
   // Where to read an object in `state` (the table above). Under the adaptive policy a costed
   // choice may send a ghost hint.
   ReadDecision DecideRead(const ObjectState& state);
+
+  // Opens the committed body of `key` in `store` (one version, read until the BodyFile is
+  // closed; see body_file.h). Fails with the open's errno (ENOENT: no body).
+  [[nodiscard]] static Result<BodyFile> OpenBody(const CacheStore& store, const std::string& key) {
+    return BodyFile::Open(store.BodyPath(key));
+  }
 
   // ---- the page-cache model ----
   // Whether RAM still holds a clean copy of `key`; counts as a use (LRU).

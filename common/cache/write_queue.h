@@ -52,8 +52,10 @@ namespace ghost {
 
 // What a write record stands for, so the writer routes it by type, not by its key's text.
 enum class WriteKind {
-  kCache,      // the cache store's records (fills and index updates, keyed by their prefix)
+  kCache,      // a cache write the simulator only sizes (ghostsim's fills)
   kLocalFile,  // a write into a file of the mount's local/ tree (fs/local_tree.h)
+  kFill,       // a body for the cache store (fs/write_back.h)
+  kIndex,      // an index row update for the cache store (fs/write_back.h)
 };
 
 struct WriteRecord {

@@ -339,6 +339,25 @@ Result<KnobResult> KnobResult::FromJson(const json& j) {
   return out;
 }
 
+json LookupResult::ToJson() const {
+  if (!cached) return {{"cached", false}};
+  json out = {{"cached", true},
+              {"path", path},
+              {"version", version},
+              {"etag", etag},
+              {"last_modified", last_modified},
+              {"content_type", content_type},
+              {"expires_unix", expires_unix ? json(*expires_unix) : json()},
+              {"size", size},
+              {"response", response},
+              {"choice", choice == LookupChoice::kNetwork ? "network" : "disk"},
+              {"source", source},
+              {"ghost_hint", ghost_hint}};
+  if (!cost.is_null()) out["cost"] = cost;
+  if (!body_path.empty()) out["body_path"] = body_path;
+  return out;
+}
+
 Result<LookupResult> LookupResult::FromJson(const json& j) {
   if (!j.is_object()) return Bad("the lookup result is not an object");
   LookupResult out;
@@ -354,6 +373,7 @@ Result<LookupResult> LookupResult::FromJson(const json& j) {
   if (!good) return Bad("the lookup result has a field of the wrong type");
   if (choice != "disk" && choice != "network") return Bad("the lookup result's choice is " + choice);
   out.choice = choice == "network" ? LookupChoice::kNetwork : LookupChoice::kDisk;
+  if (const json* c = Field(j, "cost")) out.cost = *c;
   if (const json* x = Field(j, "expires_unix")) {
     (void)x;
     out.expires_unix = expires;

@@ -237,6 +237,10 @@ struct LookupResult {
   std::string path;       // MOUNT/.ghost/objects/<hash>@<version>: opens only that version
   std::string body_path;  // the body file itself, or empty
   std::string version;    // "d<inode>-<size>" (a body file) or "q<n>" (a queued fill)
+  nlohmann::json cost;    // the cost model's estimates (null: not costed)
+  // {"cached":false} when not cached; else every field above, "cost" only when costed and
+  // "body_path" only when set (the daemon's reply).
+  nlohmann::json ToJson() const;
   // Tolerant of missing fields (they keep the defaults above); kInvalidArgument unless `j` is
   // an object whose fields, where present, have the types documented above.
   static Result<LookupResult> FromJson(const nlohmann::json& j);

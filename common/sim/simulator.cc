@@ -175,6 +175,7 @@ class Run {
         return;
       case ReadSource::kDisk:
       case ReadSource::kFlash:
+      case ReadSource::kStale:  // never decided (the simulated origin does not fail)
         storage_.Submit({size, false}, std::move(done));
         return;
       case ReadSource::kNetwork:

@@ -125,6 +125,7 @@ class LiveReplay {
         return;
       case ReadSource::kDisk:
       case ReadSource::kFlash:
+      case ReadSource::kStale:  // never decided
         machine_->storage().Submit({r.size, false}, std::move(done));
         return;
       case ReadSource::kNetwork:

@@ -1,0 +1,216 @@
+// OriginTree: HTTP origins as directories (their HTML listings), and the read path every
+// cached or streamed body goes through (origin_tree.cc, DESIGN §3.4): on open the cache
+// manager picks memory, the disk cache or the network; a network read streams to the reader
+// while it arrives and then fills the cache through the write-back; stale copies are
+// revalidated; an unreachable origin serves what the cache holds.
+//
+// The open files of the read path (Handle) live here, keyed by file handle: the Maildir tree
+// (fs/mail_tree.h) and the shared store (fs/store_tree.h) open bodies through the same path
+// and hand their handles to it (AddHandle, ReadHandle, ReleaseHandle).
+//
+// Thread-safety: the daemon's one event-loop thread.
+#ifndef GHOST_FS_ORIGIN_TREE_H_
+#define GHOST_FS_ORIGIN_TREE_H_
+
+#include <fuse_lowlevel.h>
+#include <sys/stat.h>
+
+#include <ctime>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/cache/body_file.h"
+#include "common/cache/cache_store.h"
+#include "common/http/autoindex.h"
+#include "common/http/http_fetcher.h"
+#include "fs/inode_table.h"
+#include "fs/tree.h"
+#include "fs/write_back.h"
+
+namespace ghost {
+
+// How much of a cached body an open reads ahead (the largest FUSE read request).
+constexpr Bytes kPrefetchBytes = 1 << 20;
+
+inline std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
+
+// A directory listing of an origin, as parsed from its HTML index.
+struct Listing {
+  std::vector<DirEntry> entries;
+  TimePoint expires{};
+  bool from_saved = false;  // loaded from the cache (possibly stale)
+};
+
+// An object being fetched from an origin: a window of the bytes so far, and the reads waiting
+// for more. The window holds bytes [base, base + data.size()); an origin stream keeps it at
+// most kStreamWindow long (bytes every open reader has passed are dropped, and the fetch is
+// paused while the window is full), so a body larger than memory streams through (DESIGN §4).
+struct Stream {
+  std::string key;       // cache key (the URL)
+  std::string data;
+  Bytes base = 0;        // offset of data[0]
+  Bytes received() const { return base + data.size(); }
+  std::optional<Bytes> size;  // from Content-Length, once known
+  bool done = false;
+  Status status;         // set when done
+  bool emulated_ready = false;  // the emulated network device finished its part
+  bool no_body = false;   // a 304 or an error status: nothing to stream or cache
+  bool replaces = false;  // a changed object on revalidation: the fill replaces the copy
+  FetchId fetch = 0;
+  CacheEntry meta;       // validators and freshness from the reply head
+  bool storable = false;
+  struct Waiter {
+    fuse_req_t req;
+    Bytes offset;
+    std::size_t size;
+    std::uint64_t fh = 0;  // the handle reading (its position moves when answered)
+  };
+  std::deque<Waiter> waiters;
+  int opens = 0;
+  // Pieces fetched with range requests for reads far ahead of the stream (by first byte).
+  std::map<Bytes, std::string> ranges;
+  // Origin streams: how far each open handle (by fh) has read; the window never drops bytes
+  // a reader has not passed. A reader behind the window gets a range request.
+  std::map<std::uint64_t, Bytes> readers;
+  bool windowed = false;  // data is trimmed to the window (origin streams; mail keeps it whole)
+  bool paused = false;    // the fetch is paused until readers (or the fill) catch up
+  // The cache fill, once the body is too big to wait in the write queue: written to the
+  // store as it arrives (fill_id), or abandoned (fill_failed); fill_in_flight bytes are with
+  // the disk (the fetch pauses above kStreamWindow of them).
+  std::optional<FillId> fill_id;
+  bool fill_failed = false;
+  Bytes fill_in_flight = 0;
+  std::string fill_pending;  // bytes for the store fill not handed over yet (< kFillPiece)
+  bool fill_wanted = false;  // storable, and not a copy of what the cache already has
+  std::string small_body;    // the whole body while it may still go through the write queue
+  bool small = true;         // small_body holds every byte so far
+};
+
+// Bytes of an origin body held in memory per stream, and the largest body that waits whole
+// in the write queue (bigger ones are written to the store as they arrive).
+constexpr Bytes kStreamWindow = 8 * 1024 * 1024;
+constexpr Bytes kMaxQueuedFill = 4 * 1024 * 1024;
+constexpr Bytes kFillPiece = 1024 * 1024;
+
+// Which version of a body an origin inode's page cache holds, and how many cached-mode
+// handles read it: handles of another version read with direct_io, so the kernel's pages
+// (and its idea of the size) never mix two versions (fs/origin_tree.cc).
+struct PageVersion {
+  std::string version;
+  int opens = 0;
+  TimePoint since{};  // when it became the inode's version
+  bool pages_valid = false;  // a cached open of it dropped the older pages (keep_cache off)
+};
+
+// The start of a cached body, read when it is opened so that the first READ finds it in
+// memory (or waits less): the read overlaps the open's reply and the kernel's next request.
+struct Prefetch {
+  std::string data;  // bytes [0, data.size()) once done
+  bool done = false;
+  bool ok = false;
+  std::vector<std::function<void()>> waiters;  // reads that came before it finished
+};
+
+// How the kernel reads an open origin file (fs/fuse_passthrough.h: an inode is in cached or
+// passthrough mode, and while it has passthrough opens every open of it must carry the flag).
+enum class IoMode {
+  kCached,        // READ requests, the kernel's page cache in front (keep_cache)
+  kDirect,        // READ requests for every read (direct_io)
+  kPassthrough,   // no READ requests: the kernel reads the body file itself
+  kDirectJoined,  // kDirect, sent with the inode's backing id: passthrough opens were active
+};
+
+// One open file.
+struct Handle {
+  NodeKind kind = NodeKind::kLocal;
+  fuse_ino_t ino = 0;  // origin: the node (for the passthrough counts)
+  IoMode io_mode = IoMode::kCached;
+  BodyFile file;                  // the cached body read from the disk (closed with the handle)
+  std::string key;                // origin: the URL
+  // Where this open reads from: kWriteQueue (the queued fill, `body`; the disk once it is
+  // written), kDisk or kStale (`file`), or kNetwork (`stream`).
+  ReadSource source = ReadSource::kDisk;
+  bool tmp = false;               // mail: a tmp/ file, held in memory by the Maildir tree
+  std::shared_ptr<Stream> stream; // origin, network source
+  std::shared_ptr<Prefetch> prefetch;  // origin from the disk, until reads pass its end
+  // Source kWriteQueue: the queued fill this handle reads (one version, kept until release).
+  std::shared_ptr<const std::string> body;
+  bool page_counted = false;  // counted in page_versions_[ino].opens
+};
+
+class OriginTree final : public Tree {
+ public:
+  // `ctx` is borrowed: its references must outlive the tree.
+  explicit OriginTree(TreeContext ctx);
+  OriginTree(const OriginTree&) = delete;
+  OriginTree& operator=(const OriginTree&) = delete;
+
+  // ---- Tree: nodes of NodeKind::kOriginDir and kOriginFile ----
+  void Lookup(fuse_req_t req, Node* parent, const char* name) override;
+  void Getattr(fuse_req_t req, Node* n) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  // Read-only: EROFS for an open for writing.
+  void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
+  void Release(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) override;
+  void Listxattr(fuse_req_t req, Node* n, size_t size) override;
+
+  // ---- the read path, shared with the Maildir tree and the shared store ----
+  // Registers an open body and returns its file handle.
+  std::uint64_t AddHandle(Handle h);
+  Handle* FindHandle(std::uint64_t fh);
+  // Reads from the open body `fh` (EBADF if there is none).
+  void ReadHandle(fuse_req_t req, std::uint64_t fh, size_t size, off_t off);
+  // Closes the open body `fh` (no reply).
+  void ReleaseHandle(std::uint64_t fh);
+  // Forgets `fh`, which reads no body (a .ghost/fill handle).
+  void DropHandle(std::uint64_t fh) { handles_.erase(fh); }
+  // Fetches running, by key (the URL), while they fetch.
+  std::map<std::string, std::shared_ptr<Stream>>& streams() { return streams_; }
+  // Starts reading the first piece of h's cached body (of `size` bytes) into h.prefetch.
+  void StartPrefetch(Handle& h, Bytes size);
+  // Answers the reads of `st` that its data (or its end) can answer.
+  void ServeStream(Stream& st);
+
+  // The URL of an origin node.
+  std::string OriginUrl(const Node* n) const;
+  // The cache entry of `url` if it is that URL's file (not a proxy-only entry), else nullptr.
+  const CacheEntry* MountEntry(const std::string& url) const;
+
+ private:
+  // `fh` is h's file handle (to find it again after waiting).
+  void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
+  void OriginRelease(Handle& h);
+  bool PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info);
+  void DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries);
+  // A read far beyond what has arrived: answered from a range request (DESIGN §4).
+  void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
+  // Drops what every reader has passed, pauses or resumes the fetch by the window, and feeds
+  // the store fill of a big body.
+  void TrimStream(Stream& st);
+  void StreamToFill(const std::shared_ptr<Stream>& st, std::string_view data);
+  void FinishStreamFill(const std::shared_ptr<Stream>& st, bool complete);
+  std::optional<std::string> OriginXattr(Node* n, const std::string& name);
+  std::optional<std::int64_t> FileMtime(const DirEntry* listed, const CacheEntry* cached) const;
+  const DirEntry* ListedEntry(const Node* n) const;  // from the listing in memory, if any
+  // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
+  void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
+
+  TreeContext ctx_;
+  std::map<std::uint64_t, Handle> handles_;                 // open bodies, by file handle
+  std::map<std::string, Listing> listings_;                 // by directory URL
+  std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
+  std::map<fuse_ino_t, PageVersion> page_versions_;         // origin inodes read in cached mode
+  std::set<std::string> long_names_logged_;                 // listing URLs with names > NAME_MAX
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_FS_ORIGIN_TREE_H_

@@ -1,0 +1,133 @@
+// WriteBack: the mount's write queue and its writer (DESIGN §3.5). Every deferred write of the
+// mount goes through it: cache fills (bodies the read path fetched, saved listings and
+// mailbox summaries, the proxy's fills), index updates after a revalidation, and writes into
+// local/ files. A record says what it is (WriteKind), and the writer routes it by that kind:
+//
+//   kind        applied by                      key in the queue
+//   ----------  ------------------------------  -------------------------------------------
+//   kFill       the cache store (BeginFill,     FillKey(key): the body waits here, once, in
+//               AppendFill, CommitFill)         QueuedBody; the record carries its length
+//   kIndex      CacheStore::SaveIndex (one per  IndexKey(key): one sqlite page
+//               batch)
+//   kLocalFile  the local/ tree (Hooks)         its file's identity (fs/local_tree.h)
+//
+// The queue merges the records of one key byte-wise, so a key names one kind; the keys of the
+// three kinds never meet (FillKey and IndexKey prefix theirs). Batches are applied one after
+// another, in order (io_uring does not order writes; batches must be). The emulated disk does
+// a batch's work (its total length) as the real one does it.
+//
+// A fill while it waits is readable at once: QueuedBodyOf hands readers the one version of the
+// body queued now (a reader keeps its version even when a newer fill of the key is queued
+// after it); while it is being written, WhenFillSettles waits for it.
+//
+// Thread-safety: not thread-safe; the daemon's one event-loop thread.
+#ifndef GHOST_FS_WRITE_BACK_H_
+#define GHOST_FS_WRITE_BACK_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/cache/cache_store.h"
+#include "common/cache/write_queue.h"
+#include "common/power/device.h"
+#include "common/power/power_manager.h"
+
+namespace ghost {
+
+// What one index row update costs the disk in the write queue: one sqlite page.
+constexpr Bytes kIndexRowBytes = 4096;
+
+// A fill waiting in the write queue: the one version of the body that readers opening it now
+// get. A reader keeps its version even when a newer fill of the key is queued after it.
+struct QueuedBody {
+  std::shared_ptr<const std::string> data;
+  std::uint64_t version = 0;
+};
+
+class WriteBack {
+ public:
+  // Applies one record of a kind the write-back does not apply itself (kLocalFile) and calls
+  // `done` once it is on the disk.
+  using RecordWriter = std::function<void(WriteRecord record, std::function<void()> done)>;
+  struct Hooks {
+    RecordWriter local_file;                             // kLocalFile records
+    std::function<void()> batch_done;                    // after each durable batch
+    std::function<void(const std::string& key)> fill_committed;  // a fill is in the store
+  };
+
+  // The queue defers writes for the disk `disk_id` of `pm` (`disk` is that device: it does
+  // each batch's work). Borrows everything; it must outlive the write-back.
+  WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store, WriteQueueOptions options);
+  WriteBack(const WriteBack&) = delete;
+  WriteBack& operator=(const WriteBack&) = delete;
+
+  // Set once, before the first write of a kind they handle.
+  void SetHooks(Hooks hooks) { hooks_ = std::move(hooks); }
+  WriteQueue& queue() { return *queue_; }
+  const WriteQueue& queue() const { return *queue_; }
+
+  // The queue's keys of the cache store's records.
+  static std::string FillKey(const std::string& key) { return "fill:" + key; }
+  static std::string IndexKey(const std::string& key) { return "index:" + key; }
+
+  // Hands `body`, stored whole under cache key `key` with `meta` (its size is set here), to
+  // the write queue as a fill: readers see it at once (the manager's kWriteQueue holder), the
+  // disk gets it with the next batch (DESIGN §3.5). The body is kept once, here: readers
+  // that open it share that version; the queue's record carries only the length.
+  void QueueFill(const std::string& key, CacheEntry meta, std::string body);
+  // QueueFill with only a content type (saved listings and mailbox summaries).
+  void QueueWholeFill(const std::string& key, std::string body, const std::string& content_type);
+  // The index row of `key` changed in memory (CacheStore::UpdateMeta): it reaches sqlite with
+  // the next batch.
+  void QueueIndexUpdate(const std::string& key);
+
+  // Whether a fill of `key` is queued or with the writer (not yet durable).
+  bool FillPending(const std::string& key) const { return queue_->Contains(FillKey(key)); }
+  // The metadata and body of the fill of `key` waiting in the queue (not yet handed to the
+  // store), or nullptr.
+  const CacheEntry* QueuedMeta(const std::string& key) const;
+  const QueuedBody* QueuedBodyOf(const std::string& key) const;
+  // Drops the queued fill of `key` (the writer then skips its record). Whether there was one.
+  bool DropQueuedFill(const std::string& key);
+
+  // Fills handed to the cache store and not yet committed (or abandoned): a reader of `key`
+  // waits for them with WhenFillSettles (runs `fn` now if none).
+  void FillStarted(const std::string& key) { ++writing_fills_[key]; }
+  void FillSettled(const std::string& key);
+  bool Writing(const std::string& key) const { return writing_fills_.contains(key); }
+  void WhenFillSettles(const std::string& key, std::function<void()> fn);
+  // A fill reached the store's index (Hooks::fill_committed).
+  void FillCommitted(const std::string& key);
+
+  // The queue's writer: applies `batch` after every batch handed over before it.
+  void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
+
+ private:
+  // Applies a sorted, merged batch: each record by its kind (the table in the file comment).
+  void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
+  // A kFill record: commits the queued body of its key to the store; calls `finish` once
+  // settled (false if there was nothing to write, and `finish` is not called).
+  bool ApplyFill(WriteRecord& r, const std::function<void()>& finish);
+
+  CacheStore& store_;
+  Device& disk_;
+  Hooks hooks_;
+  std::unique_ptr<WriteQueue> queue_;
+  std::map<std::string, CacheEntry> pending_fills_;  // queued fills: their metadata
+  std::map<std::string, QueuedBody> queued_bodies_;  // queued fills: their bodies
+  std::uint64_t next_body_version_ = 1;
+  std::map<std::string, int> writing_fills_;         // fills being written, by key
+  std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
+  std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
+  bool writing_ = false;
+};
+
+}  // namespace ghost
+
+#endif  // GHOST_FS_WRITE_BACK_H_

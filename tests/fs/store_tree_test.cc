@@ -1,0 +1,219 @@
+// StoreTree against a context of fakes and small real parts (no mount, no FUSE): a virtual
+// clock, an ideal machine, a cache store in a temporary directory, and the control socket
+// served on the test's own loop.
+#include "fs/store_tree.h"
+
+#include <event2/event.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "common/base/clock.h"
+#include "common/base/file_io.h"
+#include "common/cache/cache_manager.h"
+#include "common/config/config.h"
+#include "common/control/control.h"
+#include "common/control/protocol.h"
+#include "common/http/http_fetcher.h"
+#include "common/power/ideal_machine.h"
+#include "common/power/machine.h"
+#include "fs/fuse_passthrough.h"
+#include "fs/origin_tree.h"
+#include "fs/write_back.h"
+
+namespace ghost {
+namespace {
+
+class StoreTreeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = event_base_new();
+    ASSERT_NE(base_, nullptr);
+    std::string tmpl = ::testing::TempDir() + "ghost_store_tree_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    options_.cache_dir = root_;
+    mount_path_ = root_ + "/mnt";
+    MachineOptions mo;
+    mo.power_management = false;
+    Result<std::unique_ptr<Machine>> machine = Machine::Build(clock_, IdealMachineProfile(), mo);
+    ASSERT_TRUE(machine.ok()) << machine.status().ToString();
+    machine_ = std::move(machine).value();
+    manager_ = std::make_unique<CacheManager>(clock_, *machine_, CacheManager::Options{});
+    io_ = std::make_unique<SyncFileIo>(base_);
+    Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(root_ + "/objects-db", 0, clock_, *io_);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store_ = std::move(store).value();
+    write_back_ = std::make_unique<WriteBack>(machine_->pm(), machine_->storage_id(), machine_->storage(),
+                                              *store_, WriteQueueOptions{});
+    http_ = std::make_unique<HttpFetcher>(base_, HttpFetcherOptions{});
+    passthrough_ = std::make_unique<FusePassthrough>(root_);
+    TreeContext ctx{.options = options_,
+                    .clock = clock_,
+                    .machine = *machine_,
+                    .manager = *manager_,
+                    .store = *store_,
+                    .write_back = *write_back_,
+                    .inodes = inodes_,
+                    .io = *io_,
+                    .http = *http_,
+                    .passthrough = *passthrough_,
+                    .reads = reads_,
+                    .new_fh = [this] { return next_fh_++; },
+                    .stats_changed = [this] { ++stats_changes_; },
+                    .object_changed = [this](const std::string& key) { changed_.push_back(key); },
+                    .loop = base_,
+                    .mount_path = mount_path_};
+    origin_ = std::make_unique<OriginTree>(ctx);
+    tree_ = std::make_unique<StoreTree>(ctx, *origin_);
+    Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
+        base_, root_ + "/control.sock",
+        [this](const ControlRequest& request, ControlServer::Reply reply) { tree_->Control(request, std::move(reply)); });
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    server_ = std::move(server).value();
+    Result<std::unique_ptr<AsyncControlClient>> client = AsyncControlClient::Connect(base_, root_ + "/control.sock");
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(client).value();
+  }
+
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+    tree_.reset();
+    origin_.reset();
+    http_.reset();
+    write_back_.reset();
+    if (store_) (void)store_->Close();
+    store_.reset();
+    io_.reset();
+    manager_.reset();
+    machine_.reset();
+    if (base_) event_base_free(base_);
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+  }
+
+  // Sends `op` with `args` to the tree through the socket and runs the loop and the clock
+  // until the reply is back.
+  Result<nlohmann::json> Call(ControlOp op, nlohmann::json args) {
+    std::optional<Result<nlohmann::json>> out;
+    client_->Call(op, std::move(args), [&](Result<nlohmann::json> r) { out = std::move(r); });
+    for (int i = 0; i < 10000 && !out; ++i) {
+      clock_.RunUntilIdle();
+      event_base_loop(base_, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+    }
+    if (!out) return Status::TimedOut("no reply");
+    return std::move(*out);
+  }
+
+  Result<LookupResult> Lookup(const std::string& key) {
+    Result<nlohmann::json> r = Call(ControlOp::kLookup, {{"key", key}});
+    if (!r.ok()) return r.status();
+    return LookupResult::FromJson(*r);
+  }
+
+  static std::string ReadFile(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  VirtualClock clock_;
+  event_base* base_ = nullptr;
+  std::string root_;
+  std::string mount_path_;
+  GhostfsOptions options_;
+  std::unique_ptr<Machine> machine_;
+  std::unique_ptr<CacheManager> manager_;
+  std::unique_ptr<FileIo> io_;
+  std::unique_ptr<CacheStore> store_;
+  std::unique_ptr<WriteBack> write_back_;
+  std::unique_ptr<HttpFetcher> http_;
+  std::unique_ptr<FusePassthrough> passthrough_;
+  InodeTable inodes_;
+  ReadLog reads_;
+  std::uint64_t next_fh_ = 1;
+  int stats_changes_ = 0;
+  std::vector<std::string> changed_;
+  std::unique_ptr<OriginTree> origin_;
+  std::unique_ptr<StoreTree> tree_;
+  std::unique_ptr<ControlServer> server_;
+  std::unique_ptr<AsyncControlClient> client_;
+};
+
+TEST_F(StoreTreeTest, LookupOfAnUncachedKeyIsNotCached) {
+  Result<nlohmann::json> r = Call(ControlOp::kLookup, {{"key", "http://o/none"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, nlohmann::json({{"cached", false}}));
+  EXPECT_TRUE(reads_.requests_by_source.empty());
+}
+
+TEST_F(StoreTreeTest, LookupOfAStoredObjectNamesOneVersionOnTheDisk) {
+  // Queued and (no power management) written at once: the lookup waits for the fill.
+  CacheEntry meta;
+  meta.etag = "\"e1\"";
+  write_back_->QueueFill("http://o/a", meta, "hello");
+  Result<LookupResult> r = Lookup("http://o/a");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->cached);
+  EXPECT_EQ(r->size, 5u);
+  EXPECT_EQ(r->etag, "\"e1\"");
+  EXPECT_EQ(r->choice, LookupChoice::kDisk);
+  EXPECT_EQ(r->source, "disk");
+  ASSERT_FALSE(r->version.empty());
+  EXPECT_EQ(r->version[0], 'd');
+  EXPECT_TRUE(r->path.starts_with(mount_path_ + "/.ghost/objects/")) << r->path;
+  EXPECT_TRUE(r->path.ends_with("@" + r->version)) << r->path;
+  EXPECT_EQ(ReadFile(r->body_path), "hello");
+  EXPECT_TRUE(r->cost.is_object());
+  EXPECT_EQ(reads_.requests_by_source[ReadSource::kDisk], 1);
+  EXPECT_EQ(reads_.bytes_from_cache, 5u);
+}
+
+// The lookup remembered the object in the page-cache model: the next one reads memory, as
+// ghostsim counts it.
+TEST_F(StoreTreeTest, ASecondLookupIsServedFromTheMemoryModel) {
+  write_back_->QueueFill("http://o/a", CacheEntry{}, "hello");
+  ASSERT_TRUE(Lookup("http://o/a").ok());
+  Result<LookupResult> r = Lookup("http://o/a");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->source, "memory");
+  EXPECT_EQ(r->choice, LookupChoice::kDisk);
+  EXPECT_EQ(reads_.requests_by_source[ReadSource::kMemory], 1);
+}
+
+TEST_F(StoreTreeTest, InvalidateDropsTheObject) {
+  write_back_->QueueFill("http://o/a", CacheEntry{}, "hello");
+  ASSERT_TRUE(Lookup("http://o/a").ok());
+  Result<nlohmann::json> r = Call(ControlOp::kInvalidate, {{"key", "http://o/a"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*r)["removed"], true);
+  Result<LookupResult> again = Lookup("http://o/a");
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->cached);
+}
+
+TEST_F(StoreTreeTest, StoreHandsOutAFillPathUnderTheMount) {
+  Result<nlohmann::json> r = Call(ControlOp::kStore, {{"key", "http://o/b"}, {"content_type", "text/plain"}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  Result<std::string> path = StorePathFromJson(*r);
+  ASSERT_TRUE(path.ok());
+  EXPECT_TRUE(path->starts_with(mount_path_ + "/.ghost/fill/")) << *path;
+  EXPECT_EQ(tree_->StatsJson()["open_fills"], 1);
+}
+
+TEST_F(StoreTreeTest, OpsOfTheDaemonAreNotTheStoresOps) {
+  Result<nlohmann::json> r = Call(ControlOp::kDevices, nlohmann::json::object());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not an op of the shared store"), std::string::npos)
+      << r.status().ToString();
+}
+
+}  // namespace
+}  // namespace ghost
