@@ -303,6 +303,8 @@ void Daemon::Shutdown() {
 
 struct stat Daemon::DirStat(fuse_ino_t ino) const {
   struct stat st {};
+  // Directories show when the mount started (a listing has no date of its own), not 1970.
+  st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = mounted_unix_;
   st.st_ino = ino;
   st.st_mode = S_IFDIR | 0555;
   st.st_nlink = 2;
@@ -724,6 +726,7 @@ void Daemon::OpGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t
     return ReplyXattr(req, *v, size);
   }
   if (n->kind == NodeKind::kLocal) return local_->Getxattr(req, n, name, size);
+  if (n->kind == NodeKind::kOriginDir) return OriginDirXattr(req, n, name, size);
   if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
   std::optional<std::string> v = OriginXattr(n, name);
   if (!v) return (void)fuse_reply_err(req, ENODATA);
@@ -743,6 +746,7 @@ void Daemon::OpListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
   if (n->kind == NodeKind::kMailFile) {
     for (const std::string& x : mail_->XattrNames(n)) list.append(x).push_back('\0');
   }
+  if (n->kind == NodeKind::kOriginDir) list.append("user.ghost.listing").push_back('\0');
   ReplyXattr(req, list, size);
 }
 

@@ -93,6 +93,15 @@ struct Listing {
   std::vector<DirEntry> entries;
   TimePoint expires{};
   bool from_saved = false;  // loaded from the cache (possibly stale)
+  // kPage: the directory URL answered with an ordinary page (shown as kDirectoryPageName);
+  // entries are the names it links to, not the whole directory (others are asked of the origin).
+  ListingKind kind = ListingKind::kAutoindex;
+};
+
+// What a HEAD told of one name in a directory that has no complete listing (OriginProbe).
+struct Probe {
+  std::optional<DirEntry> entry;  // nullopt: the origin has no such name
+  TimePoint expires{};
 };
 
 // An object being fetched from an origin: a window of the bytes so far, and the reads waiting
@@ -306,6 +315,14 @@ class Daemon final : public GhostFs {
   // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
   void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
   void FillCommitted(const std::string& key);
+  // Names a listing does not settle (an ordinary page's directory, or one that cannot be
+  // listed): asked of the origin with a HEAD, remembered in probes_ (origin_tree.cc).
+  bool OriginMustProbe(const Result<const Listing*>& l, const std::string& name) const;
+  void OriginProbe(int origin, const std::string& dir, const std::string& name,
+                   std::function<void(Result<DirEntry>)> then);
+  void OriginReplyProbed(fuse_req_t req, int origin, const std::string& dir, Result<DirEntry> e, fuse_ino_t getattr_ino);
+  const DirEntry* ProbedEntry(int origin, const std::string& dir, const std::string& name) const;
+  void OriginDirXattr(fuse_req_t req, Node* n, const std::string& name, size_t size);
   // A fill handed to the cache store finished (committed or not): runs what waited for it.
   void FillSettled(const std::string& key);
   // Runs `fn` now, or once the fill of `key` being written settles.
@@ -376,10 +393,12 @@ class Daemon final : public GhostFs {
   std::vector<event*> signal_evs_;
   std::unique_ptr<LocalTree> local_;  // local/ (fs/local_tree.h)
   TimePoint started_{};
+  std::int64_t mounted_unix_ = std::time(nullptr);  // wall-clock start: directories' dates
 
   std::uint64_t next_fh_ = 1;
   std::map<std::uint64_t, Handle> handles_;
   std::map<std::string, Listing> listings_;               // by directory URL
+  std::map<std::string, std::map<std::string, Probe>> probes_;  // by directory URL, name
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<std::string, CacheEntry> pending_fills_;       // queued fills: their metadata
   std::map<std::string, QueuedBody> queued_bodies_;       // queued fills: their bodies
