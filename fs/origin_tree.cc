@@ -530,7 +530,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
       TrimStream(*st);  // pauses the fetch while the window is full
       return true;
     };
-    cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
+    cb.on_done = [this, st, opened, req, url, cached, open_handle, ino](Status s) mutable {
       DiscloseTransferEnd();
       if (st->no_body) return;
       st->done = true;
@@ -542,6 +542,7 @@ void Daemon::OriginOpen(fuse_req_t req, Node* n, fuse_file_info* fi) {
         if (cached && MountEntry(url)) {
           std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy (stale)\n", url.c_str(), s.message().c_str());
           ++requests_by_source_["stale"];
+          decisions_[ino].source = "stale";  // user.ghost.source: not "network"
           return open_handle("disk", nullptr);
         }
         std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), s.message().c_str());

@@ -19,6 +19,7 @@ GHOST_PACKAGES=(
   libnetfilter-queue-dev iptables iputils-ping
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
+  python3-matplotlib  # scripts/plots.py and tests/integration/plots_test.py
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -10,13 +10,14 @@ import errno
 import hashlib
 import os
 import random
+import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 16
+PLAN = 19
 
 INDEX = b"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>Example site</title>
@@ -66,7 +67,8 @@ def main():
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)
     started = time.time()
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()})
+    ctl = os.path.join(work, "ctl.sock")
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, args=["--max-stale", "0"], control=ctl)
     if not t.check(fs.start(), "mounts", fs.output()):
         t.skip_rest(PLAN, "not mounted")
         t.done()
@@ -139,7 +141,30 @@ def main():
     t.check(not old, "directories show the mount's date, not 1970", mtimes)
     t.check("user.ghost.listing" in os.listxattr(www), "listxattr of a directory names user.ghost.listing",
             os.listxattr(www))
+
+    # ghostctl status prints the cost model's estimates readably (not JSON) unless --json.
+    ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+    r = subprocess.run([ghostctl, "--control", ctl, "status", os.path.join(www, "docs/manual.pdf")],
+                       capture_output=True, text=True, timeout=30)
+    cost = [line for line in r.stdout.splitlines() if line.startswith("cost")]
+    t.check(r.returncode == 0 and cost and "{" not in cost[0] and "disk" in cost[0] and " J" in cost[0],
+            "ghostctl status prints its cost readably", r.stdout + r.stderr)
+
+    # Offline, a stale cached copy is served and says so.
+    nginx.stop()
+    time.sleep(1.1)
+    with open(os.path.join(www, "about.html"), "rb") as f:
+        offline = f.read()
+    source = os.getxattr(os.path.join(www, "about.html"), "user.ghost.source").decode()
+    t.check(offline.startswith(b"<html>") and source == "stale",
+            "offline, a stale copy served reports user.ghost.source=stale", f"{source} {offline[:60]}\n{fs.output()[-800:]}")
     fs.stop()
+
+    # A misspelt option is blamed alone, with the near name.
+    r = subprocess.run([os.path.join(h.build_dir(), "fs", "ghostfs"), "--cache", os.path.join(work, "c2"),
+                        "--orgin", "www=http://127.0.0.1:1/", mnt], capture_output=True, text=True, timeout=10)
+    t.check(r.returncode == 2 and "unknown option --orgin (did you mean --origin?)" in r.stderr and mnt not in r.stderr,
+            "--orgin blames only the option", r.stderr)
     t.done()
 
 
