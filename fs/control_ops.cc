@@ -147,6 +147,7 @@ void Daemon::HandleControl(const ControlRequest& request, ControlServer::Reply r
       {ControlOp::kInvalidate, &Daemon::ControlStore},
       {ControlOp::kTransfer, &Daemon::ControlStore},
       {ControlOp::kServed, &Daemon::ControlStore},
+      {ControlOp::kSync, &Daemon::ControlSync},
   }};
   static_assert(InOpOrder(kOpHandlers), "kOpHandlers must list the ops in ControlOp's order");
   OpHandler handler = kOpHandlers[static_cast<std::size_t>(request.op)].second;
@@ -176,14 +177,26 @@ void Daemon::ControlKnob(const ControlRequest& request, ControlServer::Reply rep
   reply(out.ToJson());
 }
 
+// Every queue: the cache writes, then the queued IMAP operations ("imap": sent, left, why).
 void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
   auto start = std::chrono::steady_clock::now();
   Bytes queued = write_back_->queue().queued_bytes();
-  write_back_->queue().FlushAll([reply, start, queued] {
-    reply({{"flushed_bytes", queued},
-           {"duration_s",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+  write_back_->queue().FlushAll([this, reply, start, queued] {
+    auto answer = [reply, start, queued](nlohmann::json imap) {
+      nlohmann::json out = {
+          {"flushed_bytes", queued},
+          {"duration_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}};
+      if (!imap.is_null()) out["imap"] = std::move(imap);
+      reply(std::move(out));
+    };
+    if (!mail_) return answer(nullptr);
+    mail_->Sync(answer);
   });
+}
+
+void Daemon::ControlSync(const ControlRequest&, ControlServer::Reply reply) {
+  if (!mail_) return reply({{"sent", 0}, {"left", 0}});
+  mail_->Sync([reply](nlohmann::json r) { reply(std::move(r)); });
 }
 
 void Daemon::ControlDropCaches(const ControlRequest&, ControlServer::Reply reply) {

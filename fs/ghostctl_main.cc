@@ -2,7 +2,7 @@
 // the shapes of the results are in common/control/control.h).
 //
 //   ghostctl [--mount MNT | --control PATH] [--json]
-//            devices | knob [K] | stats | status PATH | flush | watch
+//            devices | knob [K] | stats | status PATH | flush | sync | watch
 //
 // Which ghostfs: --control PATH, else the one mounted at MNT (its socket is derived from the
 // mount point: MountControlPath, common/control/control.h), else $GHOST_CONTROL, else the only
@@ -272,6 +272,24 @@ std::string StatsText(const json& s) {
   return Table(rows);
 }
 
+// The cost model's estimates, one source per line part: "disk 12 ms, 0.05 J; network ...".
+std::string CostText(const json* cost) {
+  if (cost == nullptr || !cost->is_object() || cost->empty()) return "-";
+  std::string out;
+  for (const auto& [source, e] : cost->items()) {
+    if (!e.is_object()) continue;
+    std::optional<double> time_s = Number(e, {"time_s"});
+    if (!time_s) {
+      if (auto ms = Number(e, {"time_ms"})) time_s = *ms / 1e3;
+    }
+    std::string part = source;
+    if (time_s) part += " " + (*time_s < 1 ? Printf("%.0f ms", *time_s * 1e3) : DurationText(time_s));
+    if (auto j = Number(e, {"energy_j"})) part += ", " + EnergyText(j);
+    out += (out.empty() ? "" : "; ") + part;
+  }
+  return out.empty() ? Text(*cost, {}) : out;
+}
+
 std::string StatusText(const json& r) {
   std::string cached = "-";
   if (const json* c = Find(r, {"cached"}); c != nullptr && c->is_boolean()) {
@@ -286,7 +304,7 @@ std::string StatusText(const json& r) {
       {"size", size},
       {"source preference", Text(r, {"source_preference"})},
       {"last source", Text(r, {"last_source"})},
-      {"cost", Text(r, {"cost"})}};
+      {"cost", CostText(Find(r, {"cost"}))}};
   rows.insert(rows.end(), rest.begin(), rest.end());
   return Table(rows);
 }
@@ -299,10 +317,24 @@ std::string KnobText(const json& r) {
   return out + "\n";
 }
 
+// "flushed 12.0 KiB in 0.3 s; 2 IMAP operations sent", and what stays queued, if anything.
 std::string FlushText(const json& r) {
   std::string out = "flushed";
   if (auto b = Number(r, {"flushed_bytes"})) out += " " + BytesText(b);
   if (auto d = Number(r, {"duration_s"})) out += " in " + DurationText(d);
+  if (auto sent = Number(r, {"imap", "sent"}); sent && *sent > 0) out += "; " + CountOf(sent, "IMAP operation", "IMAP operations") + " sent";
+  if (auto left = Number(r, {"imap", "left"}); left && *left > 0) {
+    out += "; " + CountOf(left, "IMAP operation", "IMAP operations") + " still queued (" +
+           Text(r, {"imap", "why"}) + ")";
+  }
+  return out + "\n";
+}
+
+std::string SyncText(const json& r) {
+  std::string out = CountOf(Number(r, {"sent"}), "IMAP operation", "IMAP operations") + " sent";
+  if (auto left = Number(r, {"left"}); left && *left > 0) {
+    out += "; " + CountOf(left, "operation", "operations") + " still queued (" + Text(r, {"why"}) + ")";
+  }
   return out + "\n";
 }
 
@@ -498,13 +530,16 @@ struct Command {
 const Command kCommands[] = {
     {"devices", "devices, their power modes and policies", ghost::ControlOp::kDevices, &DevicesText,
      false},
-    {"knob", "print the knob K, or set it to K", ghost::ControlOp::kKnob, &KnobText, false},
-    {"stats", "energy and activity since ghostfs started", ghost::ControlOp::kStats, &StatsText,
+    {"knob", "[K]: print the performance/energy knob, or set it (0 saves energy, 100 performance)",
+     ghost::ControlOp::kKnob, &KnobText, false},
+    {"stats", "uptime, energy, requests by source, ghost hints, write queue, cache",
+     ghost::ControlOp::kStats, &StatsText, false},
+    {"status", "PATH: cache status of a file in the mount", ghost::ControlOp::kStatus, &StatusText,
      false},
-    {"status", "cache status of a file in the mount", ghost::ControlOp::kStatus, &StatusText,
-     false},
-    {"flush", "write deferred writes to their devices now", ghost::ControlOp::kFlush, &FlushText,
-     true},
+    {"flush", "send every deferred operation now: cache writes and queued IMAP operations (waits)",
+     ghost::ControlOp::kFlush, &FlushText, true},
+    {"sync", "send the queued IMAP operations now (waits until the server has them)",
+     ghost::ControlOp::kSync, &SyncText, true},
 };
 
 }  // namespace
@@ -512,14 +547,6 @@ const Command kCommands[] = {
 int main(int argc, char** argv) {
   CLI::App app{
       "ghostctl: talk to the ghostfs daemon through its control socket (common/DESIGN.md §4.2).\n"
-      "  devices        devices, their power modes and policies\n"
-      "  knob [K]       print the performance/energy knob, or set it (0 saves energy, 100 "
-      "performance)\n"
-      "  stats          uptime, energy, requests by source, ghost hints, write queue, cache\n"
-      "  status PATH    cache status of a file in the mount\n"
-      "  flush          write deferred writes now (waits until they are on the device)\n"
-      "  watch          live view of device modes, energy and requests (Ctrl-C quits)\n"
-      "  outbox DIR     mail waiting in ghostproxy's SMTP outbox, and mail the server refused\n\n"
       "Which ghostfs: --control PATH, else the one mounted at --mount MNT, else "
       "$GHOST_CONTROL, else the only ghostfs mounted."};
   app.set_version_flag("--version", std::string("ghostctl ") + GHOST_VERSION,
@@ -541,7 +568,8 @@ int main(int argc, char** argv) {
   knob->add_option("K", knob_text, "new knob value, 0 (save energy) .. 100 (performance)");
   std::string status_path;
   status->add_option("PATH", status_path, "a file in the mount")->required();
-  CLI::App* watch = app.add_subcommand("watch", "live view; redrawn on every change");
+  CLI::App* watch =
+      app.add_subcommand("watch", "live view of device modes, energy and requests (Ctrl-C quits)");
   // Reads ghostproxy's outbox directory itself (common/imap/outbox.h): no ghostfs needed.
   CLI::App* outbox = app.add_subcommand(
       "outbox", "mail waiting in ghostproxy's SMTP outbox, and mail the server refused");
@@ -563,6 +591,10 @@ int main(int argc, char** argv) {
   }
   if (status->parsed()) {
     std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(status_path, ec))) {
+      return Failed("status: " + status_path + ": " +
+                    (ec ? ec.message() : std::string(std::strerror(ENOENT))));
+    }
     std::filesystem::path abs = std::filesystem::absolute(status_path, ec);
     args["path"] = ec ? status_path : abs.lexically_normal().string();
   }
@@ -615,5 +647,7 @@ int main(int argc, char** argv) {
   } else {
     std::cout << command->text(*result);
   }
+  // sync could not send everything (the server is unreachable): the operations stay queued.
+  if (command->op == ghost::ControlOp::kSync && Number(*result, {"left"}).value_or(0) > 0) return kFailed;
   return 0;
 }

@@ -363,6 +363,7 @@ void Daemon::Shutdown() {
   if (shutting_down_) return;
   shutting_down_ = true;
   if (fuse_ev_) event_del(fuse_ev_);
+  if (mail_) mail_->ReportQueuedAtExit();  // journaled: they go out after the next mount
   // Deferred writes reach the disk before the loop ends (they may spin it up).
   if (!write_back_) {
     event_base_loopbreak(base_);

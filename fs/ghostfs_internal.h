@@ -112,6 +112,7 @@ class Daemon final : public GhostFs {
   void ControlDevices(const ControlRequest& request, ControlServer::Reply reply);
   void ControlStats(const ControlRequest& request, ControlServer::Reply reply);
   void ControlFlush(const ControlRequest& request, ControlServer::Reply reply);
+  void ControlSync(const ControlRequest& request, ControlServer::Reply reply);
   void ControlDropCaches(const ControlRequest& request, ControlServer::Reply reply);
   // lookup, store, refresh, invalidate, transfer, served: the shared store (store_tree.cc).
   void ControlStore(const ControlRequest& request, ControlServer::Reply reply);

@@ -109,6 +109,14 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> args =
       ghost::RewriteMountArgs(std::vector<std::string>(argv, argv + argc), value_options);
+  std::vector<std::string> long_options;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const std::string& n : opt->get_lnames()) long_options.push_back("--" + n);
+  }
+  if (std::string unknown = ghost::UnknownLongOption(args, long_options); !unknown.empty()) {
+    std::fprintf(stderr, "ghostfs: %s (see --help)\n", unknown.c_str());
+    return 2;
+  }
   std::vector<const char*> arg_ptrs;
   for (const std::string& a : args) arg_ptrs.push_back(a.c_str());
   try {

@@ -98,6 +98,9 @@ struct MailBox {
   bool loaded = false, loading = false, again = false, offline = false;
   TimePoint expires{};
   std::vector<std::function<void(Status)>> waiters;
+  // Unseen messages a reader moved from new/ to cur/ (Maildir: seen by a reader, not read):
+  // they stay in cur/ across refreshes (MaildirSubdirFor).
+  std::set<std::uint32_t> left_new;
   // The cur/ and new/ directories' mtime: readers (Python's mailbox.Maildir) list a Maildir
   // again only when it moved forward, so every change of the view moves it.
   timespec mtime{};
@@ -127,6 +130,9 @@ struct MailOrigin {
   // Local messages the server has now: "<wire>\n<unique>" -> (uidvalidity, uid).
   std::map<std::string, std::pair<std::uint32_t, std::uint32_t>> appended;
   Status last_error;
+  // Refused logins in a row, and when the next LOGIN may be tried (EnsureConnected backoff).
+  int login_failures = 0;
+  TimePoint login_retry_at{};
 
   MailBox* BoxByWire(const std::string& wire) {
     for (auto& [f, b] : boxes) {
@@ -186,6 +192,7 @@ Result<std::unique_ptr<MailTree>> MailTree::Create(TreeContext ctx, OriginTree& 
   t->unapplied_path_ = d.options.cache_dir + "/imap-unapplied.jsonl";
   ImapQueueOptions qo;
   qo.journal_path = d.options.cache_dir + "/imap-journal";
+  qo.clock = &d.clock;  // queued operations go out by their deadline (60 s at K=50)
   Result<std::unique_ptr<ImapQueue>> q = ImapQueue::Open(
       qo, d.machine.pm(), d.machine.network_id(), [self = t.get()](const ImapOp& op, std::function<void(SendOutcome)> done) {
         self->Send(op, std::move(done));
@@ -213,14 +220,24 @@ void MailTree::Start() {
 
 void MailTree::EnsureConnected(MailOrigin& mo) {
   if (mo.client->state() != ImapClient::State::kDisconnected) return;
+  // A refused login is not tried again at once: readers meanwhile see what is cached.
+  if (ctx_.clock.Now() < mo.login_retry_at) return;
   mo.selected.clear();
   mo.client->Connect(mo.url, mo.user, mo.password, [this, &mo](Status s) {
     if (!s.ok()) {
-      std::fprintf(stderr, "ghostfs: %s: cannot log in to %s: %s\n", mo.name.c_str(), mo.url.c_str(),
-                   s.ToString().c_str());
+      std::string next;
+      if (s.code() == Status::Code::kPermissionDenied) {
+        Duration wait = LoginBackoff(++mo.login_failures);
+        mo.login_retry_at = ctx_.clock.Now() + wait;
+        if (wait > Duration(0)) next = "; next try in " + std::to_string(ToSeconds(wait)).substr(0, 4) + " s";
+      }
+      std::fprintf(stderr, "ghostfs: %s: cannot log in to %s: %s%s\n", mo.name.c_str(), mo.url.c_str(),
+                   s.ToString().c_str(), next.c_str());
       mo.last_error = s;
       return;
     }
+    mo.login_failures = 0;
+    mo.login_retry_at = {};
     mo.last_error = Status::Ok();
     // New mail is pushed while the connection has nothing else to do (RFC 2177).
     if (mo.client->capabilities().idle()) (void)mo.client->StartIdle();
@@ -377,6 +394,7 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
         std::fprintf(stderr, "ghostfs: %s: mailbox %s changed UIDVALIDITY %u -> %u: resynchronised\n",
                      mo.name.c_str(), box.wire.c_str(), box.uidvalidity, uidvalidity);
       }
+      if (box.uidvalidity != uidvalidity) box.left_new.clear();
       box.uidvalidity = uidvalidity;
       box.messages.clear();
       for (const MessageSummary& m : list) {
@@ -385,6 +403,7 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
         msg.size = m.size;
         msg.date = m.internaldate_unix;
         msg.info = FlagsToInfo(m.flags, &msg.keywords);
+        msg.sub = MaildirSubdirFor(msg.info, box.left_new.count(m.uid) > 0);
         MaildirFileName n{uidvalidity, m.uid, m.size, ""};
         msg.unique = UniqueOf(FormatMaildirFileName(n));
         box.messages[msg.unique] = std::move(msg);
@@ -441,6 +460,7 @@ void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::funct
                           msg.size = m[1].get<Bytes>();
                           msg.info = m[2].get<std::string>();
                           msg.date = m[3].get<std::int64_t>();
+                          msg.sub = MaildirSubdirFor(msg.info, box.left_new.count(msg.uid) > 0);
                           msg.unique = UniqueOf(FormatMaildirFileName({box.uidvalidity, msg.uid, msg.size, ""}));
                           box.messages[msg.unique] = std::move(msg);
                         }
@@ -504,6 +524,7 @@ std::string MailTree::BodyKey(const MailOrigin& mo, const std::string& wire, std
 
 struct stat MailTree::DirStat(fuse_ino_t ino) const {
   struct stat st {};
+  st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = MountedUnix();  // not 1970
   st.st_ino = ino;
   st.st_mode = S_IFDIR | 0755;
   st.st_nlink = 2;
@@ -1000,6 +1021,8 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
                         seq = queue_->Add(std::move(op));
                       }
                       if (seq.ok()) {
+                        if (from.sub == "new" && to.sub == "cur" && m.uid) src.left_new.insert(m.uid);
+                        if (to.sub == "new") src.left_new.erase(m.uid);
                         m.info = after;
                         m.sub = to.sub;
                         src.Changed();
@@ -1434,6 +1457,38 @@ void MailTree::Listxattr(fuse_req_t req, Node* n, size_t size) {
     for (const std::string& x : XattrNames(n)) list.append(x).push_back('\0');
   }
   ReplyXattr(req, list, size);
+}
+
+// ---- sending now, and what stays queued ----
+
+void MailTree::Sync(std::function<void(nlohmann::json)> done) {
+  if (!queue_) return done({{"sent", 0}, {"left", 0}});
+  // Asked for by the user: a login backoff does not hold this attempt back.
+  for (auto& mo : origins_) {
+    if (mo) mo->login_retry_at = {};
+  }
+  std::uint64_t before = queue_->stats().sent;
+  queue_->Flush([this, before, done](std::size_t left) {
+    nlohmann::json out = {{"sent", queue_->stats().sent - before}, {"left", left}};
+    if (left > 0) {
+      std::string why = "the server could not be reached";
+      const std::string& origin = queue_->pending().front().origin;
+      for (const auto& mo : origins_) {
+        if (mo && mo->name == origin && !mo->last_error.ok()) why = origin + ": " + mo->last_error.message();
+      }
+      out["why"] = why;
+    }
+    done(std::move(out));
+  });
+}
+
+void MailTree::ReportQueuedAtExit() const {
+  if (!queue_ || queue_->pending().empty()) return;
+  std::fprintf(stderr,
+               "ghostfs: %zu IMAP operation(s) stay queued (%llu bytes): they are in the journal %s and go "
+               "out after the next mount\n",
+               queue_->pending().size(), static_cast<unsigned long long>(queue_->queued_bytes()),
+               (ctx_.options.cache_dir + "/imap-journal").c_str());
 }
 
 }  // namespace ghost

@@ -96,6 +96,13 @@ class MailTree final : public Tree {
   void Listxattr(fuse_req_t req, Node* n, size_t size) override;
   // For `ghostctl stats`: {"queued", "sent", "dropped", ...}.
   nlohmann::json StatsJson() const;
+  // `ghostctl sync` (and `flush`): sends the queued IMAP operations now, even during a login
+  // backoff; `done` once sending stops, with {"sent", "left", "why"} (why: the last error of
+  // an origin that could not be reached, when operations are left).
+  void Sync(std::function<void(nlohmann::json)> done);
+  // At unmount: a line saying how many operations stay queued (journaled; sent after the
+  // next mount), if any.
+  void ReportQueuedAtExit() const;
 
  private:
   MailTree(TreeContext ctx, OriginTree& reads);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <string_view>
+#include <vector>
 
 namespace ghost {
 namespace {
@@ -90,6 +91,48 @@ std::vector<std::string> RewriteMountArgs(const std::vector<std::string>& args,
   }
   out.insert(out.end(), positionals.begin(), positionals.end());
   return out;
+}
+
+namespace {
+
+std::size_t EditDistance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string UnknownLongOption(const std::vector<std::string>& args, const std::vector<std::string>& known) {
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    if (!a.starts_with("--") || a.size() == 2) continue;
+    std::string name = a.substr(0, a.find('='));
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    std::string msg = "unknown option " + name;
+    std::string best;
+    std::size_t best_d = 3;  // suggest only near names
+    for (const std::string& k : known) {
+      std::size_t d = EditDistance(name, k);
+      if (d < best_d) {
+        best_d = d;
+        best = k;
+      }
+    }
+    if (!best.empty()) msg += " (did you mean " + best + "?)";
+    return msg;
+  }
+  return {};
 }
 
 }  // namespace ghost

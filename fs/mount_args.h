@@ -29,4 +29,11 @@ namespace ghost {
 std::vector<std::string> RewriteMountArgs(const std::vector<std::string>& args,
                                           const std::vector<std::string>& value_options);
 
+// A message for the first argument (after argv[0], before a "--") that looks like a long
+// option ("--name" or "--name=value") but names none of `known` ("--origin", ...), with the
+// closest known name when one is near ("unknown option --orgin (did you mean --origin?)");
+// empty when every option is known. Checked before parsing, so a misspelt option is blamed
+// alone (the parser would also blame the arguments it then could not place).
+std::string UnknownLongOption(const std::vector<std::string>& args, const std::vector<std::string>& known);
+
 }  // namespace ghost

@@ -109,9 +109,11 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
 
   auto body = std::make_shared<std::string>();
   auto status = std::make_shared<int>(0);
+  auto last_modified = std::make_shared<std::string>();
   HttpFetcher::Callbacks cb;
-  cb.on_head = [status](const HttpResponseHead& h) {
+  cb.on_head = [status, last_modified](const HttpResponseHead& h) {
     *status = h.status;
+    *last_modified = h.last_modified;
     return true;
   };
   cb.on_data = [body](std::string_view d) {
@@ -119,20 +121,28 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
     body->append(d);
     return true;
   };
-  cb.on_done = [this, url, body, status, then](Status s) {
+  cb.on_done = [this, url, body, status, last_modified, then](Status s) {
     if (s.ok() && *status == 200) {
-      Result<std::vector<DirEntry>> entries = ParseAutoindex(*body);
-      if (entries.ok()) {
-        DropUnopenableNames(url, &*entries);
-        Listing& l = listings_[url];
-        l.entries = std::move(entries).value();
+      Result<DirectoryAnswer> answer = ReadDirectoryAnswer(*body, url, ParseHttpDate(*last_modified));
+      if (answer.ok()) {
+        DropUnopenableNames(url, &answer->entries);
+        auto [at, fresh] = listings_.try_emplace(url);
+        Listing& l = at->second;
+        if (answer->kind == ListingKind::kPage && (fresh || l.kind != ListingKind::kPage)) {
+          std::fprintf(stderr,
+                       "ghostfs: %s serves a page, not a directory listing: shown as %s with the %zu name(s) it "
+                       "links to; other names are asked of the origin (user.ghost.listing=page)\n",
+                       url.c_str(), std::string(kDirectoryPageName).c_str(), answer->entries.size() - 1);
+        }
+        l.kind = answer->kind;
+        l.entries = std::move(answer->entries);
         l.expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;
         l.from_saved = false;
         // Saved with the cache, so the tree can be listed offline.
         ctx_.write_back.QueueWholeFill(kListingPrefix + url, std::move(*body), "text/html");
         return then(&l);
       }
-      std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), entries.status().message().c_str());
+      std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), answer.status().message().c_str());
       return then(Status::NotSupported(url + " is not an HTML directory listing"));
     }
     // Offline or failing: the listing we had, or the saved one.
@@ -150,11 +160,12 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
                      [this, url, buf, then](Result<std::size_t> n) {
                        if (!n.ok()) return then(n.status());
                        buf->resize(*n);
-                       Result<std::vector<DirEntry>> entries = ParseAutoindex(*buf);
-                       if (!entries.ok()) return then(entries.status());
-                       DropUnopenableNames(url, &*entries);
+                       Result<DirectoryAnswer> answer = ReadDirectoryAnswer(*buf, url, std::nullopt);
+                       if (!answer.ok()) return then(answer.status());
+                       DropUnopenableNames(url, &answer->entries);
                        Listing& l = listings_[url];
-                       l.entries = std::move(entries).value();
+                       l.kind = answer->kind;
+                       l.entries = std::move(answer->entries);
                        l.expires = ctx_.clock.Now();  // stale: try the origin again next time
                        l.from_saved = true;
                        then(&l);
@@ -224,7 +235,8 @@ const DirEntry* OriginTree::ListedEntry(const Node* n) const {
   dir.origin = n->origin;
   dir.path = DirOf(n->path);
   auto it = listings_.find(OriginUrl(&dir));
-  return it == listings_.end() ? nullptr : FindEntry(it->second, BaseOf(n->path));
+  const DirEntry* e = it == listings_.end() ? nullptr : FindEntry(it->second, BaseOf(n->path));
+  return e ? e : ProbedEntry(n->origin, dir.path, BaseOf(n->path));
 }
 
 void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
@@ -232,6 +244,11 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
   int origin = parent->origin;
   std::string dir = parent->path;
   WithListing(origin, dir, [this, req, origin, dir, name](Result<const Listing*> l) {
+    if (OriginMustProbe(l, name)) {
+      return OriginProbe(origin, dir, name, [this, req, origin, dir](Result<DirEntry> e) {
+        OriginReplyProbed(req, origin, dir, std::move(e), 0);
+      });
+    }
     if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
     const DirEntry* e = FindEntry(**l, name);
     if (!e) return (void)fuse_reply_err(req, ENOENT);
@@ -282,7 +299,14 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
   }
   fuse_ino_t ino = n->ino;
   std::string name = BaseOf(n->path);
-  WithListing(n->origin, DirOf(n->path), [this, req, ino, name](Result<const Listing*> l) {
+  int origin = n->origin;
+  std::string dir = DirOf(n->path);
+  WithListing(origin, dir, [this, req, ino, name, origin, dir](Result<const Listing*> l) {
+    if (OriginMustProbe(l, name) || (l.ok() && !FindEntry(**l, name) && ProbedEntry(origin, dir, name))) {
+      return OriginProbe(origin, dir, name, [this, req, origin, dir, ino](Result<DirEntry> e) {
+        OriginReplyProbed(req, origin, dir, std::move(e), ino);
+      });
+    }
     if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
     const DirEntry* e = FindEntry(**l, name);
     if (!e) return (void)fuse_reply_err(req, ENOENT);
@@ -293,7 +317,9 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
 
 void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
   fuse_ino_t ino = n->ino;
-  WithListing(n->origin, n->path, [req, ino, size, off](Result<const Listing*> l) {
+  WithListing(n->origin, n->path, [this, req, ino, size, off, url = OriginUrl(n)](Result<const Listing*> l) {
+    const std::map<std::string, Probe>* probed = nullptr;
+    if (auto p = probes_.find(url); p != probes_.end()) probed = &p->second;
     if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
     std::vector<char> buf(size);
     std::size_t used = 0;
@@ -310,8 +336,17 @@ void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
       return true;
     };
     if (add(".", S_IFDIR) && add("..", S_IFDIR)) {
+      // A page's slash-less links may be files or directories: the type is left unknown.
+      bool page = (*l)->kind == ListingKind::kPage;
+      bool full = false;
       for (const DirEntry& e : (*l)->entries) {
-        if (!add(e.name, e.is_dir ? S_IFDIR : S_IFREG)) break;
+        if ((full = !add(e.name, e.is_dir ? S_IFDIR : page && e.name != kDirectoryPageName ? 0 : S_IFREG))) break;
+      }
+      // And the names the origin confirmed that the page does not link to.
+      if (page && probed && !full) {
+        for (const auto& [name, p] : *probed) {
+          if (p.entry && !FindEntry(**l, name) && !add(name, p.entry->is_dir ? S_IFDIR : S_IFREG)) break;
+        }
       }
     }
     fuse_reply_buf(req, buf.data(), used);
@@ -495,7 +530,7 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       TrimStream(*st);  // pauses the fetch while the window is full
       return true;
     };
-    cb.on_done = [this, st, opened, req, url, cached, open_handle](Status s) mutable {
+    cb.on_done = [this, st, opened, req, url, cached, open_handle, ino](Status s) mutable {
       ctx_.machine.TransferEnd();
       if (st->no_body) return;
       st->done = true;
@@ -507,6 +542,7 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         if (cached && MountEntry(url)) {
           std::fprintf(stderr, "ghostfs: %s unreachable (%s); serving the cached copy (stale)\n", url.c_str(), s.message().c_str());
           ++ctx_.reads.requests_by_source[ReadSource::kStale];
+          ctx_.reads.decisions[ino].source = ReadSource::kStale;  // user.ghost.source: not "network"
           return open_handle(ReadSource::kDisk, nullptr);
         }
         std::fprintf(stderr, "ghostfs: %s: %s\n", url.c_str(), s.message().c_str());
@@ -978,6 +1014,7 @@ constexpr const char* kXattrs[] = {"user.ghost.cached", "user.ghost.source", "us
 }  // namespace
 
 void OriginTree::Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) {
+  if (n->kind == NodeKind::kOriginDir) return OriginDirXattr(req, n, name, size);
   if (n->kind != NodeKind::kOriginFile) return (void)fuse_reply_err(req, ENODATA);
   std::optional<std::string> v = OriginXattr(n, name);
   if (!v) return (void)fuse_reply_err(req, ENODATA);
@@ -991,7 +1028,130 @@ void OriginTree::Listxattr(fuse_req_t req, Node* n, size_t size) {
       if (OriginXattr(n, x)) list.append(x).push_back('\0');
     }
   }
+  if (n->kind == NodeKind::kOriginDir) list.append("user.ghost.listing").push_back('\0');
   ReplyXattr(req, list, size);
+}
+
+// ---- names no listing settles ----
+// A directory whose URL answers with an ordinary page (most sites: an index.html), or that
+// cannot be listed at all (403 without autoindex), still has names: a lookup of one asks the
+// origin with a HEAD instead of failing, and the answer is remembered for the listing's
+// freshness time (probes_). An autoindex is the whole directory: names it lacks are ENOENT
+// without a request.
+
+bool OriginTree::OriginMustProbe(const Result<const Listing*>& l, const std::string& name) const {
+  if (!l.ok()) return true;  // the probe itself falls back to a cached copy when offline
+  if ((*l)->kind == ListingKind::kAutoindex) return false;
+  return name != kDirectoryPageName;  // the page itself came with the listing
+}
+
+const DirEntry* OriginTree::ProbedEntry(int origin, const std::string& dir, const std::string& name) const {
+  Node d;
+  d.kind = NodeKind::kOriginDir;
+  d.origin = origin;
+  d.path = dir;
+  auto it = probes_.find(OriginUrl(&d));
+  if (it == probes_.end()) return nullptr;
+  auto p = it->second.find(name);
+  return p == it->second.end() || !p->second.entry ? nullptr : &*p->second.entry;
+}
+
+void OriginTree::OriginProbe(int origin, const std::string& dir, const std::string& name,
+                             std::function<void(Result<DirEntry>)> then) {
+  Node d;
+  d.kind = NodeKind::kOriginDir;
+  d.origin = origin;
+  d.path = dir;
+  std::string dir_url = OriginUrl(&d);
+  Node f;
+  f.kind = NodeKind::kOriginFile;
+  f.origin = origin;
+  f.path = InodeTable::Join(dir, name);
+  std::string url = OriginUrl(&f);
+  if (auto it = probes_.find(dir_url); it != probes_.end()) {
+    if (auto p = it->second.find(name); p != it->second.end() && p->second.expires > ctx_.clock.Now()) {
+      if (!p->second.entry) return then(Status::NotFound(url));
+      return then(*p->second.entry);
+    }
+  }
+  auto head = std::make_shared<HttpResponseHead>();
+  HttpFetcher::Callbacks cb;
+  cb.on_head = [head](const HttpResponseHead& h) {
+    *head = h;
+    return true;
+  };
+  cb.on_done = [this, dir_url, url, name, head, then](Status s) {
+    Probe& slot = probes_[dir_url][name];
+    if (!s.ok()) {
+      // Unreachable: what we know of it, else the cached copy, else the failure.
+      if (slot.entry) return then(*slot.entry);
+      if (const CacheEntry* c = MountEntry(url)) {
+        DirEntry e;
+        e.name = name;
+        e.size = c->size;
+        e.mtime_unix = ParseHttpDate(c->last_modified);
+        return then(e);
+      }
+      return then(Status::Unavailable(url + ": " + s.message()));
+    }
+    slot.expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;
+    DirEntry e;
+    e.name = name;
+    // A directory answers its slash-less URL with a redirect to "name/" (nginx, Apache),
+    // followed here whatever it then answers (its page, or 403 without autoindex).
+    if (!head->effective_url.empty() && head->effective_url != url && head->effective_url == url + "/") {
+      e.is_dir = true;
+    } else if (head->status == 200) {
+      e.size = head->content_length;
+      e.mtime_unix = ParseHttpDate(head->last_modified);
+    } else {
+      slot.entry.reset();
+      if (head->status == 404 || head->status == 410) return then(Status::NotFound(url));
+      slot.expires = ctx_.clock.Now();  // not a settled answer: ask again next time
+      if (head->status == 401 || head->status == 403) {
+        return then(Status::PermissionDenied(url + ": HTTP " + std::to_string(head->status)));
+      }
+      return then(Status::IoError(url + ": HTTP " + std::to_string(head->status)));
+    }
+    slot.entry = e;
+    then(std::move(e));
+  };
+  HttpRequest rq;
+  rq.url = url;
+  rq.head = true;
+  ctx_.http.Fetch(std::move(rq), std::move(cb));
+}
+
+// Replies to a lookup (getattr_ino 0) or a getattr of file `getattr_ino` with a probed name.
+void OriginTree::OriginReplyProbed(fuse_req_t req, int origin, const std::string& dir, Result<DirEntry> e,
+                               fuse_ino_t getattr_ino) {
+  if (!e.ok()) return (void)fuse_reply_err(req, e.status().ToErrno());
+  std::string path = InodeTable::Join(dir, e->name);
+  if (e->is_dir) {
+    if (getattr_ino != 0) return (void)fuse_reply_err(req, ENOENT);  // a file became a directory
+    Node* n = ctx_.inodes.Lookup(NodeKind::kOriginDir, origin, path);
+    return ReplyNodeEntry(req, n, ReadOnlyDirStat(n->ino));
+  }
+  Node* n = getattr_ino != 0 ? ctx_.inodes.Find(getattr_ino) : ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
+  if (!n) return (void)fuse_reply_err(req, ESTALE);
+  const CacheEntry* cached = MountEntry(OriginUrl(n));
+  Bytes size = cached ? cached->size : e->size.value_or(0);
+  struct stat st = FileStat(n->ino, size, FileMtime(&*e, cached));
+  if (getattr_ino != 0) return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  ReplyNodeEntry(req, n, st);
+}
+
+// user.ghost.listing of an origin directory: "autoindex" (the server's listing: the whole
+// directory) or "page" (an ordinary page: index.html and the names it links to).
+void OriginTree::OriginDirXattr(fuse_req_t req, Node* n, const std::string& name, size_t size) {
+  if (name != "user.ghost.listing") return (void)fuse_reply_err(req, ENODATA);
+  WithListing(n->origin, n->path, [req, size](Result<const Listing*> l) {
+    if (!l.ok()) return (void)fuse_reply_err(req, ENODATA);
+    std::string value(ListingKindName((*l)->kind));
+    if (size == 0) return (void)fuse_reply_xattr(req, value.size());
+    if (size < value.size()) return (void)fuse_reply_err(req, ERANGE);
+    fuse_reply_buf(req, value.data(), value.size());
+  });
 }
 
 }  // namespace ghost

@@ -45,6 +45,15 @@ struct Listing {
   std::vector<DirEntry> entries;
   TimePoint expires{};
   bool from_saved = false;  // loaded from the cache (possibly stale)
+  // kPage: the directory URL answered with an ordinary page (shown as kDirectoryPageName);
+  // entries are the names it links to, not the whole directory (others are asked of the origin).
+  ListingKind kind = ListingKind::kAutoindex;
+};
+
+// What a HEAD told of one name in a directory that has no complete listing (OriginProbe).
+struct Probe {
+  std::optional<DirEntry> entry;  // nullopt: the origin has no such name
+  TimePoint expires{};
 };
 
 // An object being fetched from an origin: a window of the bytes so far, and the reads waiting
@@ -202,10 +211,19 @@ class OriginTree final : public Tree {
   const DirEntry* ListedEntry(const Node* n) const;  // from the listing in memory, if any
   // Loads a directory's listing (saved, fresh, or fetched) and calls `then` with it.
   void WithListing(int origin, const std::string& dir, std::function<void(Result<const Listing*>)> then);
+  // Names a listing does not settle (an ordinary page's directory, or one that cannot be
+  // listed): asked of the origin with a HEAD, remembered in probes_.
+  bool OriginMustProbe(const Result<const Listing*>& l, const std::string& name) const;
+  void OriginProbe(int origin, const std::string& dir, const std::string& name,
+                   std::function<void(Result<DirEntry>)> then);
+  void OriginReplyProbed(fuse_req_t req, int origin, const std::string& dir, Result<DirEntry> e, fuse_ino_t getattr_ino);
+  const DirEntry* ProbedEntry(int origin, const std::string& dir, const std::string& name) const;
+  void OriginDirXattr(fuse_req_t req, Node* n, const std::string& name, size_t size);
 
   TreeContext ctx_;
   std::map<std::uint64_t, Handle> handles_;                 // open bodies, by file handle
   std::map<std::string, Listing> listings_;                 // by directory URL
+  std::map<std::string, std::map<std::string, Probe>> probes_;  // by directory URL, name
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<fuse_ino_t, PageVersion> page_versions_;         // origin inodes read in cached mode
   std::set<std::string> long_names_logged_;                 // listing URLs with names > NAME_MAX

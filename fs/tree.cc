@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 namespace ghost {
 
@@ -37,8 +38,15 @@ void Tree::Listxattr(fuse_req_t req, Node*, size_t size) { ReplyXattr(req, std::
 void Tree::Setxattr(fuse_req_t req, Node*, const char*, const char*, size_t, int) { fuse_reply_err(req, ENOTSUP); }
 void Tree::Removexattr(fuse_req_t req, Node*, const char*) { fuse_reply_err(req, ENOTSUP); }
 
+namespace {
+const std::int64_t kStartedUnix = static_cast<std::int64_t>(std::time(nullptr));
+}  // namespace
+
+std::int64_t MountedUnix() { return kStartedUnix; }
+
 struct stat ReadOnlyDirStat(fuse_ino_t ino) {
   struct stat st {};
+  st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = MountedUnix();  // not 1970
   st.st_ino = ino;
   st.st_mode = S_IFDIR | 0555;
   st.st_nlink = 2;

@@ -57,7 +57,7 @@ struct ReadLog {
 // What the trees share. Every reference is borrowed from the daemon, which outlives its trees.
 struct TreeContext {
   const GhostfsOptions& options;
-  const Clock& clock;
+  Clock& clock;  // now, and timers (the IMAP queue's deadline)
   Machine& machine;        // devices, power manager, cost model
   CacheManager& manager;   // decides every read (common/cache/cache_manager.h)
   CacheStore& store;       // the one cache store (index and bodies)
@@ -122,6 +122,8 @@ class Tree {
 inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
 
 // A read-only directory's attributes.
+// When the daemon started (wall clock): the date directories show, which have none of their own.
+std::int64_t MountedUnix();
 struct stat ReadOnlyDirStat(fuse_ino_t ino);
 // The entry of `n` (attributes `st`, cached for `timeout` seconds).
 fuse_entry_param NodeEntry(const Node* n, const struct stat& st, double timeout = 1.0);

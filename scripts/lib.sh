@@ -22,6 +22,7 @@ GHOST_PACKAGES=(
   libisal-dev  # common/cache/flash_log.cc: CRC32C of the flash log (crc32_iscsi)
   libnl-3-dev libnl-genl-3-dev libcap-dev  # common/power/real_wifi.cc, hardware.cc: nl80211, capabilities
   python3-aiosmtpd  # tests/integration/ghostproxy_smtp_test.py: the SMTP server behind the outbox
+  python3-matplotlib  # scripts/plots.py and tests/integration/plots_test.py
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

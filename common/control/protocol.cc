@@ -239,6 +239,7 @@ constexpr std::array<OpSpec, kControlOpCount> kOps = {{
     {ControlOp::kInvalidate, "invalidate", &ParseObject},
     {ControlOp::kTransfer, "transfer", &ParseTransfer},
     {ControlOp::kServed, "served", &ParseServed},
+    {ControlOp::kSync, "sync", &NoArguments},
 }};
 
 constexpr bool TableInEnumOrder() {

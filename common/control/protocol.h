@@ -131,8 +131,9 @@ enum class ControlOp {
   kInvalidate,
   kTransfer,
   kServed,
+  kSync,  // sends the queued IMAP operations now
 };
-inline constexpr std::size_t kControlOpCount = 14;
+inline constexpr std::size_t kControlOpCount = 15;
 
 // Every op, in the order above.
 const std::array<ControlOp, kControlOpCount>& AllControlOps();

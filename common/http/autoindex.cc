@@ -543,4 +543,120 @@ Result<std::vector<DirEntry>> ParseAutoindex(std::string_view html,
   return entries;
 }
 
+ListingKind ClassifyListing(std::string_view html) {
+  // The generated listings say so at the top: look at the head and the first heading only,
+  // so a page that merely mentions "Index of" in its text stays a page.
+  const std::string lower = ToLower(html.substr(0, 8192));
+  for (std::string_view tag : {"<title", "<h1", "<h2"}) {
+    std::size_t at = FindTag(lower, tag, 0);
+    if (at == std::string::npos) continue;
+    std::size_t gt = lower.find('>', at);
+    if (gt == std::string::npos) continue;
+    std::size_t text = gt + 1;
+    while (text < lower.size() && IsSpace(lower[text])) ++text;
+    std::string_view rest = std::string_view(lower).substr(text);
+    if (rest.starts_with("index of ") || rest.starts_with("directory listing for ")) {
+      return ListingKind::kAutoindex;
+    }
+  }
+  return ListingKind::kPage;
+}
+
+std::string_view ListingKindName(ListingKind kind) {
+  return kind == ListingKind::kAutoindex ? "autoindex" : "page";
+}
+
+namespace {
+
+// The value of every `attr`="..." (or '...', or bare) in `lower`-cased `html` at positions
+// where `lower` has " attr=" inside a tag; raw values from `html`.
+std::vector<std::string> AttributeValues(std::string_view html, const std::string& lower, std::string_view attr) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  while (true) {
+    std::size_t at = lower.find(attr, from);
+    if (at == std::string::npos) break;
+    from = at + attr.size();
+    if (at == 0 || !IsSpace(lower[at - 1])) continue;
+    std::size_t i = at + attr.size();
+    while (i < lower.size() && IsSpace(lower[i])) ++i;
+    if (i >= lower.size() || lower[i] != '=') continue;
+    ++i;
+    while (i < lower.size() && IsSpace(lower[i])) ++i;
+    if (i >= lower.size()) break;
+    std::size_t end;
+    if (html[i] == '"' || html[i] == '\'') {
+      end = html.find(html[i], i + 1);
+      if (end == std::string_view::npos) break;
+      ++i;
+    } else {
+      end = i;
+      while (end < html.size() && !IsSpace(html[end]) && html[end] != '>') ++end;
+    }
+    out.emplace_back(html.substr(i, end - i));
+    from = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<DirectoryAnswer> ReadDirectoryAnswer(std::string_view html, std::string_view directory_url,
+                                            std::optional<std::int64_t> page_mtime) {
+  Result<std::vector<DirEntry>> parsed = ParseAutoindex(html, directory_url);
+  if (!parsed.ok()) return parsed.status();
+  DirectoryAnswer answer;
+  answer.kind = ClassifyListing(html);
+  if (answer.kind == ListingKind::kAutoindex) {
+    answer.entries = std::move(parsed).value();
+    return answer;
+  }
+  DirEntry page;
+  page.name = std::string(kDirectoryPageName);
+  page.size = html.size();
+  page.mtime_unix = page_mtime;
+  answer.entries.push_back(page);
+  // The directory's own path and its scheme://host, to take absolute links inside it.
+  std::string_view origin, dir_path = "/";
+  if (std::size_t scheme = directory_url.find("://"); scheme != std::string_view::npos) {
+    std::size_t slash = directory_url.find('/', scheme + 3);
+    origin = directory_url.substr(0, slash == std::string_view::npos ? directory_url.size() : slash);
+    if (slash != std::string_view::npos) dir_path = directory_url.substr(slash);
+  }
+  const std::string lower = ToLower(html);
+  std::map<std::string, std::size_t> seen;  // name → index in entries
+  seen[page.name] = 0;
+  for (std::string_view attr : {"href", "src"}) {
+    for (std::string raw : AttributeValues(html, lower, attr)) {
+      std::string link = DecodeHtmlEntities(raw);
+      if (std::size_t cut = link.find_first_of("?#"); cut != std::string::npos) link.resize(cut);
+      if (link.empty()) continue;
+      if (!origin.empty() && link.starts_with(origin) && link.size() > origin.size() && link[origin.size()] == '/') {
+        link.erase(0, origin.size());
+      } else if (link.find("://") != std::string::npos || link.starts_with("//") || link.find(':') < link.find('/')) {
+        continue;  // another host, or mailto:, javascript: ...
+      }
+      if (link.starts_with("/")) {
+        if (!link.starts_with(dir_path) || !dir_path.ends_with("/")) continue;
+        link.erase(0, dir_path.size());
+      }
+      while (link.starts_with("./")) link.erase(0, 2);
+      std::size_t slash = link.find('/');
+      std::string name = PercentDecode(link.substr(0, slash));
+      if (name.empty() || name == "." || name == ".." || name.find('\0') != std::string::npos) continue;
+      bool is_dir = slash != std::string::npos;
+      auto [it, fresh] = seen.try_emplace(name, answer.entries.size());
+      if (fresh) {
+        DirEntry e;
+        e.name = name;
+        e.is_dir = is_dir;
+        answer.entries.push_back(std::move(e));
+      } else if (is_dir && it->second != 0) {
+        answer.entries[it->second].is_dir = true;
+      }
+    }
+  }
+  return answer;
+}
+
 }  // namespace ghost

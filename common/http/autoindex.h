@@ -58,6 +58,38 @@ struct DirEntry {
 Result<std::vector<DirEntry>> ParseAutoindex(std::string_view html,
                                              std::string_view directory_url = {});
 
+// What a directory URL answered with: a server's generated listing of the directory
+// (complete), or an ordinary page (an index.html) whose links are only some of its names.
+enum class ListingKind { kAutoindex, kPage };
+
+// Tells the listings that nginx (`autoindex on;`), Apache mod_autoindex, lighttpd's
+// dir-listing and Python's http.server generate — a <title> or first heading "Index of /..."
+// or "Directory listing for /..." — from any other HTML page. Pure, any bytes.
+ListingKind ClassifyListing(std::string_view html);
+
+// "page" or "autoindex", as user.ghost.listing shows it.
+std::string_view ListingKindName(ListingKind kind);
+
+// The file name under which a directory shows the page its URL serves (ListingKind::kPage).
+inline constexpr std::string_view kDirectoryPageName = "index.html";
+
+// What a directory URL's answer shows of the directory.
+struct DirectoryAnswer {
+  ListingKind kind = ListingKind::kAutoindex;
+  std::vector<DirEntry> entries;
+};
+
+// Reads the answer `html` of `directory_url` (see ParseAutoindex). An autoindex gives its
+// entries. An ordinary page gives, first, the page itself as the file kDirectoryPageName
+// (html.size() bytes, modified at `page_mtime`, the answer's Last-Modified), then the names
+// its links (<a href>, <img src>, <link href>, <script src>) lead to inside the directory:
+// the first path segment of each relative or same-directory link, a directory when the link
+// goes deeper or ends in '/'. Those are names seen, not the whole directory: a caller asks the
+// origin about any other name, and about whether a slash-less link is a file or a directory.
+// InvalidArgument as ParseAutoindex for input that is not HTML.
+Result<DirectoryAnswer> ReadDirectoryAnswer(std::string_view html, std::string_view directory_url,
+                                            std::optional<std::int64_t> page_mtime);
+
 // Percent-decodes `text` ("%20" → " "); a '%' not followed by two hex digits stays as is.
 std::string PercentDecode(std::string_view text);
 

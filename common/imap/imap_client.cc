@@ -1837,7 +1837,7 @@ void ImapClient::OnConnectionEnd(short what) {
       Fail(Status::IoError("TLS with " + ServerName() + " failed: " + tls +
                            (tls.find("certificate verify failed") != std::string::npos
                                 ? " (trust the CA that signed the server's certificate: ghostfs "
-                                  "--cacert FILE, or ca_file)"
+                                  "--cacert FILE, or cacert = \"FILE\" in the config file)"
                                 : "")));
       return;
     }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -98,6 +99,7 @@ ImapQueue::ImapQueue(const ImapQueueOptions& options, PowerManager& pm, DeviceId
     : options_(options), pm_(pm), net_(net), sender_(std::move(sender)) {}
 
 ImapQueue::~ImapQueue() {
+  if (deadline_timer_ != kNoTimer) options_.clock->Cancel(deadline_timer_);
   if (subscription_) pm_.Unsubscribe(subscription_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -113,6 +115,7 @@ Result<std::unique_ptr<ImapQueue>> ImapQueue::Open(const ImapQueueOptions& optio
   q->subscription_ = pm.Subscribe(net, high, [self](DeviceId, int) {
     if (!self->pending_.empty()) self->Start(Why::kPowerCallback);
   });
+  q->ArmDeadline();  // replayed operations wait no longer than new ones
   return q;
 }
 
@@ -261,6 +264,7 @@ Result<std::uint64_t> ImapQueue::Add(ImapOp op) {
   ++stats_.added;
   std::uint64_t seq = op.seq;
   pending_.push_back(std::move(op));
+  ArmDeadline();
   if (pending_.size() > options_.cap_ops || queued_bytes() > options_.cap_bytes) {
     Start(Why::kCap);
   } else if (NetworkAwake()) {
@@ -271,6 +275,47 @@ Result<std::uint64_t> ImapQueue::Add(ImapOp op) {
 
 void ImapQueue::Flush() {
   if (!pending_.empty()) Start(Why::kExplicit);
+}
+
+void ImapQueue::Flush(std::function<void(std::size_t left)> done) {
+  Start(Why::kExplicit);
+  if (!sending_) return done(pending_.size());
+  flush_waiters_.push_back(std::move(done));
+}
+
+Duration DeadlineFor(Duration deadline, int knob) {
+  knob = std::clamp(knob, 0, 100);
+  return deadline * (100 - knob) / 50;
+}
+
+Duration LoginBackoff(int failures) {
+  if (failures <= 1) return Duration(0);
+  if (failures > 9) return Seconds(300);
+  return std::min<Duration>(Seconds(1 << (failures - 1)), Seconds(300));
+}
+
+void ImapQueue::ArmDeadline() {
+  if (options_.clock == nullptr) return;
+  if (pending_.empty()) {
+    if (deadline_timer_ != kNoTimer) options_.clock->Cancel(deadline_timer_);
+    deadline_timer_ = kNoTimer;
+    return;
+  }
+  if (deadline_timer_ != kNoTimer || sending_) return;
+  std::weak_ptr<int> alive = alive_;
+  deadline_timer_ = options_.clock->ScheduleAfter(DeadlineFor(options_.deadline, pm_.knob()), [this, alive] {
+    if (alive.expired()) return;
+    deadline_timer_ = kNoTimer;
+    Start(Why::kDeadline);
+    if (!sending_) ArmDeadline();
+  });
+}
+
+void ImapQueue::Stopped() {
+  ArmDeadline();
+  auto waiters = std::move(flush_waiters_);
+  flush_waiters_.clear();
+  for (auto& w : waiters) w(pending_.size());
 }
 
 Bytes ImapQueue::queued_bytes() const {
@@ -292,6 +337,7 @@ void ImapQueue::Start(Why why) {
     case Why::kActive: ++stats_.flushes_active; break;
     case Why::kCap: ++stats_.flushes_cap; break;
     case Why::kExplicit: ++stats_.flushes_explicit; break;
+    case Why::kDeadline: ++stats_.flushes_deadline; break;
   }
   sending_ = true;
   SendNext();
@@ -302,6 +348,7 @@ void ImapQueue::SendNext() {
   while (sending_) {
     if (pending_.empty()) {
       sending_ = false;
+      Stopped();
       return;
     }
     in_send_ = true;
@@ -330,6 +377,7 @@ void ImapQueue::OnSent(SendOutcome outcome) {
   if (outcome == SendOutcome::kRetryLater) {
     ++stats_.retries;
     sending_ = false;
+    Stopped();
     return;
   }
   std::uint64_t seq = pending_.front().seq;

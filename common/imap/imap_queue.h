@@ -12,7 +12,13 @@
 //   - at Add, when the network is in its high-power mode already (and not heading down),
 //   - at Add, when more than `cap_ops` operations or `cap_bytes` bytes are queued (the send
 //     wakes the card, like a full write queue spins the disk up),
-//   - on Flush() (the daemon calls it when its IMAP connection comes back, and at mount).
+//   - on Flush() (the daemon calls it when its IMAP connection comes back, and at mount, and
+//     for `ghostctl sync` / `flush`),
+//   - at a deadline: no change waits forever because the card never needed its high-power
+//     mode. With a `clock`, the oldest queued operation goes out at most DeadlineFor(knob)
+//     after it was queued (or after the last try that could not reach the server): `deadline`
+//     (default 60 s) at K=50, twice that at K=0, at once at K=100 (deadline * (100 - K) / 50).
+//     One timer, armed only while something is queued.
 // Operations are sent strictly in order, because later ones may depend on earlier ones (an
 // APPEND and then a flag change of the same message).
 //
@@ -91,7 +97,18 @@ struct ImapQueueOptions {
   Bytes cap_bytes = 4 * 1024 * 1024;
   // Acks written since the last compaction after which the journal is rewritten.
   std::size_t compact_after = 64;
+  // The deadline timer's clock (borrowed; must outlive the queue); nullptr: no deadline.
+  Clock* clock = nullptr;
+  Duration deadline = Seconds(60);  // at K=50; see DeadlineFor
 };
+
+// How long the oldest queued operation may wait at knob `knob`: deadline * (100 - K) / 50.
+Duration DeadlineFor(Duration deadline, int knob);
+
+// How long to wait before the next LOGIN after `failures` refused logins in a row: none after
+// the first (a reader's access right after it still gets the refusal), then 2 s, 4 s, 8 s ...
+// up to 5 minutes, so a wrong password costs the server a few attempts a minute at most.
+Duration LoginBackoff(int failures);
 
 struct ImapQueueStats {
   std::uint64_t added = 0;
@@ -103,6 +120,7 @@ struct ImapQueueStats {
   std::uint64_t flushes_active = 0;          // Add found the network awake
   std::uint64_t flushes_cap = 0;
   std::uint64_t flushes_explicit = 0;
+  std::uint64_t flushes_deadline = 0;  // the oldest operation reached its deadline
   std::uint64_t compactions = 0;
 };
 
@@ -127,6 +145,9 @@ class ImapQueue {
   [[nodiscard]] Result<std::uint64_t> Add(ImapOp op);
   // Sends the queue now (whatever the network's mode). No-op while sending or when empty.
   void Flush();
+  // Flush, then `done(left)` once sending stops: the queue is empty (left 0), or the server
+  // could not be reached (left: the operations still queued). At once when nothing is queued.
+  void Flush(std::function<void(std::size_t left)> done);
 
   // The operations not yet acknowledged, oldest first (the first may be with the sender).
   const std::deque<ImapOp>& pending() const { return pending_; }
@@ -138,7 +159,12 @@ class ImapQueue {
   std::uint64_t journal_size() const { return journal_size_; }
 
  private:
-  enum class Why { kPowerCallback, kActive, kCap, kExplicit };
+  enum class Why { kPowerCallback, kActive, kCap, kExplicit, kDeadline };
+  // Arms the deadline timer for the oldest operation when none is armed; cancels it when the
+  // queue is empty.
+  void ArmDeadline();
+  // Sending stopped: runs the Flush(done) waiters and re-arms the deadline.
+  void Stopped();
   ImapQueue(const ImapQueueOptions& options, PowerManager& pm, DeviceId net, Sender sender);
   Status Replay();
   Status AppendRecord(const std::string& record);
@@ -163,6 +189,8 @@ class ImapQueue {
   bool sent_inline_ = false;
   ImapQueueStats stats_;
   std::vector<std::string> warnings_;
+  TimerId deadline_timer_ = kNoTimer;
+  std::vector<std::function<void(std::size_t)>> flush_waiters_;
   // Sender callbacks hold a weak_ptr to this: once the queue is gone they do nothing.
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };

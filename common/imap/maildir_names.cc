@@ -477,4 +477,9 @@ std::vector<std::string> InfoToFlags(std::string_view info, std::string* unmappe
   return flags;
 }
 
+std::string MaildirSubdirFor(std::string_view info, bool moved_to_cur_by_reader) {
+  if (moved_to_cur_by_reader || info.find('S') != std::string_view::npos) return "cur";
+  return "new";
+}
+
 }  // namespace ghost

@@ -112,6 +112,11 @@ std::vector<std::string> InfoToFlags(std::string_view info, std::string* unmappe
 // Sorts and deduplicates info letters (the Maildir spec wants them in ASCII order).
 std::string NormalizeInfo(std::string_view info);
 
+// Where a server message shows in a Maildir, the way readers (mutt, neomutt, Python's
+// mailbox) understand it: "new" while it is unseen (no 'S' in its `info` letters) and no reader
+// has moved it to cur/ yet; "cur" otherwise.
+std::string MaildirSubdirFor(std::string_view info, bool moved_to_cur_by_reader);
+
 }  // namespace ghost
 
 #endif  // GHOST_COMMON_IMAP_MAILDIR_NAMES_H_

@@ -25,7 +25,7 @@ expect() {
   fi
 }
 
-echo "1..14"
+echo "1..17"
 
 expect "no command is a usage error" 2 "subcommand is required"
 expect "an unknown command is a usage error" 2 "ghostctl: " frobnicate
@@ -52,3 +52,16 @@ if "$GHOSTCTL" --help >"$tmp/help" 2>&1 && grep -q -- "--control" "$tmp/help" &&
 else
   not_ok "--help" "$(head -c 300 "$tmp/help")"
 fi
+
+# Each subcommand once in --help (it was listed in the description and again by the parser).
+for c in devices knob stats status flush sync watch; do
+  count=$(grep -cE "^  $c( |$)" "$tmp/help")
+  [ "$count" -eq 1 ] || { not_ok "--help lists $c once" "$count times: $(cat "$tmp/help")"; c=fail; break; }
+done
+[ "$c" = fail ] || ok "--help lists each subcommand once, sync among them"
+
+# status of a file that does not exist: a message and a non-zero exit, before any daemon.
+expect "status of a missing file exits 1 with a message" 1 "status: $tmp/missing: No such file" \
+  status "$tmp/missing"
+expect "sync without a daemon says ghostfs is not running" 1 "$not_running" sync
+

@@ -45,4 +45,19 @@ TEST(MountArgsTest, ValueOfAnOptionIsNotTakenForTheSource) {
 }
 
 }  // namespace
+TEST(UnknownLongOptionTest, MisspeltOptionIsBlamedAloneWithTheNearName) {
+  const std::vector<std::string> known = {"--origin", "--cache", "--help", "--profile"};
+  EXPECT_EQ(UnknownLongOption({"ghostfs", "--cache", "/c", "--orgin", "www=http://h/", "/mnt"}, known),
+            "unknown option --orgin (did you mean --origin?)");
+  EXPECT_EQ(UnknownLongOption({"ghostfs", "--orgin=www=http://h/", "/mnt"}, known),
+            "unknown option --orgin (did you mean --origin?)");
+  EXPECT_EQ(UnknownLongOption({"ghostfs", "--frobnicate", "/mnt"}, known), "unknown option --frobnicate");
+}
+
+TEST(UnknownLongOptionTest, KnownOptionsValuesAndAfterDoubleDashPass) {
+  const std::vector<std::string> known = {"--origin", "--cache"};
+  EXPECT_EQ(UnknownLongOption({"ghostfs", "--origin=www=http://h/", "--cache", "/c", "-f", "/mnt"}, known), "");
+  EXPECT_EQ(UnknownLongOption({"ghostfs", "--", "--not-an-option"}, known), "");
+}
+
 }  // namespace ghost

@@ -5,6 +5,7 @@ network setting at all: neomutt sees a local Maildir. Skipped without root, /dev
 dovecot, neomutt or tmux."""
 import imaplib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 
-PLANNED = 5
+PLANNED = 6
 SUBJECTS = ["Lunch on Friday", "Quarterly report draft", "Ghost hints explained"]
 
 
@@ -83,6 +84,10 @@ set quit = yes
     r = tmux(sock, "new-session", "-d", "-s", "ghost", "-x", "160", "-y", "40", cmd)
     ok, text = wait_screen(sock, lambda s: all(x in s for x in SUBJECTS))
     t.check(r.returncode == 0 and ok, "neomutt's index lists the seeded subjects", f"{r.stderr}\n{text}")
+    # Unseen server mail is in new/: neomutt flags it N (new), not O (old, as in cur/).
+    rows = [line for line in text.splitlines() if any(x in line for x in SUBJECTS)]
+    t.check(len(rows) == 3 and all(re.match(r"^\s*\d+\s+N\s", line) for line in rows),
+            "neomutt shows the unseen messages as new (N)", text)
     # Open the first message (sorted by date: message 0).
     tmux(sock, "send-keys", "-t", "ghost", "Enter")
     ok, text = wait_screen(sock, lambda s: "This is the body of message number 0." in s)

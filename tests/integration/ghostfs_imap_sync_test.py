@@ -116,6 +116,7 @@ def resync(t, dc, work, pwfile):
     if not t.check(fs.start(), "ghostfs mounts a dovecot origin", fs.output()):
         return None
     cur = os.path.join(mnt, "mail", ".Work", "cur")
+    harness.mark_old(os.path.join(mnt, "mail", ".Work"))  # unseen mail shows in new/; to cur/ as mutt does
     # By ",S=<size>" in the names, without reading a body (w2's must stay uncached).
     by_size = lambda s: sorted(n for n in os.listdir(cur) if f",S={len(message(s, seeds[s]))}:" in n)  # noqa: E731
     names = {s: (by_size(s) or [None])[0] for s in ("w1", "w2", "w3", "w4")}
@@ -200,6 +201,7 @@ def delete_modes(t, dc, work, pwfile, mnt):
         if not fs.start():
             t.check(False, f"{label}: mounts", fs.output())
             continue
+        harness.mark_old(os.path.join(mnt, "mail"))  # unseen mail shows in new/
         n = name_of(inbox_cur, subject)
         os.unlink(os.path.join(inbox_cur, n))
         gone = wait_for(lambda: subject not in server(dc, "INBOX"))
@@ -225,6 +227,7 @@ def deferral(t, dc, work, pwfile):
     if not t.check(fs.start(), "mounts with --profile ipaq-2004", fs.output()):
         return
     cur = os.path.join(mnt, "mail", ".Defer", "cur")
+    harness.mark_old(os.path.join(mnt, "mail", ".Defer"))  # unseen mail shows in new/
     names = sorted(os.listdir(cur))
     wait_for(lambda: stats(ctl).get("origins", {}).get("mail", {}).get("connected"), 10)
     time.sleep(1)  # the listing's own traffic is over; the card is back in (or stays in) PSM

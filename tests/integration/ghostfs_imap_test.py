@@ -103,6 +103,8 @@ def main():
     t.check(folders == ["Entwürfe", "Work", "odd", "odd.dots"],
             "folders map to Maildir++ names (modified UTF-7 as UTF-8, hierarchy as dots)", folders)
 
+    # Unseen mail is in new/ (readers show it as new); moved to cur/ unread as mutt does.
+    unseen_in_new = sorted(n.split(":2,")[0] for n in harness.mark_old(md_path))
     server = server_messages(dc)
     identical = True
     detail = ""
@@ -117,7 +119,9 @@ def main():
             identical = False
             detail += f"{subject}: {len(body)} bytes vs server {len(server[subject][2])}, stat {st.st_size}\n"
     t.check(identical and len(names) == 3, "every message reads byte-identical to the server's copy", detail or names)
-    t.check(names.get("small", "").endswith(":2,S"), "the info suffix carries \\Seen", names)
+    t.check(names.get("small", "").endswith(":2,S") and
+            unseen_in_new == sorted(n.split(":2,")[0] for s_, n in names.items() if s_ != "small"),
+            "the info suffix carries \\Seen; the unseen messages were in new/", f"{names} {unseen_in_new}")
 
     large = os.path.join(md_path, "cur", names.get("large", "x"))
     cached = wait_for(lambda: os.getxattr(large, "user.ghost.cached") == b"1", 10)
@@ -159,8 +163,8 @@ def main():
     # New mail is pushed (IDLE): no listing refresh would find it before the freshness runs out.
     os.listdir(os.path.join(md_path, "cur"))
     dc.seed("", message("pushed", 2000, 77), into_new=True)
-    appeared = wait_for(lambda: any("pushed" in open(os.path.join(md_path, "cur", n), "rb").read(400).decode(errors="replace")
-                                    for n in os.listdir(os.path.join(md_path, "cur"))), 15)
+    appeared = wait_for(lambda: any("pushed" in open(os.path.join(md_path, "new", n), "rb").read(400).decode(errors="replace")
+                                    for n in os.listdir(os.path.join(md_path, "new"))), 15)
     t.check(appeared, "new mail delivered to the server appears in the view (IDLE)")
 
     s = stats(control)

@@ -510,6 +510,17 @@ def make_tree(root, seed=1):
     return sums
 
 
+def mark_old(maildir):
+    """Moves every message of a Maildir's new/ to cur/ unread, as mutt does when it leaves a
+    mailbox (mark_old): ghostfs shows unseen server mail in new/, and tests written for cur/
+    call this after mounting. Returns the names moved."""
+    moved = []
+    for name in os.listdir(os.path.join(maildir, "new")):
+        os.rename(os.path.join(maildir, "new", name), os.path.join(maildir, "cur", name))
+        moved.append(name)
+    return moved
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -438,4 +438,61 @@ TEST(AutoindexTest, SurvivesRandomMutations) {
 }
 
 }  // namespace
+// A site's own index.html (what most directory URLs serve) is not a listing of the
+// directory: its links are some names, and index.html itself is not among them.
+const char kSitePage[] =
+    "<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\">\n"
+    "<title>Example Site - Home</title></head>\n<body>\n<h1>Welcome</h1>\n"
+    "<p>See the <a href=\"about.html\">about page</a>, the <a href=\"blog/\">blog</a> and "
+    "<a href=\"downloads\">downloads</a>. Index of our projects below.</p>\n"
+    "<img src=\"img/logo.png\">\n</body>\n</html>\n";
+
+TEST(AutoindexTest, ServerListingsClassifyAsAutoindex) {
+  for (const char* sample : {kNginx, kNginxApproximate, kApachePlain, kApacheFancyPre, kApacheTable,
+                             kLighttpd, kPython}) {
+    EXPECT_EQ(ClassifyListing(sample), ListingKind::kAutoindex) << sample;
+  }
+  EXPECT_EQ(ListingKindName(ListingKind::kAutoindex), "autoindex");
+}
+
+TEST(AutoindexTest, OrdinaryPagesClassifyAsPage) {
+  EXPECT_EQ(ClassifyListing(kSitePage), ListingKind::kPage);
+  // "Index of" in the body text, not in the title or first heading.
+  EXPECT_EQ(ClassifyListing("<html><head><title>Docs</title></head><body><p>Index of terms</p>"
+                            "<a href=\"a.html\">a</a></body></html>"),
+            ListingKind::kPage);
+  EXPECT_EQ(ClassifyListing(""), ListingKind::kPage);
+  EXPECT_EQ(ListingKindName(ListingKind::kPage), "page");
+}
+
+TEST(AutoindexTest, PageAnswerIsThePageFileAndTheNamesItLinksTo) {
+  const std::string page =
+      "<html><head><title>Home</title><link rel=\"stylesheet\" href=\"css/site.css\"></head><body>"
+      "<a href=\"about.html\">About</a> <a href='blog/'>Blog</a> <a href=\"downloads\">Get</a>"
+      "<a href=\"/docs/manual/index.html\">Manual</a> <a href=\"http://127.0.0.1:8080/news.html?x=1\">N</a>"
+      "<a href=\"https://elsewhere.example/x.html\">x</a> <a href=\"mailto:me@example.org\">me</a>"
+      "<a href=\"#top\">top</a> <a href=\"../up.html\">up</a> <img src=\"img/logo.png\">"
+      "<a href=\"about.html#team\">again</a> <a href=\"index.html\">home</a></body></html>";
+  Result<DirectoryAnswer> a = ReadDirectoryAnswer(page, "http://127.0.0.1:8080/", 1795377480);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->kind, ListingKind::kPage);
+  ASSERT_FALSE(a->entries.empty());
+  EXPECT_EQ(a->entries[0].name, "index.html");
+  EXPECT_EQ(a->entries[0].size, std::optional<Bytes>(page.size()));
+  EXPECT_EQ(a->entries[0].mtime_unix, std::optional<std::int64_t>(1795377480));
+  std::vector<std::pair<std::string, bool>> got;
+  for (const DirEntry& e : a->entries) got.emplace_back(e.name, e.is_dir);
+  const std::vector<std::pair<std::string, bool>> want = {
+      {"index.html", false}, {"css", true},  {"about.html", false}, {"blog", true},
+      {"downloads", false},  {"docs", true}, {"news.html", false},  {"img", true}};
+  EXPECT_EQ(got, want);
+}
+
+TEST(AutoindexTest, AutoindexAnswerIsItsEntries) {
+  Result<DirectoryAnswer> a = ReadDirectoryAnswer(kNginx, "", std::nullopt);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->kind, ListingKind::kAutoindex);
+  EXPECT_EQ(a->entries, ParseOk(kNginx));
+}
+
 }  // namespace ghost

@@ -287,4 +287,81 @@ TEST_F(ImapQueueTest, FailsToOpenAJournalInAMissingDirectory) {
 }
 
 }  // namespace
+TEST_F(ImapQueueTest, DeadlineSendsWhatTheNetworkNeverWokeFor) {
+  options_.clock = &clock_;
+  options_.deadline = Seconds(60);
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Store(7, {"\\Seen"})).ok());
+  clock_.AdvanceBy(Seconds(30));
+  ASSERT_TRUE(queue_->Add(Store(8, {"\\Seen"})).ok());  // the oldest one's deadline counts
+  clock_.AdvanceBy(Seconds(29));
+  EXPECT_TRUE(sent_.empty());
+  clock_.AdvanceBy(Seconds(2));
+  ASSERT_EQ(sent_.size(), 2u);
+  EXPECT_TRUE(queue_->pending().empty());
+  EXPECT_EQ(queue_->stats().flushes_deadline, 1u);
+}
+
+TEST_F(ImapQueueTest, DeadlineScalesWithTheKnob) {
+  EXPECT_EQ(DeadlineFor(Seconds(60), 50), Seconds(60));
+  EXPECT_EQ(DeadlineFor(Seconds(60), 0), Seconds(120));
+  EXPECT_EQ(DeadlineFor(Seconds(60), 100), Duration(0));
+  options_.clock = &clock_;
+  pm_->SetKnob(75);
+  OpenQueue();
+  ASSERT_TRUE(queue_->Add(Append("x")).ok());
+  clock_.AdvanceBy(Seconds(29));
+  EXPECT_TRUE(sent_.empty());
+  clock_.AdvanceBy(Seconds(2));
+  EXPECT_EQ(sent_.size(), 1u);
+}
+
+TEST_F(ImapQueueTest, DeadlineTriesAgainWhileTheServerIsUnreachable) {
+  options_.clock = &clock_;
+  OpenQueue();
+  outcome_ = SendOutcome::kRetryLater;
+  ASSERT_TRUE(queue_->Add(Append("x")).ok());
+  clock_.AdvanceBy(Seconds(61));
+  EXPECT_EQ(sent_.size(), 1u);
+  EXPECT_EQ(queue_->pending().size(), 1u);
+  outcome_ = SendOutcome::kDone;
+  clock_.AdvanceBy(Seconds(61));
+  EXPECT_EQ(sent_.size(), 2u);
+  EXPECT_TRUE(queue_->pending().empty());
+}
+
+TEST_F(ImapQueueTest, FlushWithDoneSaysWhatIsLeft) {
+  OpenQueue();
+  std::vector<std::size_t> left;
+  queue_->Flush([&](std::size_t n) { left.push_back(n); });
+  ASSERT_TRUE(queue_->Add(Append("a")).ok());
+  ASSERT_TRUE(queue_->Add(Append("b")).ok());
+  outcome_ = SendOutcome::kRetryLater;
+  queue_->Flush([&](std::size_t n) { left.push_back(n); });
+  outcome_ = SendOutcome::kDone;
+  hold_ = true;
+  queue_->Flush([&](std::size_t n) { left.push_back(n); });
+  EXPECT_EQ(left, (std::vector<std::size_t>{0, 2}));  // the last waits for the server
+  hold_ = false;
+  held_(SendOutcome::kDone);
+  EXPECT_EQ(left, (std::vector<std::size_t>{0, 2, 0}));
+}
+
+TEST(LoginBackoffTest, AFewAttemptsAMinuteAtMost) {
+  EXPECT_EQ(LoginBackoff(1), Duration(0));  // the reader right after the first refusal is told
+  EXPECT_EQ(LoginBackoff(2), Seconds(2));
+  EXPECT_EQ(LoginBackoff(3), Seconds(4));
+  EXPECT_EQ(LoginBackoff(6), Seconds(32));
+  EXPECT_EQ(LoginBackoff(9), Seconds(256));
+  EXPECT_EQ(LoginBackoff(50), Seconds(300));
+  // Attempts in the first minute of constant access: at 0, 0, 2, 6, 14, 30 s.
+  Duration at{0};
+  int attempts = 0;
+  for (int failures = 1; at < Seconds(60); ++failures) {
+    ++attempts;
+    at += LoginBackoff(failures);
+  }
+  EXPECT_LE(attempts, 6);
+}
+
 }  // namespace ghost

@@ -333,4 +333,12 @@ TEST(MaildirNamesTest, MapsInfoLettersToFlags) {
 }
 
 }  // namespace
+TEST(MaildirSubdirForTest, UnseenIsNewUntilAReaderMovesItSeenIsCur) {
+  EXPECT_EQ(MaildirSubdirFor("", false), "new");
+  EXPECT_EQ(MaildirSubdirFor("F", false), "new");  // flagged, still unseen
+  EXPECT_EQ(MaildirSubdirFor("S", false), "cur");
+  EXPECT_EQ(MaildirSubdirFor("FRS", false), "cur");
+  EXPECT_EQ(MaildirSubdirFor("", true), "cur");  // a reader moved it to cur/ (mark_old)
+}
+
 }  // namespace ghost
