@@ -19,6 +19,7 @@ GHOST_PACKAGES=(
   libnetfilter-queue-dev iptables iputils-ping
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
+  wrk squid  # scripts/bench-scale.sh, scripts/bench-proxy.sh: load generator and the peer cache
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
