@@ -730,11 +730,6 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
   if (!db_) return ClosedError();
   if (ghost::Status st = db_->Run(db_->begin, "beginning a transaction"); !st.ok()) return st;
   ghost::Status st = ghost::Status::Ok();
-  for (const PendingRow& row : pending_rows_) {
-    db_->BindObject(db_->insert_pending, row.key, row.meta, row.now_us, row.now_us, std::nullopt);
-    st = db_->Run(db_->insert_pending, "recording the fill of " + Quote(row.key));
-    if (!st.ok()) break;
-  }
   for (std::uint64_t h : dirty_access_) {
     const ObjectTable::Slot* slot = table_.Get(h);
     if (slot == nullptr) continue;
@@ -763,8 +758,6 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     db_->Run(db_->rollback, "rolling back").ok();  // best effort: `st` is the error to report
     return st;
   }
-  ++transactions_;
-  pending_rows_.clear();
   dirty_access_.clear();
   dirty_meta_.clear();  // Find reads them from sqlite now
   found_.clear();       // (their pointers may point into dirty_meta_'s copies: no longer)
@@ -824,7 +817,7 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
 
 ghost::Status CacheStore::SaveIndex() {
   if (closed_) return ClosedError();
-  if (unsaved_index_changes() == 0 && pending_rows_.empty()) return ghost::Status::Ok();
+  if (unsaved_index_changes() == 0) return ghost::Status::Ok();
   return Batch([] { return ghost::Status::Ok(); });
 }
 
@@ -888,28 +881,24 @@ Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
   }
   std::string body = BodyPath(key);
   std::string subdir = body.substr(0, body.rfind('/'));
-  // objects/<h[0..2]> is made once per run (a mkdir per fill cost ~70 µs on a busy disk); if
-  // it vanished behind our back, the create fails with ENOENT and it is made again.
-  std::size_t dir_index = static_cast<std::size_t>(std::stoi(subdir.substr(subdir.size() - 2), nullptr, 16));
+  if (ghost::Status st = MakeDir(subdir, "cache object directory"); !st.ok()) return st;
   FillId id = next_fill_id_++;
   std::string temp = body + ".fill-" + std::to_string(id);
-  auto fd = std::make_shared<UniqueFd>();
-  int open_errno = 0;
-  for (int attempt = 0; attempt < 2 && !fd->valid(); ++attempt) {
-    if (!made_dirs_[dir_index] || attempt > 0) {
-      if (ghost::Status st = MakeDir(subdir, "cache object directory"); !st.ok()) return st;
-      made_dirs_[dir_index] = true;
-    }
-    int raw = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    open_errno = errno;
-    *fd = UniqueFd(raw);
-    if (raw < 0 && open_errno != ENOENT) break;
-  }
+  auto fd = std::make_shared<UniqueFd>(
+      ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!fd->valid()) {
-    return ghost::Status::FromErrno(open_errno, "creating " + temp + " to cache " + Quote(key));
+    return ghost::Status::FromErrno(errno, "creating " + temp + " to cache " + Quote(key));
   }
-  pending_rows_.push_back(PendingRow{key, meta, ToStored(clock_.Now())});
-  ScheduleFlush();
+  TimePoint now = clock_.Now();
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    db_->BindObject(db_->insert_pending, key, meta, ToStored(now), ToStored(now), std::nullopt);
+    return db_->Run(db_->insert_pending, "recording the fill of " + Quote(key));
+  });
+  if (!st.ok()) {
+    fd.reset();
+    RemoveFile(temp);
+    return st;
+  }
   Fill fill;
   fill.key = key;
   fill.meta = std::move(meta);
@@ -972,7 +961,7 @@ void CacheStore::OnAppendDone(FillId id, ghost::Status st,
   std::weak_ptr<int> alive = alive_;
   done(result);  // may begin, append to or abort fills (`fill` is not used after this), or
                  // even destroy the store
-  if (commit_now && !alive.expired()) ScheduleCommit(id);
+  if (commit_now && !alive.expired()) FinishCommit(id);
 }
 
 void CacheStore::CommitFill(FillId id, std::function<void(ghost::Status)> done) {
@@ -992,188 +981,92 @@ void CacheStore::CommitFill(FillId id, std::function<void(ghost::Status)> done) 
   }
   fill.committing = true;
   fill.commit_done = std::move(done);
-  if (fill.in_flight == 0) ScheduleCommit(id);
-  // else the last append's completion schedules it
+  if (fill.in_flight == 0) Defer([this, id] { FinishCommit(id); });
+  // else the last append's completion calls FinishCommit
 }
 
-void CacheStore::ScheduleFlush() {
-  if (flush_scheduled_) return;
-  flush_scheduled_ = true;
-  Defer([this] {
-    flush_scheduled_ = false;
-    if (pending_rows_.empty() || closed_) return;
-    if (ghost::Status st = Batch([] { return ghost::Status::Ok(); }); !st.ok()) {
-      // The rows stay queued for the next transaction; a crash meanwhile leaves only temp
-      // files, which Open removes.
-      std::fprintf(stderr, "ghost: cache store: %s\n", st.ToString().c_str());
-    }
-  });
+void CacheStore::FinishCommit(FillId id) {
+  auto it = fills_.find(id);
+  if (it == fills_.end()) return;  // aborted meanwhile; AbortFill told the caller
+  Fill fill = std::move(it->second);
+  fills_.erase(it);
+  ghost::Status st = fill.error.ok() ? Publish(fill) : fill.error;
+  fill.commit_done(st);
 }
 
-void CacheStore::ScheduleCommit(FillId id) {
-  ready_commits_.push_back(id);
-  if (commits_scheduled_) return;
-  commits_scheduled_ = true;
-  Defer([this] {
-    commits_scheduled_ = false;
-    FinishCommits();
-  });
-}
-
-void CacheStore::FinishCommits() {
-  std::vector<FillId> ids = std::move(ready_commits_);
-  ready_commits_.clear();
-  std::vector<Fill> group;
-  std::vector<std::pair<std::function<void(ghost::Status)>, ghost::Status>> replies;
-  for (FillId id : ids) {
-    auto it = fills_.find(id);
-    if (it == fills_.end()) continue;  // aborted meanwhile; AbortFill told the caller
-    Fill fill = std::move(it->second);
-    fills_.erase(it);
-    if (fill.error.ok()) {
-      group.push_back(std::move(fill));
-    } else {
-      replies.emplace_back(std::move(fill.commit_done), fill.error);
-    }
+ghost::Status CacheStore::Publish(Fill& fill) {
+  if (closed_) return ClosedError();
+  const std::string& key = fill.key;
+  if (fill.meta.size != 0 && fill.written != fill.meta.size) {
+    Discard(fill);
+    return ghost::Status::InvalidArgument("the cache fill of " + Quote(key) + " ended after " +
+                                          std::to_string(fill.written) + " bytes, but " +
+                                          std::to_string(fill.meta.size) +
+                                          " were announced; a truncated body is not cached");
   }
-  std::vector<ghost::Status> results = PublishAll(group);
-  for (std::size_t i = 0; i < group.size(); ++i) {
-    replies.emplace_back(std::move(group[i].commit_done), results[i]);
+  if (capacity_ != 0 && fill.written > capacity_) {  // appends check this; keep it certain
+    Discard(fill);
+    return ghost::Status::InvalidArgument(TooBig(key, fill.written, capacity_));
   }
-  std::weak_ptr<int> alive = alive_;
-  for (auto& [done, st] : replies) {
-    done(st);  // may destroy the store
-    if (alive.expired()) return;
-  }
-}
-
-std::vector<ghost::Status> CacheStore::PublishAll(std::vector<Fill>& fills) {
-  std::vector<ghost::Status> results(fills.size(), ghost::Status::Ok());
-  if (fills.empty()) return results;
-  if (closed_) {
-    for (auto& r : results) r = ClosedError();
-    return results;
-  }
-  std::vector<bool> live(fills.size(), true), replacing(fills.size(), false);
-  bool any_replacing = false;
-  for (std::size_t i = 0; i < fills.size(); ++i) {
-    Fill& fill = fills[i];
-    if (fill.meta.size != 0 && fill.written != fill.meta.size) {
-      Discard(fill);
-      results[i] = ghost::Status::InvalidArgument(
-          "the cache fill of " + Quote(fill.key) + " ended after " +
-          std::to_string(fill.written) + " bytes, but " + std::to_string(fill.meta.size) +
-          " were announced; a truncated body is not cached");
-      live[i] = false;
-    } else if (capacity_ != 0 && fill.written > capacity_) {  // appends check this
-      Discard(fill);
-      results[i] = ghost::Status::InvalidArgument(TooBig(fill.key, fill.written, capacity_));
-      live[i] = false;
-    } else {
-      replacing[i] = table_.Contains(KeyHash(fill.key));
-      any_replacing = any_replacing || replacing[i];
-    }
-  }
-  if (any_replacing) {
-    // From here until the final commit, a crash must not pair an old row with a new body.
+  fill.fd.reset();
+  std::string body = BodyPath(key);
+  std::uint64_t h = KeyHash(key);
+  bool replacing = table_.Contains(h);
+  if (replacing) {
+    // From here until the final commit, a crash must not pair the old row with the new body.
     ghost::Status st = Batch([&]() -> ghost::Status {
-      for (std::size_t i = 0; i < fills.size(); ++i) {
-        if (!live[i] || !replacing[i]) continue;
-        db_->mark_incomplete.Bind(1, fills[i].key);
-        if (ghost::Status s = db_->Run(db_->mark_incomplete, "replacing " + Quote(fills[i].key));
-            !s.ok()) {
-          return s;
-        }
-      }
-      return ghost::Status::Ok();
+      db_->mark_incomplete.Bind(1, key);
+      return db_->Run(db_->mark_incomplete, "replacing " + Quote(key));
     });
     if (!st.ok()) {
-      for (std::size_t i = 0; i < fills.size(); ++i) {
-        if (!live[i] || !replacing[i]) continue;
-        Discard(fills[i]);
-        results[i] = st;
-        live[i] = false;
-      }
-    }
-  }
-  // Renames and the table, in order; the rows' changes are recorded in the same order (a key
-  // evicted by one fill may be published again by a later one of the group).
-  struct Op {
-    bool upsert;
-    std::string key;
-    CacheEntry entry;
-    std::int64_t tick = 0;
-  };
-  std::vector<Op> ops;
-  std::vector<std::string> evicted_all;
-  for (std::size_t i = 0; i < fills.size(); ++i) {
-    if (!live[i]) continue;
-    Fill& fill = fills[i];
-    const std::string& key = fill.key;
-    fill.fd.reset();
-    std::string body = BodyPath(key);
-    if (::rename(fill.temp_path.c_str(), body.c_str()) != 0) {
-      results[i] = ghost::Status::FromErrno(
-          errno, "publishing the cached body of " + Quote(key) + " (rename to " + body + ")");
-      if (replacing[i]) {
-        Batch([&]() -> ghost::Status {
-          db_->mark_complete.Bind(1, key);
-          return db_->Run(db_->mark_complete, "restoring " + Quote(key));
-        }).ok();  // best effort; if it fails Open drops the old object, which is allowed
-      }
       Discard(fill);
-      live[i] = false;
-      continue;
+      return st;
     }
-    std::uint64_t h = KeyHash(key);
-    CacheEntry stored = std::move(fill.meta);
-    stored.size = fill.written;
-    stored.where = Residence::kDisk;
-    stored.fetched = clock_.Now();
-    // The old body is replaced, so its bytes do not count against the new one.
-    Unindex(key);
-    for (std::string& k : EvictFor(stored.size, h)) {
-      ops.push_back(Op{false, k, {}, 0});
-      evicted_all.push_back(std::move(k));
-    }
-    std::int64_t tick = NextTick();
-    table_.Put(h, stored.size, tick);
-    ops.push_back(Op{true, key, std::move(stored), tick});
   }
+  if (::rename(fill.temp_path.c_str(), body.c_str()) != 0) {
+    ghost::Status st = ghost::Status::FromErrno(
+        errno, "publishing the cached body of " + Quote(key) + " (rename to " + body + ")");
+    if (replacing) {
+      Batch([&]() -> ghost::Status {
+        db_->mark_complete.Bind(1, key);
+        return db_->Run(db_->mark_complete, "restoring " + Quote(key));
+      }).ok();  // best effort; if it fails Open drops the old object, which is allowed
+    }
+    Discard(fill);
+    return st;
+  }
+  CacheEntry stored = std::move(fill.meta);
+  stored.size = fill.written;
+  stored.where = Residence::kDisk;
+  // The old body is replaced, so its bytes do not count against the new one.
+  Unindex(key);  // the row is written whole below
+  std::vector<std::string> evicted = EvictFor(stored.size, h);
+  std::int64_t tick = NextTick();
+  table_.Put(h, stored.size, tick);
+  stored.fetched = clock_.Now();
   ghost::Status st = Batch([&]() -> ghost::Status {
-    for (const Op& op : ops) {
-      if (op.upsert) {
-        const CacheEntry& e = op.entry;
-        db_->BindObject(db_->upsert_complete, op.key, e, ToStored(e.fetched), op.tick,
-                        e.expires ? std::optional<std::int64_t>(ToStored(*e.expires))
-                                  : std::nullopt);
-        if (ghost::Status s = db_->Run(db_->upsert_complete, "committing " + Quote(op.key));
-            !s.ok()) {
-          return s;
-        }
-      } else {
-        db_->delete_key.Bind(1, op.key);
-        if (ghost::Status s = db_->Run(db_->delete_key, "evicting " + Quote(op.key)); !s.ok())
-          return s;
-      }
+    db_->BindObject(
+        db_->upsert_complete, key, stored, ToStored(stored.fetched), tick,
+        stored.expires ? std::optional<std::int64_t>(ToStored(*stored.expires)) : std::nullopt);
+    if (ghost::Status s = db_->Run(db_->upsert_complete, "committing " + Quote(key)); !s.ok()) {
+      return s;
+    }
+    for (const std::string& k : evicted) {
+      db_->delete_key.Bind(1, k);
+      if (ghost::Status s = db_->Run(db_->delete_key, "evicting " + Quote(k)); !s.ok()) return s;
     }
     return ghost::Status::Ok();
   });
-  for (const std::string& k : evicted_all) {
-    if (!table_.Contains(KeyHash(k))) RemoveFile(BodyPath(k));  // unless published again
+  for (const std::string& k : evicted) RemoveFile(BodyPath(k));
+  for (const std::string& k : evicted) Changed(k);
+  if (replacing) Changed(key);
+  if (!st.ok()) {
+    // The row did not turn complete: Open would drop the body, so do not serve it now.
+    Unindex(key);
+    RemoveFile(body);
+    return st;
   }
-  for (const std::string& k : evicted_all) Changed(k);
-  for (std::size_t i = 0; i < fills.size(); ++i) {
-    if (!live[i]) continue;
-    if (replacing[i]) Changed(fills[i].key);
-    if (!st.ok()) {
-      // The row did not turn complete: Open would drop the body, so do not serve it now.
-      Unindex(fills[i].key);
-      RemoveFile(BodyPath(fills[i].key));
-      results[i] = st;
-    }
-  }
-  return results;
+  return ghost::Status::Ok();
 }
 
 void CacheStore::Fail(Fill& fill, ghost::Status st) {

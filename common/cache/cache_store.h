@@ -53,7 +53,6 @@
 #ifndef GHOST_COMMON_CACHE_CACHE_STORE_H_
 #define GHOST_COMMON_CACHE_CACHE_STORE_H_
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -205,8 +204,6 @@ class CacheStore {
   // The first 64 bits of ObjectName(key): the object's slot in the in-memory table.
   static std::uint64_t KeyHash(std::string_view key);
   std::size_t open_fills() const { return fills_.size(); }
-  // Transactions committed since Open (for tests and benchmarks of the batching).
-  std::uint64_t transactions() const { return transactions_; }
 
  private:
   friend class StoreIndex;
@@ -253,15 +250,8 @@ class CacheStore {
   void RemoveFile(const std::string& path);
 
   void OnAppendDone(FillId id, ghost::Status st, const std::function<void(ghost::Status)>& done);
-  // Commits whose appends are done wait for the loop's next turn, then all of them are
-  // published together (PublishAll): one transaction for the group's rows and evictions, plus
-  // one before the renames if any of them replaces a cached object (group commit).
-  void ScheduleCommit(FillId id);
-  void FinishCommits();
-  std::vector<ghost::Status> PublishAll(std::vector<Fill>& fills);
-  // A fill's pending row (complete=0) is written by the next transaction, which runs on the
-  // loop's next turn at the latest (ScheduleFlush); Open deletes such rows and their bodies.
-  void ScheduleFlush();
+  void FinishCommit(FillId id);
+  ghost::Status Publish(Fill& fill);
   // Marks the fill abandoned with `st`, removing its temp file and pending row.
   void Fail(Fill& fill, ghost::Status st);
   // Removes the temp file and the pending row of a fill that will not be published.
@@ -292,17 +282,6 @@ class CacheStore {
   mutable std::deque<std::string> found_order_;
   std::vector<std::string> warnings_;
   std::map<FillId, Fill> fills_;
-  std::array<bool, 256> made_dirs_{};  // objects/<xx> made by this run
-  std::vector<FillId> ready_commits_;  // FinishCommits publishes them
-  bool commits_scheduled_ = false;
-  struct PendingRow {
-    std::string key;
-    CacheEntry meta;
-    std::int64_t now_us;
-  };
-  std::vector<PendingRow> pending_rows_;  // written first by the next Batch
-  bool flush_scheduled_ = false;
-  std::uint64_t transactions_ = 0;
   FillId next_fill_id_ = 1;
   std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
