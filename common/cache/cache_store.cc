@@ -631,18 +631,25 @@ std::optional<CacheEntry> CacheStore::LoadEntry(const std::string& key,
 const CacheEntry* CacheStore::FindEntry(const std::string& key) const {
   const ObjectTable::Slot* slot = table_.Get(KeyHash(key));
   if (slot == nullptr) return nullptr;
-  if (auto it = found_.find(key); it != found_.end()) {
-    it->second.last_access = FromStored(slot->tick);
-    return &it->second;
+  auto it = found_.find(key);
+  if (it != found_.end() && !it->second.stale) {
+    it->second.entry.size = slot->size;
+    it->second.entry.last_access = FromStored(slot->tick);
+    return &it->second.entry;
   }
   std::optional<CacheEntry> e = LoadEntry(key, *slot);
   if (!e) return nullptr;
+  if (it != found_.end()) {  // reloaded into the same node
+    it->second.entry = std::move(*e);
+    it->second.stale = false;
+    return &it->second.entry;
+  }
   while (found_.size() >= kFoundLimit && !found_order_.empty()) {
     found_.erase(found_order_.front());
     found_order_.pop_front();
   }
   found_order_.push_back(key);
-  return &found_.insert_or_assign(key, std::move(*e)).first->second;
+  return &found_.emplace(key, Found{std::move(*e), false}).first->second.entry;
 }
 
 void CacheStore::ForEachEntry(
@@ -662,7 +669,7 @@ void CacheStore::ForEachEntry(
 
 bool CacheStore::Unindex(const std::string& key) {
   std::uint64_t h = KeyHash(key);
-  found_.erase(key);
+  MarkStale(key);
   dirty_access_.erase(h);
   dirty_meta_.erase(key);
   return table_.Erase(h);
@@ -677,7 +684,7 @@ std::vector<std::string> CacheStore::EvictFor(Bytes incoming, std::uint64_t keep
     table_.Erase(victim->hash);
     dirty_access_.erase(victim->hash);
     if (std::optional<std::string> key = KeyOf(victim->hash)) {
-      found_.erase(*key);
+      MarkStale(*key);
       dirty_meta_.erase(*key);
       evicted.push_back(std::move(*key));
     }
@@ -760,8 +767,6 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
   }
   dirty_access_.clear();
   dirty_meta_.clear();  // Find reads them from sqlite now
-  found_.clear();       // (their pointers may point into dirty_meta_'s copies: no longer)
-  found_order_.clear();
   return ghost::Status::Ok();
 }
 
@@ -770,7 +775,7 @@ ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
   for (const std::string& key : keys) {
     dirty_access_.erase(KeyHash(key));
     dirty_meta_.erase(key);
-    found_.erase(key);
+    MarkStale(key);
   }
   ghost::Status st = Batch([&]() -> ghost::Status {
     for (const std::string& key : keys) {
@@ -809,7 +814,10 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
   updated.size = current->size;
   updated.where = current->where;
   updated.last_access = current->last_access;
-  found_.erase(key);  // Find reads dirty_meta_ first
+  if (auto it = found_.find(key); it != found_.end()) {
+    it->second.entry = updated;  // in place: a pointer Find handed out sees the change
+    it->second.stale = false;
+  }
   dirty_meta_.insert_or_assign(key, std::move(updated));
   Changed(key);
   return ghost::Status::Ok();

@@ -275,10 +275,19 @@ class CacheStore {
   StoreIndex view_{this};
   std::int64_t last_tick_ = 0;
   std::unique_ptr<Db> db_;
-  // Entries Find read recently (bounded FIFO of kFoundLimit); erased when their object
-  // changes, so a pointer handed out stays valid until a non-const call.
+  // Entries Find read recently (bounded FIFO of kFoundLimit). A change to the object marks
+  // its entry stale (UpdateMeta rewrites it in place) rather than freeing it, so a pointer
+  // Find handed out stays readable as long as with the list-based index before (callers
+  // hold one across store calls); the next Find reloads a stale entry into the same node.
+  struct Found {
+    CacheEntry entry;
+    bool stale = false;
+  };
   static constexpr std::size_t kFoundLimit = 256;
-  mutable std::unordered_map<std::string, CacheEntry> found_;
+  mutable std::unordered_map<std::string, Found> found_;
+  void MarkStale(const std::string& key) {
+    if (auto it = found_.find(key); it != found_.end()) it->second.stale = true;
+  }
   mutable std::deque<std::string> found_order_;
   std::vector<std::string> warnings_;
   std::map<FillId, Fill> fills_;
