@@ -23,6 +23,7 @@ GHOST_PACKAGES=(
   libnl-3-dev libnl-genl-3-dev libcap-dev  # common/power/real_wifi.cc, hardware.cc: nl80211, capabilities
   python3-aiosmtpd  # tests/integration/ghostproxy_smtp_test.py: the SMTP server behind the outbox
   python3-matplotlib  # scripts/plots.py and tests/integration/plots_test.py
+  wrk squid  # scripts/bench-scale.sh, scripts/bench-proxy.sh: load generator and the peer cache
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cerrno>
@@ -144,9 +145,12 @@ struct DbCloser {
   void operator()(sqlite3* db) const { sqlite3_close_v2(db); }
 };
 
-// Version 2 added objects.response (the proxy's stored response head); version 1 indexes are
-// upgraded in place.
-constexpr int kSchemaVersion = 2;
+// Version 2 added objects.response (the proxy's stored response head); version 3 added h (the
+// key's 64-bit hash, indexed: the in-memory table's key) and body (a packed small body, NULL
+// when the body is a file). Older indexes are upgraded in place.
+constexpr int kSchemaVersion = 3;
+
+std::int64_t StoredHash(std::uint64_t h) { return static_cast<std::int64_t>(h); }
 
 constexpr char kObjectColumns[] =
     "key, size, etag, last_modified, content_type, expires_us, fetched_us, accessed_us, response";
@@ -169,6 +173,8 @@ struct CacheStore::Db {
   Stmt delete_pending;
   Stmt update_access;
   Stmt update_meta;
+  Stmt select_entry;     // the metadata of a complete row, by key
+  Stmt select_key;       // the key of a complete row, by hash
 
   ghost::Status Error(const std::string& what, int rc) {
     last_rc = rc;
@@ -218,17 +224,9 @@ struct CacheStore::Db {
                                "PRAGMA synchronous=NORMAL"}) {
       if (ghost::Status st = Exec(pragma); !st.ok()) return st;
     }
-    // quick_check reads every page once: a cost paid at open only, on a small table.
-    Stmt check;
-    if (ghost::Status st = Prepare("PRAGMA quick_check", &check); !st.ok()) return st;
-    rc = check.Step();
-    if (rc != SQLITE_ROW) return Error("checking", rc);
-    if (std::string verdict = check.Text(0); verdict != "ok") {
-      last_rc = SQLITE_CORRUPT;
-      return ghost::Status::Corruption("cache index " + path +
-                                       " failed its integrity check: " + verdict);
-    }
-    check = Stmt();
+    // No quick_check here: it reads every page, seconds for a million objects. Load scans
+    // every row of the table anyway, and a corrupt page it meets sets the index aside the
+    // same way (CacheStore::Open).
 
     if (ghost::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
     ghost::Status st = CreateSchema();
@@ -247,23 +245,26 @@ struct CacheStore::Db {
         {&commit, "COMMIT"},
         {&rollback, "ROLLBACK"},
         {&insert_pending, "INSERT INTO objects(" + cols +
-                              ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0) "
+                              ", h, complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0) "
                               "ON CONFLICT(key) DO NOTHING"},
         {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
         {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
         {&upsert_complete,
          "INSERT INTO objects(" + cols +
-             ", complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 1) "
+             ", h, complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1) "
              "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
              "last_modified = excluded.last_modified, content_type = excluded.content_type, "
              "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
-             "accessed_us = excluded.accessed_us, response = excluded.response, complete = 1"},
+             "accessed_us = excluded.accessed_us, response = excluded.response, h = excluded.h, "
+             "body = NULL, complete = 1"},
         {&delete_key, "DELETE FROM objects WHERE key = ?1"},
         {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
-        {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE key = ?1"},
+        {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE h = ?1 AND complete = 1"},
         {&update_meta,
          "UPDATE objects SET etag = ?2, last_modified = ?3, content_type = ?4, expires_us = ?5, "
          "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
+        {&select_entry, "SELECT " + cols + " FROM objects WHERE key = ?1 AND complete = 1"},
+        {&select_key, "SELECT key FROM objects WHERE h = ?1 AND complete = 1"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -292,14 +293,17 @@ struct CacheStore::Db {
       std::string sql =
           "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
-    } else if (std::int64_t v = q.Int(0); v == 1) {
+    } else if (std::int64_t v = q.Int(0); v == 1 || v == 2) {
       q = Stmt();
-      if (ghost::Status st = Exec(
-              "ALTER TABLE objects ADD COLUMN response TEXT NOT NULL DEFAULT ''; "
-              "UPDATE schema_version SET version = 2");
-          !st.ok()) {
-        return st;
+      if (v == 1 && !HasColumn("response")) {
+        if (ghost::Status st =
+                Exec("ALTER TABLE objects ADD COLUMN response TEXT NOT NULL DEFAULT ''");
+            !st.ok()) {
+          return st;
+        }
       }
+      if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
+      if (ghost::Status st = Exec("UPDATE schema_version SET version = 3"); !st.ok()) return st;
     } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
@@ -311,7 +315,38 @@ struct CacheStore::Db {
         "key TEXT PRIMARY KEY NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL DEFAULT '', "
         "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
         "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
-        "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '')");
+        "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '', h INTEGER, body BLOB); "
+        "CREATE INDEX IF NOT EXISTS objects_h ON objects(h)");
+  }
+
+  bool HasColumn(const char* name) {
+    Stmt q;
+    if (!Prepare("SELECT name FROM pragma_table_info('objects')", &q).ok()) return false;
+    while (q.Step() == SQLITE_ROW) {
+      if (q.Text(0) == name) return true;
+    }
+    return false;
+  }
+
+  // Version 2 -> 3: the h and body columns, h computed for every row (once).
+  ghost::Status UpgradeToHashes() {
+    for (const char* col : {"h", "body"}) {
+      if (HasColumn(col)) continue;
+      std::string sql = std::string("ALTER TABLE objects ADD COLUMN ") + col +
+                        (col[0] == 'h' ? " INTEGER" : " BLOB");
+      if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
+    }
+    Stmt q, set;
+    if (ghost::Status st = Prepare("SELECT rowid, key FROM objects", &q); !st.ok()) return st;
+    if (ghost::Status st = Prepare("UPDATE objects SET h = ?2 WHERE rowid = ?1", &set); !st.ok())
+      return st;
+    int rc;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      set.Bind(1, q.Int(0));
+      set.Bind(2, StoredHash(CacheStore::KeyHash(q.Text(1))));
+      if (ghost::Status st = Run(set, "hashing the keys of an older index"); !st.ok()) return st;
+    }
+    return rc == SQLITE_DONE ? ghost::Status::Ok() : Error("hashing the keys", rc);
   }
 
   // Binds ?1..?9 of insert_pending / upsert_complete.
@@ -326,6 +361,7 @@ struct CacheStore::Db {
     s.Bind(7, fetched_us);
     s.Bind(8, accessed_us);
     s.Bind(9, e.response);
+    s.Bind(10, StoredHash(CacheStore::KeyHash(key)));
   }
 };
 
@@ -333,7 +369,7 @@ struct CacheStore::Db {
 
 CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, FileIo& io,
                        const CacheStoreOptions& options)
-    : dir_(std::move(dir)), capacity_(capacity), clock_(clock), io_(io), index_(clock, capacity) {
+    : dir_(std::move(dir)), capacity_(capacity), clock_(clock), io_(io) {
   auto wall = options.wall_clock ? options.wall_clock() : std::chrono::system_clock::now();
   auto wall_us =
       std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
@@ -352,6 +388,16 @@ Result<std::unique_ptr<CacheStore>> CacheStore::Open(const std::string& dir, Byt
   std::unique_ptr<CacheStore> store(new CacheStore(root, capacity, clock, io, options));
   ghost::Status st = store->OpenIndex();
   if (st.ok()) st = store->Load();
+  if (!st.ok() && store->db_ && IsCorruption(store->db_->last_rc)) {
+    // A damaged page met while loading: start afresh like an unreadable file.
+    store->table_ = ObjectTable();
+    store->last_tick_ = 0;
+    store->SetAsideCorruptIndex(st.message());
+    store->db_ = std::make_unique<Db>();
+    store->db_->path = root + "/index.sqlite";
+    st = store->db_->Open();
+    if (st.ok()) st = store->Load();
+  }
   if (st.ok()) st = store->RemoveOrphans();
   if (!st.ok()) {
     store->db_.reset();  // possibly half set up: the destructor must not write through it
@@ -407,40 +453,42 @@ ghost::Status CacheStore::Load() {
     q = Stmt();
     if (ghost::Status s = db_->Exec("DELETE FROM objects WHERE complete = 0"); !s.ok()) return s;
 
-    std::string sql = std::string("SELECT ") + kObjectColumns +
-                      " FROM objects WHERE complete = 1 ORDER BY accessed_us, rowid";
-    if (ghost::Status s = db_->Prepare(sql.c_str(), &q); !s.ok()) return s;
+    // Only what the table holds; the key is read only to check a body file.
+    if (ghost::Status s = db_->Prepare(
+            "SELECT h, size, accessed_us, body IS NOT NULL, key FROM objects WHERE complete = 1",
+            &q);
+        !s.ok()) {
+      return s;
+    }
     std::vector<std::string> dropped;
     while ((rc = q.Step()) == SQLITE_ROW) {
-      std::string key = q.Text(0);
-      CacheEntry e;
-      e.size = static_cast<Bytes>(q.Int(1));
-      e.where = Residence::kDisk;
-      e.etag = q.Text(2);
-      e.last_modified = q.Text(3);
-      e.content_type = q.Text(4);
-      if (!q.IsNull(5)) e.expires = FromStored(q.Int(5));
-      e.fetched = FromStored(q.Int(6));
-      e.last_access = FromStored(q.Int(7));
-      e.response = q.Text(8);
-      // A body that is missing or the wrong length (lost by a power cut, or edited) is
-      // never served.
-      struct stat sb;
-      std::string path = BodyPath(key);
-      if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) ||
-          static_cast<Bytes>(sb.st_size) != e.size) {
-        ++damaged;
-        dropped.push_back(std::move(key));
+      auto h = static_cast<std::uint64_t>(q.Int(0));
+      auto size = static_cast<Bytes>(q.Int(1));
+      std::int64_t tick = q.Int(2);
+      bool packed = q.Int(3) != 0;
+      if (!packed) {
+        // A body that is missing or the wrong length (lost by a power cut, or edited) is
+        // never served.
+        struct stat sb;
+        std::string path = BodyPath(q.Text(4));
+        if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) ||
+            static_cast<Bytes>(sb.st_size) != size) {
+          ++damaged;
+          dropped.push_back(q.Text(4));
+          continue;
+        }
+      }
+      if (table_.Contains(h) || (capacity_ != 0 && size > capacity_)) {
+        // A 64-bit hash collision (the later row goes), or bigger than a lowered cap.
+        dropped.push_back(q.Text(4));
         continue;
       }
-      Result<std::vector<std::string>> evicted = index_.Restore(key, std::move(e));
-      if (!evicted.ok()) {  // bigger than a lowered cap
-        dropped.push_back(std::move(key));
-        continue;
-      }
-      for (std::string& k : *evicted) dropped.push_back(std::move(k));
+      table_.Put(h, size, tick);
+      last_tick_ = std::max(last_tick_, tick);
     }
     if (rc != SQLITE_DONE) return db_->Error("loading objects", rc);
+    q = Stmt();
+    for (std::string& key : EvictFor(0, 0)) dropped.push_back(std::move(key));  // lowered cap
     for (const std::string& key : dropped) {
       db_->delete_key.Bind(1, key);
       if (ghost::Status s = db_->Run(db_->delete_key, "dropping an object"); !s.ok()) return s;
@@ -459,9 +507,8 @@ ghost::Status CacheStore::Load() {
 
 ghost::Status CacheStore::RemoveOrphans() {
   // Every file under objects/ that is not the body of an indexed object: temp files of fills
-  // cut short, bodies whose row was never committed or was dropped.
-  std::unordered_set<std::string> live;
-  index_.ForEach([&](const std::string& key, const CacheEntry&) { live.insert(ObjectName(key)); });
+  // cut short, bodies whose row was never committed or was dropped. A body's name starts with
+  // its table hash, so no key is read.
   std::string objects = dir_ + "/objects";
   DirPtr top(::opendir(objects.c_str()));
   if (!top) return ghost::Status::FromErrno(errno, "cannot list cache objects in " + objects);
@@ -481,7 +528,13 @@ ghost::Status CacheStore::RemoveOrphans() {
       std::string file = f->d_name;
       if (file == "." || file == "..") continue;
       bool body = file.size() == 64 && IsLowerHex(file) && file.compare(0, 2, name) == 0;
-      if (body && live.count(file) != 0) continue;
+      if (body) {
+        unsigned char digest8[8];
+        for (int i = 0; i < 8; ++i) {
+          digest8[i] = static_cast<unsigned char>(std::stoi(file.substr(2 * i, 2), nullptr, 16));
+        }
+        if (table_.Contains(ObjectTable::HashOf(digest8))) continue;
+      }
       std::string path = sub + "/" + file;
       if (::lstat(path.c_str(), &sb) == 0 && !S_ISDIR(sb.st_mode)) RemoveFile(path);
     }
@@ -525,6 +578,141 @@ std::string CacheStore::ObjectName(std::string_view key) {
   return out;
 }
 
+std::uint64_t CacheStore::KeyHash(std::string_view key) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  ::SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest);
+  return ObjectTable::HashOf(digest);
+}
+
+std::int64_t CacheStore::NextTick() {
+  std::int64_t t = ToStored(clock_.Now());
+  if (t <= last_tick_) t = last_tick_ + 1;
+  last_tick_ = t;
+  return t;
+}
+
+std::optional<std::string> CacheStore::KeyOf(std::uint64_t h) const {
+  if (!db_) return std::nullopt;
+  Stmt& q = db_->select_key;
+  q.Bind(1, StoredHash(h));
+  std::optional<std::string> key;
+  if (q.Step() == SQLITE_ROW) key = q.Text(0);
+  q.Reset();
+  return key;
+}
+
+std::optional<CacheEntry> CacheStore::LoadEntry(const std::string& key,
+                                                const ObjectTable::Slot& slot) const {
+  CacheEntry e;
+  if (auto dirty = dirty_meta_.find(key); dirty != dirty_meta_.end()) {
+    e = dirty->second;
+  } else {
+    if (!db_) return std::nullopt;
+    Stmt& q = db_->select_entry;
+    q.Bind(1, key);
+    if (q.Step() != SQLITE_ROW) {
+      q.Reset();
+      return std::nullopt;  // a colliding hash: another key holds the slot
+    }
+    e.etag = q.Text(2);
+    e.last_modified = q.Text(3);
+    e.content_type = q.Text(4);
+    if (!q.IsNull(5)) e.expires = FromStored(q.Int(5));
+    e.fetched = FromStored(q.Int(6));
+    e.response = q.Text(8);
+    q.Reset();
+  }
+  e.size = slot.size;
+  e.where = Residence::kDisk;
+  e.last_access = FromStored(slot.tick);
+  return e;
+}
+
+const CacheEntry* CacheStore::FindEntry(const std::string& key) const {
+  const ObjectTable::Slot* slot = table_.Get(KeyHash(key));
+  if (slot == nullptr) return nullptr;
+  auto it = found_.find(key);
+  if (it != found_.end() && !it->second.stale) {
+    it->second.entry.size = slot->size;
+    it->second.entry.last_access = FromStored(slot->tick);
+    return &it->second.entry;
+  }
+  std::optional<CacheEntry> e = LoadEntry(key, *slot);
+  if (!e) return nullptr;
+  if (it != found_.end()) {  // reloaded into the same node
+    it->second.entry = std::move(*e);
+    it->second.stale = false;
+    return &it->second.entry;
+  }
+  while (found_.size() >= kFoundLimit && !found_order_.empty()) {
+    found_.erase(found_order_.front());
+    found_order_.pop_front();
+  }
+  found_order_.push_back(key);
+  return &found_.emplace(key, Found{std::move(*e), false}).first->second.entry;
+}
+
+void CacheStore::ForEachEntry(
+    const std::function<void(const std::string&, const CacheEntry&)>& fn) const {
+  std::vector<ObjectTable::Slot> slots;
+  slots.reserve(table_.size());
+  table_.ForEach([&](const ObjectTable::Slot& s) { slots.push_back(s); });
+  std::sort(slots.begin(), slots.end(), [](const auto& a, const auto& b) {
+    return a.tick != b.tick ? a.tick < b.tick : a.hash < b.hash;
+  });
+  for (const ObjectTable::Slot& slot : slots) {
+    std::optional<std::string> key = KeyOf(slot.hash);
+    if (!key) continue;
+    if (std::optional<CacheEntry> e = LoadEntry(*key, slot)) fn(*key, *e);
+  }
+}
+
+bool CacheStore::Unindex(const std::string& key) {
+  std::uint64_t h = KeyHash(key);
+  MarkStale(key);
+  dirty_access_.erase(h);
+  dirty_meta_.erase(key);
+  return table_.Erase(h);
+}
+
+std::vector<std::string> CacheStore::EvictFor(Bytes incoming, std::uint64_t keep) {
+  std::vector<std::string> evicted;
+  if (capacity_ == 0 || incoming > capacity_) return evicted;
+  while (table_.size() > 0 && table_.total_bytes() > capacity_ - incoming) {
+    std::optional<ObjectTable::Slot> victim = table_.PickVictim(keep);
+    if (!victim) break;
+    table_.Erase(victim->hash);
+    dirty_access_.erase(victim->hash);
+    if (std::optional<std::string> key = KeyOf(victim->hash)) {
+      MarkStale(*key);
+      dirty_meta_.erase(*key);
+      evicted.push_back(std::move(*key));
+    }
+  }
+  return evicted;
+}
+
+// ---- StoreIndex ----
+
+const CacheEntry* StoreIndex::Find(const std::string& key) const {
+  return store_->FindEntry(key);
+}
+bool StoreIndex::Contains(const std::string& key) const {
+  return store_->table_.Contains(CacheStore::KeyHash(key));
+}
+CacheStatus StoreIndex::Status(const std::string& key, bool network_preferred) const {
+  const ObjectTable::Slot* slot = store_->table_.Get(CacheStore::KeyHash(key));
+  if (slot == nullptr) return CacheStatus{};
+  return CacheStatus{
+      network_preferred ? CacheState::kPresentNetworkPreferred : CacheState::kPresent, slot->size};
+}
+std::size_t StoreIndex::size() const { return store_->table_.size(); }
+Bytes StoreIndex::total_bytes() const { return store_->table_.total_bytes(); }
+void StoreIndex::ForEach(
+    const std::function<void(const std::string&, const CacheEntry&)>& fn) const {
+  store_->ForEachEntry(fn);
+}
+
 std::string CacheStore::BodyPath(std::string_view key) const {
   std::string name = ObjectName(key);
   return dir_ + "/objects/" + name.substr(0, 2) + "/" + name;
@@ -549,18 +737,18 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
   if (!db_) return ClosedError();
   if (ghost::Status st = db_->Run(db_->begin, "beginning a transaction"); !st.ok()) return st;
   ghost::Status st = ghost::Status::Ok();
-  for (const std::string& key : dirty_access_) {
-    const CacheEntry* e = index_.Find(key);
-    if (e == nullptr) continue;
-    db_->update_access.Bind(1, key);
-    db_->update_access.Bind(2, ToStored(e->last_access));
+  for (std::uint64_t h : dirty_access_) {
+    const ObjectTable::Slot* slot = table_.Get(h);
+    if (slot == nullptr) continue;
+    db_->update_access.Bind(1, StoredHash(h));
+    db_->update_access.Bind(2, slot->tick);
     st = db_->Run(db_->update_access, "saving an access time");
     if (!st.ok()) break;
   }
-  for (const std::string& key : dirty_meta_) {
+  for (const auto& [key, meta] : dirty_meta_) {
     if (!st.ok()) break;
-    const CacheEntry* e = index_.Find(key);
-    if (e == nullptr) continue;
+    if (!table_.Contains(KeyHash(key))) continue;
+    const CacheEntry* e = &meta;
     Stmt& s = db_->update_meta;
     s.Bind(1, key);
     s.Bind(2, e->etag);
@@ -578,15 +766,16 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     return st;
   }
   dirty_access_.clear();
-  dirty_meta_.clear();
+  dirty_meta_.clear();  // Find reads them from sqlite now
   return ghost::Status::Ok();
 }
 
 ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
   if (keys.empty()) return ghost::Status::Ok();
   for (const std::string& key : keys) {
-    dirty_access_.erase(key);
+    dirty_access_.erase(KeyHash(key));
     dirty_meta_.erase(key);
+    MarkStale(key);
   }
   ghost::Status st = Batch([&]() -> ghost::Status {
     for (const std::string& key : keys) {
@@ -605,27 +794,31 @@ ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {
 // ---- Queries and metadata ----
 
 CacheStatus CacheStore::Status(const std::string& key, bool network_preferred) const {
-  return index_.Status(key, network_preferred);
+  return view_.Status(key, network_preferred);
 }
 
 bool CacheStore::Touch(const std::string& key) {
-  if (!index_.Touch(key)) return false;
-  dirty_access_.insert(key);
+  std::uint64_t h = KeyHash(key);
+  if (!table_.Touch(h, NextTick())) return false;
+  dirty_access_.insert(h);
   return true;
 }
 
 ghost::Status CacheStore::UpdateMeta(const std::string& key,
                                      const std::function<void(CacheEntry&)>& fn) {
   if (closed_) return ClosedError();
-  const CacheEntry* current = index_.Find(key);
+  const CacheEntry* current = FindEntry(key);
   if (current == nullptr) return ghost::Status::NotFound("not in the cache: " + Quote(key));
   CacheEntry updated = *current;
   fn(updated);
   updated.size = current->size;
   updated.where = current->where;
   updated.last_access = current->last_access;
-  index_.Update(key, [&](CacheEntry& e) { e = updated; });
-  dirty_meta_.insert(key);
+  if (auto it = found_.find(key); it != found_.end()) {
+    it->second.entry = updated;  // in place: a pointer Find handed out sees the change
+    it->second.stale = false;
+  }
+  dirty_meta_.insert_or_assign(key, std::move(updated));
   Changed(key);
   return ghost::Status::Ok();
 }
@@ -638,7 +831,7 @@ ghost::Status CacheStore::SaveIndex() {
 
 ghost::Status CacheStore::Erase(const std::string& key) {
   if (closed_) return ClosedError();
-  if (!index_.Erase(key)) return ghost::Status::NotFound("not in the cache: " + Quote(key));
+  if (!Unindex(key)) return ghost::Status::NotFound("not in the cache: " + Quote(key));
   return DropObjects({key});
 }
 
@@ -648,7 +841,7 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
     Defer([done = std::move(done), st = ClosedError()] { done(st); });
     return;
   }
-  if (!index_.Contains(key)) {
+  if (!view_.Contains(key)) {
     Defer([done = std::move(done),
            st = ghost::Status::NotFound("not in the cache: " + Quote(key))] { done(st); });
     return;
@@ -658,7 +851,7 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
   if (!fd->valid()) {
     int err = errno;
     if (err == ENOENT) {  // removed behind our back: stop claiming to have it
-      index_.Erase(key);
+      Unindex(key);
       DropObjects({key}).ok();  // best effort: the read's error is what the caller needs
     }
     Defer([done = std::move(done),
@@ -692,7 +885,7 @@ Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
   if (meta.size > 0) {
     // Make room now, while the disk is being written anyway, rather than overshoot the cap
     // with this body in flight.
-    if (ghost::Status st = DropObjects(index_.EvictFor(meta.size)); !st.ok()) return st;
+    if (ghost::Status st = DropObjects(EvictFor(meta.size, 0)); !st.ok()) return st;
   }
   std::string body = BodyPath(key);
   std::string subdir = body.substr(0, body.rfind('/'));
@@ -825,7 +1018,8 @@ ghost::Status CacheStore::Publish(Fill& fill) {
   }
   fill.fd.reset();
   std::string body = BodyPath(key);
-  bool replacing = index_.Contains(key);
+  std::uint64_t h = KeyHash(key);
+  bool replacing = table_.Contains(h);
   if (replacing) {
     // From here until the final commit, a crash must not pair the old row with the new body.
     ghost::Status st = Batch([&]() -> ghost::Status {
@@ -849,37 +1043,34 @@ ghost::Status CacheStore::Publish(Fill& fill) {
     Discard(fill);
     return st;
   }
-  CacheEntry entry = std::move(fill.meta);
-  entry.size = fill.written;
-  entry.where = Residence::kDisk;
-  Result<std::vector<std::string>> evicted = index_.Insert(key, std::move(entry));
-  assert(evicted.ok() && "the size was checked against the cap above");
-  const CacheEntry& stored = *index_.Find(key);
-  dirty_access_.erase(key);
-  dirty_meta_.erase(key);  // the row is written whole below
-  for (const std::string& k : *evicted) {
-    dirty_access_.erase(k);
-    dirty_meta_.erase(k);
-  }
+  CacheEntry stored = std::move(fill.meta);
+  stored.size = fill.written;
+  stored.where = Residence::kDisk;
+  // The old body is replaced, so its bytes do not count against the new one.
+  Unindex(key);  // the row is written whole below
+  std::vector<std::string> evicted = EvictFor(stored.size, h);
+  std::int64_t tick = NextTick();
+  table_.Put(h, stored.size, tick);
+  stored.fetched = clock_.Now();
   ghost::Status st = Batch([&]() -> ghost::Status {
     db_->BindObject(
-        db_->upsert_complete, key, stored, ToStored(stored.fetched), ToStored(stored.last_access),
+        db_->upsert_complete, key, stored, ToStored(stored.fetched), tick,
         stored.expires ? std::optional<std::int64_t>(ToStored(*stored.expires)) : std::nullopt);
     if (ghost::Status s = db_->Run(db_->upsert_complete, "committing " + Quote(key)); !s.ok()) {
       return s;
     }
-    for (const std::string& k : *evicted) {
+    for (const std::string& k : evicted) {
       db_->delete_key.Bind(1, k);
       if (ghost::Status s = db_->Run(db_->delete_key, "evicting " + Quote(k)); !s.ok()) return s;
     }
     return ghost::Status::Ok();
   });
-  for (const std::string& k : *evicted) RemoveFile(BodyPath(k));
-  for (const std::string& k : *evicted) Changed(k);
+  for (const std::string& k : evicted) RemoveFile(BodyPath(k));
+  for (const std::string& k : evicted) Changed(k);
   if (replacing) Changed(key);
   if (!st.ok()) {
     // The row did not turn complete: Open would drop the body, so do not serve it now.
-    index_.Erase(key);
+    Unindex(key);
     RemoveFile(body);
     return st;
   }

@@ -4,13 +4,19 @@
 // Layout of `dir`:
 //   index.sqlite                    WAL mode; tables schema_version and
 //                                   objects(key PRIMARY KEY, size, etag, last_modified,
-//                                   content_type, expires_us, fetched_us, accessed_us, complete)
+//                                   content_type, expires_us, fetched_us, accessed_us, complete,
+//                                   response, h, body), an index on h
 //   objects/<h[0..2]>/<h>           a body; h = hex SHA-256 of the key, so the key's text never
 //                                   reaches a path ("..", "/", NUL in a key are harmless)
 //   objects/<h[0..2]>/<h>.fill-<n>  a fill in progress, renamed to <h> when it commits
 //
-// Open loads every complete row into an in-memory CacheIndex, so status and size queries
-// (getattr, `ghostctl status`) never touch sqlite or the disk; only bodies are read from disk.
+// Open loads each complete row's hash, size and access time into an ObjectTable (24 bytes a
+// slot, DESIGN §3.4), so status and size queries (getattr, `ghostctl status`) and misses never
+// touch sqlite or the disk. The rest of an entry (validators, expiry, the stored response
+// head) is read from sqlite when index().Find asks for it; the last few found are kept.
+// h is the first 64 bits of the key's SHA-256 (the body file's name); a later object whose h
+// collides with a cached one replaces it in the table, and Open drops the older row of such a
+// pair (a cache may lose objects, never serve a wrong one: Find compares the whole key).
 //
 // Crash safety: a cache may lose fills, never serve half of one (DESIGN §2). A body becomes
 // visible only by rename after all its bytes are written, together with its row turning
@@ -25,7 +31,8 @@
 // object, or the new one. Fills are not fsynced (a cache fill is not user data).
 //
 // Byte cap: `capacity` bytes of bodies (0 = unlimited) is a hard cap on committed objects.
-// Eviction (least recently used first, CacheIndex::EvictFor) happens when a fill commits, and
+// Eviction (least recently used first: exact below ObjectTable::kExactLimit objects, sampled
+// LRU above, ObjectTable::PickVictim) happens when a fill commits, and
 // ahead of time when BeginFill is told the size. An object bigger than the cap is refused.
 // Nothing runs on a timer: every change is driven by a call (DESIGN §2).
 //
@@ -49,15 +56,19 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "common/cache/cache_index.h"
+#include "common/cache/object_table.h"
 #include "common/base/clock.h"
 #include "common/base/file_io.h"
 #include "common/base/status.h"
@@ -75,6 +86,33 @@ struct CacheStoreOptions {
 
 using FillId = std::uint64_t;
 
+class CacheStore;
+
+// A CacheStore's index of complete objects, as callers see it: sizes, counts and presence
+// from memory; whole entries read from the index database on demand. A view into its store.
+class StoreIndex {
+ public:
+  // The entry (where = kDisk), or nullptr if `key` is not cached. Reads sqlite unless the
+  // entry was found recently. The pointer is valid until the next non-const call on the store
+  // or 256 more Finds. Does not count as an access.
+  const CacheEntry* Find(const std::string& key) const;
+  // From memory only (an unrelated key whose 64-bit hash collides would read as present, a
+  // chance of about n / 2^64; Find and reads compare the whole key).
+  bool Contains(const std::string& key) const;
+  CacheStatus Status(const std::string& key, bool network_preferred) const;
+  std::size_t size() const;
+  bool empty() const { return size() == 0; }
+  Bytes total_bytes() const;
+  // Calls `fn(key, entry)` for every object, least recently used first. Reads every row:
+  // for tests and tools, not for a request path.
+  void ForEach(const std::function<void(const std::string&, const CacheEntry&)>& fn) const;
+
+ private:
+  friend class CacheStore;
+  explicit StoreIndex(const CacheStore* store) : store_(store) {}
+  const CacheStore* store_;
+};
+
 class CacheStore {
  public:
   // Opens (creating if missing) the cache in `dir`; see the header comment for what is
@@ -91,8 +129,10 @@ class CacheStore {
   CacheStore(const CacheStore&) = delete;
   CacheStore& operator=(const CacheStore&) = delete;
 
-  // The in-memory index of complete objects (size, validators, expiry, LRU order).
-  const CacheIndex& index() const { return index_; }
+  // The index of complete objects (size, validators, expiry, LRU order).
+  const StoreIndex& index() const { return view_; }
+  // Heap bytes of the in-memory object table (ObjectTable::memory_bytes).
+  std::size_t table_memory_bytes() const { return table_.memory_bytes(); }
   // What Open recovered from (a corrupt index, damaged objects), one line each.
   const std::vector<std::string>& warnings() const { return warnings_; }
   const std::string& dir() const { return dir_; }
@@ -161,9 +201,12 @@ class CacheStore {
   std::string BodyPath(std::string_view key) const;
   // The hex SHA-256 of `key`: the body's file name.
   static std::string ObjectName(std::string_view key);
+  // The first 64 bits of ObjectName(key): the object's slot in the in-memory table.
+  static std::uint64_t KeyHash(std::string_view key);
   std::size_t open_fills() const { return fills_.size(); }
 
  private:
+  friend class StoreIndex;
   struct Db;  // sqlite handle and prepared statements (cache_store.cc)
   struct Fill {
     std::string key;
@@ -190,6 +233,20 @@ class CacheStore {
   ghost::Status Batch(const std::function<ghost::Status()>& changes);
   // Deletes the rows and bodies of objects already gone from the index.
   ghost::Status DropObjects(const std::vector<std::string>& keys);
+  // Takes least recently used objects (never `keep`) out of the table until `incoming` more
+  // bytes fit under the cap, and returns their keys (the caller drops their rows and bodies).
+  // Nothing if the cap is 0 or `incoming` alone exceeds it.
+  std::vector<std::string> EvictFor(Bytes incoming, std::uint64_t keep);
+  // Removes `key` from the table and the found entries. Returns false if it was absent.
+  bool Unindex(const std::string& key);
+  // The key of the complete row with hash `h`, if any.
+  std::optional<std::string> KeyOf(std::uint64_t h) const;
+  // The entry of `key` with the table's size and access time: dirty metadata, else sqlite.
+  std::optional<CacheEntry> LoadEntry(const std::string& key, const ObjectTable::Slot& slot) const;
+  const CacheEntry* FindEntry(const std::string& key) const;
+  void ForEachEntry(const std::function<void(const std::string&, const CacheEntry&)>& fn) const;
+  // A strictly increasing access time in stored (wall-clock) microseconds: the LRU tick.
+  std::int64_t NextTick();
   void RemoveFile(const std::string& path);
 
   void OnAppendDone(FillId id, ghost::Status st, const std::function<void(ghost::Status)>& done);
@@ -214,13 +271,30 @@ class CacheStore {
   const Clock& clock_;
   FileIo& io_;
   std::int64_t wall_offset_us_ = 0;  // wall-clock µs since the epoch minus the clock's µs
-  CacheIndex index_;
+  ObjectTable table_;
+  StoreIndex view_{this};
+  std::int64_t last_tick_ = 0;
   std::unique_ptr<Db> db_;
+  // Entries Find read recently (bounded FIFO of kFoundLimit). A change to the object marks
+  // its entry stale (UpdateMeta rewrites it in place) rather than freeing it, so a pointer
+  // Find handed out stays readable as long as with the list-based index before (callers
+  // hold one across store calls); the next Find reloads a stale entry into the same node.
+  struct Found {
+    CacheEntry entry;
+    bool stale = false;
+  };
+  static constexpr std::size_t kFoundLimit = 256;
+  mutable std::unordered_map<std::string, Found> found_;
+  void MarkStale(const std::string& key) {
+    if (auto it = found_.find(key); it != found_.end()) it->second.stale = true;
+  }
+  mutable std::deque<std::string> found_order_;
   std::vector<std::string> warnings_;
   std::map<FillId, Fill> fills_;
   FillId next_fill_id_ = 1;
-  std::unordered_set<std::string> dirty_access_;  // keys whose access time sqlite lacks
-  std::unordered_set<std::string> dirty_meta_;    // keys whose UpdateMeta sqlite lacks
+  std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
+  // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
+  std::unordered_map<std::string, CacheEntry> dirty_meta_;
   bool closed_ = false;
   std::function<void(const std::string& key)> on_change_;
   void Changed(const std::string& key) {

@@ -946,3 +946,57 @@ TEST_F(CacheStoreTest, ClosedStoreRefusesWork) {
 
 }  // namespace
 }  // namespace ghost
+
+namespace ghost {
+namespace {
+
+// Open no longer reads every page with quick_check (seconds at a million objects): a damaged
+// table page is met by Load's scan, and the index is set aside just the same.
+TEST_F(CacheStoreTest, CorruptTablePageMetWhileLoadingIsSetAside) {
+  Reopen();
+  CacheEntry meta = Meta("\"1\"");
+  meta.response = std::string(300, 'r');  // many table pages
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(Fill("k" + std::to_string(i), "b", meta).ok());
+  store_.reset();
+  {
+    std::fstream db(dir_ + "/index.sqlite", std::ios::binary | std::ios::in | std::ios::out);
+    db.seekg(0, std::ios::end);
+    auto size = static_cast<long>(db.tellg());
+    ASSERT_GT(size, 16 * 4096);
+    db.seekp(size / 3);  // past the header and the schema, inside the objects table
+    for (long i = size / 3; i < 2 * size / 3; ++i) db.put('\x5a');
+  }
+  Reopen();
+  ASSERT_EQ(store_->warnings().size(), 1u);
+  EXPECT_TRUE(Contains(store_->warnings()[0], "index.sqlite.corrupt-")) << store_->warnings()[0];
+  EXPECT_TRUE(store_->index().empty());
+  EXPECT_TRUE(ObjectFiles().empty());
+  ASSERT_TRUE(Fill("new", "body").ok());
+  EXPECT_EQ(*ReadAll("new"), "body");
+}
+
+// The in-memory table answers presence and size for every object after a reopen, and Find
+// reads the rest of the entry from sqlite on demand.
+TEST_F(CacheStoreTest, ReopenedIndexFindsEntriesOnDemand) {
+  Reopen();
+  for (int i = 0; i < 2000; ++i) {
+    CacheEntry meta = Meta("\"" + std::to_string(i) + "\"");
+    ASSERT_TRUE(Fill("url/" + std::to_string(i), std::string(i % 7 + 1, 'x'), meta).ok());
+  }
+  Reopen();
+  EXPECT_EQ(store_->index().size(), 2000u);
+  EXPECT_LT(store_->table_memory_bytes(), 2000u * 41);
+  for (int i = 0; i < 2000; i += 97) {
+    std::string key = "url/" + std::to_string(i);
+    EXPECT_EQ(store_->Status(key, false).size, static_cast<Bytes>(i % 7 + 1));
+    const CacheEntry* e = store_->index().Find(key);
+    ASSERT_NE(e, nullptr) << key;
+    EXPECT_EQ(e->etag, "\"" + std::to_string(i) + "\"");
+    EXPECT_EQ(e->size, static_cast<Bytes>(i % 7 + 1));
+  }
+  EXPECT_EQ(store_->index().Find("url/2000"), nullptr);
+  EXPECT_FALSE(store_->index().Contains("url/2000"));
+}
+
+}  // namespace
+}  // namespace ghost

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""Scale benchmark: N unique 512-byte objects filled through ghostproxy (over a ghostfs mount,
+`--memory-cache 0`) and through squid, in one run, against one nginx origin on 127.0.0.1.
+
+Called by scripts/bench-scale.sh (which installs wrk and squid and builds the programs).
+
+ghostproxy / ghostfs:
+  fill rate      N misses over wrk (16 connections, 2 threads, unique absolute-form URLs made by
+                 a Lua script), counted until ghostfs's index holds them (the write queue drained)
+  mount ready    ghostfs unmounted and started again on the same cache directory: from the exec
+                 to the mount appearing and the first `ghostctl stats` answering
+  RSS            ghostfs's VmRSS right after that remount, and after the hit phase
+  disk/object    allocated bytes (st_blocks) under the cache directory / objects indexed
+  hits           wrk, 1 connection, random URLs among those filled: hit rate (access log) and
+                 p50/p99 latency
+squid (if installed): the same fill, its RSS, the time from a restart to answering a hit, its
+disk use per object.
+
+Usage: bench_scale.py --work DIR --ghostfs PATH --ghostproxy PATH --ghostctl PATH [--objects N]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import harness as h  # noqa: E402
+from bench_proxy import Ghostproxy, Squid  # noqa: E402
+
+# Unique absolute-form URLs: thread t asks for /o/t/0, /o/t/1, ...; the benchmark stops wrk
+# (SIGINT: it prints its summary) once the proxy's access log has N answers. ORIGIN etc. are
+# prepended by the benchmark.
+FILL_LUA = r"""
+local counter = 0
+local threads = {}
+setup = function(thread)
+  thread:set("tid", counter)
+  counter = counter + 1
+end
+local n = 0
+local answered = 0
+request = function()
+  local url = ORIGIN .. "o/" .. tid .. "/" .. n
+  n = n + 1
+  return wrk.format("GET", url, { ["Host"] = ORIGIN_HOST })
+end
+"""
+
+# Random URLs among those filled (thread t, index < SHARE - SLACK).
+HIT_LUA = r"""
+math.randomseed(42)
+request = function()
+  local url = ORIGIN .. "o/" .. math.random(0, THREADS - 1) .. "/" .. math.random(0, math.floor(SHARE - SLACK - 1))
+  return wrk.format("GET", url, { ["Host"] = ORIGIN_HOST })
+end
+"""
+
+
+def log(msg):
+    print(f"== {msg}", file=sys.stderr, flush=True)
+
+
+def rss_kb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def disk_bytes(path):
+    total = 0
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def wrk(port, lua, connections, threads, seconds):
+    cmd = ["wrk", "--latency", "-t", str(threads), "-c", str(connections), "-d", f"{seconds}s",
+           "--timeout", "10s", "-s", lua, f"http://127.0.0.1:{port}"]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120).stdout
+    elapsed = time.monotonic() - t0
+    scale = {"us": 1.0, "ms": 1000.0, "s": 1e6}
+    p50 = re.search(r"^\s+50%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    p99 = re.search(r"^\s+99%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+    req = re.search(r"(\d+) requests in", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if not req:
+        raise RuntimeError(f"wrk output not understood:\n{out}")
+    return {"elapsed": elapsed, "requests": int(req.group(1)),
+            "p50_us": float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan"),
+            "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan"),
+            "bad": int(bad.group(1)) if bad else 0}
+
+
+def log_lines(path):
+    try:
+        with open(path, "rb") as f:
+            return sum(buf.count(b"\n") for buf in iter(lambda: f.read(1 << 20), b""))
+    except OSError:
+        return 0
+
+
+def wrk_until(port, lua, connections, threads, access_log, n):
+    """Runs wrk until `access_log` has grown by `n` lines, then stops it; wrk's figures."""
+    start = log_lines(access_log)
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", "3600s", "--timeout", "10s",
+           "-s", lua, f"http://127.0.0.1:{port}"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    while proc.poll() is None and log_lines(access_log) - start < n:
+        time.sleep(0.1)
+    elapsed = time.monotonic() - t0
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=60)[0]
+    req = re.search(r"(\d+) requests in", out)
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if not req:
+        raise RuntimeError(f"wrk output not understood:\n{out}")
+    return {"elapsed": elapsed, "requests": int(req.group(1)), "bad": int(bad.group(1)) if bad else 0}
+
+
+def ghost_stats(ghostctl, control):
+    out = subprocess.run([ghostctl, "--control", control, "--json", "stats"], capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode != 0:
+        return None
+    return json.loads(out.stdout)
+
+
+def cached_objects(stats):
+    def find(o):
+        if isinstance(o, dict):
+            if "objects" in o and isinstance(o["objects"], int):
+                return o["objects"]
+            for v in o.values():
+                r = find(v)
+                if r is not None:
+                    return r
+        return None
+    return find(stats) if stats else None
+
+
+def write_lua(path, body, **consts):
+    with open(path, "w") as f:
+        for k, v in consts.items():
+            f.write(f"{k} = {json.dumps(v)}\n")
+        f.write(body)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--ghostfs", required=True)
+    ap.add_argument("--ghostproxy", required=True)
+    ap.add_argument("--ghostctl", required=True)
+    ap.add_argument("--objects", type=int, default=100_000)
+    ap.add_argument("--hit-seconds", type=int, default=8)
+    ap.add_argument("--no-squid", action="store_true")
+    a = ap.parse_args()
+    os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
+    threads, conns, slack = 2, 16, 64
+    share = (a.objects + threads - 1) // threads
+
+    os.chmod(a.work, 0o755)  # squid runs as user proxy
+    site = os.path.join(a.work, "site")
+    os.makedirs(site)
+    with open(os.path.join(site, "one.bin"), "wb") as f:
+        f.write(os.urandom(512))
+    # Every /o/... URL is the same 512-byte file (with its ETag and Last-Modified): N unique
+    # URLs without N files on the origin.
+    nginx = h.Nginx(site, extra_location="location /o/ { try_files /one.bin =404; expires 1h; }")
+    if not nginx.start():
+        raise SystemExit("bench-scale: nginx did not start")
+    origin = nginx.url()
+    origin_host = origin.split("/")[2]
+    fill_lua = os.path.join(a.work, "fill.lua")
+    hit_lua = os.path.join(a.work, "hit.lua")
+    consts = dict(ORIGIN=origin, ORIGIN_HOST=origin_host, SHARE=share, THREADS=threads, SLACK=slack)
+    write_lua(fill_lua, FILL_LUA, **consts)
+    write_lua(hit_lua, HIT_LUA, **consts)
+    load0 = os.getloadavg()[0]
+
+    mnt = os.path.join(a.work, "mnt")
+    os.makedirs(mnt)
+    cache = os.path.join(a.work, "cache")
+    control = os.path.join(a.work, "control.sock")
+    size = max(1 << 30, a.objects * 8192)
+    fs = h.Ghostfs(mnt, cache, {"origin": origin}, args=["--cache-size", str(size)], control=control)
+    if not fs.start():
+        raise SystemExit(f"bench-scale: ghostfs did not mount:\n{fs.output()}")
+    h.on_exit(fs.stop)
+    empty_rss = rss_kb(fs.proc.pid)
+    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control, ["--memory-cache", "0"])
+    if not gp.start():
+        raise SystemExit("bench-scale: ghostproxy did not start")
+
+    log(f"filling ghostproxy with {a.objects} unique 512-byte objects")
+    t0 = time.monotonic()
+    fill = wrk_until(gp.port, fill_lua, conns, threads, gp.access_log, a.objects)
+    objects = None
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # the write queue reaches the index
+        objects = cached_objects(ghost_stats(a.ghostctl, control))
+        if objects is not None and objects >= fill["requests"] - fill["bad"] - conns:
+            break
+        time.sleep(0.2)
+    fill_s = time.monotonic() - t0
+    g = {"requests": fill["requests"], "bad": fill["bad"], "fill_s": fill_s, "objects": objects,
+         "fill_rate": objects / fill_s if objects else 0.0, "empty_rss_kb": empty_rss,
+         "filled_rss_kb": rss_kb(fs.proc.pid)}
+    log(f"ghostproxy: {fill['requests']} requests ({fill['bad']} not 2xx) in {fill['elapsed']:.1f} s, "
+        f"{objects} objects indexed after {fill_s:.1f} s")
+
+    gp.stop()
+    fs.stop()
+    t0 = time.monotonic()
+    if not fs.start(timeout=120):
+        raise SystemExit(f"bench-scale: ghostfs did not mount again:\n{fs.output()}")
+    mounted = time.monotonic() - t0
+    st = None
+    while st is None and time.monotonic() - t0 < 120:
+        st = ghost_stats(a.ghostctl, control)
+    g["mount_s"] = mounted
+    g["ready_s"] = time.monotonic() - t0
+    g["objects_after"] = cached_objects(st)
+    g["rss_kb"] = rss_kb(fs.proc.pid)
+    g["disk"] = disk_bytes(cache)
+    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control, ["--memory-cache", "0"])
+    gp.access_log = os.path.join(a.work, "ghostproxy-hits.log")
+    if not gp.start():
+        raise SystemExit("bench-scale: ghostproxy did not start again")
+    hit = wrk(gp.port, hit_lua, 1, 1, a.hit_seconds)
+    hits, other = gp.hits_and_misses()
+    g.update(hit_p50=hit["p50_us"], hit_p99=hit["p99_us"], hits=hits, other=other,
+             rss_after_hits_kb=rss_kb(fs.proc.pid))
+    gp.stop()
+    fs.stop()
+
+    s = None
+    if not a.no_squid and shutil.which("squid"):
+        squid = Squid(a.work)
+        conf = open(squid.conf).read()
+        mb = max(256, a.objects * 8192 // (1 << 20))
+        conf = re.sub(r"cache_dir ufs (\S+) 256 16 256", rf"cache_dir ufs \1 {mb} 64 256", conf)
+        open(squid.conf, "w").write(conf)
+        if not squid.start():
+            raise SystemExit("bench-scale: squid did not start")
+        log(f"filling squid with the same {a.objects} URLs")
+        t0 = time.monotonic()
+        sfill = wrk_until(squid.port, fill_lua, conns, threads, squid.access_log, a.objects)
+        s = {"requests": sfill["requests"], "bad": sfill["bad"], "fill_s": time.monotonic() - t0}
+        s["fill_rate"] = (sfill["requests"] - sfill["bad"]) / s["fill_s"]
+        s["filled_rss_kb"] = rss_kb(squid.proc.pid)
+        squid.stop()
+        s["disk"] = disk_bytes(squid.cache)
+        url = f"{origin}o/0/0"
+        t0 = time.monotonic()
+        squid.proc = subprocess.Popen(["squid", "-f", squid.conf, "-N"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+        ok = False
+        while time.monotonic() - t0 < 300:
+            try:
+                _, head = __import__("bench_proxy").fetch_via(squid.port, url)
+                if "HIT" in head.get("X-Cache", ""):
+                    ok = True
+                    break
+            except OSError:
+                pass
+            time.sleep(0.05)
+        s["ready_s"] = time.monotonic() - t0 if ok else float("nan")
+        s["rss_kb"] = rss_kb(squid.proc.pid)
+        before = squid.hits_and_misses()
+        shit = wrk(squid.port, hit_lua, 1, 1, a.hit_seconds)
+        after = squid.hits_and_misses()
+        s.update(hit_p50=shit["p50_us"], hit_p99=shit["p99_us"], hits=after[0] - before[0],
+                 other=after[1] - before[1], rss_after_hits_kb=rss_kb(squid.proc.pid))
+        squid.stop()
+
+    n = g["objects_after"] or 1
+    print(f"\nbench-scale: {a.objects} unique objects of 512 B from nginx on 127.0.0.1, "
+          f"ghostproxy --memory-cache 0; one run")
+    print(f"{'':11} {'fill/s':>8} {'ready s':>8} {'RSS MB':>7} {'disk/obj':>9} {'hit rate':>9} "
+          f"{'hit p50 µs':>11} {'hit p99 µs':>11}")
+    print(f"{'ghostproxy':11} {g['fill_rate']:8.0f} {g['ready_s']:8.2f} {g['rss_kb'] / 1024:7.1f} "
+          f"{g['disk'] / n:8.0f}B {g['hits'] / max(1, g['hits'] + g['other']):9.3f} "
+          f"{g['hit_p50']:11.0f} {g['hit_p99']:11.0f}")
+    if s:
+        sn = max(1, s["requests"] - s["bad"])
+        print(f"{'squid':11} {s['fill_rate']:8.0f} {s['ready_s']:8.2f} {s['rss_kb'] / 1024:7.1f} "
+              f"{s['disk'] / sn:8.0f}B {s['hits'] / max(1, s['hits'] + s['other']):9.3f} "
+              f"{s['hit_p50']:11.0f} {s['hit_p99']:11.0f}")
+    print(f"ghostfs: {g['objects']} objects indexed after the fill, {g['objects_after']} after the "
+          f"remount (mount {g['mount_s']:.2f} s); RSS empty {g['empty_rss_kb'] / 1024:.1f} MB, filled "
+          f"{g['filled_rss_kb'] / 1024:.1f} MB, after remount {g['rss_kb'] / 1024:.1f} MB, after hits "
+          f"{g['rss_after_hits_kb'] / 1024:.1f} MB; RAM/object after remount "
+          f"{(g['rss_kb'] - g['empty_rss_kb']) * 1024 / n:.0f} B; disk {g['disk'] / 1e6:.1f} MB "
+          f"({g['disk'] / (n * 512):.2f}× the bodies)")
+    if s:
+        print(f"squid: ready = restart until a hit; RSS filled {s['filled_rss_kb'] / 1024:.1f} MB")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load0:.1f} at start, "
+          f"{os.getloadavg()[0]:.1f} at end")
+
+
+if __name__ == "__main__":
+    main()
