@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base/log.h"
 #include "common/base/mounts.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
@@ -153,6 +154,9 @@ Status Daemon::OpenCache() {
   if (options_.stall_timeout > Duration::zero()) {
     ho.connect_timeout = std::min<Duration>(ho.connect_timeout, options_.stall_timeout);
   }
+  ho.on_finish = [this](const HttpRequest& rq, int http_status, const Status& s) {
+    health_->Record(rq.head ? "HEAD" : "GET", rq.url, http_status, s);  // logs failures
+  };
   http_ = std::make_unique<HttpFetcher>(base_, ho);
   Result<std::unique_ptr<LocalTree>> local = LocalTree::Create(
       options_.cache_dir + "/local",
@@ -245,6 +249,7 @@ Status Daemon::Init() {
   clock_ = std::make_unique<RealClock>(base_);
   started_ = clock_->Now();
   if (Status s = LoadMachine(); !s.ok()) return s;
+  StartObserving();  // fs/observability.cc: origin health, mode log lines, the static baseline
   if (Status s = OpenCache(); !s.ok()) return s;
   passthrough_ = std::make_unique<FusePassthrough>(options_.cache_dir);
   Result<std::unique_ptr<MailTree>> mail = MailTree::Create(*this);
@@ -894,6 +899,12 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  // A log file or syslog: the lines written straight to stderr reach it too.
+  if (Status s = CaptureStderr(base_); !s.ok()) Log(LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
+  Log(LogLevel::kInfo, "serving %s (%zu origins, cache %s, %s)", mount_path_.c_str(), options_.origins.size(),
+      options_.cache_dir.c_str(),
+      options_.profile.empty() ? "energy not modelled: no --profile"
+                               : ("energy modelled from profile " + machine_->profile().name).c_str());
   fuse_ev_ = event_new(base_, fuse_session_fd(se_), EV_READ | EV_PERSIST,
                        [](evutil_socket_t, short, void* self) { static_cast<Daemon*>(self)->OnFuseReadable(); }, this);
   event_add(fuse_ev_, nullptr);

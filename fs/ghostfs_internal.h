@@ -32,6 +32,8 @@
 #include "common/base/file_io.h"
 #include "common/http/http_fetcher.h"
 #include "common/http/http_freshness.h"
+#include "common/http/origin_health.h"
+#include "common/cache/shadow_baseline.h"
 #include "common/power/power_manager.h"
 #include "common/power/profile.h"
 #include "common/base/uring_file_io.h"
@@ -405,6 +407,10 @@ class Daemon final : public GhostFs {
   std::uint64_t next_transfer_id_ = 1;
   bool objects_published_ = false;  // the store's changes go to the "objects" topic
   std::unique_ptr<MailTree> mail_;                        // IMAP origins (mail_tree.cc)
+  std::unique_ptr<OriginHealth> health_;    // HTTP origins up/down, failures (fs/observability.cc)
+  std::unique_ptr<ShadowBaseline> shadow_;  // the static cache beside this one; null: no profile
+  void StartObserving();                    // the two above, the log's hooks (observability.cc)
+  nlohmann::json EnergyModelJson() const;    // stats "energy_model" (observability.cc)
 };
 
 }  // namespace ghost

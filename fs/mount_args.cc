@@ -8,9 +8,10 @@ namespace ghost {
 namespace {
 
 // -o keys that are ghostfs settings (spelled as in the config file, common/config/config.h).
-constexpr std::array<std::string_view, 12> kValueKeys = {
+constexpr std::array<std::string_view, 14> kValueKeys = {
     "cache", "origin",  "password_file", "profile", "knob",   "policy",
-    "control", "config", "cache_size",   "max_stale", "cacert", "imap_delete"};
+    "control", "config", "cache_size",   "max_stale", "cacert", "imap_delete",
+    "log_file", "log_level"};
 constexpr std::array<std::string_view, 2> kFlagKeys = {"no_passthrough", "no_ghost_hints"};
 // Options for mount(8) and mount.fuse3, meaningless to the file system.
 constexpr std::array<std::string_view, 10> kMountOnly = {

@@ -47,12 +47,7 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-int ErrnoFor(const Status& s, int http_status) {
-  if (http_status == 404 || http_status == 410) return ENOENT;
-  if (http_status == 403 || http_status == 401) return EACCES;
-  if (!s.ok()) return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ? ENOTCONN : EIO;
-  return EIO;
-}
+int ErrnoFor(const Status& s, int http_status) { return OriginErrno(s, http_status); }  // origin_health.h
 
 const char kListingPrefix[] = "listing:";
 // A read this far beyond the bytes that have arrived gets its own range request, in pieces
@@ -136,8 +131,8 @@ void Daemon::WithListing(int origin, const std::string& dir, std::function<void(
     const CacheEntry* saved = store_->index().Find(key);
     if (!saved || *status == 404) {
       if (*status == 404) return then(Status::NotFound(url));
-      return then(s.ok() ? Status::IoError(url + ": HTTP " + std::to_string(*status))
-                         : Status::Unavailable(url + ": " + s.message()));
+      return then(s.ok() ? OriginHttpStatus(url, *status)  // 401/403: EACCES (origin_health.h)
+                         : Status::Unavailable(url + ": " + s.message()).WithErrno(OriginErrno(s, 0)));
     }
     auto buf = std::make_shared<std::string>(saved->size, '\0');
     store_->ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base/log.h"
 #include "common/build_info.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
@@ -71,6 +72,11 @@ int main(int argc, char** argv) {
       "--access-log", access_log,
       "append one line per request to FILE (squid's native format, result codes HIT, MISS, "
       "NET_PREFERRED, REVALIDATED, STALE, TUNNEL)");
+  std::string log_file, log_level;
+  bool verbose = false;
+  app.add_option("--log-file", log_file, "append the log here (default: stderr)");
+  app.add_option("--log-level", log_level, "error, warn, info (default) or debug");
+  app.add_flag("-v,--verbose", verbose, "log at debug level (as --log-level debug)");
   app.add_option("--connect-ports", connect_ports,
                  "comma-separated ports CONNECT may tunnel to (default 443)");
   app.add_option("--max-connections", max_connections,
@@ -145,6 +151,12 @@ int main(int argc, char** argv) {
     if (!ports.ok()) return fail("--connect-ports: " + ports.status().message(), 2);
     o.proxy.connect_ports = *ports;
   }
+  if (!log_file.empty()) o.log_file = log_file;
+  if (!log_level.empty()) o.log_level = log_level;
+  ghost::Result<ghost::LogOptions> log =
+      ghost::ChooseLogOptions("ghostproxy", o.log_file, o.log_level, verbose, /*daemon=*/false);
+  if (!log.ok()) return fail("--log-level: " + log.status().message(), 2);
+  if (ghost::Status s = ghost::ConfigureLog(*log); !s.ok()) return fail(s.message(), 2);
   if (ghost::Status s = ghost::Validate(o); !s.ok()) return fail(s.message(), 2);
   // --control (or the config's control) if given, else the socket of the ghostfs at --mount.
   ghost::Result<std::string> control_path = ghost::FindControlPath(o.control_path, o.mountpoint);
@@ -182,11 +194,14 @@ int main(int argc, char** argv) {
       evsignal_new(base.get(), SIGTERM, &OnSignal, base.get()));
   evsignal_add(sigint.get(), nullptr);
   evsignal_add(sigterm.get(), nullptr);
-  std::fprintf(stderr, "ghostproxy: listening on %s (cache of ghostfs at %s, control %s)\n",
-               (*proxy)->address().ToString().c_str(), o.mountpoint.c_str(),
-               o.control_path.c_str());
+  if (ghost::Status s = ghost::CaptureStderr(base.get()); !s.ok()) {
+    ghost::Log(ghost::LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
+  }
+  ghost::Log(ghost::LogLevel::kInfo, "listening on %s (cache of ghostfs at %s, control %s)",
+             (*proxy)->address().ToString().c_str(), o.mountpoint.c_str(),
+             o.control_path.c_str());
   event_base_dispatch(base.get());
-  std::fprintf(stderr, "ghostproxy: stopping\n");
+  ghost::Log(ghost::LogLevel::kInfo, "stopping");
   proxy->reset();  // before the backend it borrows
   backend->reset();
   return 0;

@@ -35,7 +35,9 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "max_idle_per_origin",
                                               "heuristic_freshness",
                                               "high_watermark",
-                                              "memory_cache"};
+                                              "memory_cache",
+                                              "log_file",
+                                              "log_level"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" +
@@ -162,6 +164,8 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
   if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
   if (!(s = size_or_zero("memory_cache", &o->memory_cache)).ok()) return s;
+  if (!(s = str("log_file", &o->log_file)).ok()) return s;
+  if (!(s = str("log_level", &o->log_level)).ok()) return s;
   if (!(s = seconds("request_timeout", &p.request_timeout)).ok()) return s;
   if (!(s = seconds("send_timeout", &p.send_timeout)).ok()) return s;
   if (!(s = seconds("connect_timeout", &p.connect_timeout)).ok()) return s;

@@ -50,6 +50,10 @@ struct GhostproxyOptions {
   // Bytes of recently served responses kept in the proxy's RAM (GhostfsBackendOptions,
   // proxy/memory_cache.h); 0 disables it.
   Bytes memory_cache = 64ull << 20;
+  // The log (common/base/log.h): appended to log_file, else stderr (journald under systemd);
+  // log_level "error" | "warn" | "info" | "debug" (empty: info).
+  std::string log_file;
+  std::string log_level;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors

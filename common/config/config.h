@@ -82,6 +82,11 @@ struct GhostfsOptions {
   // Kernel FUSE passthrough for opens of fully cached bodies (fs/fuse_passthrough.h); off
   // with --profile, whose emulated disk must see every read.
   bool passthrough = true;
+  // Where the log goes (common/base/log.h): a file, else stderr in the foreground and syslog
+  // (journald) when daemonised; and how much of it (log_level "error" | "warn" | "info" |
+  // "debug"; empty: info).
+  std::string log_file;
+  std::string log_level;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).
