@@ -414,6 +414,16 @@ void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     return (void)fuse_reply_err(req, ENOTDIR);
   }
   fi->fh = 0;
+  if (n->kind == NodeKind::kOriginDir) {
+    // The directory's own failure (404 → ENOENT, 403 → EACCES, unreachable) is said here:
+    // readdir(3) takes an ENOENT from getdents for the end of the directory, so a 404 would
+    // list as an empty directory. The listing fetched stays for the readdir that follows.
+    fuse_file_info info = *fi;
+    return WithListing(n->origin, n->path, [req, info](Result<const Listing*> l) {
+      if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+      fuse_reply_open(req, &info);
+    });
+  }
   fuse_reply_open(req, fi);
 }
 

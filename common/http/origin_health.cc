@@ -75,12 +75,12 @@ void OriginHealth::Record(const std::string& method, const std::string& url, int
   if (e) ++e->fetches;
   if (failed) {
     int err = OriginErrno(answered ? Status::Ok() : status, http_status);
-    std::string reason =
-        answered ? "HTTP " + std::to_string(http_status) : status.message();
+    // The transport's message names the request already ("GET http://...: reason").
+    std::string reason = answered ? "HTTP " + std::to_string(http_status) : status.message();
+    std::string line = answered ? method + " " + url + ": " + reason : reason;
     // A 404 is an ordinary answer (a lookup of a name the origin lacks): info, not a warning.
     LogLevel level = http_status == 404 || http_status == 410 ? LogLevel::kInfo : LogLevel::kWarn;
-    Log(level, "origin %s: %s %s failed: %s (readers get %s)",
-        e ? e->origin.name.c_str() : "?", method.c_str(), url.c_str(), reason.c_str(),
+    Log(level, "origin %s: %s (readers get %s)", e ? e->origin.name.c_str() : "?", line.c_str(),
         ErrnoName(err));
     if (e) {
       ++e->failures;
@@ -103,8 +103,8 @@ void OriginHealth::Record(const std::string& method, const std::string& url, int
   e->state = next;
   e->since = clock_.Now();
   if (next == State::kDown) {
-    Log(LogLevel::kError, "origin %s (%s) down: %s; cached copies are served, other reads fail",
-        e->origin.name.c_str(), e->origin.url.c_str(), status.message().c_str());
+    Log(LogLevel::kError, "origin %s (%s) down; cached copies are served, other reads fail",
+        e->origin.name.c_str(), e->origin.url.c_str());
   } else if (before == State::kDown) {
     Log(LogLevel::kInfo, "origin %s (%s) up again", e->origin.name.c_str(),
         e->origin.url.c_str());
