@@ -18,6 +18,7 @@
 #include "common/base/clock.h"
 #include "common/config/config.h"
 #include "common/control/control.h"
+#include "proxy/dashboard.h"
 #include "proxy/ghostfs_backend.h"
 #include "proxy/proxy.h"
 #include "proxy/proxy_config.h"
@@ -72,8 +73,12 @@ int main(int argc, char** argv) {
       "--access-log", access_log,
       "append one line per request to FILE (squid's native format, result codes HIT, MISS, "
       "NET_PREFERRED, REVALIDATED, STALE, TUNNEL)");
-  std::string log_file, log_level;
+  std::string log_file, log_level, dashboard;
   bool verbose = false;
+  app.add_option("--dashboard", dashboard,
+                 "ADDR:PORT where to serve the dashboard (/ghost/: device modes, energy, the "
+                 "saving against a static cache, queues; live by server-sent events), e.g. "
+                 "127.0.0.1:3129; off unless given");
   app.add_option("--log-file", log_file, "append the log here (default: stderr)");
   app.add_option("--log-level", log_level, "error, warn, info (default) or debug");
   app.add_flag("-v,--verbose", verbose, "log at debug level (as --log-level debug)");
@@ -181,11 +186,22 @@ int main(int argc, char** argv) {
   ghost::Result<std::unique_ptr<ghost::CacheBackend>> backend =
       ghost::MakeGhostfsBackend(base.get(), o.mountpoint, o.control_path, backend_options);
   if (!backend.ok()) return fail(backend.status().message(), 1);
+  std::unique_ptr<ghost::Dashboard> board;  // --dashboard: started below, once the proxy runs
+  o.proxy.extra_metrics = [&board] { return board ? board->MetricsText() : std::string(); };
   ghost::Result<std::unique_ptr<ghost::Proxy>> proxy =
       ghost::Proxy::Start(base.get(), &clock, backend->get(), o.proxy);
   if (!proxy.ok()) {
     const bool usage = proxy.status().code() == ghost::Status::Code::kInvalidArgument;
     return fail(proxy.status().message(), usage ? 2 : 1);
+  }
+  if (!dashboard.empty()) {
+    ghost::Result<ghost::ListenAddress> da = ghost::ListenAddress::Parse(dashboard);
+    if (!da.ok()) return fail("--dashboard: " + da.status().message(), 2);
+    ghost::Result<std::unique_ptr<ghost::Dashboard>> d =
+        ghost::Dashboard::Start(base.get(), o.control_path, *da);
+    if (!d.ok()) return fail(d.status().message(), 1);
+    board = std::move(d).value();
+    ghost::Log(ghost::LogLevel::kInfo, "dashboard at http://%s/ghost/", board->address().c_str());
   }
   // Signals are events on the loop: no handler runs outside it.
   std::unique_ptr<event, EventDeleter> sigint(
@@ -202,6 +218,7 @@ int main(int argc, char** argv) {
              o.control_path.c_str());
   event_base_dispatch(base.get());
   ghost::Log(ghost::LogLevel::kInfo, "stopping");
+  board.reset();
   proxy->reset();  // before the backend it borrows
   backend->reset();
   return 0;

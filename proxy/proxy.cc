@@ -433,6 +433,7 @@ std::string Impl::MetricsText() const {
   metric("ghostproxy_transfers_in_progress", "gauge",
          "Origin transfers disclosed to the power manager and not yet ended.",
          {{"", transfers_in_progress}});
+  if (options.extra_metrics) out += options.extra_metrics();
   return out;
 }
 

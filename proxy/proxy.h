@@ -118,6 +118,9 @@ struct ProxyOptions {
   // Wall-clock Unix seconds, for HTTP dates and freshness; empty: the system clock. Tests
   // move it to age cached responses without sleeping.
   std::function<std::int64_t()> unix_now;
+  // More Prometheus text appended to /ghost/metrics (the dashboard's device-mode, energy and
+  // saving gauges, proxy/dashboard.h); empty: none.
+  std::function<std::string()> extra_metrics;
 };
 
 // Counters behind /ghost/status and /ghost/metrics.

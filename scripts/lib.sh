@@ -19,6 +19,7 @@ GHOST_PACKAGES=(
   libnetfilter-queue-dev iptables iputils-ping
   scdoc  # fs/man, proxy/man: the man pages, built at install
   dpkg-dev lintian  # scripts/make-deb.sh (dpkg-shlibdeps) and tests/integration/install_test.py
+  python3-websocket  # tests/integration/ghostproxy_dashboard_test.py: Chromium DevTools protocol
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
