@@ -20,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 14
+PLAN = 15
 
 
 def ghostctl(control, *args):
@@ -145,6 +145,34 @@ def main():
     t.check("modelled from profile ipaq-2004" in st2, "with --profile, stats name the profile the energy is modelled from",
             st2)
     subprocess.run(["fusermount3", "-u", mnt2], stderr=subprocess.DEVNULL)
+
+    # Daemonised without --log-file: syslog(3), read here from /dev/log (journald's socket on
+    # a systemd machine) when no syslog daemon holds it.
+    if os.path.exists("/dev/log"):
+        t.skip_rest(PLAN, "/dev/log belongs to a running syslog; its lines cannot be read here")
+        t.done()
+    dev_log = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dev_log.bind("/dev/log")
+    h.on_exit(lambda: os.path.exists("/dev/log") and os.unlink("/dev/log"))
+    dev_log.settimeout(0.5)
+    mnt3 = os.path.join(work, "mnt3")
+    os.makedirs(mnt3)
+    r = subprocess.run([exe, "--cache", os.path.join(work, "cache3"), "--origin", f"gone=http://127.0.0.1:{h.free_port()}/",
+                        "--control", os.path.join(work, "ctl3"), mnt3], capture_output=True, text=True, timeout=30)
+    h.on_exit(lambda: subprocess.run(["fusermount3", "-u", mnt3], stderr=subprocess.DEVNULL))
+    err_of(lambda: os.listdir(os.path.join(mnt3, "gone")))
+    got = []
+    deadline = time.time() + 5
+    while time.time() < deadline and not any("down" in g for g in got):
+        try:
+            got.append(dev_log.recv(65536).decode(errors="replace"))
+        except socket.timeout:
+            pass
+    subprocess.run(["fusermount3", "-u", mnt3], stderr=subprocess.DEVNULL)
+    dev_log.close()
+    os.unlink("/dev/log")
+    t.check(r.returncode == 0 and any("ghostfs[" in g and "origin gone" in g and "down" in g for g in got),
+            "a daemonised ghostfs without --log-file logs to syslog (/dev/log)", (r.stderr, got[:5]))
     t.done()
 
 
