@@ -84,6 +84,11 @@ nlohmann::json Daemon::StatsJson() const {
       {"ghost_hints", cost_->ghost_hints()},
       {"devices", device_detail},
       {"profile", machine_->profile().name},
+      // Whether the energy figures are modelled, from which profile (fs/observability.cc).
+      {"energy_model", EnergyModelJson()},
+      // Against the static cache on the same reads; null when energy is not modelled.
+      {"saved", shadow_ ? shadow_->ToJson() : nlohmann::json()},
+      {"origins", health_ ? health_->ToJson() : nlohmann::json::object()},
       {"energy_j", {{"total", e.total.joules()}, {"base", e.base.joules()}, {"devices", devices}}},
       {"requests", requests},
       {"bytes", {{"network", reads_.bytes_from_network}, {"cache", reads_.bytes_from_cache}}},
@@ -272,6 +277,7 @@ void Daemon::ControlStatus(const ControlRequest& request, ControlServer::Reply r
                   {"size", e ? nlohmann::json(e->size) : nlohmann::json()},
                   {"source_preference", preference},
                   {"last_source", d != reads_.decisions.end() && d->second.source ? SourceLabel(*d->second.source) : "none"},
+                  {"origin", health_ ? health_->ToJson().value(top, nlohmann::json()) : nlohmann::json()},
                   {"cost", cost}});
   }
   reply.Error("status: " + path + ": no such file in the mount (not under an origin)");

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "common/build_info.h"
+#include "fs/observability_text.h"
 #include "common/control/control.h"
 #include "common/imap/outbox.h"
 #include "common/control/protocol.h"
@@ -239,7 +240,13 @@ std::string StatsText(const json& s) {
   rows.push_back({"knob", CountText(Number(s, {"knob"}))});
   std::string energy = EnergyText(Number(s, {"energy_j", "total"})) + " total";
   if (auto base = Number(s, {"energy_j", "base"})) energy += ", base " + EnergyText(base);
+  if (!ghost::EnergyModelled(s)) energy = "";  // 0 J of an ideal machine says nothing
+  if (std::string m = ghost::EnergyModelText(s); !m.empty()) energy += (energy.empty() ? "" : "; ") + m;
   rows.push_back({"energy", energy});
+  if (std::string saved = ghost::SavedText(s); !saved.empty()) rows.push_back({"saved", saved});
+  if (const json* o = Find(s, {"origins"})) {
+    for (auto& [k, v] : ghost::OriginRows(*o)) rows.push_back({k, v});
+  }
   if (const json* devs = Find(s, {"energy_j", "devices"}); devs != nullptr && devs->is_object()) {
     for (const auto& [name, j] : devs->items()) {
       rows.push_back({"  " + name, j.is_number() ? EnergyText(j.get<double>()) : "-"});
@@ -306,6 +313,9 @@ std::string StatusText(const json& r) {
       {"last source", Text(r, {"last_source"})},
       {"cost", CostText(Find(r, {"cost"}))}};
   rows.insert(rows.end(), rest.begin(), rest.end());
+  if (const json* o = Find(r, {"origin"}); o != nullptr && o->is_object()) {
+    for (auto& [k, v] : ghost::OriginRows(json{{"", *o}})) rows.push_back({"origin", v});
+  }
   return Table(rows);
 }
 
@@ -396,6 +406,9 @@ struct WatchView {
     std::string energy = EnergyText(Number(stats, {"energy_j", "total"}));
     if (auto base = Number(stats, {"energy_j", "base"}))
       energy += " (base " + EnergyText(base) + ")";
+    if (!ghost::EnergyModelled(stats)) energy = "";
+    if (std::string m = ghost::EnergyModelText(stats); !m.empty())
+      energy += (energy.empty() ? "" : "; ") + m;
     std::vector<std::vector<std::string>> summary = {{"energy", energy}};
     if (std::string measured = MeasuredText(stats); !measured.empty()) {
       summary.push_back({"power", "model " + PowerText(Number(stats, {"model", "power_w"})) +
@@ -403,6 +416,7 @@ struct WatchView {
     }
     summary.push_back({"requests", RequestsText(stats, "   ")});
     summary.push_back({"ghost hints", CountText(Number(stats, {"ghost_hints_sent"})) + " sent"});
+    if (std::string saved = ghost::SavedText(stats); !saved.empty()) summary.push_back({"saved", saved});
     out += Table(summary);
     return out;
   }
@@ -411,7 +425,14 @@ struct WatchView {
   std::string Line() const {
     std::string out = "uptime=" + Printf("%.1f", Number(stats, {"uptime_s"}).value_or(0)) + "s";
     for (const json& d : devices) out += " " + Text(d, {"name"}) + "=" + Text(d, {"mode"});
-    out += " energy=" + Printf("%.2f", Number(stats, {"energy_j", "total"}).value_or(0)) + "J";
+    if (ghost::EnergyModelled(stats)) {
+      out += " energy=" + Printf("%.2f", Number(stats, {"energy_j", "total"}).value_or(0)) + "J";
+      if (const json* p = Find(stats, {"energy_model", "profile"}); p != nullptr && p->is_string())
+        out += " modelled=" + p->get<std::string>();
+      if (auto saved = Number(stats, {"saved", "energy_j"})) out += " saved=" + Printf("%.2f", *saved) + "J";
+    } else {
+      out += " energy=not-modelled";
+    }
     if (auto w = Number(stats, {"measured", "power_w"})) {
       out += " model_power=" + Printf("%.2f", Number(stats, {"model", "power_w"}).value_or(0)) +
              "W measured_power=" + Printf("%.2f", *w) + "W";

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base/log.h"
 #include "common/base/mounts.h"
 #include "common/power/ideal_machine.h"
 #include "fs/ghostfs_internal.h"
@@ -133,6 +134,9 @@ Status Daemon::OpenCache() {
   if (options_.stall_timeout > Duration::zero()) {
     ho.connect_timeout = std::min<Duration>(ho.connect_timeout, options_.stall_timeout);
   }
+  ho.on_finish = [this](const HttpRequest& rq, int http_status, const Status& s) {
+    health_->Record(rq.head ? "HEAD" : "GET", rq.url, http_status, s);  // logs failures
+  };
   http_ = std::make_unique<HttpFetcher>(base_, ho);
   return Status::Ok();
 }
@@ -318,6 +322,7 @@ Status Daemon::Init() {
   clock_ = std::make_unique<RealClock>(base_);
   started_ = clock_->Now();
   if (Status s = LoadMachine(); !s.ok()) return s;
+  StartObserving();  // fs/observability.cc: origin health, mode log lines, the static baseline
   if (Status s = OpenCache(); !s.ok()) return s;
   StartHardware();
   passthrough_ = std::make_unique<FusePassthrough>(options_.cache_dir);
@@ -412,7 +417,7 @@ void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind != NodeKind::kLocal && !IsDir(n->kind)) return (void)fuse_reply_err(req, ENOTDIR);
   fi->fh = 0;
-  fuse_reply_open(req, fi);
+  TreeOf(n).Opendir(req, n, fi);
 }
 
 void Daemon::OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
@@ -680,6 +685,12 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  // A log file or syslog: the lines written straight to stderr reach it too.
+  if (Status s = CaptureStderr(base_); !s.ok()) Log(LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
+  Log(LogLevel::kInfo, "serving %s (%zu origins, cache %s, %s)", mount_path_.c_str(), options_.origins.size(),
+      options_.cache_dir.c_str(),
+      options_.profile.empty() ? "energy not modelled: no --profile"
+                               : ("energy modelled from profile " + machine_->profile().name).c_str());
   fuse_ev_ = event_new(base_, fuse_session_fd(se_), EV_READ | EV_PERSIST,
                        [](evutil_socket_t, short, void* self) { static_cast<Daemon*>(self)->OnFuseReadable(); }, this);
   event_add(fuse_ev_, nullptr);

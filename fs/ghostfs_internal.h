@@ -29,6 +29,8 @@
 #include "common/power/hardware.h"
 #include "common/http/http_fetcher.h"
 #include "common/power/machine.h"
+#include "common/http/origin_health.h"
+#include "common/cache/shadow_baseline.h"
 #include "fs/fuse_passthrough.h"
 #include "fs/ghostfs.h"
 #include "fs/inode_table.h"
@@ -156,6 +158,10 @@ class Daemon final : public GhostFs {
   std::unique_ptr<MailTree> mail_;
   std::unique_ptr<LocalTree> local_;
   std::unique_ptr<RootTree> root_;
+  std::unique_ptr<OriginHealth> health_;    // HTTP origins up/down, failures (fs/observability.cc)
+  std::unique_ptr<ShadowBaseline> shadow_;  // the static cache beside this one; null: no profile
+  void StartObserving();                    // the two above, the log's hooks (observability.cc)
+  nlohmann::json EnergyModelJson() const;    // stats "energy_model" (observability.cc)
 };
 
 }  // namespace ghost

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/base/log.h"
 #include "common/build_info.h"
 #include "common/config/config.h"
 #include "common/control/control.h"
@@ -21,6 +22,8 @@ int main(int argc, char** argv) {
   std::string stall_timeout;
   std::string config, cache_size, max_stale, knob_text, cacert, imap_delete, policy_text;
   bool no_ghost_hints = false;
+  std::string log_file, log_level;
+  bool verbose = false;
   CLI::App app{
       "ghostfs: an energy-aware caching file system over HTTP(S) and IMAP origins.\n\n"
       "Each origin appears as MOUNTPOINT/NAME/ (URL paths as files, HTML directory listings as\n"
@@ -58,6 +61,12 @@ int main(int argc, char** argv) {
                  "Unix socket for ghostctl and ghostproxy (mode 0600). Default: a path derived from "
                  "the mount point (" + ghost::ControlRunDir() + "/NAME-HASH.sock), which "
                  "`ghostctl --mount MOUNTPOINT` and `ghostproxy --mount MOUNTPOINT` find on their own");
+  app.add_option("--log-file", log_file,
+                 "append the log here (default: stderr with -f, else syslog, which journald reads)");
+  app.add_option("--log-level", log_level,
+                 "error, warn, info (default) or debug: origin failures and state changes are "
+                 "info and above");
+  app.add_flag("-v,--verbose", verbose, "log at debug level (as --log-level debug)");
   app.add_option("--config", config, "TOML file with the same settings (see common/config/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
@@ -150,6 +159,8 @@ int main(int argc, char** argv) {
     o.imap_delete = file.imap_delete;
     o.passthrough = file.passthrough;
     o.origins = file.origins;
+    if (log_file.empty()) log_file = file.log_file;
+    if (log_level.empty()) log_level = file.log_level;
   }
   if (no_passthrough) o.passthrough = false;
   if (!devices_text.empty()) {
@@ -211,6 +222,12 @@ int main(int argc, char** argv) {
       return fail("--stall-timeout \"" + stall_timeout + "\" is not a number of seconds");
     }
   }
+  ghost::Result<ghost::LogOptions> log =
+      ghost::ChooseLogOptions("ghostfs", log_file, log_level, verbose, !o.foreground);
+  if (!log.ok()) return fail("--log-level: " + log.status().message());
+  if (ghost::Status s = ghost::ConfigureLog(*log); !s.ok()) return fail(s.message());
+  o.log_file = log_file;
+  o.log_level = ghost::LogLevelName(log->level);
   ghost::Result<std::unique_ptr<ghost::GhostFs>> fs = ghost::GhostFs::Create(o);
   if (!fs.ok()) {
     std::fprintf(stderr, "ghostfs: %s\n", fs.status().message().c_str());

@@ -17,6 +17,7 @@
 #include "common/base/file_io.h"
 #include "common/config/config.h"
 #include "common/http/http_freshness.h"
+#include "common/http/origin_health.h"
 #include "fs/fuse_passthrough.h"
 
 namespace ghost {
@@ -51,12 +52,7 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-int ErrnoFor(const Status& s, int http_status) {
-  if (http_status == 404 || http_status == 410) return ENOENT;
-  if (http_status == 403 || http_status == 401) return EACCES;
-  if (!s.ok()) return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ? ENOTCONN : EIO;
-  return EIO;
-}
+int ErrnoFor(const Status& s, int http_status) { return OriginErrno(s, http_status); }  // origin_health.h
 
 const char kListingPrefix[] = "listing:";
 // A read this far beyond the bytes that have arrived gets its own range request, in pieces
@@ -152,8 +148,8 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
     const CacheEntry* saved = ctx_.store.index().Find(key);
     if (!saved || *status == 404) {
       if (*status == 404) return then(Status::NotFound(url));
-      return then(s.ok() ? Status::IoError(url + ": HTTP " + std::to_string(*status))
-                         : Status::Unavailable(url + ": " + s.message()));
+      return then(s.ok() ? OriginHttpStatus(url, *status)  // 401/403: EACCES (origin_health.h)
+                         : Status::Unavailable(url + ": " + s.message()).WithErrno(OriginErrno(s, 0)));
     }
     auto buf = std::make_shared<std::string>(saved->size, '\0');
     ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
@@ -312,6 +308,18 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
     if (!e) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = FileStat(ino, e->size.value_or(0), e->mtime_unix);
     fuse_reply_attr(req, &st, kAttrTimeout);
+  });
+}
+
+// The directory's own failure (404 → ENOENT, 403 → EACCES, unreachable) is said here:
+// readdir(3) takes an ENOENT from getdents for the end of the directory, so a 404 would list
+// as an empty directory. The listing fetched stays for the readdir that follows.
+void OriginTree::Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) {
+  if (n->kind != NodeKind::kOriginDir) return (void)fuse_reply_open(req, fi);
+  fuse_file_info info = *fi;
+  WithListing(n->origin, n->path, [req, info](Result<const Listing*> l) {
+    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    fuse_reply_open(req, &info);
   });
 }
 

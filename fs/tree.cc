@@ -15,6 +15,7 @@ void Tree::Setattr(fuse_req_t req, Node*, struct stat*, int, fuse_file_info*) { 
 void Tree::Create(fuse_req_t req, Node* parent, const char*, mode_t, fuse_file_info*) {
   fuse_reply_err(req, NotWritable(parent));
 }
+void Tree::Opendir(fuse_req_t req, Node*, fuse_file_info* fi) { fuse_reply_open(req, fi); }
 void Tree::Read(fuse_req_t req, Node*, size_t, off_t, fuse_file_info*) { fuse_reply_err(req, EBADF); }
 void Tree::Write(fuse_req_t req, Node*, const char*, size_t, off_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
 void Tree::Flush(fuse_req_t req, Node*, fuse_file_info*) { fuse_reply_err(req, 0); }

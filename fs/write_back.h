@@ -101,6 +101,8 @@ class WriteBack {
   void FillStarted(const std::string& key) { ++writing_fills_[key]; }
   void FillSettled(const std::string& key);
   bool Writing(const std::string& key) const { return writing_fills_.contains(key); }
+  // A batch is being written to the disk now.
+  bool WritingBatch() const { return writing_; }
   void WhenFillSettles(const std::string& key, std::function<void()> fn);
   // A fill reached the store's index (Hooks::fill_committed).
   void FillCommitted(const std::string& key);

@@ -13,10 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "common/base/log.h"
 #include "common/build_info.h"
 #include "common/base/clock.h"
 #include "common/config/config.h"
 #include "common/control/control.h"
+#include "proxy/dashboard.h"
 #include "proxy/ghostfs_backend.h"
 #include "proxy/imap_proxy.h"
 #include "proxy/smtp_proxy.h"
@@ -77,6 +79,15 @@ int main(int argc, char** argv) {
       "--access-log", access_log,
       "append one line per request to FILE (squid's native format, result codes HIT, MISS, "
       "NET_PREFERRED, REVALIDATED, STALE, TUNNEL)");
+  std::string log_file, log_level, dashboard;
+  bool verbose = false;
+  app.add_option("--dashboard", dashboard,
+                 "ADDR:PORT where to serve the dashboard (/ghost/: device modes, energy, the "
+                 "saving against a static cache, queues; live by server-sent events), e.g. "
+                 "127.0.0.1:3129; off unless given");
+  app.add_option("--log-file", log_file, "append the log here (default: stderr)");
+  app.add_option("--log-level", log_level, "error, warn, info (default) or debug");
+  app.add_flag("-v,--verbose", verbose, "log at debug level (as --log-level debug)");
   app.add_option("--connect-ports", connect_ports,
                  "comma-separated ports CONNECT may tunnel to (default 443)");
   app.add_option("--max-connections", max_connections,
@@ -193,6 +204,12 @@ int main(int argc, char** argv) {
   }
   if (!smtp_origin.empty()) o.smtp.smtp_origin = smtp_origin;
   if (!smtp_outbox.empty()) o.smtp.outbox = smtp_outbox;
+  if (!log_file.empty()) o.log_file = log_file;
+  if (!log_level.empty()) o.log_level = log_level;
+  ghost::Result<ghost::LogOptions> log =
+      ghost::ChooseLogOptions("ghostproxy", o.log_file, o.log_level, verbose, /*daemon=*/false);
+  if (!log.ok()) return fail("--log-level: " + log.status().message(), 2);
+  if (ghost::Status s = ghost::ConfigureLog(*log); !s.ok()) return fail(s.message(), 2);
   if (ghost::Status s = ghost::Validate(o); !s.ok()) return fail(s.message(), 2);
   // --control (or the config's control) if given, else the socket of the ghostfs at --mount.
   ghost::Result<std::string> control_path = ghost::FindControlPath(o.control_path, o.mountpoint);
@@ -217,6 +234,8 @@ int main(int argc, char** argv) {
   ghost::Result<std::unique_ptr<ghost::CacheBackend>> backend =
       ghost::MakeGhostfsBackend(base.get(), o.mountpoint, o.control_path, backend_options);
   if (!backend.ok()) return fail(backend.status().message(), 1);
+  std::unique_ptr<ghost::Dashboard> board;  // --dashboard: started below, once the proxy runs
+  o.proxy.extra_metrics = [&board] { return board ? board->MetricsText() : std::string(); };
   ghost::Result<std::unique_ptr<ghost::Proxy>> proxy =
       ghost::Proxy::Start(base.get(), &clock, backend->get(), o.proxy);
   if (!proxy.ok()) {
@@ -256,6 +275,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ghostproxy: SMTP on %s for %s (outbox %s)\n",
                  smtp->address().ToString().c_str(), o.smtp.smtp_origin.c_str(), o.smtp.outbox.c_str());
   }
+  if (!dashboard.empty()) {
+    ghost::Result<ghost::ListenAddress> da = ghost::ListenAddress::Parse(dashboard);
+    if (!da.ok()) return fail("--dashboard: " + da.status().message(), 2);
+    ghost::Result<std::unique_ptr<ghost::Dashboard>> d =
+        ghost::Dashboard::Start(base.get(), o.control_path, *da);
+    if (!d.ok()) return fail(d.status().message(), 1);
+    board = std::move(d).value();
+    ghost::Log(ghost::LogLevel::kInfo, "dashboard at http://%s/ghost/", board->address().c_str());
+  }
   // Signals are events on the loop: no handler runs outside it.
   std::unique_ptr<event, EventDeleter> sigint(
       evsignal_new(base.get(), SIGINT, &OnSignal, base.get()));
@@ -263,11 +291,15 @@ int main(int argc, char** argv) {
       evsignal_new(base.get(), SIGTERM, &OnSignal, base.get()));
   evsignal_add(sigint.get(), nullptr);
   evsignal_add(sigterm.get(), nullptr);
-  std::fprintf(stderr, "ghostproxy: listening on %s (cache of ghostfs at %s, control %s)\n",
-               (*proxy)->address().ToString().c_str(), o.mountpoint.c_str(),
-               o.control_path.c_str());
+  if (ghost::Status s = ghost::CaptureStderr(base.get()); !s.ok()) {
+    ghost::Log(ghost::LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
+  }
+  ghost::Log(ghost::LogLevel::kInfo, "listening on %s (cache of ghostfs at %s, control %s)",
+             (*proxy)->address().ToString().c_str(), o.mountpoint.c_str(),
+             o.control_path.c_str());
   event_base_dispatch(base.get());
-  std::fprintf(stderr, "ghostproxy: stopping\n");
+  ghost::Log(ghost::LogLevel::kInfo, "stopping");
+  board.reset();
   sigusr1.reset();
   smtp.reset();
   imap.reset();

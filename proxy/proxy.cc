@@ -435,6 +435,7 @@ std::string Impl::MetricsText() const {
          "Origin transfers disclosed to the power manager and not yet ended.",
          {{"", transfers_in_progress}});
   out += ShapingMetricsText(s.shaping);
+  if (options.extra_metrics) out += options.extra_metrics();
   return out;
 }
 

@@ -121,6 +121,9 @@ struct ProxyOptions {
   std::function<std::int64_t()> unix_now;
   // Download shaping of large responses and of tunnels' downloads (proxy/shaper.h).
   ShapingOptions shaping;
+  // More Prometheus text appended to /ghost/metrics (the dashboard's device-mode, energy and
+  // saving gauges, proxy/dashboard.h); empty: none.
+  std::function<std::string()> extra_metrics;
 };
 
 // Counters behind /ghost/status and /ghost/metrics.

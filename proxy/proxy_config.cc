@@ -41,7 +41,9 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "shape_knob",
                                               "shape_max_slowdown",
                                               "shape_threshold",
-                                              "shape_buffer"};
+                                              "shape_buffer",
+                                              "log_file",
+                                              "log_level"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str())) && !IsMailProxyKey(k.str())) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" +
@@ -168,6 +170,8 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
   if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
   if (!(s = size_or_zero("memory_cache", &o->memory_cache)).ok()) return s;
+  if (!(s = str("log_file", &o->log_file)).ok()) return s;
+  if (!(s = str("log_level", &o->log_level)).ok()) return s;
   if (!(s = seconds("request_timeout", &p.request_timeout)).ok()) return s;
   if (!(s = seconds("send_timeout", &p.send_timeout)).ok()) return s;
   if (!(s = seconds("connect_timeout", &p.connect_timeout)).ok()) return s;

@@ -55,6 +55,10 @@ struct GhostproxyOptions {
   // The mail proxy (proxy/imap_proxy.h; its keys in proxy/mail_proxy_config.h).
   MailProxyOptions mail;
   SmtpProxyOptions smtp;
+  // The log (common/base/log.h): appended to log_file, else stderr (journald under systemd);
+  // log_level "error" | "warn" | "info" | "debug" (empty: info).
+  std::string log_file;
+  std::string log_level;
 };
 
 // Reads a config file into `options` (keys present in the file overwrite the fields). Errors

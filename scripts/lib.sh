@@ -24,6 +24,7 @@ GHOST_PACKAGES=(
   python3-aiosmtpd  # tests/integration/ghostproxy_smtp_test.py: the SMTP server behind the outbox
   python3-matplotlib  # scripts/plots.py and tests/integration/plots_test.py
   wrk squid  # scripts/bench-scale.sh, scripts/bench-proxy.sh: load generator and the peer cache
+  python3-websocket  # tests/integration/ghostproxy_dashboard_test.py: Chromium DevTools protocol
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -59,6 +59,14 @@ class [[nodiscard]] Status {
   // "invalid argument: <message>", or "OK".
   std::string ToString() const;
 
+  // Returns this status with ToErrno() giving `err` (a failure only: an OK status is returned
+  // unchanged). For failures whose errno is known beside their code (ECONNREFUSED).
+  Status WithErrno(int err) const {
+    Status s = *this;
+    if (!ok()) s.errno_ = err;
+    return s;
+  }
+
   // Returns this status with `context` prepended to the message ("context: message").
   Status WithContext(const std::string& context) const {
     if (ok()) return *this;

@@ -21,6 +21,12 @@ CacheManager::CacheManager(const Clock& clock, Machine& machine, Options options
     : clock_(clock), machine_(machine), options_(options), page_cache_(std::make_unique<CacheIndex>(clock, options.page_cache)) {}
 
 ReadDecision CacheManager::DecideRead(const ObjectState& state) {
+  ReadDecision d = Decide(state);
+  if (observer_) observer_(state, d);
+  return d;
+}
+
+ReadDecision CacheManager::Decide(const ObjectState& state) {
   ReadDecision d;
   if (!state.on_disk) {
     if (state.in_write_queue) {

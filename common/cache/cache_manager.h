@@ -31,6 +31,7 @@
 #ifndef GHOST_COMMON_CACHE_CACHE_MANAGER_H_
 #define GHOST_COMMON_CACHE_CACHE_MANAGER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -93,6 +94,10 @@ class CacheManager {
   // Where to read an object in `state` (the table above). Under the adaptive policy a costed
   // choice may send a ghost hint.
   ReadDecision DecideRead(const ObjectState& state);
+  // Told of every decision DecideRead makes, after it is made and before the caller acts on
+  // it (the daemon's shadow baseline, common/cache/shadow_baseline.h). Empty: none.
+  using Observer = std::function<void(const ObjectState& state, const ReadDecision& decision)>;
+  void SetObserver(Observer observer) { observer_ = std::move(observer); }
 
   // Opens the committed body of `key` in `store` (one version, read until the BodyFile is
   // closed; see body_file.h). Fails with the open's errno (ENOENT: no body).
@@ -118,6 +123,9 @@ class CacheManager {
   Machine& machine_;
   Options options_;
   std::unique_ptr<CacheIndex> page_cache_;
+  Observer observer_;
+
+  ReadDecision Decide(const ObjectState& state);
 };
 
 }  // namespace ghost

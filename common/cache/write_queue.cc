@@ -9,6 +9,8 @@
 #include <limits>
 #include <utility>
 
+#include "common/base/log.h"
+
 namespace ghost {
 namespace {
 
@@ -207,6 +209,8 @@ std::uint64_t WriteQueue::Flush(FlushReason reason) {
     }
     batch.emplace(key, std::move(merged));
   }
+  const Bytes flushed_bytes = queued_bytes_;
+  const std::uint64_t flushed_records = queued_records_;
   // Cleared before the writer runs: records added from inside it go in the next batch.
   queue_.clear();
   queued_bytes_ = 0;
@@ -226,6 +230,11 @@ std::uint64_t WriteQueue::Flush(FlushReason reason) {
       ++stats_.flushes_explicit;
       break;
   }
+  static constexpr const char* kWhy[] = {"the disk was spun up", "the queue passed its cap",
+                                         "an fsync asked for it", "a flush was asked for"};
+  Log(LogLevel::kInfo, "write queue flushed: %llu records, %llu bytes (%s)",
+      static_cast<unsigned long long>(flushed_records),
+      static_cast<unsigned long long>(flushed_bytes), kWhy[static_cast<int>(reason)]);
   return HandToWriter(std::move(batch));
 }
 

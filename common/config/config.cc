@@ -1,4 +1,6 @@
 #include "common/config/config.h"
+
+#include "common/base/log.h"
 #include "common/config/toml_file.h"
 
 #include <toml++/toml.h>
@@ -77,7 +79,8 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
-      "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout"};
+      "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout",
+      "log_file",  "log_level"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -120,6 +123,13 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = str("profile", &o->profile)).ok()) return s;
   if (!(s = str("control", &o->control_path)).ok()) return s;
   if (!(s = str("cacert", &o->cacert)).ok()) return s;
+  if (!(s = str("log_file", &o->log_file)).ok()) return s;
+  if (!(s = str("log_level", &o->log_level)).ok()) return s;
+  if (const toml::node* n = t.get("log_level")) {
+    if (Result<LogLevel> l = ParseLogLevel(o->log_level); !l.ok()) {
+      return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + l.status().message());
+    }
+  }
   if (!(s = str("imap_delete", &o->imap_delete)).ok()) return s;
   if (const toml::node* n = t.get("imap_delete")) {
     if (Result<std::string> d = ParseImapDelete(o->imap_delete); !d.ok()) {

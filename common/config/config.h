@@ -89,6 +89,11 @@ struct GhostfsOptions {
   std::string devices = "none";
   std::string manage_disk;
   bool force_manage_disk = false;
+  // Where the log goes (common/base/log.h): a file, else stderr in the foreground and syslog
+  // (journald) when daemonised; and how much of it (log_level "error" | "warn" | "info" |
+  // "debug"; empty: info).
+  std::string log_file;
+  std::string log_level;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cassert>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -468,6 +469,9 @@ void HttpFetcher::Finish(Transfer* t, int curl_code) {
   auto it = transfers_.find(t->id);
   std::unique_ptr<Transfer> owned = std::move(it->second);
   transfers_.erase(it);  // Cancel from on_done finds nothing: the fetch is over
+  if (options_.on_finish) {
+    options_.on_finish(owned->request, owned->head_delivered ? owned->head.status : 0, status);
+  }
   if (owned->callbacks.on_done) owned->callbacks.on_done(status);
 }
 
@@ -503,9 +507,21 @@ Status HttpFetcher::StatusFor(const Transfer& t, int curl_code) const {
   switch (code) {
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_RESOLVE_PROXY:
-    case CURLE_COULDNT_CONNECT:
+      // No such host (a typo in the URL, or no DNS): nothing can reach it.
       return Status::Unavailable(what + ": " + detail +
-                                 "; check that the origin is up and the network is reachable");
+                                 "; check the host name in the URL and the network")
+          .WithErrno(EHOSTUNREACH);
+    case CURLE_COULDNT_CONNECT: {
+      // The socket's own errno: ECONNREFUSED (nothing listens), EHOSTUNREACH, ENETUNREACH.
+      long os_errno = 0;
+      curl_easy_getinfo(t.easy.get(), CURLINFO_OS_ERRNO, &os_errno);
+      return Status::Unavailable(what + ": " + detail +
+                                 "; check that the origin is up and the network is reachable")
+          .WithErrno(os_errno == ECONNREFUSED || os_errno == EHOSTUNREACH ||
+                             os_errno == ENETUNREACH
+                         ? static_cast<int>(os_errno)
+                         : ECONNREFUSED);
+    }
     case CURLE_OPERATION_TIMEDOUT:
       return Status::TimedOut(what + ": " + detail +
                               "; the origin is slow or unreachable (see connect_timeout and "

@@ -95,6 +95,10 @@ struct HttpFetcherOptions {
   std::string ca_info;
   std::string ca_path;
   bool verify_peer = true;
+  // Told of every fetch that finishes (not of cancelled ones), just before its on_done:
+  // `http_status` is the final response's status (0 when none came) and `status` what on_done
+  // gets. For the owner's origin health and log lines (common/http/origin_health.h).
+  std::function<void(const HttpRequest& request, int http_status, const Status& status)> on_finish;
 };
 
 using FetchId = std::uint64_t;

@@ -1,0 +1,83 @@
+#include "common/http/origin_health.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "common/base/clock.h"
+
+namespace ghost {
+namespace {
+
+TEST(OriginErrnoTest, MapsHttpStatusesAndUnreachableOrigins) {
+  EXPECT_EQ(OriginErrno(Status::Ok(), 404), ENOENT);
+  EXPECT_EQ(OriginErrno(Status::Ok(), 410), ENOENT);
+  EXPECT_EQ(OriginErrno(Status::Ok(), 401), EACCES);
+  EXPECT_EQ(OriginErrno(Status::Ok(), 403), EACCES);
+  EXPECT_EQ(OriginErrno(Status::Ok(), 500), EIO);
+  EXPECT_EQ(OriginErrno(Status::Unavailable("x").WithErrno(ECONNREFUSED), 0), ECONNREFUSED);
+  EXPECT_EQ(OriginErrno(Status::Unavailable("x").WithErrno(EHOSTUNREACH), 0), EHOSTUNREACH);
+  // Unreachable without a recorded errno: nothing reached the host.
+  EXPECT_EQ(OriginErrno(Status::Unavailable("x"), 0), EHOSTUNREACH);
+  EXPECT_EQ(OriginErrno(Status::TimedOut("x"), 0), ETIMEDOUT);
+  EXPECT_EQ(OriginErrno(Status::Corruption("x"), 0), EIO);
+}
+
+TEST(OriginErrnoTest, HttpStatusBecomesAStatusWithTheSameErrno) {
+  EXPECT_EQ(OriginHttpStatus("http://o/d/", 403).ToErrno(), EACCES);
+  EXPECT_EQ(OriginHttpStatus("http://o/d/", 404).ToErrno(), ENOENT);
+  EXPECT_EQ(OriginHttpStatus("http://o/d/", 502).ToErrno(), EIO);
+  EXPECT_NE(OriginHttpStatus("http://o/d/", 403).message().find("http://o/d/"), std::string::npos);
+}
+
+class OriginHealthTest : public ::testing::Test {
+ protected:
+  VirtualClock clock_;
+  OriginHealth health_{clock_, {{"web", "http://127.0.0.1:8080/"}, {"docs", "http://127.0.0.1:8080/docs/"}}};
+  std::vector<std::pair<std::string, OriginHealth::State>> changes_;
+  void SetUp() override {
+    health_.on_change = [this](const std::string& n, OriginHealth::State s) { changes_.emplace_back(n, s); };
+  }
+};
+
+TEST_F(OriginHealthTest, GoesDownWhenUnreachableAndUpAgainOnAnyAnswer) {
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUnknown);
+  health_.Record("GET", "http://127.0.0.1:8080/a.txt", 200, Status::Ok());
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUp);
+  health_.Record("GET", "http://127.0.0.1:8080/b.txt", 0,
+                 Status::Unavailable("GET http://127.0.0.1:8080/b.txt: refused").WithErrno(ECONNREFUSED));
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kDown);
+  clock_.AdvanceBy(Seconds(5));
+  // A 404 is an answer: the server is there.
+  health_.Record("GET", "http://127.0.0.1:8080/c.txt", 404, Status::Ok());
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUp);
+  ASSERT_EQ(changes_.size(), 3u);
+  EXPECT_EQ(changes_[1].second, OriginHealth::State::kDown);
+  EXPECT_EQ(changes_[2].second, OriginHealth::State::kUp);
+  nlohmann::json j = health_.ToJson();
+  EXPECT_EQ(j["web"]["state"], "up");
+  EXPECT_EQ(j["web"]["fetches"], 3);
+  EXPECT_EQ(j["web"]["failures"], 2);
+  EXPECT_EQ(j["web"]["last_failure"]["errno"], "ENOENT");
+  EXPECT_EQ(j["web"]["last_failure"]["url"], "http://127.0.0.1:8080/c.txt");
+}
+
+TEST_F(OriginHealthTest, AFetchBelongsToTheLongestMatchingOrigin) {
+  health_.Record("GET", "http://127.0.0.1:8080/docs/x.pdf", 0, Status::TimedOut("stalled"));
+  EXPECT_EQ(health_.state("docs"), OriginHealth::State::kDown);
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUnknown);
+  nlohmann::json j = health_.ToJson();
+  EXPECT_EQ(j["docs"]["last_failure"]["errno"], "ETIMEDOUT");
+  EXPECT_TRUE(j["web"]["last_failure"].is_null());
+}
+
+TEST_F(OriginHealthTest, AnHttpErrorCountsAsAFailureButKeepsTheOriginUp) {
+  health_.Record("GET", "http://127.0.0.1:8080/secret/", 403, Status::Ok());
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUp);
+  EXPECT_EQ(health_.ToJson()["web"]["last_failure"]["errno"], "EACCES");
+}
+
+}  // namespace
+}  // namespace ghost
