@@ -56,6 +56,9 @@ Daemon::~Daemon() {
   store_.reset();
   io_.reset();
   manager_.reset();
+  // Both borrow the clock (the baseline's machine has timers of its own): before it goes.
+  shadow_.reset();
+  health_.reset();
   machine_.reset();
   clock_.reset();
   if (base_) event_base_free(base_);

@@ -18,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 15
+PLAN = 14
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 SINK = r'''
