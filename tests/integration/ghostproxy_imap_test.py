@@ -206,11 +206,12 @@ def main():
 
     # A body read through the mount (never through the proxy) is a proxy hit (one cache, the
     # same keys).
-    mdir = os.path.join(mnt, "mail", "cur")
-    names = sorted(os.listdir(mdir))
+    # (unseen mail is in new/, the rest in cur/, as Maildir readers expect)
+    names = sorted(os.path.join(sub, n) for sub in ("new", "cur")
+                   for n in os.listdir(os.path.join(mnt, "mail", sub)))
     via_mount = None
     for n in names:
-        with open(os.path.join(mdir, n), "rb") as f:
+        with open(os.path.join(mnt, "mail", n), "rb") as f:
             data = f.read()
         if data == direct[u_mount]:
             via_mount = n
