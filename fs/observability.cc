@@ -1,4 +1,4 @@
-// What the daemon tells its user about itself (issue 17): origin health and the log lines of
+// What the daemon tells its user about itself: origin health and the log lines of
 // origin failures and state changes (common/http/origin_health.h, common/base/log.h), device
 // mode changes with who caused them, the static baseline run beside the live policy
 // (common/cache/shadow_baseline.h) and whether the energy figures are modelled at all.

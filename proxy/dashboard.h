@@ -1,4 +1,4 @@
-// Dashboard: ghostproxy's page about the ghostfs it serves from (issue 17) — the devices' modes
+// Dashboard: ghostproxy's page about the ghostfs it serves from — the devices' modes
 // over time, the modelled energy (and a measured one where a meter exists), requests by
 // source, ghost hints, the write and IMAP queues and the energy saved against the static
 // baseline.

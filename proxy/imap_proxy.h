@@ -1,4 +1,4 @@
-// ImapProxy: ghostproxy as an IMAP proxy for mail clients (issue 14; DESIGN §3.4: the mail
+// ImapProxy: ghostproxy as an IMAP proxy for mail clients (DESIGN §3.4: the mail
 // application reads each body from the cache or the server by cost).
 //
 // A client connects to `imap_listen`; the proxy opens one connection to `imap_origin` for it

@@ -1,4 +1,4 @@
-// SmtpProxy: outgoing mail waits for the radio (issue 14; DESIGN §3.3: transfers are deferred
+// SmtpProxy: outgoing mail waits for the radio (DESIGN §3.3: transfers are deferred
 // and batched so the network card spends less time in its high-power mode).
 //
 // Mail clients submit to `smtp_listen` (plain, loopback). Each message is journaled durably in

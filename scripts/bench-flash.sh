@@ -68,7 +68,7 @@ print(f"  erasures      {a.get('erasures',0):8d} -> {b.get('erasures',0):8d}")
 PY
 
 if [ -n "$live" ]; then
-  echo "== Live flush (issue 15 goal: alg 4 <= 0.25 x alg 1) on $(df -P "$live" | awk 'NR==2{print $1}')"
+  echo "== Live flush (goal: alg 4 <= 0.25 x alg 1) on $(df -P "$live" | awk 'NR==2{print $1}')"
   j=$("$build/tests/flash_flush_bench" "$live" --records 2000 --file-mib 2 --buffer-kib 4096)
   python3 - "$j" <<'PY'
 import json, sys

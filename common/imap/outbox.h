@@ -1,4 +1,4 @@
-// Outbox: the durable journal of outgoing mail that waits for the radio (issue 14; DESIGN §3.3:
+// Outbox: the durable journal of outgoing mail that waits for the radio (DESIGN §3.3:
 // deferred writes, here deferred network transfers). ghostproxy's SMTP submission listener
 // (proxy/smtp_proxy.h) puts each accepted message here before it answers 250, and removes it
 // once the server took it; `ghostctl outbox` lists the directory.

@@ -1,5 +1,5 @@
 // flash_flush_bench: the live flush of one flash-log content with algorithm 1 and with
-// algorithm 4 (DESIGN §3.5; issue 15 "live flush measured"), as a ratio beside ghostsim's
+// algorithm 4 (DESIGN §3.5), as a ratio beside ghostsim's
 // prediction for the same content (PredictFlushTime).
 //
 //   flash_flush_bench DIR [--records N] [--file-mib M] [--seed S] [--profile DEVICE]

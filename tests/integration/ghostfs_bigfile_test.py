@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""A body larger than the daemon's memory budget streams through a fixed window (issue 12
-item 4): an uncached file read through the mount keeps ghostfs's peak RSS (VmHWM) under
+"""A body larger than the daemon's memory budget streams through a fixed window:
+an uncached file read through the mount keeps ghostfs's peak RSS (VmHWM) under
 100 MB, whether the body can be cached (it is written to the store as it arrives) or not
 (bigger than --cache-size). Bytes are checked by SHA-256.
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Crash loop (issue 12, Deliver 6): ghostfs is killed with SIGKILL while it takes fsync'd
+"""Crash loop: ghostfs is killed with SIGKILL while it takes fsync'd
 writes in local/ and cache fills (reads of uncached origin files), with and without
 `--profile ipaq-2004` (writes deferred in the write queue), and restarted on the same cache
 directory each cycle. After every kill: the cache index passes sqlite's

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Mail the reader's way (issue 17, item 7) against a real dovecot: unseen messages show in new/
+"""Mail the reader's way against a real dovecot: unseen messages show in new/
 (seen ones in cur/), a reader's move from new/ to cur/ sticks; with the card saving power
 (--profile ipaq-2004, K=50) a change waits in the queue until `ghostctl sync` sends it, and
 `ghostctl flush` sends it too; with the server down, sync says what it left (exit 1) and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Failures are said, with the right errno (issue 17, items 2 and 3):
+"""Failures are said, with the right errno:
   - --log-file gets one line per origin failure (URL, reason, errno) and per state change
     (origin down, up again), in the foreground and daemonised (lines written straight to
     stderr land there too);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Origins that misbehave (issue 12, low items):
+"""Origins that misbehave:
   - an origin that accepts connections and never answers fails a read within --stall-timeout
     (here 2 s) instead of holding the reader for 30 s; a file with a cached copy is then served
     from it (stale-if-error, with a log line), one without gets an error;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Replacement under concurrent readers (issue 12 item 3): an origin object changes between
+"""Replacement under concurrent readers: an origin object changes between
 versions of distinct, recognisable content and size while one client refetches it through
 ghostproxy with `Cache-Control: no-cache` in a loop (each refetch replaces the cached body) and
 several readers read it through the proxy (one proxy with its RAM copies, one with

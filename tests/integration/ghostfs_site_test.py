@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ghostfs against a site laid out like a real one (issue 17, item 1): nginx without autoindex,
+"""ghostfs against a site laid out like a real one: nginx without autoindex,
 an index.html at the root and in subdirectories, pages, an image, a PDF, a tarball, and
 directories that cannot be listed (img/, docs/). The root's page shows as index.html beside the
 names it links to, the listing is marked user.ghost.listing=page with a log line, names the page

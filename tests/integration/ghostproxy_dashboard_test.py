@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The dashboard and the energy saved (issue 17, items 5 and 6):
+"""The dashboard and the energy saved:
   - ghostproxy --dashboard serves /ghost/ and a server-sent event stream /ghost/events that
     starts with a snapshot;
   - the proxy's /ghost/metrics gains device-mode, energy and saving gauges;

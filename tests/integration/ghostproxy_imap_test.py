@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ghostproxy as an IMAP proxy (proxy/imap_proxy.h, issue 14) in front of a real dovecot on
+"""ghostproxy as an IMAP proxy (proxy/imap_proxy.h) in front of a real dovecot on
 127.0.0.1, its cache in a real ghostfs mount that also has the same account as a Maildir
 origin: Python imaplib and curl imap:// through the proxy get bodies byte-identical to dovecot's
 own; a body fetched once is answered from the cache the next time; a body read through the mount

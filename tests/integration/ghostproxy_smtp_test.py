@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ghostproxy's SMTP outbox (proxy/smtp_proxy.h, issue 14) in front of a real SMTP server on
+"""ghostproxy's SMTP outbox (proxy/smtp_proxy.h) in front of a real SMTP server on
 127.0.0.1 (python3-aiosmtpd as the sink, with AUTH): Python smtplib and curl smtp:// submit
 through the proxy and get 250 at once while nothing reaches the server; `ghostctl outbox` lists
 what waits; the outbox goes at its deadline (smtp_deadline) and on SIGUSR1, byte-identical and

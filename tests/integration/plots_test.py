@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""scripts/plots.py's knob figure names every line (issue 17): the energy axis has a legend with
+"""scripts/plots.py's knob figure names every line: the energy axis has a legend with
 the lower-bound line, and the static cache's live marker at K=0 says why it is there. Draws
 from made-up runs, no ghostsim needed. TAP; skipped without matplotlib."""
 import os

@@ -1333,7 +1333,7 @@ TEST_F(ProxyTest, IdleConnectionIsClosedSilentlyAndSlowHeadGets408) {
   EXPECT_EQ(r.status, 408);
 }
 
-// ---- Fairness (issue 12 item 7): slow clients cannot shut others out ----
+// ---- Fairness: slow clients cannot shut others out ----
 
 // The head deadline counts from the connection's start: bytes trickling in do not extend it.
 TEST_F(ProxyTest, TricklingHeadGets408AtTheDeadline) {
