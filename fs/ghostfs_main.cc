@@ -158,6 +158,9 @@ int main(int argc, char** argv) {
     o.cacert = file.cacert;
     o.imap_delete = file.imap_delete;
     o.passthrough = file.passthrough;
+    if (devices_text.empty()) o.devices = file.devices;
+    if (o.manage_disk.empty()) o.manage_disk = file.manage_disk;
+    if (file.force_manage_disk) o.force_manage_disk = true;
     o.origins = file.origins;
     if (log_file.empty()) log_file = file.log_file;
     if (log_level.empty()) log_level = file.log_level;

@@ -80,7 +80,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
       "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout",
-      "log_file",  "log_level"};
+      "log_file",  "log_level",           "devices",         "manage_disk", "force_manage_disk"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -162,6 +162,19 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
     if (!p.ok())
       return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + p.status().message());
     o->policy = *p;
+  }
+  if (!(s = str("devices", &o->devices)).ok()) return s;
+  if (o->devices != "auto" && o->devices != "none") {
+    return Status::InvalidArgument(TomlWhere(path, t.get("devices")->source()) +
+                                   ": devices must be \"auto\" or \"none\"");
+  }
+  if (!(s = str("manage_disk", &o->manage_disk)).ok()) return s;
+  if (const toml::node* n = t.get("force_manage_disk")) {
+    auto b = n->value<bool>();
+    if (!b || !n->is_boolean())
+      return Status::InvalidArgument(TomlWhere(path, n->source()) +
+                                     ": force_manage_disk must be true or false");
+    o->force_manage_disk = *b;
   }
   if (const toml::node* n = t.get("ghost_hints")) {
     auto b = n->value<bool>();

@@ -1,0 +1,74 @@
+// ghostfs's config file (common/config/config.h): the keys of the machine's own devices, and
+// that a bad value or an unknown key is refused with its place in the file.
+#include "common/config/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+namespace ghost {
+namespace {
+
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ghost-config-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/ghostfs.conf";
+  }
+  void TearDown() override {
+    std::remove(path_.c_str());
+    rmdir(dir_.c_str());
+  }
+  Status Load(const std::string& text, GhostfsOptions* o) {
+    std::ofstream(path_) << text;
+    return LoadConfigFile(path_, o);
+  }
+  std::string dir_, path_;
+};
+
+TEST_F(ConfigFileTest, ReadsTheRealDeviceKeys) {
+  GhostfsOptions o;
+  ASSERT_TRUE(Load("devices = \"auto\"\nmanage_disk = \"/dev/sdb\"\nforce_manage_disk = true\n", &o).ok());
+  EXPECT_EQ(o.devices, "auto");
+  EXPECT_EQ(o.manage_disk, "/dev/sdb");
+  EXPECT_TRUE(o.force_manage_disk);
+}
+
+TEST_F(ConfigFileTest, DevicesDefaultToTheModelOnly) {
+  GhostfsOptions o;
+  ASSERT_TRUE(Load("knob = 30\n", &o).ok());
+  EXPECT_EQ(o.devices, "none");
+  EXPECT_TRUE(o.manage_disk.empty());
+  EXPECT_FALSE(o.force_manage_disk);
+  EXPECT_EQ(o.knob, 30);
+}
+
+TEST_F(ConfigFileTest, ABadDevicesValueIsRefusedWithItsLine) {
+  GhostfsOptions o;
+  Status s = Load("knob = 50\ndevices = \"sometimes\"\n", &o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("ghostfs.conf:2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("\"auto\" or \"none\""), std::string::npos) << s.message();
+}
+
+TEST_F(ConfigFileTest, ANonBooleanForceIsRefused) {
+  GhostfsOptions o;
+  Status s = Load("force_manage_disk = \"yes\"\n", &o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("force_manage_disk must be true or false"), std::string::npos) << s.message();
+}
+
+TEST_F(ConfigFileTest, AnUnknownKeyIsRefused) {
+  GhostfsOptions o;
+  Status s = Load("manage_disks = \"/dev/sdb\"\n", &o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("unknown key \"manage_disks\""), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace ghost
