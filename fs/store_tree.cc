@@ -306,8 +306,12 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
   const QueuedBody* queued_body = ctx_.write_back.QueuedBodyOf(key);
   ObjectState state;
-  state.on_disk = e != nullptr;
   state.in_write_queue = pending != nullptr && queued_body != nullptr;
+  // One version per answer. While a fill waits in the write queue, its body is the object
+  // (StoreVersion and an open of the plain name give it): the older body on the disk does not
+  // hold that version, so it is no holder to cost. (Counting it paired the disk's size and head
+  // with the queued body's version and bytes: a reader cut or ran short of the body.)
+  state.on_disk = e != nullptr && !state.in_write_queue;
   // The page-cache model: a copy read or written lately is still in RAM.
   state.in_memory = ctx_.manager.InMemory(key);
   LookupResult out;
@@ -319,7 +323,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The version this answer describes: its size and head go with exactly these bytes, and
   // the path (and body_path's inode) open only them.
   const std::string version = StoreVersion(key);
-  if (version.empty()) return reply(out.ToJson());
+  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(out.ToJson());
   out.cached = true;
   out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
   out.version = version;
@@ -348,6 +352,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   }
   const Choice& c = d.choice;
   bool local = IsLocal(d.source);
+  // The body file's version names its size: it must be the index's (a body is renamed into
+  // place and indexed in one turn of the loop, so they never differ; if they did, the answer
+  // would pair one size with another's bytes).
+  if (!version.ends_with("-" + std::to_string(e->size))) return reply(LookupResult{}.ToJson());
   out.size = e->size;
   out.response = e->response;
   out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;
