@@ -39,6 +39,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <array>
 #include <random>
 #include <utility>
@@ -106,12 +107,22 @@ struct stat StoreTree::StoreStat(const Node* n) const {
     return st;
   }
   st.st_mode = S_IFREG | 0400;
-  auto k = store_keys_.find(SplitVersion(After(n->path, kObjectsDir)).first);
+  const auto [hash, version] = SplitVersion(After(n->path, kObjectsDir));
+  auto k = store_keys_.find(hash);
   if (k != store_keys_.end()) {
-    if (const CacheEntry* e = ctx_.store.index().Find(k->second)) {
-      st.st_size = static_cast<off_t>(e->size);
-    } else if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(k->second)) {
+    // The size of the version the name opens (Open): a queued fill's, unless it names a body
+    // file, whose version carries its size. The kernel keeps it as i_size, and an io_uring
+    // read of a direct_io file from at or past i_size returns 0 (a read of a longer queued body
+    // under the disk's shorter size ended early).
+    const QueuedBody* q = ctx_.write_back.QueuedBodyOf(k->second);
+    const CacheEntry* e = ctx_.store.index().Find(k->second);
+    const auto dash = version.rfind('-');
+    if (q && (version.empty() || version[0] == 'q' || !e)) {
       st.st_size = static_cast<off_t>(q->data->size());
+    } else if (version.starts_with('d') && dash != std::string::npos) {
+      st.st_size = static_cast<off_t>(std::strtoull(version.c_str() + dash + 1, nullptr, 10));
+    } else if (e) {
+      st.st_size = static_cast<off_t>(e->size);
     }
   }
   st.st_blocks = (st.st_size + 511) / 512;

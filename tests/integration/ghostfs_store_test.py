@@ -106,12 +106,13 @@ def main():
     got = ctl.ok("lookup", key=pair_key)
     with open(got["path"], "rb") as f:
         read = f.read()
+    stat_size = os.stat(got["path"]).st_size
     t.check(on_disk.get("version", "").startswith("d") and got["version"].startswith("q")
-            and got["size"] == len(pair_new) == len(read) and read == pair_new
+            and got["size"] == len(pair_new) == len(read) == stat_size and read == pair_new
             and got["response"] == '{"v":"new"}' and disk_mode(ctl) == "standby",
             "a lookup of a cached object with a fill queued answers the queued version's size, head and bytes",
-            (on_disk.get("version"), got.get("version"), got.get("size"), len(read), read[:5], got.get("response"),
-             got.get("body_path")))
+            (on_disk.get("version"), got.get("version"), got.get("size"), len(read), stat_size, read[:5],
+             got.get("response"), got.get("body_path")))
 
     # Knob 100 (performance): a small cached object on a sleeping disk comes from the network
     # (no spin-up to wait for), and the disk hears a ghost hint (its ideal mode would have won).
