@@ -39,6 +39,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <array>
 #include <random>
 #include <utility>
@@ -106,12 +107,22 @@ struct stat StoreTree::StoreStat(const Node* n) const {
     return st;
   }
   st.st_mode = S_IFREG | 0400;
-  auto k = store_keys_.find(SplitVersion(After(n->path, kObjectsDir)).first);
+  const auto [hash, version] = SplitVersion(After(n->path, kObjectsDir));
+  auto k = store_keys_.find(hash);
   if (k != store_keys_.end()) {
-    if (const CacheEntry* e = ctx_.store.index().Find(k->second)) {
-      st.st_size = static_cast<off_t>(e->size);
-    } else if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(k->second)) {
+    // The size of the version the name opens (Open): a queued fill's, unless it names a body
+    // file, whose version carries its size. The kernel keeps it as i_size, and an io_uring
+    // read of a direct_io file from at or past i_size returns 0 (a read of a longer queued body
+    // under the disk's shorter size ended early).
+    const QueuedBody* q = ctx_.write_back.QueuedBodyOf(k->second);
+    const CacheEntry* e = ctx_.store.index().Find(k->second);
+    const auto dash = version.rfind('-');
+    if (q && (version.empty() || version[0] == 'q' || !e)) {
       st.st_size = static_cast<off_t>(q->data->size());
+    } else if (version.starts_with('d') && dash != std::string::npos) {
+      st.st_size = static_cast<off_t>(std::strtoull(version.c_str() + dash + 1, nullptr, 10));
+    } else if (e) {
+      st.st_size = static_cast<off_t>(e->size);
     }
   }
   st.st_blocks = (st.st_size + 511) / 512;
@@ -306,8 +317,12 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
   const QueuedBody* queued_body = ctx_.write_back.QueuedBodyOf(key);
   ObjectState state;
-  state.on_disk = e != nullptr;
   state.in_write_queue = pending != nullptr && queued_body != nullptr;
+  // One version per answer. While a fill waits in the write queue, its body is the object
+  // (StoreVersion and an open of the plain name give it): the older body on the disk does not
+  // hold that version, so it is no holder to cost. (Counting it paired the disk's size and head
+  // with the queued body's version and bytes: a reader cut or ran short of the body.)
+  state.on_disk = e != nullptr && !state.in_write_queue;
   // The page-cache model: a copy read or written lately is still in RAM.
   state.in_memory = ctx_.manager.InMemory(key);
   LookupResult out;
@@ -319,7 +334,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The version this answer describes: its size and head go with exactly these bytes, and
   // the path (and body_path's inode) open only them.
   const std::string version = StoreVersion(key);
-  if (version.empty()) return reply(out.ToJson());
+  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(out.ToJson());
   out.cached = true;
   out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
   out.version = version;
@@ -348,6 +363,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   }
   const Choice& c = d.choice;
   bool local = IsLocal(d.source);
+  // The body file's version names its size: it must be the index's (a body is renamed into
+  // place and indexed in one turn of the loop, so they never differ; if they did, the answer
+  // would pair one size with another's bytes).
+  if (!version.ends_with("-" + std::to_string(e->size))) return reply(LookupResult{}.ToJson());
   out.size = e->size;
   out.response = e->response;
   out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 21
+PLAN = 22
 
 
 def store(ctl, key, body, **fields):
@@ -80,6 +80,11 @@ def main():
                     "create in objects/": errno.EROFS, "unlink an object": errno.EROFS},
             "objects are read-only and reached only by the names lookup hands out", bad)
 
+    # An object on the disk, replaced below by a fill of another size while the disk sleeps.
+    pair_key = "http://example.test/pair"
+    pair_old = b"<old>" * 40_000
+    store(ctl, pair_key, pair_old, response='{"v":"old"}')
+
     # The disk sleeps: a fill waits in the write queue, a lookup reads it from memory.
     t.check(wait_for(lambda: disk_mode(ctl) == "standby", 15), "the idle disk reaches standby")
     small = b"queued body\n" * 100
@@ -91,6 +96,23 @@ def main():
     t.check(got["source"] == "memory" and read == small and queued >= len(small) and disk_mode(ctl) == "standby",
             "a fill made while the disk sleeps is queued and read from memory; the disk stays in standby",
             (got["source"], queued, disk_mode(ctl)))
+
+    # A committed body and a queued replacement of another size: the lookup describes one
+    # version (its size, head and path all the queued one's), never the disk's size and head
+    # with the queued bytes (a reader then cut the longer body to the shorter size).
+    on_disk = ctl.ok("lookup", key=pair_key)
+    pair_new = b"<new>" * 30_000
+    store(ctl, pair_key, pair_new, response='{"v":"new"}')
+    got = ctl.ok("lookup", key=pair_key)
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    stat_size = os.stat(got["path"]).st_size
+    t.check(on_disk.get("version", "").startswith("d") and got["version"].startswith("q")
+            and got["size"] == len(pair_new) == len(read) == stat_size and read == pair_new
+            and got["response"] == '{"v":"new"}' and disk_mode(ctl) == "standby",
+            "a lookup of a cached object with a fill queued answers the queued version's size, head and bytes",
+            (on_disk.get("version"), got.get("version"), got.get("size"), len(read), stat_size, read[:5],
+             got.get("response"), got.get("body_path")))
 
     # Knob 100 (performance): a small cached object on a sleeping disk comes from the network
     # (no spin-up to wait for), and the disk hears a ghost hint (its ideal mode would have won).
