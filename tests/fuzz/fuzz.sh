@@ -27,7 +27,7 @@ declare -A TARGETS=(
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
           common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [config]="common/config/config.cc common/config/toml_file.cc common/imap/imap_client.cc common/imap/maildir_names.cc
-            common/base/status.cc common/base/clock.cc common/power/machine.cc
+            common/base/status.cc common/base/clock.cc common/base/log.cc common/power/machine.cc
             common/power/profile.cc common/power/device.cc common/power/energy_meter.cc
             common/power/power_manager.cc common/power/spin_down_timers.cc
             common/power/default_pm.cc common/power/stpm_disk.cc common/power/stpm_network.cc

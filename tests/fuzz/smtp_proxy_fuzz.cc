@@ -4,7 +4,8 @@
 // The input is a client's byte stream: each line goes to ParseCommand, ParsePath,
 // Base64Decode and PlainCredentials; the whole stream also goes to a DataReader, whole and in
 // pieces whose size comes from the first byte. Checked: no crash, no sanitizer report; the
-// DataReader's output does not depend on how the bytes are split, never holds more than the
+// DataReader's output, end and error (and, without an error, what it consumed) do not depend
+// on how the bytes are split, never holds more than the
 // input, and no output line starts with the dot-stuffing dot of an input "..".
 #include <cstddef>
 #include <cstdint>
@@ -70,7 +71,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   Read whole = Data(in, in.size() + 1);
   Read pieces = Data(in, piece);
-  Check(whole == pieces, "DATA depends on how the bytes are split", in);
   Check(whole.out.size() <= whole.used, "DATA output longer than its input", in);
+  Check(pieces.out.size() <= pieces.used, "DATA output longer than its input (in pieces)", in);
+  // After an over-long line the listener closes the connection: how far into that line the
+  // reader had consumed depends on the pieces and means nothing.
+  if (whole.error && pieces.error) whole.used = pieces.used = 0;
+  Check(whole == pieces, "DATA depends on how the bytes are split", in);
   return 0;
 }
