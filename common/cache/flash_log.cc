@@ -446,7 +446,8 @@ class FlashLog::Flusher {
     if (!writing_ && writes_done_ < reads_done_ && writes_done_ < nsteps()) {
       writing_ = true;
       next_op_ = 0;
-      DoOps();
+      DoOps();  // continues in its callbacks, or (every op done at once) in Advance again
+      return;
     }
     if (writes_done_ == nsteps() && !reading_ && !writing_) SyncTargets();
   }
@@ -542,7 +543,11 @@ class FlashLog::Flusher {
     failed_paths_.insert(op.path);
   }
 
+  // Runs once per flush: the fsync callbacks count syncs_left_ down and the last one
+  // destroys this flusher, so a second round would call back into freed memory.
   void SyncTargets() {
+    if (syncing_) return;
+    syncing_ = true;
     if (fds_.empty()) {
       Done();
       return;
@@ -592,6 +597,7 @@ class FlashLog::Flusher {
   std::map<std::pair<LogRecordKind, std::string>, int> fds_;
   std::set<std::string> failed_paths_;
   std::size_t syncs_left_ = 0;
+  bool syncing_ = false;
 };
 
 void FlashLog::StartFlush(LogFlushReason reason) {
