@@ -79,38 +79,21 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
     }
     return Status::Ok();
   };
-  auto size = [&](const char* key, std::size_t* out) -> Status {
-    if (const toml::node* n = t.get(key)) {
-      std::string text;
-      if (auto i = n->value<std::int64_t>(); i && *i > 0 && n->is_integer()) {
-        text = std::to_string(*i);
-      } else if (auto s = n->value<std::string>()) {
-        text = *s;
-      } else {
-        return bad(*n, std::string("\"") + key + "\" must be a size (bytes, or \"32K\", \"1M\")");
-      }
-      Result<Bytes> b = ParseSize(text);
-      if (!b.ok()) return bad(*n, b.status().message());
-      if (*b == 0) return bad(*n, std::string("\"") + key + "\" must be above zero");
-      *out = static_cast<std::size_t>(*b);
-    }
-    return Status::Ok();
-  };
   auto size_or_zero = [&](const char* key, Bytes* out) -> Status {
     if (const toml::node* n = t.get(key)) {
-      std::string text;
-      if (auto i = n->value<std::int64_t>(); i && *i >= 0 && n->is_integer()) {
-        text = std::to_string(*i);
-      } else if (auto s = n->value<std::string>()) {
-        text = *s;
-      } else {
-        return bad(*n,
-                   std::string("\"") + key + "\" must be a size (bytes, or \"64M\"; 0 for none)");
-      }
-      Result<Bytes> b = ParseSize(text);
+      Result<Bytes> b = TomlSize(*n, key);
       if (!b.ok()) return bad(*n, b.status().message());
       *out = *b;
     }
+    return Status::Ok();
+  };
+  auto size = [&](const char* key, std::size_t* out) -> Status {
+    Bytes b = 0;
+    if (Status s = size_or_zero(key, &b); !s.ok()) return s;
+    if (const toml::node* n = t.get(key); n && b == 0) {
+      return bad(*n, std::string("\"") + key + "\" must be above zero");
+    }
+    if (t.get(key)) *out = static_cast<std::size_t>(b);
     return Status::Ok();
   };
   auto seconds = [&](const char* key, Duration* out) -> Status {

@@ -54,6 +54,8 @@ ghost_build() {
   if [ ! -f "$dir/build.ninja" ]; then
     ghost_log "configuring $dir${*:+ ($*)}"
     meson setup "$dir" "$GHOST_ROOT" "$@" >/dev/null || return 1
+  elif [ $# -gt 0 ]; then
+    meson configure "$dir" "$@" >/dev/null || return 1  # an existing tree gets the same options
   fi
   ghost_log "building $dir"
   ninja -C "$dir" >/dev/null || ninja -C "$dir" || return 1

@@ -96,15 +96,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   };
   auto size = [&](const char* key, Bytes* out) -> Status {
     if (const toml::node* n = t.get(key)) {
-      std::string text;
-      if (auto i = n->value<std::int64_t>(); i && *i >= 0 && n->is_integer()) {
-        text = std::to_string(*i);
-      } else if (auto s = n->value<std::string>()) {
-        text = *s;
-      } else {
-        return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a size");
-      }
-      Result<Bytes> b = ParseSize(text);
+      Result<Bytes> b = TomlSize(*n, key);
       if (!b.ok()) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": " + b.status().message());
       *out = *b;
     }

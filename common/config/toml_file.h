@@ -8,12 +8,17 @@
 #include <string>
 
 #include "common/base/status.h"
+#include "common/base/units.h"
 
 namespace ghost {
 
 // The table in `path`: kNotFound when it cannot be opened, kInvalidArgument with FILE:LINE and
 // the parser's description when it is not TOML.
 [[nodiscard]] Result<toml::table> ParseTomlFile(const std::string& path);
+
+// A size value: a non-negative integer (bytes) or a string ParseSize reads ("64M", "1GiB").
+// kInvalidArgument naming `key` otherwise; the caller adds where the node is.
+[[nodiscard]] Result<Bytes> TomlSize(const toml::node& n, const std::string& key);
 
 // "PATH:LINE" of a node (just PATH when the parser gave no line), to begin a message.
 std::string TomlWhere(const std::string& path, const toml::source_region& r);

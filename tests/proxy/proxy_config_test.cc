@@ -137,6 +137,9 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"preempt_after = 0", "positive number of seconds"},
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
         Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
+        Case{"high_watermark = 0", "\"high_watermark\" must be above zero"},
+        Case{"high_watermark = \"2X\"", "unknown suffix \"X\""},
+        Case{"max_header_bytes = [1]", "\"max_header_bytes\" must be a size"},
         Case{"colour = \"blue\"", "unknown key \"colour\""}, Case{"listen = ", ""}}) {
     GhostproxyOptions o;
     const Status s = Load(c.text, &o);

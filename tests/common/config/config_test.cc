@@ -70,5 +70,27 @@ TEST_F(ConfigFileTest, AnUnknownKeyIsRefused) {
   EXPECT_NE(s.message().find("unknown key \"manage_disks\""), std::string::npos) << s.message();
 }
 
+TEST_F(ConfigFileTest, SizesAreBytesOrSuffixedStrings) {
+  GhostfsOptions o;
+  ASSERT_TRUE(Load("cache_size = \"2G\"\nwrite_queue_cap = 4096\n", &o).ok());
+  EXPECT_EQ(o.cache_size, Bytes{2} << 30);
+  EXPECT_EQ(o.write_queue_cap, 4096u);
+}
+
+TEST_F(ConfigFileTest, ABadSizeIsRefusedWithItsLineAndWhy) {
+  struct Case {
+    const char* text;
+    const char* says;
+  };
+  for (const Case& c : {Case{"knob = 1\ncache_size = -5\n", "ghostfs.conf:2: \"cache_size\" must not be negative"},
+                        Case{"cache_size = \"5Q\"\n", "unknown suffix \"Q\""},
+                        Case{"write_queue_cap = true\n", "\"write_queue_cap\" must be a size"}}) {
+    GhostfsOptions o;
+    Status s = Load(c.text, &o);
+    ASSERT_FALSE(s.ok()) << c.text;
+    EXPECT_NE(s.message().find(c.says), std::string::npos) << c.text << " -> " << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace ghost
