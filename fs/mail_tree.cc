@@ -522,35 +522,10 @@ std::string MailTree::BodyKey(const MailOrigin& mo, const std::string& wire, std
 
 // ---- attributes ----
 
-struct stat MailTree::DirStat(fuse_ino_t ino) const {
-  struct stat st {};
-  st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = MountedUnix();  // not 1970
-  st.st_ino = ino;
-  st.st_mode = S_IFDIR | 0755;
-  st.st_nlink = 2;
-  st.st_uid = getuid();
-  st.st_gid = getgid();
-  return st;
-}
-
-struct stat MailTree::FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const {
-  struct stat st {};
-  st.st_ino = ino;
-  st.st_mode = S_IFREG | 0644;
-  st.st_nlink = 1;
-  st.st_size = static_cast<off_t>(size);
-  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-  st.st_uid = getuid();
-  st.st_gid = getgid();
-  st.st_mtim.tv_sec = mtime;
-  st.st_ctim.tv_sec = mtime;
-  return st;
-}
-
 void MailTree::ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
                                  std::int64_t mtime) {
   Node* n = ctx_.inodes.Lookup(NodeKind::kMailFile, mo.index, path);
-  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, size, mtime));
+  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, size, 0644, mtime));
   e.attr_timeout = e.entry_timeout = kMailAttrTimeout;
   fuse_reply_entry(req, &e);
 }
@@ -563,7 +538,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
   int origin = parent->origin;
   auto dir_entry = [this, req, origin](const std::string& path) {
     Node* n = ctx_.inodes.Lookup(NodeKind::kMailDir, origin, path);
-    fuse_entry_param e = NodeEntry(n, DirStat(n->ino));
+    fuse_entry_param e = NodeEntry(n, DirStat(n->ino, 0755));
     MailPath c = Split(path);
     if (c.sub == "cur" || c.sub == "new") e.attr_timeout = 0;  // their mtime: see Getattr
     fuse_reply_entry(req, &e);
@@ -603,7 +578,7 @@ void MailTree::Getattr(fuse_req_t req, Node* n) {
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   MailPath p = Split(n->path);
   if (n->kind == NodeKind::kMailDir) {
-    struct stat st = DirStat(n->ino);
+    struct stat st = DirStat(n->ino, 0755);
     if (p.sub != "cur" && p.sub != "new") return (void)fuse_reply_attr(req, &st, kMailAttrTimeout);
     // Attributes of cur/ and new/ are not cached: their mtime is how readers see new mail, so
     // the summary is loaded before the first answer.
@@ -616,14 +591,14 @@ void MailTree::Getattr(fuse_req_t req, Node* n) {
   if (p.sub == "tmp") {
     auto t = mo->tmp.find(n->path);
     if (t == mo->tmp.end()) return (void)fuse_reply_err(req, ENOENT);
-    struct stat st = FileStat(ino, t->second.size(), UnixNow());
+    struct stat st = FileStat(ino, t->second.size(), 0644, UnixNow());
     return (void)fuse_reply_attr(req, &st, 0);
   }
   WithBox(*mo, p.folder, false, [this, req, ino, p](Result<MailBox*> b) {
     if (!b.ok()) return (void)fuse_reply_err(req, b.status().ToErrno());
     auto it = (*b)->messages.find(UniqueOf(p.name));
     if (it == (*b)->messages.end()) return (void)fuse_reply_err(req, ENOENT);
-    struct stat st = FileStat(ino, it->second.size, it->second.date);
+    struct stat st = FileStat(ino, it->second.size, 0644, it->second.date);
     fuse_reply_attr(req, &st, kMailAttrTimeout);
   });
 }
@@ -632,13 +607,13 @@ void MailTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, f
   MailOrigin* mo = OriginOf(n->origin);
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   if (n->kind == NodeKind::kMailDir) {
-    struct stat st = DirStat(n->ino);
+    struct stat st = DirStat(n->ino, 0755);
     return (void)fuse_reply_attr(req, &st, kMailAttrTimeout);
   }
   auto t = mo->tmp.find(n->path);
   if (t != mo->tmp.end()) {
     if (to_set & FUSE_SET_ATTR_SIZE) t->second.resize(static_cast<std::size_t>(attr->st_size));
-    struct stat st = FileStat(n->ino, t->second.size(), UnixNow());
+    struct stat st = FileStat(n->ino, t->second.size(), 0644, UnixNow());
     return (void)fuse_reply_attr(req, &st, 0);
   }
   // A message's bytes never change (IMAP messages are immutable); times and modes that
@@ -858,7 +833,7 @@ void MailTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t mod
   h.key = path;
   fi->fh = reads_.AddHandle(std::move(h));
   fi->direct_io = 1;
-  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, mo->tmp[path].size(), UnixNow()));
+  fuse_entry_param e = NodeEntry(n, FileStat(n->ino, mo->tmp[path].size(), 0644, UnixNow()));
   e.attr_timeout = e.entry_timeout = 0;
   fuse_reply_create(req, &e, fi);
 }

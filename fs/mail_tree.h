@@ -130,8 +130,6 @@ class MailTree final : public Tree {
   void RecordUnapplied(const ImapOp& op, const std::string& why);
   void ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
                          std::int64_t mtime);
-  struct stat FileStat(fuse_ino_t ino, Bytes size, std::int64_t mtime) const;
-  struct stat DirStat(fuse_ino_t ino) const;
 
   TreeContext ctx_;
   OriginTree& reads_;

@@ -174,17 +174,9 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
 
 namespace {
 
+// Origin files are read-only.
 struct stat FileStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime) {
-  struct stat st {};
-  st.st_ino = ino;
-  st.st_mode = S_IFREG | 0444;
-  st.st_nlink = 1;
-  st.st_size = static_cast<off_t>(size);
-  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-  st.st_uid = getuid();
-  st.st_gid = getgid();
-  if (mtime) st.st_mtim.tv_sec = *mtime;
-  return st;
+  return ghost::FileStat(ino, size, 0444, mtime);
 }
 
 const DirEntry* FindEntry(const Listing& l, const std::string& name) {

@@ -45,14 +45,27 @@ const std::int64_t kStartedUnix = static_cast<std::int64_t>(std::time(nullptr));
 
 std::int64_t MountedUnix() { return kStartedUnix; }
 
-struct stat ReadOnlyDirStat(fuse_ino_t ino) {
+struct stat DirStat(fuse_ino_t ino, mode_t perm) {
   struct stat st {};
   st.st_mtim.tv_sec = st.st_ctim.tv_sec = st.st_atim.tv_sec = MountedUnix();  // not 1970
   st.st_ino = ino;
-  st.st_mode = S_IFDIR | 0555;
+  st.st_mode = S_IFDIR | perm;
   st.st_nlink = 2;
   st.st_uid = getuid();
   st.st_gid = getgid();
+  return st;
+}
+
+struct stat FileStat(fuse_ino_t ino, Bytes size, mode_t perm, std::optional<std::int64_t> mtime) {
+  struct stat st {};
+  st.st_ino = ino;
+  st.st_mode = S_IFREG | perm;
+  st.st_nlink = 1;
+  st.st_size = static_cast<off_t>(size);
+  st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
+  st.st_uid = getuid();
+  st.st_gid = getgid();
+  if (mtime) st.st_mtim.tv_sec = st.st_ctim.tv_sec = *mtime;
   return st;
 }
 

@@ -127,7 +127,11 @@ inline constexpr fuse_ino_t kUnknownIno = 0xffffffff;
 // A read-only directory's attributes.
 // When the daemon started (wall clock): the date directories show, which have none of their own.
 std::int64_t MountedUnix();
-struct stat ReadOnlyDirStat(fuse_ino_t ino);
+struct stat DirStat(fuse_ino_t ino, mode_t perm);
+inline struct stat ReadOnlyDirStat(fuse_ino_t ino) { return DirStat(ino, 0555); }
+// A regular file's attributes: owned by the mounting user; modified (and changed) at `mtime`
+// when it is known, else 0.
+struct stat FileStat(fuse_ino_t ino, Bytes size, mode_t perm, std::optional<std::int64_t> mtime);
 // The entry of `n` (attributes `st`, cached for `timeout` seconds).
 fuse_entry_param NodeEntry(const Node* n, const struct stat& st, double timeout = 1.0);
 // Replies with the entry of `n` (attributes `st`, cached for `timeout` seconds).
