@@ -1,11 +1,7 @@
 #include "tests/common/dovecot_fixture.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,43 +10,22 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
 #include <vector>
 
+#include "common/base/file_io.h"
+#include "tests/common/server_process.h"
+
 namespace ghost {
 namespace {
 
 namespace fs = std::filesystem;
 
-// An fd closed on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 Status WriteFile(const std::string& path, const std::string& contents, mode_t mode) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode));
   if (fd.get() < 0) return Status::FromErrno(errno, "open " + path);
   std::size_t done = 0;
   while (done < contents.size()) {
@@ -65,66 +40,11 @@ Status WriteFile(const std::string& path, const std::string& contents, mode_t mo
   return Status::Ok();
 }
 
-// A port on 127.0.0.1 that nothing listens on right now (the kernel's pick).
-Result<int> PickFreePort() {
-  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (s.get() < 0) return Status::FromErrno(errno, "socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    return Status::FromErrno(errno, "bind 127.0.0.1:0");
-  }
-  socklen_t len = sizeof addr;
-  if (::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return Status::FromErrno(errno, "getsockname");
-  }
-  return static_cast<int>(ntohs(addr.sin_port));
-}
-
-bool Accepts(int port) {
-  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (s.get() < 0) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  return ::connect(s.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-}
-
-std::string MakeTempDir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ghost-dovecot-XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  if (::mkdtemp(buf.data()) == nullptr) return "";
-  return std::string(buf.data());
-}
-
-// Starts argv with its output appended to `out_path`; returns its pid, or -1.
-pid_t Spawn(std::vector<std::string> args, const std::string& out_path) {
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  Fd out(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  const pid_t pid = ::fork();
-  if (pid < 0) return -1;
-  if (pid == 0) {
-    if (out.get() >= 0) {
-      ::dup2(out.get(), STDOUT_FILENO);
-      ::dup2(out.get(), STDERR_FILENO);
-    }
-    ::close_range(3, ~0U, 0);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 // Runs argv to completion with its output in `out_path`; returns its exit status or -1.
 int RunAndWait(std::vector<std::string> args, const std::string& out_path) {
-  const pid_t pid = Spawn(std::move(args), out_path);
-  if (pid < 0) return -1;
+  Result<pid_t> started = StartChild(std::move(args), out_path, /*append=*/true);
+  if (!started.ok()) return -1;
+  const pid_t pid = *started;
   int wstatus = 0;
   while (::waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
@@ -179,7 +99,7 @@ Status DovecotServer::Start(const Options& options) {
         "a newline (passwd-file format)");
   }
   options_ = options;
-  dir_ = MakeTempDir();
+  dir_ = MakeTempDir("dovecot");
   if (dir_.empty()) return Status::FromErrno(errno, "mkdtemp for dovecot");
   // dovecot's auth process runs as its own user and must reach the password file.
   if (::chmod(dir_.c_str(), 0755) != 0) return Status::FromErrno(errno, "chmod " + dir_);
@@ -280,56 +200,26 @@ Status DovecotServer::SpawnOnce(int port, int tls_port, bool* port_taken) {
   std::error_code ec;
   fs::remove(dir_ + "/dovecot.log", ec);
   const std::string out_path = dir_ + "/stderr.log";
-  Fd out(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (out.get() < 0) return Status::FromErrno(errno, "open " + out_path);
-
-  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
-  std::vector<std::string> args = {kBinary, "-F", "-c", conf_path};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-
-  const pid_t pid = ::fork();
-  if (pid < 0) return Status::FromErrno(errno, "fork for dovecot");
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);  // the test died before prctl
-    ::dup2(out.get(), STDOUT_FILENO);
-    ::dup2(out.get(), STDERR_FILENO);
-    ::close_range(3, ~0U, 0);  // no test sockets leak into dovecot
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  pid_ = pid;
+  Result<pid_t> pid = StartChild({kBinary, "-F", "-c", conf_path}, out_path);
+  if (!pid.ok()) return pid.status();
+  pid_ = *pid;
   port_ = port;
   tls_port_ = tls_port;
-
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    int wstatus = 0;
-    if (::waitpid(pid_, &wstatus, WNOHANG) == pid_) {
-      pid_ = -1;
-      const std::string log = ReadLog() + ReadFile(out_path);
-      *port_taken = log.find("Address already in use") != std::string::npos;
-      return Status::Unavailable("dovecot exited at start (status " + std::to_string(wstatus) +
-                                 "); its log:\n" + log);
-    }
-    if (Accepts(port_) && (tls_port_ == 0 || Accepts(tls_port_))) return Status::Ok();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  const std::string log = ReadLog();
-  Stop();
-  return Status::TimedOut("dovecot did not accept connections on 127.0.0.1:" +
-                          std::to_string(port) + " within 10 s; its log:\n" + log);
+  std::vector<int> ports = {port_};
+  if (tls_port_ != 0) ports.push_back(tls_port_);
+  s = WaitUntilAccepting(
+      &pid_, ports, "dovecot", [&] { return ReadLog() + ReadFile(out_path); }, port_taken);
+  if (s.code() == Status::Code::kTimedOut) Stop();
+  return s;
 }
 
 void DovecotServer::Stop() {
   if (pid_ > 0) {
     // doveadm stop signals the master and waits until it is gone; a zombie still counts as
     // there, so the master is reaped here while doveadm runs (else doveadm waits 3 s).
-    const pid_t doveadm =
-        Spawn({kDoveadm, "-c", dir_ + "/dovecot.conf", "stop"}, dir_ + "/doveadm.log");
+    Result<pid_t> started =
+        StartChild({kDoveadm, "-c", dir_ + "/dovecot.conf", "stop"}, dir_ + "/doveadm.log", true);
+    const pid_t doveadm = started.ok() ? *started : -1;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     bool master_gone = false;
     bool doveadm_gone = doveadm < 0;
