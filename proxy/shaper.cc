@@ -9,7 +9,10 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -119,6 +122,23 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   watch_ = event_new(base, fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnWatch, this);
   timer_ = evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
   evbuffer_add_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
+  if (const char* path = std::getenv("GHOST_SHAPER_CARD_LOG")) {
+    // The benchmark's record of the card model's decisions (scripts/bench-shaping.sh prices
+    // them against the capture): "start|sleep|wake|end REALTIME_NS", CLOCK_REALTIME like the
+    // capture's timestamps.
+    card_log_ = std::fopen(path, "ae");
+    if (card_log_ != nullptr) {
+      timespec real{};
+      clock_gettime(CLOCK_REALTIME, &real);
+      real_offset_ = std::chrono::duration_cast<Duration>(std::chrono::seconds(real.tv_sec) +
+                                                          std::chrono::nanoseconds(real.tv_nsec)) -
+                     start_.time_since_epoch();
+      LogCard("start", start_);
+      shaper_->SetCardListener([this](TimePoint when, bool awake) {
+        LogCard(awake ? "wake" : "sleep", when);
+      });
+    }
+  }
   std::string why;
   tap_ = ArrivalTap::Open(fd_, clock_, &why);
   if (tap_) {
@@ -136,6 +156,10 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
 UpstreamShaper::~UpstreamShaper() {
   const TimePoint now = clock_->Now();
   shaper_->Finish(now);
+  if (card_log_ != nullptr) {
+    LogCard("end", now);
+    std::fclose(card_log_);
+  }
   evbuffer_remove_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
   if (watch_) event_free(watch_);
   if (timer_) event_free(timer_);
@@ -166,6 +190,11 @@ UpstreamShaper::~UpstreamShaper() {
       ++stats_->slowdown_count;
     }
   }
+}
+
+void UpstreamShaper::LogCard(const char* what, TimePoint when) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch() + real_offset_);
+  std::fprintf(card_log_, "%s %lld\n", what, static_cast<long long>(ns.count()));
 }
 
 void UpstreamShaper::SetPaused(bool paused) {

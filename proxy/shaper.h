@@ -36,6 +36,7 @@
 #define GHOST_PROXY_SHAPER_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -158,6 +159,10 @@ class UpstreamShaper {
   std::unique_ptr<ArrivalTap> tap_;  // per-packet arrivals; null: the socket's view
   event* tap_event_ = nullptr;
   bool peer_closing_ = false;  // the capture saw FIN or RST: read to the end
+  // GHOST_SHAPER_CARD_LOG: the card model's decisions, for scripts/bench-shaping.sh.
+  void LogCard(const char* what, TimePoint when);
+  std::FILE* card_log_ = nullptr;
+  Duration real_offset_{};  // CLOCK_REALTIME − clock_ at the start
 };
 
 }  // namespace ghost
