@@ -29,6 +29,7 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"buffer_bytes", options.buffer},
       {"shaped_downloads", s.shaped_downloads},
       {"per_packet", s.per_packet},
+      {"knob_used", s.knob_used},
       {"active", s.active},
       {"bursts", s.bursts},
       {"mean_burst_bytes", s.bursts > 0 ? s.burst_bytes / s.bursts : 0},
@@ -149,6 +150,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
     std::fprintf(stderr, "shaper: no per-packet arrivals (%s)\n", why.c_str());
   }
   ++stats_->shaped_downloads;
+  stats_->knob_used = options.knob;
   ++stats_->active;
   Step();
 }

@@ -58,8 +58,11 @@ namespace ghost {
 // shape_max_slowdown, shape_threshold, shape_buffer).
 struct ShapingOptions {
   ShapeMode mode = ShapeMode::kAuto;
-  // The knob the eq. 4 decision uses (0 saves energy, 100 never shapes).
+  // The knob the eq. 4 decision uses (0 saves energy, 100 never shapes). Without
+  // knob_fixed, the knob of the ghostfs whose cache the proxy shares wins once known
+  // (CacheBackend::DaemonKnob); --shape-knob and the shape_knob key set knob_fixed.
   int knob = 50;
+  bool knob_fixed = false;
   // Shaping never slows a download more than this; 0: DefaultMaxSlowdown(knob).
   double max_slowdown = 0;
   // Responses shaped: declared length over this, or this many bytes of an unknown length.
@@ -72,6 +75,7 @@ struct ShapingOptions {
 struct ShapingStats {
   std::uint64_t shaped_downloads = 0;  // downloads a shaper ran on
   std::uint64_t per_packet = 0;        // of which timed per packet (proxy/arrival_tap.h)
+  int knob_used = -1;                  // the knob the latest one decided with (-1: none yet)
   std::uint64_t active = 0;            // running now
   std::uint64_t bursts = 0;
   Bytes burst_bytes = 0;

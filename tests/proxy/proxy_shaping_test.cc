@@ -301,6 +301,28 @@ TEST_F(ProxyShapingTest, KnobAtHundredNeverBursts) {
   EXPECT_EQ(s.sleep, Duration::zero());
 }
 
+// The knob of the ghostfs whose cache the proxy shares decides, unless the proxy's own knob
+// was fixed (--shape-knob, shape_knob): K = 100 never shapes, from either side.
+TEST_F(ProxyShapingTest, DaemonKnobDecidesUnlessTheKnobIsFixed) {
+  const std::string body = RandomBytes(1'000'000, 9);
+  auto run = [&](std::optional<int> daemon, int knob, bool fixed) {
+    ProxyOptions o = Options(ShapeMode::kAuto, knob);
+    o.shaping.knob_fixed = fixed;
+    StopProxy();
+    StartProxy(o);
+    backend_->daemon_knob = daemon;  // before any request reaches the loop thread
+    StreamingOrigin origin({LengthHead(body.size()), body});
+    EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+    const ShapingStats s = Stats();
+    EXPECT_EQ(s.shaped_downloads, 1u);
+    return s.knob_used;
+  };
+  EXPECT_EQ(run(100, 0, false), 100) << "the daemon's knob decides";
+  EXPECT_EQ(run(0, 100, false), 0) << "the daemon's knob decides";
+  EXPECT_EQ(run(0, 100, true), 100) << "a fixed knob wins over the daemon's";
+  EXPECT_EQ(run(std::nullopt, 30, false), 30) << "unknown daemon knob: the proxy's own";
+}
+
 TEST_F(ProxyShapingTest, StallingOriginIsNeitherCorruptedNorTruncated) {
   StartProxy(Options(ShapeMode::kAlways));
   const std::string body = RandomBytes(2'000'000, 6);
