@@ -85,6 +85,10 @@ class CacheBackend {
   // the disk a ghost hint when the network wins although its ideal mode would not have).
   virtual void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) = 0;
 
+  // The knob K of the daemon whose cache this is, as it last said (download shaping decides
+  // with it, proxy/shaper.h); nullopt while unknown. The default backend has no daemon.
+  virtual std::optional<int> DaemonKnob() const { return std::nullopt; }
+
   // The copy of `key` this process holds in RAM, if any (synchronous: a memory hit costs no
   // round trip). Its freshness is the caller's to judge, as for any stored response. The
   // default backend holds none.

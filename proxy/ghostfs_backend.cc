@@ -217,9 +217,12 @@ class GhostfsBackend final : public CacheBackend {
       memory_.Clear();
     });
     Subscribe();
+    WatchKnob();
   }
 
   ~GhostfsBackend() override { ReportServed(); }
+
+  std::optional<int> DaemonKnob() const override { return knob_; }
 
   std::shared_ptr<const MemoryObject> FindInMemory(const std::string& key) override {
     if (!MemoryUsable()) return nullptr;
@@ -251,6 +254,7 @@ class GhostfsBackend final : public CacheBackend {
 
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
     if (!MemoryUsable() && !subscribing_) Subscribe();
+    if (knob_serial_ != ctl_->connection_serial() && !knob_asking_) WatchKnob();
     LookupAttempt(key, 1, std::move(done));
   }
 
@@ -557,11 +561,41 @@ class GhostfsBackend final : public CacheBackend {
     });
   }
 
+  // The daemon's knob: asked once per connection, then followed through its "stats" events
+  // (published when the knob, a mode or the cache changes; never on a timer).
+  void WatchKnob() {
+    knob_asking_ = true;
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call(ControlOp::kSubscribe, {{"topics", {"stats"}}}, [this, alive](Result<json> r) {
+      if (alive.expired() || !r.ok()) {
+        if (!alive.expired()) knob_asking_ = false;
+        return;
+      }
+      ctl_->Call(ControlOp::kKnob, json::object(), [this, alive](Result<json> k) {
+        if (alive.expired()) return;
+        knob_asking_ = false;
+        if (!k.ok()) return;
+        TakeKnob(*k);
+        knob_serial_ = ctl_->connection_serial();
+      });
+    });
+  }
+
+  void TakeKnob(const json& j) {
+    auto k = j.find("knob");
+    if (k != j.end() && k->is_number_integer()) {
+      const auto v = k->get<std::int64_t>();
+      if (v >= 0 && v <= 100) knob_ = static_cast<int>(v);
+    }
+  }
+
   void OnControlEvent(const json& event) {
     auto topic = event.find("event");
-    if (topic == event.end() || !topic->is_string() || *topic != "objects") return;
+    if (topic == event.end() || !topic->is_string()) return;
     auto data = event.find("data");
     if (data == event.end()) return;
+    if (*topic == "stats" && data->is_object()) return TakeKnob(*data);
+    if (*topic != "objects") return;
     Result<std::string> key = ObjectsEventKey(*data);
     if (key.ok()) Changed(*key);
   }
@@ -616,6 +650,9 @@ class GhostfsBackend final : public CacheBackend {
   std::uint64_t subscribed_serial_ = 0;  // the connection our "objects" subscription holds on
   bool subscribing_ = false;
   bool subscribe_refused_ = false;  // the daemon does not know the "objects" topic
+  std::optional<int> knob_;         // the daemon's knob, once it said
+  std::uint64_t knob_serial_ = 0;   // the connection the knob is followed on
+  bool knob_asking_ = false;
   // Counts changes seen (events, our own writes, lost connections): a body read that spans
   // one is not kept, as it may be older than the change.
   std::uint64_t changes_ = 0;

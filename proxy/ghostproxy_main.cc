@@ -172,7 +172,10 @@ int main(int argc, char** argv) {
   if (request_timeout > 0) o.proxy.request_timeout = ghost::Seconds(request_timeout);
   if (!shape.empty()) o.proxy.shaping.mode = *ghost::ParseShapeMode(shape.c_str());
   if (shape_max_slowdown > 0) o.proxy.shaping.max_slowdown = shape_max_slowdown;
-  if (shape_knob >= 0) o.proxy.shaping.knob = shape_knob;
+  if (shape_knob >= 0) {
+    o.proxy.shaping.knob = shape_knob;
+    o.proxy.shaping.knob_fixed = true;  // an override: ghostfs's knob no longer applies
+  }
   if (!memory_cache.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);
     if (!b.ok()) return fail("--memory-cache: " + b.status().message(), 2);

@@ -84,8 +84,11 @@ void OriginConn::SetOwner(ClientConnection* owner) {
 }
 
 void OriginConn::StartShaping(Bytes size) {
-  const ShapingOptions& o = proxy_->options.shaping;
+  ShapingOptions o = proxy_->options.shaping;
   if (shaper_ || !bev_ || state_ != State::kOpen || o.mode == ShapeMode::kOff) return;
+  if (!o.knob_fixed) {
+    if (std::optional<int> k = proxy_->backend->DaemonKnob()) o.knob = *k;
+  }
   shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed_buffer_,
                                              &proxy_->stats.shaping);
   if (read_paused_) shaper_->SetPaused(true);

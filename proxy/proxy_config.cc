@@ -177,6 +177,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
     if (!k || !n->is_integer() || *k < 0 || *k > 100)
       return bad(*n, "\"shape_knob\" must be an integer in 0..100");
     p.shaping.knob = static_cast<int>(*k);
+    p.shaping.knob_fixed = true;
   }
   if (const toml::node* n = t.get("shape_max_slowdown")) {
     auto d = n->value<double>();

@@ -9,7 +9,10 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <time.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -25,6 +28,8 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"threshold_bytes", options.threshold},
       {"buffer_bytes", options.buffer},
       {"shaped_downloads", s.shaped_downloads},
+      {"per_packet", s.per_packet},
+      {"knob_used", s.knob_used},
       {"active", s.active},
       {"bursts", s.bursts},
       {"mean_burst_bytes", s.bursts > 0 ? s.burst_bytes / s.bursts : 0},
@@ -118,7 +123,34 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   watch_ = event_new(base, fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnWatch, this);
   timer_ = evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
   evbuffer_add_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
+  if (const char* path = std::getenv("GHOST_SHAPER_CARD_LOG")) {
+    // The benchmark's record of the card model's decisions (scripts/bench-shaping.sh prices
+    // them against the capture): "start|sleep|wake|end REALTIME_NS", CLOCK_REALTIME like the
+    // capture's timestamps.
+    card_log_ = std::fopen(path, "ae");
+    if (card_log_ != nullptr) {
+      timespec real{};
+      clock_gettime(CLOCK_REALTIME, &real);
+      real_offset_ = std::chrono::duration_cast<Duration>(std::chrono::seconds(real.tv_sec) +
+                                                          std::chrono::nanoseconds(real.tv_nsec)) -
+                     start_.time_since_epoch();
+      LogCard("start", start_);
+      shaper_->SetCardListener([this](TimePoint when, bool awake) {
+        LogCard(awake ? "wake" : "sleep", when);
+      });
+    }
+  }
+  std::string why;
+  tap_ = ArrivalTap::Open(fd_, clock_, &why);
+  if (tap_) {
+    tap_event_ = event_new(base, tap_->fd(), EV_READ | EV_PERSIST, &UpstreamShaper::OnTapEvent, this);
+    event_add(tap_event_, nullptr);
+    ++stats_->per_packet;
+  } else if (std::getenv("GHOST_SHAPER_TRACE")) {
+    std::fprintf(stderr, "shaper: no per-packet arrivals (%s)\n", why.c_str());
+  }
   ++stats_->shaped_downloads;
+  stats_->knob_used = options.knob;
   ++stats_->active;
   Step();
 }
@@ -126,9 +158,15 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
 UpstreamShaper::~UpstreamShaper() {
   const TimePoint now = clock_->Now();
   shaper_->Finish(now);
+  if (card_log_ != nullptr) {
+    LogCard("end", now);
+    std::fclose(card_log_);
+  }
   evbuffer_remove_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
   if (watch_) event_free(watch_);
   if (timer_) event_free(timer_);
+  if (tap_event_) event_free(tap_event_);
+  tap_.reset();
   int one = 1;
   setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
   if (!paused_) bufferevent_enable(bev_, EV_READ);
@@ -154,6 +192,11 @@ UpstreamShaper::~UpstreamShaper() {
       ++stats_->slowdown_count;
     }
   }
+}
+
+void UpstreamShaper::LogCard(const char* what, TimePoint when) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch() + real_offset_);
+  std::fprintf(card_log_, "%s %lld\n", what, static_cast<long long>(ns.count()));
 }
 
 void UpstreamShaper::SetPaused(bool paused) {
@@ -193,7 +236,16 @@ void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg)
   if (info->n_added == 0) return;
   const TimePoint now = self->clock_->Now();
   self->bytes_ += info->n_added;  // every byte read from the socket, once
-  if (!self->draining_) {
+  if (self->tap_) {
+    // The capture times the packets; the read only says the socket was (partly) emptied.
+    self->DrainTap();
+    self->awaiting_burst_ = false;
+    if (self->draining_ && self->Queued() == 0) {
+      self->draining_ = false;
+      self->awaiting_burst_ = true;
+      self->shaper_->OnOpened(std::max(now, self->last_arrival_));
+    }
+  } else if (!self->draining_) {
     // Reading freely, or the first bytes of a burst after an open: each read is an arrival.
     self->awaiting_burst_ = false;
     self->shaper_->OnTimer(now);
@@ -209,7 +261,32 @@ void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg)
   self->Step();
 }
 
+void UpstreamShaper::DrainTap() {
+  if (!tap_) return;
+  tap_->Drain([this](const TappedSegment& seg) {
+    const TimePoint at = std::max(seg.at, last_arrival_);
+    if (seg.payload > 0) {
+      shaper_->OnTimer(at);
+      shaper_->OnArrival(at, seg.payload, seg.missing);
+      last_arrival_ = at;
+      if (!draining_) awaiting_burst_ = false;  // the burst began: the window closes
+    }
+    if (seg.closing) peer_closing_ = true;
+  });
+}
+
+void UpstreamShaper::OnTapEvent(int, short, void* arg) {
+  auto* self = static_cast<UpstreamShaper*>(arg);
+  self->DrainTap();
+  self->shaper_->OnTimer(std::max(self->clock_->Now(), self->last_arrival_));
+  self->Step();
+}
+
 bool UpstreamShaper::Observe(TimePoint now, bool woke_readable) {
+  if (tap_) {
+    DrainTap();
+    return true;
+  }
   const std::size_t q = Queued();
   if (q > seen_) {
     tcp_info info;
@@ -241,7 +318,8 @@ void UpstreamShaper::OnWatch(int, short, void* arg) {
 
 void UpstreamShaper::OnTimerEvent(int, short, void* arg) {
   auto* self = static_cast<UpstreamShaper*>(arg);
-  const TimePoint now = self->clock_->Now();
+  self->DrainTap();
+  const TimePoint now = std::max(self->clock_->Now(), self->last_arrival_);
   if (!self->reading_) self->Observe(now, /*woke_readable=*/false);
   self->shaper_->OnTimer(now);
   self->Step();
@@ -276,36 +354,39 @@ void UpstreamShaper::Watch(bool on) {
 }
 
 void UpstreamShaper::Step() {
-  const TimePoint now = clock_->Now();
+  DrainTap();
+  const TimePoint now = std::max(clock_->Now(), last_arrival_);
   if (!shaper_->reads_freely() && shaper_->wants_open() && !draining_ && !paused_) {
     Observe(now, /*woke_readable=*/false);
     if (Queued() == 0) {
       seen_ = 0;
       awaiting_burst_ = true;
-      shaper_->OnOpened(now);
+      shaper_->OnOpened(std::max(now, last_arrival_));
     } else {
       draining_ = true;
     }
   }
   const bool freely = shaper_->reads_freely();
   if (std::getenv("GHOST_SHAPER_TRACE")) {
-    std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d\n",
+    std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d rtt=%.1fms rate=%.0f W=%.0f td=%.1fms\n",
                  ToSeconds(now), ShaperStateName(shaper_->state()), freely, draining_, awaiting_burst_,
-                 shaper_->wants_open(), Queued(), seen_, paused_, shaper_->card_awake());
+                 shaper_->wants_open(), Queued(), seen_, paused_, shaper_->card_awake(),
+                 ToSeconds(shaper_->min_rtt()) * 1e3, shaper_->rate(), shaper_->window_packets(),
+                 ToSeconds(shaper_->BurstEndThreshold()) * 1e3);
   }
   if (!freely && was_freely_) awaiting_burst_ = Queued() == 0;  // bursts begin
   was_freely_ = freely;
   // Waiting for a burst with the socket empty, the bufferevent reads: its first read ends the
   // wait (and its read timeout still catches an origin that stalls between bursts).
-  const bool read = freely || draining_ || awaiting_burst_;
+  const bool read = freely || draining_ || awaiting_burst_ || peer_closing_;
   SetReading(!paused_ && read);
-  Watch(!paused_ && !read);
+  Watch(!tap_ && !paused_ && !read);
   event_del(timer_);
   if (std::optional<TimePoint> next = shaper_->NextDeadline()) {
     const Duration in = std::max(Duration::zero(), *next - now) + Duration(100);
     timeval tv{static_cast<time_t>(in.count() / 1000000), static_cast<suseconds_t>(in.count() % 1000000)};
     event_add(timer_, &tv);
-  } else if (!read && !paused_ && !watching_) {
+  } else if (!tap_ && !read && !paused_ && !watching_) {
     // Window closed and past the SO_RCVLOWAT cap with no deadline: look again soon.
     timeval tv{0, 3000};
     event_add(timer_, &tv);

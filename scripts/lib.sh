@@ -25,6 +25,7 @@ GHOST_PACKAGES=(
   python3-matplotlib  # scripts/plots.py and tests/integration/plots_test.py
   wrk squid  # scripts/bench-scale.sh, scripts/bench-proxy.sh: load generator and the peer cache
   python3-websocket  # tests/integration/ghostproxy_dashboard_test.py: Chromium DevTools protocol
+  libpcap-dev tcpdump  # proxy/arrival_tap.cc (per-packet arrivals), scripts/bench-shaping.sh captures
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -2,7 +2,10 @@
 // time they were read and leave, in arrival order, once they have been held for the delay.
 // Because every packet of a line is held for the same delay, the packets that are due form a
 // prefix of the FIFO, and one NFQUEUE batch verdict ("accept every id up to N") releases them
-// all; TakeDue returns that N.
+// all; TakeDue returns that N. A packet may be held longer than the delay (jitter, see
+// Impairment below), but never past a later packet's departure: its deadline is at least the
+// one before it, so the link varies its delay without reordering (as the shaping paper's
+// modified DummyNet) and the due packets are still a prefix.
 //
 // Thread-safety: none; one event loop owns a line. Time is passed in, so tests need no clock.
 #ifndef GHOST_TESTS_LINKEMU_DELAY_LINE_H_
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <random>
 
 namespace ghost::linkemu {
 
@@ -27,8 +31,11 @@ class DelayLine {
 
   // Holds packet `id`, read at `now`. Ids come from one NFQUEUE queue, so they increase by one
   // per packet (modulo 2^32) in arrival order.
-  void Push(Nanos now, std::uint32_t id) {
-    held_.push_back({now + delay_, id});
+  // `extra`: held this much longer than the delay (and at least until the packet before it).
+  void Push(Nanos now, std::uint32_t id, Nanos extra = Nanos(0)) {
+    Nanos deadline = now + delay_ + extra;
+    if (!held_.empty() && deadline < held_.back().deadline) deadline = held_.back().deadline;
+    held_.push_back({deadline, id});
     if (held_.size() > max_held_) max_held_ = held_.size();
   }
 
@@ -70,6 +77,40 @@ class DelayLine {
   const Nanos coalesce_;
   std::deque<Held> held_;
   std::size_t max_held_ = 0;
+};
+
+// What the link does to each packet besides the fixed delay: random loss (each packet dropped
+// with probability `loss`, independently) and a random extra delay drawn from a gamma
+// distribution with mean `jitter_mean` and shape `jitter_shape` (shape 1 is exponential; the
+// larger, the more symmetric around the mean). Deterministic for a given seed.
+class Impairment {
+ public:
+  struct Fate {
+    bool drop = false;
+    Nanos extra{0};
+  };
+  // Preconditions: 0 ≤ loss ≤ 1, jitter_mean ≥ 0, jitter_shape > 0.
+  Impairment(double loss, Nanos jitter_mean, double jitter_shape, std::uint64_t seed)
+      : loss_(loss), jitter_(jitter_mean), rng_(seed), drop_(loss),
+        gamma_(jitter_shape, static_cast<double>(jitter_mean.count()) / jitter_shape) {}
+
+  Fate Next() {
+    Fate f;
+    if (loss_ > 0 && drop_(rng_)) {
+      f.drop = true;
+      return f;
+    }
+    if (jitter_.count() > 0) f.extra = Nanos(static_cast<std::int64_t>(gamma_(rng_)));
+    return f;
+  }
+  bool active() const { return loss_ > 0 || jitter_.count() > 0; }
+
+ private:
+  double loss_;
+  Nanos jitter_;
+  std::mt19937_64 rng_;
+  std::bernoulli_distribution drop_;
+  std::gamma_distribution<double> gamma_;
 };
 
 }  // namespace ghost::linkemu

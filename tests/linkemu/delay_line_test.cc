@@ -64,5 +64,50 @@ TEST_F(DelayLineTest, TakeAllReturnsTheNewestAndEmptiesTheLine) {
   EXPECT_EQ(line_.max_held(), 2u);
 }
 
+TEST_F(DelayLineTest, JitteredPacketsStillLeaveInOrder) {
+  line_.Push(milliseconds(0), 1, milliseconds(15));  // due at 35
+  line_.Push(milliseconds(1), 2);                    // due at 21, but waits for 1
+  line_.Push(milliseconds(2), 3, milliseconds(30));  // due at 52
+  EXPECT_FALSE(line_.TakeDue(milliseconds(30)).has_value());
+  EXPECT_EQ(line_.TakeDue(milliseconds(35)), 2u);  // 1 and 2 together
+  EXPECT_FALSE(line_.TakeDue(milliseconds(51)).has_value());
+  EXPECT_EQ(line_.TakeDue(milliseconds(52)), 3u);
+}
+
+TEST(ImpairmentTest, DropsAboutTheGivenShareOfPackets) {
+  Impairment link(0.01, Nanos(0), 2, 42);
+  int dropped = 0;
+  for (int i = 0; i < 100000; ++i) dropped += link.Next().drop ? 1 : 0;
+  EXPECT_GT(dropped, 850);
+  EXPECT_LT(dropped, 1150);
+}
+
+TEST(ImpairmentTest, JitterIsGammaWithTheGivenMeanAndNeverNegative) {
+  Impairment link(0, milliseconds(5), 2, 7);
+  double sum = 0, sq = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    const Impairment::Fate f = link.Next();
+    ASSERT_FALSE(f.drop);
+    ASSERT_GE(f.extra.count(), 0);
+    const double ms = static_cast<double>(f.extra.count()) / 1e6;
+    sum += ms;
+    sq += ms * ms;
+  }
+  const double mean = sum / n, var = sq / n - mean * mean;
+  EXPECT_NEAR(mean, 5.0, 0.1);
+  EXPECT_NEAR(var, 12.5, 1.0);  // gamma: mean² / shape
+}
+
+TEST(ImpairmentTest, NoLossNoJitterLeavesPacketsAlone) {
+  Impairment link(0, Nanos(0), 2, 1);
+  EXPECT_FALSE(link.active());
+  for (int i = 0; i < 1000; ++i) {
+    const Impairment::Fate f = link.Next();
+    EXPECT_FALSE(f.drop);
+    EXPECT_EQ(f.extra.count(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace ghost::linkemu

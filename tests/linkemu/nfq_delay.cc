@@ -3,7 +3,11 @@
 // accepts it, in arrival order.
 //
 //   nfq_delay --queue N [--queue M ...] [--delay-ms D [--delay-ms E ...]] [--maxlen 65536]
-//             [--link NAME]
+//             [--loss-pct P ...] [--jitter-ms J ...] [--jitter-shape K] [--seed S] [--link NAME]
+//
+// --loss-pct drops that share of packets at random; --jitter-ms adds a gamma-distributed extra
+// delay of that mean (shape --jitter-shape, default 2) without reordering (a packet never
+// leaves before the one ahead of it). Like --delay-ms, one value for all queues or one each.
 //
 // One --delay-ms applies to every queue; several give each queue its own, in order (so the
 // downlink and the uplink of a link can differ). The default is 20 ms.
@@ -43,6 +47,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/linkemu/delay_line.h"
@@ -65,6 +70,10 @@ constexpr int kRcvBuf = 8 << 20;
 struct Options {
   std::vector<int> queues;
   std::vector<double> delays_ms;  // one for all queues, or one per queue
+  std::vector<double> loss_pct;   // same
+  std::vector<double> jitter_ms;  // same: mean of the gamma-distributed extra delay
+  double jitter_shape = 2;
+  std::uint64_t seed = 0;         // 0: from the clock
   std::uint32_t maxlen = 65536;
   std::string link;  // a label only
 };
@@ -97,7 +106,8 @@ struct NfqCloser {
 // Delayer's nfq_handle and is destroyed by Unbind (or with the handle).
 class DelayedQueue {
  public:
-  DelayedQueue(int num, Nanos delay) : num_(num), line_(delay, kCoalesce) {}
+  DelayedQueue(int num, Nanos delay, ghost::linkemu::Impairment impairment)
+      : num_(num), line_(delay, kCoalesce), impairment_(std::move(impairment)) {}
   DelayedQueue(const DelayedQueue&) = delete;
   DelayedQueue& operator=(const DelayedQueue&) = delete;
 
@@ -177,9 +187,10 @@ class DelayedQueue {
 
   void PrintCounts() const {
     std::fprintf(stderr,
-                 "nfq_delay: queue %d: %llu packets, %llu verdicts, at most %zu held, %llu "
-                 "verdict errors\n",
+                 "nfq_delay: queue %d: %llu packets, %llu dropped, %llu verdicts, at most %zu "
+                 "held, %llu verdict errors\n",
                  num_, static_cast<unsigned long long>(packets_),
+                 static_cast<unsigned long long>(dropped_),
                  static_cast<unsigned long long>(verdicts_), line_.max_held(),
                  static_cast<unsigned long long>(verdict_errors_));
   }
@@ -192,8 +203,15 @@ class DelayedQueue {
     const nfqnl_msg_packet_hdr* hdr = nfq_get_msg_packet_hdr(nfad);
     if (hdr == nullptr) return 0;
     const std::uint32_t id = ntohl(hdr->packet_id);
+    const ghost::linkemu::Impairment::Fate fate = self->impairment_.Next();
+    if (fate.drop) {
+      // Out of the kernel queue now; later batch verdicts skip it.
+      ++self->dropped_;
+      if (nfq_set_verdict(self->qh_, id, NF_DROP, 0, nullptr) < 0) ++self->verdict_errors_;
+      return 0;
+    }
     try {
-      self->line_.Push(Now(), id);
+      self->line_.Push(Now(), id, fate.extra);
     } catch (...) {
       std::fprintf(stderr, "nfq_delay: out of memory holding packets\n");
       std::abort();
@@ -217,6 +235,8 @@ class DelayedQueue {
 
   const int num_;
   DelayLine line_;
+  ghost::linkemu::Impairment impairment_;
+  std::uint64_t dropped_ = 0;
   nfq_q_handle* qh_ = nullptr;
   std::unique_ptr<Fd> timer_;
   std::optional<Nanos> armed_;
@@ -249,7 +269,14 @@ class Delayer {
       const double ms = opt_.delays_ms.size() == 1 ? opt_.delays_ms[0] : opt_.delays_ms[i];
       const auto delay =
           std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(ms));
-      queues_.push_back(std::make_unique<DelayedQueue>(opt_.queues[i], delay));
+      auto per_queue = [&](const std::vector<double>& v) {
+        return v.empty() ? 0.0 : v.size() == 1 ? v[0] : v[i];
+      };
+      const auto jitter = std::chrono::duration_cast<Nanos>(
+          std::chrono::duration<double, std::milli>(per_queue(opt_.jitter_ms)));
+      ghost::linkemu::Impairment impairment(per_queue(opt_.loss_pct) / 100.0, jitter,
+                                            opt_.jitter_shape, opt_.seed + i);
+      queues_.push_back(std::make_unique<DelayedQueue>(opt_.queues[i], delay, std::move(impairment)));
       if (!queues_.back()->Bind(handle_.get(), opt_.maxlen)) return false;
     }
 
@@ -373,6 +400,15 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 60000.0));
   app.add_option("--maxlen", opt.maxlen, "kernel queue length in packets (default 65536)")
       ->check(CLI::Range(1u, 1u << 24));
+  app.add_option("--loss-pct", opt.loss_pct,
+                 "random loss in percent: one for all queues or one per queue (default 0)")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--jitter-ms", opt.jitter_ms,
+                 "mean of a gamma-distributed extra delay (no reordering): one or one per queue")
+      ->check(CLI::Range(0.0, 60000.0));
+  app.add_option("--jitter-shape", opt.jitter_shape, "shape of the jitter's gamma (default 2)")
+      ->check(CLI::Range(0.01, 1000.0));
+  app.add_option("--seed", opt.seed, "random seed of loss and jitter (default: the clock)");
   app.add_option("--link", opt.link, "label of the link this delayer belongs to (informational)");
   try {
     app.parse(argc, argv);
@@ -389,6 +425,14 @@ int main(int argc, char** argv) {
                  opt.delays_ms.size(), opt.queues.size());
     return kUsage;
   }
+
+  for (const auto* v : {&opt.loss_pct, &opt.jitter_ms}) {
+    if (v->size() > 1 && v->size() != opt.queues.size()) {
+      std::fprintf(stderr, "nfq_delay: give one --loss-pct/--jitter-ms for all queues or one per queue\n");
+      return kUsage;
+    }
+  }
+  if (opt.seed == 0) opt.seed = static_cast<std::uint64_t>(Now().count());
 
   // Timer precision is the point of the program: no 50 us default slack.
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);

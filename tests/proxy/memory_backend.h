@@ -47,11 +47,14 @@ class MemoryBackend final : public CacheBackend {
 
   // Borrows `base`, which must outlive the backend.
   explicit MemoryBackend(event_base* base);
+  // What DaemonKnob says (a ghostfs's knob as the proxy last heard it); set before use.
+  std::optional<int> daemon_knob;
   ~MemoryBackend() override;
   MemoryBackend(const MemoryBackend&) = delete;
   MemoryBackend& operator=(const MemoryBackend&) = delete;
 
   // CacheBackend.
+  std::optional<int> DaemonKnob() const override { return daemon_knob; }
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override;
   void ReadBody(const std::string& key, const std::shared_ptr<const void>& body, Bytes offset,
                 Bytes length,

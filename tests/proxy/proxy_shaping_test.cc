@@ -18,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <future>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -300,6 +301,28 @@ TEST_F(ProxyShapingTest, KnobAtHundredNeverBursts) {
   EXPECT_EQ(s.sleep, Duration::zero());
 }
 
+// The knob of the ghostfs whose cache the proxy shares decides, unless the proxy's own knob
+// was fixed (--shape-knob, shape_knob): K = 100 never shapes, from either side.
+TEST_F(ProxyShapingTest, DaemonKnobDecidesUnlessTheKnobIsFixed) {
+  const std::string body = RandomBytes(1'000'000, 9);
+  auto run = [&](std::optional<int> daemon, int knob, bool fixed) {
+    ProxyOptions o = Options(ShapeMode::kAuto, knob);
+    o.shaping.knob_fixed = fixed;
+    StopProxy();
+    StartProxy(o);
+    backend_->daemon_knob = daemon;  // before any request reaches the loop thread
+    StreamingOrigin origin({LengthHead(body.size()), body});
+    EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+    const ShapingStats s = Stats();
+    EXPECT_EQ(s.shaped_downloads, 1u);
+    return s.knob_used;
+  };
+  EXPECT_EQ(run(100, 0, false), 100) << "the daemon's knob decides";
+  EXPECT_EQ(run(0, 100, false), 0) << "the daemon's knob decides";
+  EXPECT_EQ(run(0, 100, true), 100) << "a fixed knob wins over the daemon's";
+  EXPECT_EQ(run(std::nullopt, 30, false), 30) << "unknown daemon knob: the proxy's own";
+}
+
 TEST_F(ProxyShapingTest, StallingOriginIsNeitherCorruptedNorTruncated) {
   StartProxy(Options(ShapeMode::kAlways));
   const std::string body = RandomBytes(2'000'000, 6);
@@ -350,21 +373,40 @@ TEST_F(ProxyShapingTest, TunnelDownloadIsShapedAndByteIdentical) {
   EXPECT_EQ(Stats().shaped_downloads, 1u);
 }
 
-// On an emulated link (scripts/linkemu.sh; GHOST_SHAPING_URL names a large file behind it,
-// GHOST_SHAPING_SHA256 nothing: the bytes are compared by size here), a shaped download goes in
-// bursts and the card model sleeps between them. Skipped without the link.
+// On an emulated link (scripts/linkemu.sh; GHOST_SHAPING_URL names a large file behind it), a
+// shaped download goes in bursts and the card model sleeps between them. Skipped without the
+// link. Also the driver of scripts/bench-shaping.sh: GHOST_SHAPING_MODE (always, auto, off),
+// GHOST_SHAPING_BUFFER (SO_RCVBUF), GHOST_SHAPING_OUT (the body is written there, to be
+// compared by hash); it prints "RESULT {json}" with the time and the shaping counters.
 TEST_F(ProxyShapingTest, EmulatedLinkDownloadGoesInBursts) {
   const char* url = std::getenv("GHOST_SHAPING_URL");
   if (url == nullptr) GTEST_SKIP() << "GHOST_SHAPING_URL not set (needs scripts/linkemu.sh)";
-  ProxyOptions o = Options(ShapeMode::kAlways);
+  ShapeMode mode = ShapeMode::kAlways;
+  if (const char* m = std::getenv("GHOST_SHAPING_MODE")) {
+    const std::optional<ShapeMode> parsed = ParseShapeMode(m);
+    ASSERT_TRUE(parsed.has_value()) << "GHOST_SHAPING_MODE=" << m;
+    mode = *parsed;
+  }
+  ProxyOptions o = Options(mode);
   if (const char* buffer = std::getenv("GHOST_SHAPING_BUFFER")) o.shaping.buffer = std::atoi(buffer);
   StartProxy(o);
   const auto start = std::chrono::steady_clock::now();
   const std::string out = Exchange(std::string("GET ") + url + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const ShapingStats s = Stats();
-  std::printf("%.3f s, %zu bytes: %s\n", secs, BodyOf(out).size(),
+  const std::string body = BodyOf(out);
+  std::printf("RESULT {\"secs\": %.4f, \"body_bytes\": %zu, \"shaping\": %s}\n", secs, body.size(),
               ShapingStatusJson(ShapingOptions{}, s).c_str());
+  if (const char* path = std::getenv("GHOST_SHAPING_OUT")) {
+    std::FILE* f = std::fopen(path, "w");
+    ASSERT_NE(f, nullptr) << path;
+    std::fwrite(body.data(), 1, body.size(), f);
+    std::fclose(f);
+  }
+  if (mode == ShapeMode::kOff) {
+    EXPECT_EQ(s.shaped_downloads, 0u);
+    return;
+  }
   EXPECT_EQ(s.shaped_downloads, 1u);
   EXPECT_GT(s.bursts, 10u);
   EXPECT_GT(ToSeconds(s.sleep), 0.2 * secs);

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""The download-shaping experiment of the shaping paper, repeated (DESIGN §3.6).
+
+For each emulated link (scripts/linkemu.sh: RTT, random loss, optional gamma jitter, a
+20 Mb/s bottleneck) and each round, one download of SIZE bytes from nginx behind the link
+through ghostproxy's shaping code (the driver is tests/proxy_shaping_test's emulated-link
+test, an in-process proxy), twice: plain (--shape off) and shaped. tcpdump captures each on
+the client side of the link; tests/linkemu/wnic_energy prices the capture with the WNIC model
+(common/power/wnic_trace.h): plain TCP (card awake), ideal PSM (from the plain capture) and
+shaped (the proxy's logged sleep/wake decisions; packets that came while it slept are
+missed). Every body is compared with the origin's file by SHA-256.
+
+Prints, per link, the medians (and min–max over the rounds) of energy×delay, time and energy
+normalised to plain TCP, and missed packets per download, beside the paper's figures.
+Used by scripts/bench-shaping.sh (full sweep) and tests/integration/shaping_test.py (one
+CI-sized link)."""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_ED_MEAN = 0.46  # the paper: mean normalised energy×delay over 30–120 ms × 0–1% loss
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Link:
+    """One emulated link with nginx behind it; removed on exit."""
+
+    def __init__(self, build, name, subnet, rtt_ms, loss_pct, jitter_ms, rate_mbit, workdir):
+        self.build, self.name, self.subnet, self.workdir = build, name, subnet, workdir
+        self.script = os.path.join(ROOT, "scripts", "linkemu.sh")
+        self.env = dict(os.environ, GHOST_BUILD=build)
+        args = [self.script, "up", "--name", name, "--subnet", subnet,
+                "--delay-ms", str(rtt_ms / 2), "--down-kbit", str(int(rate_mbit * 1000)),
+                "--up-kbit", str(int(rate_mbit * 1000)), "--queue-ms", "100",
+                "--loss-pct", str(loss_pct), "--jitter-ms", str(jitter_ms)]
+        subprocess.run([self.script, "down", "--name", name], env=self.env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(args, env=self.env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+        self.ip = subnet + ".2"
+        self.port = 8081
+        ngx = os.path.join(workdir, "nginx")
+        os.makedirs(os.path.join(ngx, "logs"), exist_ok=True)
+        with open(os.path.join(ngx, "nginx.conf"), "w") as f:
+            f.write(f"""daemon off; worker_processes 1; pid {ngx}/nginx.pid;
+error_log {ngx}/logs/error.log;
+events {{ worker_connections 64; }}
+http {{ access_log off; sendfile on;
+  server {{ listen {self.ip}:{self.port}; root {workdir}/www; }} }}
+""")
+        self.nginx = subprocess.Popen([self.script, "exec", "--name", name, "nginx", "-c",
+                                       os.path.join(ngx, "nginx.conf"), "-p", ngx],
+                                      env=self.env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(50):
+            if subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "2",
+                               f"http://{self.ip}:{self.port}/"]).returncode == 0:
+                break
+            time.sleep(0.1)
+
+    def close(self):
+        try:
+            os.killpg(self.nginx.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        self.nginx.wait(timeout=10)
+        subprocess.run([self.script, "down", "--name", self.name], env=self.env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def download(build, link, mode, workdir, tag, profile):
+    """One download through the proxy with a capture; returns the priced runs."""
+    pcap = os.path.join(workdir, f"{tag}.pcap")
+    log = os.path.join(workdir, f"{tag}.card")
+    out = os.path.join(workdir, f"{tag}.body")
+    for p in (log,):
+        if os.path.exists(p):
+            os.unlink(p)
+    td = subprocess.Popen(["tcpdump", "-i", link.name, "-w", pcap, "-s", "128", "-B", "8192",
+                           "--immediate-mode", f"host {link.ip} and port {link.port}"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # tcpdump says "listening on" once the capture is open.
+    line = td.stderr.readline()
+    env = dict(os.environ, GHOST_SHAPING_URL=f"http://{link.ip}:{link.port}/data",
+               GHOST_SHAPING_MODE=mode, GHOST_SHAPING_OUT=out)
+    if mode != "off":
+        env["GHOST_SHAPER_CARD_LOG"] = log
+    r = subprocess.run([os.path.join(build, "tests", "proxy_shaping_test"),
+                        "--gtest_filter=*EmulatedLink*"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    time.sleep(0.3)
+    td.send_signal(signal.SIGTERM)
+    td.wait(timeout=10)
+    result = None
+    for l in r.stdout.splitlines():
+        if l.startswith("RESULT "):
+            result = json.loads(l[7:])
+    if result is None:
+        raise RuntimeError(f"{tag}: no RESULT from the driver:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    cmd = [os.path.join(build, "tests", "linkemu", "wnic_energy"), "--pcap", pcap,
+           "--origin-port", str(link.port), "--profile", profile]
+    if mode != "off" and os.path.exists(log):
+        cmd += ["--card-log", log]
+    priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    priced["driver"] = result
+    priced["sha256"] = sha256(out) if os.path.exists(out) else None
+    return priced
+
+
+def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print):
+    """All rounds on one link; returns a dict of the per-round ratios and checks."""
+    workdir = tempfile.mkdtemp(prefix="ghost-shaping-")
+    os.chmod(workdir, 0o755)  # nginx's workers are not root
+    try:
+        os.makedirs(os.path.join(workdir, "www"))
+        data = os.path.join(workdir, "www", "data")
+        with open(data, "wb") as f:
+            f.write(os.urandom(size))
+        want = sha256(data)
+        link = Link(build, name, subnet, rtt, loss, jitter, rate, workdir)
+        rows = []
+        try:
+            for i in range(rounds):
+                plain = download(build, link, "off", workdir, f"plain{i}", profile)
+                shaped = download(build, link, mode, workdir, f"shaped{i}", profile)
+                p, s, q = plain["plain"], shaped.get("shaped", shaped["plain"]), plain["psm"]
+                rows.append({
+                    "plain_ed": p["ed"], "shaped_ed": s["ed"], "psm_ed": q["ed"],
+                    "ed": s["ed"] / p["ed"], "psm": q["ed"] / p["ed"],
+                    "time": s["delay_s"] / p["delay_s"], "energy": s["energy_j"] / p["energy_j"],
+                    "missed": s["missed"], "bursts": shaped["driver"]["shaping"]["bursts"],
+                    "per_packet": shaped["driver"]["shaping"].get("per_packet", 0),
+                    "identical": plain["sha256"] == want and shaped["sha256"] == want,
+                })
+                log(f"# rtt {rtt} ms loss {loss}% round {i + 1}: E×D shaped {rows[-1]['ed']:.2f}× "
+                    f"psm {rows[-1]['psm']:.2f}× time {rows[-1]['time']:.2f}× missed {s['missed']}")
+        finally:
+            link.close()
+        return {"rtt_ms": rtt, "loss_pct": loss, "rounds": rows}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def summary(values):
+    m = statistics.median(values)
+    return f"{m:5.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rtts", default="30,60,90,120")
+    ap.add_argument("--losses", default="0,0.5,1")
+    ap.add_argument("--jitter-ms", type=float, default=0)
+    ap.add_argument("--size-mb", type=float, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rate-mbit", type=float, default=20)
+    ap.add_argument("--profile", default="wavelan-2.4")
+    ap.add_argument("--mode", default="always", choices=["always", "auto"])
+    ap.add_argument("--name", default="shbench")
+    ap.add_argument("--subnet", default="10.77.44")
+    ap.add_argument("--json", help="write every round here")
+    a = ap.parse_args()
+    results = []
+    for rtt in [float(x) for x in a.rtts.split(",")]:
+        for loss in [float(x) for x in a.losses.split(",")]:
+            results.append(run_link(a.build, rtt, loss, a.jitter_ms, int(a.size_mb * 1e6), a.rounds,
+                                    a.rate_mbit, a.profile, a.mode, a.name, a.subnet))
+    print(f"\nshaping at {a.rate_mbit:g} Mb/s, {a.size_mb:g} MB, {a.rounds} rounds, card {a.profile}, "
+          f"mode {a.mode}: medians [min–max], normalised to plain TCP")
+    print(f"{'RTT':>5} {'loss':>5} | {'E×D shaped':>18} | {'E×D PSM':>18} | {'time':>18} | "
+          f"{'energy':>18} | missed/dl | bytes ok")
+    eds = []
+    for r in results:
+        rows = r["rounds"]
+        eds += [x["ed"] for x in rows]
+        print(f"{r['rtt_ms']:5g} {r['loss_pct']:5g} | {summary([x['ed'] for x in rows]):>18} | "
+              f"{summary([x['psm'] for x in rows]):>18} | {summary([x['time'] for x in rows]):>18} | "
+              f"{summary([x['energy'] for x in rows]):>18} | {statistics.mean(x['missed'] for x in rows):9.1f} | "
+              f"{all(x['identical'] for x in rows)}")
+    print(f"mean E×D shaped/plain over the sweep: {statistics.mean(eds):.2f}× (paper: {PAPER_ED_MEAN}× "
+          f"average, best 0.27×)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0 if all(x["identical"] for r in results for x in r["rounds"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
