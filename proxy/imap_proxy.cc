@@ -21,6 +21,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <strings.h>
@@ -72,6 +74,30 @@ class ImapProxy::Impl {
   // With imap_journal: the deferred changes, on a clock of the loop.
   std::unique_ptr<RealClock> clock;
   std::unique_ptr<ImapDeferred> deferred;
+
+  // Offline service (the server unreachable): what sessions knew, in RAM only. Logins the
+  // server accepted, as salted SHA-256 digests (never the password), and each (user, mailbox)'s
+  // last UID map and flags.
+  struct Snapshot {
+    std::uint32_t uidvalidity = 0;
+    std::vector<std::uint32_t> uids;
+    std::map<std::uint32_t, std::vector<std::string>> flags;
+  };
+  std::map<std::string, Snapshot> snapshots;  // by user + "\n" + mailbox
+  std::map<std::string, std::string> logins;  // user -> digest
+  std::string salt = [] {
+    std::string s(16, '\0');
+    RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(s.size()));
+    return s;
+  }();
+  std::string Digest(const std::string& user, const std::string& password) const {
+    std::string in = salt + user + std::string(1, '\0') + password;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_Digest(in.data(), in.size(), md, &len, EVP_sha256(), nullptr);
+    std::fill(in.begin(), in.end(), '\0');
+    return std::string(reinterpret_cast<char*>(md), len);
+  }
 
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
@@ -142,6 +168,15 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   void ProcessClient();
   void ProcessServer();
   void HandleClientEvent(const imapwire::Event& ev);
+  // The server could not be reached: the proxy greets the client itself and serves what it has
+  // (see HandleOffline).
+  void GoOffline();
+  void HandleOffline(std::string_view line);
+  void OfflineLogin(const std::string& tag, const std::optional<std::string>& user,
+                    const std::optional<std::string>& password);
+  void Unavailable(const std::string& tag, const std::string& what);
+  // Keeps the selected mailbox's map and flags for offline sessions.
+  void SaveSnapshot();
   void HandleServerEvent(const imapwire::Event& ev);
   // Returns true when the command was handled here (not to be sent on).
   bool HandleClientCommand(std::string_view line, bool allow_cache = true);
@@ -162,7 +197,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // Whether a change of this session goes to the queue now.
   bool Defers() const {
     ImapDeferred* d = owner_->deferred.get();
-    return d && d->ShouldDefer() && !user_.empty() && d->CanSendFor(user_) && Selected();
+    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_) && Selected();
   }
   void ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f, std::uint32_t uid,
                       std::uint32_t seq, std::string key, std::string line);
@@ -198,6 +233,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   imapwire::Framer cframer_, sframer_;
   bool closing_ = false;
   bool connected_ = false;
+  bool offline_ = false;
 
   // Client side.
   Await await_ = Await::kNone;
@@ -273,6 +309,7 @@ void ImapSession::Start() {
 
 void ImapSession::Close(const std::string& why) {
   if (closing_) return;
+  SaveSnapshot();
   closing_ = true;
   if (server_) {
     bufferevent_free(server_);
@@ -320,11 +357,10 @@ void ImapSession::ServerEvent(short what) {
     return;
   }
   std::string why;
+  if (!connected_) return GoOffline();  // refused, unreachable, or silent for `timeout`
   if (what & BEV_EVENT_TIMEOUT) {
     ++owner_->stats.server_errors;
     why = "* BYE Ghost: the IMAP server " + owner_->origin_text + " stopped answering\r\n";
-  } else if (!connected_) {
-    why = "* BYE Ghost: cannot reach the IMAP server " + owner_->origin_text + "\r\n";
   } else if (what & BEV_EVENT_EOF) {
     // The server's last words (a BYE) were relayed already.
     if (!sframer_.AtBoundary()) why = "* BYE Ghost: the IMAP server closed the connection mid-response\r\n";
@@ -419,6 +455,7 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
     return;
   }
   client_dropping_ = false;
+  if (offline_) return HandleOffline(ev.text);
   if (await_ == Await::kAuthData) {
     // SASL data: PLAIN's carries the user (and the password, which is passed on, not kept).
     auto p = pending_.find(await_tag_);
@@ -486,6 +523,7 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
   } else if (n == "SELECT" || n == "EXAMINE") {
     p.kind = Kind::kSelect;
     if (std::optional<std::string> box = imapwire::ReadAstring(&rest)) p.arg = NormalizeMailbox(*box);
+    SaveSnapshot();
     selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
     map_valid_ = false;
     flags_.clear();
@@ -683,7 +721,12 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
   owner_->backend->Lookup(key, [this, weak, tag, name, f, uid, seq, key,
                                 line](Result<CacheLookup> r) {
     if (weak.expired() || closing_) return;
-    bool from_cache = r.ok() && r->cached && r->choice != CacheChoice::kNetwork;
+    bool from_cache = r.ok() && r->cached && (r->choice != CacheChoice::kNetwork || offline_);
+    if (!from_cache && offline_) {
+      busy_ = false;
+      Unavailable(tag, "the message is not in the cache");
+      return ProcessClient();
+    }
     if (!from_cache) {
       // The server answers (the cost model chose the network, or nothing is cached); the body
       // it sends is stored on the way.
@@ -914,6 +957,7 @@ void ImapSession::ServerTagged(std::string_view line) {
       if (ok && map_result_) {
         uids_ = std::move(*map_result_);
         map_valid_ = true;
+        SaveSnapshot();
       } else {
         esearch_ = false;  // the server did not take it: no map for this session
       }
@@ -950,6 +994,7 @@ void ImapSession::ServerTagged(std::string_view line) {
         if (ok) user_ = done.arg;
         if (ok && owner_->deferred && !user_.empty() && !done.secret.empty())
           owner_->deferred->RememberLogin(user_, done.secret);
+        if (ok && !user_.empty() && !done.secret.empty()) owner_->logins[user_] = owner_->Digest(user_, done.secret);
         std::fill(done.secret.begin(), done.secret.end(), '\0');
         if (done.kind == Kind::kAuth && await_ == Await::kAuthData && await_tag_ == tag)
           await_ = Await::kNone;
@@ -1029,6 +1074,121 @@ void ImapSession::EndFill() {
       }
     });
   });
+}
+
+// ---- offline: the server unreachable ----
+//
+// The client is greeted by the proxy and may log in with a user and password the server
+// accepted through this proxy before (since it started); SELECT/EXAMINE of a mailbox a session
+// had open gives its last UID map; body fetches of cached messages are answered from the cache
+// (whatever the cost model says: the network is not there); UID STORE is deferred (with
+// imap_journal); NOOP, CHECK, CAPABILITY, CLOSE, UNSELECT and LOGOUT are answered; everything
+// else, and an uncached body, gets "NO [UNAVAILABLE]" at once.
+
+void ImapSession::GoOffline() {
+  if (server_) {
+    bufferevent_free(server_);
+    server_ = nullptr;
+  }
+  offline_ = true;
+  std::fprintf(stderr, "ghostproxy: imap: %s unreachable: serving a client from the cache\n",
+               owner_->origin_text.c_str());
+  ToClient("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Ghost: the IMAP server is unreachable; "
+           "cached mail only\r\n");
+  bufferevent_set_timeouts(client_, nullptr, nullptr);
+  bufferevent_enable(client_, EV_READ | EV_WRITE);
+}
+
+void ImapSession::Unavailable(const std::string& tag, const std::string& what) {
+  ToClient(tag + " NO [UNAVAILABLE] Ghost: the IMAP server " + owner_->origin_text +
+           " is unreachable: " + what + "\r\n");
+}
+
+void ImapSession::SaveSnapshot() {
+  if (offline_ || user_.empty() || !Selected() || !map_valid_) return;
+  ImapProxy::Impl::Snapshot& snap = owner_->snapshots[user_ + "\n" + selected_];
+  snap.uidvalidity = uidvalidity_;
+  snap.uids = uids_;
+  snap.flags = flags_;
+}
+
+void ImapSession::OfflineLogin(const std::string& tag, const std::optional<std::string>& user,
+                               const std::optional<std::string>& password) {
+  auto known = user ? owner_->logins.find(*user) : owner_->logins.end();
+  if (!user || !password || known == owner_->logins.end() || known->second != owner_->Digest(*user, *password)) {
+    return Unavailable(tag, "only a login the server accepted before is possible now");
+  }
+  user_ = *user;
+  ToClient(tag + " OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Logged in (Ghost: offline, cached mail only)\r\n");
+}
+
+void ImapSession::HandleOffline(std::string_view line) {
+  if (await_ == Await::kAuthData) {
+    await_ = Await::kNone;
+    return OfflineLogin(await_tag_, imapwire::PlainUser(line), imapwire::PlainPassword(line));
+  }
+  std::optional<imapwire::Command> c = imapwire::ParseCommand(line);
+  if (!c) {
+    ToClient("* BAD Ghost: not a command\r\n");
+    return;
+  }
+  const std::string& n = c->name;
+  const std::string& tag = c->tag;
+  std::string_view rest = c->rest;
+  bool literal = false, bad = false, nonsync = false;
+  literal = imapwire::AnnouncedLiteral(line, &nonsync, &bad).has_value();
+  if (literal) {
+    // Its data (with LITERAL+) is dropped; a synchronizing literal is never asked for.
+    client_dropping_ = true;
+    return Unavailable(tag, "a command with a literal needs the server");
+  }
+  if (n == "CAPABILITY") {
+    ToClient("* CAPABILITY IMAP4rev1 AUTH=PLAIN\r\n" + tag + " OK CAPABILITY completed\r\n");
+  } else if (n == "NOOP" || n == "CHECK") {
+    ToClient(tag + " OK " + n + " completed (Ghost: offline)\r\n");
+  } else if (n == "LOGOUT") {
+    Close("* BYE Ghost: logging out\r\n" + tag + " OK LOGOUT completed\r\n");
+  } else if (n == "LOGIN") {
+    std::optional<std::string> user = imapwire::ReadAstring(&rest);
+    std::optional<std::string> password = imapwire::ReadAstring(&rest);
+    OfflineLogin(tag, user, password);
+  } else if (n == "AUTHENTICATE") {
+    std::optional<std::string> mech = imapwire::ReadAstring(&rest);
+    std::optional<std::string> initial = imapwire::ReadAstring(&rest);
+    if (!mech || strcasecmp(mech->c_str(), "PLAIN") != 0) return Unavailable(tag, "only AUTHENTICATE PLAIN");
+    if (initial && *initial != "=") return OfflineLogin(tag, imapwire::PlainUser(*initial), imapwire::PlainPassword(*initial));
+    await_ = Await::kAuthData;
+    await_tag_ = tag;
+    ToClient("+ \r\n");
+  } else if (user_.empty()) {
+    Unavailable(tag, "log in first");
+  } else if (n == "SELECT" || n == "EXAMINE") {
+    std::optional<std::string> box = imapwire::ReadAstring(&rest);
+    selected_.clear();
+    map_valid_ = false;
+    flags_.clear();
+    auto snap = box ? owner_->snapshots.find(user_ + "\n" + NormalizeMailbox(*box)) : owner_->snapshots.end();
+    if (snap == owner_->snapshots.end()) return Unavailable(tag, "this mailbox was not opened through the proxy before");
+    selected_ = NormalizeMailbox(*box);
+    uidvalidity_ = snap->second.uidvalidity;
+    uids_ = snap->second.uids;
+    flags_ = snap->second.flags;
+    map_valid_ = true;
+    ToClient("* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft)\r\n* " + std::to_string(uids_.size()) +
+             " EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY " + std::to_string(uidvalidity_) + "] UIDs valid\r\n" + tag +
+             (n == "SELECT" ? " OK [READ-WRITE] " : " OK [READ-ONLY] ") + n + " completed (Ghost: offline)\r\n");
+  } else if (n == "CLOSE" || n == "UNSELECT") {
+    selected_.clear();
+    map_valid_ = false;
+    ToClient(tag + " OK " + n + " completed\r\n");
+  } else if (n == "FETCH" || n == "UID FETCH") {
+    std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(c->rest);
+    if (!f || !TryCacheFetch(*c, *f, std::string(line))) Unavailable(tag, "only whole bodies of cached messages");
+  } else if (n == "UID STORE") {
+    if (!TryDeferStore(*c, std::string(line))) Unavailable(tag, "this change cannot be deferred");
+  } else {
+    Unavailable(tag, n + " needs the server");
+  }
 }
 
 // ---- the listener ----

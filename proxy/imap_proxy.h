@@ -51,6 +51,15 @@
 //     upstream (SEARCH, SORT, THREAD, EXPUNGE, CLOSE, COPY, MOVE, STORE not deferred, STATUS,
 //     SELECT/EXAMINE of a mailbox with queued changes) waits until the queue has been sent,
 //     then goes to the server. A cache hit's \Seen is queued the same way.
+//   - Offline: when the server cannot be reached (refused, unreachable, or silent for
+//     `timeout` while connecting), the proxy greets the client itself. A login the server
+//     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
+//     never the password) is taken; SELECT/EXAMINE of a mailbox a session had open gives its
+//     last UID map and flags (kept in RAM); whole-body fetches of cached messages are served
+//     from the cache; UID STORE is deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
+//     CLOSE, UNSELECT, LOGOUT are answered; everything else, and an uncached body, gets
+//     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
+//     with a BYE.
 //
 // Not yet: TLS or STARTTLS toward clients; STARTTLS toward an imap:// server (imaps:// is
 // supported); BINARY[], sections and partials from the cache (they pass through); deferred

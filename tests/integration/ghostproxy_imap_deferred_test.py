@@ -7,11 +7,13 @@ SEARCH that depends on the flags sends the queue first and sees the change; `gho
 sends the queue; a message expunged upstream meanwhile is a conflict written to the unapplied
 file, not lost; a change journaled before a SIGKILL is sent after the restart, once its user
 logs in again; the knob-scaled deadline sends what waits; the card entering its high-power mode
-sends it. TAP; skipped without root, /dev/fuse or dovecot."""
+sends it. Offline (dovecot stopped), a login dovecot accepted before gets the cached body and
+everything that needs the server NO [UNAVAILABLE] at once. TAP; skipped without root, /dev/fuse or dovecot."""
 import imaplib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 13
+PLAN = 17
 
 
 def message(subject, seed):
@@ -192,7 +194,55 @@ def main():
     ctlc.close()
     t.check(quiet and sent, "the card entering its high-power mode sends the deferred changes",
             f"quiet {quiet} sent {sent}; " + open(log).read()[-300:])
+    # A body fetched through the proxy, for the offline checks below.
+    body = c.uid("FETCH", str(uids[0]), "(BODY.PEEK[])")[1][0][1]
+
     c.logout()
+
+    # Its fill is in ghostfs's cache under the Maildir view's key.
+    d = imaplib.IMAP4("127.0.0.1", dc.port)
+    d.login(dc.user, dc.password)
+    d.select("INBOX", readonly=True)
+    validity = d.response("UIDVALIDITY")[1][0].decode()
+    d.logout()
+    key = f"imap://{dc.user}@127.0.0.1:{dc.port}/INBOX;UIDVALIDITY={validity};UID={uids[0]}"
+    ctlc = h.Control(ctl)
+    stored = h.wait_for(lambda: ctlc.call("lookup", key=key).get("result", {}).get("cached") or None, timeout=15)
+    ctlc.close()
+    t.check(stored, "a body fetched through the proxy is stored in the cache", key)
+
+    # Offline: dovecot gone. The proxy greets, takes a login dovecot accepted before, serves
+    # the cached body and says NO [UNAVAILABLE] at once to what needs the server.
+    dc.stop()
+    offline = {}
+    try:
+        o = imaplib.IMAP4("127.0.0.1", iport)
+        offline["greeting"] = o.welcome
+        offline["login"] = o.login(dc.user, dc.password)[0]
+        offline["select"] = o.select("INBOX")[0]
+        typ, data = o.uid("FETCH", str(uids[0]), "(BODY.PEEK[])")
+        offline["body"] = typ == "OK" and data[0][1] == body
+        t0 = time.time()
+        typ, data = o.uid("FETCH", str(uids[1]), "(BODY.PEEK[])")
+        offline["uncached"] = (typ, data, round(time.time() - t0, 1))
+        typ, data = o.list()
+        offline["list"] = (typ, data)
+        o.logout()
+    except Exception as e:  # noqa: BLE001 - reported below
+        offline["error"] = repr(e)
+    t.check(offline.get("login") == "OK" and offline.get("select") == "OK" and offline.get("body") is True,
+            "offline: a cached body is served after a login the server accepted before",
+            f"{offline} " + open(log).read()[-300:])
+    unc, lst = offline.get("uncached", ("", [b""], 99)), offline.get("list", ("", [b""]))
+    t.check(unc[0] == "NO" and b"UNAVAILABLE" in unc[1][0] and unc[2] < 5 and lst[0] == "NO",
+            "offline: an uncached body and LIST get NO [UNAVAILABLE] at once", offline)
+    try:
+        o = imaplib.IMAP4("127.0.0.1", iport)
+        o.login(dc.user, "wrong password")
+        wrong = "accepted"
+    except imaplib.IMAP4.error as e:
+        wrong = str(e)
+    t.check("UNAVAILABLE" in wrong, "offline: a login never accepted before is refused", wrong)
 
     # Nothing was left behind: the queue is empty and the proxy is alive.
     t.check(proxy.poll() is None and "deferred" in open(log).read(),
