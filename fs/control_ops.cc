@@ -184,6 +184,8 @@ void Daemon::ControlKnob(const ControlRequest& request, ControlServer::Reply rep
 
 // Every queue: the cache writes, then the queued IMAP operations ("imap": sent, left, why).
 void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
+  // ghostproxy's mail queues (deferred IMAP changes, the outbox) go too (proxy/network_watch.h).
+  control_->Publish("events", {{"type", "flush"}});
   auto start = std::chrono::steady_clock::now();
   Bytes queued = write_back_->queue().queued_bytes();
   write_back_->queue().FlushAll([this, reply, start, queued] {
@@ -200,6 +202,7 @@ void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
 }
 
 void Daemon::ControlSync(const ControlRequest&, ControlServer::Reply reply) {
+  control_->Publish("events", {{"type", "flush"}});
   if (!mail_) return reply({{"sent", 0}, {"left", 0}});
   mail_->Sync([reply](nlohmann::json r) { reply(std::move(r)); });
 }

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache;
   std::vector<std::string> allow;
   std::string imap_listen, imap_origin, smtp_listen, smtp_origin, smtp_outbox;
+  std::string imap_journal;
   std::size_t max_connections = 0;
   std::size_t max_per_client = 0;
   double preempt_after = 0, request_timeout = 0;
@@ -118,6 +119,9 @@ int main(int argc, char** argv) {
   app.add_option("--imap-origin", imap_origin,
                  "the IMAP server the IMAP proxy relays to: imaps://HOST:993/ or imap://HOST:PORT/ "
                  "(no user: each client logs in with its own)");
+  app.add_option("--imap-journal", imap_journal,
+                 "the journal of the IMAP proxy's deferred changes: flag changes are answered at "
+                 "once and sent when the radio is up (without it they go to the server at once)");
   app.add_option("--smtp-listen", smtp_listen,
                  "HOST:PORT where mail clients submit mail (e.g. 127.0.0.1:1587): journaled, "
                  "answered at once, sent when the radio is up (SIGUSR1 sends now)");
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
     o.mail.imap_listen = *la;
   }
   if (!imap_origin.empty()) o.mail.imap_origin = imap_origin;
+  if (!imap_journal.empty()) o.mail.imap_journal = imap_journal;
   if (!smtp_listen.empty()) {
     ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(smtp_listen);
     if (!la.ok()) return fail("--smtp-listen: " + la.status().message(), 2);
@@ -248,6 +253,7 @@ int main(int argc, char** argv) {
   // The IMAP proxy for mail clients (proxy/imap_proxy.h), over the same cache.
   std::unique_ptr<ghost::ImapProxy> imap;
   if (o.mail.imap_listen) {
+    o.mail.control_path = o.control_path;
     ghost::Result<std::unique_ptr<ghost::ImapProxy>> started =
         ghost::ImapProxy::Start(base.get(), backend->get(), o.mail);
     if (!started.ok()) {
@@ -270,13 +276,24 @@ int main(int argc, char** argv) {
       return fail(started.status().message(), usage ? 2 : 1);
     }
     smtp = std::move(*started);
-    sigusr1.reset(evsignal_new(
-        base.get(), SIGUSR1,
-        [](evutil_socket_t, short, void* p) { static_cast<ghost::SmtpProxy*>(p)->Flush("SIGUSR1"); },
-        smtp.get()));
-    evsignal_add(sigusr1.get(), nullptr);
     std::fprintf(stderr, "ghostproxy: SMTP on %s for %s (outbox %s)\n",
                  smtp->address().ToString().c_str(), o.smtp.smtp_origin.c_str(), o.smtp.outbox.c_str());
+  }
+  // SIGUSR1 sends the mail queues now: the IMAP proxy's deferred changes and the outbox.
+  struct MailQueues {
+    ghost::ImapProxy* imap;
+    ghost::SmtpProxy* smtp;
+  } queues{imap.get(), smtp.get()};
+  if (imap || smtp) {
+    sigusr1.reset(evsignal_new(
+        base.get(), SIGUSR1,
+        [](evutil_socket_t, short, void* p) {
+          auto* q = static_cast<MailQueues*>(p);
+          if (q->imap) q->imap->Flush("SIGUSR1");
+          if (q->smtp) q->smtp->Flush("SIGUSR1");
+        },
+        &queues));
+    evsignal_add(sigusr1.get(), nullptr);
   }
   if (!dashboard.empty()) {
     ghost::Result<ghost::ListenAddress> da = ghost::ListenAddress::Parse(dashboard);

@@ -21,6 +21,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <strings.h>
@@ -31,7 +33,9 @@
 #include <map>
 #include <set>
 
+#include "common/base/clock.h"
 #include "common/imap/imap_client.h"
+#include "proxy/imap_deferred.h"
 #include "proxy/imap_wire.h"
 
 namespace ghost {
@@ -67,6 +71,33 @@ class ImapProxy::Impl {
   SSL_CTX* ssl_ctx = nullptr;
   ImapProxyStats stats;
   std::map<ImapSession*, std::shared_ptr<ImapSession>> sessions;
+  // With imap_journal: the deferred changes, on a clock of the loop.
+  std::unique_ptr<RealClock> clock;
+  std::unique_ptr<ImapDeferred> deferred;
+
+  // Offline service (the server unreachable): what sessions knew, in RAM only. Logins the
+  // server accepted, as salted SHA-256 digests (never the password), and each (user, mailbox)'s
+  // last UID map and flags.
+  struct Snapshot {
+    std::uint32_t uidvalidity = 0;
+    std::vector<std::uint32_t> uids;
+    std::map<std::uint32_t, std::vector<std::string>> flags;
+  };
+  std::map<std::string, Snapshot> snapshots;  // by user + "\n" + mailbox
+  std::map<std::string, std::string> logins;  // user -> digest
+  std::string salt = [] {
+    std::string s(16, '\0');
+    RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(s.size()));
+    return s;
+  }();
+  std::string Digest(const std::string& user, const std::string& password) const {
+    std::string in = salt + user + std::string(1, '\0') + password;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_Digest(in.data(), in.size(), md, &len, EVP_sha256(), nullptr);
+    std::fill(in.begin(), in.end(), '\0');
+    return std::string(reinterpret_cast<char*>(md), len);
+  }
 
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
@@ -113,10 +144,11 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   struct Pending {
     Kind kind = Kind::kOther;
     std::string arg;  // kLogin/kAuth: the user; kSelect: the mailbox
+    std::string secret;  // kLogin/kAuth: the password, for the deferred changes (RAM only)
     std::uint64_t transfer = 0;
     Bytes bytes = 0;
   };
-  enum class Own { kMapRefresh, kSeen };
+  enum class Own { kMapRefresh, kSeen, kSync };
 
   static void OnClientRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessClient(); }
   static void OnServerRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessServer(); }
@@ -136,10 +168,37 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   void ProcessClient();
   void ProcessServer();
   void HandleClientEvent(const imapwire::Event& ev);
+  // The server could not be reached: the proxy greets the client itself and serves what it has
+  // (see HandleOffline).
+  void GoOffline();
+  void HandleOffline(std::string_view line);
+  void OfflineLogin(const std::string& tag, const std::optional<std::string>& user,
+                    const std::optional<std::string>& password);
+  void Unavailable(const std::string& tag, const std::string& what);
+  // Keeps the selected mailbox's map and flags for offline sessions.
+  void SaveSnapshot();
   void HandleServerEvent(const imapwire::Event& ev);
   // Returns true when the command was handled here (not to be sent on).
   bool HandleClientCommand(std::string_view line, bool allow_cache = true);
   bool TryCacheFetch(const imapwire::Command& cmd, const imapwire::BodyFetch& f, std::string line);
+  // A command the proxy answers or holds: a deferred UID STORE, a FETCH from the cache, or a
+  // command that must wait for the queued changes to be sent first. True when taken here.
+  bool HandleLocally(const imapwire::Command& cmd, const std::string& line);
+  bool TryDeferStore(const imapwire::Command& cmd, const std::string& line);
+  // Whether `cmd`'s answer depends on changes still queued for this user.
+  bool NeedsQueueFirst(const imapwire::Command& cmd) const;
+  bool HasQueued(const std::string& mailbox) const;
+  // Holds `line` until the queue has been sent (or could not be), then sends it on.
+  void ForwardAfterQueue(std::string line);
+  // Applies the queued flag changes to an untagged FETCH FLAGS from the server; remembers them.
+  std::string OverlayFlags(std::string_view line);
+  // Runs `fn` on a later turn of the loop, unless the session is gone by then.
+  void Later(std::function<void()> fn);
+  // Whether a change of this session goes to the queue now.
+  bool Defers() const {
+    ImapDeferred* d = owner_->deferred.get();
+    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_) && Selected();
+  }
   void ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f, std::uint32_t uid,
                       std::uint32_t seq, std::string key, std::string line);
   void StreamSlice();
@@ -174,6 +233,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   imapwire::Framer cframer_, sframer_;
   bool closing_ = false;
   bool connected_ = false;
+  bool offline_ = false;
 
   // Client side.
   Await await_ = Await::kNone;
@@ -190,6 +250,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   std::vector<std::uint32_t> uids_;  // seq - 1 -> UID, when map_valid_
   bool map_valid_ = false;
   bool esearch_ = false;
+  // UID -> flags as the client was last told (server's, with the queued changes applied).
+  std::map<std::uint32_t, std::vector<std::string>> flags_;
 
   // Server side.
   std::map<std::string, Own> own_;  // the proxy's own commands by tag
@@ -197,6 +259,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool server_dropping_ = false;  // the current server response is the proxy's own
   std::string map_tag_;           // the outstanding map refresh
   std::string deferred_line_;     // a client command waiting for the map
+  std::string after_sync_line_;   // a client command waiting for the proxy's NOOP
   std::optional<std::vector<std::uint32_t>> map_result_;
 
   // A body being teed from the server into the cache.
@@ -210,7 +273,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   struct CacheAnswer {
     std::string tag, name, key;
     imapwire::BodyFetch fetch;
-    std::uint32_t uid = 0;
+    std::uint32_t uid = 0, seq = 0;
     Bytes size = 0, offset = 0;  // the literal's size; the next byte of the body to send
     Bytes end = 0;               // the body's byte after the last one to send
     std::shared_ptr<const void> body;
@@ -246,6 +309,7 @@ void ImapSession::Start() {
 
 void ImapSession::Close(const std::string& why) {
   if (closing_) return;
+  SaveSnapshot();
   closing_ = true;
   if (server_) {
     bufferevent_free(server_);
@@ -293,11 +357,10 @@ void ImapSession::ServerEvent(short what) {
     return;
   }
   std::string why;
+  if (!connected_) return GoOffline();  // refused, unreachable, or silent for `timeout`
   if (what & BEV_EVENT_TIMEOUT) {
     ++owner_->stats.server_errors;
     why = "* BYE Ghost: the IMAP server " + owner_->origin_text + " stopped answering\r\n";
-  } else if (!connected_) {
-    why = "* BYE Ghost: cannot reach the IMAP server " + owner_->origin_text + "\r\n";
   } else if (what & BEV_EVENT_EOF) {
     // The server's last words (a BYE) were relayed already.
     if (!sframer_.AtBoundary()) why = "* BYE Ghost: the IMAP server closed the connection mid-response\r\n";
@@ -392,11 +455,13 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
     return;
   }
   client_dropping_ = false;
+  if (offline_) return HandleOffline(ev.text);
   if (await_ == Await::kAuthData) {
     // SASL data: PLAIN's carries the user (and the password, which is passed on, not kept).
     auto p = pending_.find(await_tag_);
     if (p != pending_.end() && p->second.arg.empty() && p->second.kind == Kind::kAuth) {
       if (std::optional<std::string> user = imapwire::PlainUser(ev.text)) p->second.arg = *user;
+      if (std::optional<std::string> pw = imapwire::PlainPassword(ev.text)) p->second.secret = *pw;
     }
     ToServer(ev.text);
     return;
@@ -438,30 +503,30 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
     ToClient(c->tag + " BAD Ghost: STARTTLS is not available through this proxy\r\n");
     return true;
   }
-  if (allow_cache && (n == "FETCH" || n == "UID FETCH")) {
-    if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(c->rest)) {
-      if (TryCacheFetch(*c, *f, std::string(line))) return true;
-    }
-  }
+  if (allow_cache && HandleLocally(*c, std::string(line))) return true;
   Pending p;
   std::string_view rest = c->rest;
   if (n == "LOGIN") {
     p.kind = Kind::kLogin;
     if (std::optional<std::string> user = imapwire::ReadAstring(&rest)) p.arg = *user;
+    if (std::optional<std::string> pw = imapwire::ReadAstring(&rest)) p.secret = *pw;
   } else if (n == "AUTHENTICATE") {
     p.kind = Kind::kAuth;
     std::optional<std::string> mech = imapwire::ReadAstring(&rest);
     std::optional<std::string> initial = imapwire::ReadAstring(&rest);
     if (mech && strcasecmp(mech->c_str(), "PLAIN") == 0 && initial && *initial != "=") {
       if (std::optional<std::string> user = imapwire::PlainUser(*initial)) p.arg = *user;
+      if (std::optional<std::string> pw = imapwire::PlainPassword(*initial)) p.secret = *pw;
     }
     await_ = Await::kAuthData;
     await_tag_ = c->tag;
   } else if (n == "SELECT" || n == "EXAMINE") {
     p.kind = Kind::kSelect;
     if (std::optional<std::string> box = imapwire::ReadAstring(&rest)) p.arg = NormalizeMailbox(*box);
+    SaveSnapshot();
     selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
     map_valid_ = false;
+    flags_.clear();
   } else if (n == "CLOSE" || n == "UNSELECT") {
     p.kind = Kind::kClose;
   } else if (n == "IDLE") {
@@ -513,6 +578,141 @@ bool ImapSession::TryCacheFetch(const imapwire::Command& cmd, const imapwire::Bo
   return true;
 }
 
+bool ImapSession::HandleLocally(const imapwire::Command& cmd, const std::string& line) {
+  if (cmd.name == "UID STORE" && TryDeferStore(cmd, line)) return true;
+  if (cmd.name == "FETCH" || cmd.name == "UID FETCH") {
+    if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(cmd.rest)) {
+      if (TryCacheFetch(cmd, *f, line)) return true;
+    }
+  }
+  if (NeedsQueueFirst(cmd)) {
+    ForwardAfterQueue(line);
+    return true;
+  }
+  return false;
+}
+
+bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string& line) {
+  // Only in a state the answer cannot reorder: nothing of the client's outstanding.
+  if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  if (!map_valid_) {
+    if (!esearch_ || !map_tag_.empty()) return false;
+    busy_ = true;
+    deferred_line_ = line;
+    map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
+    own_[map_tag_] = Own::kMapRefresh;
+    ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
+    return true;
+  }
+  std::optional<imapwire::UidStore> st = imapwire::ParseUidStore(cmd.rest, uids_);
+  if (!st) return false;
+  if (!st->silent) {
+    // The untagged answer carries each message's flags: only when the proxy knows them.
+    for (std::uint32_t uid : st->uids) {
+      if (!flags_.count(uid)) return false;
+    }
+  }
+  std::string untagged;
+  for (std::uint32_t uid : st->uids) {
+    ImapOp op;
+    op.kind = ImapOp::Kind::kStore;
+    op.origin = user_;
+    op.mailbox = selected_;
+    op.uidvalidity = uidvalidity_;
+    op.uid = uid;
+    (st->add ? op.flags : op.remove_flags) = st->flags;
+    Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred STORE: %s\n", r.status().ToString().c_str());
+      ToClient(untagged + cmd.tag + " NO [SERVERBUG] Ghost: the change could not be journaled (" +
+               r.status().message() + "); messages before UID " + std::to_string(uid) + " were changed\r\n");
+      return true;
+    }
+    auto f = flags_.find(uid);
+    if (f != flags_.end()) {
+      owner_->deferred->Overlay(user_, selected_, uidvalidity_, uid, &f->second);
+      if (!st->silent) {
+        std::size_t seq = static_cast<std::size_t>(std::lower_bound(uids_.begin(), uids_.end(), uid) - uids_.begin()) + 1;
+        untagged += "* " + std::to_string(seq) + " FETCH (UID " + std::to_string(uid) + " FLAGS " +
+                    imapwire::FlagList(f->second) + ")\r\n";
+      }
+    }
+  }
+  ++owner_->stats.deferred_stores;
+  ToClient(untagged + cmd.tag + " OK UID STORE completed (Ghost: deferred until the network is up)\r\n");
+  return true;
+}
+
+bool ImapSession::HasQueued(const std::string& mailbox) const {
+  ImapDeferred* d = owner_->deferred.get();
+  if (!d || user_.empty() || !d->CanSendFor(user_)) return false;
+  for (const ImapOp& op : d->queue().pending()) {
+    if (op.origin == user_ && op.mailbox == mailbox) return true;
+  }
+  return false;
+}
+
+bool ImapSession::NeedsQueueFirst(const imapwire::Command& cmd) const {
+  if (!owner_->deferred || user_.empty()) return false;
+  static const std::set<std::string> kOnSelected = {
+      "SEARCH", "UID SEARCH", "SORT", "UID SORT", "THREAD", "UID THREAD", "EXPUNGE", "UID EXPUNGE",
+      "CLOSE",  "COPY",       "UID COPY", "MOVE", "UID MOVE", "STORE", "UID STORE"};
+  if (kOnSelected.count(cmd.name)) return Selected() && HasQueued(selected_);
+  if (cmd.name == "SELECT" || cmd.name == "EXAMINE" || cmd.name == "STATUS") {
+    std::string_view rest = cmd.rest;
+    std::optional<std::string> box = imapwire::ReadAstring(&rest);
+    return box && HasQueued(NormalizeMailbox(*box));
+  }
+  return false;
+}
+
+void ImapSession::ForwardAfterQueue(std::string line) {
+  busy_ = true;
+  ++owner_->stats.flushes_before;
+  std::weak_ptr<ImapSession> weak = weak_from_this();
+  owner_->deferred->Flush("a command that depends on them", [this, weak, line](std::size_t) {
+    // Maybe inside Flush: continue on a later turn, never inside ProcessClient's loop.
+    if (weak.expired()) return;
+    Later([this, line] {
+      if (closing_) return;
+      // The server's view of this session is refreshed first, and the command goes once that
+      // is done (ServerTagged): dovecot answers SEARCH from the view of the last sync, and does
+      // not sync after a NOOP while the next command is already waiting.
+      after_sync_line_ = line;
+      SendOwn(Own::kSync, "NOOP");
+      ArmTimeouts();
+    });
+  });
+}
+
+void ImapSession::Later(std::function<void()> fn) {
+  struct Call {
+    std::weak_ptr<ImapSession> weak;
+    std::function<void()> fn;
+  };
+  event_base_once(
+      owner_->base, -1, EV_TIMEOUT,
+      [](evutil_socket_t, short, void* p) {
+        std::unique_ptr<Call> c(static_cast<Call*>(p));
+        if (auto s = c->weak.lock()) c->fn();
+      },
+      new Call{weak_from_this(), std::move(fn)}, nullptr);
+}
+
+std::string ImapSession::OverlayFlags(std::string_view line) {
+  if (user_.empty() || !Selected()) return std::string(line);
+  std::optional<imapwire::FetchFlags> ff = imapwire::ParseFetchFlags(line);
+  if (!ff) return std::string(line);
+  std::optional<std::uint32_t> uid = ff->uid;
+  if (!uid && map_valid_ && ff->seq >= 1 && ff->seq <= uids_.size()) uid = uids_[ff->seq - 1];
+  if (!uid) return std::string(line);
+  std::vector<std::string> flags = ff->flags;
+  if (owner_->deferred) owner_->deferred->Overlay(user_, selected_, uidvalidity_, *uid, &flags);
+  if (flags_.size() < kMaxMapUids || flags_.count(*uid)) flags_[*uid] = flags;
+  if (flags == ff->flags) return std::string(line);
+  return imapwire::RewriteFlags(line, *ff, flags);
+}
+
 void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f,
                                  std::uint32_t uid, std::uint32_t seq, std::string key,
                                  std::string line) {
@@ -521,7 +721,12 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
   owner_->backend->Lookup(key, [this, weak, tag, name, f, uid, seq, key,
                                 line](Result<CacheLookup> r) {
     if (weak.expired() || closing_) return;
-    bool from_cache = r.ok() && r->cached && r->choice != CacheChoice::kNetwork;
+    bool from_cache = r.ok() && r->cached && (r->choice != CacheChoice::kNetwork || offline_);
+    if (!from_cache && offline_) {
+      busy_ = false;
+      Unavailable(tag, "the message is not in the cache");
+      return ProcessClient();
+    }
     if (!from_cache) {
       // The server answers (the cost model chose the network, or nothing is cached); the body
       // it sends is stored on the way.
@@ -540,6 +745,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     a.key = key;
     a.fetch = f;
     a.uid = uid;
+    a.seq = seq;
     a.body = r->body;
     const Bytes whole = r->response.size;
     a.offset = 0;
@@ -600,7 +806,28 @@ void ImapSession::StreamSlice() {
 void ImapSession::FinishCacheAnswer() {
   CacheAnswer a = std::move(*answer_);
   answer_.reset();
-  ToClient(")\r\n" + a.tag + " OK " + a.name + " completed (Ghost: from the cache)\r\n");
+  ToClient(")\r\n");
+  if (a.fetch.sets_seen() && Defers()) {
+    // \Seen as if the server had served it, deferred like a client's STORE; the client is told
+    // the flags now when the proxy knows them.
+    ImapOp op;
+    op.kind = ImapOp::Kind::kStore;
+    op.origin = user_;
+    op.mailbox = selected_;
+    op.uidvalidity = uidvalidity_;
+    op.uid = a.uid;
+    op.flags = {"\\Seen"};
+    if (Result<std::uint64_t> r = owner_->deferred->Add(std::move(op)); r.ok()) {
+      ++owner_->stats.seen_stores;
+      if (auto f = flags_.find(a.uid); f != flags_.end()) {
+        owner_->deferred->Overlay(user_, selected_, uidvalidity_, a.uid, &f->second);
+        ToClient("* " + std::to_string(a.seq) + " FETCH (UID " + std::to_string(a.uid) + " FLAGS " +
+                 imapwire::FlagList(f->second) + ")\r\n");
+      }
+      a.fetch.item = imapwire::BodyFetch::Item::kBodyPeek;  // done: no STORE below
+    }
+  }
+  ToClient(a.tag + " OK " + a.name + " completed (Ghost: from the cache)\r\n");
   if (a.fetch.sets_seen()) {
     // \Seen as if the server had served it; its untagged FETCH FLAGS reaches the client.
     ++owner_->stats.seen_stores;
@@ -694,7 +921,7 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
     if (ev.literal) {
       if (std::optional<imapwire::BodyPrefix> p = imapwire::ParseBodyPrefix(line)) StartFill(*p);
     }
-    std::string filtered = imapwire::FilterCapabilities(line);
+    std::string filtered = imapwire::FilterCapabilities(OverlayFlags(line));
     NoteCapabilities(line);
     ToClient(filtered);
     return;
@@ -716,11 +943,21 @@ void ImapSession::ServerTagged(std::string_view line) {
     Own what = own->second;
     own_.erase(own);
     server_dropping_ = true;
+    if (what == Own::kSync && !after_sync_line_.empty()) {
+      std::string line = std::move(after_sync_line_);
+      after_sync_line_.clear();
+      busy_ = false;
+      HandleClientCommand(line, /*allow_cache=*/false);
+      ForwardLine(line);
+      Later([this] { ProcessClient(); });  // client input behind it is read again
+      return;
+    }
     if (what == Own::kMapRefresh && tag == map_tag_) {
       map_tag_.clear();
       if (ok && map_result_) {
         uids_ = std::move(*map_result_);
         map_valid_ = true;
+        SaveSnapshot();
       } else {
         esearch_ = false;  // the server did not take it: no map for this session
       }
@@ -730,8 +967,7 @@ void ImapSession::ServerTagged(std::string_view line) {
         deferred_line_.clear();
         busy_ = false;
         std::optional<imapwire::Command> c = imapwire::ParseCommand(deferred);
-        std::optional<imapwire::BodyFetch> f = c ? imapwire::ParseBodyFetch(c->rest) : std::nullopt;
-        if (!(c && f && map_valid_ && TryCacheFetch(*c, *f, deferred))) {
+        if (!(c && map_valid_ && HandleLocally(*c, deferred))) {
           HandleClientCommand(deferred, /*allow_cache=*/false);
           ForwardLine(deferred);
         }
@@ -756,6 +992,10 @@ void ImapSession::ServerTagged(std::string_view line) {
       case Kind::kLogin:
       case Kind::kAuth:
         if (ok) user_ = done.arg;
+        if (ok && owner_->deferred && !user_.empty() && !done.secret.empty())
+          owner_->deferred->RememberLogin(user_, done.secret);
+        if (ok && !user_.empty() && !done.secret.empty()) owner_->logins[user_] = owner_->Digest(user_, done.secret);
+        std::fill(done.secret.begin(), done.secret.end(), '\0');
         if (done.kind == Kind::kAuth && await_ == Await::kAuthData && await_tag_ == tag)
           await_ = Await::kNone;
         break;
@@ -836,11 +1076,128 @@ void ImapSession::EndFill() {
   });
 }
 
+// ---- offline: the server unreachable ----
+//
+// The client is greeted by the proxy and may log in with a user and password the server
+// accepted through this proxy before (since it started); SELECT/EXAMINE of a mailbox a session
+// had open gives its last UID map; body fetches of cached messages are answered from the cache
+// (whatever the cost model says: the network is not there); UID STORE is deferred (with
+// imap_journal); NOOP, CHECK, CAPABILITY, CLOSE, UNSELECT and LOGOUT are answered; everything
+// else, and an uncached body, gets "NO [UNAVAILABLE]" at once.
+
+void ImapSession::GoOffline() {
+  if (server_) {
+    bufferevent_free(server_);
+    server_ = nullptr;
+  }
+  offline_ = true;
+  std::fprintf(stderr, "ghostproxy: imap: %s unreachable: serving a client from the cache\n",
+               owner_->origin_text.c_str());
+  ToClient("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Ghost: the IMAP server is unreachable; "
+           "cached mail only\r\n");
+  bufferevent_set_timeouts(client_, nullptr, nullptr);
+  bufferevent_enable(client_, EV_READ | EV_WRITE);
+}
+
+void ImapSession::Unavailable(const std::string& tag, const std::string& what) {
+  ToClient(tag + " NO [UNAVAILABLE] Ghost: the IMAP server " + owner_->origin_text +
+           " is unreachable: " + what + "\r\n");
+}
+
+void ImapSession::SaveSnapshot() {
+  if (offline_ || user_.empty() || !Selected() || !map_valid_) return;
+  ImapProxy::Impl::Snapshot& snap = owner_->snapshots[user_ + "\n" + selected_];
+  snap.uidvalidity = uidvalidity_;
+  snap.uids = uids_;
+  snap.flags = flags_;
+}
+
+void ImapSession::OfflineLogin(const std::string& tag, const std::optional<std::string>& user,
+                               const std::optional<std::string>& password) {
+  auto known = user ? owner_->logins.find(*user) : owner_->logins.end();
+  if (!user || !password || known == owner_->logins.end() || known->second != owner_->Digest(*user, *password)) {
+    return Unavailable(tag, "only a login the server accepted before is possible now");
+  }
+  user_ = *user;
+  ToClient(tag + " OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Logged in (Ghost: offline, cached mail only)\r\n");
+}
+
+void ImapSession::HandleOffline(std::string_view line) {
+  if (await_ == Await::kAuthData) {
+    await_ = Await::kNone;
+    return OfflineLogin(await_tag_, imapwire::PlainUser(line), imapwire::PlainPassword(line));
+  }
+  std::optional<imapwire::Command> c = imapwire::ParseCommand(line);
+  if (!c) {
+    ToClient("* BAD Ghost: not a command\r\n");
+    return;
+  }
+  const std::string& n = c->name;
+  const std::string& tag = c->tag;
+  std::string_view rest = c->rest;
+  bool literal = false, bad = false, nonsync = false;
+  literal = imapwire::AnnouncedLiteral(line, &nonsync, &bad).has_value();
+  if (literal) {
+    // Its data (with LITERAL+) is dropped; a synchronizing literal is never asked for.
+    client_dropping_ = true;
+    return Unavailable(tag, "a command with a literal needs the server");
+  }
+  if (n == "CAPABILITY") {
+    ToClient("* CAPABILITY IMAP4rev1 AUTH=PLAIN\r\n" + tag + " OK CAPABILITY completed\r\n");
+  } else if (n == "NOOP" || n == "CHECK") {
+    ToClient(tag + " OK " + n + " completed (Ghost: offline)\r\n");
+  } else if (n == "LOGOUT") {
+    Close("* BYE Ghost: logging out\r\n" + tag + " OK LOGOUT completed\r\n");
+  } else if (n == "LOGIN") {
+    std::optional<std::string> user = imapwire::ReadAstring(&rest);
+    std::optional<std::string> password = imapwire::ReadAstring(&rest);
+    OfflineLogin(tag, user, password);
+  } else if (n == "AUTHENTICATE") {
+    std::optional<std::string> mech = imapwire::ReadAstring(&rest);
+    std::optional<std::string> initial = imapwire::ReadAstring(&rest);
+    if (!mech || strcasecmp(mech->c_str(), "PLAIN") != 0) return Unavailable(tag, "only AUTHENTICATE PLAIN");
+    if (initial && *initial != "=") return OfflineLogin(tag, imapwire::PlainUser(*initial), imapwire::PlainPassword(*initial));
+    await_ = Await::kAuthData;
+    await_tag_ = tag;
+    ToClient("+ \r\n");
+  } else if (user_.empty()) {
+    Unavailable(tag, "log in first");
+  } else if (n == "SELECT" || n == "EXAMINE") {
+    std::optional<std::string> box = imapwire::ReadAstring(&rest);
+    selected_.clear();
+    map_valid_ = false;
+    flags_.clear();
+    auto snap = box ? owner_->snapshots.find(user_ + "\n" + NormalizeMailbox(*box)) : owner_->snapshots.end();
+    if (snap == owner_->snapshots.end()) return Unavailable(tag, "this mailbox was not opened through the proxy before");
+    selected_ = NormalizeMailbox(*box);
+    uidvalidity_ = snap->second.uidvalidity;
+    uids_ = snap->second.uids;
+    flags_ = snap->second.flags;
+    map_valid_ = true;
+    ToClient("* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft)\r\n* " + std::to_string(uids_.size()) +
+             " EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY " + std::to_string(uidvalidity_) + "] UIDs valid\r\n" + tag +
+             (n == "SELECT" ? " OK [READ-WRITE] " : " OK [READ-ONLY] ") + n + " completed (Ghost: offline)\r\n");
+  } else if (n == "CLOSE" || n == "UNSELECT") {
+    selected_.clear();
+    map_valid_ = false;
+    ToClient(tag + " OK " + n + " completed\r\n");
+  } else if (n == "FETCH" || n == "UID FETCH") {
+    std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(c->rest);
+    if (!f || !TryCacheFetch(*c, *f, std::string(line))) Unavailable(tag, "only whole bodies of cached messages");
+  } else if (n == "UID STORE") {
+    if (!TryDeferStore(*c, std::string(line))) Unavailable(tag, "this change cannot be deferred");
+  } else {
+    Unavailable(tag, n + " needs the server");
+  }
+}
+
 // ---- the listener ----
 
 ImapProxy::Impl::~Impl() {
   if (listener) evconnlistener_free(listener);
   sessions.clear();
+  deferred.reset();
+  clock.reset();
   if (ssl_ctx) SSL_CTX_free(ssl_ctx);
 }
 
@@ -870,6 +1227,17 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
   }
   impl->origin = *url;
   impl->origin_text = options.imap_origin;
+  if (!options.imap_journal.empty()) {
+    impl->clock = std::make_unique<RealClock>(base);
+    ImapDeferredOptions d;
+    d.journal_path = options.imap_journal;
+    d.origin_url = options.imap_origin;
+    d.control_path = options.control_path;
+    d.deadline = options.imap_deadline;
+    Result<std::unique_ptr<ImapDeferred>> opened = ImapDeferred::Open(base, impl->clock.get(), backend, d);
+    if (!opened.ok()) return opened.status();
+    impl->deferred = std::move(opened).value();
+  }
   if (url->implicit_tls) {
     impl->ssl_ctx = SSL_CTX_new(TLS_client_method());
     if (!impl->ssl_ctx) return Status::Internal("cannot create a TLS context");
@@ -900,5 +1268,8 @@ ImapProxy::ImapProxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ImapProxy::~ImapProxy() = default;
 const ListenAddress& ImapProxy::address() const { return impl_->bound; }
 const ImapProxyStats& ImapProxy::stats() const { return impl_->stats; }
+void ImapProxy::Flush(const char* why) {
+  if (impl_->deferred) impl_->deferred->Flush(why);
+}
 
 }  // namespace ghost

@@ -41,9 +41,30 @@
 // timeouts while a frame or a command is in progress: an idle session, and a client in IDLE,
 // cost no wake-up.
 //
+//   - Deferred changes (with imap_journal; proxy/imap_deferred.h): while ghostfs's network card
+//     is out of its high-power mode, "UID STORE set +FLAGS/-FLAGS[.SILENT] (...)" on messages
+//     of the selected mailbox whose UIDs the proxy knows (and, unless .SILENT, whose flags it
+//     has seen) is answered here at once (the untagged FETCH FLAGS as they will be) and queued,
+//     one operation per message, in the journal. Until the queue is sent, flags the server
+//     reports in untagged FETCH responses have the queued changes applied (so FETCH FLAGS
+//     agrees with what the client was told), and a command whose answer depends on the flags
+//     upstream (SEARCH, SORT, THREAD, EXPUNGE, CLOSE, COPY, MOVE, STORE not deferred, STATUS,
+//     SELECT/EXAMINE of a mailbox with queued changes) waits until the queue has been sent,
+//     then goes to the server. A cache hit's \Seen is queued the same way.
+//   - Offline: when the server cannot be reached (refused, unreachable, or silent for
+//     `timeout` while connecting), the proxy greets the client itself. A login the server
+//     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
+//     never the password) is taken; SELECT/EXAMINE of a mailbox a session had open gives its
+//     last UID map and flags (kept in RAM); whole-body fetches of cached messages are served
+//     from the cache; UID STORE is deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
+//     CLOSE, UNSELECT, LOGOUT are answered; everything else, and an uncached body, gets
+//     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
+//     with a BYE.
+//
 // Not yet: TLS or STARTTLS toward clients; STARTTLS toward an imap:// server (imaps:// is
 // supported); BINARY[], sections and partials from the cache (they pass through); deferred
-// STORE/EXPUNGE/MOVE/COPY/APPEND; a user name given as a literal (no caching then).
+// EXPUNGE/MOVE/COPY/APPEND (they go to the server, after the queue); a user name given as a
+// literal (no caching then).
 //
 // Thread-safety: everything on the thread of the event_base.
 #ifndef GHOST_PROXY_IMAP_PROXY_H_
@@ -83,6 +104,13 @@ struct MailProxyOptions {
   // Output waiting for one side above which the other side is not read.
   std::size_t high_watermark = 256 * 1024;
   Bytes cache_read_slice = 256 * 1024;
+  // [imap_journal] The deferred changes' journal (proxy/imap_deferred.h); empty: changes are
+  // never deferred, they go to the server as the client sends them.
+  std::string imap_journal;
+  // [imap_deadline] Seconds a deferred change may wait at knob 50 (scaled by (100 - K) / 50).
+  Duration imap_deadline = std::chrono::seconds(60);
+  // ghostfs's control socket, for the network card's mode and knob (ghostproxy sets it).
+  std::string control_path;
 };
 
 struct ImapProxyStats {
@@ -93,6 +121,8 @@ struct ImapProxyStats {
   std::uint64_t seen_stores = 0;       // \Seen sent for fetches answered from the cache
   std::uint64_t client_errors = 0;     // sessions closed for malformed client input
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
+  std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
+  std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
 };
 
 class ImapProxy {
@@ -108,6 +138,8 @@ class ImapProxy {
 
   const ListenAddress& address() const;
   const ImapProxyStats& stats() const;
+  // Sends the deferred changes now (SIGUSR1). No-op without imap_journal.
+  void Flush(const char* why);
 
   class Impl;
   explicit ImapProxy(std::unique_ptr<Impl> impl);

@@ -2,6 +2,7 @@
 #include "proxy/imap_wire.h"
 
 #include <openssl/evp.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <cctype>
@@ -414,6 +415,224 @@ std::optional<std::string> PlainUser(std::string_view base64) {
   std::fill(out.begin(), out.end(), '\0');  // the password does not linger
   if (authcid.empty()) return std::nullopt;
   return authzid.empty() ? authcid : authzid;
+}
+
+}  // namespace ghost::imapwire
+
+namespace ghost::imapwire {
+
+std::optional<std::string> PlainPassword(std::string_view base64) {
+  base64 = StripEol(base64);
+  while (!base64.empty() && base64.back() == ' ') base64.remove_suffix(1);
+  if (base64.empty() || base64.size() % 4 != 0 || base64.size() > 4096) return std::nullopt;
+  std::string out(base64.size() / 4 * 3 + 1, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(base64.data()),
+                          static_cast<int>(base64.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t len = static_cast<std::size_t>(n);
+  if (base64.ends_with("==")) len -= 2;
+  else if (base64.ends_with("=")) len -= 1;
+  out.resize(len);
+  std::size_t first = out.find('\0');
+  std::size_t second = first == std::string::npos ? first : out.find('\0', first + 1);
+  if (second == std::string::npos) return std::nullopt;
+  std::string password = out.substr(second + 1);
+  std::fill(out.begin(), out.end(), '\0');
+  return password;
+}
+
+namespace {
+
+// Skips spaces; reads a number; nullopt when there is none or it is 0 or over 2^32-1.
+std::optional<std::uint32_t> ReadNumber(std::string_view* s) {
+  while (!s->empty() && s->front() == ' ') s->remove_prefix(1);
+  std::uint64_t v = 0;
+  std::size_t i = 0;
+  while (i < s->size() && i < 11 && std::isdigit(static_cast<unsigned char>((*s)[i]))) {
+    v = v * 10 + static_cast<std::uint64_t>((*s)[i] - '0');
+    ++i;
+  }
+  if (i == 0 || v == 0 || v > 0xffffffffull) return std::nullopt;
+  s->remove_prefix(i);
+  return static_cast<std::uint32_t>(v);
+}
+
+bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
+  return s.size() >= prefix.size() && strncasecmp(s.data(), prefix.data(), prefix.size()) == 0;
+}
+
+// "(a b c)" at the front of *s: the atoms (flags), advancing past ")". nullopt when malformed.
+std::optional<std::vector<std::string>> ReadFlagList(std::string_view* s) {
+  while (!s->empty() && s->front() == ' ') s->remove_prefix(1);
+  if (s->empty() || s->front() != '(') return std::nullopt;
+  std::size_t close = s->find(')');
+  if (close == std::string_view::npos) return std::nullopt;
+  std::string_view inner = s->substr(1, close - 1);
+  std::vector<std::string> flags;
+  while (!inner.empty()) {
+    while (!inner.empty() && inner.front() == ' ') inner.remove_prefix(1);
+    std::size_t end = inner.find(' ');
+    std::string_view f = inner.substr(0, end);
+    if (!f.empty()) {
+      for (char c : f) {
+        if (c == '(' || c == '"' || c == '{' || c < 0x21 || c > 0x7e) return std::nullopt;
+      }
+      flags.emplace_back(f);
+    }
+    if (end == std::string_view::npos) break;
+    inner.remove_prefix(end);
+  }
+  s->remove_prefix(close + 1);
+  return flags;
+}
+
+}  // namespace
+
+std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<std::uint32_t>& known,
+                                      std::size_t max_uids) {
+  rest = StripEol(rest);
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  std::size_t sp = rest.find(' ');
+  if (sp == std::string_view::npos || known.empty()) return std::nullopt;
+  std::string_view set = rest.substr(0, sp);
+  rest.remove_prefix(sp);
+  UidStore out;
+  // The set: n, n:m, *, comma-separated; each UID must be known.
+  while (!set.empty()) {
+    std::size_t comma = set.find(',');
+    std::string_view range = set.substr(0, comma);
+    set = comma == std::string_view::npos ? std::string_view() : set.substr(comma + 1);
+    auto bound = [&](std::string_view t) -> std::optional<std::uint32_t> {
+      if (t == "*") return known.back();
+      std::string_view c = t;
+      std::optional<std::uint32_t> v = ReadNumber(&c);
+      if (!v || !c.empty()) return std::nullopt;
+      return v;
+    };
+    std::size_t colon = range.find(':');
+    std::optional<std::uint32_t> lo = bound(range.substr(0, colon));
+    std::optional<std::uint32_t> hi = colon == std::string_view::npos ? lo : bound(range.substr(colon + 1));
+    if (!lo || !hi) return std::nullopt;
+    if (*lo > *hi) std::swap(lo, hi);
+    auto first = std::lower_bound(known.begin(), known.end(), *lo);
+    auto last = std::upper_bound(known.begin(), known.end(), *hi);
+    if (colon == std::string_view::npos && (first == known.end() || *first != *lo)) return std::nullopt;
+    if (first == last) return std::nullopt;  // names no message the proxy knows
+    for (auto it = first; it != last; ++it) {
+      out.uids.push_back(*it);
+      if (out.uids.size() > max_uids) return std::nullopt;
+    }
+  }
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  if (StartsWithNoCase(rest, "+FLAGS")) {
+    out.add = true;
+  } else if (StartsWithNoCase(rest, "-FLAGS")) {
+    out.add = false;
+  } else {
+    return std::nullopt;
+  }
+  rest.remove_prefix(6);
+  if (StartsWithNoCase(rest, ".SILENT")) {
+    out.silent = true;
+    rest.remove_prefix(7);
+  }
+  if (rest.empty() || rest.front() != ' ') return std::nullopt;
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  std::optional<std::vector<std::string>> flags;
+  if (!rest.empty() && rest.front() == '(') {
+    flags = ReadFlagList(&rest);
+  } else {
+    // A single flag without parentheses (RFC 3501 allows a flag list of atoms).
+    flags = std::vector<std::string>();
+    std::string_view f = rest.substr(0, rest.find(' '));
+    if (f.empty()) return std::nullopt;
+    flags->emplace_back(f);
+    rest.remove_prefix(f.size());
+  }
+  if (!flags || flags->empty()) return std::nullopt;
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  if (!rest.empty()) return std::nullopt;
+  std::sort(out.uids.begin(), out.uids.end());
+  out.uids.erase(std::unique(out.uids.begin(), out.uids.end()), out.uids.end());
+  out.flags = std::move(*flags);
+  return out;
+}
+
+std::optional<FetchFlags> ParseFetchFlags(std::string_view segment) {
+  std::string_view s = StripEol(segment);
+  if (!s.starts_with("* ")) return std::nullopt;
+  s.remove_prefix(2);
+  FetchFlags out;
+  std::optional<std::uint32_t> seq = ReadNumber(&s);
+  if (!seq || !StartsWithNoCase(s, " FETCH (")) return std::nullopt;
+  out.seq = *seq;
+  s.remove_prefix(8);
+  // Items before FLAGS are atoms and numbers here (UID, MODSEQ (n), RFC822.SIZE ...); a quoted
+  // string or a nested list before it is not looked into.
+  while (!s.empty()) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    if (StartsWithNoCase(s, "UID ")) {
+      s.remove_prefix(4);
+      std::optional<std::uint32_t> uid = ReadNumber(&s);
+      if (!uid) return std::nullopt;
+      out.uid = uid;
+      continue;
+    }
+    if (StartsWithNoCase(s, "FLAGS ")) {
+      s.remove_prefix(6);
+      while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+      out.list_at = static_cast<std::size_t>(s.data() - segment.data());
+      std::string_view before = s;
+      std::optional<std::vector<std::string>> flags = ReadFlagList(&s);
+      if (!flags) return std::nullopt;
+      out.list_len = before.size() - s.size();
+      out.flags = std::move(*flags);
+      // A UID after the flags.
+      std::string_view after = s;
+      while (!after.empty() && after.front() == ' ') after.remove_prefix(1);
+      if (!out.uid && StartsWithNoCase(after, "UID ")) {
+        after.remove_prefix(4);
+        out.uid = ReadNumber(&after);
+      }
+      return out;
+    }
+    // Skip one item name and a simple value (an atom, a number or a flat "(...)").
+    std::size_t sp = s.find(' ');
+    if (sp == std::string_view::npos) return std::nullopt;
+    std::string_view name = s.substr(0, sp);
+    if (name.find('[') != std::string_view::npos || name.find('(') != std::string_view::npos)
+      return std::nullopt;  // a body section or something nested: not looked into
+    s.remove_prefix(sp + 1);
+    if (!s.empty() && s.front() == '(') {
+      std::size_t close = s.find(')');
+      if (close == std::string_view::npos || s.substr(0, close).find('(', 1) != std::string_view::npos)
+        return std::nullopt;
+      s.remove_prefix(close + 1);
+    } else {
+      std::size_t end = s.find_first_of(" )");
+      if (end == std::string_view::npos || s.front() == '"' || s.front() == '{') return std::nullopt;
+      s.remove_prefix(end);
+    }
+  }
+  return std::nullopt;
+}
+
+std::string FlagList(const std::vector<std::string>& flags) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < flags.size(); ++i) {
+    if (i) out += ' ';
+    out += flags[i];
+  }
+  return out + ")";
+}
+
+std::string RewriteFlags(std::string_view segment, const FetchFlags& found,
+                         const std::vector<std::string>& flags) {
+  std::string out(segment.substr(0, found.list_at));
+  out += FlagList(flags);
+  out += segment.substr(found.list_at + found.list_len);
+  return out;
 }
 
 }  // namespace ghost::imapwire

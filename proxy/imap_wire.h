@@ -152,6 +152,40 @@ std::string FilterCapabilities(std::string_view line);
 // in as: authzid when given, else authcid. The password is not kept. nullopt when malformed.
 std::optional<std::string> PlainUser(std::string_view base64);
 
+
+// The password of a SASL PLAIN initial response, for the deferred-change sender that logs in
+// later in the client's name (kept in RAM only, proxy/imap_deferred.h). nullopt when malformed.
+std::optional<std::string> PlainPassword(std::string_view base64);
+
+// "UID STORE set +FLAGS[.SILENT] (flags)" (or -FLAGS): the parts the proxy may defer. The set
+// is expanded against `known` (the selected mailbox's UIDs, ascending; "*" is its last), and
+// every UID must be in it. nullopt for anything else (FLAGS replacement, UNCHANGEDSINCE, a
+// UID the proxy does not know, a set of more than `max_uids`), which then goes to the server.
+struct UidStore {
+  std::vector<std::uint32_t> uids;
+  bool add = true;  // +FLAGS; false: -FLAGS
+  bool silent = false;
+  std::vector<std::string> flags;
+};
+std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<std::uint32_t>& known,
+                                      std::size_t max_uids = 1000);
+
+// A server's untagged FETCH segment carrying FLAGS: "* 3 FETCH (UID 7 FLAGS (\Seen) ...)".
+// The sequence number, the UID when the segment names it, the flags, and where "(...)" of the
+// flags is in the segment (offset, length), for RewriteFlags. nullopt otherwise.
+struct FetchFlags {
+  std::uint32_t seq = 0;
+  std::optional<std::uint32_t> uid;
+  std::vector<std::string> flags;
+  std::size_t list_at = 0, list_len = 0;
+};
+std::optional<FetchFlags> ParseFetchFlags(std::string_view segment);
+// `segment` with its flag list (as found by ParseFetchFlags) replaced by `flags`.
+std::string RewriteFlags(std::string_view segment, const FetchFlags& found,
+                         const std::vector<std::string>& flags);
+// "(\Seen \Flagged)" for a list of flags.
+std::string FlagList(const std::vector<std::string>& flags);
+
 }  // namespace ghost::imapwire
 
 #endif  // GHOST_PROXY_IMAP_WIRE_H_

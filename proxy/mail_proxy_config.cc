@@ -13,7 +13,8 @@ namespace ghost {
 bool IsMailProxyKey(std::string_view key) {
   static const std::set<std::string, std::less<>> kKeys = {
       "imap_listen", "imap_origin", "imap_max_line", "imap_max_literal", "imap_timeout",
-      "smtp_listen", "smtp_origin", "smtp_outbox", "smtp_deadline", "smtp_outbox_cap"};
+      "smtp_listen", "smtp_origin", "smtp_outbox", "smtp_deadline", "smtp_outbox_cap",
+      "imap_journal", "imap_deadline"};
   return kKeys.count(key) > 0;
 }
 
@@ -57,6 +58,16 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
     auto d = n->value<double>();
     if (!d || *d <= 0) return bad(*n, "\"imap_timeout\" must be a positive number of seconds");
     o->timeout = Seconds(*d);
+  }
+  if (const toml::node* n = t.get("imap_journal")) {
+    auto s = n->value<std::string>();
+    if (!s || s->empty()) return bad(*n, "\"imap_journal\" must be a file path (the deferred changes' journal)");
+    o->imap_journal = *s;
+  }
+  if (const toml::node* n = t.get("imap_deadline")) {
+    auto d = n->value<double>();
+    if (!d || *d <= 0) return bad(*n, "\"imap_deadline\" must be a positive number of seconds");
+    o->imap_deadline = Seconds(*d);
   }
   if (const toml::node* n = t.get("smtp_listen")) {
     auto s = n->value<std::string>();

@@ -6,6 +6,8 @@
 //   imap_max_line = "64K"                 # bytes of one client line (BAD and close past it)
 //   imap_max_literal = "256M"             # bytes one literal may announce (BAD and close past it)
 //   imap_timeout = 60                     # seconds of silence mid-frame or awaiting an answer
+//   imap_journal = "/var/spool/ghostproxy/imap-journal"  # deferred changes (imap_deferred.h)
+//   imap_deadline = 60                    # seconds a deferred change waits at knob 50
 //   smtp_listen = "127.0.0.1:1587"        # SMTP submission (proxy/smtp_proxy.h)
 //   smtp_origin = "smtps://mail.example:465/"   # or smtp://HOST:587/ (STARTTLS when offered)
 //   smtp_outbox = "/var/spool/ghostproxy/outbox"  # the durable outbox (common/imap/outbox.h)

@@ -23,6 +23,8 @@
 #include <thread>
 
 #include "common/control/control.h"
+#include "common/imap/imap_queue.h"
+#include "proxy/network_watch.h"
 #include "common/imap/outbox.h"
 #include "proxy/smtp_wire.h"
 
@@ -129,8 +131,8 @@ class SmtpProxy::Impl {
   bool sending = false, again = false;
   std::thread worker;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
-  std::unique_ptr<AsyncControlClient> control;
-  bool network_high = false;
+  // ghostfs's network card, knob and `ghostctl flush` (proxy/network_watch.h).
+  std::unique_ptr<NetworkWatch> watch;
 
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
@@ -141,15 +143,13 @@ class SmtpProxy::Impl {
   void Accepted();
   void ArmDeadline() {
     if (outbox->waiting().empty() || evtimer_pending(deadline_timer, nullptr)) return;
-    timeval tv = ToTimeval(options.deadline);
+    // 60 s at K=50, twice that at K=0, at once at K=100, like the IMAP queues (imap_queue.h).
+    timeval tv = ToTimeval(DeadlineFor(options.deadline, watch ? watch->knob() : 50));
     evtimer_add(deadline_timer, &tv);
   }
   void Flush(const char* why);
   void Sent(std::vector<SendResult> results, std::uint64_t transfer);
   void SubscribeModes();
-  // A "modes" event (or, with baseline, the modes at subscription): sends the outbox when a
-  // network device has just entered its most power-hungry mode.
-  void OnModes(const nlohmann::json& devices, bool baseline = false);
 };
 
 class SmtpSession {
@@ -476,43 +476,16 @@ void SmtpProxy::Impl::Sent(std::vector<SendResult> results, std::uint64_t transf
 }
 
 void SmtpProxy::Impl::SubscribeModes() {
-  if (options.control_path.empty()) return;
-  Result<std::unique_ptr<AsyncControlClient>> c = AsyncControlClient::Connect(base, options.control_path);
-  if (!c.ok()) {
-    std::fprintf(stderr, "ghostproxy: smtp: no network mode events (%s): mail goes at the cap or deadline\n",
-                 c.status().ToString().c_str());
-    return;
-  }
-  control = std::move(*c);
-  control->SetEventHandler([this](const nlohmann::json& e) {
-    if (e.value("event", "") == "modes" && e.contains("data")) OnModes(e["data"]);
-  });
-  control->SetDisconnectHandler([this] { network_high = false; });
-  control->Call(ControlOp::kSubscribe, {{"topics", {"modes"}}}, [this](Result<nlohmann::json> r) {
-    if (!r.ok()) {
-      std::fprintf(stderr, "ghostproxy: smtp: subscribing to modes: %s\n", r.status().ToString().c_str());
-      return;
-    }
-    // The modes now are the baseline: only a later entry into the high-power mode sends mail
-    // (a card kept in it all the time gives no occasion; the cap and the deadline do).
-    control->Call(ControlOp::kDevices, nlohmann::json::object(), [this](Result<nlohmann::json> d) {
-      if (d.ok()) OnModes(*d, /*baseline=*/true);
-    });
-  });
-}
-
-void SmtpProxy::Impl::OnModes(const nlohmann::json& devices, bool baseline) {
-  if (!devices.is_array()) return;
-  bool high = false;
-  for (const auto& d : devices) {
-    if (!d.is_object() || d.value("kind", "") != "network" || !d.contains("modes")) continue;
-    double top = -1;
-    for (const auto& m : d["modes"]) top = std::max(top, m.value("power_w", 0.0));
-    if (d.value("power_w", -2.0) >= top) high = true;
-  }
-  bool entered = high && !network_high && !baseline;
-  network_high = high;
-  if (entered && !outbox->waiting().empty()) Flush("network card in its high-power mode");
+  NetworkWatch::Handlers h;
+  // Mail rides along with traffic that pays for the wake-up anyway (the modes at subscription
+  // are the baseline: a card kept in its high-power mode all the time gives no occasion).
+  h.on_high = [this] {
+    if (!outbox->waiting().empty()) Flush("network card in its high-power mode");
+  };
+  h.on_flush = [this] {
+    if (!outbox->waiting().empty()) Flush("ghostctl flush");
+  };
+  watch = std::make_unique<NetworkWatch>(base, options.control_path, "smtp", std::move(h));
 }
 
 // ---- the listener ----

@@ -9,10 +9,12 @@
 //     socket: a network device whose mode is its most power-hungry one), so mail rides along
 //     with traffic that pays for the wake-up anyway;
 //   - the waiting bytes pass `cap` or the waiting messages `cap_messages`;
-//   - the oldest waiting message has waited `deadline` (a card that never needs its high-power
-//     mode must not hold mail forever);
+//   - the oldest waiting message has waited `deadline` × (100 − K) / 50, K being ghostfs's knob
+//     (60 s at K=50, 120 s at K=0, at once at K=100: DeadlineFor, as the IMAP queues): a card
+//     that never needs its high-power mode must not hold mail forever;
+//   - `ghostctl flush` / `ghostctl sync` (ghostfs publishes a flush event; proxy/network_watch.h);
 //   - the process gets SIGUSR1 (ghostproxy_main.cc), and at start when mail is waiting from
-//     before (after `deadline`).
+//     before (after the deadline).
 // Every send is disclosed to the power manager (TransferBegin/TransferEnd).
 //
 // AUTH (PLAIN, LOGIN) is passed through: the client's credentials are used for its messages'
@@ -48,7 +50,7 @@ struct SmtpProxyOptions {
   std::optional<ListenAddress> smtp_listen;  // [smtp_listen] nullopt: no SMTP listener
   std::string smtp_origin;                   // [smtp_origin] smtp[s]://HOST:PORT/
   std::string outbox;                        // [smtp_outbox] the outbox directory
-  Duration deadline = std::chrono::seconds(60);  // [smtp_deadline] seconds
+  Duration deadline = std::chrono::seconds(60);  // [smtp_deadline] seconds at knob 50
   Bytes cap = 1ull << 20;                    // [smtp_outbox_cap] waiting bytes
   std::size_t cap_messages = 100;
   Bytes max_message = 32ull << 20;

@@ -6,7 +6,9 @@
 // error (what a socket delivers in pieces must not change what the proxy sees). Every segment
 // goes to each recognizer. Checked: no crash, no sanitizer report; a segment never exceeds the
 // line limit; literal bytes never exceed what was announced; FilterCapabilities leaves no
-// COMPRESS= or STARTTLS in a capability line and is idempotent.
+// COMPRESS= or STARTTLS in a capability line and is idempotent; a parsed UID STORE names only
+// known UIDs; a FETCH FLAGS rewritten with other flags parses to them.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -36,7 +38,24 @@ void Recognize(std::string_view seg) {
     while (ReadAstring(&rest)) {
     }
     (void)ParseBodyFetch(c->rest);
+    static const std::vector<std::uint32_t> kKnown = {1, 2, 3, 7, 4000000000u};
+    if (std::optional<UidStore> st = ParseUidStore(c->rest, kKnown, 100)) {
+      Check(!st->uids.empty() && st->uids.size() <= 100 && !st->flags.empty(),
+            "a parsed UID STORE names no message, too many, or no flag", seg);
+      for (std::uint32_t u : st->uids)
+        Check(std::binary_search(kKnown.begin(), kKnown.end(), u), "a UID STORE names an unknown UID", seg);
+    }
   }
+  if (std::optional<FetchFlags> ff = ParseFetchFlags(seg)) {
+    // Rewriting the flags with the ones found gives the segment back; with others, a segment
+    // that parses to them.
+    Check(RewriteFlags(seg, *ff, ff->flags).size() <= seg.size(), "RewriteFlags grew an identical list", seg);
+    std::string again = RewriteFlags(seg, *ff, {"\\Seen", "$Ghost"});
+    std::optional<FetchFlags> ff2 = ParseFetchFlags(again);
+    Check(ff2 && ff2->flags == std::vector<std::string>({"\\Seen", "$Ghost"}) && ff2->seq == ff->seq,
+          "a rewritten FETCH FLAGS does not parse to the new flags", again);
+  }
+  (void)PlainPassword(seg);
   (void)ParseBodyPrefix(seg);
   (void)UntaggedNumber(seg, "EXISTS");
   (void)UidValidity(seg);

@@ -4,7 +4,8 @@
 through the proxy and get 250 at once while nothing reaches the server; `ghostctl outbox` lists
 what waits; the outbox goes at its deadline (smtp_deadline) and on SIGUSR1, byte-identical and
 with the client's AUTH; a message the server refuses (550) is kept in refused/ with the reply;
-mail journaled before a SIGKILL is sent after the restart; malformed input gets 5xx (a close for
+mail journaled before a SIGKILL is sent after the restart; `ghostctl flush` sends the outbox, and
+the deadline is scaled by ghostfs's knob (zero at K=100); malformed input gets 5xx (a close for
 an over-long line) and the proxy lives on. TAP; skipped without root, /dev/fuse or aiosmtpd."""
 import json
 import os
@@ -18,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 14
+PLAN = 16
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 SINK = r'''
@@ -251,6 +252,32 @@ def main():
     ctlc.close()
     t.check(quiet and sent, "the outbox goes when the network card enters its high-power mode",
             f"quiet {quiet} sent {sent}; card {modes}; " + open(log).read()[-300:])
+
+    # `ghostctl flush` reaches the proxy's outbox (ghostfs publishes a flush event).
+    ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+    before = len(delivered(sink_dir))
+    s = smtplib.SMTP("127.0.0.1", sport, timeout=20)
+    s.sendmail("a@example.org", ["b@example.org"], message("flush", 50))
+    s.quit()
+    quiet = len(delivered(sink_dir)) == before
+    subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+    t.check(quiet and h.wait_for(lambda: len(delivered(sink_dir)) > before, timeout=10),
+            "ghostctl flush sends the outbox", open(log).read()[-300:])
+
+    # The deadline is scaled by ghostfs's knob: smtp_deadline 120 s at K=50 is 0 at K=100.
+    subprocess.run([ghostctl, "--control", ctl, "knob", "100"], capture_output=True, timeout=30)
+    proxy.terminate()
+    proxy.wait(10)
+    proxy = start(conf_long)
+    h.wait_port(sport, 15)
+    time.sleep(1)  # the proxy has read the knob
+    before = len(delivered(sink_dir))
+    s = smtplib.SMTP("127.0.0.1", sport, timeout=20)
+    s.sendmail("a@example.org", ["b@example.org"], message("knob", 50))
+    s.quit()
+    t.check(h.wait_for(lambda: len(delivered(sink_dir)) > before, timeout=10),
+            "at knob 100 the outbox deadline is zero: mail goes at once", open(log).read()[-300:])
+    subprocess.run([ghostctl, "--control", ctl, "knob", "50"], capture_output=True, timeout=30)
     t.done()
 
 

@@ -180,5 +180,63 @@ TEST(ImapWireTest, ReadsThePlainUserAndNotThePassword) {
   EXPECT_FALSE(PlainUser("Z2hvc3Q="));  // no NULs
 }
 
+TEST(ImapWireTest, ReadsThePlainPassword) {
+  EXPECT_EQ(PlainPassword("AGdob3N0AHNlY3JldA=="), "secret");
+  EXPECT_EQ(PlainPassword("YWRtaW4AZ2hvc3QAc2VjcmV0"), "secret");
+  EXPECT_FALSE(PlainPassword("Z2hvc3Q="));  // no NULs
+  EXPECT_FALSE(PlainPassword("not base64!"));
+}
+
+TEST(ImapWireTest, ParsesADeferrableUidStoreAgainstTheKnownUids) {
+  const std::vector<std::uint32_t> known = {3, 5, 9, 12};
+  auto st = ParseUidStore("5 +FLAGS (\\Seen \\Flagged)\r\n", known);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->uids, (std::vector<std::uint32_t>{5}));
+  EXPECT_TRUE(st->add);
+  EXPECT_FALSE(st->silent);
+  EXPECT_EQ(st->flags, (std::vector<std::string>{"\\Seen", "\\Flagged"}));
+  st = ParseUidStore("3:9,12 -flags.silent \\Deleted", known);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->uids, (std::vector<std::uint32_t>{3, 5, 9, 12}));
+  EXPECT_FALSE(st->add);
+  EXPECT_TRUE(st->silent);
+  EXPECT_EQ(st->flags, (std::vector<std::string>{"\\Deleted"}));
+  st = ParseUidStore("10:* +FLAGS ($Ghost)", known);
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->uids, (std::vector<std::uint32_t>{12}));
+  // What goes to the server instead: an unknown UID, a replacement, UNCHANGEDSINCE, no flags,
+  // a range of unknown UIDs, too many UIDs.
+  EXPECT_FALSE(ParseUidStore("4 +FLAGS (\\Seen)", known));
+  EXPECT_FALSE(ParseUidStore("5 FLAGS (\\Seen)", known));
+  EXPECT_FALSE(ParseUidStore("5 (UNCHANGEDSINCE 7) +FLAGS (\\Seen)", known));
+  EXPECT_FALSE(ParseUidStore("5 +FLAGS ()", known));
+  EXPECT_FALSE(ParseUidStore("6:8 +FLAGS (\\Seen)", known));
+  EXPECT_FALSE(ParseUidStore("1:* +FLAGS (\\Seen)", known, 3));
+  EXPECT_FALSE(ParseUidStore("5 +FLAGS (\\Seen", known));
+}
+
+TEST(ImapWireTest, FindsAndRewritesTheFlagsOfAnUntaggedFetch) {
+  auto ff = ParseFetchFlags("* 4 FETCH (UID 9 FLAGS (\\Seen \\Recent))\r\n");
+  ASSERT_TRUE(ff);
+  EXPECT_EQ(ff->seq, 4u);
+  EXPECT_EQ(ff->uid, 9u);
+  EXPECT_EQ(ff->flags, (std::vector<std::string>{"\\Seen", "\\Recent"}));
+  EXPECT_EQ(RewriteFlags("* 4 FETCH (UID 9 FLAGS (\\Seen \\Recent))\r\n", *ff, {"\\Flagged"}),
+            "* 4 FETCH (UID 9 FLAGS (\\Flagged))\r\n");
+  // dovecot's order (FLAGS, then UID), a MODSEQ before them, and a body literal after them.
+  ff = ParseFetchFlags("* 2 FETCH (FLAGS () UID 7)\r\n");
+  ASSERT_TRUE(ff);
+  EXPECT_EQ(ff->uid, 7u);
+  EXPECT_TRUE(ff->flags.empty());
+  ff = ParseFetchFlags("* 2 FETCH (MODSEQ (12) FLAGS (\\Answered) BODY[] {12}\r\n");
+  ASSERT_TRUE(ff);
+  EXPECT_FALSE(ff->uid);
+  EXPECT_EQ(RewriteFlags("* 2 FETCH (MODSEQ (12) FLAGS (\\Answered) BODY[] {12}\r\n", *ff, {}),
+            "* 2 FETCH (MODSEQ (12) FLAGS () BODY[] {12}\r\n");
+  EXPECT_FALSE(ParseFetchFlags("* 2 FETCH (UID 7 RFC822.SIZE 100)\r\n"));
+  EXPECT_FALSE(ParseFetchFlags("* 2 EXISTS\r\n"));
+  EXPECT_FALSE(ParseFetchFlags("* 2 FETCH (BODY[HEADER.FIELDS (FLAGS)] {3}\r\n"));
+}
+
 }  // namespace
 }  // namespace ghost::imapwire

@@ -123,6 +123,21 @@ shape_buffer = "32K"
   }
 }
 
+TEST_F(ProxyConfigTest, ReadsTheDeferredImapChangesKeysAndRejectsBadOnes) {
+  GhostproxyOptions o;
+  const Status s = Load("imap_journal = \"/var/spool/g/imap-journal\"\nimap_deadline = 30\n", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.mail.imap_journal, "/var/spool/g/imap-journal");
+  EXPECT_EQ(o.mail.imap_deadline, std::chrono::seconds(30));
+  for (const char* bad : {"imap_journal = \"\"\n", "imap_journal = 3\n", "imap_deadline = 0\n",
+                          "imap_deadline = \"soon\"\n"}) {
+    GhostproxyOptions other;
+    const Status e = Load(bad, &other);
+    EXPECT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.message().find("imap_"), std::string::npos) << e.message();
+  }
+}
+
 TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
   struct Case {
     const char* text;
