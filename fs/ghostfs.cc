@@ -203,6 +203,8 @@ TreeContext Daemon::Context() {
                          [this](const std::string& key) {
                            if (control_ && control_->Subscribed("objects")) control_->Publish("objects", {{"key", key}});
                          },
+                     .baseline_write = [this](Bytes n) { BaselineWrite(n); },
+                     .baseline_fetch = [this](Bytes n) { BaselineFetch(n); },
                      .loop = base_,
                      .mount_path = mount_path_};
 }
@@ -215,6 +217,7 @@ Status Daemon::MakeTrees() {
                    .io = *io_,
                    .new_fh = [this] { return next_fh_++; },
                    .reply_dir_entries = ReplyDirEntries,
+                   .baseline_write = [this](Bytes n) { BaselineWrite(n); },
                    .attr_timeout = kAttrTimeout});
   if (!local.ok()) return local.status();
   local_ = std::move(local).value();

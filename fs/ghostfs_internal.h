@@ -162,6 +162,8 @@ class Daemon final : public GhostFs {
   std::unique_ptr<ShadowBaseline> shadow_;  // the static cache beside this one; null: no profile
   void StartObserving();                    // the two above, the log's hooks (observability.cc)
   nlohmann::json EnergyModelJson() const;    // stats "energy_model" (observability.cc)
+  void BaselineWrite(Bytes size);            // to the static baseline, if any (observability.cc)
+  void BaselineFetch(Bytes size);
 };
 
 }  // namespace ghost

@@ -58,6 +58,14 @@ void Daemon::StartObserving() {
   }
 }
 
+void Daemon::BaselineWrite(Bytes size) {
+  if (shadow_) shadow_->ObserveWrite(size);
+}
+
+void Daemon::BaselineFetch(Bytes size) {
+  if (shadow_) shadow_->ObserveFetch(size);
+}
+
 nlohmann::json Daemon::EnergyModelJson() const {
   if (options_.profile.empty()) {
     return {{"modelled", false},

@@ -31,6 +31,7 @@ Duration ShadowBaseline::WaitFor(Machine& m, ReadSource source, Bytes size) {
   switch (source) {
     case ReadSource::kDisk:
     case ReadSource::kFlash:
+    case ReadSource::kStale:  // a stale copy served from the disk
       return m.storage().Estimate({size, false}).time;
     case ReadSource::kNetwork:
       return m.network().Estimate({size, false}).time;
@@ -59,6 +60,7 @@ void ShadowBaseline::Observe(const ObjectState& state, const ReadDecision& live)
   switch (d.source) {
     case ReadSource::kDisk:
     case ReadSource::kFlash:
+    case ReadSource::kStale:
       shadow_->storage().Submit({s.size, false}, [] {});
       break;
     case ReadSource::kNetwork:
@@ -74,6 +76,17 @@ void ShadowBaseline::Observe(const ObjectState& state, const ReadDecision& live)
   }
 }
 
+void ShadowBaseline::ObserveWrite(Bytes size) {
+  if (size == 0) return;
+  written_ += size;
+  shadow_->storage().Submit({size, true}, [] {});
+}
+
+void ShadowBaseline::ObserveFetch(Bytes size) {
+  fetched_ += size;
+  shadow_->network().Submit({size, false}, [] {});
+}
+
 double ShadowBaseline::Figures::percent() const {
   if (baseline_energy.joules() <= 0) return 0;
   return 100.0 * saved().joules() / baseline_energy.joules();
@@ -86,6 +99,8 @@ ShadowBaseline::Figures ShadowBaseline::figures() const {
   f.live_waiting = live_waiting_;
   f.baseline_waiting = baseline_waiting_;
   f.reads = reads_;
+  f.written = written_;
+  f.fetched = fetched_;
   return f;
 }
 
@@ -101,7 +116,9 @@ nlohmann::json ShadowBaseline::ToJson() const {
           {"live_energy_j", round3(f.live_energy.joules())},
           {"baseline_energy_j", round3(f.baseline_energy.joules())},
           {"live_waiting_s", round3(ToSeconds(f.live_waiting))},
-          {"baseline_waiting_s", round3(ToSeconds(f.baseline_waiting))}};
+          {"baseline_waiting_s", round3(ToSeconds(f.baseline_waiting))},
+          {"other_io", {{"written_b", f.written}, {"fetched_b", f.fetched}}},
+          {"baseline_devices", DevicesToJson(DeviceResults(shadow_->pm(), shadow_->pm().meter().Read()))}};
 }
 
 std::string ShadowBaseline::Sentence(const nlohmann::json& saved) {

@@ -15,9 +15,15 @@
 // on the live machine as it is and on the shadow as it is, just before each submits the I/O.
 // Reads served from memory wait for nothing.
 //
-// What the shadow does not see: I/O outside the read decisions (directory listings, local/
-// writes, a proxy's miss fetched through "transfer"): the live machine pays for those alone,
-// so the saving is, if anything, understated.
+// I/O outside the read decisions that the live machine's devices do, the static cache does
+// too, and at once (it has no write queue): writes to the cache (local/ files, a proxy's fills)
+// through ObserveWrite, fetches from an origin (a proxy's miss, through "transfer") through
+// ObserveFetch. A read's fill is not one of those: Observe writes it (ReadDecision::queue_fill).
+// Directory listings and name probes (HEAD) are carried by the real network only: the live
+// machine does not charge them to its emulated card, so neither side pays for them.
+//
+// A miss is observed with the size the live side expects to fetch (ObjectState::size: the
+// listing's or the message's size; 0 when unknown), so both sides carry the same bytes.
 //
 // Without power management (no --profile: an ideal machine) there is nothing to compare:
 // Build is not called and the stats say energy is not modelled.
@@ -51,11 +57,18 @@ class ShadowBaseline {
   // One read the live policy decided (`live` is its decision for `state`). Call before the
   // live side submits the read's I/O.
   void Observe(const ObjectState& state, const ReadDecision& live);
+  // `size` bytes the live side wrote to its cache outside a read's fill: the static cache
+  // writes them now (a disk write on the shadow).
+  void ObserveWrite(Bytes size);
+  // `size` bytes the live side fetched from an origin outside a read decision: the static
+  // cache fetches them too (a network read on the shadow).
+  void ObserveFetch(Bytes size);
 
   struct Figures {
     Energy live_energy, baseline_energy;  // whole machines (base power included)
     Duration live_waiting{0}, baseline_waiting{0};
     std::uint64_t reads = 0;
+    Bytes written = 0, fetched = 0;  // ObserveWrite's and ObserveFetch's bytes
     Energy saved() const { return baseline_energy - live_energy; }
     Duration waiting_saved() const { return baseline_waiting - live_waiting; }
     // saved() as a percentage of the baseline's energy (0 when it spent none).
@@ -63,7 +76,9 @@ class ShadowBaseline {
   };
   Figures figures() const;
   // {"baseline":"static","reads":N,"since_s":S,"energy_j":X,"percent":Y,"waiting_s":Z,
-  //  "live_energy_j":..,"baseline_energy_j":..,"live_waiting_s":..,"baseline_waiting_s":..}
+  //  "live_energy_j":..,"baseline_energy_j":..,"live_waiting_s":..,"baseline_waiting_s":..,
+  //  "other_io":{"written_b":..,"fetched_b":..},"baseline_devices":[the shadow's devices, as
+  //  ghostfs's stats show the live ones]}
   nlohmann::json ToJson() const;
   // "saved 12.3 J (41%) and 3.2 s of waiting since mount (1 h 2 min), against a static cache"
   static std::string Sentence(const nlohmann::json& saved);
@@ -82,6 +97,7 @@ class ShadowBaseline {
   TimePoint started_{};
   Duration live_waiting_{0}, baseline_waiting_{0};
   std::uint64_t reads_ = 0;
+  Bytes written_ = 0, fetched_ = 0;
 };
 
 }  // namespace ghost
