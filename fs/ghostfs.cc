@@ -57,6 +57,9 @@ Daemon::~Daemon() {
   io_.reset();
   manager_.reset();
   // Both borrow the clock (the baseline's machine has timers of its own): before it goes.
+  if (shadow_) {
+    if (Status s = shadow_->SaveDay(); !s.ok()) std::fprintf(stderr, "ghostfs: today's saved energy: %s\n", s.ToString().c_str());
+  }
   shadow_.reset();
   health_.reset();
   machine_.reset();

@@ -51,6 +51,10 @@ void Daemon::StartObserving() {
     Result<std::unique_ptr<ShadowBaseline>> shadow = ShadowBaseline::Build(*clock_, *machine_, kPageCacheModelBytes);
     if (shadow.ok()) {
       shadow_ = std::move(shadow).value();
+      // "today" survives remounts: the day's figures so far are kept in the cache directory.
+      if (Status s = shadow_->KeepDay(options_.cache_dir + "/saved-today.json"); !s.ok()) {
+        Log(LogLevel::kWarn, "%s", s.ToString().c_str());
+      }
       manager_->SetObserver([this](const ObjectState& s, const ReadDecision& d) { shadow_->Observe(s, d); });
     } else {
       Log(LogLevel::kWarn, "no static baseline beside the live policy: %s", shadow.status().ToString().c_str());

@@ -1,6 +1,11 @@
 #include "common/cache/shadow_baseline.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "common/base/clock.h"
 #include "common/power/machine.h"
@@ -140,6 +145,62 @@ TEST_F(ShadowBaselineTest, AWriteOutsideTheReadsGoesToTheShadowDiskAtOnce) {
                  (*idle)->machine().pm().meter().Read().total.joules();
   EXPECT_NEAR(extra, (1.2 - 0.76) * 0.5, 0.001) << "the disk is writing for all of the 0.5 s";
   EXPECT_EQ(shadow_->figures().written, k1M);
+}
+
+TEST_F(ShadowBaselineTest, TodayIsCarriedAcrossRemountsAndRollsAtLocalMidnight) {
+  std::string dir = ::testing::TempDir() + "/shadow-today-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/saved-today.json";
+  std::filesystem::remove(path);
+  // An earlier mount the same day saved 10 J live against 14 J static, 1 s of waiting
+  // against 3 s: today starts with those 4 J (28.6%) and 2 s saved.
+  {
+    std::ofstream f(path);
+    f << R"({"date":"2026-11-25","live_energy_j":10,"baseline_energy_j":14,"live_waiting_s":1,)"
+      << R"("baseline_waiting_s":3,"reads":4})";
+  }
+  std::string date = "2026-11-25";
+  ASSERT_TRUE(shadow_->KeepDay(path, [&date] { return date; }).ok());
+  ShadowBaseline::Figures t = shadow_->today();
+  EXPECT_NEAR(t.saved().joules(), 4.0, 1e-9);
+  EXPECT_NEAR(t.percent(), 100.0 * 4 / 14, 1e-9);
+  EXPECT_EQ(t.waiting_saved(), Seconds(2));
+  EXPECT_EQ(t.reads, 4u);
+  // This mount's reads add to it: one miss of 1 MiB observed, as since mount.
+  clock_.AdvanceBy(Seconds(1));
+  shadow_->Observe(ObjectState{.size = k1M}, ReadDecision{});
+  clock_.AdvanceBy(Seconds(9));
+  ShadowBaseline::Figures mount = shadow_->figures();
+  t = shadow_->today();
+  EXPECT_NEAR(t.saved().joules(), 4.0 + mount.saved().joules(), 1e-6);
+  EXPECT_EQ(t.reads, 5u);
+  nlohmann::json j = shadow_->ToJson();
+  EXPECT_EQ(j["today"]["date"], "2026-11-25");
+  EXPECT_NE(ShadowBaseline::Sentence(j).find("; today "), std::string::npos);
+  // Unmount: saved; a remount the same day carries it.
+  ASSERT_TRUE(shadow_->SaveDay().ok());
+  {
+    Result<std::unique_ptr<ShadowBaseline>> again = ShadowBaseline::Build(clock_, *live_, 8 * k1M);
+    ASSERT_TRUE(again.ok());
+    ASSERT_TRUE((*again)->KeepDay(path, [&date] { return date; }).ok());
+    EXPECT_NEAR((*again)->today().saved().joules(), t.saved().joules(), 1e-3);
+    EXPECT_EQ((*again)->today().reads, 5u);
+  }
+  // Midnight: the next reading starts a new day at zero, and the file says so.
+  date = "2026-11-26";
+  t = shadow_->today();
+  EXPECT_NEAR(t.saved().joules(), 0.0, 1e-9);
+  EXPECT_EQ(t.reads, 0u);
+  EXPECT_EQ(shadow_->ToJson()["today"]["date"], "2026-11-26");
+  std::ifstream f(path);
+  EXPECT_EQ(nlohmann::json::parse(f)["date"], "2026-11-26");
+  // A remount on a later day does not carry an earlier day's figures.
+  date = "2026-11-27";
+  Result<std::unique_ptr<ShadowBaseline>> later = ShadowBaseline::Build(clock_, *live_, 8 * k1M);
+  ASSERT_TRUE(later.ok());
+  ASSERT_TRUE((*later)->KeepDay(path, [&date] { return date; }).ok());
+  EXPECT_EQ((*later)->today().reads, 0u);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
