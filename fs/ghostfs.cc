@@ -208,6 +208,7 @@ TreeContext Daemon::Context() {
                          },
                      .baseline_write = [this](Bytes n) { BaselineWrite(n); },
                      .baseline_fetch = [this](Bytes n) { BaselineFetch(n); },
+                     .imap_outcome = [this](const std::string& url, bool answered, const Status& s) { ImapOutcome(url, answered, s); },
                      .loop = base_,
                      .mount_path = mount_path_};
 }

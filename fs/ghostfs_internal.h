@@ -164,6 +164,8 @@ class Daemon final : public GhostFs {
   nlohmann::json EnergyModelJson() const;    // stats "energy_model" (observability.cc)
   void BaselineWrite(Bytes size);            // to the static baseline, if any (observability.cc)
   void BaselineFetch(Bytes size);
+  // An IMAP origin's connection attempt, to origin health (observability.cc).
+  void ImapOutcome(const std::string& url, bool answered, const Status& status);
 };
 
 }  // namespace ghost

@@ -14,7 +14,7 @@ namespace ghost {
 void Daemon::StartObserving() {
   std::vector<OriginHealth::Origin> origins;
   for (const Origin& o : options_.origins) {
-    if (o.url.starts_with("http://") || o.url.starts_with("https://")) origins.push_back({o.name, o.url});
+    if (o.url.starts_with("http://") || o.url.starts_with("https://") || o.imap()) origins.push_back({o.name, o.url});
   }
   health_ = std::make_unique<OriginHealth>(*clock_, std::move(origins));
   health_->on_change = [this](const std::string& name, OriginHealth::State state) {
@@ -60,6 +60,10 @@ void Daemon::StartObserving() {
       Log(LogLevel::kWarn, "no static baseline beside the live policy: %s", shadow.status().ToString().c_str());
     }
   }
+}
+
+void Daemon::ImapOutcome(const std::string& url, bool answered, const Status& status) {
+  if (health_) health_->RecordImap(url, answered, status);
 }
 
 void Daemon::BaselineWrite(Bytes size) {

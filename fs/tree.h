@@ -76,6 +76,9 @@ struct TreeContext {
   // bytes written to the cache other than a read's fill, bytes fetched outside a read.
   std::function<void(Bytes)> baseline_write;
   std::function<void(Bytes)> baseline_fetch;
+  // An IMAP origin's connection attempt (`answered`: the server replied, a refused login
+  // included), for origin health.
+  std::function<void(const std::string& url, bool answered, const Status& status)> imap_outcome;
   event_base* loop;               // the daemon's event loop (for clients that need one)
   const std::string& mount_path;  // canonical, for paths handed out (set once mounted)
 };
