@@ -57,6 +57,9 @@ Daemon::~Daemon() {
   io_.reset();
   manager_.reset();
   // Both borrow the clock (the baseline's machine has timers of its own): before it goes.
+  if (shadow_) {
+    if (Status s = shadow_->SaveDay(); !s.ok()) std::fprintf(stderr, "ghostfs: today's saved energy: %s\n", s.ToString().c_str());
+  }
   shadow_.reset();
   health_.reset();
   machine_.reset();
@@ -203,6 +206,9 @@ TreeContext Daemon::Context() {
                          [this](const std::string& key) {
                            if (control_ && control_->Subscribed("objects")) control_->Publish("objects", {{"key", key}});
                          },
+                     .baseline_write = [this](Bytes n) { BaselineWrite(n); },
+                     .baseline_fetch = [this](Bytes n) { BaselineFetch(n); },
+                     .imap_outcome = [this](const std::string& url, bool answered, const Status& s) { ImapOutcome(url, answered, s); },
                      .loop = base_,
                      .mount_path = mount_path_};
 }
@@ -215,6 +221,7 @@ Status Daemon::MakeTrees() {
                    .io = *io_,
                    .new_fh = [this] { return next_fh_++; },
                    .reply_dir_entries = ReplyDirEntries,
+                   .baseline_write = [this](Bytes n) { BaselineWrite(n); },
                    .attr_timeout = kAttrTimeout});
   if (!local.ok()) return local.status();
   local_ = std::move(local).value();

@@ -485,6 +485,7 @@ void LocalTree::Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t 
   r.length = size;
   r.data.assign(buf, size);
   ctx_.queue.Add(std::move(r));
+  if (ctx_.baseline_write) ctx_.baseline_write(size);
   fuse_reply_write(req, size);
 }
 

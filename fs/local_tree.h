@@ -57,6 +57,7 @@ struct LocalContext {
   // Replies to a readdir with ".", ".." and `entries` from offset `off` on.
   std::function<void(fuse_req_t, fuse_ino_t, size_t, off_t, const std::vector<std::pair<std::string, mode_t>>&)>
       reply_dir_entries;
+  std::function<void(Bytes)> baseline_write;  // bytes written: the static baseline writes them too
   double attr_timeout = 1.0;  // seconds the kernel may cache attributes and entries
 };
 

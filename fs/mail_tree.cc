@@ -224,6 +224,7 @@ void MailTree::EnsureConnected(MailOrigin& mo) {
   if (ctx_.clock.Now() < mo.login_retry_at) return;
   mo.selected.clear();
   mo.client->Connect(mo.url, mo.user, mo.password, [this, &mo](Status s) {
+    if (ctx_.imap_outcome) ctx_.imap_outcome(mo.url, s.ok() || s.code() == Status::Code::kPermissionDenied, s);
     if (!s.ok()) {
       std::string next;
       if (s.code() == Status::Code::kPermissionDenied) {

@@ -14,7 +14,7 @@ namespace ghost {
 void Daemon::StartObserving() {
   std::vector<OriginHealth::Origin> origins;
   for (const Origin& o : options_.origins) {
-    if (o.url.starts_with("http://") || o.url.starts_with("https://")) origins.push_back({o.name, o.url});
+    if (o.url.starts_with("http://") || o.url.starts_with("https://") || o.imap()) origins.push_back({o.name, o.url});
   }
   health_ = std::make_unique<OriginHealth>(*clock_, std::move(origins));
   health_->on_change = [this](const std::string& name, OriginHealth::State state) {
@@ -51,11 +51,27 @@ void Daemon::StartObserving() {
     Result<std::unique_ptr<ShadowBaseline>> shadow = ShadowBaseline::Build(*clock_, *machine_, kPageCacheModelBytes);
     if (shadow.ok()) {
       shadow_ = std::move(shadow).value();
+      // "today" survives remounts: the day's figures so far are kept in the cache directory.
+      if (Status s = shadow_->KeepDay(options_.cache_dir + "/saved-today.json"); !s.ok()) {
+        Log(LogLevel::kWarn, "%s", s.ToString().c_str());
+      }
       manager_->SetObserver([this](const ObjectState& s, const ReadDecision& d) { shadow_->Observe(s, d); });
     } else {
       Log(LogLevel::kWarn, "no static baseline beside the live policy: %s", shadow.status().ToString().c_str());
     }
   }
+}
+
+void Daemon::ImapOutcome(const std::string& url, bool answered, const Status& status) {
+  if (health_) health_->RecordImap(url, answered, status);
+}
+
+void Daemon::BaselineWrite(Bytes size) {
+  if (shadow_) shadow_->ObserveWrite(size);
+}
+
+void Daemon::BaselineFetch(Bytes size) {
+  if (shadow_) shadow_->ObserveFetch(size);
 }
 
 nlohmann::json Daemon::EnergyModelJson() const {

@@ -574,7 +574,7 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   state.on_disk = cached != nullptr;
   state.in_write_queue = ctx_.write_back.FillPending(url);
   state.fresh = cached && cached->expires && *cached->expires + ctx_.options.max_stale > now;
-  state.size = cached ? cached->size : 0;
+  state.size = cached ? cached->size : listed_size;  // a miss: what the fetch should carry
   ReadDecision d = ctx_.manager.DecideRead(state);
   if (d.costed) ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
   switch (d.source) {

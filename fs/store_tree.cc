@@ -246,6 +246,7 @@ void StoreTree::StoreHandOver(Handle& h) {
   CacheEntry meta = fill.meta;
   meta.size = fill.data.size();
   ctx_.manager.Remember(fill.key, fill.data.size());
+  ctx_.baseline_write(fill.data.size());
   ctx_.write_back.QueueFill(fill.key, std::move(meta), std::move(fill.data));
   ++store_stats_.fills;
   store_fills_.erase(f);
@@ -480,6 +481,7 @@ void StoreTree::StoreTransfer(const nlohmann::json& request, ControlServer::Repl
     if (it->second.data_sent)
       return reply.Error("transfer: data already given for transfer " + std::to_string(id));
     it->second.data_sent = true;
+    ctx_.baseline_fetch(b.get<Bytes>());
     if (!emulated) return reply(nlohmann::json::object());
     ++it->second.data_pending;
     IoRequest io;

@@ -72,6 +72,13 @@ struct TreeContext {
   std::function<void()> stats_changed;
   // A stored object changed: pushed to "objects" subscribers (a client drops its RAM copy).
   std::function<void(const std::string& key)> object_changed;
+  // I/O outside the read decisions that the static baseline does too (fs/observability.cc):
+  // bytes written to the cache other than a read's fill, bytes fetched outside a read.
+  std::function<void(Bytes)> baseline_write;
+  std::function<void(Bytes)> baseline_fetch;
+  // An IMAP origin's connection attempt (`answered`: the server replied, a refused login
+  // included), for origin health.
+  std::function<void(const std::string& url, bool answered, const Status& status)> imap_outcome;
   event_base* loop;               // the daemon's event loop (for clients that need one)
   const std::string& mount_path;  // canonical, for paths handed out (set once mounted)
 };

@@ -488,6 +488,16 @@ void ClientConnection::SendStatusPage(const std::string& path) {
   }
 }
 
+bool ClientConnection::SendDashboardRedirect(const std::string& path) {
+  if (path != "/ghost/" && path != "/ghost") return false;
+  const std::string url = proxy_->options.dashboard_url ? proxy_->options.dashboard_url() : std::string();
+  if (url.empty()) return false;
+  http1::HeaderList location;
+  location.Add("Location", url);
+  SendRaw(302, "text/plain", "the dashboard is at " + url + "\n", ResultCode::kLocal, false, location);
+  return true;
+}
+
 // ---- Writing the response ----
 
 void ClientConnection::WriteResponseHead(int status, const std::string& reason,

@@ -77,6 +77,7 @@ void ClientConnection::StartExchange() {
       const std::string path = ex.req.target.substr(0, ex.req.target.find('?'));
       if (path == "/ghost/status" || path == "/ghost/metrics") {
         SendStatusPage(ex.req.target);
+      } else if (SendDashboardRedirect(path)) {
       } else {
         SendLocal(
             400,
@@ -111,6 +112,7 @@ void ClientConnection::StartExchange() {
     const std::string path = ex.url.path.substr(0, ex.url.path.find('?'));
     if (path == "/ghost/status" || path == "/ghost/metrics") {
       SendStatusPage(ex.url.path);
+    } else if (SendDashboardRedirect(path)) {
     } else {
       SendLocal(508,
                 ex.url_key +

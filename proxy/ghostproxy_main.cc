@@ -244,6 +244,7 @@ int main(int argc, char** argv) {
   if (!backend.ok()) return fail(backend.status().message(), 1);
   std::unique_ptr<ghost::Dashboard> board;  // --dashboard: started below, once the proxy runs
   o.proxy.extra_metrics = [&board] { return board ? board->MetricsText() : std::string(); };
+  o.proxy.dashboard_url = [&board] { return board ? "http://" + board->address() + "/ghost/" : std::string(); };
   ghost::Result<std::unique_ptr<ghost::Proxy>> proxy =
       ghost::Proxy::Start(base.get(), &clock, backend->get(), o.proxy);
   if (!proxy.ok()) {

@@ -124,6 +124,9 @@ struct ProxyOptions {
   // More Prometheus text appended to /ghost/metrics (the dashboard's device-mode, energy and
   // saving gauges, proxy/dashboard.h); empty: none.
   std::function<std::string()> extra_metrics;
+  // The dashboard's page URL ("http://127.0.0.1:8081/ghost/", proxy/dashboard.h) when it runs;
+  // the proxy's own /ghost/ then redirects there. Empty function or result: no dashboard.
+  std::function<std::string()> dashboard_url;
 };
 
 // Counters behind /ghost/status and /ghost/metrics.

@@ -404,6 +404,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void SendRaw(int status, const std::string& content_type, const std::string& body,
                ResultCode code, bool close, const http1::HeaderList& extra = {});
   void SendStatusPage(const std::string& path);
+  // /ghost/ or /ghost with a dashboard running (ProxyOptions::dashboard_url): a 302 to its page,
+  // and true; else false and nothing is sent.
+  bool SendDashboardRedirect(const std::string& path);
 
   // Requests (exchange.cc).
   void StartExchange();

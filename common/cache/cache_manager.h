@@ -64,6 +64,8 @@ inline bool IsLocal(ReadSource s) { return s != ReadSource::kNetwork && s != Rea
 
 // What the caller knows about one object.
 struct ObjectState {
+  // The committed body's size; for an object not cached, the size its fetch is expected to
+  // have (a listing's or a message's; 0: unknown), which only the shadow baseline uses.
   Bytes size = 0;
   bool in_memory = false;       // the page-cache model holds a clean copy
   bool in_write_queue = false;  // a fill of it waits in the write queue

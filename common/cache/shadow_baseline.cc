@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <string>
 
 namespace ghost {
@@ -31,6 +33,7 @@ Duration ShadowBaseline::WaitFor(Machine& m, ReadSource source, Bytes size) {
   switch (source) {
     case ReadSource::kDisk:
     case ReadSource::kFlash:
+    case ReadSource::kStale:  // a stale copy served from the disk
       return m.storage().Estimate({size, false}).time;
     case ReadSource::kNetwork:
       return m.network().Estimate({size, false}).time;
@@ -59,6 +62,7 @@ void ShadowBaseline::Observe(const ObjectState& state, const ReadDecision& live)
   switch (d.source) {
     case ReadSource::kDisk:
     case ReadSource::kFlash:
+    case ReadSource::kStale:
       shadow_->storage().Submit({s.size, false}, [] {});
       break;
     case ReadSource::kNetwork:
@@ -74,6 +78,17 @@ void ShadowBaseline::Observe(const ObjectState& state, const ReadDecision& live)
   }
 }
 
+void ShadowBaseline::ObserveWrite(Bytes size) {
+  if (size == 0) return;
+  written_ += size;
+  shadow_->storage().Submit({size, true}, [] {});
+}
+
+void ShadowBaseline::ObserveFetch(Bytes size) {
+  fetched_ += size;
+  shadow_->network().Submit({size, false}, [] {});
+}
+
 double ShadowBaseline::Figures::percent() const {
   if (baseline_energy.joules() <= 0) return 0;
   return 100.0 * saved().joules() / baseline_energy.joules();
@@ -86,13 +101,92 @@ ShadowBaseline::Figures ShadowBaseline::figures() const {
   f.live_waiting = live_waiting_;
   f.baseline_waiting = baseline_waiting_;
   f.reads = reads_;
+  f.written = written_;
+  f.fetched = fetched_;
   return f;
 }
 
-nlohmann::json ShadowBaseline::ToJson() const {
+std::string ShadowBaseline::LocalDateNow() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
+  return buf;
+}
+
+Status ShadowBaseline::KeepDay(std::string path, std::function<std::string()> local_date) {
+  day_path_ = std::move(path);
+  local_date_ = std::move(local_date);
+  day_ = local_date_();
+  carried_ = Figures{};
+  day_start_ = figures();
+  std::ifstream in(day_path_);
+  if (!in) return Status::Ok();  // the first mount: today starts now
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j["date"].is_string() || !j["live_energy_j"].is_number() ||
+      !j["baseline_energy_j"].is_number() || !j["live_waiting_s"].is_number() ||
+      !j["baseline_waiting_s"].is_number()) {
+    return Status::InvalidArgument(day_path_ + ": not today's saved figures; today starts now");
+  }
+  if (j["date"].get<std::string>() != day_) return Status::Ok();  // an earlier day's
+  carried_.live_energy = Energy::Joules(j["live_energy_j"].get<double>());
+  carried_.baseline_energy = Energy::Joules(j["baseline_energy_j"].get<double>());
+  carried_.live_waiting = Seconds(j["live_waiting_s"].get<double>());
+  carried_.baseline_waiting = Seconds(j["baseline_waiting_s"].get<double>());
+  carried_.reads = j.value("reads", std::uint64_t{0});
+  return Status::Ok();
+}
+
+void ShadowBaseline::RollDay() {
+  if (day_path_.empty()) return;
+  std::string now = local_date_();
+  if (now == day_) return;
+  // The figures up to this reading go to the day that ended (the last one's share is small:
+  // readings come at least with every stats push).
+  day_start_ = figures();
+  carried_ = Figures{};
+  day_ = now;
+  (void)SaveDay();
+}
+
+ShadowBaseline::Figures ShadowBaseline::today() {
+  RollDay();
+  Figures now = figures(), t = carried_;
+  t.live_energy += now.live_energy - day_start_.live_energy;
+  t.baseline_energy += now.baseline_energy - day_start_.baseline_energy;
+  t.live_waiting += now.live_waiting - day_start_.live_waiting;
+  t.baseline_waiting += now.baseline_waiting - day_start_.baseline_waiting;
+  t.reads += now.reads - day_start_.reads;
+  return t;
+}
+
+Status ShadowBaseline::SaveDay() {
+  if (day_path_.empty()) return Status::Ok();
+  Figures t = today();
+  nlohmann::json j = {{"date", day_},
+                      {"live_energy_j", t.live_energy.joules()},
+                      {"baseline_energy_j", t.baseline_energy.joules()},
+                      {"live_waiting_s", ToSeconds(t.live_waiting)},
+                      {"baseline_waiting_s", ToSeconds(t.baseline_waiting)},
+                      {"reads", t.reads}};
+  std::string tmp = day_path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    out.flush();
+    if (!out) return Status::Internal("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), day_path_.c_str()) != 0) {
+    return Status::Internal("cannot rename " + tmp + " to " + day_path_);
+  }
+  return Status::Ok();
+}
+
+nlohmann::json ShadowBaseline::ToJson() {
   Figures f = figures();
   auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
-  return {{"baseline", "static"},
+  nlohmann::json out = {{"baseline", "static"},
           {"reads", f.reads},
           {"since_s", round3(ToSeconds(clock_.Now() - started_))},
           {"energy_j", round3(f.saved().joules())},
@@ -101,7 +195,18 @@ nlohmann::json ShadowBaseline::ToJson() const {
           {"live_energy_j", round3(f.live_energy.joules())},
           {"baseline_energy_j", round3(f.baseline_energy.joules())},
           {"live_waiting_s", round3(ToSeconds(f.live_waiting))},
-          {"baseline_waiting_s", round3(ToSeconds(f.baseline_waiting))}};
+          {"baseline_waiting_s", round3(ToSeconds(f.baseline_waiting))},
+          {"other_io", {{"written_b", f.written}, {"fetched_b", f.fetched}}},
+          {"baseline_devices", DevicesToJson(DeviceResults(shadow_->pm(), shadow_->pm().meter().Read()))}};
+  if (!day_path_.empty()) {
+    Figures t = today();
+    out["today"] = {{"date", day_},
+                    {"energy_j", round3(t.saved().joules())},
+                    {"percent", std::round(t.percent() * 10) / 10},
+                    {"waiting_s", round3(ToSeconds(t.waiting_saved()))},
+                    {"reads", t.reads}};
+  }
+  return out;
 }
 
 std::string ShadowBaseline::Sentence(const nlohmann::json& saved) {
@@ -116,6 +221,13 @@ std::string ShadowBaseline::Sentence(const nlohmann::json& saved) {
     std::snprintf(buf, sizeof buf, "%s %.1f J (%.1f%%), waiting %.1f s longer, since mount (%.0f s ago)",
                   j >= 0 ? "saved" : "spent an extra", std::fabs(j), std::fabs(pct), -w, since);
     out = buf;
+  }
+  if (const auto t = saved.find("today"); t != saved.end() && t->is_object()) {
+    double tj = t->value("energy_j", 0.0), tp = t->value("percent", 0.0), tw = t->value("waiting_s", 0.0);
+    std::snprintf(buf, sizeof buf, "; today %s %.1f J (%.1f%%) and %s %.1f s of waiting",
+                  tj >= 0 ? "saved" : "spent an extra", std::fabs(tj), std::fabs(tp),
+                  tw >= 0 ? "saved" : "added", std::fabs(tw));
+    out += buf;
   }
   return out + ", against a static cache on the same reads";
 }

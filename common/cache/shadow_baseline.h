@@ -15,9 +15,20 @@
 // on the live machine as it is and on the shadow as it is, just before each submits the I/O.
 // Reads served from memory wait for nothing.
 //
-// What the shadow does not see: I/O outside the read decisions (directory listings, local/
-// writes, a proxy's miss fetched through "transfer"): the live machine pays for those alone,
-// so the saving is, if anything, understated.
+// I/O outside the read decisions that the live machine's devices do, the static cache does
+// too, and at once (it has no write queue): writes to the cache (local/ files, a proxy's fills)
+// through ObserveWrite, fetches from an origin (a proxy's miss, through "transfer") through
+// ObserveFetch. A read's fill is not one of those: Observe writes it (ReadDecision::queue_fill).
+// Directory listings and name probes (HEAD) are carried by the real network only: the live
+// machine does not charge them to its emulated card, so neither side pays for them.
+//
+// A miss is observed with the size the live side expects to fetch (ObjectState::size: the
+// listing's or the message's size; 0 when unknown), so both sides carry the same bytes.
+//
+// "Today": the same figures since local midnight, carried across remounts in a small file in
+// the cache directory (KeepDay). The day rolls when a reading finds the local date changed
+// (nothing runs at midnight: the figures are computed when asked for); the file is written
+// at each roll and by SaveDay (the daemon calls it at unmount).
 //
 // Without power management (no --profile: an ideal machine) there is nothing to compare:
 // Build is not called and the stats say energy is not modelled.
@@ -26,7 +37,9 @@
 #ifndef GHOST_COMMON_CACHE_SHADOW_BASELINE_H_
 #define GHOST_COMMON_CACHE_SHADOW_BASELINE_H_
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "common/base/clock.h"
@@ -51,11 +64,18 @@ class ShadowBaseline {
   // One read the live policy decided (`live` is its decision for `state`). Call before the
   // live side submits the read's I/O.
   void Observe(const ObjectState& state, const ReadDecision& live);
+  // `size` bytes the live side wrote to its cache outside a read's fill: the static cache
+  // writes them now (a disk write on the shadow).
+  void ObserveWrite(Bytes size);
+  // `size` bytes the live side fetched from an origin outside a read decision: the static
+  // cache fetches them too (a network read on the shadow).
+  void ObserveFetch(Bytes size);
 
   struct Figures {
     Energy live_energy, baseline_energy;  // whole machines (base power included)
     Duration live_waiting{0}, baseline_waiting{0};
     std::uint64_t reads = 0;
+    Bytes written = 0, fetched = 0;  // ObserveWrite's and ObserveFetch's bytes
     Energy saved() const { return baseline_energy - live_energy; }
     Duration waiting_saved() const { return baseline_waiting - live_waiting; }
     // saved() as a percentage of the baseline's energy (0 when it spent none).
@@ -63,12 +83,27 @@ class ShadowBaseline {
   };
   Figures figures() const;
   // {"baseline":"static","reads":N,"since_s":S,"energy_j":X,"percent":Y,"waiting_s":Z,
-  //  "live_energy_j":..,"baseline_energy_j":..,"live_waiting_s":..,"baseline_waiting_s":..}
-  nlohmann::json ToJson() const;
+  //  "live_energy_j":..,"baseline_energy_j":..,"live_waiting_s":..,"baseline_waiting_s":..,
+  //  "other_io":{"written_b":..,"fetched_b":..},"baseline_devices":[the shadow's devices, as
+  //  ghostfs's stats show the live ones]}
+  // With KeepDay, also "today":{"date":..,"energy_j":..,"percent":..,"waiting_s":..,"reads":..}.
+  // Not const: a reading may roll the day.
+  nlohmann::json ToJson();
   // "saved 12.3 J (41%) and 3.2 s of waiting since mount (1 h 2 min), against a static cache"
   static std::string Sentence(const nlohmann::json& saved);
 
   Machine& machine() { return *shadow_; }
+
+  // The local date, "YYYY-MM-DD", of the real clock now (LocalDate's default).
+  static std::string LocalDateNow();
+  // Keeps "today" in `path` (e.g. CACHE/saved-today.json): if the file holds figures of
+  // `local_date()`'s date they are carried into today's, else today starts now. A file that
+  // cannot be read or parsed starts today afresh (the error is returned for a log line).
+  Status KeepDay(std::string path, std::function<std::string()> local_date = LocalDateNow);
+  // Writes today's figures to the KeepDay file (temporary file and rename). OK if none.
+  Status SaveDay();
+  // Today's figures (since local midnight, this mount and the earlier ones of the day).
+  Figures today();
 
  private:
   ShadowBaseline(Clock& clock, Machine& live, std::unique_ptr<Machine> shadow, Bytes page_cache);
@@ -82,6 +117,15 @@ class ShadowBaseline {
   TimePoint started_{};
   Duration live_waiting_{0}, baseline_waiting_{0};
   std::uint64_t reads_ = 0;
+  Bytes written_ = 0, fetched_ = 0;
+
+  // Rolls the day if the local date changed since the last reading.
+  void RollDay();
+  std::string day_path_;                        // empty: no "today"
+  std::function<std::string()> local_date_;
+  std::string day_;                             // the local date today's figures are of
+  Figures carried_;                             // earlier mounts' figures of day_
+  Figures day_start_;                           // this mount's figures when day_ began
 };
 
 }  // namespace ghost

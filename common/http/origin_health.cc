@@ -69,17 +69,29 @@ OriginHealth::Entry* OriginHealth::Find(const std::string& url) {
 
 void OriginHealth::Record(const std::string& method, const std::string& url, int http_status,
                           const Status& status) {
-  Entry* e = Find(url);
   const bool answered = http_status > 0;
   const bool failed = answered ? http_status >= 400 : !status.ok();
+  int err = failed ? OriginErrno(answered ? Status::Ok() : status, http_status) : 0;
+  // The transport's message names the request already ("GET http://...: reason").
+  std::string reason = answered ? "HTTP " + std::to_string(http_status) : status.message();
+  std::string line = answered ? method + " " + url + ": " + reason : reason;
+  // A 404 is an ordinary answer (a lookup of a name the origin lacks): info, not a warning.
+  LogLevel level = http_status == 404 || http_status == 410 ? LogLevel::kInfo : LogLevel::kWarn;
+  Outcome(Find(url), answered, failed, err, url, reason, line, level);
+}
+
+void OriginHealth::RecordImap(const std::string& url, bool answered, const Status& status) {
+  const bool failed = !status.ok();
+  int err = failed ? (answered ? EACCES : OriginErrno(status, 0)) : 0;
+  std::string reason = status.message();
+  std::string line = "IMAP " + url + ": " + (answered ? "login refused: " : "") + reason;
+  Outcome(Find(url), answered, failed, err, url, reason, line, LogLevel::kWarn);
+}
+
+void OriginHealth::Outcome(Entry* e, bool answered, bool failed, int err, const std::string& url,
+                           const std::string& reason, const std::string& line, LogLevel level) {
   if (e) ++e->fetches;
   if (failed) {
-    int err = OriginErrno(answered ? Status::Ok() : status, http_status);
-    // The transport's message names the request already ("GET http://...: reason").
-    std::string reason = answered ? "HTTP " + std::to_string(http_status) : status.message();
-    std::string line = answered ? method + " " + url + ": " + reason : reason;
-    // A 404 is an ordinary answer (a lookup of a name the origin lacks): info, not a warning.
-    LogLevel level = http_status == 404 || http_status == 410 ? LogLevel::kInfo : LogLevel::kWarn;
     Log(level, "origin %s: %s (readers get %s)", e ? e->origin.name.c_str() : "?", line.c_str(),
         ErrnoName(err));
     if (e) {
@@ -95,7 +107,7 @@ void OriginHealth::Record(const std::string& method, const std::string& url, int
   State next = e->state;
   if (answered) {
     next = State::kUp;
-  } else if (!status.ok()) {
+  } else if (failed) {
     next = State::kDown;
   }
   if (next == e->state) return;

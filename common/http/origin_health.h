@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/base/clock.h"
+#include "common/base/log.h"
 #include "common/base/status.h"
 
 namespace ghost {
@@ -53,6 +54,11 @@ class OriginHealth {
   // changes; calls on_change after a state change.
   void Record(const std::string& method, const std::string& url, int http_status,
               const Status& status);
+  // One IMAP connection attempt to the origin whose base URL is `url` (an imap:// or imaps://
+  // origin): `answered` the server replied (a refused login included: it is up, the failure
+  // is EACCES), else it could not be reached (down, the status's errno). Logged and counted
+  // as Record does; a success brings the origin up.
+  void RecordImap(const std::string& url, bool answered, const Status& status);
   // Called with the origin's name after it went down or came up.
   std::function<void(const std::string& name, State state)> on_change;
 
@@ -75,6 +81,10 @@ class OriginHealth {
     TimePoint last_failure_at{};
   };
   Entry* Find(const std::string& url);
+  // Counts a failure of `e` (may be null) with its log line, or nothing if `failed` is false;
+  // then moves `e` up (answered) or down (no answer and a failure), logging the change.
+  void Outcome(Entry* e, bool answered, bool failed, int err, const std::string& url,
+               const std::string& reason, const std::string& line, LogLevel level);
 
   Clock& clock_;
   std::vector<Entry> entries_;

@@ -9,6 +9,7 @@
     kept in the build directory (ghostproxy_dashboard.png).
 TAP; skipped without root, /dev/fuse, nginx, chromium or python3-websocket."""
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 8
+PLAN = 9
 CHROMIUM_FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                   "--disable-background-networking", "--disable-component-update",
                   "--disable-default-apps", "--disable-sync", "--no-first-run",
@@ -94,6 +95,14 @@ def main():
     t.check("EventSource(\"/ghost/events\")" in page and state.get("devices") and
             "saved" in state.get("stats", {}),
             "/ghost/ is the page and the state holds the devices and the saving", json.dumps(state)[:500])
+    # The proxy's own port leads to the dashboard: /ghost/ there redirects to the page.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/ghost/")
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    t.check(r.status == 302 and r.getheader("Location") == f"http://127.0.0.1:{dport}/ghost/",
+            "the proxy port's /ghost/ leads to the dashboard", f"{r.status} {r.getheader('Location')}")
     metrics = get(f"http://127.0.0.1:{port}/ghost/metrics")
     t.check('ghost_device_mode{device="microdrive-1gb"' in metrics and "ghost_energy_joules{device=\"total\"}" in metrics
             and "ghost_energy_saved_joules" in metrics and 'ghost_energy_modelled{profile="ipaq-2004"} 1' in metrics,

@@ -79,5 +79,29 @@ TEST_F(OriginHealthTest, AnHttpErrorCountsAsAFailureButKeepsTheOriginUp) {
   EXPECT_EQ(health_.ToJson()["web"]["last_failure"]["errno"], "EACCES");
 }
 
+TEST(OriginHealthImapTest, AnImapOriginGoesDownWhenUnreachableAndARefusedLoginIsUpButEacces) {
+  VirtualClock clock;
+  OriginHealth health(clock, {{"mail", "imaps://alice@127.0.0.1:9993/"}});
+  std::vector<OriginHealth::State> changes;
+  health.on_change = [&](const std::string&, OriginHealth::State s) { changes.push_back(s); };
+  health.RecordImap("imaps://alice@127.0.0.1:9993/", false,
+                    Status::Unavailable("connect 127.0.0.1:9993: refused").WithErrno(ECONNREFUSED));
+  EXPECT_EQ(health.state("mail"), OriginHealth::State::kDown);
+  nlohmann::json j = health.ToJson();
+  EXPECT_EQ(j["mail"]["failures"], 1);
+  EXPECT_EQ(j["mail"]["last_failure"]["errno"], "ECONNREFUSED");
+  // The server answers but refuses the password: it is up; readers get EACCES.
+  health.RecordImap("imaps://alice@127.0.0.1:9993/", true, Status::PermissionDenied("LOGIN failed"));
+  EXPECT_EQ(health.state("mail"), OriginHealth::State::kUp);
+  j = health.ToJson();
+  EXPECT_EQ(j["mail"]["failures"], 2);
+  EXPECT_EQ(j["mail"]["last_failure"]["errno"], "EACCES");
+  health.RecordImap("imaps://alice@127.0.0.1:9993/", true, Status::Ok());
+  EXPECT_EQ(health.ToJson()["mail"]["fetches"], 3);
+  ASSERT_EQ(changes.size(), 2u);
+  EXPECT_EQ(changes[0], OriginHealth::State::kDown);
+  EXPECT_EQ(changes[1], OriginHealth::State::kUp);
+}
+
 }  // namespace
 }  // namespace ghost
