@@ -147,8 +147,11 @@ struct DbCloser {
 
 // Version 2 added objects.response (the proxy's stored response head); version 3 added h (the
 // key's 64-bit hash, indexed: the in-memory table's key) and body (a packed small body, NULL
-// when the body is a file). Older indexes are upgraded in place.
-constexpr int kSchemaVersion = 3;
+// when the body is a file); version 4 the shutdown table (one row: clean = 1 after a Close
+// whose bodies reached the disk, so the next Open may skip checking every body file). Older
+// indexes are upgraded in place; an older ghost refuses version 4, so it can never run on the
+// cache without clearing the mark that this one trusts.
+constexpr int kSchemaVersion = 4;
 
 std::int64_t StoredHash(std::uint64_t h) { return static_cast<std::int64_t>(h); }
 
@@ -175,6 +178,7 @@ struct CacheStore::Db {
   Stmt update_meta;
   Stmt select_entry;     // the metadata of a complete row, by key
   Stmt select_key;       // the key of a complete row, by hash
+  Stmt set_clean;        // ?1: 1 after a clean Close, 0 while the store is open
 
   ghost::Status Error(const std::string& what, int rc) {
     last_rc = rc;
@@ -265,6 +269,7 @@ struct CacheStore::Db {
          "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
         {&select_entry, "SELECT " + cols + " FROM objects WHERE key = ?1 AND complete = 1"},
         {&select_key, "SELECT key FROM objects WHERE h = ?1 AND complete = 1"},
+        {&set_clean, "UPDATE shutdown SET clean = ?1"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -293,7 +298,10 @@ struct CacheStore::Db {
       std::string sql =
           "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
-    } else if (std::int64_t v = q.Int(0); v == 1 || v == 2) {
+    } else if (std::int64_t v = q.Int(0); v == 3) {
+      q = Stmt();
+      if (ghost::Status st = Exec("UPDATE schema_version SET version = 4"); !st.ok()) return st;
+    } else if (v == 1 || v == 2) {
       q = Stmt();
       if (v == 1 && !HasColumn("response")) {
         if (ghost::Status st =
@@ -303,7 +311,7 @@ struct CacheStore::Db {
         }
       }
       if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
-      if (ghost::Status st = Exec("UPDATE schema_version SET version = 3"); !st.ok()) return st;
+      if (ghost::Status st = Exec("UPDATE schema_version SET version = 4"); !st.ok()) return st;
     } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
@@ -316,7 +324,26 @@ struct CacheStore::Db {
         "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
         "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
         "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '', h INTEGER, body BLOB); "
-        "CREATE INDEX IF NOT EXISTS objects_h ON objects(h)");
+        "CREATE INDEX IF NOT EXISTS objects_h ON objects(h); "
+        "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
+        "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)");
+  }
+
+  // Whether the last Close was clean (see kSchemaVersion).
+  bool WasClean() {
+    Stmt q;
+    if (!Prepare("SELECT clean FROM shutdown", &q).ok()) return false;
+    return q.Step() == SQLITE_ROW && q.Int(0) == 1;
+  }
+
+  // Sets the shutdown mark durably: the commit is fsynced (synchronous=FULL for it), since
+  // the mark vouches for everything else in the index.
+  ghost::Status SetClean(bool clean) {
+    if (ghost::Status st = Exec("PRAGMA synchronous=FULL"); !st.ok()) return st;
+    set_clean.Bind(1, std::int64_t{clean ? 1 : 0});
+    ghost::Status st = Run(set_clean, "setting the shutdown mark");
+    if (ghost::Status normal = Exec("PRAGMA synchronous=NORMAL"); st.ok()) st = normal;
+    return st;
   }
 
   bool HasColumn(const char* name) {
@@ -398,7 +425,8 @@ Result<std::unique_ptr<CacheStore>> CacheStore::Open(const std::string& dir, Byt
     st = store->db_->Open();
     if (st.ok()) st = store->Load();
   }
-  if (st.ok()) st = store->RemoveOrphans();
+  // After a clean Close every file under objects/ is a committed body or nothing: no scan.
+  if (st.ok() && !store->clean_open_) st = store->RemoveOrphans();
   if (!st.ok()) {
     store->db_.reset();  // possibly half set up: the destructor must not write through it
     store->closed_ = true;
@@ -441,6 +469,14 @@ void CacheStore::SetAsideCorruptIndex(const std::string& why) {
 ghost::Status CacheStore::Load() {
   std::vector<std::string> doomed_files;  // removed after the transaction commits
   std::size_t damaged = 0;
+  // After a clean Close no body file is checked here (a million stats would take seconds);
+  // a body changed behind the store's back is caught when it is opened (CheckBody). The mark
+  // is cleared, durably, before anything else is written: a crash from here on makes the
+  // next Open check everything.
+  clean_open_ = db_->WasClean();
+  if (clean_open_) {
+    if (ghost::Status st = db_->SetClean(false); !st.ok()) return st;
+  }
   ghost::Status st = Batch([&]() -> ghost::Status {
     // Fills and replacements cut short by a crash: their rows and any body at their path.
     Stmt q;
@@ -466,7 +502,7 @@ ghost::Status CacheStore::Load() {
       auto size = static_cast<Bytes>(q.Int(1));
       std::int64_t tick = q.Int(2);
       bool packed = q.Int(3) != 0;
-      if (!packed) {
+      if (!packed && !clean_open_) {
         // A body that is missing or the wrong length (lost by a power cut, or edited) is
         // never served.
         struct stat sb;
@@ -555,6 +591,13 @@ ghost::Status CacheStore::Close() {
   for (const auto& [id, fill] : fills_) ids.push_back(id);
   for (FillId id : ids) AbortFill(id);
   ghost::Status st = Batch([] { return ghost::Status::Ok(); });  // persists access times
+  if (st.ok() && !lost_files_ && db_) {
+    // Clean only once the bodies are on the disk (fills are not fsynced one by one): else a
+    // power cut after this Close could leave rows whose bodies were never written, and the
+    // next Open would trust them.
+    UniqueFd dir(::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir.valid() && ::syncfs(dir.get()) == 0) st = db_->SetClean(true);
+  }
   db_.reset();  // finalizes the statements, checkpoints the WAL and closes the file
   closed_ = true;
   return st;
@@ -720,6 +763,7 @@ std::string CacheStore::BodyPath(std::string_view key) const {
 
 void CacheStore::RemoveFile(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    lost_files_ = true;  // an orphan on the disk: the next Open must scan for it
     Warn("cannot remove " + path + ": " + std::strerror(errno));
   }
 }
@@ -860,6 +904,10 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
     });
     return;
   }
+  if (ghost::Status st = CheckBody(key, fd->get()); !st.ok()) {
+    Defer([done = std::move(done), st] { done(st); });
+    return;
+  }
   Touch(key);
   std::weak_ptr<int> alive = alive_;
   // `fd` rides along so the body stays open (even if evicted meanwhile) until the read ends.
@@ -873,6 +921,25 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
                done(std::move(r));
              }
            });
+}
+
+ghost::Status CacheStore::CheckBody(const std::string& key, int fd) {
+  const ObjectTable::Slot* slot = table_.Get(KeyHash(key));
+  if (slot == nullptr) return ghost::Status::NotFound("not in the cache: " + Quote(key));
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0) {
+    return ghost::Status::FromErrno(errno, "checking the cached body of " + Quote(key));
+  }
+  if (S_ISREG(sb.st_mode) && static_cast<Bytes>(sb.st_size) == slot->size) {
+    return ghost::Status::Ok();
+  }
+  std::string why = "the cached body of " + Quote(key) + " has " + std::to_string(sb.st_size) +
+                    " bytes but the index says " + std::to_string(slot->size) +
+                    "; dropped it (it is fetched again)";
+  Unindex(key);
+  DropObjects({key}).ok();  // best effort: the caller needs `why`
+  Warn(why);
+  return ghost::Status::FromErrno(ENOENT, why);
 }
 
 // ---- Fills ----

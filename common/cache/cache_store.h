@@ -21,7 +21,11 @@
 // Crash safety: a cache may lose fills, never serve half of one (DESIGN §2). A body becomes
 // visible only by rename after all its bytes are written, together with its row turning
 // complete=1. Open deletes rows with complete=0 (a fill or a replacement cut short), temp files,
-// files with no complete row, and rows whose file is missing or has the wrong size. A corrupt
+// files with no complete row, and rows whose file is missing or has the wrong size. A clean
+// Close (every body synced to the disk, no file left behind) marks the index clean, and the
+// next Open then skips the body files (no stat, no directory scan: mount time does not grow
+// with the objects' number); a body damaged behind the store's back is then dropped when a
+// reader opens it (CheckBody). The mark is cleared, fsynced, as the store opens. A corrupt
 // index.sqlite is renamed aside (index.sqlite.corrupt-<unix time>) and the cache starts empty,
 // with a line in warnings() and on stderr.
 //
@@ -145,6 +149,11 @@ class CacheStore {
   // NotFound if `key` is not cached, or the read's error.
   void ReadBody(const std::string& key, std::uint64_t offset, std::span<char> buf,
                 FileIo::Done done);
+  // Checks that `fd`, an open body of `key` (BodyPath), has the size the index has for it.
+  // On a mismatch (a body changed or cut short behind the store's back: Open does not look at
+  // body files after a clean Close) the object is dropped and the result is an ENOENT Status
+  // saying so; NotFound if `key` is not cached. Readers of body files call this once per open.
+  ghost::Status CheckBody(const std::string& key, int fd);
 
   // Starts writing a new body for `key` into a temp file. `meta` carries the validators,
   // content type and expiry; `meta.size` is the announced size if known (0 = unknown): then
@@ -296,6 +305,8 @@ class CacheStore {
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
   std::unordered_map<std::string, CacheEntry> dirty_meta_;
   bool closed_ = false;
+  bool clean_open_ = false;  // the last Close was clean: Open checked no body file
+  bool lost_files_ = false;  // a file could not be removed: the next Open must scan
   std::function<void(const std::string& key)> on_change_;
   void Changed(const std::string& key) {
     if (on_change_) on_change_(key);

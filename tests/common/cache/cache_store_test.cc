@@ -214,6 +214,20 @@ class CacheStoreTest : public ::testing::Test {
     sqlite3_close(db);
     return n;
   }
+  // The index as a crash leaves it: the shutdown mark unset (the store must be closed).
+  void MarkUnclean() const { ExecSql("UPDATE shutdown SET clean = 0"); }
+  bool MarkedClean() const {
+    sqlite3* db = nullptr;
+    std::string path = dir_ + "/index.sqlite";
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    bool clean = sqlite3_prepare_v2(db, "SELECT clean FROM shutdown", -1, &stmt, nullptr) ==
+                     SQLITE_OK &&
+                 sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_int(stmt, 0) == 1;
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return clean;
+  }
   void ExecSql(const std::string& sql) const {
     sqlite3* db = nullptr;
     std::string path = dir_ + "/index.sqlite";
@@ -729,6 +743,7 @@ TEST_F(CacheStoreTest, OrphanFilesAreRemovedAtOpen) {
       objects + "/stray-file",
   };
   for (const std::string& p : orphans) std::ofstream(p) << "orphan";
+  MarkUnclean();  // after a clean Close there are none: they come from crashes
   Reopen();
   for (const std::string& p : orphans) EXPECT_FALSE(fs::exists(p)) << p;
   EXPECT_TRUE(fs::exists(live));
@@ -742,12 +757,62 @@ TEST_F(CacheStoreTest, DamagedBodyIsDroppedAtOpenWithAWarning) {
   std::string path = store_->BodyPath("k");
   store_.reset();
   fs::resize_file(path, 5);
+  MarkUnclean();  // after a crash (a clean Close has the checks done on open: below)
   Reopen();
   EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
   EXPECT_FALSE(fs::exists(path));
   ASSERT_EQ(store_->warnings().size(), 1u);
   EXPECT_TRUE(Contains(store_->warnings()[0], "wrong size"));
   EXPECT_EQ(*ReadAll("ok"), "fine");
+}
+
+TEST_F(CacheStoreTest, OpenAfterACleanCloseChecksNoBodyAndReadsDropADamagedOne) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "twelve bytes").ok());
+  ASSERT_TRUE(Fill("ok", "fine").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  EXPECT_TRUE(MarkedClean());
+  fs::resize_file(path, 5);
+  Reopen();
+  // Open looked at no body file...
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kPresent);
+  EXPECT_TRUE(store_->warnings().empty());
+  // ...so the first read finds the damage, refuses it and drops the object.
+  Result<std::string> damaged = ReadAll("k");
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().ToErrno(), ENOENT);
+  EXPECT_TRUE(Contains(damaged.status().message(), "index says 12"));
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(*ReadAll("ok"), "fine");
+}
+
+TEST_F(CacheStoreTest, CrashAfterACleanOpenMakesTheNextOpenCheckBodies) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "twelve bytes").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  ASSERT_TRUE(MarkedClean());
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child opens the cleanly closed cache and dies without closing it.
+    event_base* base = event_base_new();
+    SyncFileIo io(base);
+    Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, Options());
+    ::_exit(store.ok() ? 0 : 2);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  EXPECT_FALSE(MarkedClean());  // cleared as the child opened it
+  fs::resize_file(path, 5);
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  ASSERT_EQ(store_->warnings().size(), 1u);
+  EXPECT_TRUE(Contains(store_->warnings()[0], "wrong size"));
 }
 
 TEST_F(CacheStoreTest, CorruptIndexIsSetAsideWithAWarning) {
