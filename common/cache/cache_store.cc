@@ -116,6 +116,9 @@ class Stmt {
     sqlite3_bind_text(s_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
   }
   void Bind(int i, std::int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void BindBlob(int i, std::string_view bytes) {
+    sqlite3_bind_blob(s_, i, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  }
   void Bind(int i, std::optional<std::int64_t> v) {
     if (v) {
       sqlite3_bind_int64(s_, i, *v);
@@ -179,6 +182,7 @@ struct CacheStore::Db {
   Stmt select_entry;     // the metadata of a complete row, by key
   Stmt select_key;       // the key of a complete row, by hash
   Stmt set_clean;        // ?1: 1 after a clean Close, 0 while the store is open
+  Stmt select_packed;    // the packed body of a complete row, by key (no row: a body file)
 
   ghost::Status Error(const std::string& what, int rc) {
     last_rc = rc;
@@ -253,14 +257,14 @@ struct CacheStore::Db {
                               "ON CONFLICT(key) DO NOTHING"},
         {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
         {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
-        {&upsert_complete,
+        {&upsert_complete,  // ?11: the packed body, or NULL for a body file
          "INSERT INTO objects(" + cols +
-             ", h, complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1) "
+             ", h, complete, body) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11) "
              "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
              "last_modified = excluded.last_modified, content_type = excluded.content_type, "
              "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
              "accessed_us = excluded.accessed_us, response = excluded.response, h = excluded.h, "
-             "body = NULL, complete = 1"},
+             "body = excluded.body, complete = 1"},
         {&delete_key, "DELETE FROM objects WHERE key = ?1"},
         {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
         {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE h = ?1 AND complete = 1"},
@@ -270,6 +274,8 @@ struct CacheStore::Db {
         {&select_entry, "SELECT " + cols + " FROM objects WHERE key = ?1 AND complete = 1"},
         {&select_key, "SELECT key FROM objects WHERE h = ?1 AND complete = 1"},
         {&set_clean, "UPDATE shutdown SET clean = ?1"},
+        {&select_packed,
+         "SELECT body FROM objects WHERE key = ?1 AND complete = 1 AND body IS NOT NULL"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -396,7 +402,11 @@ struct CacheStore::Db {
 
 CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, FileIo& io,
                        const CacheStoreOptions& options)
-    : dir_(std::move(dir)), capacity_(capacity), clock_(clock), io_(io) {
+    : dir_(std::move(dir)),
+      capacity_(capacity),
+      pack_limit_(options.pack_limit),
+      clock_(clock),
+      io_(io) {
   auto wall = options.wall_clock ? options.wall_clock() : std::chrono::system_clock::now();
   auto wall_us =
       std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
@@ -890,6 +900,14 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
            st = ghost::Status::NotFound("not in the cache: " + Quote(key))] { done(st); });
     return;
   }
+  if (std::shared_ptr<const std::string> packed = PackedBody(key)) {
+    Touch(key);
+    std::size_t from = static_cast<std::size_t>(std::min<std::uint64_t>(offset, packed->size()));
+    std::size_t n = std::min(buf.size(), packed->size() - from);
+    std::memcpy(buf.data(), packed->data() + from, n);
+    Defer([done = std::move(done), n] { done(n); });
+    return;
+  }
   std::string path = BodyPath(key);
   auto fd = std::make_shared<UniqueFd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd->valid()) {
@@ -921,6 +939,24 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
                done(std::move(r));
              }
            });
+}
+
+std::shared_ptr<const std::string> CacheStore::PackedBody(const std::string& key) const {
+  if (!db_ || !table_.Contains(KeyHash(key))) return nullptr;
+  Stmt& q = db_->select_packed;
+  q.Bind(1, key);
+  std::shared_ptr<const std::string> body;
+  if (q.Step() == SQLITE_ROW) body = std::make_shared<const std::string>(q.Text(0));
+  q.Reset();
+  return body;
+}
+
+std::string CacheStore::PackedVersion(std::string_view body) {
+  // The content names the version: equal bytes may share the kernel's pages.
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "p%016llx-%zu",
+                static_cast<unsigned long long>(std::hash<std::string_view>{}(body)), body.size());
+  return buf;
 }
 
 ghost::Status CacheStore::CheckBody(const std::string& key, int fd) {
@@ -1087,6 +1123,7 @@ ghost::Status CacheStore::Publish(Fill& fill) {
   std::string body = BodyPath(key);
   std::uint64_t h = KeyHash(key);
   bool replacing = table_.Contains(h);
+  if (fill.written < pack_limit_) return PublishPacked(fill, replacing);
   if (replacing) {
     // From here until the final commit, a crash must not pair the old row with the new body.
     ghost::Status st = Batch([&]() -> ghost::Status {
@@ -1139,6 +1176,55 @@ ghost::Status CacheStore::Publish(Fill& fill) {
     // The row did not turn complete: Open would drop the body, so do not serve it now.
     Unindex(key);
     RemoveFile(body);
+    return st;
+  }
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::PublishPacked(Fill& fill, bool replacing) {
+  const std::string& key = fill.key;
+  std::string bytes(fill.written, '\0');
+  {
+    UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
+    ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
+    if (n != static_cast<ssize_t>(bytes.size())) {
+      ghost::Status st = ghost::Status::FromErrno(n < 0 ? errno : EIO,
+                                                  "reading back the fill of " + Quote(key));
+      Discard(fill);
+      return st;
+    }
+  }
+  std::uint64_t h = KeyHash(key);
+  CacheEntry stored = std::move(fill.meta);
+  stored.size = fill.written;
+  stored.where = Residence::kDisk;
+  Unindex(key);
+  std::vector<std::string> evicted = EvictFor(stored.size, h);
+  std::int64_t tick = NextTick();
+  table_.Put(h, stored.size, tick);
+  stored.fetched = clock_.Now();
+  // Body and row in one transaction: the old object (file or packed) until it commits, the
+  // new one after; no intermediate state to recover.
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    Stmt& s = db_->upsert_complete;
+    db_->BindObject(
+        s, key, stored, ToStored(stored.fetched), tick,
+        stored.expires ? std::optional<std::int64_t>(ToStored(*stored.expires)) : std::nullopt);
+    s.BindBlob(11, bytes);
+    if (ghost::Status r = db_->Run(s, "committing " + Quote(key)); !r.ok()) return r;
+    for (const std::string& k : evicted) {
+      db_->delete_key.Bind(1, k);
+      if (ghost::Status r = db_->Run(db_->delete_key, "evicting " + Quote(k)); !r.ok()) return r;
+    }
+    return ghost::Status::Ok();
+  });
+  RemoveFile(fill.temp_path);
+  for (const std::string& k : evicted) RemoveFile(BodyPath(k));
+  if (st.ok() && replacing) RemoveFile(BodyPath(key));  // a body file it may have had
+  for (const std::string& k : evicted) Changed(k);
+  if (replacing) Changed(key);
+  if (!st.ok()) {
+    Unindex(key);  // the old row, if any, stays in sqlite and is back at the next Open
     return st;
   }
   return ghost::Status::Ok();
