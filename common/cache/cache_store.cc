@@ -306,7 +306,11 @@ struct CacheStore::Db {
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
     } else if (std::int64_t v = q.Int(0); v == 3) {
       q = Stmt();
-      if (ghost::Status st = Exec("UPDATE schema_version SET version = 4"); !st.ok()) return st;
+      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
+                                  "UPDATE schema_version SET version = 4");
+          !st.ok()) {
+        return st;
+      }
     } else if (v == 1 || v == 2) {
       q = Stmt();
       if (v == 1 && !HasColumn("response")) {
@@ -317,7 +321,11 @@ struct CacheStore::Db {
         }
       }
       if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
-      if (ghost::Status st = Exec("UPDATE schema_version SET version = 4"); !st.ok()) return st;
+      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
+                                  "UPDATE schema_version SET version = 4");
+          !st.ok()) {
+        return st;
+      }
     } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
@@ -330,7 +338,9 @@ struct CacheStore::Db {
         "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
         "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
         "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '', h INTEGER, body BLOB); "
-        "CREATE INDEX IF NOT EXISTS objects_h ON objects(h); "
+        // Covers what Open loads into the table (so a clean Open reads this index, not the
+        // rows with their response heads and packed bodies) and the lookups by hash.
+        "CREATE INDEX IF NOT EXISTS objects_table ON objects(complete, h, size, accessed_us); "
         "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
         "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)");
   }
@@ -499,40 +509,52 @@ ghost::Status CacheStore::Load() {
     q = Stmt();
     if (ghost::Status s = db_->Exec("DELETE FROM objects WHERE complete = 0"); !s.ok()) return s;
 
-    // Only what the table holds; the key is read only to check a body file.
+    // Only what the table holds (from the covering index objects_table after a clean Close);
+    // the key and whether the body is packed only to check body files after a crash.
     if (ghost::Status s = db_->Prepare(
-            "SELECT h, size, accessed_us, body IS NOT NULL, key FROM objects WHERE complete = 1",
+            clean_open_ ? "SELECT h, size, accessed_us, rowid FROM objects WHERE complete = 1"
+                        : "SELECT h, size, accessed_us, rowid, body IS NOT NULL, key FROM objects "
+                          "WHERE complete = 1",
             &q);
         !s.ok()) {
       return s;
     }
     std::vector<std::string> dropped;
+    std::vector<std::int64_t> dropped_rows;  // their keys are read after the scan
     while ((rc = q.Step()) == SQLITE_ROW) {
       auto h = static_cast<std::uint64_t>(q.Int(0));
       auto size = static_cast<Bytes>(q.Int(1));
       std::int64_t tick = q.Int(2);
-      bool packed = q.Int(3) != 0;
-      if (!packed && !clean_open_) {
+      if (!clean_open_ && q.Int(4) == 0) {
         // A body that is missing or the wrong length (lost by a power cut, or edited) is
         // never served.
         struct stat sb;
-        std::string path = BodyPath(q.Text(4));
+        std::string path = BodyPath(q.Text(5));
         if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) ||
             static_cast<Bytes>(sb.st_size) != size) {
           ++damaged;
-          dropped.push_back(q.Text(4));
+          dropped.push_back(q.Text(5));
           continue;
         }
       }
       if (table_.Contains(h) || (capacity_ != 0 && size > capacity_)) {
         // A 64-bit hash collision (the later row goes), or bigger than a lowered cap.
-        dropped.push_back(q.Text(4));
+        dropped_rows.push_back(q.Int(3));
         continue;
       }
       table_.Put(h, size, tick);
       last_tick_ = std::max(last_tick_, tick);
     }
     if (rc != SQLITE_DONE) return db_->Error("loading objects", rc);
+    if (!dropped_rows.empty()) {
+      if (ghost::Status s = db_->Prepare("SELECT key FROM objects WHERE rowid = ?1", &q); !s.ok())
+        return s;
+      for (std::int64_t row : dropped_rows) {
+        q.Bind(1, row);
+        if (q.Step() == SQLITE_ROW) dropped.push_back(q.Text(0));
+        q.Reset();
+      }
+    }
     q = Stmt();
     for (std::string& key : EvictFor(0, 0)) dropped.push_back(std::move(key));  // lowered cap
     for (const std::string& key : dropped) {

@@ -791,6 +791,46 @@ TEST_F(CacheStoreTest, OpenAfterACleanCloseChecksNoBodyAndReadsDropADamagedOne) 
   EXPECT_EQ(*ReadAll("ok"), "fine");
 }
 
+TEST_F(CacheStoreTest, CleanOpenReadsTheTableFromACoveringIndexNotTheRows) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  store_.reset();
+  // The query Load runs after a clean Close: sqlite's plan must not touch the table's rows
+  // (response heads and packed bodies make them hundreds of bytes each).
+  sqlite3* db = nullptr;
+  std::string path = dir_ + "/index.sqlite";
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "EXPLAIN QUERY PLAN SELECT h, size, accessed_us, rowid FROM objects "
+                               "WHERE complete = 1",
+                               -1, &stmt, nullptr),
+            SQLITE_OK);
+  std::string plan;
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    plan += reinterpret_cast<const char*>(sqlite3_column_text(stmt, 3));
+    plan += "; ";
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  EXPECT_TRUE(Contains(plan, "COVERING INDEX objects_table")) << plan;
+}
+
+TEST_F(CacheStoreTest, ObjectBiggerThanALoweredCapIsDroppedAtACleanOpen) {
+  Reopen();
+  ASSERT_TRUE(Fill("big", std::string(100, 'b')).ok());
+  ASSERT_TRUE(Fill("small", "s").ok());
+  std::string path = store_->BodyPath("big");
+  store_.reset();
+  ASSERT_TRUE(MarkedClean());
+  Reopen(50);
+  EXPECT_EQ(store_->Status("big", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(*ReadAll("small"), "s");
+  store_.reset();
+  EXPECT_EQ(CountRows("1"), 1);
+}
+
 TEST_F(CacheStoreTest, CrashAfterACleanOpenMakesTheNextOpenCheckBodies) {
   Reopen();
   ASSERT_TRUE(Fill("k", "twelve bytes").ok());
