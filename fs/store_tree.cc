@@ -388,8 +388,12 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
     return reply(out.ToJson());
   }
   // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
-  // (A packed body has no file of its own: the proxy reads it through `path`.)
-  if (version.empty() || version[0] != 'p') out.body_path = ctx_.store.BodyPath(key);
+  // A packed body has no file of its own: it goes with the answer.
+  if (version.empty() || version[0] != 'p') {
+    out.body_path = ctx_.store.BodyPath(key);
+  } else if (std::shared_ptr<const std::string> packed = ctx_.store.PackedBody(key)) {
+    out.packed_body = *packed;
+  }
   ctx_.store.Touch(key);
   ctx_.reads.bytes_from_cache += e->size;
   ctx_.stats_changed();

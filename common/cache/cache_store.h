@@ -22,7 +22,7 @@
 // visible only by rename after all its bytes are written, together with its row turning
 // complete=1. Open deletes rows with complete=0 (a fill or a replacement cut short), temp files,
 // files with no complete row, and rows whose file is missing or has the wrong size. A clean
-// Close (every body synced to the disk, no file left behind) marks the index clean, and the
+// Close (no fill open, no file left behind) marks the index clean, and the
 // next Open then skips the body files (no stat, no directory scan: mount time does not grow
 // with the objects' number); a body damaged behind the store's back is then dropped when a
 // reader opens it (CheckBody). The mark is cleared, fsynced, as the store opens. A corrupt

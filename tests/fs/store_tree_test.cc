@@ -186,7 +186,8 @@ TEST_F(StoreTreeTest, LookupOfASmallObjectNamesItsPackedVersionAndNoBodyFile) {
   EXPECT_EQ(r->size, 5u);
   EXPECT_EQ(r->version, CacheStore::PackedVersion("hello"));
   EXPECT_TRUE(r->path.ends_with("@" + r->version)) << r->path;
-  EXPECT_TRUE(r->body_path.empty()) << r->body_path;  // read through `path`
+  EXPECT_TRUE(r->body_path.empty()) << r->body_path;  // no file: the bytes come with it
+  EXPECT_EQ(r->packed_body, "hello");
   EXPECT_EQ(reads_.bytes_from_cache, 5u);
 }
 

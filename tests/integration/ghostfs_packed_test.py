@@ -3,8 +3,10 @@
 file under 16 KiB read through the mount is cached in its index row with no body file, a larger
 one keeps its file; both read back the origin's bytes after a clean remount (which checks no
 body file) and after a SIGKILL (which checks them all). Through the store the proxy uses, a
-packed object's lookup has no body_path and its versioned path reads the packed bytes.
+packed object's lookup has no body_path but the bytes (body_base64), and its versioned path
+reads the packed bytes.
 TAP; skipped without root, /dev/fuse or nginx."""
+import base64
 import hashlib
 import os
 import sqlite3
@@ -66,8 +68,10 @@ def main():
         w.write(b"p" * 900)
     got = h.wait_for(lambda: (lambda r: r if r.get("cached") else None)(
         h.Control(sock).ok("lookup", key=key)), timeout=10)
-    t.check(got and "body_path" not in got and "@p" in got.get("path", ""),
-            "a packed object's lookup names no body file, and a packed version", str(got))
+    t.check(got and "body_path" not in got and "@p" in got.get("path", "") and
+            base64.b64decode(got.get("body_base64", "")) == b"p" * 900,
+            "a packed object's lookup names no body file but carries the bytes, and a packed version",
+            str(got))
     t.check(got and read(got["path"]) == b"p" * 900, "its versioned path reads the packed bytes")
     fs.stop()
 
