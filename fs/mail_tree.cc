@@ -729,6 +729,11 @@ void MailTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       bool on_disk = d.source == ReadSource::kDisk;
       bool offline = box.offline || mo->client->state() == ImapClient::State::kDisconnected;
       if (on_disk || offline) {
+        ReadSource source = offline && !on_disk ? ReadSource::kStale : ReadSource::kDisk;
+        if ((h.body = ctx_.store.PackedBody(key))) {  // a small message packed in the index
+          ctx_.store.Touch(key);
+          return reply(std::move(h), source);
+        }
         Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, key);
         if (!file.ok()) return (void)fuse_reply_err(req, EIO);
         h.file = std::move(file).value();

@@ -374,7 +374,14 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     std::optional<int> backing;
     // Which version of the body this handle reads (one, from open to release).
     std::string version;
-    if (source == ReadSource::kDisk) {
+    std::shared_ptr<const std::string> packed =
+        source == ReadSource::kDisk ? ctx_.store.PackedBody(url) : nullptr;
+    if (packed) {
+      // A small body packed in the index: this handle keeps the bytes it read.
+      version = CacheStore::PackedVersion(*packed);
+      h.body = std::move(packed);
+      ctx_.store.Touch(url);
+    } else if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
       Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, url);
       if (!file.ok()) {
@@ -651,6 +658,7 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     }
     if (!ctx_.store.index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
     h.source = ReadSource::kDisk;
+    if ((h.body = ctx_.store.PackedBody(h.key))) return OriginRead(req, h, size, off, h_fh);
     Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, h.key);
     if (!file.ok()) return (void)fuse_reply_err(req, EIO);
     h.file = std::move(file).value();

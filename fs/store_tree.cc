@@ -119,7 +119,7 @@ struct stat StoreTree::StoreStat(const Node* n) const {
     const auto dash = version.rfind('-');
     if (q && (version.empty() || version[0] == 'q' || !e)) {
       st.st_size = static_cast<off_t>(q->data->size());
-    } else if (version.starts_with('d') && dash != std::string::npos) {
+    } else if ((version.starts_with('d') || version.starts_with('p')) && dash != std::string::npos) {
       st.st_size = static_cast<off_t>(std::strtoull(version.c_str() + dash + 1, nullptr, 10));
     } else if (e) {
       st.st_size = static_cast<off_t>(e->size);
@@ -143,6 +143,9 @@ std::string StoreTree::StoreVersion(const std::string& key) const {
   if (const QueuedBody* q = ctx_.write_back.QueuedBodyOf(key))
     return "q" + std::to_string(q->version);
   if (!ctx_.store.index().Find(key)) return "";
+  if (std::shared_ptr<const std::string> packed = ctx_.store.PackedBody(key)) {
+    return CacheStore::PackedVersion(*packed);
+  }
   struct stat st;
   if (::stat(ctx_.store.BodyPath(key).c_str(), &st) != 0) return "";
   return FileVersion(st);
@@ -201,6 +204,11 @@ void StoreTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (q && (version.empty() || version == "q" + std::to_string(q->version))) {
       h.source = ReadSource::kWriteQueue;  // its fill still waits in the write queue
       h.body = q->data;
+    } else if (std::shared_ptr<const std::string> packed = ctx_.store.PackedBody(*key);
+               packed && (version.empty() || version == CacheStore::PackedVersion(*packed))) {
+      h.source = ReadSource::kDisk;  // a small body packed in the index, read whole
+      h.body = std::move(packed);
+      ctx_.store.Touch(*key);
     } else if (ctx_.store.index().Find(*key) && (version.empty() || version[0] == 'd')) {
       h.source = ReadSource::kDisk;
       Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, *key);
@@ -381,7 +389,12 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
     return reply(out.ToJson());
   }
   // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
-  out.body_path = ctx_.store.BodyPath(key);
+  // A packed body has no file of its own: it goes with the answer.
+  if (version.empty() || version[0] != 'p') {
+    out.body_path = ctx_.store.BodyPath(key);
+  } else if (std::shared_ptr<const std::string> packed = ctx_.store.PackedBody(key)) {
+    out.packed_body = *packed;
+  }
   ctx_.store.Touch(key);
   ctx_.reads.bytes_from_cache += e->size;
   ctx_.stats_changed();

@@ -102,9 +102,13 @@ class CacheManager {
   void SetObserver(Observer observer) { observer_ = std::move(observer); }
 
   // Opens the committed body of `key` in `store` (one version, read until the BodyFile is
-  // closed; see body_file.h). Fails with the open's errno (ENOENT: no body).
-  [[nodiscard]] static Result<BodyFile> OpenBody(const CacheStore& store, const std::string& key) {
-    return BodyFile::Open(store.BodyPath(key));
+  // closed; see body_file.h). Fails with the open's errno (ENOENT: no body, or a body whose
+  // size is not the index's, which the store then drops: CacheStore::CheckBody).
+  [[nodiscard]] static Result<BodyFile> OpenBody(CacheStore& store, const std::string& key) {
+    Result<BodyFile> file = BodyFile::Open(store.BodyPath(key));
+    if (!file.ok()) return file;
+    if (ghost::Status st = store.CheckBody(key, file->fd()); !st.ok()) return st;
+    return file;
   }
 
   // ---- the page-cache model ----

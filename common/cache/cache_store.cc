@@ -116,6 +116,9 @@ class Stmt {
     sqlite3_bind_text(s_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
   }
   void Bind(int i, std::int64_t v) { sqlite3_bind_int64(s_, i, v); }
+  void BindBlob(int i, std::string_view bytes) {
+    sqlite3_bind_blob(s_, i, bytes.data(), static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
+  }
   void Bind(int i, std::optional<std::int64_t> v) {
     if (v) {
       sqlite3_bind_int64(s_, i, *v);
@@ -147,8 +150,11 @@ struct DbCloser {
 
 // Version 2 added objects.response (the proxy's stored response head); version 3 added h (the
 // key's 64-bit hash, indexed: the in-memory table's key) and body (a packed small body, NULL
-// when the body is a file). Older indexes are upgraded in place.
-constexpr int kSchemaVersion = 3;
+// when the body is a file); version 4 the shutdown table (one row: clean = 1 after a Close
+// whose bodies reached the disk, so the next Open may skip checking every body file). Older
+// indexes are upgraded in place; an older ghost refuses version 4, so it can never run on the
+// cache without clearing the mark that this one trusts.
+constexpr int kSchemaVersion = 4;
 
 std::int64_t StoredHash(std::uint64_t h) { return static_cast<std::int64_t>(h); }
 
@@ -175,6 +181,8 @@ struct CacheStore::Db {
   Stmt update_meta;
   Stmt select_entry;     // the metadata of a complete row, by key
   Stmt select_key;       // the key of a complete row, by hash
+  Stmt set_clean;        // ?1: 1 after a clean Close, 0 while the store is open
+  Stmt select_packed;    // the packed body of a complete row, by key (no row: a body file)
 
   ghost::Status Error(const std::string& what, int rc) {
     last_rc = rc;
@@ -249,14 +257,14 @@ struct CacheStore::Db {
                               "ON CONFLICT(key) DO NOTHING"},
         {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
         {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
-        {&upsert_complete,
+        {&upsert_complete,  // ?11: the packed body, or NULL for a body file
          "INSERT INTO objects(" + cols +
-             ", h, complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1) "
+             ", h, complete, body) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11) "
              "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
              "last_modified = excluded.last_modified, content_type = excluded.content_type, "
              "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
              "accessed_us = excluded.accessed_us, response = excluded.response, h = excluded.h, "
-             "body = NULL, complete = 1"},
+             "body = excluded.body, complete = 1"},
         {&delete_key, "DELETE FROM objects WHERE key = ?1"},
         {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
         {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE h = ?1 AND complete = 1"},
@@ -265,6 +273,9 @@ struct CacheStore::Db {
          "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
         {&select_entry, "SELECT " + cols + " FROM objects WHERE key = ?1 AND complete = 1"},
         {&select_key, "SELECT key FROM objects WHERE h = ?1 AND complete = 1"},
+        {&set_clean, "UPDATE shutdown SET clean = ?1"},
+        {&select_packed,
+         "SELECT body FROM objects WHERE key = ?1 AND complete = 1 AND body IS NOT NULL"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -293,7 +304,14 @@ struct CacheStore::Db {
       std::string sql =
           "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
-    } else if (std::int64_t v = q.Int(0); v == 1 || v == 2) {
+    } else if (std::int64_t v = q.Int(0); v == 3) {
+      q = Stmt();
+      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
+                                  "UPDATE schema_version SET version = 4");
+          !st.ok()) {
+        return st;
+      }
+    } else if (v == 1 || v == 2) {
       q = Stmt();
       if (v == 1 && !HasColumn("response")) {
         if (ghost::Status st =
@@ -303,7 +321,11 @@ struct CacheStore::Db {
         }
       }
       if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
-      if (ghost::Status st = Exec("UPDATE schema_version SET version = 3"); !st.ok()) return st;
+      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
+                                  "UPDATE schema_version SET version = 4");
+          !st.ok()) {
+        return st;
+      }
     } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
@@ -316,7 +338,28 @@ struct CacheStore::Db {
         "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
         "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
         "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '', h INTEGER, body BLOB); "
-        "CREATE INDEX IF NOT EXISTS objects_h ON objects(h)");
+        // Covers what Open loads into the table (so a clean Open reads this index, not the
+        // rows with their response heads and packed bodies) and the lookups by hash.
+        "CREATE INDEX IF NOT EXISTS objects_table ON objects(complete, h, size, accessed_us); "
+        "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
+        "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)");
+  }
+
+  // Whether the last Close was clean (see kSchemaVersion).
+  bool WasClean() {
+    Stmt q;
+    if (!Prepare("SELECT clean FROM shutdown", &q).ok()) return false;
+    return q.Step() == SQLITE_ROW && q.Int(0) == 1;
+  }
+
+  // Sets the shutdown mark durably: the commit is fsynced (synchronous=FULL for it), since
+  // the mark vouches for everything else in the index.
+  ghost::Status SetClean(bool clean) {
+    if (ghost::Status st = Exec("PRAGMA synchronous=FULL"); !st.ok()) return st;
+    set_clean.Bind(1, std::int64_t{clean ? 1 : 0});
+    ghost::Status st = Run(set_clean, "setting the shutdown mark");
+    if (ghost::Status normal = Exec("PRAGMA synchronous=NORMAL"); st.ok()) st = normal;
+    return st;
   }
 
   bool HasColumn(const char* name) {
@@ -369,7 +412,11 @@ struct CacheStore::Db {
 
 CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, FileIo& io,
                        const CacheStoreOptions& options)
-    : dir_(std::move(dir)), capacity_(capacity), clock_(clock), io_(io) {
+    : dir_(std::move(dir)),
+      capacity_(capacity),
+      pack_limit_(options.pack_limit),
+      clock_(clock),
+      io_(io) {
   auto wall = options.wall_clock ? options.wall_clock() : std::chrono::system_clock::now();
   auto wall_us =
       std::chrono::duration_cast<std::chrono::microseconds>(wall.time_since_epoch()).count();
@@ -398,7 +445,8 @@ Result<std::unique_ptr<CacheStore>> CacheStore::Open(const std::string& dir, Byt
     st = store->db_->Open();
     if (st.ok()) st = store->Load();
   }
-  if (st.ok()) st = store->RemoveOrphans();
+  // After a clean Close every file under objects/ is a committed body or nothing: no scan.
+  if (st.ok() && !store->clean_open_) st = store->RemoveOrphans();
   if (!st.ok()) {
     store->db_.reset();  // possibly half set up: the destructor must not write through it
     store->closed_ = true;
@@ -441,6 +489,14 @@ void CacheStore::SetAsideCorruptIndex(const std::string& why) {
 ghost::Status CacheStore::Load() {
   std::vector<std::string> doomed_files;  // removed after the transaction commits
   std::size_t damaged = 0;
+  // After a clean Close no body file is checked here (a million stats would take seconds);
+  // a body changed behind the store's back is caught when it is opened (CheckBody). The mark
+  // is cleared, durably, before anything else is written: a crash from here on makes the
+  // next Open check everything.
+  clean_open_ = db_->WasClean();
+  if (clean_open_) {
+    if (ghost::Status st = db_->SetClean(false); !st.ok()) return st;
+  }
   ghost::Status st = Batch([&]() -> ghost::Status {
     // Fills and replacements cut short by a crash: their rows and any body at their path.
     Stmt q;
@@ -453,40 +509,52 @@ ghost::Status CacheStore::Load() {
     q = Stmt();
     if (ghost::Status s = db_->Exec("DELETE FROM objects WHERE complete = 0"); !s.ok()) return s;
 
-    // Only what the table holds; the key is read only to check a body file.
+    // Only what the table holds (from the covering index objects_table after a clean Close);
+    // the key and whether the body is packed only to check body files after a crash.
     if (ghost::Status s = db_->Prepare(
-            "SELECT h, size, accessed_us, body IS NOT NULL, key FROM objects WHERE complete = 1",
+            clean_open_ ? "SELECT h, size, accessed_us, rowid FROM objects WHERE complete = 1"
+                        : "SELECT h, size, accessed_us, rowid, body IS NOT NULL, key FROM objects "
+                          "WHERE complete = 1",
             &q);
         !s.ok()) {
       return s;
     }
     std::vector<std::string> dropped;
+    std::vector<std::int64_t> dropped_rows;  // their keys are read after the scan
     while ((rc = q.Step()) == SQLITE_ROW) {
       auto h = static_cast<std::uint64_t>(q.Int(0));
       auto size = static_cast<Bytes>(q.Int(1));
       std::int64_t tick = q.Int(2);
-      bool packed = q.Int(3) != 0;
-      if (!packed) {
+      if (!clean_open_ && q.Int(4) == 0) {
         // A body that is missing or the wrong length (lost by a power cut, or edited) is
         // never served.
         struct stat sb;
-        std::string path = BodyPath(q.Text(4));
+        std::string path = BodyPath(q.Text(5));
         if (::stat(path.c_str(), &sb) != 0 || !S_ISREG(sb.st_mode) ||
             static_cast<Bytes>(sb.st_size) != size) {
           ++damaged;
-          dropped.push_back(q.Text(4));
+          dropped.push_back(q.Text(5));
           continue;
         }
       }
       if (table_.Contains(h) || (capacity_ != 0 && size > capacity_)) {
         // A 64-bit hash collision (the later row goes), or bigger than a lowered cap.
-        dropped.push_back(q.Text(4));
+        dropped_rows.push_back(q.Int(3));
         continue;
       }
       table_.Put(h, size, tick);
       last_tick_ = std::max(last_tick_, tick);
     }
     if (rc != SQLITE_DONE) return db_->Error("loading objects", rc);
+    if (!dropped_rows.empty()) {
+      if (ghost::Status s = db_->Prepare("SELECT key FROM objects WHERE rowid = ?1", &q); !s.ok())
+        return s;
+      for (std::int64_t row : dropped_rows) {
+        q.Bind(1, row);
+        if (q.Step() == SQLITE_ROW) dropped.push_back(q.Text(0));
+        q.Reset();
+      }
+    }
     q = Stmt();
     for (std::string& key : EvictFor(0, 0)) dropped.push_back(std::move(key));  // lowered cap
     for (const std::string& key : dropped) {
@@ -555,6 +623,13 @@ ghost::Status CacheStore::Close() {
   for (const auto& [id, fill] : fills_) ids.push_back(id);
   for (FillId id : ids) AbortFill(id);
   ghost::Status st = Batch([] { return ghost::Status::Ok(); });  // persists access times
+  if (st.ok() && !lost_files_ && db_) {
+    // No syncfs first: it flushes the whole file system's dirty data (seconds on a busy
+    // machine, measured: an unmount outlived its caller's 10 s wait and was killed, so every
+    // next Open was a crash recovery). A body lost to a power cut after this Close has the
+    // wrong size (none, or 0 bytes), which CheckBody finds at its first open, as Open used to.
+    st = db_->SetClean(true);
+  }
   db_.reset();  // finalizes the statements, checkpoints the WAL and closes the file
   closed_ = true;
   return st;
@@ -720,6 +795,7 @@ std::string CacheStore::BodyPath(std::string_view key) const {
 
 void CacheStore::RemoveFile(const std::string& path) {
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    lost_files_ = true;  // an orphan on the disk: the next Open must scan for it
     Warn("cannot remove " + path + ": " + std::strerror(errno));
   }
 }
@@ -846,6 +922,14 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
            st = ghost::Status::NotFound("not in the cache: " + Quote(key))] { done(st); });
     return;
   }
+  if (std::shared_ptr<const std::string> packed = PackedBody(key)) {
+    Touch(key);
+    std::size_t from = static_cast<std::size_t>(std::min<std::uint64_t>(offset, packed->size()));
+    std::size_t n = std::min(buf.size(), packed->size() - from);
+    std::memcpy(buf.data(), packed->data() + from, n);
+    Defer([done = std::move(done), n] { done(n); });
+    return;
+  }
   std::string path = BodyPath(key);
   auto fd = std::make_shared<UniqueFd>(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd->valid()) {
@@ -858,6 +942,10 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
            st = ghost::Status::FromErrno(err, "opening the cached body of " + Quote(key))] {
       done(st);
     });
+    return;
+  }
+  if (ghost::Status st = CheckBody(key, fd->get()); !st.ok()) {
+    Defer([done = std::move(done), st] { done(st); });
     return;
   }
   Touch(key);
@@ -873,6 +961,43 @@ void CacheStore::ReadBody(const std::string& key, std::uint64_t offset, std::spa
                done(std::move(r));
              }
            });
+}
+
+std::shared_ptr<const std::string> CacheStore::PackedBody(const std::string& key) const {
+  if (!db_ || !table_.Contains(KeyHash(key))) return nullptr;
+  Stmt& q = db_->select_packed;
+  q.Bind(1, key);
+  std::shared_ptr<const std::string> body;
+  if (q.Step() == SQLITE_ROW) body = std::make_shared<const std::string>(q.Text(0));
+  q.Reset();
+  return body;
+}
+
+std::string CacheStore::PackedVersion(std::string_view body) {
+  // The content names the version: equal bytes may share the kernel's pages.
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "p%016llx-%zu",
+                static_cast<unsigned long long>(std::hash<std::string_view>{}(body)), body.size());
+  return buf;
+}
+
+ghost::Status CacheStore::CheckBody(const std::string& key, int fd) {
+  const ObjectTable::Slot* slot = table_.Get(KeyHash(key));
+  if (slot == nullptr) return ghost::Status::NotFound("not in the cache: " + Quote(key));
+  struct stat sb;
+  if (::fstat(fd, &sb) != 0) {
+    return ghost::Status::FromErrno(errno, "checking the cached body of " + Quote(key));
+  }
+  if (S_ISREG(sb.st_mode) && static_cast<Bytes>(sb.st_size) == slot->size) {
+    return ghost::Status::Ok();
+  }
+  std::string why = "the cached body of " + Quote(key) + " has " + std::to_string(sb.st_size) +
+                    " bytes but the index says " + std::to_string(slot->size) +
+                    "; dropped it (it is fetched again)";
+  Unindex(key);
+  DropObjects({key}).ok();  // best effort: the caller needs `why`
+  Warn(why);
+  return ghost::Status::FromErrno(ENOENT, why);
 }
 
 // ---- Fills ----
@@ -1020,6 +1145,7 @@ ghost::Status CacheStore::Publish(Fill& fill) {
   std::string body = BodyPath(key);
   std::uint64_t h = KeyHash(key);
   bool replacing = table_.Contains(h);
+  if (fill.written < pack_limit_) return PublishPacked(fill, replacing);
   if (replacing) {
     // From here until the final commit, a crash must not pair the old row with the new body.
     ghost::Status st = Batch([&]() -> ghost::Status {
@@ -1072,6 +1198,55 @@ ghost::Status CacheStore::Publish(Fill& fill) {
     // The row did not turn complete: Open would drop the body, so do not serve it now.
     Unindex(key);
     RemoveFile(body);
+    return st;
+  }
+  return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::PublishPacked(Fill& fill, bool replacing) {
+  const std::string& key = fill.key;
+  std::string bytes(fill.written, '\0');
+  {
+    UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
+    ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
+    if (n != static_cast<ssize_t>(bytes.size())) {
+      ghost::Status st = ghost::Status::FromErrno(n < 0 ? errno : EIO,
+                                                  "reading back the fill of " + Quote(key));
+      Discard(fill);
+      return st;
+    }
+  }
+  std::uint64_t h = KeyHash(key);
+  CacheEntry stored = std::move(fill.meta);
+  stored.size = fill.written;
+  stored.where = Residence::kDisk;
+  Unindex(key);
+  std::vector<std::string> evicted = EvictFor(stored.size, h);
+  std::int64_t tick = NextTick();
+  table_.Put(h, stored.size, tick);
+  stored.fetched = clock_.Now();
+  // Body and row in one transaction: the old object (file or packed) until it commits, the
+  // new one after; no intermediate state to recover.
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    Stmt& s = db_->upsert_complete;
+    db_->BindObject(
+        s, key, stored, ToStored(stored.fetched), tick,
+        stored.expires ? std::optional<std::int64_t>(ToStored(*stored.expires)) : std::nullopt);
+    s.BindBlob(11, bytes);
+    if (ghost::Status r = db_->Run(s, "committing " + Quote(key)); !r.ok()) return r;
+    for (const std::string& k : evicted) {
+      db_->delete_key.Bind(1, k);
+      if (ghost::Status r = db_->Run(db_->delete_key, "evicting " + Quote(k)); !r.ok()) return r;
+    }
+    return ghost::Status::Ok();
+  });
+  RemoveFile(fill.temp_path);
+  for (const std::string& k : evicted) RemoveFile(BodyPath(k));
+  if (st.ok() && replacing) RemoveFile(BodyPath(key));  // a body file it may have had
+  for (const std::string& k : evicted) Changed(k);
+  if (replacing) Changed(key);
+  if (!st.ok()) {
+    Unindex(key);  // the old row, if any, stays in sqlite and is back at the next Open
     return st;
   }
   return ghost::Status::Ok();

@@ -21,7 +21,11 @@
 // Crash safety: a cache may lose fills, never serve half of one (DESIGN §2). A body becomes
 // visible only by rename after all its bytes are written, together with its row turning
 // complete=1. Open deletes rows with complete=0 (a fill or a replacement cut short), temp files,
-// files with no complete row, and rows whose file is missing or has the wrong size. A corrupt
+// files with no complete row, and rows whose file is missing or has the wrong size. A clean
+// Close (no fill open, no file left behind) marks the index clean, and the
+// next Open then skips the body files (no stat, no directory scan: mount time does not grow
+// with the objects' number); a body damaged behind the store's back is then dropped when a
+// reader opens it (CheckBody). The mark is cleared, fsynced, as the store opens. A corrupt
 // index.sqlite is renamed aside (index.sqlite.corrupt-<unix time>) and the cache starts empty,
 // with a line in warnings() and on stderr.
 //
@@ -82,6 +86,11 @@ struct CacheStoreOptions {
   // Empty: std::chrono::system_clock::now. Tests pass a function of their VirtualClock so
   // times round-trip exactly.
   std::function<std::chrono::system_clock::time_point()> wall_clock;
+  // Bodies smaller than this are packed: stored in their index row (objects.body) instead of
+  // a file of their own, written in the transaction that commits the row (squid's rock store
+  // does the same for small objects in a slab file). 0: every body is a file. Packed bodies
+  // already cached stay readable whatever this is.
+  Bytes pack_limit = 16 * 1024;
 };
 
 using FillId = std::uint64_t;
@@ -145,6 +154,18 @@ class CacheStore {
   // NotFound if `key` is not cached, or the read's error.
   void ReadBody(const std::string& key, std::uint64_t offset, std::span<char> buf,
                 FileIo::Done done);
+  // Checks that `fd`, an open body of `key` (BodyPath), has the size the index has for it.
+  // On a mismatch (a body changed or cut short behind the store's back: Open does not look at
+  // body files after a clean Close) the object is dropped and the result is an ENOENT Status
+  // saying so; NotFound if `key` is not cached. Readers of body files call this once per open.
+  ghost::Status CheckBody(const std::string& key, int fd);
+
+  // The body of `key` if it is cached packed, else nullptr (a body file, or not cached).
+  // Reads sqlite (one lookup by key). Readers of a cached object ask this before BodyPath.
+  std::shared_ptr<const std::string> PackedBody(const std::string& key) const;
+  // The version name of a packed body, "p<hash of the bytes>-<size>" (a body file's is
+  // "d<inode>-<size>"): equal for equal bytes, so the kernel may keep such pages.
+  static std::string PackedVersion(std::string_view body);
 
   // Starts writing a new body for `key` into a temp file. `meta` carries the validators,
   // content type and expiry; `meta.size` is the announced size if known (0 = unknown): then
@@ -252,6 +273,8 @@ class CacheStore {
   void OnAppendDone(FillId id, ghost::Status st, const std::function<void(ghost::Status)>& done);
   void FinishCommit(FillId id);
   ghost::Status Publish(Fill& fill);
+  // Publish of a body under the pack limit (CacheStoreOptions): read back from its temp file into the row.
+  ghost::Status PublishPacked(Fill& fill, bool replacing);
   // Marks the fill abandoned with `st`, removing its temp file and pending row.
   void Fail(Fill& fill, ghost::Status st);
   // Removes the temp file and the pending row of a fill that will not be published.
@@ -268,6 +291,7 @@ class CacheStore {
 
   const std::string dir_;
   const Bytes capacity_;
+  const Bytes pack_limit_;
   const Clock& clock_;
   FileIo& io_;
   std::int64_t wall_offset_us_ = 0;  // wall-clock µs since the epoch minus the clock's µs
@@ -296,6 +320,8 @@ class CacheStore {
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
   std::unordered_map<std::string, CacheEntry> dirty_meta_;
   bool closed_ = false;
+  bool clean_open_ = false;  // the last Close was clean: Open checked no body file
+  bool lost_files_ = false;  // a file could not be removed: the next Open must scan
   std::function<void(const std::string& key)> on_change_;
   void Changed(const std::string& key) {
     if (on_change_) on_change_(key);

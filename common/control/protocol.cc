@@ -1,5 +1,7 @@
 #include "common/control/protocol.h"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -340,6 +342,33 @@ Result<KnobResult> KnobResult::FromJson(const json& j) {
   return out;
 }
 
+namespace {
+
+std::string Base64(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(bytes.data()),
+                          static_cast<int>(bytes.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+// nullopt unless `text` is padded base64.
+std::optional<std::string> FromBase64(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::string out(text.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t pad = 0;  // EVP_DecodeBlock counts the padding as zero bytes
+  for (std::size_t i = text.size(); i > 0 && pad < 2 && text[i - 1] == '='; --i) ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
+}  // namespace
+
 json LookupResult::ToJson() const {
   if (!cached) return {{"cached", false}};
   json out = {{"cached", true},
@@ -356,6 +385,7 @@ json LookupResult::ToJson() const {
               {"ghost_hint", ghost_hint}};
   if (!cost.is_null()) out["cost"] = cost;
   if (!body_path.empty()) out["body_path"] = body_path;
+  if (packed_body) out["body_base64"] = Base64(*packed_body);
   return out;
 }
 
@@ -375,6 +405,13 @@ Result<LookupResult> LookupResult::FromJson(const json& j) {
   if (choice != "disk" && choice != "network") return Bad("the lookup result's choice is " + choice);
   out.choice = choice == "network" ? LookupChoice::kNetwork : LookupChoice::kDisk;
   if (const json* c = Field(j, "cost")) out.cost = *c;
+  if (const json* b = Field(j, "body_base64")) {
+    std::optional<std::string> body = b->is_string() ? FromBase64(b->get<std::string>()) : std::nullopt;
+    if (!body || body->size() != out.size) {
+      return Bad("the lookup result's body_base64 is not base64 of its size's bytes");
+    }
+    out.packed_body = std::move(body);
+  }
   if (const json* x = Field(j, "expires_unix")) {
     (void)x;
     out.expires_unix = expires;

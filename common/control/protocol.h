@@ -59,7 +59,8 @@
 //        "path":"/mnt/ghost/.ghost/objects/<hex sha-256 of K>",   (read the body there)
 //        "body_path":"<cache dir>/objects/ab/ab12..."}   (only with "choice":"disk": the body
 //       file itself, which a reader on this machine may read instead of "path"; the daemon
-//       has charged the emulated disk for that read already)
+//       has charged the emulated disk for that read already; or, for a small body packed in
+//       the index, which has no file of its own, "body_base64":"<the body>" instead)
 //   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
 //          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
 //       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
@@ -237,10 +238,12 @@ struct LookupResult {
   std::optional<std::int64_t> expires_unix;
   std::string path;       // MOUNT/.ghost/objects/<hash>@<version>: opens only that version
   std::string body_path;  // the body file itself, or empty
+  // A small body packed in the index (no file of its own), sent whole: "body_base64".
+  std::optional<std::string> packed_body;
   std::string version;    // "d<inode>-<size>" (a body file) or "q<n>" (a queued fill)
   nlohmann::json cost;    // the cost model's estimates (null: not costed)
   // {"cached":false} when not cached; else every field above, "cost" only when costed and
-  // "body_path" only when set (the daemon's reply).
+  // "body_path" and "body_base64" only when set (the daemon's reply).
   nlohmann::json ToJson() const;
   // Tolerant of missing fields (they keep the defaults above); kInvalidArgument unless `j` is
   // an object whose fields, where present, have the types documented above.

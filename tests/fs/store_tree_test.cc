@@ -155,14 +155,16 @@ TEST_F(StoreTreeTest, LookupOfAnUncachedKeyIsNotCached) {
 }
 
 TEST_F(StoreTreeTest, LookupOfAStoredObjectNamesOneVersionOnTheDisk) {
-  // Queued and (no power management) written at once: the lookup waits for the fill.
+  // Queued and (no power management) written at once: the lookup waits for the fill. Large
+  // enough to be a body file of its own (not packed in the index).
   CacheEntry meta;
   meta.etag = "\"e1\"";
-  write_back_->QueueFill("http://o/a", meta, "hello");
+  const std::string body(20000, 'h');
+  write_back_->QueueFill("http://o/a", meta, body);
   Result<LookupResult> r = Lookup("http://o/a");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->cached);
-  EXPECT_EQ(r->size, 5u);
+  EXPECT_EQ(r->size, 20000u);
   EXPECT_EQ(r->etag, "\"e1\"");
   EXPECT_EQ(r->choice, LookupChoice::kDisk);
   EXPECT_EQ(r->source, "disk");
@@ -170,9 +172,22 @@ TEST_F(StoreTreeTest, LookupOfAStoredObjectNamesOneVersionOnTheDisk) {
   EXPECT_EQ(r->version[0], 'd');
   EXPECT_TRUE(r->path.starts_with(mount_path_ + "/.ghost/objects/")) << r->path;
   EXPECT_TRUE(r->path.ends_with("@" + r->version)) << r->path;
-  EXPECT_EQ(ReadFile(r->body_path), "hello");
+  EXPECT_EQ(ReadFile(r->body_path), body);
   EXPECT_TRUE(r->cost.is_object());
   EXPECT_EQ(reads_.requests_by_source[ReadSource::kDisk], 1);
+  EXPECT_EQ(reads_.bytes_from_cache, 20000u);
+}
+
+TEST_F(StoreTreeTest, LookupOfASmallObjectNamesItsPackedVersionAndNoBodyFile) {
+  write_back_->QueueFill("http://o/small", CacheEntry{}, "hello");
+  Result<LookupResult> r = Lookup("http://o/small");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->cached);
+  EXPECT_EQ(r->size, 5u);
+  EXPECT_EQ(r->version, CacheStore::PackedVersion("hello"));
+  EXPECT_TRUE(r->path.ends_with("@" + r->version)) << r->path;
+  EXPECT_TRUE(r->body_path.empty()) << r->body_path;  // no file: the bytes come with it
+  EXPECT_EQ(r->packed_body, "hello");
   EXPECT_EQ(reads_.bytes_from_cache, 5u);
 }
 

@@ -3,8 +3,9 @@
 writes in local/ and cache fills (reads of uncached origin files), with and without
 `--profile ipaq-2004` (writes deferred in the write queue), and restarted on the same cache
 directory each cycle. After every kill: the cache index passes sqlite's
-`PRAGMA integrity_check`, and every complete row's body file has the row's size and the
-origin's bytes. After every restart: every byte whose fsync returned is there.
+`PRAGMA integrity_check`, and every complete row's body (its file, or the bytes packed in the
+row for a small one) has the row's size and the origin's bytes. After every restart: every
+byte whose fsync returned is there.
 
     ghostfs_crash_test.py [CYCLES]   (default 10, or $GHOST_CRASH_CYCLES; 100 for a long run)
 TAP; skipped without root, /dev/fuse or nginx."""
@@ -34,15 +35,18 @@ def check_index(cache, origin_sums, base_url):
         verdict = db.execute("PRAGMA integrity_check").fetchone()[0]
         if verdict != "ok":
             problems.append(f"integrity_check: {verdict}")
-        rows = db.execute("SELECT key, size FROM objects WHERE complete = 1").fetchall()
+        rows = db.execute("SELECT key, size, body FROM objects WHERE complete = 1").fetchall()
     finally:
         db.close()
-    for key, size in rows:
+    for key, size, packed in rows:
         name = hashlib.sha256(key.encode()).hexdigest()
         body = os.path.join(cache, "objects-db", "objects", name[:2], name)
         try:
-            with open(body, "rb") as f:
-                data = f.read()
+            if packed is not None:
+                data = bytes(packed)
+            else:
+                with open(body, "rb") as f:
+                    data = f.read()
         except OSError as e:
             problems.append(f"{key}: indexed, body unreadable: {e}")
             continue

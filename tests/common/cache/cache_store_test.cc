@@ -62,8 +62,10 @@ class CacheStoreTest : public ::testing::Test {
 
   // Persisted times come from this wall clock, a function of the virtual clock, so they
   // round-trip exactly across reopen.
+  // Bodies are files unless a test packs them (pack_limit_).
   CacheStoreOptions Options() {
     CacheStoreOptions options;
+    options.pack_limit = pack_limit_;
     options.wall_clock = [this] {
       return std::chrono::system_clock::time_point(std::chrono::hours(24 * 365 * 55)) +
              clock_.Now().time_since_epoch();
@@ -214,6 +216,20 @@ class CacheStoreTest : public ::testing::Test {
     sqlite3_close(db);
     return n;
   }
+  // The index as a crash leaves it: the shutdown mark unset (the store must be closed).
+  void MarkUnclean() const { ExecSql("UPDATE shutdown SET clean = 0"); }
+  bool MarkedClean() const {
+    sqlite3* db = nullptr;
+    std::string path = dir_ + "/index.sqlite";
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    bool clean = sqlite3_prepare_v2(db, "SELECT clean FROM shutdown", -1, &stmt, nullptr) ==
+                     SQLITE_OK &&
+                 sqlite3_step(stmt) == SQLITE_ROW && sqlite3_column_int(stmt, 0) == 1;
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return clean;
+  }
   void ExecSql(const std::string& sql) const {
     sqlite3* db = nullptr;
     std::string path = dir_ + "/index.sqlite";
@@ -239,6 +255,7 @@ class CacheStoreTest : public ::testing::Test {
   std::unique_ptr<SyncFileIo> real_io_;
   std::unique_ptr<FaultyFileIo> io_;
   std::unique_ptr<CacheStore> store_;
+  Bytes pack_limit_ = 0;  // bodies under this many bytes are packed (CacheStoreOptions)
   std::string root_;
   std::string dir_;
   bool timed_out_ = false;
@@ -729,6 +746,7 @@ TEST_F(CacheStoreTest, OrphanFilesAreRemovedAtOpen) {
       objects + "/stray-file",
   };
   for (const std::string& p : orphans) std::ofstream(p) << "orphan";
+  MarkUnclean();  // after a clean Close there are none: they come from crashes
   Reopen();
   for (const std::string& p : orphans) EXPECT_FALSE(fs::exists(p)) << p;
   EXPECT_TRUE(fs::exists(live));
@@ -742,12 +760,195 @@ TEST_F(CacheStoreTest, DamagedBodyIsDroppedAtOpenWithAWarning) {
   std::string path = store_->BodyPath("k");
   store_.reset();
   fs::resize_file(path, 5);
+  MarkUnclean();  // after a crash (a clean Close has the checks done on open: below)
   Reopen();
   EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
   EXPECT_FALSE(fs::exists(path));
   ASSERT_EQ(store_->warnings().size(), 1u);
   EXPECT_TRUE(Contains(store_->warnings()[0], "wrong size"));
   EXPECT_EQ(*ReadAll("ok"), "fine");
+}
+
+TEST_F(CacheStoreTest, OpenAfterACleanCloseChecksNoBodyAndReadsDropADamagedOne) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "twelve bytes").ok());
+  ASSERT_TRUE(Fill("ok", "fine").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  EXPECT_TRUE(MarkedClean());
+  fs::resize_file(path, 5);
+  Reopen();
+  // Open looked at no body file...
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kPresent);
+  EXPECT_TRUE(store_->warnings().empty());
+  // ...so the first read finds the damage, refuses it and drops the object.
+  Result<std::string> damaged = ReadAll("k");
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.status().ToErrno(), ENOENT);
+  EXPECT_TRUE(Contains(damaged.status().message(), "index says 12"));
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(*ReadAll("ok"), "fine");
+}
+
+TEST_F(CacheStoreTest, CleanOpenReadsTheTableFromACoveringIndexNotTheRows) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "body").ok());
+  store_.reset();
+  // The query Load runs after a clean Close: sqlite's plan must not touch the table's rows
+  // (response heads and packed bodies make them hundreds of bytes each).
+  sqlite3* db = nullptr;
+  std::string path = dir_ + "/index.sqlite";
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(db,
+                               "EXPLAIN QUERY PLAN SELECT h, size, accessed_us, rowid FROM objects "
+                               "WHERE complete = 1",
+                               -1, &stmt, nullptr),
+            SQLITE_OK);
+  std::string plan;
+  while (sqlite3_step(stmt) == SQLITE_ROW) {
+    plan += reinterpret_cast<const char*>(sqlite3_column_text(stmt, 3));
+    plan += "; ";
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  EXPECT_TRUE(Contains(plan, "COVERING INDEX objects_table")) << plan;
+}
+
+TEST_F(CacheStoreTest, ObjectBiggerThanALoweredCapIsDroppedAtACleanOpen) {
+  Reopen();
+  ASSERT_TRUE(Fill("big", std::string(100, 'b')).ok());
+  ASSERT_TRUE(Fill("small", "s").ok());
+  std::string path = store_->BodyPath("big");
+  store_.reset();
+  ASSERT_TRUE(MarkedClean());
+  Reopen(50);
+  EXPECT_EQ(store_->Status("big", false).state, CacheState::kAbsent);
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_EQ(*ReadAll("small"), "s");
+  store_.reset();
+  EXPECT_EQ(CountRows("1"), 1);
+}
+
+TEST_F(CacheStoreTest, CrashAfterACleanOpenMakesTheNextOpenCheckBodies) {
+  Reopen();
+  ASSERT_TRUE(Fill("k", "twelve bytes").ok());
+  std::string path = store_->BodyPath("k");
+  store_.reset();
+  ASSERT_TRUE(MarkedClean());
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child opens the cleanly closed cache and dies without closing it.
+    event_base* base = event_base_new();
+    SyncFileIo io(base);
+    Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, Options());
+    ::_exit(store.ok() ? 0 : 2);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  EXPECT_FALSE(MarkedClean());  // cleared as the child opened it
+  fs::resize_file(path, 5);
+  Reopen();
+  EXPECT_EQ(store_->Status("k", false).state, CacheState::kAbsent);
+  ASSERT_EQ(store_->warnings().size(), 1u);
+  EXPECT_TRUE(Contains(store_->warnings()[0], "wrong size"));
+}
+
+TEST_F(CacheStoreTest, SmallBodiesArePackedInTheIndexAndReadBack) {
+  pack_limit_ = 16;
+  Reopen();
+  ASSERT_TRUE(Fill("small", "fifteen bytes..", Meta("\"s\"")).ok());
+  ASSERT_TRUE(Fill("large", "sixteen bytes...").ok());
+  // No file for the small one (and no temp file left), a file for the one at the limit.
+  EXPECT_EQ(ObjectFiles(),
+            (std::set<std::string>{fs::relative(store_->BodyPath("large"), dir_ + "/objects").string()}));
+  ASSERT_NE(store_->PackedBody("small"), nullptr);
+  EXPECT_EQ(*store_->PackedBody("small"), "fifteen bytes..");
+  EXPECT_EQ(store_->PackedBody("large"), nullptr);
+  EXPECT_EQ(store_->PackedBody("absent"), nullptr);
+  EXPECT_EQ(*ReadAll("small"), "fifteen bytes..");
+  EXPECT_EQ(store_->index().Find("small")->etag, "\"s\"");
+  // Across a reopen, clean or after a crash (which checks files, not packed bodies).
+  Reopen();
+  EXPECT_EQ(*ReadAll("small"), "fifteen bytes..");
+  store_.reset();
+  MarkUnclean();
+  Reopen();
+  EXPECT_EQ(*ReadAll("small"), "fifteen bytes..");
+  EXPECT_TRUE(store_->warnings().empty());
+  EXPECT_EQ(CacheStore::PackedVersion("fifteen bytes..").back(), '5');
+  EXPECT_NE(CacheStore::PackedVersion("fifteen bytes.."), CacheStore::PackedVersion("fifteen bytes.!"));
+}
+
+TEST_F(CacheStoreTest, PackedAndFileBodiesReplaceEachOther) {
+  pack_limit_ = 16;
+  Reopen();
+  ASSERT_TRUE(Fill("k", "a body of twenty bytes").ok());
+  std::string path = store_->BodyPath("k");
+  ASSERT_TRUE(fs::exists(path));
+  ASSERT_TRUE(Fill("k", "now small").ok());
+  EXPECT_FALSE(fs::exists(path));  // the old body file goes with the replacement
+  EXPECT_EQ(*ReadAll("k"), "now small");
+  EXPECT_EQ(store_->index().Find("k")->size, 9u);
+  ASSERT_TRUE(Fill("k", "large again, a file").ok());
+  EXPECT_EQ(store_->PackedBody("k"), nullptr);
+  EXPECT_EQ(*ReadAll("k"), "large again, a file");
+  Reopen();
+  EXPECT_EQ(*ReadAll("k"), "large again, a file");
+  EXPECT_EQ(store_->index().size(), 1u);
+}
+
+TEST_F(CacheStoreTest, EvictionAndEraseFreePackedBodies) {
+  pack_limit_ = 1024;
+  Reopen(30);
+  ASSERT_TRUE(Fill("a", std::string(10, 'a')).ok());
+  ASSERT_TRUE(Fill("b", std::string(10, 'b')).ok());
+  ASSERT_TRUE(Fill("c", std::string(10, 'c')).ok());
+  ASSERT_TRUE(Fill("d", std::string(10, 'd')).ok());  // evicts a
+  EXPECT_EQ(store_->Status("a", false).state, CacheState::kAbsent);
+  EXPECT_EQ(store_->PackedBody("a"), nullptr);
+  ASSERT_TRUE(store_->Erase("b").ok());
+  EXPECT_EQ(store_->PackedBody("b"), nullptr);
+  EXPECT_TRUE(ObjectFiles().empty());
+  store_.reset();
+  EXPECT_EQ(CountRows("body IS NOT NULL"), 2);
+  EXPECT_EQ(CountRows("1"), 2);
+}
+
+TEST_F(CacheStoreTest, PackedFillCutShortByACrashLeavesNoRowNorFile) {
+  pack_limit_ = 1024;
+  Reopen();
+  ASSERT_TRUE(Fill("keep", "kept").ok());
+  store_.reset();
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    event_base* base = event_base_new();
+    SyncFileIo io(base);
+    CacheStoreOptions options = Options();
+    Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(dir_, 0, clock_, io, options);
+    if (!store.ok()) ::_exit(2);
+    Result<FillId> id = (*store)->BeginFill("crashed", {});
+    if (!id.ok()) ::_exit(3);
+    bool done = false;
+    (*store)->AppendFill(*id, std::string(500, 'c'), [&](Status) { done = true; });
+    while (!done) event_base_loop(base, EVLOOP_ONCE);
+    ::_exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  Reopen();
+  EXPECT_EQ(store_->Status("crashed", false).state, CacheState::kAbsent);
+  EXPECT_EQ(*ReadAll("keep"), "kept");
+  EXPECT_TRUE(ObjectFiles().empty());  // the temp file went with the crash recovery
+  store_.reset();
+  EXPECT_EQ(CountRows("1"), 1);
 }
 
 TEST_F(CacheStoreTest, CorruptIndexIsSetAsideWithAWarning) {

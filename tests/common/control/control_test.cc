@@ -804,6 +804,33 @@ TEST(ControlProtocolTest, TypedArgumentsOfTheStoreOps) {
             (std::vector<std::pair<std::string, std::uint64_t>>{{"k", 2}}));
 }
 
+TEST(ControlProtocolTest, LookupResultCarriesAPackedBodyAsBase64) {
+  for (std::string body : {std::string(""), std::string("a"), std::string("ab"),
+                           std::string("abc"), std::string("\0\xff binary\n", 10)}) {
+    LookupResult r;
+    r.cached = true;
+    r.size = body.size();
+    r.packed_body = body;
+    json j = r.ToJson();
+    ASSERT_TRUE(j.contains("body_base64"));
+    EXPECT_FALSE(j.contains("body_path"));
+    Result<LookupResult> back = LookupResult::FromJson(json::parse(j.dump()));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_TRUE(back->packed_body.has_value());
+    EXPECT_EQ(*back->packed_body, body);
+  }
+  EXPECT_EQ(LookupResult::FromJson(json{{"cached", true}, {"size", 3}, {"body_base64", "YWJj"}})
+                ->packed_body,
+            "abc");
+  // Not base64, or not the answer's size: refused.
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", true}, {"size", 3}, {"body_base64", "YW"}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", true}, {"size", 2}, {"body_base64", "YWJj"}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", true}, {"size", 3}, {"body_base64", 5}}).ok());
+  LookupResult file;
+  file.cached = true;
+  EXPECT_FALSE(file.ToJson().contains("body_base64"));
+}
+
 TEST(ControlProtocolTest, LookupResultRefusesWrongTypesWithoutThrowing) {
   auto ok = LookupResult::FromJson(json{{"cached", true}, {"size", 5}, {"choice", "network"},
                                         {"path", "/m/.ghost/objects/x"}, {"expires_unix", 7}});
