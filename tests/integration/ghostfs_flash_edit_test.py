@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The flash log's editing goal (ghostfs --flash-log, fs/flash_local.h): under
 `--profile ipaq-2004` with the emulated disk asleep, an editing workload in local/ (a few files
-saved every ~0.5 s: rewritten in place with O_TRUNC + fsync, or written to a temporary file,
+saved every ~2.5 s, longer than the disk's idle time before standby at --knob 0: rewritten in place with O_TRUNC + fsync, or written to a temporary file,
 fsync'd and renamed over the original, as editors save) causes 0 disk spin-ups while the log has
 room; without the log the same workload spins the disk up on its saves. Prints both counts and
 the log's fill, and checks every saved file's content through the mount and, after unmount, on
 the disk.
 
-    ghostfs_flash_edit_test.py [SECONDS]   (default 8 per run; scripts/bench-flash-edit.sh runs 600)
+    ghostfs_flash_edit_test.py [SECONDS]   (default 10 per run; scripts/bench-flash-edit.sh runs 600)
 TAP; skipped without root or /dev/fuse."""
 import json
 import os
@@ -37,7 +37,7 @@ def disk_transitions(ctl):
 
 
 def edit(local, seconds, seed):
-    """Saves a few files with fsync every ~0.5 s for `seconds`; returns ({name: bytes}, saves)."""
+    """Saves a few files with fsync every ~2.5 s for `seconds`; returns ({name: bytes}, saves)."""
     rng = random.Random(seed)
     files = {}
     saves = 0
@@ -59,7 +59,7 @@ def edit(local, seconds, seed):
             os.rename(tmp, os.path.join(local, name))
         files[name] = text
         saves += 1
-        time.sleep(rng.uniform(0.3, 0.7))
+        time.sleep(rng.uniform(2.0, 3.0))
     return files, saves
 
 
@@ -85,14 +85,12 @@ def run(work, seconds, flash_args, t, label):
     for name in files:
         with open(os.path.join(cache, "local", name), "rb") as f:
             on_disk[name] = f.read()
-    # A spin-up is two transitions of the model (standby -> spinning up -> idle); count wake-ups
-    # as transitions out of standby: every transition pair after the first standby.
     return {"spin_transitions": after - before, "saves": saves, "files": files, "seen": seen,
             "on_disk": on_disk, "flash": stats.get("flash_log")}
 
 
 def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else float(os.environ.get("GHOST_FLASH_EDIT_SECONDS", "8"))
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else float(os.environ.get("GHOST_FLASH_EDIT_SECONDS", "10"))
     h.require_root_and_fuse()
     work = h.tempdir()
     t = h.Tap(PLAN)
@@ -100,7 +98,7 @@ def main():
     if not t.check(with_log is not None, "mounts with --profile ipaq-2004 --flash-log"):
         t.skip_rest(PLAN - 1, "not mounted")
         t.done()
-    t.check(with_log["saves"] >= 5 and with_log["spin_transitions"] == 0,
+    t.check(with_log["saves"] >= 3 and with_log["spin_transitions"] == 0,
             f"{with_log['saves']} fsync'd saves with the flash log: 0 disk mode changes", with_log)
     t.check(with_log["seen"] == with_log["files"], "every save reads back through the mount")
     t.check(with_log["on_disk"] == with_log["files"], "after unmount every save is on the disk")
