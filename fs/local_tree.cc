@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/cache/cache_manager.h"
 #include "fs/flash_local.h"
 
 namespace ghost {
@@ -605,6 +606,14 @@ void LocalTree::Getxattr(fuse_req_t req, Node* n, const char* name, size_t size)
   struct stat st;
   if (fstatat(NodeFd(n), "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
   if (S_ISLNK(st.st_mode)) return (void)fuse_reply_err(req, ENODATA);
+  // A file with bytes in the flash log is read from there (the cost model's source "flash").
+  if (S_ISREG(st.st_mode) && std::strcmp(name, "user.ghost.source") == 0 && ctx_.flash &&
+      ctx_.flash->Holds(NodeFd(n))) {
+    const char* src = ReadSourceName(ReadSource::kFlash);
+    std::vector<char> v(src, src + std::strlen(src));
+    if (size != 0 && size < v.size()) return (void)fuse_reply_err(req, ERANGE);
+    return ReplyXattrBuf(req, static_cast<ssize_t>(v.size()), v, size);
+  }
   std::vector<char> buf(size);
   ssize_t r = getxattr(ProcPath(NodeFd(n)).c_str(), name, size ? buf.data() : nullptr, size);
   ReplyXattrBuf(req, r, buf, size);

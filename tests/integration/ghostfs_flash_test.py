@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 14
+PLAN = 15
 
 
 def ghostctl(ctl, *args):
@@ -77,6 +77,8 @@ def main():
         got = f.read()
     t.check(got == want and os.path.getsize(p) == len(want),
             "reads and stat see the logged bytes (read-your-writes)", (len(got), os.path.getsize(p)))
+    src = os.getxattr(p, "user.ghost.source").decode()
+    t.check(src == "flash", "user.ghost.source of a file with logged bytes says flash", src)
 
     # A truncate of a logged file, then a rewrite: the log's replay must not revive the cut bytes.
     with open(p, "r+b") as f:
