@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
@@ -215,6 +216,14 @@ Bytes LocalFlashLog::LoggedEnd(int fd) const {
   return path.ok() ? log_->LoggedEnd(LogRecordKind::kLocalWrite, *path) : 0;
 }
 
+Bytes LocalFlashLog::SizeOver(int fd, Bytes disk_size) const {
+  if (log_->empty()) return disk_size;
+  Result<std::string> path = PathOf(fd);
+  if (!path.ok()) return disk_size;
+  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) return *s;
+  return std::max(disk_size, log_->LoggedEnd(LogRecordKind::kLocalWrite, *path));
+}
+
 Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::string* buf) {
   if (log_->empty()) return Status::Ok();
   Result<std::string> path = PathOf(fd);
@@ -228,7 +237,11 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   if (buf->empty()) return Status::Ok();
   Result<std::vector<std::pair<Bytes, Bytes>>> r =
       log_->ReadOverlay(LogRecordKind::kLocalWrite, *path, offset, std::span<char>(buf->data(), buf->size()));
-  return r.status();
+  if (!r.ok()) return r.status();
+  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
+    buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
+  }
+  return Status::Ok();
 }
 
 void LocalFlashLog::Replay() {

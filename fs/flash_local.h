@@ -86,8 +86,13 @@ class LocalFlashLog {
   bool Holds(int fd) const;
   // The end of the file's logged bytes (0 if none).
   Bytes LoggedEnd(int fd) const;
+  // The file's size as the log has it: with a truncate logged, that size (the disk's size does
+  // not count: a flush may be rewriting older bytes into it); else the larger of `disk_size`
+  // and LoggedEnd.
+  Bytes SizeOver(int fd, Bytes disk_size) const;
   // `buf` holds the disk's bytes of file `fd` from `offset` (maybe short of `size`): extends it
-  // to cover the logged bytes up to `size` and overlays them.
+  // to cover the logged bytes up to `size` and overlays them; cuts it at a logged truncate's
+  // size (SizeOver).
   Status Overlay(int fd, Bytes offset, std::size_t size, std::string* buf);
 
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.

@@ -91,7 +91,7 @@ Status LocalTree::Stat(const Node* n, struct stat* st) const {
   // Queued and logged writes may extend the file past what is on the disk.
   if (S_ISREG(st->st_mode)) {
     Bytes end = ctx_.queue.QueuedEnd(Key(st->st_dev, st->st_ino));
-    if (ctx_.flash) end = std::max(end, ctx_.flash->LoggedEnd(NodeFd(n)));
+    if (ctx_.flash) st->st_size = static_cast<off_t>(ctx_.flash->SizeOver(NodeFd(n), static_cast<Bytes>(st->st_size)));
     if (end > static_cast<Bytes>(st->st_size)) st->st_size = static_cast<off_t>(end);
   }
   st->st_ino = n->ino;
@@ -479,8 +479,9 @@ void LocalTree::Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t 
   if (of.flags & O_APPEND) {
     struct stat st;
     if (fstat(of.fd.get(), &st) != 0) return (void)fuse_reply_err(req, errno);
-    off = std::max<off_t>(st.st_size, static_cast<off_t>(ctx_.queue.QueuedEnd(f.key)));
-    if (ctx_.flash) off = std::max<off_t>(off, static_cast<off_t>(ctx_.flash->LoggedEnd(of.fd.get())));
+    off_t disk_end = st.st_size;
+    if (ctx_.flash) disk_end = static_cast<off_t>(ctx_.flash->SizeOver(of.fd.get(), static_cast<Bytes>(disk_end)));
+    off = std::max<off_t>(disk_end, static_cast<off_t>(ctx_.queue.QueuedEnd(f.key)));
   }
   // Reserve the blocks before acknowledging: a full disk fails this write(2), instead of a
   // deferred write failing after the writer may have closed the file (DESIGN §2: nothing

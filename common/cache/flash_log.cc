@@ -764,6 +764,24 @@ Bytes FlashLog::LoggedEnd(LogRecordKind kind, const std::string& path) const {
   return end;
 }
 
+std::optional<Bytes> FlashLog::LoggedSize(LogRecordKind kind, const std::string& path) const {
+  std::optional<Bytes> size;
+  auto add = [&](LogRecordKind k, MetaOp op, const std::string& p, Bytes off, Bytes len) {
+    if (p != path) return;
+    if (kind != LogRecordKind::kMeta && k == LogRecordKind::kMeta && op == MetaOp::kTruncate) {
+      size = off;  // the truncate fixes the size; later records may extend it
+    } else if (k == kind && size) {
+      size = std::max(*size, off + len);
+    }
+  };
+  for (const LogRecordInfo& r : records_) add(r.kind, r.op, r.path, r.offset, r.length);
+  if (inflight_) {
+    for (const auto& p : *inflight_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  }
+  for (const auto& p : pending_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  return size;
+}
+
 bool FlashLog::Holds(LogRecordKind kind, const std::string& path) const {
   for (const LogRecordInfo& r : records_) {
     if (r.kind == kind && r.path == path) return true;

@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -192,6 +193,10 @@ class FlashLog {
   // For data kinds, a kTruncate record of the same path (MetaOp, kind kMeta) cuts the records
   // before it, in ReadOverlay and here, as replaying the log in order would.
   Bytes LoggedEnd(LogRecordKind kind, const std::string& path) const;
+  // When the log holds a truncate of `path`: the size the file has once the log is replayed
+  // (the last truncate's size, extended by the data records after it), whatever the target
+  // holds meanwhile (a flush may be rewriting older bytes into it). nullopt without a truncate.
+  std::optional<Bytes> LoggedSize(LogRecordKind kind, const std::string& path) const;
   // Whether the log (durable, being written, or waiting) holds a record of `kind` for `path`.
   bool Holds(LogRecordKind kind, const std::string& path) const;
   // Whether anything is in the log or on its way into it.

@@ -162,6 +162,12 @@ TEST_F(LocalFlashLogTest, ReadsOverlayTheLogAndALoggedTruncateCutsWhatCameBefore
   std::string buf(5, '\0');  // what the disk holds now: five zeros
   ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
   EXPECT_EQ(buf, "hello!");
+  // A flush rewriting the older bytes into the file meanwhile does not change the size or the
+  // bytes seen: the logged truncate fixes them.
+  EXPECT_EQ(log_->SizeOver(fd, 11), 6u);
+  std::string mid = "hello world";
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &mid).ok());
+  EXPECT_EQ(mid, "hello!");
   FlushReport r = Flush();
   EXPECT_TRUE(r.errors.empty()) << r.errors.front();
   EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello!");
