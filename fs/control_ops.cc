@@ -6,6 +6,7 @@
 #include <variant>
 
 #include "common/power/machine.h"
+#include "fs/flash_local.h"
 #include "fs/ghostfs_internal.h"
 #include "fs/mail_tree.h"
 #include "fs/origin_tree.h"
@@ -111,6 +112,7 @@ nlohmann::json Daemon::StatsJson() const {
   // The model's power now, and (--devices auto) what the machine's meters measured.
   out["model"] = {{"power_w", (pm_->base_power() + pm_->IdlePowerOfOthers(-1)).watts()}};
   if (hardware_) out["measured"] = MeasuredJson(*hardware_, clock_->Now() - started_);
+  if (flash_) out["flash_log"] = flash_->StatsJson();
   return out;
 }
 
@@ -196,8 +198,13 @@ void Daemon::ControlFlush(const ControlRequest&, ControlServer::Reply reply) {
       if (!imap.is_null()) out["imap"] = std::move(imap);
       reply(std::move(out));
     };
-    if (!mail_) return answer(nullptr);
-    mail_->Sync(answer);
+    auto rest = [this, answer] {
+      if (!mail_) return answer(nullptr);
+      mail_->Sync(answer);
+    };
+    // "Writes everything": what the flash log holds goes to the disk too.
+    if (!flash_) return rest();
+    flash_->log().Flush(LogFlushReason::kExplicit, [rest](const FlushReport&) { rest(); });
   });
 }
 

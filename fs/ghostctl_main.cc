@@ -267,6 +267,18 @@ std::string StatsText(const json& s) {
   std::string wq = BytesText(Number(s, {"write_queue", "queued_bytes"})) + " queued, " +
                    CountOf(Number(s, {"write_queue", "flushes"}), "flush", "flushes");
   rows.push_back({"write queue", wq});
+  if (const json* fl = Find(s, {"flash_log"}); fl != nullptr && fl->is_object()) {
+    // The flash log in front of the disk (ghostfs --flash-log): fill, records, flushes by reason.
+    std::string flushes;
+    if (const json* by = Find(*fl, {"flushes"}); by != nullptr && by->is_object()) {
+      for (const auto& [reason, n] : by->items()) {
+        flushes += (flushes.empty() ? "" : ", ") + reason + " " + (n.is_number() ? CountText(n.get<double>()) : "-");
+      }
+    }
+    rows.push_back({"flash log", BytesText(Number(*fl, {"used"})) + " of " + BytesText(Number(*fl, {"capacity"})) +
+                                     ", " + CountOf(Number(*fl, {"records"}), "record", "records") + "; flushes: " +
+                                     flushes + "; " + BytesText(Number(*fl, {"bytes_merged_away"})) + " merged away"});
+  }
   if (const json* imap = Find(s, {"imap"}); imap != nullptr && imap->is_object()) {
     rows.push_back({"imap", CountText(Number(s, {"imap", "queued"})) + " operations queued, " +
                                 CountText(Number(s, {"imap", "sent"})) + " sent, " +

@@ -22,6 +22,7 @@
 #include "common/base/mounts.h"
 #include "common/power/ideal_machine.h"
 #include "fs/ghostfs_internal.h"
+#include "fs/flash_local.h"
 #include "fs/local_tree.h"
 #include "fs/mail_tree.h"
 #include "fs/origin_tree.h"
@@ -52,6 +53,7 @@ Daemon::~Daemon() {
   store_tree_.reset();
   origin_.reset();
   write_back_.reset();
+  flash_.reset();  // after the write-back that borrows it, before the I/O it uses
   if (store_) (void)store_->Close();
   store_.reset();
   io_.reset();
@@ -213,7 +215,31 @@ TreeContext Daemon::Context() {
                      .mount_path = mount_path_};
 }
 
+Status Daemon::OpenFlashLog() {
+  if (options_.flash_log.empty()) return Status::Ok();
+  Result<FlashLogSpec> spec = ParseFlashLogSpec(options_.flash_log);
+  if (!spec.ok()) return spec.status();
+  FlashLogOptions fo;
+  fo.dir = spec->dir;
+  fo.capacity = spec->capacity;
+  fo.policy = ParseLogFlushPolicy(options_.flash_policy).value_or(LogFlushPolicy::kWhenFull);
+  fo.algorithm = static_cast<FlushAlgorithm>(options_.flash_alg);
+  RecoveryReport report;
+  Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(
+      fo, *io_, options_.cache_dir + "/local", *pm_, disk_id_, machine_->storage(), &report);
+  if (!flash.ok()) return flash.status();
+  flash_ = std::move(flash).value();
+  if (report.torn_tail_cut > 0 || !report.corrupt.empty()) {
+    std::fprintf(stderr, "ghostfs: flash log %s: %zu records recovered, a torn tail of %llu bytes cut, %zu corrupt "
+                 "regions skipped (saved beside the log)\n", fo.dir.c_str(), report.records,
+                 static_cast<unsigned long long>(report.torn_tail_cut), report.corrupt.size());
+  }
+  flash_->SetFlushListener([this](const FlushReport&) { PublishStats(); });
+  return Status::Ok();
+}
+
 Status Daemon::MakeTrees() {
+  if (Status s = OpenFlashLog(); !s.ok()) return s;
   Result<std::unique_ptr<LocalTree>> local = LocalTree::Create(
       options_.cache_dir + "/local",
       LocalContext{.inodes = inodes_,
@@ -222,7 +248,8 @@ Status Daemon::MakeTrees() {
                    .new_fh = [this] { return next_fh_++; },
                    .reply_dir_entries = ReplyDirEntries,
                    .baseline_write = [this](Bytes n) { BaselineWrite(n); },
-                   .attr_timeout = kAttrTimeout});
+                   .attr_timeout = kAttrTimeout,
+                   .flash = flash_.get()});
   if (!local.ok()) return local.status();
   local_ = std::move(local).value();
   origin_ = std::make_unique<OriginTree>(Context());
@@ -233,8 +260,13 @@ Status Daemon::MakeTrees() {
   root_ = std::make_unique<RootTree>(options_, inodes_, *local_, *store_tree_, *mail_);
   write_back_->SetHooks(WriteBack::Hooks{
       .local_file = [this](WriteRecord r, std::function<void()> done) { local_->ApplyWrite(std::move(r), std::move(done)); },
+      .local_file_to_log = [this](WriteRecord r, std::function<void()> done) { local_->ApplyWriteToLog(std::move(r), std::move(done)); },
       .batch_done = [this] { local_->DropIdle(); },  // files whose last queued write is durable
       .fill_committed = [this](const std::string&) { PublishStats(); }});
+  if (flash_) {
+    write_back_->SetFlashLog(flash_.get());
+    flash_->Replay();  // what the last run left in the log goes to the disk now
+  }
   return Status::Ok();
 }
 
@@ -384,7 +416,12 @@ void Daemon::Shutdown() {
     event_base_loopbreak(base_);
     return;
   }
-  write_back_->queue().FlushAll([this] { event_base_loopbreak(base_); });
+  write_back_->queue().FlushAll([this] {
+    // The flash log goes to the disk too, so the disk holds everything after an unmount (a
+    // later mount without --flash-log sees it all).
+    if (!flash_) return (void)event_base_loopbreak(base_);
+    flash_->log().Flush(LogFlushReason::kExplicit, [this](const FlushReport&) { event_base_loopbreak(base_); });
+  });
 }
 
 // ---- FUSE operations: the node, the checks every tree shares, then the node's tree ----

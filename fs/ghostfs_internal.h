@@ -42,6 +42,7 @@ struct event_base;
 
 namespace ghost {
 
+class LocalFlashLog;  // fs/flash_local.h
 class LocalTree;   // fs/local_tree.h
 class MailTree;    // fs/mail_tree.h
 class OriginTree;  // fs/origin_tree.h
@@ -138,6 +139,8 @@ class Daemon final : public GhostFs {
   std::unique_ptr<FileIo> io_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<WriteBack> write_back_;
+  std::unique_ptr<LocalFlashLog> flash_;  // --flash-log; null without (fs/flash_local.h)
+  Status OpenFlashLog();                  // flash_, from the options (before MakeTrees)
   std::unique_ptr<HttpFetcher> http_;
   std::unique_ptr<ControlServer> control_;
   std::optional<PidLock> cache_lock_;  // CACHE/lock, held while this daemon serves

@@ -95,6 +95,17 @@ int main(int argc, char** argv) {
                  "down and up; without it the disk is only read");
   app.add_flag("--force-manage-disk", force_manage_disk,
                "allow --manage-disk on the disk that holds / (its spin-ups stall the whole system)");
+  std::string flash_log, flash_policy, flash_alg;
+  app.add_option("--flash-log", flash_log,
+                 "DIR[:SIZE]: a durable log on a flash device (SD card, USB stick, NVMe) in front "
+                 "of the disk: while the disk sleeps, local/ writes and their fsyncs go there instead "
+                 "of waking it (SIZE default 16M)");
+  app.add_option("--flash-policy", flash_policy,
+                 "when the flash log goes to the disk: when-full (default: only when it is full) or "
+                 "each-spinup (also whenever the disk spins up)");
+  app.add_option("--flash-alg", flash_alg,
+                 "the flash log's flush algorithm (NVCache): 1 one record at a time, 2 chunked reads, "
+                 "3 two buffers, 4 two buffers + sort and merge (default)");
   bool no_passthrough = false;
   app.add_flag(
       "--no-passthrough", no_passthrough,
@@ -164,6 +175,22 @@ int main(int argc, char** argv) {
     o.origins = file.origins;
     if (log_file.empty()) log_file = file.log_file;
     if (log_level.empty()) log_level = file.log_level;
+    if (flash_log.empty()) o.flash_log = file.flash_log;
+    if (flash_policy.empty()) o.flash_policy = file.flash_policy;
+    if (flash_alg.empty()) o.flash_alg = file.flash_alg;
+  }
+  if (!flash_log.empty()) o.flash_log = flash_log;
+  if (!flash_policy.empty()) {
+    if (flash_policy != "each-spinup" && flash_policy != "when-full") {
+      return fail("--flash-policy \"" + flash_policy + "\" is neither \"each-spinup\" nor \"when-full\"");
+    }
+    o.flash_policy = flash_policy;
+  }
+  if (!flash_alg.empty()) {
+    if (flash_alg.size() != 1 || flash_alg[0] < '1' || flash_alg[0] > '4') {
+      return fail("--flash-alg \"" + flash_alg + "\" is not 1, 2, 3 or 4");
+    }
+    o.flash_alg = flash_alg[0] - '0';
   }
   if (no_passthrough) o.passthrough = false;
   if (!devices_text.empty()) {

@@ -14,6 +14,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/cache/cache_manager.h"
+#include "fs/flash_local.h"
+
 namespace ghost {
 namespace {
 
@@ -85,9 +88,10 @@ int LocalTree::NodeFd(const Node* n) const { return n->fd.valid() ? n->fd.get() 
 
 Status LocalTree::Stat(const Node* n, struct stat* st) const {
   if (fstatat(NodeFd(n), "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return Status::FromErrno(errno, "local/ stat");
-  // Queued writes may extend the file past what is on the disk.
+  // Queued and logged writes may extend the file past what is on the disk.
   if (S_ISREG(st->st_mode)) {
     Bytes end = ctx_.queue.QueuedEnd(Key(st->st_dev, st->st_ino));
+    if (ctx_.flash) st->st_size = static_cast<off_t>(ctx_.flash->SizeOver(NodeFd(n), static_cast<Bytes>(st->st_size)));
     if (end > static_cast<Bytes>(st->st_size)) st->st_size = static_cast<off_t>(end);
   }
   st->st_ino = n->ino;
@@ -293,6 +297,12 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
         r = ftruncate(w.get(), attr.st_size);
       }
       if (r != 0) return (void)fuse_reply_err(req, errno);
+      // Logged records of the file must not outlive the truncate when the log is replayed.
+      if (ctx_.flash && ctx_.flash->Holds(nfd)) {
+        ctx_.flash->AppendTruncate(nfd, static_cast<Bytes>(attr.st_size), [](Status s) {
+          if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a truncate: %s\n", s.ToString().c_str());
+        });
+      }
     }
     if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
       timespec ts[2];
@@ -443,6 +453,12 @@ void LocalTree::Read(fuse_req_t req, std::uint64_t fh, size_t size, off_t off) {
   ssize_t n = pread(of.fd.get(), buf.data(), size, off);
   if (n < 0) return (void)fuse_reply_err(req, errno);
   buf.resize(static_cast<size_t>(n));
+  // Then what the flash log holds for it (older than what is queued).
+  if (ctx_.flash) {
+    if (Status s = ctx_.flash->Overlay(of.fd.get(), static_cast<Bytes>(off), size, &buf); !s.ok()) {
+      return (void)fuse_reply_err(req, s.ToErrno());
+    }
+  }
   // Overlay what is still queued for this file (reads see queued data, DESIGN §3.5).
   const std::string& key = of.file->key;
   Bytes end = ctx_.queue.QueuedEnd(key);
@@ -463,7 +479,9 @@ void LocalTree::Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t 
   if (of.flags & O_APPEND) {
     struct stat st;
     if (fstat(of.fd.get(), &st) != 0) return (void)fuse_reply_err(req, errno);
-    off = std::max<off_t>(st.st_size, static_cast<off_t>(ctx_.queue.QueuedEnd(f.key)));
+    off_t disk_end = st.st_size;
+    if (ctx_.flash) disk_end = static_cast<off_t>(ctx_.flash->SizeOver(of.fd.get(), static_cast<Bytes>(disk_end)));
+    off = std::max<off_t>(disk_end, static_cast<off_t>(ctx_.queue.QueuedEnd(f.key)));
   }
   // Reserve the blocks before acknowledging: a full disk fails this write(2), instead of a
   // deferred write failing after the writer may have closed the file (DESIGN §2: nothing
@@ -551,6 +569,29 @@ void LocalTree::ApplyWrite(WriteRecord record, std::function<void()> done) {
   });
 }
 
+void LocalTree::ApplyWriteToLog(WriteRecord record, std::function<void()> done) {
+  auto it = files_.find(record.key);
+  if (it == files_.end() || !it->second->wfd.valid() || ctx_.flash == nullptr) {
+    std::fprintf(stderr, "ghostfs: local/: a queued write has no file (%s); dropped\n", record.key.c_str());
+    return done();
+  }
+  std::shared_ptr<LocalFile> f = it->second;
+  ctx_.flash->AppendWrite(f->wfd.get(), record.offset, std::move(record.data),
+                          [f, done = std::move(done)](Status s) {
+    if (!s.ok()) {
+      char path[PATH_MAX] = "?";
+      std::string proc = "/proc/self/fd/" + std::to_string(f->wfd.get());
+      ssize_t len = readlink(proc.c_str(), path, sizeof(path) - 1);
+      if (len > 0) path[len] = '\0';
+      std::fprintf(stderr, "ghostfs: %s: a deferred write could not go into the flash log (its writer's next "
+                   "fsync or close reports it): %s\n", path, s.ToString().c_str());
+      f->err = s.ToErrno();
+      ++f->err_seq;
+    }
+    done();
+  });
+}
+
 // ---- extended attributes ----
 // On the backing file through /proc/self/fd (an O_PATH descriptor takes no xattr calls).
 // Symbolic links take no user.* attributes (as on ext4 and tmpfs).
@@ -567,6 +608,14 @@ void LocalTree::Getxattr(fuse_req_t req, Node* n, const char* name, size_t size)
   struct stat st;
   if (fstatat(NodeFd(n), "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
   if (S_ISLNK(st.st_mode)) return (void)fuse_reply_err(req, ENODATA);
+  // A file with bytes in the flash log is read from there (the cost model's source "flash").
+  if (S_ISREG(st.st_mode) && std::strcmp(name, "user.ghost.source") == 0 && ctx_.flash &&
+      ctx_.flash->Holds(NodeFd(n))) {
+    const char* src = ReadSourceName(ReadSource::kFlash);
+    std::vector<char> v(src, src + std::strlen(src));
+    if (size != 0 && size < v.size()) return (void)fuse_reply_err(req, ERANGE);
+    return ReplyXattrBuf(req, static_cast<ssize_t>(v.size()), v, size);
+  }
   std::vector<char> buf(size);
   ssize_t r = getxattr(ProcPath(NodeFd(n)).c_str(), name, size ? buf.data() : nullptr, size);
   ReplyXattrBuf(req, r, buf, size);

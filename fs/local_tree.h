@@ -47,6 +47,8 @@
 
 namespace ghost {
 
+class LocalFlashLog;  // fs/flash_local.h
+
 // What the local tree shares with the daemon: nothing else of it is reachable.
 struct LocalContext {
   InodeTable& inodes;
@@ -59,6 +61,9 @@ struct LocalContext {
       reply_dir_entries;
   std::function<void(Bytes)> baseline_write;  // bytes written: the static baseline writes them too
   double attr_timeout = 1.0;  // seconds the kernel may cache attributes and entries
+  // --flash-log (fs/flash_local.h): reads overlay its records, sizes cover them, truncates of
+  // files it holds are logged; null without one. Borrowed: outlives the tree.
+  LocalFlashLog* flash = nullptr;
 };
 
 class LocalTree final : public Tree {
@@ -124,6 +129,10 @@ class LocalTree final : public Tree {
   // Writes `record` (kind kLocalFile) into its file and calls `done` when the write finished
   // (an error is recorded for the file's open writers and logged).
   void ApplyWrite(WriteRecord record, std::function<void()> done);
+  // Appends `record` to the flash log instead (the write-back's choice, fs/write_back.h) and
+  // calls `done` once it is durable there; a failed append is recorded for the file's open
+  // writers (their next fsync or close fails) and logged, as a failed disk write is.
+  void ApplyWriteToLog(WriteRecord record, std::function<void()> done);
 
   // Forgets files with no open and no queued write (call when a batch is durable).
   void DropIdle();

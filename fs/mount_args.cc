@@ -9,10 +9,10 @@ namespace ghost {
 namespace {
 
 // -o keys that are ghostfs settings (spelled as in the config file, common/config/config.h).
-constexpr std::array<std::string_view, 16> kValueKeys = {
+constexpr std::array<std::string_view, 19> kValueKeys = {
     "cache", "origin",  "password_file", "profile", "knob",   "policy",
     "control", "config", "cache_size",   "max_stale", "cacert", "imap_delete",
-    "devices", "manage_disk", "log_file", "log_level"};
+    "devices", "manage_disk", "log_file", "log_level", "flash_log", "flash_policy", "flash_alg"};
 constexpr std::array<std::string_view, 3> kFlagKeys = {"no_passthrough", "no_ghost_hints",
                                                        "force_manage_disk"};
 // Options for mount(8) and mount.fuse3, meaningless to the file system.

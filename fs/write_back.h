@@ -10,6 +10,8 @@
 //   kIndex      CacheStore::SaveIndex (one per  IndexKey(key): one sqlite page
 //               batch)
 //   kLocalFile  the local/ tree (Hooks)         its file's identity (fs/local_tree.h)
+//               or, with --flash-log, the flash
+//               log (Hooks::local_file_to_log)
 //
 // The queue merges the records of one key byte-wise, so a key names one kind; the keys of the
 // three kinds never meet (FillKey and IndexKey prefix theirs). Batches are applied one after
@@ -19,6 +21,10 @@
 // A fill while it waits is readable at once: QueuedBodyOf hands readers the one version of the
 // body queued now (a reader keeps its version even when a newer fill of the key is queued
 // after it); while it is being written, WhenFillSettles waits for it.
+//
+// With a flash log (fs/flash_local.h), each batch asks it whether local/ records go to the log
+// now (LocalFlashLog::TakesWrites); those records are then neither written to the disk nor
+// charged to it: the log's flushes are.
 //
 // Thread-safety: not thread-safe; the daemon's one event-loop thread.
 #ifndef GHOST_FS_WRITE_BACK_H_
@@ -40,6 +46,8 @@
 
 namespace ghost {
 
+class LocalFlashLog;  // fs/flash_local.h
+
 // What one index row update costs the disk in the write queue: one sqlite page.
 constexpr Bytes kIndexRowBytes = 4096;
 
@@ -57,6 +65,7 @@ class WriteBack {
   using RecordWriter = std::function<void(WriteRecord record, std::function<void()> done)>;
   struct Hooks {
     RecordWriter local_file;                             // kLocalFile records
+    RecordWriter local_file_to_log;                      // kLocalFile records, to the flash log
     std::function<void()> batch_done;                    // after each durable batch
     std::function<void(const std::string& key)> fill_committed;  // a fill is in the store
   };
@@ -69,6 +78,9 @@ class WriteBack {
 
   // Set once, before the first write of a kind they handle.
   void SetHooks(Hooks hooks) { hooks_ = std::move(hooks); }
+  // The flash log local/ records go to while it takes writes (null: none). Borrowed; set
+  // before the first write, and it must outlive the write-back or be unset first.
+  void SetFlashLog(LocalFlashLog* flash) { flash_ = flash; }
   WriteQueue& queue() { return *queue_; }
   const WriteQueue& queue() const { return *queue_; }
 
@@ -120,6 +132,7 @@ class WriteBack {
   CacheStore& store_;
   Device& disk_;
   Hooks hooks_;
+  LocalFlashLog* flash_ = nullptr;
   std::unique_ptr<WriteQueue> queue_;
   std::map<std::string, CacheEntry> pending_fills_;  // queued fills: their metadata
   std::map<std::string, QueuedBody> queued_bodies_;  // queued fills: their bodies

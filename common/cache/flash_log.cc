@@ -637,6 +637,8 @@ void FlashLog::FinishFlush(FlushReport report, const std::vector<bool>& kept) {
     flush_requests_.pop_front();
   }
   std::weak_ptr<bool> alive = alive_;
+  if (observer_) observer_(report);
+  if (alive.expired()) return;
   if (done) done(report);
   for (auto& d : also) {
     if (alive.expired()) return;
@@ -701,7 +703,23 @@ Result<std::vector<std::pair<Bytes, Bytes>>> FlashLog::ReadOverlay(LogRecordKind
     covered.emplace_back(s, e);
     return Status::Ok();
   };
+  // A truncate of `path` logged between data records cuts the earlier ones: from its size on
+  // the file reads as zeros until a later record writes there (as ftruncate then pwrite).
+  auto truncate_at = [&](Bytes size) {
+    Bytes s = std::max(offset, size);
+    if (s >= end) return;
+    std::memset(buf.data() + (s - offset), 0, end - s);
+    covered.emplace_back(s, end);
+  };
+  auto cuts = [&](LogRecordKind k, MetaOp op, const std::string& p) {
+    return kind != LogRecordKind::kMeta && k == LogRecordKind::kMeta && op == MetaOp::kTruncate &&
+           p == path;
+  };
   for (const LogRecordInfo& r : records_) {
+    if (cuts(r.kind, r.op, r.path)) {
+      truncate_at(r.offset);
+      continue;
+    }
     if (r.kind != kind || r.path != path) continue;
     Status st = overlay(r.offset, r.length, [&](Bytes from, Bytes len, char* to) {
       return PreadExact(fd_.get(), to, len, r.log_offset + kHeaderSize + r.path.size() + from,
@@ -715,6 +733,10 @@ Result<std::vector<std::pair<Bytes, Bytes>>> FlashLog::ReadOverlay(LogRecordKind
   }
   for (const auto& p : pending_) unwritten.push_back(p.get());
   for (const Pending* p : unwritten) {
+    if (cuts(p->kind, p->op, p->path)) {
+      truncate_at(p->offset);
+      continue;
+    }
     if (p->kind != kind || p->path != path) continue;
     (void)overlay(p->offset, p->data.size(), [&](Bytes from, Bytes len, char* to) {
       std::memcpy(to, p->data.data() + from, len);
@@ -726,13 +748,53 @@ Result<std::vector<std::pair<Bytes, Bytes>>> FlashLog::ReadOverlay(LogRecordKind
 
 Bytes FlashLog::LoggedEnd(LogRecordKind kind, const std::string& path) const {
   Bytes end = 0;
+  auto add = [&](LogRecordKind k, MetaOp op, const std::string& p, Bytes off, Bytes len) {
+    if (p != path) return;
+    if (kind != LogRecordKind::kMeta && k == LogRecordKind::kMeta && op == MetaOp::kTruncate) {
+      end = std::min(end, off);  // a logged truncate cuts what the log held before it
+    } else if (k == kind) {
+      end = std::max(end, off + len);
+    }
+  };
+  for (const LogRecordInfo& r : records_) add(r.kind, r.op, r.path, r.offset, r.length);
+  if (inflight_) {
+    for (const auto& p : *inflight_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  }
+  for (const auto& p : pending_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  return end;
+}
+
+std::optional<Bytes> FlashLog::LoggedSize(LogRecordKind kind, const std::string& path) const {
+  std::optional<Bytes> size;
+  auto add = [&](LogRecordKind k, MetaOp op, const std::string& p, Bytes off, Bytes len) {
+    if (p != path) return;
+    if (kind != LogRecordKind::kMeta && k == LogRecordKind::kMeta && op == MetaOp::kTruncate) {
+      size = off;  // the truncate fixes the size; later records may extend it
+    } else if (k == kind && size) {
+      size = std::max(*size, off + len);
+    }
+  };
+  for (const LogRecordInfo& r : records_) add(r.kind, r.op, r.path, r.offset, r.length);
+  if (inflight_) {
+    for (const auto& p : *inflight_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  }
+  for (const auto& p : pending_) add(p->kind, p->op, p->path, p->offset, p->data.size());
+  return size;
+}
+
+bool FlashLog::Holds(LogRecordKind kind, const std::string& path) const {
   for (const LogRecordInfo& r : records_) {
-    if (r.kind == kind && r.path == path) end = std::max(end, r.offset + r.length);
+    if (r.kind == kind && r.path == path) return true;
+  }
+  if (inflight_) {
+    for (const auto& p : *inflight_) {
+      if (p->kind == kind && p->path == path) return true;
+    }
   }
   for (const auto& p : pending_) {
-    if (p->kind == kind && p->path == path) end = std::max(end, p->offset + p->data.size());
+    if (p->kind == kind && p->path == path) return true;
   }
-  return end;
+  return false;
 }
 
 }  // namespace ghost

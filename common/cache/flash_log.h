@@ -47,6 +47,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -189,7 +190,21 @@ class FlashLog {
                                                            const std::string& path,
                                                            Bytes offset, std::span<char> buf);
   // The end of the data the log holds for `path` (0 if none): a file's size is at least this.
+  // For data kinds, a kTruncate record of the same path (MetaOp, kind kMeta) cuts the records
+  // before it, in ReadOverlay and here, as replaying the log in order would.
   Bytes LoggedEnd(LogRecordKind kind, const std::string& path) const;
+  // When the log holds a truncate of `path`: the size the file has once the log is replayed
+  // (the last truncate's size, extended by the data records after it), whatever the target
+  // holds meanwhile (a flush may be rewriting older bytes into it). nullopt without a truncate.
+  std::optional<Bytes> LoggedSize(LogRecordKind kind, const std::string& path) const;
+  // Whether the log (durable, being written, or waiting) holds a record of `kind` for `path`.
+  bool Holds(LogRecordKind kind, const std::string& path) const;
+  // Whether anything is in the log or on its way into it.
+  bool empty() const { return records_.empty() && pending_.empty() && !writing_; }
+
+  // Runs after every flush (whatever asked for it, kFull ones included), before the flush's own
+  // `done`: e.g. to charge the disk for the flush's writes. The observer may destroy the log.
+  void SetFlushObserver(FlushDone observer) { observer_ = std::move(observer); }
 
   const FlashLogStats& stats() const { return stats_; }
   const std::vector<LogRecordInfo>& records() const { return records_; }
@@ -223,6 +238,7 @@ class FlashLog {
   bool flushing_ = false;
   std::deque<std::pair<LogFlushReason, FlushDone>> flush_requests_;
   std::unique_ptr<Flusher> flusher_;
+  FlushDone observer_;
   FlashLogStats stats_;
   std::shared_ptr<bool> alive_;  // callbacks check it: the log may be destroyed first
 };

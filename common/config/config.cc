@@ -80,7 +80,8 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
       "cache",     "cache_size",          "profile",         "knob",   "control",
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
       "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout",
-      "log_file",  "log_level",           "devices",         "manage_disk", "force_manage_disk"};
+      "log_file",  "log_level",           "devices",         "manage_disk", "force_manage_disk",
+      "flash_log", "flash_policy", "flash_alg"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -161,6 +162,19 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
                                    ": devices must be \"auto\" or \"none\"");
   }
   if (!(s = str("manage_disk", &o->manage_disk)).ok()) return s;
+  if (!(s = str("flash_log", &o->flash_log)).ok()) return s;
+  if (!(s = str("flash_policy", &o->flash_policy)).ok()) return s;
+  if (const toml::node* n = t.get("flash_policy"); n && o->flash_policy != "each-spinup" && o->flash_policy != "when-full") {
+    return Status::InvalidArgument(TomlWhere(path, n->source()) +
+                                   ": flash_policy must be \"each-spinup\" or \"when-full\"");
+  }
+  if (const toml::node* n = t.get("flash_alg")) {
+    auto a = n->value<std::int64_t>();
+    if (!a || !n->is_integer() || *a < 1 || *a > 4) {
+      return Status::InvalidArgument(TomlWhere(path, n->source()) + ": flash_alg must be 1, 2, 3 or 4");
+    }
+    o->flash_alg = static_cast<int>(*a);
+  }
   if (const toml::node* n = t.get("force_manage_disk")) {
     auto b = n->value<bool>();
     if (!b || !n->is_boolean())

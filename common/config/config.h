@@ -18,6 +18,9 @@
 //   imap_delete = "move:Trash"        # what unlinking a message does: "move:MAILBOX" (UID
 //                                     # MOVE there; created if missing) or "expunge"
 //   passthrough = true                # kernel FUSE passthrough for cached bodies
+//   flash_log = "/mnt/sd/ghost:16M"   # flash log in front of the disk: DIR[:SIZE]
+//   flash_policy = "when-full"        # or "each-spinup": when the log goes to the disk
+//   flash_alg = 4                     # NVCache flush algorithm 1..4 (4: sort + merge)
 //   [origins]
 //   www = "http://127.0.0.1:8080/"
 //   mail = { url = "imaps://me@mail.example:993/", password_file = "/etc/ghost/mail.pass" }
@@ -94,6 +97,11 @@ struct GhostfsOptions {
   // "debug"; empty: info).
   std::string log_file;
   std::string log_level;
+  // The flash log in front of the disk (fs/flash_local.h, DESIGN §3.5): "DIR[:SIZE]", empty
+  // for none; its flush policy ("each-spinup" | "when-full") and algorithm (1..4, NVCache).
+  std::string flash_log;
+  std::string flash_policy = "when-full";
+  int flash_alg = 4;
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

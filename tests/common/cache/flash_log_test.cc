@@ -506,6 +506,43 @@ TEST_F(FlashLogTest, ReadsSeeTheLoggedBytes) {
   EXPECT_EQ(log_->LoggedEnd(LogRecordKind::kLocalWrite, "g"), 0u);
 }
 
+TEST_F(FlashLogTest, ALoggedTruncateCutsTheEarlierBytesInReadsAndInTheEnd) {
+  OpenLog(Options());
+  ASSERT_TRUE(Write("f", 0, "abcdefgh").ok());
+  bool done = false;
+  log_->AppendMeta(MetaOp::kTruncate, "f", 3, "", [&](Result<std::uint64_t> r) {
+    EXPECT_TRUE(r.ok());
+    done = true;
+  });
+  RunUntil(done);
+  EXPECT_EQ(log_->LoggedEnd(LogRecordKind::kLocalWrite, "f"), 3u);
+  ASSERT_TRUE(Write("f", 5, "Z").ok());
+  EXPECT_EQ(log_->LoggedEnd(LogRecordKind::kLocalWrite, "f"), 6u);
+  EXPECT_TRUE(log_->Holds(LogRecordKind::kLocalWrite, "f"));
+  EXPECT_FALSE(log_->Holds(LogRecordKind::kLocalWrite, "g"));
+  std::string buf = "--------";
+  ASSERT_TRUE(log_->ReadOverlay(LogRecordKind::kLocalWrite, "f", 0,
+                                std::span<char>(buf.data(), buf.size()))
+                  .ok());
+  EXPECT_EQ(buf, std::string("abc\0\0Z\0\0", 8));
+  Flush();
+  EXPECT_EQ(target_->Contents("f"), std::string("abc\0\0Z", 6));
+}
+
+TEST_F(FlashLogTest, TheFlushObserverSeesEveryFlushFullOnesToo) {
+  FlashLogOptions o = Options();
+  o.capacity = 8192;
+  o.buffer = 1024;
+  OpenLog(o);
+  std::vector<LogFlushReason> seen;
+  log_->SetFlushObserver([&](const FlushReport& r) { seen.push_back(r.reason); });
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(Write("f", i * 900, std::string(900, 'a')).ok());
+  Flush();
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.front(), LogFlushReason::kFull);
+  EXPECT_EQ(seen.back(), LogFlushReason::kExplicit);
+}
+
 TEST_F(FlashLogTest, ReadOnlyLogDirectoryIsAClearError) {
   pid_t child = fork();
   ASSERT_GE(child, 0);

@@ -92,5 +92,26 @@ TEST_F(ConfigFileTest, ABadSizeIsRefusedWithItsLineAndWhy) {
   }
 }
 
+TEST_F(ConfigFileTest, ReadsTheFlashLogKeys) {
+  GhostfsOptions o;
+  EXPECT_TRUE(o.flash_log.empty());
+  EXPECT_EQ(o.flash_policy, "when-full");
+  EXPECT_EQ(o.flash_alg, 4);
+  ASSERT_TRUE(Load("flash_log = \"/mnt/sd/ghost:8M\"\nflash_policy = \"each-spinup\"\nflash_alg = 2\n", &o).ok());
+  EXPECT_EQ(o.flash_log, "/mnt/sd/ghost:8M");
+  EXPECT_EQ(o.flash_policy, "each-spinup");
+  EXPECT_EQ(o.flash_alg, 2);
+}
+
+TEST_F(ConfigFileTest, BadFlashLogValuesAreRefusedWithTheKey) {
+  GhostfsOptions o;
+  Status policy = Load("flash_policy = \"sometimes\"\n", &o);
+  ASSERT_FALSE(policy.ok());
+  EXPECT_NE(policy.message().find("flash_policy must be"), std::string::npos) << policy.message();
+  Status alg = Load("flash_alg = 5\n", &o);
+  ASSERT_FALSE(alg.ok());
+  EXPECT_NE(alg.message().find("flash_alg must be 1, 2, 3 or 4"), std::string::npos) << alg.message();
+}
+
 }  // namespace
 }  // namespace ghost

@@ -1,0 +1,286 @@
+// The flash log of local/ (flash_local.h): handles as record paths, the disk's share of it.
+#include "fs/flash_local.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+
+#include "common/config/config.h"
+
+namespace ghost {
+namespace {
+
+constexpr char kHandlePrefix[] = "fh:";
+
+std::string Hex(const unsigned char* p, std::size_t n) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out += kDigits[p[i] >> 4];
+    out += kDigits[p[i] & 0xf];
+  }
+  return out;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// A file_handle with room for the largest handle (MAX_HANDLE_SZ).
+struct Handle {
+  alignas(file_handle) unsigned char raw[sizeof(file_handle) + MAX_HANDLE_SZ] = {};
+  file_handle& head() { return *reinterpret_cast<file_handle*>(raw); }
+  unsigned char* bytes() { return raw + offsetof(file_handle, f_handle); }
+};
+
+// "fh:TYPE:HEX" → the handle, or nullopt if `path` is not one.
+std::optional<Handle> ParseHandle(const std::string& path) {
+  if (!path.starts_with(kHandlePrefix)) return std::nullopt;
+  std::size_t colon = path.find(':', 3);
+  if (colon == std::string::npos) return std::nullopt;
+  Handle h{};
+  try {
+    h.head().handle_type = std::stoi(path.substr(3, colon - 3));
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::string hex = path.substr(colon + 1);
+  if (hex.size() % 2 != 0 || hex.size() / 2 > MAX_HANDLE_SZ) return std::nullopt;
+  h.head().handle_bytes = static_cast<unsigned>(hex.size() / 2);
+  for (std::size_t i = 0; i < hex.size() / 2; ++i) {
+    int hi = HexDigit(hex[2 * i]), lo = HexDigit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    h.bytes()[i] = static_cast<unsigned char>(hi << 4 | lo);
+  }
+  return h;
+}
+
+}  // namespace
+
+Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
+  FlashLogSpec spec;
+  spec.dir = text;
+  if (std::size_t colon = text.rfind(':'); colon != std::string::npos && colon + 1 < text.size()) {
+    if (Result<Bytes> size = ParseSize(text.substr(colon + 1)); size.ok()) {
+      spec.dir = text.substr(0, colon);
+      spec.capacity = *size;
+    }
+  }
+  if (spec.dir.empty()) {
+    return Status::InvalidArgument("flash log \"" + text + "\": give a directory, DIR or DIR:SIZE");
+  }
+  if (spec.capacity < (64 << 10)) {
+    return Status::InvalidArgument("flash log \"" + text + "\": the size must be at least 64K");
+  }
+  return spec;
+}
+
+// Applies records to the local/ tree's files, found by their handles (flash_local.h).
+class LocalFlashLog::Target final : public FlushTarget {
+ public:
+  explicit Target(UniqueFd root) : root_(std::move(root)) {}
+
+  // The file of `path`, opened `flags`; a file that is gone opens an unnamed temporary file.
+  Result<UniqueFd> OpenFile(const std::string& path, int flags) {
+    std::optional<Handle> h = ParseHandle(path);
+    if (!h) return Status::InvalidArgument("flash log record path \"" + path + "\" is not a file handle");
+    int fd = open_by_handle_at(root_.get(), &h->head(), flags | O_CLOEXEC);
+    if (fd >= 0) return UniqueFd(fd);
+    if (errno != ESTALE && errno != ENOENT) {
+      return Status::FromErrno(errno, "open the local/ file of flash log record " + path);
+    }
+    // Deleted since: its bytes go nowhere, as writes to a deleted file do.
+    fd = openat(root_.get(), ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return Status::FromErrno(errno, "open a scratch file for a deleted local/ file");
+    return UniqueFd(fd);
+  }
+
+  Result<int> OpenForFlush(LogRecordKind, const std::string& path) override {
+    Result<UniqueFd> fd = OpenFile(path, O_RDWR);
+    if (!fd.ok()) return fd.status();
+    int raw = fd->get();
+    fds_[path] = std::move(fd).value();
+    return raw;
+  }
+
+  Status ApplyMeta(MetaOp op, const std::string& path, Bytes arg, const std::string&) override {
+    if (op != MetaOp::kTruncate) {
+      return Status::InvalidArgument(std::string("local/ does not log ") + MetaOpName(op) + " records");
+    }
+    Result<UniqueFd> fd = OpenFile(path, O_WRONLY);
+    if (!fd.ok()) return fd.status();
+    if (ftruncate(fd->get(), static_cast<off_t>(arg)) != 0) return Status::FromErrno(errno, "truncate " + path);
+    return Status::Ok();
+  }
+
+  void EndFlush() override { fds_.clear(); }
+
+  int root() const { return root_.get(); }
+
+ private:
+  UniqueFd root_;  // the local/ backing directory: the mount for open_by_handle_at
+  std::map<std::string, UniqueFd> fds_;
+};
+
+LocalFlashLog::LocalFlashLog(PowerManager& pm, DeviceId disk_id, Device& disk)
+    : pm_(pm), disk_id_(disk_id), disk_(disk) {}
+
+LocalFlashLog::~LocalFlashLog() {
+  if (spin_up_ != 0) pm_.Unsubscribe(spin_up_);
+  log_.reset();  // before the target it borrows
+}
+
+Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions& options, FileIo& io,
+                                                           const std::string& local_dir, PowerManager& pm,
+                                                           DeviceId disk_id, Device& disk,
+                                                           RecoveryReport* report) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return Status::IoError("cannot create the flash log directory " + options.dir + ": " + ec.message() +
+                           "; give --flash-log a writable directory on the flash device");
+  }
+  std::filesystem::create_directories(local_dir, ec);
+  UniqueFd root(open(local_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!root.valid()) return Status::FromErrno(errno, "open " + local_dir);
+  std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(pm, disk_id, disk));
+  self->target_ = std::make_unique<Target>(std::move(root));
+  // The records name files by handle: the local/ file system must give them.
+  if (Result<std::string> probe = self->PathOf(self->target_->root()); !probe.ok()) {
+    return Status::InvalidArgument("--flash-log needs file handles on the file system of " + local_dir +
+                                   " (" + probe.status().message() + ")");
+  }
+  Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, io, *self->target_, report);
+  if (!log.ok()) return log.status();
+  self->log_ = std::move(log).value();
+  LocalFlashLog* raw = self.get();
+  self->log_->SetFlushObserver([raw](const FlushReport& r) { raw->OnFlushed(r); });
+  int high = disk.profile().HighPowerMode();
+  self->spin_up_ = pm.Subscribe(disk_id, high, [raw](DeviceId, int) { raw->log_->OnDiskSpinUp(); });
+  return self;
+}
+
+Result<std::string> LocalFlashLog::PathOf(int fd) const {
+  Handle h{};
+  h.head().handle_bytes = MAX_HANDLE_SZ;
+  int mount_id = 0;
+  if (name_to_handle_at(fd, "", &h.head(), &mount_id, AT_EMPTY_PATH) != 0) {
+    return Status::FromErrno(errno, "name_to_handle_at");
+  }
+  return std::string(kHandlePrefix) + std::to_string(h.head().handle_type) + ":" +
+         Hex(h.bytes(), h.head().handle_bytes);
+}
+
+bool LocalFlashLog::TakesWrites() const {
+  if (!log_->empty() || log_->flushing()) return true;
+  const DevicePolicy* policy = pm_.policy(disk_id_);
+  if (!policy || !policy->DefersBackgroundWrites()) return false;
+  int high = disk_.profile().HighPowerMode();
+  return !(disk_.mode() == high && disk_.target_mode() == high);
+}
+
+void LocalFlashLog::AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done) {
+  Result<std::string> path = PathOf(fd);
+  if (!path.ok()) return done(path.status());
+  log_->AppendWrite(LogRecordKind::kLocalWrite, std::move(path).value(), offset, std::move(data),
+                    [done = std::move(done)](Result<std::uint64_t> r) { done(r.status()); });
+}
+
+void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status)> done) {
+  Result<std::string> path = PathOf(fd);
+  if (!path.ok()) return done(path.status());
+  log_->AppendMeta(MetaOp::kTruncate, std::move(path).value(), size, "",
+                   [done = std::move(done)](Result<std::uint64_t> r) { done(r.status()); });
+}
+
+bool LocalFlashLog::Holds(int fd) const {
+  if (log_->empty()) return false;
+  Result<std::string> path = PathOf(fd);
+  return path.ok() && log_->Holds(LogRecordKind::kLocalWrite, *path);
+}
+
+Bytes LocalFlashLog::LoggedEnd(int fd) const {
+  if (log_->empty()) return 0;
+  Result<std::string> path = PathOf(fd);
+  return path.ok() ? log_->LoggedEnd(LogRecordKind::kLocalWrite, *path) : 0;
+}
+
+Bytes LocalFlashLog::SizeOver(int fd, Bytes disk_size) const {
+  if (log_->empty()) return disk_size;
+  Result<std::string> path = PathOf(fd);
+  if (!path.ok()) return disk_size;
+  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) return *s;
+  return std::max(disk_size, log_->LoggedEnd(LogRecordKind::kLocalWrite, *path));
+}
+
+Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::string* buf) {
+  if (log_->empty()) return Status::Ok();
+  Result<std::string> path = PathOf(fd);
+  if (!path.ok()) return path.status();
+  if (!log_->Holds(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
+  Bytes end = log_->LoggedEnd(LogRecordKind::kLocalWrite, *path);
+  if (end > offset) {
+    std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, end - offset));
+    if (buf->size() < want) buf->resize(want, '\0');
+  }
+  if (buf->empty()) return Status::Ok();
+  Result<std::vector<std::pair<Bytes, Bytes>>> r =
+      log_->ReadOverlay(LogRecordKind::kLocalWrite, *path, offset, std::span<char>(buf->data(), buf->size()));
+  if (!r.ok()) return r.status();
+  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
+    buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
+  }
+  return Status::Ok();
+}
+
+void LocalFlashLog::Replay() {
+  if (log_->records().empty()) return;
+  log_->Flush(LogFlushReason::kRecovery, [](const FlushReport& r) {
+    std::fprintf(stderr, "ghostfs: flash log replayed: %zu records applied, %zu kept%s\n", r.records_applied,
+                 r.records_kept, r.status.ok() ? "" : (", " + r.status.ToString()).c_str());
+  });
+}
+
+void LocalFlashLog::OnFlushed(const FlushReport& report) {
+  // The disk does the flush's writes (it may have to spin up for a kFull flush: that is the
+  // one spin-up the log costs).
+  if (report.bytes_written > 0) disk_.Submit({report.bytes_written, true}, [] {});
+  for (const std::string& e : report.errors) {
+    std::fprintf(stderr, "ghostfs: flash log flush (%s): kept in the log: %s\n", LogFlushReasonName(report.reason),
+                 e.c_str());
+  }
+  if (listener_) listener_(report);
+}
+
+nlohmann::json LocalFlashLog::StatsJson() const {
+  const FlashLogStats& s = log_->stats();
+  nlohmann::json flushes = nlohmann::json::object();
+  for (std::size_t i = 0; i < kLogFlushReasons; ++i) {
+    flushes[LogFlushReasonName(static_cast<LogFlushReason>(i))] = s.flushes[i];
+  }
+  return {{"dir", log_->options().dir},
+          {"policy", LogFlushPolicyName(log_->options().policy)},
+          {"algorithm", static_cast<int>(log_->options().algorithm)},
+          {"used", s.used},
+          {"capacity", s.capacity},
+          {"records", s.records},
+          {"appends", s.appends},
+          {"append_failures", s.append_failures},
+          {"flushes", flushes},
+          {"bytes_merged_away", s.bytes_merged_away},
+          {"records_kept", s.records_kept},
+          {"corrupt_regions", s.corrupt_regions}};
+}
+
+}  // namespace ghost

@@ -1,0 +1,230 @@
+// LocalFlashLog (fs/flash_local.h): the flash log of local/ — records that follow their file by
+// handle, reads that overlay them, logged truncates, the write-back's routing question, and the
+// --flash-log DIR[:SIZE] spec.
+#include "fs/flash_local.h"
+
+#include <event2/event.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "common/base/clock.h"
+#include "common/base/file_io.h"
+#include "common/power/device.h"
+#include "common/power/power_manager.h"
+#include "common/power/profile.h"
+
+namespace ghost {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(ParseFlashLogSpecTest, ReadsTheDirectoryAndAnOptionalSize) {
+  Result<FlashLogSpec> a = ParseFlashLogSpec("/mnt/sd/ghost:4M");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(a->dir, "/mnt/sd/ghost");
+  EXPECT_EQ(a->capacity, Bytes{4} << 20);
+  Result<FlashLogSpec> b = ParseFlashLogSpec("/mnt/sd/ghost");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->dir, "/mnt/sd/ghost");
+  EXPECT_EQ(b->capacity, Bytes{16} << 20);
+  Result<FlashLogSpec> c = ParseFlashLogSpec("/mnt/a:b");  // not a size: part of the name
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->dir, "/mnt/a:b");
+  EXPECT_FALSE(ParseFlashLogSpec("").ok());
+  EXPECT_FALSE(ParseFlashLogSpec(":4M").ok());
+  Result<FlashLogSpec> tiny = ParseFlashLogSpec("/x:1K");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("64K"), std::string::npos) << tiny.status().message();
+}
+
+// A local/ tree in a temporary directory, a log beside it, and a disk without a policy (always
+// ready) on a virtual clock.
+class LocalFlashLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = event_base_new();
+    io_ = std::make_unique<SyncFileIo>(base_);
+    std::string tmpl = ::testing::TempDir() + "ghost_flash_local_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    Result<DeviceProfile> profile = LoadDeviceProfile("microdrive-1gb", GHOST_PROFILE_DIR);
+    ASSERT_TRUE(profile.ok()) << profile.status().ToString();
+    disk_ = std::make_unique<Device>(clock_, *profile, nullptr, profile->HighPowerMode());
+    pm_ = std::make_unique<PowerManager>(clock_, Power::Milliwatts(1440), 50);
+    disk_id_ = pm_->Register(disk_.get(), nullptr);
+    FlashLogOptions o;
+    o.dir = root_ / "flash";
+    o.capacity = 1 << 20;
+    o.buffer = 64 << 10;
+    Result<std::unique_ptr<LocalFlashLog>> log =
+        LocalFlashLog::Open(o, *io_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    log_ = std::move(log).value();
+  }
+  void TearDown() override {
+    log_.reset();
+    pm_.reset();
+    disk_.reset();
+    io_.reset();
+    event_base_free(base_);
+    std::error_code ec;
+    fs::remove_all(root_, ec);
+  }
+
+  void Run(const bool& done) {
+    for (int i = 0; i < 10000 && !done; ++i) {
+      clock_.RunUntilIdle();
+      event_base_loop(base_, EVLOOP_NONBLOCK);
+    }
+    ASSERT_TRUE(done) << "the callback never ran";
+  }
+  Status Append(int fd, Bytes off, const std::string& data) {
+    bool done = false;
+    Status out;
+    log_->AppendWrite(fd, off, data, [&](Status s) { out = s; done = true; });
+    Run(done);
+    return out;
+  }
+  FlushReport Flush() {
+    bool done = false;
+    FlushReport out;
+    log_->log().Flush(LogFlushReason::kExplicit, [&](const FlushReport& r) { out = r; done = true; });
+    Run(done);
+    return out;
+  }
+  int Create(const std::string& name) {
+    int fd = open((root_ / "local" / name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    EXPECT_GE(fd, 0) << name;
+    return fd;
+  }
+
+  VirtualClock clock_;
+  event_base* base_ = nullptr;
+  std::unique_ptr<FileIo> io_;
+  fs::path root_;
+  std::unique_ptr<Device> disk_;
+  std::unique_ptr<PowerManager> pm_;
+  DeviceId disk_id_ = -1;
+  std::unique_ptr<LocalFlashLog> log_;
+};
+
+TEST_F(LocalFlashLogTest, RecordsFollowTheirFileAcrossARename) {
+  int fd = Create("draft.txt");
+  ASSERT_TRUE(Append(fd, 0, "saved text").ok());
+  close(fd);
+  fs::rename(root_ / "local" / "draft.txt", root_ / "local" / "final.txt");
+  EXPECT_EQ(ReadFile(root_ / "local" / "final.txt"), "");  // only in the log so far
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(r.records_kept, 0u);
+  EXPECT_EQ(ReadFile(root_ / "local" / "final.txt"), "saved text");
+  EXPECT_FALSE(fs::exists(root_ / "local" / "draft.txt"));
+}
+
+TEST_F(LocalFlashLogTest, RecordsOfADeletedFileAreFlushedIntoNothing) {
+  int fd = Create("gone.txt");
+  ASSERT_TRUE(Append(fd, 0, "never mind").ok());
+  close(fd);
+  fs::remove(root_ / "local" / "gone.txt");
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(r.records_kept, 0u);
+  EXPECT_EQ(log_->log().records().size(), 0u);
+  EXPECT_TRUE(fs::is_empty(root_ / "local"));
+}
+
+TEST_F(LocalFlashLogTest, ReadsOverlayTheLogAndALoggedTruncateCutsWhatCameBefore) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "hello world").ok());
+  EXPECT_TRUE(log_->Holds(fd));
+  EXPECT_EQ(log_->LoggedEnd(fd), 11u);
+  ASSERT_EQ(ftruncate(fd, 5), 0);  // the backing file first, as LocalTree::Setattr does
+  bool done = false;
+  log_->AppendTruncate(fd, 5, [&](Status s) { EXPECT_TRUE(s.ok()); done = true; });
+  Run(done);
+  ASSERT_TRUE(Append(fd, 5, "!").ok());
+  EXPECT_EQ(log_->LoggedEnd(fd), 6u);
+  std::string buf(5, '\0');  // what the disk holds now: five zeros
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, "hello!");
+  // A flush rewriting the older bytes into the file meanwhile does not change the size or the
+  // bytes seen: the logged truncate fixes them.
+  EXPECT_EQ(log_->SizeOver(fd, 11), 6u);
+  std::string mid = "hello world";
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &mid).ok());
+  EXPECT_EQ(mid, "hello!");
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello!");
+  EXPECT_FALSE(log_->Holds(fd));
+  close(fd);
+}
+
+TEST_F(LocalFlashLogTest, TakesWritesWhileItHoldsRecordsEvenWhenTheDiskIsReady) {
+  // No policy: the disk is always ready, so an empty log leaves writes to the disk ...
+  EXPECT_FALSE(log_->TakesWrites());
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "x").ok());
+  // ... but a record in the log must not be overtaken by a later write going straight there.
+  EXPECT_TRUE(log_->TakesWrites());
+  Flush();
+  EXPECT_FALSE(log_->TakesWrites());
+  close(fd);
+}
+
+TEST_F(LocalFlashLogTest, FlushesAreCountedByReasonAndListened) {
+  int flushes = 0;
+  log_->SetFlushListener([&](const FlushReport&) { ++flushes; });
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "abc").ok());
+  Flush();
+  close(fd);
+  EXPECT_EQ(flushes, 1);
+  nlohmann::json j = log_->StatsJson();
+  EXPECT_EQ(j["flushes"]["explicit"], 1);
+  EXPECT_EQ(j["records"], 0);
+  EXPECT_EQ(j["policy"], "when-full");
+  EXPECT_EQ(j["algorithm"], 4);
+}
+
+TEST_F(LocalFlashLogTest, ReplayAtOpenAppliesWhatTheLastRunLeft) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "survives").ok());
+  close(fd);
+  log_.reset();  // as if killed: the log file keeps the record
+  FlashLogOptions o;
+  o.dir = root_ / "flash";
+  o.capacity = 1 << 20;
+  o.buffer = 64 << 10;
+  RecoveryReport rep;
+  Result<std::unique_ptr<LocalFlashLog>> log =
+      LocalFlashLog::Open(o, *io_, (root_ / "local").string(), *pm_, disk_id_, *disk_, &rep);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  log_ = std::move(log).value();
+  EXPECT_EQ(rep.records, 1u);
+  log_->Replay();
+  for (int i = 0; i < 1000 && !log_->log().records().empty(); ++i) {
+    clock_.RunUntilIdle();
+    event_base_loop(base_, EVLOOP_NONBLOCK);
+  }
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "survives");
+  EXPECT_EQ(log_->log().stats().flushes[static_cast<int>(LogFlushReason::kRecovery)], 1u);
+}
+
+}  // namespace
+}  // namespace ghost

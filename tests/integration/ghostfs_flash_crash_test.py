@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Crash safety of the flash log (ghostfs --flash-log, fs/flash_local.h): ghostfs runs with
+`--profile ipaq-2004` (the emulated disk sleeps, so local/ fsyncs are acknowledged from the flash
+log) and is killed with SIGKILL at a random point while a writer does write + fsync in local/
+(new files, rewrites in place, appends); it is remounted on the same cache and flash log each
+cycle (the log is recovered and replayed at mount). After every remount, and after a last mount
+without the flash log: every byte whose fsync returned is there.
+
+    ghostfs_flash_crash_test.py [CYCLES]   (default 20, or $GHOST_FLASH_CRASH_CYCLES;
+                                            scripts/bench-flash-crash.sh runs 100)
+TAP; skipped without root or /dev/fuse."""
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+
+def check_acked(local, acked):
+    """Files whose last acknowledged content is missing or differs."""
+    lost = []
+    for rel, data in acked.items():
+        try:
+            with open(os.path.join(local, rel), "rb") as f:
+                got = f.read()
+        except OSError as e:
+            lost.append((rel, str(e)))
+            continue
+        if got != data:
+            lost.append((rel, f"{len(got)} bytes, want {len(data)}, content differs"))
+    return lost
+
+
+def disk_mode(ctl):
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    r = subprocess.run([exe, "--control", ctl, "--json", "devices"], capture_output=True, text=True, timeout=30)
+    return [d for d in json.loads(r.stdout) if d["kind"] == "disk"][0]["mode"] if r.returncode == 0 else None
+
+
+def main():
+    cycles = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("GHOST_FLASH_CRASH_CYCLES", "20"))
+    h.require_root_and_fuse()
+    work = h.tempdir()
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    cache = os.path.join(work, "cache")
+    flash = os.path.join(work, "flash")
+    ctl = os.path.join(work, "control.sock")
+    plan = cycles + 2
+    t = h.Tap(plan)
+    acked = {}  # local/ relative path -> the bytes its last returned fsync covered
+    acked_bytes = 0
+    fsyncs = 0
+    logged_at_kill = []
+    for cycle in range(cycles):
+        # A small log: some cycles flush it when full, mid-run.
+        fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=["--profile", "ipaq-2004", "--knob", "0",
+                                                          "--flash-log", flash + ":256K"])
+        if not fs.start(timeout=20):
+            t.check(False, f"cycle {cycle}: ghostfs remounts on the same cache and flash log", fs.output()[-2000:])
+            t.skip_rest(plan - cycle - 1, "ghostfs did not restart")
+            t.done()
+        local = os.path.join(mnt, "local")
+        lost = check_acked(local, acked)
+        t.check(not lost, f"cycle {cycle}: every fsync'd byte of the earlier cycles is there ({len(acked)} files)",
+                lost[:5])
+        # The disk sleeps (knob 0: within about 2 s): fsyncs are acknowledged from the log.
+        h.wait_for(lambda: disk_mode(ctl) == "standby", 10)
+        stop = threading.Event()
+        crng = random.Random(1000 + cycle)
+        in_flight = []
+
+        def writer():
+            nonlocal acked_bytes, fsyncs
+            n = 0
+            while not stop.is_set():
+                rel = f"f{crng.randrange(12):02d}"
+                old = acked.get(rel, b"")
+                op = crng.random()
+                if op < 0.4 or not old:  # rewrite whole
+                    new = crng.randbytes(crng.randrange(1, 40_000))
+                    flags, off, chunk = os.O_TRUNC, 0, new
+                elif op < 0.7:  # overwrite in place
+                    off = crng.randrange(len(old))
+                    chunk = crng.randbytes(crng.randrange(1, 5_000))
+                    new = old[:off] + chunk + old[off + len(chunk):]
+                    flags = 0
+                else:  # append
+                    off, chunk = len(old), crng.randbytes(crng.randrange(1, 5_000))
+                    new = old + chunk
+                    flags = 0
+                in_flight[:] = [rel]
+                try:
+                    fd = os.open(os.path.join(local, rel), os.O_WRONLY | os.O_CREAT | flags, 0o644)
+                    try:
+                        os.pwrite(fd, chunk, off)
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    return  # the daemon is gone
+                acked[rel] = new
+                in_flight[:] = []
+                acked_bytes += len(chunk)
+                fsyncs += 1
+                n += 1
+
+        th = threading.Thread(target=writer)
+        th.start()
+        time.sleep(crng.uniform(0.3, 1.5))
+        fs.proc.kill()  # SIGKILL wherever it is: appending, flushing, replaying
+        fs.proc.wait()
+        stop.set()
+        th.join(30)
+        for rel in in_flight:
+            # Its fsync never returned: the old bytes, the new ones or a mix are all allowed.
+            acked.pop(rel, None)
+        subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
+        fs.proc = None
+        try:
+            logged_at_kill.append(os.path.getsize(os.path.join(flash, "flash.log")))
+        except OSError:
+            logged_at_kill.append(0)
+    fs = h.Ghostfs(mnt, cache, {}, args=["--flash-log", flash + ":256K"])
+    ok = fs.start(timeout=20)
+    lost = check_acked(os.path.join(mnt, "local"), acked) if ok else ["not mounted"]
+    t.check(ok and not lost, f"after {cycles} kills and a last replay: 0 of {len(acked)} fsync'd files lost",
+            lost[:5])
+    fs.stop()
+    # Unmounted (the log went to the disk): the files as they are on the disk, without a log.
+    fs = h.Ghostfs(mnt, cache, {})
+    ok = fs.start(timeout=20)
+    lost = check_acked(os.path.join(mnt, "local"), acked) if ok else ["not mounted"]
+    t.check(ok and not lost and any(logged_at_kill),
+            f"and on the disk without the log ({sum(1 for x in logged_at_kill if x)} kills left records in the log)",
+            (lost[:5], logged_at_kill))
+    fs.stop()
+    print(f"# {cycles} SIGKILLs: {fsyncs} fsyncs acknowledged ({acked_bytes} bytes), {len(lost)} files lost; "
+          f"log bytes at each kill: {logged_at_kill}", flush=True)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
