@@ -67,6 +67,9 @@ class StoreTreeTest : public ::testing::Test {
                     .new_fh = [this] { return next_fh_++; },
                     .stats_changed = [this] { ++stats_changes_; },
                     .object_changed = [this](const std::string& key) { changed_.push_back(key); },
+                    .baseline_write = [](Bytes) {},
+                    .baseline_fetch = [](Bytes) {},
+                    .imap_outcome = [](const std::string&, bool, const Status&) {},
                     .loop = base_,
                     .mount_path = mount_path_};
     origin_ = std::make_unique<OriginTree>(ctx);
