@@ -22,6 +22,15 @@ import harness as h  # noqa: E402
 
 PLAN = 7
 RSS_LIMIT_KB = 100 * 1024
+# What streaming may add to the daemon's peak RSS over its own at rest (about 16 MB in a plain
+# build, so the 100 MB goal). Under ASan the daemon rests at about 76 MB (shadow memory and the
+# sanitizer's own tables), so there the growth is what is checked.
+GROWTH_LIMIT_KB = 84 * 1024
+SANITIZED = os.environ.get("ASAN_OPTIONS") is not None
+
+
+def rss_ok(hwm, rest):
+    return 0 < hwm and hwm - rest < GROWTH_LIMIT_KB and (SANITIZED or hwm < RSS_LIMIT_KB)
 
 
 def vm_hwm_kb(pid):
@@ -74,20 +83,23 @@ def main():
             t.check(False, f"{label}: mounts", fs.output()[-2000:])
             continue
         path = os.path.join(mnt, "www", "big.bin")
+        rest = vm_hwm_kb(fs.proc.pid)
         start = time.time()
         got, n = read_sha(path)
         took = time.time() - start
         hwm = vm_hwm_kb(fs.proc.pid)
-        print(f"# {label}: {mib} MiB uncached in {took:.1f} s, ghostfs VmHWM {hwm // 1024} MB", flush=True)
+        print(f"# {label}: {mib} MiB uncached in {took:.1f} s, ghostfs VmHWM {hwm // 1024} MB "
+              f"({rest // 1024} MB at rest)", flush=True)
         t.check(got == want and n == size, f"{label}: the {mib} MiB file streams through byte-identical", (n, size))
-        t.check(0 < hwm < RSS_LIMIT_KB, f"{label}: ghostfs's peak RSS stays under 100 MB", f"{hwm} kB")
+        t.check(rss_ok(hwm, rest), f"{label}: ghostfs's peak RSS stays under 100 MB (under ASan: grows < 84 MB)",
+                f"{hwm} kB, {rest} kB at rest")
         if not args:
             cached = h.wait_for(lambda: os.getxattr(path, "user.ghost.cached") == b"1", timeout=60)
             again, n2 = read_sha(path) if cached else ("", 0)
             t.check(cached and again == want, f"{label}: it was cached as it streamed and reads back from the cache",
                     (cached, n2))
-            t.check(vm_hwm_kb(fs.proc.pid) < RSS_LIMIT_KB, f"{label}: the read from the cache keeps RSS down too",
-                    vm_hwm_kb(fs.proc.pid))
+            t.check(rss_ok(vm_hwm_kb(fs.proc.pid), rest), f"{label}: the read from the cache keeps RSS down too",
+                    (vm_hwm_kb(fs.proc.pid), rest))
         else:
             t.check(os.getxattr(path, "user.ghost.cached") == b"0", f"{label}: it is not cached",
                     fs.output()[-500:])
