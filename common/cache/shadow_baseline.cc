@@ -211,23 +211,21 @@ nlohmann::json ShadowBaseline::ToJson() {
 
 std::string ShadowBaseline::Sentence(const nlohmann::json& saved) {
   if (!saved.is_object()) return "";
-  double j = saved.value("energy_j", 0.0), pct = saved.value("percent", 0.0);
-  double w = saved.value("waiting_s", 0.0), since = saved.value("since_s", 0.0);
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%s %.1f J (%.1f%%) and %.1f s of waiting since mount (%.0f s ago)",
-                j >= 0 ? "saved" : "spent an extra", std::fabs(j), std::fabs(pct), w, since);
-  std::string out = buf;
-  if (w < 0) {
-    std::snprintf(buf, sizeof buf, "%s %.1f J (%.1f%%), waiting %.1f s longer, since mount (%.0f s ago)",
-                  j >= 0 ? "saved" : "spent an extra", std::fabs(j), std::fabs(pct), -w, since);
-    out = buf;
-  }
+  // "saved 1.2 J (3.4%) and saved 0.5 s of waiting" / "spent an extra … and added 0.5 s …":
+  // each figure says which way it went.
+  auto figures = [](const nlohmann::json& f) {
+    double j = f.value("energy_j", 0.0), pct = f.value("percent", 0.0), w = f.value("waiting_s", 0.0);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s %.1f J (%.1f%%) and %s %.1f s of waiting",
+                  j >= 0 ? "saved" : "spent an extra", std::fabs(j), std::fabs(pct),
+                  w >= 0 ? "saved" : "added", std::fabs(w));
+    return std::string(buf);
+  };
+  char since[64];
+  std::snprintf(since, sizeof since, " since mount (%.0f s ago)", saved.value("since_s", 0.0));
+  std::string out = figures(saved) + since;
   if (const auto t = saved.find("today"); t != saved.end() && t->is_object()) {
-    double tj = t->value("energy_j", 0.0), tp = t->value("percent", 0.0), tw = t->value("waiting_s", 0.0);
-    std::snprintf(buf, sizeof buf, "; today %s %.1f J (%.1f%%) and %s %.1f s of waiting",
-                  tj >= 0 ? "saved" : "spent an extra", std::fabs(tj), std::fabs(tp),
-                  tw >= 0 ? "saved" : "added", std::fabs(tw));
-    out += buf;
+    out += "; today " + figures(*t);
   }
   return out + ", against a static cache on the same reads";
 }

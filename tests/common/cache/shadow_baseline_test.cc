@@ -203,5 +203,14 @@ TEST_F(ShadowBaselineTest, TodayIsCarriedAcrossRemountsAndRollsAtLocalMidnight) 
   std::filesystem::remove_all(dir);
 }
 
+TEST(ShadowBaselineSentence, EachFigureSaysWhichWayItWent) {
+  nlohmann::json j = {{"energy_j", -0.7}, {"percent", -1.5}, {"waiting_s", 0.9}, {"since_s", 12.0},
+                      {"today", {{"energy_j", 2.0}, {"percent", 4.0}, {"waiting_s", -0.25}}}};
+  EXPECT_EQ(ShadowBaseline::Sentence(j),
+            "spent an extra 0.7 J (1.5%) and saved 0.9 s of waiting since mount (12 s ago); "
+            "today saved 2.0 J (4.0%) and added 0.2 s of waiting, against a static cache on the "
+            "same reads");
+}
+
 }  // namespace
 }  // namespace ghost
