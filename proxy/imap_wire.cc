@@ -392,7 +392,15 @@ std::string FilterCapabilities(std::string_view line) {
   return std::string(body.substr(0, start)) + kept + std::string(body.substr(end)) + std::string(eol);
 }
 
-std::optional<std::string> PlainUser(std::string_view base64) {
+namespace {
+
+// The three NUL-separated fields of a SASL PLAIN message (RFC 4616), decoded from base64;
+// nullopt when it is not base64 or has fewer than two NULs. The decoded copy is wiped.
+struct PlainFields {
+  std::string authzid, authcid, password;
+};
+
+std::optional<PlainFields> DecodePlain(std::string_view base64) {
   base64 = StripEol(base64);
   while (!base64.empty() && base64.back() == ' ') base64.remove_suffix(1);
   if (base64.empty() || base64.size() % 4 != 0 || base64.size() > 4096) return std::nullopt;
@@ -407,40 +415,34 @@ std::optional<std::string> PlainUser(std::string_view base64) {
   else if (base64.ends_with("=")) len -= 1;
   out.resize(len);
   std::size_t first = out.find('\0');
-  if (first == std::string::npos) return std::nullopt;
-  std::size_t second = out.find('\0', first + 1);
-  if (second == std::string::npos) return std::nullopt;
-  std::string authzid = out.substr(0, first);
-  std::string authcid = out.substr(first + 1, second - first - 1);
+  std::size_t second = first == std::string::npos ? first : out.find('\0', first + 1);
+  std::optional<PlainFields> f;
+  if (second != std::string::npos) {
+    f = PlainFields{out.substr(0, first), out.substr(first + 1, second - first - 1),
+                    out.substr(second + 1)};
+  }
   std::fill(out.begin(), out.end(), '\0');  // the password does not linger
-  if (authcid.empty()) return std::nullopt;
-  return authzid.empty() ? authcid : authzid;
+  return f;
+}
+
+}  // namespace
+
+std::optional<std::string> PlainUser(std::string_view base64) {
+  std::optional<PlainFields> f = DecodePlain(base64);
+  if (!f || f->authcid.empty()) return std::nullopt;
+  std::fill(f->password.begin(), f->password.end(), '\0');
+  return f->authzid.empty() ? f->authcid : f->authzid;
+}
+
+std::optional<std::string> PlainPassword(std::string_view base64) {
+  std::optional<PlainFields> f = DecodePlain(base64);
+  if (!f) return std::nullopt;
+  return std::move(f->password);
 }
 
 }  // namespace ghost::imapwire
 
 namespace ghost::imapwire {
-
-std::optional<std::string> PlainPassword(std::string_view base64) {
-  base64 = StripEol(base64);
-  while (!base64.empty() && base64.back() == ' ') base64.remove_suffix(1);
-  if (base64.empty() || base64.size() % 4 != 0 || base64.size() > 4096) return std::nullopt;
-  std::string out(base64.size() / 4 * 3 + 1, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(base64.data()),
-                          static_cast<int>(base64.size()));
-  if (n < 0) return std::nullopt;
-  std::size_t len = static_cast<std::size_t>(n);
-  if (base64.ends_with("==")) len -= 2;
-  else if (base64.ends_with("=")) len -= 1;
-  out.resize(len);
-  std::size_t first = out.find('\0');
-  std::size_t second = first == std::string::npos ? first : out.find('\0', first + 1);
-  if (second == std::string::npos) return std::nullopt;
-  std::string password = out.substr(second + 1);
-  std::fill(out.begin(), out.end(), '\0');
-  return password;
-}
 
 namespace {
 
