@@ -237,19 +237,19 @@ int main(int argc, char** argv) {
   if (!max_stale.empty()) {
     try {
       double s = std::stod(max_stale);
-      if (s < 0) throw std::invalid_argument(max_stale);
+      if (!ghost::IsUserSeconds(s)) throw std::invalid_argument(max_stale);
       o.max_stale = ghost::Seconds(s);
     } catch (...) {
-      return fail("--max-stale \"" + max_stale + "\" is not a number of seconds");
+      return fail("--max-stale \"" + max_stale + "\" is not a number of seconds in 0..1e9");
     }
   }
   if (!stall_timeout.empty()) {
     try {
       double s = std::stod(stall_timeout);
-      if (s < 0) throw std::invalid_argument(stall_timeout);
+      if (!ghost::IsUserSeconds(s)) throw std::invalid_argument(stall_timeout);
       o.stall_timeout = ghost::Seconds(s);
     } catch (...) {
-      return fail("--stall-timeout \"" + stall_timeout + "\" is not a number of seconds");
+      return fail("--stall-timeout \"" + stall_timeout + "\" is not a number of seconds in 0..1e9");
     }
   }
   ghost::Result<ghost::LogOptions> log =

@@ -56,7 +56,8 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
   }
   if (const toml::node* n = t.get("imap_timeout")) {
     auto d = n->value<double>();
-    if (!d || *d <= 0) return bad(*n, "\"imap_timeout\" must be a positive number of seconds");
+    if (!d || *d <= 0 || !IsUserSeconds(*d))
+      return bad(*n, "\"imap_timeout\" must be a positive number of seconds (at most 1e9)");
     o->timeout = Seconds(*d);
   }
   if (const toml::node* n = t.get("imap_journal")) {
@@ -66,7 +67,8 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
   }
   if (const toml::node* n = t.get("imap_deadline")) {
     auto d = n->value<double>();
-    if (!d || *d <= 0) return bad(*n, "\"imap_deadline\" must be a positive number of seconds");
+    if (!d || *d <= 0 || !IsUserSeconds(*d))
+      return bad(*n, "\"imap_deadline\" must be a positive number of seconds (at most 1e9)");
     o->imap_deadline = Seconds(*d);
   }
   if (const toml::node* n = t.get("smtp_listen")) {
@@ -86,7 +88,8 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
   }
   if (const toml::node* n = t.get("smtp_deadline")) {
     auto d = n->value<double>();
-    if (!d || *d <= 0) return bad(*n, "\"smtp_deadline\" must be a positive number of seconds");
+    if (!d || *d <= 0 || !IsUserSeconds(*d))
+      return bad(*n, "\"smtp_deadline\" must be a positive number of seconds (at most 1e9)");
     smtp->deadline = Seconds(*d);
   }
   if (const toml::node* n = t.get("smtp_outbox_cap")) {

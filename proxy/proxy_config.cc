@@ -99,8 +99,8 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   auto seconds = [&](const char* key, Duration* out) -> Status {
     if (const toml::node* n = t.get(key)) {
       auto d = n->value<double>();
-      if (!d || *d <= 0)
-        return bad(*n, std::string("\"") + key + "\" must be a positive number of seconds");
+      if (!d || *d <= 0 || !IsUserSeconds(*d))
+        return bad(*n, std::string("\"") + key + "\" must be a positive number of seconds (at most 1e9)");
       *out = Seconds(*d);
     }
     return Status::Ok();

@@ -23,6 +23,13 @@ using TimePoint = std::chrono::time_point<ModelTime, Duration>;
 
 using Bytes = std::uint64_t;
 
+// The longest time a user may configure or ask for, in seconds (about 31 years): far inside
+// Duration's range, so converting it and adding it to any clock reading stays defined.
+inline constexpr double kMaxUserSeconds = 1e9;
+// Whether `s` seconds is a time a user may give: 0..kMaxUserSeconds (NaN and inf are not).
+constexpr bool IsUserSeconds(double s) { return s >= 0 && s <= kMaxUserSeconds; }
+
+// `s` must be within about ±9.2e12 (Duration's range); user input is checked with IsUserSeconds.
 constexpr Duration Seconds(double s) { return Duration(static_cast<std::int64_t>(s * 1e6 + (s >= 0 ? 0.5 : -0.5))); }
 constexpr Duration Millis(double ms) { return Seconds(ms / 1e3); }
 constexpr double ToSeconds(Duration d) { return static_cast<double>(d.count()) / 1e6; }

@@ -106,7 +106,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   auto seconds = [&](const char* key, Duration* out) -> Status {
     if (const toml::node* n = t.get(key)) {
       auto d = n->value<double>();
-      if (!d || *d < 0) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a non-negative number of seconds");
+      if (!d || !IsUserSeconds(*d)) return Status::InvalidArgument(TomlWhere(path, n->source()) + ": \"" + key + "\" must be a number of seconds in 0..1e9");
       *out = Seconds(*d);
     }
     return Status::Ok();

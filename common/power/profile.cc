@@ -39,7 +39,10 @@ class Fields {
     return "";
   }
 
-  // A non-negative finite number; `fallback` if absent and not required.
+  // A number in 0..kMaxNumber; `fallback` if absent and not required. The bound keeps every
+  // conversion that follows (milliseconds to a Duration, MiB to Bytes, a count to int) in range:
+  // 1e9 is a petabyte in MiB, 11 days in ms, a terabyte a second in KiB/s.
+  static constexpr double kMaxNumber = 1e9;
   double Number(const char* key, bool required, double fallback = 0) {
     const toml::node* n = t_.get(key);
     if (!n) {
@@ -47,8 +50,8 @@ class Fields {
       return fallback;
     }
     std::optional<double> v = n->value<double>();  // integers convert too
-    if (!v || !std::isfinite(*v) || *v < 0) {
-      Fail(n->source(), std::string("\"") + key + "\" must be a non-negative number");
+    if (!v || !(*v >= 0 && *v <= kMaxNumber)) {
+      Fail(n->source(), std::string("\"") + key + "\" must be a number in 0..1e9");
       return fallback;
     }
     return *v;

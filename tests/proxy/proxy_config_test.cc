@@ -150,6 +150,7 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"max_connections = -1", "positive integer"},
         Case{"max_connections_per_client = -2", "0 or more"},
         Case{"preempt_after = 0", "positive number of seconds"},
+        Case{"preempt_after = 1e300", "at most 1e9"},
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
         Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
         Case{"high_watermark = 0", "\"high_watermark\" must be above zero"},

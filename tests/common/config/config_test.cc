@@ -92,6 +92,17 @@ TEST_F(ConfigFileTest, ABadSizeIsRefusedWithItsLineAndWhy) {
   }
 }
 
+TEST_F(ConfigFileTest, ATimeOutOfRangeIsRefusedNotConverted) {
+  // 1e300 seconds does not fit a Duration; converting it was undefined behaviour.
+  for (const char* text : {"max_stale = 1e300\n", "stall_timeout = -1\n", "heuristic_freshness = nan\n"}) {
+    GhostfsOptions o;
+    Status s = Load(text, &o);
+    ASSERT_FALSE(s.ok()) << text;
+    EXPECT_NE(s.message().find("must be a number of seconds in 0..1e9"), std::string::npos)
+        << text << " -> " << s.message();
+  }
+}
+
 TEST_F(ConfigFileTest, ReadsTheFlashLogKeys) {
   GhostfsOptions o;
   EXPECT_TRUE(o.flash_log.empty());

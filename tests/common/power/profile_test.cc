@@ -109,9 +109,15 @@ INSTANTIATE_TEST_SUITE_P(
     ProfileTest, MalformedProfileTest,
     ::testing::Values(
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = \"lots\"\n",
-                   "\"power_mw\" must be a non-negative number", 5},
+                   "\"power_mw\" must be a number in 0..1e9", 5},
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = -3\n",
-                   "non-negative", 5},
+                   "in 0..1e9", 5},
+        // Found by profile_fuzz: a latency too long for a Duration was undefined behaviour.
+        BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = 1\n"
+                   "serves_io = true\nlatency_ms = 2.5e75\n",
+                   "\"latency_ms\" must be a number in 0..1e9", 7},
+        BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = inf\n",
+                   "in 0..1e9", 5},
         BadProfile{"kind = \"tape\"\nname = \"x\"\n", "kind \"tape\"", 1},
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]\n", "", 3},  // TOML syntax error
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = 1\nserves_io = true\n"
