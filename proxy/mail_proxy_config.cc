@@ -35,21 +35,13 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
     if (!s) return bad(*n, "\"imap_origin\" must be a string such as \"imaps://mail.example:993/\"");
     o->imap_origin = *s;
   }
-  for (auto [key, out] : {std::pair<const char*, Bytes*>{"imap_max_literal", &o->max_literal}}) {
-    if (const toml::node* n = t.get(key)) {
-      std::string text;
-      if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
-      else if (auto s = n->value<std::string>()) text = *s;
-      Result<Bytes> b = ParseSize(text);
-      if (!b.ok() || *b == 0) return bad(*n, std::string("\"") + key + "\" must be a size above zero, e.g. \"256M\"");
-      *out = *b;
-    }
+  if (const toml::node* n = t.get("imap_max_literal")) {
+    Result<Bytes> b = TomlSize(*n, "imap_max_literal");
+    if (!b.ok() || *b == 0) return bad(*n, "\"imap_max_literal\" must be a size above zero, e.g. \"256M\"");
+    o->max_literal = *b;
   }
   if (const toml::node* n = t.get("imap_max_line")) {
-    std::string text;
-    if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
-    else if (auto s = n->value<std::string>()) text = *s;
-    Result<Bytes> b = ParseSize(text);
+    Result<Bytes> b = TomlSize(*n, "imap_max_line");
     if (!b.ok() || *b < 1024) return bad(*n, "\"imap_max_line\" must be a size of at least 1K");
     o->client_max_line = *b;
     o->server_max_line = std::max<std::size_t>(o->server_max_line, *b);
@@ -93,10 +85,7 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
     smtp->deadline = Seconds(*d);
   }
   if (const toml::node* n = t.get("smtp_outbox_cap")) {
-    std::string text;
-    if (auto i = n->value<std::int64_t>(); i && n->is_integer()) text = std::to_string(*i);
-    else if (auto s = n->value<std::string>()) text = *s;
-    Result<Bytes> b = ParseSize(text);
+    Result<Bytes> b = TomlSize(*n, "smtp_outbox_cap");
     if (!b.ok() || *b == 0) return bad(*n, "\"smtp_outbox_cap\" must be a size above zero, e.g. \"1M\"");
     smtp->cap = *b;
   }

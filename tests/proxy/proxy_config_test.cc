@@ -123,6 +123,16 @@ shape_buffer = "32K"
   }
 }
 
+TEST_F(ProxyConfigTest, MailSizesAreBytesOrSuffixedStrings) {
+  GhostproxyOptions o;
+  const Status s = Load("imap_max_literal = \"2M\"\nimap_max_line = 4096\nsmtp_outbox_cap = \"3K\"\n", &o);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(o.mail.max_literal, Bytes{2} << 20);
+  EXPECT_EQ(o.mail.client_max_line, 4096u);
+  EXPECT_GE(o.mail.server_max_line, 4096u);
+  EXPECT_EQ(o.smtp.cap, 3u * 1024);
+}
+
 TEST_F(ProxyConfigTest, ReadsTheDeferredImapChangesKeysAndRejectsBadOnes) {
   GhostproxyOptions o;
   const Status s = Load("imap_journal = \"/var/spool/g/imap-journal\"\nimap_deadline = 30\n", &o);
@@ -151,6 +161,10 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"max_connections_per_client = -2", "0 or more"},
         Case{"preempt_after = 0", "positive number of seconds"},
         Case{"preempt_after = 1e300", "at most 1e9"},
+        Case{"imap_max_literal = 0", "\"imap_max_literal\" must be a size above zero"},
+        Case{"imap_max_line = \"512\"", "\"imap_max_line\" must be a size of at least 1K"},
+        Case{"smtp_outbox_cap = -1", "\"smtp_outbox_cap\" must be a size above zero"},
+        Case{"imap_timeout = 1e300", "at most 1e9"},
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
         Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
         Case{"high_watermark = 0", "\"high_watermark\" must be above zero"},
