@@ -60,6 +60,8 @@ std::string ShapingMetricsText(const ShapingStats& s) {
          std::to_string(s.bursts));
   metric("ghostproxy_shaping_burst_bytes_total", "counter", "Bytes in those bursts.",
          std::to_string(s.burst_bytes));
+  metric("ghostproxy_shaping_mean_burst_bytes", "gauge", "Mean size of those bursts.",
+         std::to_string(s.bursts > 0 ? s.burst_bytes / s.bursts : 0));
   metric("ghostproxy_shaping_missed_packets_total", "counter",
          "Packets that arrived while the card model slept.", std::to_string(s.missed_packets));
   metric("ghostproxy_shaping_declined_total", "counter",

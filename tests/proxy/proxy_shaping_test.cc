@@ -23,6 +23,8 @@
 #include <string>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "common/base/clock.h"
 #include "proxy/proxy.h"
 #include "tests/proxy/memory_backend.h"
@@ -260,6 +262,67 @@ TEST_F(ProxyShapingTest, LargeDownloadIsShapedAndByteIdentical) {
   EXPECT_LE(s.bytes, body.size());
   // Loopback is a saturated link (window ≥ its tiny bandwidth-delay product): how many bursts
   // come before the shaper reverts to plain TCP is not fixed, so only the bytes are checked.
+}
+
+// What /ghost/status and /ghost/metrics say of shaping (ghostctl stats --proxy prints the
+// former): downloads, bursts, mean burst size, estimated sleep, missed packets, slowdown.
+TEST(ShapingStatusTest, StatusAndMetricsShowBurstsSleepMissedPacketsAndSlowdown) {
+  ShapingStats s;
+  s.shaped_downloads = 2;
+  s.per_packet = 2;
+  s.bursts = 10;
+  s.burst_bytes = 1'234'560;
+  s.missed_packets = 3;
+  s.saturated = 1;
+  s.sleep = Millis(2500);
+  s.elapsed = Seconds(6);
+  s.bytes = 5'000'000;
+  s.slowdown_sum = 2.5;
+  s.slowdown_count = 2;
+  const nlohmann::json j = nlohmann::json::parse(ShapingStatusJson(ShapingOptions{}, s));
+  EXPECT_EQ(j["shaped_downloads"], 2);
+  EXPECT_EQ(j["bursts"], 10);
+  EXPECT_EQ(j["mean_burst_bytes"], 123'456);
+  EXPECT_EQ(j["missed_packets"], 3);
+  EXPECT_DOUBLE_EQ(j["sleep_s"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(j["mean_slowdown"].get<double>(), 1.25);
+  EXPECT_EQ(j["saturated"], 1);
+  const std::string m = ShapingMetricsText(s);
+  for (const char* line : {"ghostproxy_shaped_downloads_total 2\n", "ghostproxy_shaping_bursts_total 10\n",
+                           "ghostproxy_shaping_mean_burst_bytes 123456\n",
+                           "ghostproxy_shaping_missed_packets_total 3\n",
+                           "ghostproxy_shaping_sleep_seconds_total 2.5", "ghostproxy_shaping_slowdown 1.25"}) {
+    EXPECT_NE(m.find(line), std::string::npos) << line << " missing from\n" << m;
+  }
+  // No burst yet: a mean of 0 and a slowdown of 1, not a division by zero.
+  const nlohmann::json none = nlohmann::json::parse(ShapingStatusJson(ShapingOptions{}, ShapingStats{}));
+  EXPECT_EQ(none["mean_burst_bytes"], 0);
+  EXPECT_DOUBLE_EQ(none["mean_slowdown"].get<double>(), 1.0);
+}
+
+TEST_F(ProxyShapingTest, ShapedDownloadShowsInStatusAndMetrics) {
+  StartProxy(Options(ShapeMode::kAlways));
+  const std::string body = RandomBytes(2'000'000, 10);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  ASSERT_TRUE(BodyOf(Get(origin.port())) == body);
+  const std::string status =
+      BodyOf(Exchange("GET /ghost/status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const nlohmann::json j = nlohmann::json::parse(status, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(j.is_object()) << status;
+  const nlohmann::json& sh = j["shaping"];
+  EXPECT_EQ(sh["shaped_downloads"], 1) << sh;
+  EXPECT_EQ(sh["active"], 0) << sh;
+  for (const char* key : {"bursts", "mean_burst_bytes", "sleep_s", "missed_packets", "mean_slowdown"}) {
+    EXPECT_TRUE(sh.contains(key) && sh[key].is_number()) << key << " missing from " << sh;
+  }
+  const std::string metrics =
+      BodyOf(Exchange("GET /ghost/metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  EXPECT_NE(metrics.find("ghostproxy_shaped_downloads_total 1\n"), std::string::npos) << metrics;
+  for (const char* name : {"ghostproxy_shaping_bursts_total ", "ghostproxy_shaping_mean_burst_bytes ",
+                           "ghostproxy_shaping_sleep_seconds_total ",
+                           "ghostproxy_shaping_missed_packets_total ", "ghostproxy_shaping_slowdown "}) {
+    EXPECT_NE(metrics.find(name), std::string::npos) << name << " missing";
+  }
 }
 
 TEST_F(ProxyShapingTest, SmallResponseIsNotShaped) {
