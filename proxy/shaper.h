@@ -170,6 +170,12 @@ class UpstreamShaper {
   std::unique_ptr<ArrivalTap> tap_;  // per-packet arrivals; null: the socket's view
   event* tap_event_ = nullptr;
   bool peer_closing_ = false;  // the capture saw FIN or RST: read to the end
+  // The shaper declined (eq. 4): the fixed buffer was given back (ReleaseBuffer), once.
+  bool buffer_released_ = false;
+  bool fixed_at_connect_ = false;
+  // Declined for good: lets the receive window grow again (SO_RCVBUF to the system's maximum),
+  // so a download shaping would not help is not held to the shaping window either.
+  void ReleaseBuffer();
   // GHOST_SHAPER_CARD_LOG: the card model's decisions, for scripts/bench-shaping.sh.
   void LogCard(const char* what, TimePoint when);
   std::FILE* card_log_ = nullptr;
