@@ -2,11 +2,15 @@
 // the shapes of the results are in common/control/control.h).
 //
 //   ghostctl [--mount MNT | --control PATH] [--json]
-//            devices | knob [K] | stats | status PATH | flush | sync | watch
+//            devices | knob [K] | stats [--proxy ADDR] | status PATH | flush | sync | watch
 //
 // Which ghostfs: --control PATH, else the one mounted at MNT (its socket is derived from the
 // mount point: MountControlPath, common/control/control.h), else $GHOST_CONTROL, else the only
 // ghostfs mounted; with none of these, a message says what was tried.
+//
+// `stats --proxy ADDR` also reads ghostproxy's GET /ghost/status (HTTP, ADDR is its listen
+// address or URL) and prints its download shaping: shaped downloads, bursts, mean burst size,
+// estimated card sleep, missed packets, slowdown (proxy/shaper.h, ShapingStatusJson).
 //
 // Human-readable output by default, the raw JSON result with --json. `watch` subscribes to
 // mode changes and stats and redraws on every pushed event; it never polls the daemon.
@@ -18,6 +22,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <curl/curl.h>
 #include <cassert>
 #include <cerrno>
 #include <cmath>
@@ -289,6 +294,63 @@ std::string StatsText(const json& s) {
   if (auto cap = Number(s, {"cache", "capacity"})) cache += " of " + BytesText(cap);
   rows.push_back({"cache", cache});
   return Table(rows);
+}
+
+// ghostproxy's download shaping, from the "shaping" object of its /ghost/status
+// (proxy/shaper.h: ShapingStatusJson): rows for the stats table.
+std::vector<std::vector<std::string>> ShapingRows(const json& status) {
+  const json* sh = Find(status, {"shaping"});
+  if (sh == nullptr || !sh->is_object()) return {{"shaping", "- (ghostproxy did not say)"}};
+  std::string head = Text(*sh, {"mode"});
+  if (auto k = Number(*sh, {"knob_used"}); k && *k >= 0) head += ", knob " + CountText(k);
+  const std::optional<double> n = Number(*sh, {"shaped_downloads"});
+  std::string downloads = CountText(n) + " shaped";
+  if (auto a = Number(*sh, {"active"}); a && *a > 0) downloads += " (" + CountText(a) + " now)";
+  downloads += ", " + CountText(Number(*sh, {"declined"})) + " declined, " +
+               CountText(Number(*sh, {"saturated"})) + " left for plain TCP (saturated)";
+  std::string bursts = CountText(Number(*sh, {"bursts"}));
+  if (auto b = Number(*sh, {"bursts"}); b && *b > 0) bursts += ", " + BytesText(Number(*sh, {"mean_burst_bytes"})) + " mean";
+  std::string slowdown = "-";
+  if (auto d = Number(*sh, {"mean_slowdown"})) slowdown = Printf("%.2f×", *d) + " plain TCP's time (mean)";
+  return {{"shaping", head},
+          {"  downloads", downloads},
+          {"  bursts", bursts},
+          {"  card asleep", DurationText(Number(*sh, {"sleep_s"})) + " (estimated)"},
+          {"  missed packets", CountText(Number(*sh, {"missed_packets"}))},
+          {"  slowdown", slowdown}};
+}
+
+std::size_t AppendToString(char* data, std::size_t size, std::size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// GET http://ADDR/ghost/status from ghostproxy (ADDR: HOST:PORT or a URL). Never through a
+// proxy from the environment: the proxy asked is the one named.
+ghost::Result<json> ProxyStatus(const std::string& addr) {
+  std::string url = addr.find("://") == std::string::npos ? "http://" + addr : addr;
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  url += "/ghost/status";
+  CURL* curl = curl_easy_init();
+  if (curl == nullptr) return ghost::Status::Unavailable("curl_easy_init failed");
+  std::string body;
+  char err[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, 10L);
+  curl_easy_setopt(curl, CURLOPT_FAILONERROR, 1L);
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, err);
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &AppendToString);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  const CURLcode rc = curl_easy_perform(curl);
+  curl_easy_cleanup(curl);
+  if (rc != CURLE_OK) {
+    return ghost::Status::Unavailable("cannot read " + url + ": " + (err[0] ? err : curl_easy_strerror(rc)) +
+                                      "; is ghostproxy listening there? (--proxy ADDR)");
+  }
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return ghost::Status::Unavailable(url + " did not answer with a JSON object");
+  return j;
 }
 
 // The cost model's estimates, one source per line part: "disk 12 ms, 0.05 J; network ...".
@@ -596,6 +658,11 @@ int main(int argc, char** argv) {
   std::vector<CLI::App*> subcommands;
   for (const Command& c : kCommands) subcommands.push_back(app.add_subcommand(c.name, c.help));
   CLI::App* knob = subcommands[1];
+  CLI::App* stats = subcommands[2];
+  std::string proxy_addr;
+  stats->add_option("--proxy", proxy_addr,
+                    "also ghostproxy's download shaping, from its /ghost/status (ADDR: its "
+                    "--listen address, e.g. 127.0.0.1:3128, or a URL)");
   CLI::App* status = subcommands[3];
   std::string knob_text;
   knob->add_option("K", knob_text, "new knob value, 0 (save energy) .. 100 (performance)");
@@ -652,8 +719,27 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  // stats --proxy: ghostproxy's part first, so it is printed even without a ghostfs.
+  std::optional<json> proxy_status;
+  if (stats->parsed() && !proxy_addr.empty()) {
+    ghost::Result<json> st = ProxyStatus(proxy_addr);
+    if (!st.ok()) return Failed(st.status().message());
+    proxy_status = std::move(*st);
+  }
+  // Without a ghostfs, stats --proxy prints the proxy's part and still fails (exit 1).
+  auto proxy_only = [&](const std::string& msg) {
+    if (proxy_status) {
+      if (raw_json) {
+        std::cout << json{{"ghostproxy", *proxy_status}}.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+      } else {
+        std::cout << Table(ShapingRows(*proxy_status));
+      }
+      std::cout << std::flush;
+    }
+    return Failed(msg);
+  };
   ghost::Result<std::string> path = ghost::FindControlPath(control, mount);
-  if (!path.ok()) return Failed(path.status().message());
+  if (!path.ok()) return proxy_only(path.status().message());
   ghost::Result<ghost::ControlClient> client = ghost::ControlClient::Connect(*path);
   if (!client.ok()) {
     std::string msg = client.status().message();
@@ -661,7 +747,7 @@ int main(int argc, char** argv) {
       msg += "; the control socket of the ghostfs at " + mount + " (if it was started with " +
              "--control, pass the same --control here)";
     }
-    return Failed(msg);
+    return proxy_only(msg);
   }
 
   if (watch->parsed()) return Watch(*client, *path, raw_json);
@@ -674,8 +760,17 @@ int main(int argc, char** argv) {
   std::optional<ghost::Duration> timeout;
   if (!command->waits) timeout = kCallTimeout;
   ghost::Result<json> result = client->Call(command->op, args, timeout);
-  if (!result.ok()) return Failed(result.status().message());
-  if (raw_json) {
+  if (!result.ok()) return proxy_only(result.status().message());
+  if (proxy_status) {
+    // The daemon's stats with ghostproxy's status beside them (as "ghostproxy").
+    if (raw_json) {
+      json both = *result;
+      both["ghostproxy"] = *proxy_status;
+      std::cout << both.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+    } else {
+      std::cout << command->text(*result) << Table(ShapingRows(*proxy_status));
+    }
+  } else if (raw_json) {
     std::cout << result->dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
   } else {
     std::cout << command->text(*result);

@@ -60,6 +60,8 @@ std::string ShapingMetricsText(const ShapingStats& s) {
          std::to_string(s.bursts));
   metric("ghostproxy_shaping_burst_bytes_total", "counter", "Bytes in those bursts.",
          std::to_string(s.burst_bytes));
+  metric("ghostproxy_shaping_mean_burst_bytes", "gauge", "Mean size of those bursts.",
+         std::to_string(s.bursts > 0 ? s.burst_bytes / s.bursts : 0));
   metric("ghostproxy_shaping_missed_packets_total", "counter",
          "Packets that arrived while the card model slept.", std::to_string(s.missed_packets));
   metric("ghostproxy_shaping_declined_total", "counter",
@@ -91,7 +93,8 @@ bool ReadTcpInfo(int fd, tcp_info* info) {
 
 UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOptions& options,
                                Bytes size, bool fixed_at_connect, ShapingStats* stats)
-    : clock_(clock), bev_(bev), fd_(bufferevent_getfd(bev)), stats_(stats) {
+    : clock_(clock), bev_(bev), fd_(bufferevent_getfd(bev)), stats_(stats),
+      fixed_at_connect_(fixed_at_connect) {
   SetShapingBuffer(fd_, options.buffer);  // harmless if it was set before connect
   int rcvbuf = 0;
   socklen_t len = sizeof rcvbuf;
@@ -353,9 +356,29 @@ void UpstreamShaper::Watch(bool on) {
   }
 }
 
+void UpstreamShaper::ReleaseBuffer() {
+  if (buffer_released_) return;
+  buffer_released_ = true;
+  // The kernel caps the value at net.core.rmem_max (and doubles it). Measured on
+  // scripts/linkemu.sh (60 ms, 20 Mb/s, 5 MB): a declined download kept at the 128 KiB
+  // shaping buffer took 3.3 s, autotuned plain TCP 2.4 s. The window can grow back only when
+  // the buffer was fixed after the handshake (the window scale was chosen for the large one).
+  int big = 64 << 20;
+  setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  // A locked buffer ends autotuning, which is what raised the window clamp; without raising
+  // it too the window stayed where the clamp was when shaping began (same 3.3 s).
+  int got = 0;
+  socklen_t len = sizeof got;
+  if (getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &got, &len) == 0 && got > 0) {
+    int clamp = got / 2;
+    setsockopt(fd_, IPPROTO_TCP, TCP_WINDOW_CLAMP, &clamp, sizeof clamp);
+  }
+}
+
 void UpstreamShaper::Step() {
   DrainTap();
   const TimePoint now = std::max(clock_->Now(), last_arrival_);
+  if (shaper_->stats().declined && !fixed_at_connect_) ReleaseBuffer();
   if (!shaper_->reads_freely() && shaper_->wants_open() && !draining_ && !paused_) {
     Observe(now, /*woke_readable=*/false);
     if (Queued() == 0) {

@@ -38,6 +38,19 @@
 // not the link), so the measured burst rate is low and the window looks ≥ 90% of the BDP.
 // scripts/bench-shaping.sh measured shaped E×D at 2.9-5× plain TCP there.
 //
+// Why it cannot pay there (round 4, same link, origin without slow start after idle): plain
+// TCP's window autotunes past the bandwidth-delay product, so it receives at the bottleneck's
+// rate without idle gaps (2.38 s, 3.35 J: 1.41 W mean card power). Each window the shaper
+// closes adds at least one RTT to the delay T and saves at most (P_idle − P_sleep)·RTT of
+// energy E, changing E×D by at least RTT·(E − (P_idle − P_sleep)·T): positive whenever plain's
+// mean card power exceeds P_idle − P_sleep (1.14 W on the WaveLAN card), whatever the window,
+// Td or wake time. Fixing the buffer before the SYN (HTTP fixes it after, tunnels before) made
+// it worse (E×D 2.7-3.2×: the whole download held to the 128 KiB window); the sender's BBR or
+// CUBIC and tcp_slow_start_after_idle=0 changed nothing measurable. The paper's plain TCP had
+// a fixed window below the BDP, which idles between windows; that idle is what shaping turns
+// into sleep. So --shape auto declines there (EstimateShaping compares with plain TCP at the
+// link rate), and then gives the window back (ReleaseBuffer).
+//
 // Thread-safety: the proxy's event-loop thread only.
 #ifndef GHOST_PROXY_SHAPER_H_
 #define GHOST_PROXY_SHAPER_H_
@@ -170,6 +183,12 @@ class UpstreamShaper {
   std::unique_ptr<ArrivalTap> tap_;  // per-packet arrivals; null: the socket's view
   event* tap_event_ = nullptr;
   bool peer_closing_ = false;  // the capture saw FIN or RST: read to the end
+  // The shaper declined (eq. 4): the fixed buffer was given back (ReleaseBuffer), once.
+  bool buffer_released_ = false;
+  bool fixed_at_connect_ = false;
+  // Declined for good: lets the receive window grow again (SO_RCVBUF to the system's maximum),
+  // so a download shaping would not help is not held to the shaping window either.
+  void ReleaseBuffer();
   // GHOST_SHAPER_CARD_LOG: the card model's decisions, for scripts/bench-shaping.sh.
   void LogCard(const char* what, TimePoint when);
   std::FILE* card_log_ = nullptr;

@@ -25,7 +25,7 @@ expect() {
   fi
 }
 
-echo "1..17"
+echo "1..21"
 
 expect "no command is a usage error" 2 "subcommand is required"
 expect "an unknown command is a usage error" 2 "ghostctl: " frobnicate
@@ -65,3 +65,55 @@ expect "status of a missing file exits 1 with a message" 1 "status: $tmp/missing
   status "$tmp/missing"
 expect "sync without a daemon says ghostfs is not running" 1 "$not_running" sync
 
+
+# stats --proxy ADDR: ghostproxy's download shaping from its /ghost/status (a stand-in server
+# on 127.0.0.1 answers with a fixed status), printed even when no ghostfs answers (exit 1).
+cat >"$tmp/status.json" <<'JSON'
+{"requests": {"total": 3}, "shaping": {"mode": "auto", "knob": 50, "knob_used": 40,
+ "shaped_downloads": 2, "active": 1, "bursts": 10, "mean_burst_bytes": 126464,
+ "missed_packets": 3, "declined": 0, "saturated": 1, "sleep_s": 2.5, "mean_slowdown": 1.25}}
+JSON
+python3 - "$tmp" <<'PY' &
+import http.server, os, sys
+d = sys.argv[1]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = open(os.path.join(d, "status.json"), "rb").read() if self.path == "/ghost/status" else b""
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(("127.0.0.1", 0), H)
+open(os.path.join(d, "port.tmp"), "w").write(str(s.server_address[1]))
+os.rename(os.path.join(d, "port.tmp"), os.path.join(d, "port"))
+s.serve_forever()
+PY
+server=$!
+trap 'kill $server 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 50); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+port=$(cat "$tmp/port" 2>/dev/null)
+GHOST_CONTROL="$sock" "$GHOSTCTL" stats --proxy "127.0.0.1:$port" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -qE "^shaping +auto, knob 40$" "$tmp/out" &&
+   grep -qE "^  downloads +2 shaped \(1 now\), 0 declined, 1 left for plain TCP" "$tmp/out" &&
+   grep -qE "^  bursts +10, 123.5 KiB mean$" "$tmp/out" &&
+   grep -qE "^  card asleep +2.5 s \(estimated\)$" "$tmp/out" &&
+   grep -qE "^  missed packets +3$" "$tmp/out" && grep -qE "^  slowdown +1.25× " "$tmp/out" &&
+   grep -qE "$not_running" "$tmp/err"; then
+  ok "stats --proxy prints the proxy's shaping (bursts, mean size, sleep, missed, slowdown) without a ghostfs, and exits 1"
+else
+  not_ok "stats --proxy" "exit $rc; stdout: $(cat "$tmp/out")" "stderr: $(cat "$tmp/err")"
+fi
+GHOST_CONTROL="$sock" "$GHOSTCTL" stats --json --proxy "http://127.0.0.1:$port/" >"$tmp/out" 2>/dev/null
+if python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); assert j["ghostproxy"]["shaping"]["bursts"] == 10' "$tmp/out"; then
+  ok "stats --json --proxy URL carries the proxy's status as \"ghostproxy\""
+else
+  not_ok "stats --json --proxy" "$(head -c 300 "$tmp/out")"
+fi
+kill $server 2>/dev/null
+wait $server 2>/dev/null
+expect "stats --proxy with nothing listening names the URL" 1 \
+  "cannot read http://127.0.0.1:$port/ghost/status: .*is ghostproxy listening there" stats --proxy "127.0.0.1:$port"
+expect "--proxy is an option of stats only" 2 "--proxy" devices --proxy "127.0.0.1:$port"
