@@ -276,5 +276,31 @@ TEST_F(LocalFlashLogTest, AFailedAppendIsAnErrorWhenTheDiskRefusesTheFilesOlderR
   close(fd);
 }
 
+// The disk fails mid-flush: the records stay in the log (reads still see them), the failure is
+// reported to the listener and counted, and the next flush applies them.
+TEST_F(LocalFlashLogTest, EioMidFlushKeepsTheRecordsAndTheNextFlushAppliesThem) {
+  std::vector<std::string> errors;
+  log_->SetFlushListener([&](const FlushReport& r) { errors.insert(errors.end(), r.errors.begin(), r.errors.end()); });
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "keep me").ok());
+  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kWrite; }, EIO);
+  FlushReport failed = Flush();
+  faulty_->Heal();
+  EXPECT_EQ(failed.records_kept, 1u);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("Input/output error"), std::string::npos) << errors[0];
+  EXPECT_EQ(log_->StatsJson()["records_kept"], 1);
+  EXPECT_TRUE(log_->Holds(fd));
+  std::string buf;
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, "keep me");
+  FlushReport again = Flush();
+  EXPECT_TRUE(again.errors.empty()) << again.errors.front();
+  EXPECT_EQ(again.records_applied, 1u);
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "keep me");
+  EXPECT_FALSE(log_->Holds(fd));
+  close(fd);
+}
+
 }  // namespace
 }  // namespace ghost
