@@ -238,8 +238,26 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
 void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  std::string p = *path;
   log_->AppendMeta(MetaOp::kTruncate, std::move(path).value(), size, "",
-                   [done = std::move(done)](Result<std::uint64_t> r) { done(r.status()); });
+                   [this, p = std::move(p), size, done = std::move(done)](Result<std::uint64_t> r) {
+                     if (r.ok()) return done(Status::Ok());
+                     // Runs only while the log (owned by this) lives. The flush starts before any
+                     // later append is written (they wait behind it), so it applies only records
+                     // older than the truncate; the truncate then goes on top of them.
+                     ++write_throughs_;
+                     std::fprintf(stderr, "ghostfs: flash log %s could not take a truncate of a local/ file (%s); "
+                                  "flushing the log and truncating on the disk\n", log_->options().dir.c_str(),
+                                  r.status().ToString().c_str());
+                     Status cause = r.status();
+                     log_->Flush(LogFlushReason::kExplicit, [this, p, size, cause, done](const FlushReport&) {
+                       if (log_->Holds(LogRecordKind::kLocalWrite, p)) {
+                         ++write_through_failures_;
+                         return done(cause.WithContext("and the disk refused the file's logged records"));
+                       }
+                       done(target_->ApplyMeta(MetaOp::kTruncate, p, size, ""));
+                     });
+                   });
 }
 
 bool LocalFlashLog::Holds(int fd) const {

@@ -82,7 +82,9 @@ class LocalFlashLog {
   // it (the writer's next fsync or close). `fd` must stay open until `done` runs.
   void AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done);
   // Logs a truncate of the file `fd` to `size` (call after truncating the backing file, when
-  // Holds(fd)).
+  // Holds(fd)). If the log cannot take it, the log is flushed and the truncate applied to the
+  // disk again after it (the flushed older records must not revive the cut bytes); `done` gets
+  // an error only if the disk refused the file's records, which then stay in the log.
   void AppendTruncate(int fd, Bytes size, std::function<void(Status)> done);
 
   // Whether the log holds records of the file `fd`.

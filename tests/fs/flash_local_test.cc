@@ -302,5 +302,23 @@ TEST_F(LocalFlashLogTest, EioMidFlushKeepsTheRecordsAndTheNextFlushAppliesThem) 
   close(fd);
 }
 
+// A truncate the log cannot take: the older logged bytes go to the disk, then the truncate, so
+// no later flush revives the bytes it cut.
+TEST_F(LocalFlashLogTest, ATruncateTheLogCannotTakeIsAppliedAfterFlushingTheOlderRecords) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "hello world").ok());
+  ASSERT_EQ(ftruncate(fd, 5), 0);  // the backing file first, as LocalTree::Setattr does
+  faulty_->FailNthCall(1, ENOSPC);
+  bool done = false;
+  Status st;
+  log_->AppendTruncate(fd, 5, [&](Status s) { st = s; done = true; });
+  Run(done);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(log_->Holds(fd));
+  Flush();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello");
+  close(fd);
+}
+
 }  // namespace
 }  // namespace ghost
