@@ -133,8 +133,8 @@ class LocalFlashLog::Target final : public FlushTarget {
   std::map<std::string, UniqueFd> fds_;
 };
 
-LocalFlashLog::LocalFlashLog(PowerManager& pm, DeviceId disk_id, Device& disk)
-    : pm_(pm), disk_id_(disk_id), disk_(disk) {}
+LocalFlashLog::LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Device& disk)
+    : io_(io), pm_(pm), disk_id_(disk_id), disk_(disk) {}
 
 LocalFlashLog::~LocalFlashLog() {
   if (spin_up_ != 0) pm_.Unsubscribe(spin_up_);
@@ -154,7 +154,7 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   std::filesystem::create_directories(local_dir, ec);
   UniqueFd root(open(local_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::FromErrno(errno, "open " + local_dir);
-  std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(pm, disk_id, disk));
+  std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(io, pm, disk_id, disk));
   self->target_ = std::make_unique<Target>(std::move(root));
   // The records name files by handle: the local/ file system must give them.
   if (Result<std::string> probe = self->PathOf(self->target_->root()); !probe.ok()) {
@@ -193,15 +193,71 @@ bool LocalFlashLog::TakesWrites() const {
 void LocalFlashLog::AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
-  log_->AppendWrite(LogRecordKind::kLocalWrite, std::move(path).value(), offset, std::move(data),
-                    [done = std::move(done)](Result<std::uint64_t> r) { done(r.status()); });
+  // The bytes stay here until the append is durable: if it fails they go to the disk instead
+  // (a write acknowledged into the queue is never dropped because the log could not take it).
+  auto bytes = std::make_shared<const std::string>(std::move(data));
+  std::string p = *path;
+  log_->AppendWrite(LogRecordKind::kLocalWrite, std::move(path).value(), offset, *bytes,
+                    [this, fd, p = std::move(p), offset, bytes, done = std::move(done)](Result<std::uint64_t> r) {
+                      // Runs only while the log (owned by this) lives.
+                      if (r.ok()) return done(Status::Ok());
+                      WriteThrough(fd, p, offset, bytes, r.status(), done);
+                    });
+}
+
+void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::shared_ptr<const std::string> data,
+                                 Status cause, std::function<void(Status)> done) {
+  ++write_throughs_;
+  std::fprintf(stderr, "ghostfs: flash log %s could not take %zu bytes of a local/ file (%s); writing them through "
+               "to the disk (it spins up); check the flash device\n", log_->options().dir.c_str(), data->size(),
+               cause.ToString().c_str());
+  std::weak_ptr<bool> alive = alive_;
+  auto write = [this, alive, fd, path, offset, data, cause, done](const FlushReport*) {
+    if (alive.expired()) return;
+    if (log_->Holds(LogRecordKind::kLocalWrite, path)) {
+      // Older bytes of the file are stuck in the log (the disk refused them): writing these now
+      // would let the log's later flush put the older ones over them.
+      ++write_through_failures_;
+      return done(cause.WithContext("and the flash log still holds older records of the file that the disk "
+                                    "refused (see the flush errors); the bytes were not written"));
+    }
+    disk_.Submit({data->size(), true}, [this, alive, fd, offset, data, cause, done] {
+      if (alive.expired()) return;
+      io_.Write(fd, offset, *data, [this, alive, cause, done](Result<std::size_t> n) {
+        if (alive.expired()) return;
+        if (n.ok()) return done(Status::Ok());
+        ++write_through_failures_;
+        done(n.status().WithContext("writing through to the disk after the flash log failed (" + cause.ToString() + ")"));
+      });
+    });
+  };
+  if (!log_->Holds(LogRecordKind::kLocalWrite, path)) return write(nullptr);
+  log_->Flush(LogFlushReason::kExplicit, [write](const FlushReport& r) { write(&r); });
 }
 
 void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  std::string p = *path;
   log_->AppendMeta(MetaOp::kTruncate, std::move(path).value(), size, "",
-                   [done = std::move(done)](Result<std::uint64_t> r) { done(r.status()); });
+                   [this, p = std::move(p), size, done = std::move(done)](Result<std::uint64_t> r) {
+                     if (r.ok()) return done(Status::Ok());
+                     // Runs only while the log (owned by this) lives. The flush starts before any
+                     // later append is written (they wait behind it), so it applies only records
+                     // older than the truncate; the truncate then goes on top of them.
+                     ++write_throughs_;
+                     std::fprintf(stderr, "ghostfs: flash log %s could not take a truncate of a local/ file (%s); "
+                                  "flushing the log and truncating on the disk\n", log_->options().dir.c_str(),
+                                  r.status().ToString().c_str());
+                     Status cause = r.status();
+                     log_->Flush(LogFlushReason::kExplicit, [this, p, size, cause, done](const FlushReport&) {
+                       if (log_->Holds(LogRecordKind::kLocalWrite, p)) {
+                         ++write_through_failures_;
+                         return done(cause.WithContext("and the disk refused the file's logged records"));
+                       }
+                       done(target_->ApplyMeta(MetaOp::kTruncate, p, size, ""));
+                     });
+                   });
 }
 
 bool LocalFlashLog::Holds(int fd) const {
@@ -280,7 +336,9 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"flushes", flushes},
           {"bytes_merged_away", s.bytes_merged_away},
           {"records_kept", s.records_kept},
-          {"corrupt_regions", s.corrupt_regions}};
+          {"corrupt_regions", s.corrupt_regions},
+          {"write_throughs", write_throughs_},
+          {"write_through_failures", write_through_failures_}};
 }
 
 }  // namespace ghost

@@ -74,12 +74,17 @@ class LocalFlashLog {
   // decision; WriteBack asks it per batch.
   bool TakesWrites() const;
 
-  // Appends bytes written at `offset` of the file open as `fd` (any descriptor of it, O_PATH
-  // too); `done` runs once they are durable in the log, or with the error (the flash device
-  // full, EIO, no handle).
+  // Appends bytes written at `offset` of the file open as `fd` (a writable descriptor of it);
+  // `done` runs once they are durable in the log, or — when the append fails (the flash device
+  // full or failing, the log full and its flush refused by the disk) — once they are written
+  // through to the disk instead (WriteThrough: a warning, the disk spins up). `done` gets an
+  // error only when neither worked; the bytes are then not durable and the caller must report
+  // it (the writer's next fsync or close). `fd` must stay open until `done` runs.
   void AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done);
   // Logs a truncate of the file `fd` to `size` (call after truncating the backing file, when
-  // Holds(fd)).
+  // Holds(fd)). If the log cannot take it, the log is flushed and the truncate applied to the
+  // disk again after it (the flushed older records must not revive the cut bytes); `done` gets
+  // an error only if the disk refused the file's records, which then stay in the log.
   void AppendTruncate(int fd, Bytes size, std::function<void(Status)> done);
 
   // Whether the log holds records of the file `fd`.
@@ -107,11 +112,18 @@ class LocalFlashLog {
 
  private:
   class Target;
-  LocalFlashLog(PowerManager& pm, DeviceId disk_id, Device& disk);
+  LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Device& disk);
+  // The append of `data` (at `offset` of `fd`, record path `path`) failed with `cause`: writes
+  // it to the disk. If the log holds older records of the file, it is flushed first (they would
+  // overwrite these bytes when flushed later); if it still holds them then (the disk refused
+  // them), `done` gets an error naming both failures.
+  void WriteThrough(int fd, std::string path, Bytes offset, std::shared_ptr<const std::string> data,
+                    Status cause, std::function<void(Status)> done);
   // The record path of the file `fd`: "fh:TYPE:HEX" of its file handle.
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
 
+  FileIo& io_;
   PowerManager& pm_;
   DeviceId disk_id_;
   Device& disk_;
@@ -119,6 +131,9 @@ class LocalFlashLog {
   std::unique_ptr<FlashLog> log_;
   SubscriptionId spin_up_ = 0;
   std::function<void(const FlushReport&)> listener_;
+  std::uint64_t write_throughs_ = 0;         // appends that failed and went to the disk
+  std::uint64_t write_through_failures_ = 0;  // ... and failed there too (reported to the writer)
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the disk's callbacks check it
 };
 
 }  // namespace ghost

@@ -145,6 +145,23 @@ std::string CountOf(std::optional<double> n, const std::string& one, const std::
   return CountText(n) + " " + (n && *n == 1 ? one : many);
 }
 
+// The flash log's faults, when there were any: "; faults: 1 corrupt region (saved beside the
+// log), 2 appends written through to the disk, ...". Empty when all are zero.
+std::string FlashFaults(const json& fl) {
+  std::string out;
+  auto add = [&](const char* key, const std::string& one, const std::string& many) {
+    std::optional<double> n = Number(fl, {key});
+    if (n && *n > 0) out += (out.empty() ? "; faults: " : ", ") + CountOf(n, one, many);
+  };
+  add("corrupt_regions", "corrupt region (saved beside the log)", "corrupt regions (saved beside the log)");
+  add("append_failures", "failed append", "failed appends");
+  add("write_throughs", "append written through to the disk", "appends written through to the disk");
+  add("write_through_failures", "write lost to both (reported to its writer)",
+      "writes lost to both (reported to their writers)");
+  add("records_kept", "record the disk refused (kept in the log)", "records the disk refused (kept in the log)");
+  return out;
+}
+
 // Columns padded to their widest cell; the last column is not padded.
 std::string Table(const std::vector<std::vector<std::string>>& rows) {
   std::vector<std::size_t> width;
@@ -282,7 +299,8 @@ std::string StatsText(const json& s) {
     }
     rows.push_back({"flash log", BytesText(Number(*fl, {"used"})) + " of " + BytesText(Number(*fl, {"capacity"})) +
                                      ", " + CountOf(Number(*fl, {"records"}), "record", "records") + "; flushes: " +
-                                     flushes + "; " + BytesText(Number(*fl, {"bytes_merged_away"})) + " merged away"});
+                                     flushes + "; " + BytesText(Number(*fl, {"bytes_merged_away"})) + " merged away" +
+                                     FlashFaults(*fl)});
   }
   if (const json* imap = Find(s, {"imap"}); imap != nullptr && imap->is_object()) {
     rows.push_back({"imap", CountText(Number(s, {"imap", "queued"})) + " operations queued, " +

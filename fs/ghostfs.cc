@@ -234,6 +234,11 @@ Status Daemon::OpenFlashLog() {
                  "regions skipped (saved beside the log)\n", fo.dir.c_str(), report.records,
                  static_cast<unsigned long long>(report.torn_tail_cut), report.corrupt.size());
   }
+  for (const CorruptRegion& c : report.corrupt) {
+    std::fprintf(stderr, "ghostfs: flash log %s: corrupt record (bad CRC) at offset %llu, %llu bytes: %s\n",
+                 fo.dir.c_str(), static_cast<unsigned long long>(c.offset), static_cast<unsigned long long>(c.length),
+                 c.saved_as.empty() ? "could not be saved" : ("saved as " + c.saved_as).c_str());
+  }
   flash_->SetFlushListener([this](const FlushReport&) { PublishStats(); });
   return Status::Ok();
 }

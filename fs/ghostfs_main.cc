@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
   app.add_option("--flash-log", flash_log,
                  "DIR[:SIZE]: a durable log on a flash device (SD card, USB stick, NVMe) in front "
                  "of the disk: while the disk sleeps, local/ writes and their fsyncs go there instead "
-                 "of waking it (SIZE default 16M)");
+                 "of waking it (SIZE default 16M). A read-only DIR stops ghostfs at start; a write the "
+                 "log cannot take (device full or failing) goes to the disk instead, with a warning");
   app.add_option("--flash-policy", flash_policy,
                  "when the flash log goes to the disk: when-full (default: only when it is full) or "
                  "each-spinup (also whenever the disk spins up)");

@@ -583,8 +583,8 @@ void LocalTree::ApplyWriteToLog(WriteRecord record, std::function<void()> done) 
       std::string proc = "/proc/self/fd/" + std::to_string(f->wfd.get());
       ssize_t len = readlink(proc.c_str(), path, sizeof(path) - 1);
       if (len > 0) path[len] = '\0';
-      std::fprintf(stderr, "ghostfs: %s: a deferred write could not go into the flash log (its writer's next "
-                   "fsync or close reports it): %s\n", path, s.ToString().c_str());
+      std::fprintf(stderr, "ghostfs: %s: a deferred write went neither into the flash log nor to the disk (its "
+                   "writer's next fsync or close reports it): %s\n", path, s.ToString().c_str());
       f->err = s.ToErrno();
       ++f->err_seq;
     }

@@ -226,8 +226,13 @@ Status FlashLog::Recover(RecoveryReport* report) {
       break;
     }
     CorruptRegion region{pos, next - pos, ""};
+    // A new name: a copy an earlier recovery saved at the same offset stays as it was.
     std::string saved = options_.dir + "/corrupt-" + std::to_string(pos) + ".bin";
-    UniqueFd out(open(saved.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    UniqueFd out(open(saved.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    for (int n = 1; !out.valid() && errno == EEXIST && n < 1000; ++n) {
+      saved = options_.dir + "/corrupt-" + std::to_string(pos) + "." + std::to_string(n) + ".bin";
+      out = UniqueFd(open(saved.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    }
     if (out.valid() &&
         WriteExact(out.get(), std::string_view(log).substr(pos, next - pos), 0, saved).ok() &&
         fsync(out.get()) == 0) {
@@ -245,8 +250,8 @@ Status FlashLog::Recover(RecoveryReport* report) {
   return Status::Ok();
 }
 
-void FlashLog::AppendWrite(LogRecordKind kind, std::string path, Bytes offset, std::string data,
-                           AppendDone done) {
+void FlashLog::AppendWrite(LogRecordKind kind, std::string path, Bytes offset,
+                           std::string_view data, AppendDone done) {
   assert(kind != LogRecordKind::kMeta);
   if (data.empty()) {
     done(next_seq_ - 1);
@@ -268,7 +273,7 @@ void FlashLog::AppendWrite(LogRecordKind kind, std::string path, Bytes offset, s
   auto join = std::make_shared<Join>(Join{pieces, Status::Ok(), 0, std::move(done)});
   for (std::size_t i = 0; i < pieces; ++i) {
     Bytes at = i * max_data;
-    std::string part = data.substr(at, max_data);
+    std::string part(data.substr(at, max_data));
     auto p = std::make_unique<Pending>(Pending{kind, MetaOp::kNone, path, offset + at,
                                                std::move(part), nullptr, {}});
     p->done = [join](Result<std::uint64_t> r) {

@@ -24,8 +24,10 @@
 // only after the target's files are fsynced). Open scans the log: a record whose header or body
 // runs past the end of the file, or whose CRC fails with no valid later record, is a torn tail
 // and is cut (it was never acknowledged). A bad record followed by valid ones is corruption in
-// the middle: its bytes are saved to DIR/corrupt-<offset>.bin, reported, and skipped; the later
-// records are kept. Recovery replays the log by flushing it (LogFlushReason::kRecovery).
+// the middle: its bytes are saved to DIR/corrupt-<offset>.bin (-<offset>.<n>.bin if that name is
+// taken: an earlier recovery's copy is never overwritten), reported, and skipped; the later
+// records are kept and replayed (a CRC that fails names no trustworthy path, so the region is
+// kept for a human, not applied). Recovery replays the log by flushing it (LogFlushReason::kRecovery).
 //
 // Faults. A failed append (the flash device full, EIO) fails that append's callbacks with the
 // error and leaves the log as it was (the partial bytes are truncated away). A record the flush
@@ -170,8 +172,9 @@ class FlashLog {
   // Appends `data` for `path` at `offset`, in records of at most `buffer` bytes each; `done`
   // runs once all are durable (with the last one's sequence number) or with the first error.
   // If the log cannot hold them, a kFull flush runs first. An empty `data` is a no-op (done
-  // with the current sequence number).
-  void AppendWrite(LogRecordKind kind, std::string path, Bytes offset, std::string data,
+  // with the current sequence number). `data` is copied before this returns (the caller may
+  // keep its bytes, e.g. to write them to the disk itself if the append fails).
+  void AppendWrite(LogRecordKind kind, std::string path, Bytes offset, std::string_view data,
                    AppendDone done);
   // Appends a metadata change.
   void AppendMeta(MetaOp op, std::string path, Bytes arg, std::string arg2, AppendDone done);

@@ -59,6 +59,7 @@ class LocalFlashLogTest : public ::testing::Test {
   void SetUp() override {
     base_ = event_base_new();
     io_ = std::make_unique<SyncFileIo>(base_);
+    faulty_ = std::make_unique<FaultyFileIo>(*io_);
     std::string tmpl = ::testing::TempDir() + "ghost_flash_local_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     root_ = tmpl;
@@ -72,7 +73,7 @@ class LocalFlashLogTest : public ::testing::Test {
     o.capacity = 1 << 20;
     o.buffer = 64 << 10;
     Result<std::unique_ptr<LocalFlashLog>> log =
-        LocalFlashLog::Open(o, *io_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+        LocalFlashLog::Open(o, *faulty_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
     log_ = std::move(log).value();
   }
@@ -80,6 +81,7 @@ class LocalFlashLogTest : public ::testing::Test {
     log_.reset();
     pm_.reset();
     disk_.reset();
+    faulty_.reset();
     io_.reset();
     event_base_free(base_);
     std::error_code ec;
@@ -116,6 +118,7 @@ class LocalFlashLogTest : public ::testing::Test {
   VirtualClock clock_;
   event_base* base_ = nullptr;
   std::unique_ptr<FileIo> io_;
+  std::unique_ptr<FaultyFileIo> faulty_;  // over io_: the log's and the disk's I/O
   fs::path root_;
   std::unique_ptr<Device> disk_;
   std::unique_ptr<PowerManager> pm_;
@@ -213,7 +216,7 @@ TEST_F(LocalFlashLogTest, ReplayAtOpenAppliesWhatTheLastRunLeft) {
   o.buffer = 64 << 10;
   RecoveryReport rep;
   Result<std::unique_ptr<LocalFlashLog>> log =
-      LocalFlashLog::Open(o, *io_, (root_ / "local").string(), *pm_, disk_id_, *disk_, &rep);
+      LocalFlashLog::Open(o, *faulty_, (root_ / "local").string(), *pm_, disk_id_, *disk_, &rep);
   ASSERT_TRUE(log.ok()) << log.status().ToString();
   log_ = std::move(log).value();
   EXPECT_EQ(rep.records, 1u);
@@ -224,6 +227,97 @@ TEST_F(LocalFlashLogTest, ReplayAtOpenAppliesWhatTheLastRunLeft) {
   }
   EXPECT_EQ(ReadFile(root_ / "local" / "f"), "survives");
   EXPECT_EQ(log_->log().stats().flushes[static_cast<int>(LogFlushReason::kRecovery)], 1u);
+}
+
+// The flash device is full (or failing): the bytes go to the disk, not nowhere.
+TEST_F(LocalFlashLogTest, AFailedAppendIsWrittenThroughToTheDisk) {
+  int fd = Create("f");
+  faulty_->FailNthCall(1, ENOSPC);  // the log's write
+  Status s = Append(fd, 0, "through");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "through");
+  EXPECT_TRUE(log_->log().records().empty());
+  nlohmann::json j = log_->StatsJson();
+  EXPECT_EQ(j["append_failures"], 1);
+  EXPECT_EQ(j["write_throughs"], 1);
+  EXPECT_EQ(j["write_through_failures"], 0);
+  close(fd);
+}
+
+// Older bytes of the file in the log go to the disk first, so they cannot land over the newer.
+TEST_F(LocalFlashLogTest, AFailedAppendFlushesTheFilesOlderRecordsBeforeWritingThrough) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "aaaa").ok());
+  faulty_->FailNthCall(1, ENOSPC);
+  Status s = Append(fd, 0, "bb");
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "bbaa");
+  EXPECT_FALSE(log_->Holds(fd));
+  Flush();  // nothing left that could overwrite the newer bytes
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "bbaa");
+  close(fd);
+}
+
+// The log cannot take the bytes and the disk refuses the file's older records: an error for
+// the writer (its fsync fails), never an acknowledgement; the older records stay in the log.
+TEST_F(LocalFlashLogTest, AFailedAppendIsAnErrorWhenTheDiskRefusesTheFilesOlderRecords) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "aaaa").ok());
+  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kWrite; }, EIO);
+  Status s = Append(fd, 0, "bb");
+  faulty_->Heal();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("older records"), std::string::npos) << s.ToString();
+  EXPECT_EQ(log_->StatsJson()["write_through_failures"], 1);
+  EXPECT_TRUE(log_->Holds(fd));
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "aaaa");
+  close(fd);
+}
+
+// The disk fails mid-flush: the records stay in the log (reads still see them), the failure is
+// reported to the listener and counted, and the next flush applies them.
+TEST_F(LocalFlashLogTest, EioMidFlushKeepsTheRecordsAndTheNextFlushAppliesThem) {
+  std::vector<std::string> errors;
+  log_->SetFlushListener([&](const FlushReport& r) { errors.insert(errors.end(), r.errors.begin(), r.errors.end()); });
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "keep me").ok());
+  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kWrite; }, EIO);
+  FlushReport failed = Flush();
+  faulty_->Heal();
+  EXPECT_EQ(failed.records_kept, 1u);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("Input/output error"), std::string::npos) << errors[0];
+  EXPECT_EQ(log_->StatsJson()["records_kept"], 1);
+  EXPECT_TRUE(log_->Holds(fd));
+  std::string buf;
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, "keep me");
+  FlushReport again = Flush();
+  EXPECT_TRUE(again.errors.empty()) << again.errors.front();
+  EXPECT_EQ(again.records_applied, 1u);
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "keep me");
+  EXPECT_FALSE(log_->Holds(fd));
+  close(fd);
+}
+
+// A truncate the log cannot take: the older logged bytes go to the disk, then the truncate, so
+// no later flush revives the bytes it cut.
+TEST_F(LocalFlashLogTest, ATruncateTheLogCannotTakeIsAppliedAfterFlushingTheOlderRecords) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "hello world").ok());
+  ASSERT_EQ(ftruncate(fd, 5), 0);  // the backing file first, as LocalTree::Setattr does
+  faulty_->FailNthCall(1, ENOSPC);
+  bool done = false;
+  Status st;
+  log_->AppendTruncate(fd, 5, [&](Status s) { st = s; done = true; });
+  Run(done);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_FALSE(log_->Holds(fd));
+  Flush();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello");
+  close(fd);
 }
 
 }  // namespace

@@ -123,8 +123,8 @@ def main():
     out = bad.output()
     bad.stop()
     subprocess.run(["umount", ro], stderr=subprocess.DEVNULL)
-    t.check(not started and "flash log" in out, "a read-only flash log directory is refused with a message",
-            out[-500:])
+    t.check(not started and "flash log" in out and ro in out and "Read-only" in out,
+            "a read-only flash log directory is refused with a message naming it", out[-500:])
     fs2 = h.Ghostfs(mnt, cache, {})
     ok = fs2.start()
     with open(os.path.join(mnt, "local", "notes.txt"), "rb") as f:

@@ -232,6 +232,35 @@ TEST_F(FlashLogTest, BadCrcInTheMiddleIsReportedSavedAndTheLaterRecordsKept) {
   EXPECT_EQ(target_->Contents("f"), std::string("aaaa\0\0\0\0cccc", 12));
 }
 
+// A second corruption at the same offset (after the first was flushed away) gets its own file:
+// the copy the first recovery saved is not overwritten.
+TEST_F(FlashLogTest, ASecondCorruptRegionAtTheSameOffsetDoesNotOverwriteTheFirstCopy) {
+  std::vector<std::string> saved;
+  for (int round = 0; round < 2; ++round) {
+    OpenLog(Options());
+    ASSERT_TRUE(Write("f", 0, "aaaa").ok());
+    ASSERT_TRUE(Write("f", 4, round == 0 ? "bbbb" : "BBBB").ok());
+    ASSERT_TRUE(Write("f", 8, "cccc").ok());
+    LogRecordInfo second = log_->records()[1];
+    log_.reset();
+    std::string bytes = ReadFile(LogFile());
+    bytes[second.log_offset + second.log_length - 1] ^= 0x5a;
+    WriteFile(LogFile(), bytes);
+    RecoveryReport rep;
+    OpenLog(Options(), &rep);
+    ASSERT_EQ(rep.corrupt.size(), 1u);
+    ASSERT_FALSE(rep.corrupt[0].saved_as.empty());
+    saved.push_back(rep.corrupt[0].saved_as);
+    EXPECT_EQ(ReadFile(saved.back()), bytes.substr(second.log_offset, second.log_length));
+    FlushReport r = Flush(LogFlushReason::kRecovery);
+    ASSERT_TRUE(r.errors.empty());
+    ASSERT_TRUE(log_->records().empty());
+  }
+  ASSERT_NE(saved[0], saved[1]);
+  EXPECT_NE(ReadFile(saved[0]).find("bbb"), std::string::npos);
+  EXPECT_NE(ReadFile(saved[1]).find("BBB"), std::string::npos);
+}
+
 class FlashLogAlgorithmTest : public FlashLogTest,
                               public ::testing::WithParamInterface<FlushAlgorithm> {};
 

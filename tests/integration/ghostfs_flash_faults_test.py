@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""ghostfs --flash-log under faults (fs/flash_local.h, common/cache/flash_log.h):
+
+1. The flash device full (the log directory on a 16 KiB tmpfs): a local/ write + fsync that the
+   log cannot take is written through to the disk with a warning, never acknowledged and lost;
+   the file's older logged bytes go to the disk first; `ghostctl stats` counts it.
+2. A corrupt record in the middle of the log (one byte flipped between two mounts, after a
+   SIGKILL left records in the log): the mount comes up, the records before and after it are
+   replayed, the bad one is saved beside the log and reported (a log line naming the file, the
+   corrupt-region counter in `ghostctl stats`).
+
+(The read-only log directory is refused at start: ghostfs_flash_test. The disk failing
+mid-flush: flash_log_test and flash_local_test, through the fault-injecting FileIo.)
+TAP; skipped without root or /dev/fuse."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+from harness import wait_for  # noqa: E402
+
+PLAN = 13
+
+
+def ghostctl(ctl, *args):
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    return subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
+
+
+def jctl(ctl, *args):
+    return json.loads(ghostctl(ctl, "--json", *args).stdout)
+
+
+def disk_mode(ctl):
+    try:
+        return [d for d in jctl(ctl, "devices") if d["kind"] == "disk"][0]["mode"]
+    except (ValueError, IndexError, KeyError):
+        return "?"
+
+
+def write_fsync(path, data, flags=os.O_CREAT | os.O_WRONLY):
+    """Writes `data` at 0 and fsyncs; returns None or the OSError's text."""
+    try:
+        fd = os.open(path, flags, 0o644)
+        try:
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return str(e)
+    return None
+
+
+def read(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return str(e).encode()
+
+
+def full_device(t, work):
+    mnt = os.path.join(work, "mnt")
+    cache = os.path.join(work, "cache")
+    ctl = os.path.join(work, "control.sock")
+    flash = os.path.join(work, "flash-full")
+    os.makedirs(flash)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", flash]).returncode != 0:
+        t.skip_rest(7, "cannot mount a tmpfs")
+        return
+    h.on_exit(lambda: subprocess.run(["umount", "-l", flash], stderr=subprocess.DEVNULL))
+    try:
+        fs = h.Ghostfs(mnt, cache, {}, control=ctl,
+                       args=["--profile", "ipaq-2004", "--knob", "0", "--flash-log", flash + ":1M"])
+        if not t.check(fs.start(timeout=20), "mounts with the flash log on a 16 KiB tmpfs", fs.output()[-2000:]):
+            t.skip_rest(7, "not mounted")
+            return
+        local = os.path.join(mnt, "local")
+        wait_for(lambda: disk_mode(ctl) == "standby", 10)
+        small = os.path.join(local, "small.txt")
+        head = b"head of the file\n" * 8
+        err = write_fsync(small, head)
+        logged = jctl(ctl, "stats")["flash_log"]["records"]
+        # 64 KiB do not fit the 16 KiB device: the append fails with ENOSPC.
+        big = bytes((i * 7) % 251 for i in range(64 << 10))
+        err2 = write_fsync(small, big)
+        t.check(err is None and logged >= 1 and err2 is None,
+                "an fsync whose bytes the full flash device cannot take still succeeds",
+                (err, logged, err2, fs.output()[-1500:]))
+        on_disk = read(os.path.join(cache, "local", "small.txt"))
+        t.check(on_disk == big, "its bytes are on the disk, over the file's older logged bytes (flushed first)",
+                (len(on_disk), on_disk[:40]))
+        t.check(read(small) == big, "reads through the mount see them")
+        fl = jctl(ctl, "stats")["flash_log"]
+        t.check(fl.get("write_throughs", 0) >= 1 and fl.get("append_failures", 0) >= 1
+                and fl.get("records", -1) == 0,
+                "ghostctl stats counts the failed append and the write-through", fl)
+        out = ghostctl(ctl, "stats").stdout
+        t.check("written through to the disk" in out, "ghostctl stats says so in words", out)
+        t.check("writing them through to the disk" in fs.output() and "No space left" in fs.output(),
+                "ghostfs logs a warning naming the cause", fs.output()[-1500:])
+        fs.stop()
+    finally:
+        subprocess.run(["umount", "-l", flash], stderr=subprocess.DEVNULL)
+
+
+def corrupt_record(t, work):
+    mnt = os.path.join(work, "mnt")
+    cache = os.path.join(work, "cache2")
+    ctl = os.path.join(work, "control2.sock")
+    flash = os.path.join(work, "flash")
+    args = ["--profile", "ipaq-2004", "--knob", "0", "--flash-log", flash + ":1M"]
+    fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=args)
+    if not fs.start(timeout=20):
+        t.check(False, "mounts with a flash log", fs.output()[-2000:])
+        t.skip_rest(PLAN, "not mounted")
+        return
+    local = os.path.join(mnt, "local")
+    wait_for(lambda: disk_mode(ctl) == "standby", 10)
+    want = {"a.txt": b"AAAA first file\n" * 10, "b.txt": b"BBBB second file\n" * 10,
+            "c.txt": b"CCCC third file\n" * 10}
+    errs = [write_fsync(os.path.join(local, n), d) for n, d in sorted(want.items())]
+    records = jctl(ctl, "stats")["flash_log"]["records"]
+    fs.kill9()  # the records stay in the log (an unmount would flush them)
+    log = os.path.join(flash, "flash.log")
+    data = bytearray(read(log))
+    at = data.find(want["b.txt"])
+    t.check(errs == [None] * 3 and records >= 3 and at > 0,
+            "three fsync'd files are in the flash log when ghostfs is killed", (errs, records, at))
+    if at <= 0:
+        t.skip_rest(PLAN, "nothing to corrupt")
+        return
+    data[at + 5] ^= 0x20  # a data byte of b.txt's record: its CRC fails
+    with open(log, "wb") as f:
+        f.write(data)
+    fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=args)
+    up = fs.start(timeout=20)
+    t.check(up, "ghostfs mounts over a log with a corrupt record in the middle", fs.output()[-2000:])
+    if not up:
+        t.skip_rest(PLAN, "not mounted")
+        return
+    wait_for(lambda: jctl(ctl, "stats")["flash_log"]["records"] == 0, 10)
+    backing = os.path.join(cache, "local")
+    got = {n: read(os.path.join(backing, n)) for n in want}
+    t.check(got["a.txt"] == want["a.txt"] and got["c.txt"] == want["c.txt"],
+            "the records before and after the corrupt one are replayed to the disk", got)
+    saved = glob.glob(os.path.join(flash, "corrupt-*.bin"))
+    saved_bytes = read(saved[0]) if saved else b""
+    t.check(len(saved) == 1 and b"BBBB" in saved_bytes and got["b.txt"] != want["b.txt"],
+            "the corrupt record is not applied; its bytes are kept beside the log", (saved, saved_bytes[:80]))
+    fl = jctl(ctl, "stats")["flash_log"]
+    out = ghostctl(ctl, "stats").stdout
+    t.check(fl.get("corrupt_regions") == 1 and "1 corrupt region" in out,
+            "ghostctl stats reports the corrupt region", (fl, out))
+    t.check("corrupt record (bad CRC)" in fs.output() and (saved[0] if saved else "?") in fs.output(),
+            "ghostfs logs it, naming the saved copy", fs.output()[-1500:])
+    fs.stop()
+
+
+def main():
+    h.require_root_and_fuse()
+    work = h.tempdir()
+    os.makedirs(os.path.join(work, "mnt"))
+    t = h.Tap(PLAN)
+    full_device(t, work)
+    corrupt_record(t, work)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
