@@ -118,8 +118,9 @@ nlohmann::json Daemon::StatsJson() const {
 
 void Daemon::PublishModes() {
   if (!control_) return;
-  control_->Publish("modes", DevicesJson());
-  control_->Publish("stats", StatsJson());
+  if (control_->Subscribed("modes")) control_->Publish("modes", DevicesJson());
+  // The stats are the dearer half: built only for a subscriber.
+  if (control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
 }
 
 namespace {
