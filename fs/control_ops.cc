@@ -95,7 +95,7 @@ nlohmann::json Daemon::StatsJson() const {
       {"bytes", {{"network", reads_.bytes_from_network}, {"cache", reads_.bytes_from_cache}}},
       {"ghost_hints_sent", cost_->hints_sent()},
       // READ requests the daemon served; reads of passthrough opens never reach it.
-      {"fuse", {{"reads", reads_.fuse_reads}, {"passthrough", passthrough_->StatsJson()}}},
+      {"fuse", {{"reads", reads_.fuse_reads}, {"flushes", reads_.fuse_flushes}, {"passthrough", passthrough_->StatsJson()}}},
       {"proxy", store_tree_->StatsJson()},
       {"imap", mail_->StatsJson()},
       {"write_queue",
@@ -118,8 +118,9 @@ nlohmann::json Daemon::StatsJson() const {
 
 void Daemon::PublishModes() {
   if (!control_) return;
-  control_->Publish("modes", DevicesJson());
-  control_->Publish("stats", StatsJson());
+  if (control_->Subscribed("modes")) control_->Publish("modes", DevicesJson());
+  // The stats are the dearer half: built only for a subscriber.
+  if (control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
 }
 
 namespace {

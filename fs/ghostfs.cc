@@ -509,6 +509,7 @@ void Daemon::OpWrite(fuse_req_t req, fuse_ino_t ino, const char* buf, size_t siz
 }
 
 void Daemon::OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  ++reads_.fuse_flushes;
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, 0);
   TreeOf(n).Flush(req, n, fi);

@@ -371,6 +371,9 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     // A network read's length may differ from what stat said; let reads go to EOF.
     info.direct_io = source == ReadSource::kNetwork ? 1 : 0;
     info.keep_cache = source == ReadSource::kDisk || source == ReadSource::kWriteQueue ? 1 : 0;
+    // Read-only, and Flush has nothing to do (Tree::Flush): close() need not wait for a
+    // FLUSH round trip (a small cached read is lookup, open, read; release is asynchronous).
+    info.noflush = 1;
     std::optional<int> backing;
     // Which version of the body this handle reads (one, from open to release).
     std::string version;

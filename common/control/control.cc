@@ -283,7 +283,7 @@ Result<std::string> FindControlPath(const std::string& control, const std::strin
 enum class ControlServer::ConnState { kOpen, kDraining, kClosed };
 enum class ControlServer::ConnEvent {
   kReadable,      // request bytes arrived
-  kOutputQueued,  // a reply or an event was queued
+  kOutputQueued,  // a reply or an event was sent or queued
   kDrained,       // all output written
   kPeerClosed,    // end of input, the peer still reading (shutdown(SHUT_WR), `nc -N`)
   kError,         // socket error, or the peer hung up entirely
@@ -661,7 +661,21 @@ void ControlServer::Publish(const std::string& topic, const json& data) {
 
 void ControlServer::Send(Connection& c, const std::string& line) {
   if (c.state == ConnState::kClosed) return;
-  if (bufferevent_write(c.bev.get(), line.data(), line.size()) != 0) {
+  // Write through when nothing waits before this line: a pushed event or a reply leaves now,
+  // not after the rest of this callback (a handler may go on computing after it publishes)
+  // and another trip through the event loop. Whatever the socket does not take now is queued
+  // behind, in order; an error is left to the bufferevent, which meets it on its next write.
+  std::size_t sent = 0;
+  if (c.output() == 0) {
+    ssize_t n = ::send(bufferevent_getfd(c.bev.get()), line.data(), line.size(),
+                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) sent = static_cast<std::size_t>(n);
+  }
+  if (sent == line.size()) {
+    Drive(c, ConnEvent::kOutputQueued);  // (nothing queued: a draining connection may close)
+    return;
+  }
+  if (bufferevent_write(c.bev.get(), line.data() + sent, line.size() - sent) != 0) {
     Close(c);  // out of memory for this client's output
     return;
   }
