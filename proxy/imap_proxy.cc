@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -718,8 +719,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
                                  std::string line) {
   busy_ = true;
   std::weak_ptr<ImapSession> weak = weak_from_this();
-  owner_->backend->Lookup(key, [this, weak, tag, name, f, uid, seq, key,
-                                line](Result<CacheLookup> r) {
+  auto on_lookup = [this, weak, tag, name, f, uid, seq, key, line](Result<CacheLookup> r) {
     if (weak.expired() || closing_) return;
     bool from_cache = r.ok() && r->cached && (r->choice != CacheChoice::kNetwork || offline_);
     if (!from_cache && offline_) {
@@ -769,7 +769,28 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     }
     answer_ = std::move(a);
     StreamSlice();
-  });
+  };
+  if (std::shared_ptr<const MemoryObject> m = owner_->backend->FindInMemory(key)) {
+    // The backend's copy in RAM (kept once a whole body was read from the disk) answers with
+    // no round trip to ghostfs, as for HTTP (proxy/exchange.cc StartLookup); on the next turn
+    // of the loop, as a backend's answer would come (ProcessClient is not re-entered).
+    CacheLookup lookup;
+    lookup.cached = true;
+    lookup.response = m->head;
+    lookup.choice = CacheChoice::kMemory;
+    lookup.memory = std::move(m);
+    auto* box = new std::function<void()>(
+        [on_lookup = std::move(on_lookup), lookup = std::move(lookup)]() mutable { on_lookup(std::move(lookup)); });
+    event_base_once(
+        owner_->base, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* p) {
+          std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
+          (*fn)();
+        },
+        box, nullptr);
+    return;
+  }
+  owner_->backend->Lookup(key, std::move(on_lookup));
 }
 
 void ImapSession::StreamSlice() {

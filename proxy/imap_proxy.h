@@ -16,8 +16,9 @@
 //     the body's cache key is the Maildir view's (fs/mail_tree.cc MailTree::BodyKey:
 //     ORIGIN-URL-WITH-USER + mailbox + ";UIDVALIDITY=v;UID=u", the origin URL being
 //     --imap-origin with "USER@" inserted, so a ghostfs mail origin written as
-//     imap://USER@HOST:PORT/ shares its bodies with the proxy). The backend's lookup runs the
-//     cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
+//     imap://USER@HOST:PORT/ shares its bodies with the proxy). A copy the backend keeps in RAM
+//     (FindInMemory: a body once read whole from the disk) answers first, with no round trip
+//     to ghostfs, as for HTTP. Otherwise the backend's lookup runs the cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
 //     "* seq FETCH ([UID u ]BODY[] {n}" + the cached bytes itself and completes the command
 //     with "OK ... (Ghost: from the cache)". A non-PEEK fetch so answered still marks the
 //     message \Seen on the server (UID STORE u +FLAGS (\Seen), whose untagged FETCH FLAGS the

@@ -4,13 +4,16 @@
 mbsync (isync) syncs INBOX to a local Maildir whose bodies are byte-identical to dovecot's (but
 for CRLF stored as LF, as both sync clients write a Maildir, and mbsync's own X-TUID line), and a
 flag change and a deletion made in that Maildir land on the server after the next sync;
-offlineimap3 the same; curl imap:// fetches a body; neomutt with imap:// (in tmux) lists and
+offlineimap3 the same; curl imap:// fetches a body; a body once read whole from the cache is
+answered from the proxy's RAM without asking ghostfs; neomutt with imap:// (in tmux) lists and
 displays a message. Each client missing is a skip with its name. TAP; skipped without root,
 /dev/fuse or dovecot."""
 import imaplib
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 12
+PLAN = 13
 SUBJECTS = ["Alpha lunch", "Bravo report", "Charlie hints", "Delta notes", "Echo plans", "Foxtrot end"]
 
 
@@ -283,6 +286,41 @@ folderfilter = lambda f: f == 'INBOX'
              f"imap://127.0.0.1:{iport}/INBOX;UID={uid}"])
     t.check(r.returncode == 0 and r.stdout == sent[4], "curl imap:// fetches a body through the proxy, byte-identical",
             f"rc {r.returncode} {len(r.stdout)} bytes {r.stderr[-300:]!r}")
+
+    # A body read whole from the cache once is kept in the proxy's RAM and answered from there
+    # with no round trip to ghostfs (as HTTP hits are): with ghostfs stopped (SIGSTOP), the
+    # next fetch of it is still answered at once, from the cache.
+    def fetch_once(timeout):
+        try:
+            s = socket.create_connection(("127.0.0.1", iport), timeout=timeout)
+            out = b""
+            # One command at a time (the proxy answers a fetch sent with nothing outstanding).
+            for tag, cmd in (("a", f'LOGIN {dc.user} "{dc.password}"'), ("b", "SELECT INBOX"),
+                             ("c", f"UID FETCH {uid} BODY.PEEK[]"), ("d", "LOGOUT")):
+                s.sendall(f"{tag} {cmd}\r\n".encode())
+                while f"\r\n{tag} ".encode() not in out:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    out += chunk
+            s.close()
+            return out
+        except OSError as e:
+            return repr(e).encode()
+    hits = 0
+    deadline = time.time() + 15
+    while hits < 3 and time.time() < deadline:
+        hits += b"(Ghost: from the cache)" in fetch_once(10)
+    os.kill(fs.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        out = fetch_once(5)
+        took = time.time() - t0
+    finally:
+        os.kill(fs.proc.pid, signal.SIGCONT)
+    t.check(hits == 3 and b"(Ghost: from the cache)" in out and sent[4] in out and took < 2,
+            "a body read whole from the cache is answered from the proxy's RAM (ghostfs stopped)",
+            f"{hits} hits before; {took:.2f} s; {out[-300:]!r}\n" + open(plog).read()[-500:])
 
     # neomutt with imap:// in tmux: the index lists the messages, one opens.
     if not (shutil.which("neomutt") and shutil.which("tmux")):
