@@ -189,6 +189,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // Whether `cmd`'s answer depends on changes still queued for this user.
   bool NeedsQueueFirst(const imapwire::Command& cmd) const;
   bool HasQueued(const std::string& mailbox) const;
+  // A queued change of this user in `mailbox` that adds or removes \Deleted (or is not a STORE).
+  bool HasQueuedDeleted(const std::string& mailbox) const;
   // Holds `line` until the queue has been sent (or could not be), then sends it on.
   void ForwardAfterQueue(std::string line);
   // Applies the queued flag changes to an untagged FETCH FLAGS from the server; remembers them.
@@ -653,11 +655,29 @@ bool ImapSession::HasQueued(const std::string& mailbox) const {
   return false;
 }
 
+bool ImapSession::HasQueuedDeleted(const std::string& mailbox) const {
+  ImapDeferred* d = owner_->deferred.get();
+  if (!d || user_.empty() || !d->CanSendFor(user_)) return false;
+  auto deleted = [](const std::vector<std::string>& flags) {
+    return std::any_of(flags.begin(), flags.end(),
+                       [](const std::string& f) { return strcasecmp(f.c_str(), "\\Deleted") == 0; });
+  };
+  for (const ImapOp& op : d->queue().pending()) {
+    if (op.origin != user_ || op.mailbox != mailbox) continue;
+    if (op.kind != ImapOp::Kind::kStore || deleted(op.flags) || deleted(op.remove_flags)) return true;
+  }
+  return false;
+}
+
 bool ImapSession::NeedsQueueFirst(const imapwire::Command& cmd) const {
   if (!owner_->deferred || user_.empty()) return false;
+  // CLOSE and EXPUNGE act on \Deleted only: other queued flag changes may wait (mbsync ends
+  // every sync with CLOSE, which would otherwise send a change deferred a moment before).
+  static const std::set<std::string> kOnDeleted = {"EXPUNGE", "UID EXPUNGE", "CLOSE"};
+  if (kOnDeleted.count(cmd.name)) return Selected() && HasQueuedDeleted(selected_);
   static const std::set<std::string> kOnSelected = {
-      "SEARCH", "UID SEARCH", "SORT", "UID SORT", "THREAD", "UID THREAD", "EXPUNGE", "UID EXPUNGE",
-      "CLOSE",  "COPY",       "UID COPY", "MOVE", "UID MOVE", "STORE", "UID STORE"};
+      "SEARCH", "UID SEARCH", "SORT", "UID SORT", "THREAD", "UID THREAD",
+      "COPY",   "UID COPY",   "MOVE", "UID MOVE", "STORE", "UID STORE"};
   if (kOnSelected.count(cmd.name)) return Selected() && HasQueued(selected_);
   if (cmd.name == "SELECT" || cmd.name == "EXAMINE" || cmd.name == "STATUS") {
     std::string_view rest = cmd.rest;

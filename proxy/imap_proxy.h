@@ -49,9 +49,10 @@
 //     one operation per message, in the journal. Until the queue is sent, flags the server
 //     reports in untagged FETCH responses have the queued changes applied (so FETCH FLAGS
 //     agrees with what the client was told), and a command whose answer depends on the flags
-//     upstream (SEARCH, SORT, THREAD, EXPUNGE, CLOSE, COPY, MOVE, STORE not deferred, STATUS,
-//     SELECT/EXAMINE of a mailbox with queued changes) waits until the queue has been sent,
-//     then goes to the server. A cache hit's \Seen is queued the same way.
+//     upstream (SEARCH, SORT, THREAD, COPY, MOVE, STORE not deferred, STATUS, SELECT/EXAMINE
+//     of a mailbox with queued changes; EXPUNGE and CLOSE only when a queued change adds or
+//     removes \Deleted, as mbsync closes the mailbox after every sync) waits until the queue
+//     has been sent, then goes to the server. A cache hit's \Seen is queued the same way.
 //   - Offline: when the server cannot be reached (refused, unreachable, or silent for
 //     `timeout` while connecting), the proxy greets the client itself. A login the server
 //     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
