@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -188,6 +189,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // Whether `cmd`'s answer depends on changes still queued for this user.
   bool NeedsQueueFirst(const imapwire::Command& cmd) const;
   bool HasQueued(const std::string& mailbox) const;
+  // A queued change of this user in `mailbox` that adds or removes \Deleted (or is not a STORE).
+  bool HasQueuedDeleted(const std::string& mailbox) const;
   // Holds `line` until the queue has been sent (or could not be), then sends it on.
   void ForwardAfterQueue(std::string line);
   // Applies the queued flag changes to an untagged FETCH FLAGS from the server; remembers them.
@@ -652,11 +655,29 @@ bool ImapSession::HasQueued(const std::string& mailbox) const {
   return false;
 }
 
+bool ImapSession::HasQueuedDeleted(const std::string& mailbox) const {
+  ImapDeferred* d = owner_->deferred.get();
+  if (!d || user_.empty() || !d->CanSendFor(user_)) return false;
+  auto deleted = [](const std::vector<std::string>& flags) {
+    return std::any_of(flags.begin(), flags.end(),
+                       [](const std::string& f) { return strcasecmp(f.c_str(), "\\Deleted") == 0; });
+  };
+  for (const ImapOp& op : d->queue().pending()) {
+    if (op.origin != user_ || op.mailbox != mailbox) continue;
+    if (op.kind != ImapOp::Kind::kStore || deleted(op.flags) || deleted(op.remove_flags)) return true;
+  }
+  return false;
+}
+
 bool ImapSession::NeedsQueueFirst(const imapwire::Command& cmd) const {
   if (!owner_->deferred || user_.empty()) return false;
+  // CLOSE and EXPUNGE act on \Deleted only: other queued flag changes may wait (mbsync ends
+  // every sync with CLOSE, which would otherwise send a change deferred a moment before).
+  static const std::set<std::string> kOnDeleted = {"EXPUNGE", "UID EXPUNGE", "CLOSE"};
+  if (kOnDeleted.count(cmd.name)) return Selected() && HasQueuedDeleted(selected_);
   static const std::set<std::string> kOnSelected = {
-      "SEARCH", "UID SEARCH", "SORT", "UID SORT", "THREAD", "UID THREAD", "EXPUNGE", "UID EXPUNGE",
-      "CLOSE",  "COPY",       "UID COPY", "MOVE", "UID MOVE", "STORE", "UID STORE"};
+      "SEARCH", "UID SEARCH", "SORT", "UID SORT", "THREAD", "UID THREAD",
+      "COPY",   "UID COPY",   "MOVE", "UID MOVE", "STORE", "UID STORE"};
   if (kOnSelected.count(cmd.name)) return Selected() && HasQueued(selected_);
   if (cmd.name == "SELECT" || cmd.name == "EXAMINE" || cmd.name == "STATUS") {
     std::string_view rest = cmd.rest;
@@ -718,8 +739,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
                                  std::string line) {
   busy_ = true;
   std::weak_ptr<ImapSession> weak = weak_from_this();
-  owner_->backend->Lookup(key, [this, weak, tag, name, f, uid, seq, key,
-                                line](Result<CacheLookup> r) {
+  auto on_lookup = [this, weak, tag, name, f, uid, seq, key, line](Result<CacheLookup> r) {
     if (weak.expired() || closing_) return;
     bool from_cache = r.ok() && r->cached && (r->choice != CacheChoice::kNetwork || offline_);
     if (!from_cache && offline_) {
@@ -769,7 +789,28 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     }
     answer_ = std::move(a);
     StreamSlice();
-  });
+  };
+  if (std::shared_ptr<const MemoryObject> m = owner_->backend->FindInMemory(key)) {
+    // The backend's copy in RAM (kept once a whole body was read from the disk) answers with
+    // no round trip to ghostfs, as for HTTP (proxy/exchange.cc StartLookup); on the next turn
+    // of the loop, as a backend's answer would come (ProcessClient is not re-entered).
+    CacheLookup lookup;
+    lookup.cached = true;
+    lookup.response = m->head;
+    lookup.choice = CacheChoice::kMemory;
+    lookup.memory = std::move(m);
+    auto* box = new std::function<void()>(
+        [on_lookup = std::move(on_lookup), lookup = std::move(lookup)]() mutable { on_lookup(std::move(lookup)); });
+    event_base_once(
+        owner_->base, -1, EV_TIMEOUT,
+        [](evutil_socket_t, short, void* p) {
+          std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
+          (*fn)();
+        },
+        box, nullptr);
+    return;
+  }
+  owner_->backend->Lookup(key, std::move(on_lookup));
 }
 
 void ImapSession::StreamSlice() {

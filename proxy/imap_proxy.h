@@ -16,8 +16,9 @@
 //     the body's cache key is the Maildir view's (fs/mail_tree.cc MailTree::BodyKey:
 //     ORIGIN-URL-WITH-USER + mailbox + ";UIDVALIDITY=v;UID=u", the origin URL being
 //     --imap-origin with "USER@" inserted, so a ghostfs mail origin written as
-//     imap://USER@HOST:PORT/ shares its bodies with the proxy). The backend's lookup runs the
-//     cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
+//     imap://USER@HOST:PORT/ shares its bodies with the proxy). A copy the backend keeps in RAM
+//     (FindInMemory: a body once read whole from the disk) answers first, with no round trip
+//     to ghostfs, as for HTTP. Otherwise the backend's lookup runs the cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
 //     "* seq FETCH ([UID u ]BODY[] {n}" + the cached bytes itself and completes the command
 //     with "OK ... (Ghost: from the cache)". A non-PEEK fetch so answered still marks the
 //     message \Seen on the server (UID STORE u +FLAGS (\Seen), whose untagged FETCH FLAGS the
@@ -48,9 +49,10 @@
 //     one operation per message, in the journal. Until the queue is sent, flags the server
 //     reports in untagged FETCH responses have the queued changes applied (so FETCH FLAGS
 //     agrees with what the client was told), and a command whose answer depends on the flags
-//     upstream (SEARCH, SORT, THREAD, EXPUNGE, CLOSE, COPY, MOVE, STORE not deferred, STATUS,
-//     SELECT/EXAMINE of a mailbox with queued changes) waits until the queue has been sent,
-//     then goes to the server. A cache hit's \Seen is queued the same way.
+//     upstream (SEARCH, SORT, THREAD, COPY, MOVE, STORE not deferred, STATUS, SELECT/EXAMINE
+//     of a mailbox with queued changes; EXPUNGE and CLOSE only when a queued change adds or
+//     removes \Deleted, as mbsync closes the mailbox after every sync) waits until the queue
+//     has been sent, then goes to the server. A cache hit's \Seen is queued the same way.
 //   - Offline: when the server cannot be reached (refused, unreachable, or silent for
 //     `timeout` while connecting), the proxy greets the client itself. A login the server
 //     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,

@@ -26,6 +26,7 @@ GHOST_PACKAGES=(
   wrk squid  # scripts/bench-scale.sh, scripts/bench-proxy.sh: load generator and the peer cache
   python3-websocket  # tests/integration/ghostproxy_dashboard_test.py: Chromium DevTools protocol
   libpcap-dev tcpdump  # proxy/arrival_tap.cc (per-packet arrivals), scripts/bench-shaping.sh captures
+  isync offlineimap3  # tests/integration/ghostproxy_imap_clients_test.py: real IMAP sync clients through the proxy
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
