@@ -799,15 +799,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     lookup.response = m->head;
     lookup.choice = CacheChoice::kMemory;
     lookup.memory = std::move(m);
-    auto* box = new std::function<void()>(
-        [on_lookup = std::move(on_lookup), lookup = std::move(lookup)]() mutable { on_lookup(std::move(lookup)); });
-    event_base_once(
-        owner_->base, -1, EV_TIMEOUT,
-        [](evutil_socket_t, short, void* p) {
-          std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(p));
-          (*fn)();
-        },
-        box, nullptr);
+    Later([on_lookup = std::move(on_lookup), lookup = std::move(lookup)]() mutable { on_lookup(std::move(lookup)); });
     return;
   }
   owner_->backend->Lookup(key, std::move(on_lookup));
