@@ -247,7 +247,7 @@ void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status
                      // older than the truncate; the truncate then goes on top of them.
                      ++write_throughs_;
                      std::fprintf(stderr, "ghostfs: flash log %s could not take a truncate of a local/ file (%s); "
-                                  "flushing the log and truncating on the disk\n", log_->options().dir.c_str(),
+                                  "flushing the log and truncating on the disk (it spins up); check the flash device\n", log_->options().dir.c_str(),
                                   r.status().ToString().c_str());
                      Status cause = r.status();
                      log_->Flush(LogFlushReason::kExplicit, [this, p, size, cause, done](const FlushReport&) {
