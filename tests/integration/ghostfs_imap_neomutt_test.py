@@ -7,7 +7,6 @@ import imaplib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -18,35 +17,12 @@ PLANNED = 6
 SUBJECTS = ["Lunch on Friday", "Quarterly report draft", "Ghost hints explained"]
 
 
-def tmux(sock, *args):
-    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=10)
-
-
-def screen(sock):
-    return tmux(sock, "capture-pane", "-p", "-t", "ghost").stdout
-
-
-def wait_screen(sock, pred, timeout=20):
-    deadline = time.time() + timeout
-    text = ""
-    while time.time() < deadline:
-        text = screen(sock)
-        if pred(text):
-            return True, text
-        time.sleep(0.3)
-    return False, text
-
-
 def main():
     harness.require_root_and_fuse()
     for tool in ("neomutt", "tmux"):
         if not shutil.which(tool):
             harness.skip_all(f"{tool} is not installed")
-    dc = harness.Dovecot()
-    if not dc.available():
-        harness.skip_all("dovecot is not installed")
-    if not dc.start():
-        harness.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = harness.started_dovecot()
     t = harness.Tap(PLANNED)
     for i, s in enumerate(SUBJECTS):
         msg = (f"From: Sender {i} <s{i}@example.org>\r\nTo: me@example.org\r\nSubject: {s}\r\n"
@@ -76,30 +52,29 @@ set pager_index_lines = 0
 set confirmappend = no
 set quit = yes
 """)
-    sock = f"ghost-neomutt-{os.getpid()}"
-    harness.on_exit(lambda: tmux(sock, "kill-server"))
+    tm = harness.Tmux("ghost-neomutt")
     env_home = os.path.join(work, "home")
     os.makedirs(env_home)
     cmd = f"env HOME={env_home} TERM=screen neomutt -n -F {rc} -f {maildir}"
-    r = tmux(sock, "new-session", "-d", "-s", "ghost", "-x", "160", "-y", "40", cmd)
-    ok, text = wait_screen(sock, lambda s: all(x in s for x in SUBJECTS))
+    r = tm.start(cmd)
+    ok, text = tm.wait_screen(lambda s: all(x in s for x in SUBJECTS))
     t.check(r.returncode == 0 and ok, "neomutt's index lists the seeded subjects", f"{r.stderr}\n{text}")
     # Unseen server mail is in new/: neomutt flags it N (new), not O (old, as in cur/).
     rows = [line for line in text.splitlines() if any(x in line for x in SUBJECTS)]
     t.check(len(rows) == 3 and all(re.match(r"^\s*\d+\s+N\s", line) for line in rows),
             "neomutt shows the unseen messages as new (N)", text)
     # Open the first message (sorted by date: message 0).
-    tmux(sock, "send-keys", "-t", "ghost", "Enter")
-    ok, text = wait_screen(sock, lambda s: "This is the body of message number 0." in s)
+    tm.keys("Enter")
+    ok, text = tm.wait_screen(lambda s: "This is the body of message number 0." in s)
     t.check(ok and "Subject: Lunch on Friday" in text, "opening a message shows its subject and body", text)
-    tmux(sock, "send-keys", "-t", "ghost", "q")
-    tmux(sock, "send-keys", "-t", "ghost", "q")
+    tm.keys("q")
+    tm.keys("q")
     deadline = time.time() + 10
-    while time.time() < deadline and tmux(sock, "has-session", "-t", "ghost").returncode == 0:
+    while time.time() < deadline and tm.run("has-session", "-t", "ghost").returncode == 0:
         time.sleep(0.2)
-    t.check(tmux(sock, "has-session", "-t", "ghost").returncode != 0 and os.path.ismount(mnt),
-            "neomutt quits (syncing the mailbox) and the mount stays up", screen(sock))
-    tmux(sock, "kill-server")
+    t.check(tm.run("has-session", "-t", "ghost").returncode != 0 and os.path.ismount(mnt),
+            "neomutt quits (syncing the mailbox) and the mount stays up", tm.screen())
+    tm.run("kill-server")
 
     def seen_on_server():
         c = imaplib.IMAP4("127.0.0.1", dc.port)

@@ -49,11 +49,7 @@ def flagged_on_server(dc):
 
 def main():
     harness.require_root_and_fuse()
-    dc = harness.Dovecot()
-    if not dc.available():
-        harness.skip_all("dovecot is not installed")
-    if not dc.start():
-        harness.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = harness.started_dovecot()
     t = harness.Tap(PLANNED)
     dc.seed("", message("unseen one", "u1"))
     dc.seed("", message("unseen two", "u2"))

@@ -274,11 +274,7 @@ def deferral(t, dc, work, pwfile):
 
 def main():
     harness.require_root_and_fuse()
-    dc = harness.Dovecot()
-    if not dc.available():
-        harness.skip_all("dovecot is not installed")
-    if not dc.start():
-        harness.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = harness.started_dovecot()
     t = harness.Tap(PLANNED)
     work = harness.tempdir()
     pwfile = dc.password_file()

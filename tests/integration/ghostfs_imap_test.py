@@ -62,11 +62,7 @@ def stats(control):
 
 def main():
     harness.require_root_and_fuse()
-    dc = harness.Dovecot()
-    if not dc.available():
-        harness.skip_all("dovecot is not installed")
-    if not dc.start():
-        harness.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = harness.started_dovecot()
     t = harness.Tap(PLANNED)
     sizes = {"small": 3 * 1024, "medium": 200 * 1024, "large": 3 * 1024 * 1024}
     sent = {}

@@ -180,17 +180,9 @@ def skip(t, n, why):
     t.skip_rest(t.n + n, why)
 
 
-def tmux(sock, *args):
-    return subprocess.run(["tmux", "-L", sock, *args], capture_output=True, text=True, timeout=10)
-
-
 def main():
     h.require_root_and_fuse()
-    dc = h.Dovecot()
-    if not dc.available():
-        h.skip_all("dovecot is not installed")
-    if not dc.start():
-        h.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = h.started_dovecot()
     t = h.Tap(PLAN)
     sent = [message(i, s) for i, s in enumerate(SUBJECTS)]
     for m in sent:
@@ -414,42 +406,29 @@ set pager_index_lines = 0
 set quit = yes
 set move = no
 """)
-        sock = f"ghost-imapc-{os.getpid()}"
-        h.on_exit(lambda: tmux(sock, "kill-server"))
+        tm = h.Tmux("ghost-imapc")
 
-        def screen():
-            return tmux(sock, "capture-pane", "-p", "-t", "ghost").stdout
-
-        def wait_screen(pred, timeout=15):
-            text = ""
-            deadline = time.time() + timeout
-            while time.time() < deadline:
-                text = screen()
-                if pred(text):
-                    return True, text
-                time.sleep(0.3)
-            return False, text
         cmd = f"env HOME={home} TERM=screen neomutt -n -F {muttrc}"
-        r = tmux(sock, "new-session", "-d", "-s", "ghost", "-x", "160", "-y", "40", cmd)
+        r = tm.start(cmd)
         left = [SUBJECTS[i] for i in (2, 4, 5)]
-        ok, text = wait_screen(lambda s: all(x in s for x in left))
+        ok, text = tm.wait_screen(lambda s: all(x in s for x in left))
         t.check(r.returncode == 0 and ok, "neomutt imap:// through the proxy lists the messages",
                 f"{r.stderr}\n{text}\n" + open(plog).read()[-600:])
         # The cursor is on the first unread message; whichever it is, its subject and body agree.
-        tmux(sock, "send-keys", "-t", "ghost", "Enter")
+        tm.keys("Enter")
 
         def shown(text):
             return [i for i, subj in enumerate(SUBJECTS)
                     if f"Subject: {subj}" in text and f"This is the body of message number {i}." in text]
-        ok, text = wait_screen(lambda s: len(shown(s)) == 1)
+        ok, text = tm.wait_screen(lambda s: len(shown(s)) == 1)
         t.check(ok, "neomutt displays a message read through the proxy (subject and body)",
                 text + open(plog).read()[-600:])
-        tmux(sock, "send-keys", "-t", "ghost", "q")
-        tmux(sock, "send-keys", "-t", "ghost", "q")
+        tm.keys("q")
+        tm.keys("q")
         deadline = time.time() + 10
-        while time.time() < deadline and tmux(sock, "has-session", "-t", "ghost").returncode == 0:
+        while time.time() < deadline and tm.run("has-session", "-t", "ghost").returncode == 0:
             time.sleep(0.2)
-        tmux(sock, "kill-server")
+        tm.run("kill-server")
     t.check(proxy.poll() is None, "the proxy is still up after every client", open(plog).read()[-500:])
     t.done()
 

@@ -31,11 +31,7 @@ def message(subject, seed):
 
 def main():
     h.require_root_and_fuse()
-    dc = h.Dovecot()
-    if not dc.available():
-        h.skip_all("dovecot is not installed")
-    if not dc.start():
-        h.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = h.started_dovecot()
     for i in range(6):
         dc.seed("", message(f"m{i}", i))
     t = h.Tap(PLAN)

@@ -133,11 +133,7 @@ def start_proxy(mnt, ctl, origin, extra=(), config=None, env=None):
 
 def main():
     h.require_root_and_fuse()
-    dc = h.Dovecot(tls=True)
-    if not dc.available():
-        h.skip_all("dovecot is not installed")
-    if not dc.start():
-        h.skip_all("dovecot did not start: " + dc.log()[-500:])
+    dc = h.started_dovecot(tls=True)
     t = h.Tap(PLAN)
     sent = [message("small", 3000, 1), message("medium", 300 * 1024, 2),
             message("viamount", 50 * 1024, 3), message("seen", 8000, 4)]

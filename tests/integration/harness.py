@@ -400,6 +400,51 @@ service imap-login {{
             return ""
 
 
+def started_dovecot(**kwargs):
+    """A started Dovecot(**kwargs), or the whole test skipped when dovecot is missing or does
+    not start."""
+    dc = Dovecot(**kwargs)
+    if not dc.available():
+        skip_all("dovecot is not installed")
+    if not dc.start():
+        skip_all("dovecot did not start: " + dc.log()[-500:])
+    return dc
+
+
+class Tmux:
+    """A private tmux server (its own socket) running one session, "ghost", for a terminal
+    program (neomutt); killed when the test exits."""
+
+    def __init__(self, name):
+        self.sock = f"{name}-{os.getpid()}"
+        on_exit(lambda: self.run("kill-server"))
+
+    def run(self, *args):
+        return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True,
+                              timeout=10)
+
+    def start(self, command, width=160, height=40):
+        return self.run("new-session", "-d", "-s", "ghost", "-x", str(width), "-y", str(height),
+                        command)
+
+    def keys(self, *keys):
+        return self.run("send-keys", "-t", "ghost", *keys)
+
+    def screen(self):
+        return self.run("capture-pane", "-p", "-t", "ghost").stdout
+
+    def wait_screen(self, pred, timeout=20):
+        """(True, text) once pred(screen text) holds, else (False, the last text) at timeout."""
+        deadline = time.time() + timeout
+        text = ""
+        while time.time() < deadline:
+            text = self.screen()
+            if pred(text):
+                return True, text
+            time.sleep(0.3)
+        return False, text
+
+
 def build_dir():
     return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
