@@ -20,6 +20,7 @@
 
 #include "common/control/control.h"
 #include "common/control/protocol.h"
+#include "common/base/clock.h"
 #include "common/base/file_io.h"
 #include "common/http/http_message.h"
 #include "common/base/uring_file_io.h"
@@ -38,18 +39,6 @@ std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
 
 void LogError(const std::string& what, const Status& s) {
   std::fprintf(stderr, "ghostproxy: %s: %s\n", what.c_str(), s.ToString().c_str());
-}
-
-// Runs `fn` on the loop's next turn (callbacks never run inside the call that took them).
-void Defer(event_base* base, std::function<void()> fn) {
-  auto* box = new std::function<void()>(std::move(fn));
-  event_base_once(
-      base, -1, EV_TIMEOUT,
-      [](evutil_socket_t, short, void* arg) {
-        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
-        (*f)();
-      },
-      box, nullptr);
 }
 
 // The fields of the control protocol's "store"/"refresh" that the daemon's index keeps.
@@ -175,14 +164,14 @@ class GhostfsWriter final : public CacheWriter {
     committed_ = true;
     FillState& s = *state_;
     if (s.abandoned) {
-      Defer(s.base, [done = std::move(done)] { done(Status::Internal("commit of an aborted fill")); });
+      RunSoon(s.base, [done = std::move(done)] { done(Status::Internal("commit of an aborted fill")); });
       return;
     }
     // Keep the state alive until the commit is through.
     s.commit_done = [keep = state_, done = std::move(done)](Status st) { done(st); };
     event_base* base = s.base;
     std::weak_ptr<FillState> weak = state_;
-    Defer(base, [weak] {
+    RunSoon(base, [weak] {
       if (auto st = weak.lock()) st->MaybeFinish();
     });
   }
@@ -237,20 +226,14 @@ class GhostfsBackend final : public CacheBackend {
     // Batched: one "served" report per delay while hits come in, none while idle.
     report_armed_ = true;
     std::weak_ptr<bool> alive = alive_;
-    auto* box = new std::function<void()>([this, alive] {
-      if (alive.expired()) return;
-      report_armed_ = false;
-      ReportServed();
-    });
-    const timeval tv = {static_cast<time_t>(options_.report_delay.count() / 1000000),
-                        static_cast<suseconds_t>(options_.report_delay.count() % 1000000)};
-    event_base_once(
-        base_, -1, EV_TIMEOUT,
-        [](evutil_socket_t, short, void* arg) {
-          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
-          (*f)();
+    RunSoon(
+        base_,
+        [this, alive] {
+          if (alive.expired()) return;
+          report_armed_ = false;
+          ReportServed();
         },
-        box, &tv);
+        options_.report_delay);
   }
 
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
@@ -307,7 +290,7 @@ class GhostfsBackend final : public CacheBackend {
                 std::function<void(Status)> done) override {
     auto body = std::static_pointer_cast<const OpenedBody>(version);
     if (!body) {
-      Defer(base_, [done = std::move(done), key] { done(Status::NotFound("not looked up: " + key)); });
+      RunSoon(base_, [done = std::move(done), key] { done(Status::NotFound("not looked up: " + key)); });
       return;
     }
     if (offset + length > body->size) {
@@ -315,7 +298,7 @@ class GhostfsBackend final : public CacheBackend {
                                          std::to_string(offset + length) + ") past the end (" +
                                          std::to_string(body->size) + " bytes) of the cached body of " + key);
       LogError("reading a cached body", s);
-      Defer(base_, [done = std::move(done), s] { done(s); });
+      RunSoon(base_, [done = std::move(done), s] { done(s); });
       return;
     }
     auto read = std::make_shared<BodyRead>();
@@ -405,7 +388,7 @@ class GhostfsBackend final : public CacheBackend {
   void TransferData(std::uint64_t transfer, Bytes body_bytes, std::function<void()> done) override {
     WhenTransferKnown(transfer, [this, transfer, body_bytes, done = std::move(done)]() mutable {
       auto it = transfers_.find(transfer);
-      if (it == transfers_.end() || !it->second.id) return Defer(base_, std::move(done));
+      if (it == transfers_.end() || !it->second.id) return RunSoon(base_, std::move(done));
       std::weak_ptr<bool> alive = alive_;
       ctl_->Call(ControlOp::kTransfer,
                  {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}},
@@ -506,7 +489,7 @@ class GhostfsBackend final : public CacheBackend {
     if (want == 0) {
       Keep(*read);
       auto done = std::move(read->done);
-      Defer(base_, [done = std::move(done)] { done(Status::Ok()); });
+      RunSoon(base_, [done = std::move(done)] { done(Status::Ok()); });
       return;
     }
     // Bytes in the page cache are taken at once (RWF_NOWAIT fails instead of waiting for the
@@ -525,7 +508,7 @@ class GhostfsBackend final : public CacheBackend {
       if (!read->on_data(std::string_view(read->buf.data(), static_cast<std::size_t>(got)))) {
         Keep(*read);  // the reader stops at the end of what it wanted (a whole body: kept)
         auto done = std::move(read->done);
-        Defer(base_, [done = std::move(done)] { done(Status::Ok()); });
+        RunSoon(base_, [done = std::move(done)] { done(Status::Ok()); });
         return;
       }
       return ReadPiece(read);

@@ -145,6 +145,20 @@ void RealClock::OnTimer(int, short, void* arg) {
   mine->fn();
 }
 
+void RunSoon(event_base* base, std::function<void()> fn, Duration after) {
+  auto* box = new std::function<void()>(std::move(fn));
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(after).count();
+  const timeval tv = {static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  const int rc = event_base_once(
+      base, -1, EV_TIMEOUT,
+      [](evutil_socket_t, short, void* arg) {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+        (*f)();
+      },
+      box, us > 0 ? &tv : nullptr);
+  if (rc != 0) delete box;  // libevent could not allocate the event; nothing will run it
+}
+
 event_base* MakeEventBase() {
   static std::once_flag once;
   std::call_once(once, [] { evthread_use_pthreads(); });

@@ -120,6 +120,12 @@ class RealClock final : public Clock {
 // The caller owns it (event_base_free).
 event_base* MakeEventBase();
 
+// Runs `fn` once on `base`'s loop: on its next turn, or `after` from now. Never inside the
+// call, so a callback handed to an asynchronous API never runs before that API returns.
+// `fn` must guard its own captures (a weak token) if their owner can go first; a call still
+// pending when the base is freed is dropped without running.
+void RunSoon(event_base* base, std::function<void()> fn, Duration after = Duration::zero());
+
 }  // namespace ghost
 
 #endif  // GHOST_COMMON_BASE_CLOCK_H_

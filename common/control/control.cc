@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/base/clock.h"
 #include "common/base/mounts.h"
 
 namespace ghost {
@@ -841,14 +842,7 @@ void AsyncControlClient::Disconnected() {
 }
 
 void AsyncControlClient::Defer(std::function<void()> fn) {
-  auto* box = new std::function<void()>(std::move(fn));
-  event_base_once(
-      base_, -1, EV_TIMEOUT,
-      [](evutil_socket_t, short, void* arg) {
-        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
-        NoThrow("a deferred control callback", [&] { (*f)(); }, [] {});
-      },
-      box, nullptr);
+  RunSoon(base_, [fn = std::move(fn)] { NoThrow("a deferred control callback", fn, [] {}); });
 }
 
 ControlClient::ControlClient(ControlClient&& other) noexcept
