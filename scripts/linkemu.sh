@@ -163,6 +163,16 @@ run() {
 
 in_link() { ip netns exec "$link_ns" "$@"; }
 
+# For `ip netns exec NETNS sh -c "$DROP_FUSE" sh CMD...`: runs CMD without the FUSE mounts that
+# the new mount namespace copied from ours. Where / has private propagation (containers, this
+# CI), such a copy keeps a FUSE file system alive after it is unmounted here: its daemon never
+# sees the unmount (nor runs its unmount flush) until CMD exits. Long-lived commands in a
+# namespace (the delayer, servers, `linkemu.sh exec`) drop them; nothing else in them uses FUSE.
+# shellcheck disable=SC2016  # a script for the inner shell
+DROP_FUSE='awk '"'"'$3 == "fuse" || $3 == "fuseblk" || $3 ~ /^fuse\./ { print $2 }'"'"' /proc/self/mounts |
+  while IFS= read -r m; do umount -l "$(printf "%b" "$m")" 2>/dev/null || true; done
+exec "$@"'
+
 # bound_queues NETNS N...: how many of the NFQUEUE queues N... are bound in NETNS.
 bound_queues() {
   local n=$1
@@ -364,7 +374,7 @@ EOF
   command -v chrt >/dev/null && chrt -f 10 true 2>/dev/null && rt=(chrt -f 10)
   local impair=(--loss-pct "$loss_pct" --jitter-ms "$jitter_ms" --jitter-shape "$jitter_shape")
   [ "$seed" != 0 ] && impair+=(--seed "$seed")
-  setsid "${rt[@]}" ip netns exec "$link_ns" "$nfq_delay" --queue 0 --queue 1 \
+  setsid "${rt[@]}" ip netns exec "$link_ns" sh -c "$DROP_FUSE" sh "$nfq_delay" --queue 0 --queue 1 \
     --delay-ms "$down_delay_ms" --delay-ms "$up_delay_ms" "${impair[@]}" --link "$name" \
     </dev/null >"$state/delayer.log" 2>&1 {lock}>&- &
   local pid=$!
@@ -481,7 +491,7 @@ cmd_check() {
           --queue-bypass 2>/dev/null || why="iptables has no NFQUEUE target"
       fi
       if [ -z "$why" ]; then
-        ip netns exec "$probe" "$nfq_delay" --queue 0 --link "$probe" </dev/null >/dev/null 2>&1 &
+        ip netns exec "$probe" sh -c "$DROP_FUSE" sh "$nfq_delay" --queue 0 --link "$probe" </dev/null >/dev/null 2>&1 &
         local pid=$! ok=''
         for _ in $(seq 30); do
           if [ "$(bound_queues "$probe" 0)" -eq 1 ]; then
@@ -685,7 +695,7 @@ cmd_selftest() {
 
   # Throughput each way: one TCP connection, goodput over DUR s after WARM s of warm-up.
   local port
-  ip netns exec "$ns" python3 -c "$BULK_PY" serve "$ns_ip" >"$state/bulk.port" 2>"$state/bulk.err" &
+  ip netns exec "$ns" sh -c "$DROP_FUSE" sh python3 -c "$BULK_PY" serve "$ns_ip" >"$state/bulk.port" 2>"$state/bulk.err" &
   server_pid=$!
   for _ in $(seq 50); do
     [ -s "$state/bulk.port" ] && break
@@ -753,7 +763,7 @@ case $command in
     parse_options name "$@"
     [ ${#REST[@]} -gt 0 ] || usage "exec needs a command"
     netns_exists "$ns" || die "link $name is not up (no namespace $ns); run linkemu.sh up first"
-    exec ip netns exec "$ns" "${REST[@]}"
+    exec ip netns exec "$ns" sh -c "$DROP_FUSE" sh "${REST[@]}"
     ;;
   status)
     parse_options name "$@"
