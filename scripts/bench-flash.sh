@@ -111,15 +111,23 @@ print(f"  {fails} of {total} FAIL")
 PY
 
 if [ -n "$live" ]; then
-  echo "== Live flush (goal: alg 4 <= 0.25 x alg 1) on $(df -P "$live" | awk 'NR==2{print $1}')"
-  j=$("$build/tests/flash_flush_bench" "$live" --records 2000 --file-mib 2 --buffer-kib 4096)
-  python3 - "$j" <<'PY'
-import json, sys
-j = json.loads(sys.argv[1])
-print(f"  alg 1 {j['alg1']['seconds']:.3f} s ({j['alg1']['writes']} writes), "
-      f"alg 4 {j['alg4']['seconds']:.3f} s ({j['alg4']['writes']} writes), via {j['io']}")
-print(f"  measured alg4/alg1 = {j['measured_ratio_alg4_over_alg1']:.3f}   "
-      f"ghostsim predicts {j.get('predicted_ratio_alg4_over_alg1', float('nan')):.3f} "
-      f"({j.get('predicted_profile', '?')} profile)")
+  # Three runs, the median ratio: on a shared machine one run can be off by 5x (seen: 0.09-1.03).
+  echo "== Live flush (goal: alg 4 <= 0.25 x alg 1) on $(df -P "$live" | awk 'NR==2{print $1}'), 3 runs"
+  runs=()
+  for i in 1 2 3; do
+    runs+=("$("$build/tests/flash_flush_bench" "$live" --records 2000 --file-mib 2 --buffer-kib 4096)")
+  done
+  python3 - "${runs[@]}" <<'PY'
+import json, statistics, sys
+rs = [json.loads(a) for a in sys.argv[1:]]
+for j in rs:
+    print(f"  alg 1 {j['alg1']['seconds']:.3f} s ({j['alg1']['writes']} writes), "
+          f"alg 4 {j['alg4']['seconds']:.3f} s ({j['alg4']['writes']} writes), via {j['io']}: "
+          f"{j['measured_ratio_alg4_over_alg1']:.3f}")
+m = statistics.median(j['measured_ratio_alg4_over_alg1'] for j in rs)
+p = rs[0].get('predicted_ratio_alg4_over_alg1', float('nan'))
+print(f"  measured alg4/alg1 median = {m:.3f}   ghostsim predicts {p:.3f} "
+      f"({rs[0].get('predicted_profile', '?')} profile)")
+print(f"  {'PASS' if m <= 0.25 else 'FAIL'}  live flush alg 4 / alg 1 = {m:.3f}   goal <= 0.25")
 PY
 fi
