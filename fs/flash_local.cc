@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <span>
@@ -154,14 +155,32 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   std::filesystem::create_directories(local_dir, ec);
   UniqueFd root(open(local_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::FromErrno(errno, "open " + local_dir);
-  std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(io, pm, disk_id, disk));
+  std::unique_ptr<FaultyFileIo> faulty;
+  const char* fault_file = std::getenv(kDiskFaultEnv);
+  if (fault_file != nullptr && *fault_file != '\0') {
+    faulty = std::make_unique<FaultyFileIo>(io);
+    std::fprintf(stderr, "ghostfs: TEST ONLY: %s=%s: the flash log's disk writes fail with EIO while that file "
+                 "exists\n", kDiskFaultEnv, fault_file);
+  }
+  std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(faulty ? *faulty : io, pm, disk_id, disk));
+  if (faulty) {
+    LocalFlashLog* raw = self.get();
+    faulty->FailWhen(
+        [raw, path = std::string(fault_file)](const FileCall& c) {
+          // Reads and the log's own file pass: only the disk fails.
+          if (c.op == FileOp::kRead || (raw->log_ && c.fd == raw->log_->log_fd())) return false;
+          return access(path.c_str(), F_OK) == 0;
+        },
+        EIO);
+    self->faulty_ = std::move(faulty);
+  }
   self->target_ = std::make_unique<Target>(std::move(root));
   // The records name files by handle: the local/ file system must give them.
   if (Result<std::string> probe = self->PathOf(self->target_->root()); !probe.ok()) {
     return Status::InvalidArgument("--flash-log needs file handles on the file system of " + local_dir +
                                    " (" + probe.status().message() + ")");
   }
-  Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, io, *self->target_, report);
+  Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, self->io_, *self->target_, report);
   if (!log.ok()) return log.status();
   self->log_ = std::move(log).value();
   LocalFlashLog* raw = self.get();
@@ -312,6 +331,7 @@ void LocalFlashLog::OnFlushed(const FlushReport& report) {
   // The disk does the flush's writes (it may have to spin up for a kFull flush: that is the
   // one spin-up the log costs).
   if (report.bytes_written > 0) disk_.Submit({report.bytes_written, true}, [] {});
+  last_flush_errors_ = report.errors;
   for (const std::string& e : report.errors) {
     std::fprintf(stderr, "ghostfs: flash log flush (%s): kept in the log: %s\n", LogFlushReasonName(report.reason),
                  e.c_str());
@@ -338,7 +358,8 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"records_kept", s.records_kept},
           {"corrupt_regions", s.corrupt_regions},
           {"write_throughs", write_throughs_},
-          {"write_through_failures", write_through_failures_}};
+          {"write_through_failures", write_through_failures_},
+          {"last_flush_errors", last_flush_errors_}};
 }
 
 }  // namespace ghost

@@ -30,6 +30,12 @@
 // write queue's. At mount the log is recovered (torn tail cut) and replayed (flushed, reason
 // recovery); reads see its records until then.
 //
+// Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write and
+// fsync the log makes to the disk (a flush's writes into local/ files, a write-through) fails
+// with EIO while the file PATH exists; the log's own file is untouched. It drives the "disk
+// fails mid-flush" integration test (ghostfs_flash_faults) through the same FaultyFileIo the
+// unit tests use; nothing else reads it and it is not a user option.
+//
 // Thread-safety: not thread-safe; the daemon's event-loop thread.
 #ifndef GHOST_FS_FLASH_LOCAL_H_
 #define GHOST_FS_FLASH_LOCAL_H_
@@ -38,6 +44,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "common/base/file_io.h"
 #include "common/base/status.h"
@@ -46,6 +53,9 @@
 #include "common/power/power_manager.h"
 
 namespace ghost {
+
+// The environment variable of the test-only disk fault switch (the file comment).
+inline constexpr char kDiskFaultEnv[] = "GHOST_TEST_DISK_FAULT";
 
 // --flash-log DIR[:SIZE]: the directory and the log's capacity (default 16M; SIZE with K, M,
 // G suffixes). A ':' is read as the size separator only when what follows parses as a size.
@@ -103,7 +113,8 @@ class LocalFlashLog {
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
 
-  // "flash_log" of `ghostctl stats`: fill, records, flushes by reason, bytes merged away.
+  // "flash_log" of `ghostctl stats`: fill, records, flushes by reason, bytes merged away, the
+  // fault counters and the last flush's errors (what the disk refused, kept in the log).
   nlohmann::json StatsJson() const;
   // Called after every flush (after the disk was charged for it).
   void SetFlushListener(std::function<void(const FlushReport&)> fn) { listener_ = std::move(fn); }
@@ -123,6 +134,9 @@ class LocalFlashLog {
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
 
+  // GHOST_TEST_DISK_FAULT only: wraps the daemon's FileIo (io_ is then this). Declared first so
+  // that it is destroyed last.
+  std::unique_ptr<FaultyFileIo> faulty_;
   FileIo& io_;
   PowerManager& pm_;
   DeviceId disk_id_;
@@ -133,6 +147,7 @@ class LocalFlashLog {
   std::function<void(const FlushReport&)> listener_;
   std::uint64_t write_throughs_ = 0;         // appends that failed and went to the disk
   std::uint64_t write_through_failures_ = 0;  // ... and failed there too (reported to the writer)
+  std::vector<std::string> last_flush_errors_;  // the last flush's (empty when it applied all)
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the disk's callbacks check it
 };
 

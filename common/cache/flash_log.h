@@ -214,6 +214,8 @@ class FlashLog {
   bool flushing() const { return flushing_; }
   const FlashLogOptions& options() const { return options_; }
   std::string log_path() const;
+  // The descriptor of the log file (it changes when a flush that kept records rewrites it).
+  int log_fd() const { return fd_.get(); }
 
  private:
   struct Pending;

@@ -63,7 +63,8 @@ class FlashModel {
                                    Bytes block = 4096);
 
   // Fills the device with `fraction` (0..1) of its capacity of cold data, laid out as after a
-  // long life (segments full), at no cost: the §5.2 starting point.
+  // long life: the cold data packed in full segments, the free space dead blocks (written and
+  // overwritten), only the cleaner's reserve erased; at no cost: the §5.2 starting point.
   void Preload(double fraction);
 
   // Reads / writes `size` bytes at byte `address` of the device's logical space (wrapped into

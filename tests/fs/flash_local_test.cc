@@ -290,6 +290,7 @@ TEST_F(LocalFlashLogTest, EioMidFlushKeepsTheRecordsAndTheNextFlushAppliesThem) 
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("Input/output error"), std::string::npos) << errors[0];
   EXPECT_EQ(log_->StatsJson()["records_kept"], 1);
+  EXPECT_EQ(log_->StatsJson()["last_flush_errors"].size(), 1u);
   EXPECT_TRUE(log_->Holds(fd));
   std::string buf;
   ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
@@ -299,6 +300,35 @@ TEST_F(LocalFlashLogTest, EioMidFlushKeepsTheRecordsAndTheNextFlushAppliesThem) 
   EXPECT_EQ(again.records_applied, 1u);
   EXPECT_EQ(ReadFile(root_ / "local" / "f"), "keep me");
   EXPECT_FALSE(log_->Holds(fd));
+  EXPECT_TRUE(log_->StatsJson()["last_flush_errors"].empty());
+  close(fd);
+}
+
+// The test-only switch (GHOST_TEST_DISK_FAULT): while its file exists the log's disk writes
+// fail and the records stay; the log's own appends still work.
+TEST_F(LocalFlashLogTest, TheTestOnlyDiskFaultSwitchFailsTheDiskWhileItsFileExists) {
+  log_.reset();
+  fs::path fault = root_ / "disk-fails";
+  ASSERT_EQ(setenv(kDiskFaultEnv, fault.c_str(), 1), 0);
+  FlashLogOptions o;
+  o.dir = root_ / "flash2";
+  Result<std::unique_ptr<LocalFlashLog>> log =
+      LocalFlashLog::Open(o, *faulty_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+  unsetenv(kDiskFaultEnv);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  log_ = std::move(log).value();
+  int fd = Create("g");
+  std::ofstream(fault).put('x');
+  ASSERT_TRUE(Append(fd, 0, "still here").ok());
+  FlushReport failed = Flush();
+  EXPECT_EQ(failed.records_kept, 1u);
+  ASSERT_FALSE(failed.errors.empty());
+  EXPECT_NE(failed.errors[0].find("injected fault"), std::string::npos) << failed.errors[0];
+  EXPECT_EQ(ReadFile(root_ / "local" / "g"), "");
+  fs::remove(fault);
+  FlushReport again = Flush();
+  EXPECT_EQ(again.records_applied, 1u);
+  EXPECT_EQ(ReadFile(root_ / "local" / "g"), "still here");
   close(fd);
 }
 

@@ -2,9 +2,13 @@
 """Crash safety of the flash log (ghostfs --flash-log, fs/flash_local.h): ghostfs runs with
 `--profile ipaq-2004` (the emulated disk sleeps, so local/ fsyncs are acknowledged from the flash
 log) and is killed with SIGKILL at a random point while a writer does write + fsync in local/
-(new files, rewrites in place, appends); it is remounted on the same cache and flash log each
-cycle (the log is recovered and replayed at mount). After every remount, and after a last mount
-without the flash log: every byte whose fsync returned is there.
+(new files, rewrites in place, appends) mixed with renames (onto free names and over files with
+records in the log) and unlinks; it is remounted on the same cache and flash log each cycle
+(the log is recovered and replayed at mount). After every remount, and after a last mount
+without the flash log, the tree matches the model of what was acknowledged: every byte whose
+fsync returned is there under the file's current name, and no name that a returned unlink or
+rename removed has come back (a logged record of an unlinked or replaced file must not revive
+it or land on the file now holding the name).
 
     ghostfs_flash_crash_test.py [CYCLES]   (default 20, or $GHOST_FLASH_CRASH_CYCLES;
                                             scripts/bench-flash-crash.sh runs 100)
@@ -21,9 +25,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 
-def check_acked(local, acked):
-    """Files whose last acknowledged content is missing or differs."""
-    lost = []
+def check_acked(local, acked, gone=()):
+    """Files whose last acknowledged content is missing or differs, and removed names back."""
+    lost = [(rel, "removed, but there") for rel in sorted(gone) if os.path.lexists(os.path.join(local, rel))]
     for rel, data in acked.items():
         try:
             with open(os.path.join(local, rel), "rb") as f:
@@ -54,6 +58,8 @@ def main():
     plan = cycles + 2
     t = h.Tap(plan)
     acked = {}  # local/ relative path -> the bytes its last returned fsync covered
+    gone = set()  # names a returned unlink or rename removed (and nothing created since)
+    renames = unlinks = 0
     acked_bytes = 0
     fsyncs = 0
     logged_at_kill = []
@@ -66,9 +72,9 @@ def main():
             t.skip_rest(plan - cycle - 1, "ghostfs did not restart")
             t.done()
         local = os.path.join(mnt, "local")
-        lost = check_acked(local, acked)
-        t.check(not lost, f"cycle {cycle}: every fsync'd byte of the earlier cycles is there ({len(acked)} files)",
-                lost[:5])
+        lost = check_acked(local, acked, gone)
+        t.check(not lost, f"cycle {cycle}: every fsync'd byte of the earlier cycles is there ({len(acked)} files), "
+                f"{len(gone)} removed names stay removed", lost[:5])
         # The disk sleeps (knob 0: within about 2 s): fsyncs are acknowledged from the log.
         h.wait_for(lambda: disk_mode(ctl) == "standby", 10)
         stop = threading.Event()
@@ -76,16 +82,35 @@ def main():
         in_flight = []
 
         def writer():
-            nonlocal acked_bytes, fsyncs
+            nonlocal acked_bytes, fsyncs, renames, unlinks
             n = 0
             while not stop.is_set():
                 rel = f"f{crng.randrange(12):02d}"
                 old = acked.get(rel, b"")
                 op = crng.random()
-                if op < 0.4 or not old:  # rewrite whole
+                if old and op >= 0.85:  # rename (maybe over another file) or unlink
+                    to = f"f{crng.randrange(12):02d}"
+                    in_flight[:] = [rel, to]
+                    try:
+                        if op < 0.93 and to != rel:
+                            os.rename(os.path.join(local, rel), os.path.join(local, to))
+                            acked[to] = acked.pop(rel)
+                            gone.discard(to)
+                            gone.add(rel)
+                            renames += 1
+                        else:
+                            os.unlink(os.path.join(local, rel))
+                            del acked[rel]
+                            gone.add(rel)
+                            unlinks += 1
+                    except OSError:
+                        return  # the daemon is gone
+                    in_flight[:] = []
+                    continue
+                if op < 0.35 or not old:  # rewrite whole
                     new = crng.randbytes(crng.randrange(1, 40_000))
                     flags, off, chunk = os.O_TRUNC, 0, new
-                elif op < 0.7:  # overwrite in place
+                elif op < 0.6:  # overwrite in place
                     off = crng.randrange(len(old))
                     chunk = crng.randbytes(crng.randrange(1, 5_000))
                     new = old[:off] + chunk + old[off + len(chunk):]
@@ -105,6 +130,7 @@ def main():
                 except OSError:
                     return  # the daemon is gone
                 acked[rel] = new
+                gone.discard(rel)
                 in_flight[:] = []
                 acked_bytes += len(chunk)
                 fsyncs += 1
@@ -118,8 +144,10 @@ def main():
         stop.set()
         th.join(30)
         for rel in in_flight:
-            # Its fsync never returned: the old bytes, the new ones or a mix are all allowed.
+            # Its fsync (or rename, unlink) never returned: the old state, the new one or (for
+            # bytes) a mix are all allowed.
             acked.pop(rel, None)
+            gone.discard(rel)
         subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
         fs.proc = None
         try:
@@ -128,19 +156,20 @@ def main():
             logged_at_kill.append(0)
     fs = h.Ghostfs(mnt, cache, {}, args=["--flash-log", flash + ":256K"])
     ok = fs.start(timeout=20)
-    lost = check_acked(os.path.join(mnt, "local"), acked) if ok else ["not mounted"]
+    lost = check_acked(os.path.join(mnt, "local"), acked, gone) if ok else ["not mounted"]
     t.check(ok and not lost, f"after {cycles} kills and a last replay: 0 of {len(acked)} fsync'd files lost",
             lost[:5])
     fs.stop()
     # Unmounted (the log went to the disk): the files as they are on the disk, without a log.
     fs = h.Ghostfs(mnt, cache, {})
     ok = fs.start(timeout=20)
-    lost = check_acked(os.path.join(mnt, "local"), acked) if ok else ["not mounted"]
+    lost = check_acked(os.path.join(mnt, "local"), acked, gone) if ok else ["not mounted"]
     t.check(ok and not lost and any(logged_at_kill),
             f"and on the disk without the log ({sum(1 for x in logged_at_kill if x)} kills left records in the log)",
             (lost[:5], logged_at_kill))
     fs.stop()
-    print(f"# {cycles} SIGKILLs: {fsyncs} fsyncs acknowledged ({acked_bytes} bytes), {len(lost)} files lost; "
+    print(f"# {cycles} SIGKILLs: {fsyncs} fsyncs acknowledged ({acked_bytes} bytes), {renames} renames, "
+          f"{unlinks} unlinks, {len(lost)} files lost; "
           f"log bytes at each kill: {logged_at_kill}", flush=True)
     t.done()
 

@@ -9,8 +9,13 @@
    replayed, the bad one is saved beside the log and reported (a log line naming the file, the
    corrupt-region counter in `ghostctl stats`).
 
-(The read-only log directory is refused at start: ghostfs_flash_test. The disk failing
-mid-flush: flash_log_test and flash_local_test, through the fault-injecting FileIo.)
+3. The disk failing mid-flush (EIO through the fault-injecting FileIo, switched on by the
+   test-only GHOST_TEST_DISK_FAULT=PATH while PATH exists): the flush keeps the records in the
+   log, `ghostctl stats` reports them and the error, reads still see the bytes, the next flush
+   (fault gone) applies them, and after a remount nothing is lost.
+
+(The read-only log directory is refused at start: ghostfs_flash_test. The unit-level versions
+of 3: flash_log_test and flash_local_test.)
 TAP; skipped without root or /dev/fuse."""
 import glob
 import json
@@ -22,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 13
+PLAN = 20
 
 
 def ghostctl(ctl, *args):
@@ -161,6 +166,63 @@ def corrupt_record(t, work):
     fs.stop()
 
 
+def disk_fails_mid_flush(t, work):
+    mnt = os.path.join(work, "mnt")
+    cache = os.path.join(work, "cache3")
+    ctl = os.path.join(work, "control3.sock")
+    flash = os.path.join(work, "flash3")
+    fault = os.path.join(work, "disk-fails")
+    args = ["--profile", "ipaq-2004", "--knob", "0", "--flash-log", flash + ":1M"]
+    os.environ["GHOST_TEST_DISK_FAULT"] = fault
+    try:
+        fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=args)
+        up = fs.start(timeout=20)
+    finally:
+        del os.environ["GHOST_TEST_DISK_FAULT"]
+    if not t.check(up, "mounts with the test-only disk fault switch", fs.output()[-2000:]):
+        t.skip_rest(PLAN, "not mounted")
+        return
+    local = os.path.join(mnt, "local")
+    wait_for(lambda: disk_mode(ctl) == "standby", 10)
+    want = {"one.txt": b"first file, fsync'd into the log\n" * 40,
+            "two.txt": bytes((i * 13) % 251 for i in range(20000))}
+    errs = [write_fsync(os.path.join(local, n), d) for n, d in sorted(want.items())]
+    before = jctl(ctl, "stats")["flash_log"]
+    with open(fault, "w"):
+        pass  # from now on the disk fails every write and fsync of a flush
+    flushed = ghostctl(ctl, "flush")
+    fl = jctl(ctl, "stats")["flash_log"]
+    backing = os.path.join(cache, "local")
+    t.check(errs == [None, None] and before["records"] >= 2 and fl["records"] == before["records"]
+            and fl["records_kept"] >= before["records"],
+            "EIO during the flush: every record stays in the log and is counted as kept",
+            (errs, before, fl, flushed.stdout, flushed.stderr))
+    errors = " ".join(fl.get("last_flush_errors", []))
+    out = ghostctl(ctl, "stats").stdout
+    t.check("Input/output error" in errors and "injected fault" in errors
+            and "refused (kept in the log)" in out,
+            "ghostctl stats reports the refused records and the disk's error", (errors, out))
+    t.check("kept in the log" in fs.output() and "Input/output error" in fs.output(),
+            "ghostfs logs what the disk refused", fs.output()[-1500:])
+    t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),
+            "reads through the mount still see the kept bytes (from the log)")
+    os.unlink(fault)
+    ghostctl(ctl, "flush")
+    fl = jctl(ctl, "stats")["flash_log"]
+    got = {n: read(os.path.join(backing, n)) for n in want}
+    t.check(fl["records"] == 0 and got == want and fl.get("last_flush_errors") == [],
+            "the next flush (disk healthy) applies them all to the disk",
+            (fl, {n: len(b) for n, b in got.items()}))
+    fs.stop()
+    fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=args)
+    if not fs.start(timeout=20):
+        t.check(False, "remounts", fs.output()[-2000:])
+        return
+    t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),
+            "after a remount every acknowledged byte is there")
+    fs.stop()
+
+
 def main():
     h.require_root_and_fuse()
     work = h.tempdir()
@@ -168,6 +230,7 @@ def main():
     t = h.Tap(PLAN)
     full_device(t, work)
     corrupt_record(t, work)
+    disk_fails_mid_flush(t, work)
     t.done()
 
 

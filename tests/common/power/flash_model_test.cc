@@ -101,5 +101,21 @@ TEST(FlashModelTest, UtilisationFollowsThePreload) {
   m->AssertInvariants();
 }
 
+// §5.2's starting point is a card in use: its free space is dead blocks, not erased segments,
+// so even at 40% the first segments written are erased first (dead ones: an erase, no copy).
+TEST(FlashModelTest, APreloadedCardErasesDeadSpaceBeforeWritingEvenAtLowUtilisation) {
+  auto m = FlashModel::Create(Card(), CleaningPolicy::kOnDemand);
+  ASSERT_TRUE(m.ok());
+  m->Preload(0.4);
+  Bytes segment = 64 << 10;
+  Duration t{0};
+  for (Bytes a = 0; a < 3 * segment; a += 4096) t += m->Write(a, 4096).time;
+  m->AssertInvariants();
+  EXPECT_GE(m->stats().erasures, 2u);
+  EXPECT_EQ(m->stats().copied, 0u);  // the victims held only dead blocks
+  EXPECT_GE(t, Millis(1600) * 2);    // on demand: the writes waited for the erasures
+  EXPECT_NEAR(m->utilisation(), 0.4, 0.01);
+}
+
 }  // namespace
 }  // namespace ghost
