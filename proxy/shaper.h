@@ -89,6 +89,13 @@ struct ShapingOptions {
   Bytes threshold = 256 * 1024;
   // SO_RCVBUF of a shaped socket (the kernel doubles it; about 1.9× this is one window).
   int buffer = 64 * 1024;
+  // A measurement aid, not a saving (--plain-rcvbuf, key plain_rcvbuf; 0: off): SO_RCVBUF of
+  // every origin socket, set before connect, so plain TCP (--shape off) runs with the paper's
+  // fixed client window instead of autotuning (Yan et al.'s baseline; DESIGN §3.6). With the
+  // same size as `buffer`, plain and shaped downloads are held to the same window. With
+  // shaping on, a shaper still fixes `buffer`, and its eq. 4 decision compares with plain TCP
+  // held to that window.
+  int plain_buffer = 0;
 };
 
 // Counters behind /ghost/status and /ghost/metrics ("shaping").
