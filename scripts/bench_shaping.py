@@ -44,6 +44,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_ED_MEAN = 0.46  # the paper: mean normalised energy×delay over 30–120 ms × 0–1% loss
+DEFAULT_BUFFER = 64 * 1024  # SO_RCVBUF of the shaped and the fixed-window plain arms
 
 
 def sha256(path):
@@ -111,8 +112,10 @@ http {{ access_log off; sendfile on;
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def download(build, link, mode, workdir, tag, profile):
-    """One download through the proxy with a capture; returns the priced runs."""
+def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None):
+    """One download through the proxy with a capture; returns the priced runs. `buffer`: the
+    shaper's SO_RCVBUF; `plain_rcvbuf`: with mode off, SO_RCVBUF fixed before connect (the
+    paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes)."""
     pcap = os.path.join(workdir, f"{tag}.pcap")
     log = os.path.join(workdir, f"{tag}.card")
     out = os.path.join(workdir, f"{tag}.body")
@@ -128,6 +131,10 @@ def download(build, link, mode, workdir, tag, profile):
                GHOST_SHAPING_MODE=mode, GHOST_SHAPING_OUT=out)
     if mode != "off":
         env["GHOST_SHAPER_CARD_LOG"] = log
+    if buffer:
+        env["GHOST_SHAPING_BUFFER"] = str(buffer)
+    if plain_rcvbuf:
+        env["GHOST_SHAPING_PLAIN_RCVBUF"] = str(plain_rcvbuf)
     r = subprocess.run([os.path.join(build, "tests", "proxy_shaping_test"),
                         "--gtest_filter=*EmulatedLink*"], env=env, capture_output=True,
                        text=True, timeout=300)
@@ -151,8 +158,14 @@ def download(build, link, mode, workdir, tag, profile):
 
 
 def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print,
-             origin_cc=None):
-    """All rounds on one link; returns a dict of the per-round ratios and checks."""
+             origin_cc=None, buffer=DEFAULT_BUFFER):
+    """All rounds on one link; returns a dict of the per-round ratios and checks.
+
+    Each round runs, in this order: plain TCP autotuned (the proxy's default), plain TCP with the
+    paper's fixed window (--plain-rcvbuf = `buffer`, fixed before connect, shaping off) and
+    shaped (SO_RCVBUF = `buffer`); ideal PSM is priced from the fixed-window plain capture (the
+    paper's PSM ran over the same fixed-window TCP) and from the autotuned one. Ratios:
+    `*_fixed` against fixed-window plain, `*_auto` against autotuned plain."""
     workdir = tempfile.mkdtemp(prefix="ghost-shaping-")
     os.chmod(workdir, 0o755)  # nginx's workers are not root
     try:
@@ -165,25 +178,49 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
         rows = []
         try:
             for i in range(rounds):
-                plain = download(build, link, "off", workdir, f"plain{i}", profile)
-                shaped = download(build, link, mode, workdir, f"shaped{i}", profile)
-                p, s, q = plain["plain"], shaped.get("shaped", shaped["plain"]), plain["psm"]
-                rows.append({
-                    "plain_ed": p["ed"], "shaped_ed": s["ed"], "psm_ed": q["ed"],
-                    "ed": s["ed"] / p["ed"], "psm": q["ed"] / p["ed"],
-                    "time": s["delay_s"] / p["delay_s"], "energy": s["energy_j"] / p["energy_j"],
+                auto = download(build, link, "off", workdir, f"plain{i}", profile)
+                fixed = download(build, link, "off", workdir, f"fixed{i}", profile,
+                                 plain_rcvbuf=buffer)
+                shaped = download(build, link, mode, workdir, f"shaped{i}", profile, buffer=buffer)
+                a, f, s = auto["plain"], fixed["plain"], shaped.get("shaped", shaped["plain"])
+                row = {
+                    "auto_ed": a["ed"], "fixed_ed": f["ed"], "shaped_ed": s["ed"],
+                    # against the paper's baseline: plain TCP with the same fixed window
+                    "ed_fixed": s["ed"] / f["ed"], "time_fixed": s["delay_s"] / f["delay_s"],
+                    "energy_fixed": s["energy_j"] / f["energy_j"],
+                    "psm_fixed": fixed["psm"]["ed"] / f["ed"],
+                    # against plain TCP as Linux runs it: autotuned past the BDP
+                    "ed_auto": s["ed"] / a["ed"], "time_auto": s["delay_s"] / a["delay_s"],
+                    "energy_auto": s["energy_j"] / a["energy_j"],
+                    "psm_auto": auto["psm"]["ed"] / a["ed"],
+                    # fixed-window plain against autotuned plain (what the fixed window costs)
+                    "fixed_time_auto": f["delay_s"] / a["delay_s"],
                     "missed": s["missed"], "bursts": shaped["driver"]["shaping"]["bursts"],
+                    "mean_burst_bytes": shaped["driver"]["shaping"].get("mean_burst_bytes", 0),
                     "per_packet": shaped["driver"]["shaping"].get("per_packet", 0),
                     "declined": shaped["driver"]["shaping"].get("declined", 0),
-                    # Plain TCP's mean card power (the bound of the docstring).
-                    "plain_power_w": p["energy_j"] / p["delay_s"],
-                    "identical": plain["sha256"] == want and shaped["sha256"] == want,
-                })
-                log(f"# rtt {rtt} ms loss {loss}% round {i + 1}: E×D shaped {rows[-1]['ed']:.2f}× "
-                    f"psm {rows[-1]['psm']:.2f}× time {rows[-1]['time']:.2f}× missed {s['missed']}")
+                    "saturated": shaped["driver"]["shaping"].get("saturated", 0),
+                    "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
+                    "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
+                    # Plain TCP's mean card power (the bound of the docstring), both plains.
+                    "plain_power_w": a["energy_j"] / a["delay_s"],
+                    "fixed_power_w": f["energy_j"] / f["delay_s"],
+                    "identical": all(x["sha256"] == want for x in (auto, fixed, shaped)),
+                }
+                # The names the callers used before the fixed-window arm: against autotuned.
+                row.update(ed=row["ed_auto"], time=row["time_auto"], energy=row["energy_auto"],
+                           psm=row["psm_auto"])
+                rows.append(row)
+                log(f"# rtt {rtt} ms loss {loss}% round {i + 1}: shaped vs fixed-window plain: "
+                    f"E×D {row['ed_fixed']:.2f}× time {row['time_fixed']:.2f}× energy "
+                    f"{row['energy_fixed']:.2f}× (PSM E×D {row['psm_fixed']:.2f}×); vs autotuned "
+                    f"plain: E×D {row['ed_auto']:.2f}× time {row['time_auto']:.2f}×; missed "
+                    f"{s['missed']}, bursts {row['bursts']}, secs auto/fixed/shaped "
+                    f"{a['delay_s']:.2f}/{f['delay_s']:.2f}/{s['delay_s']:.2f}")
         finally:
             link.close()
-        return {"rtt_ms": rtt, "loss_pct": loss, "origin_cc": link.cc, "rounds": rows}
+        return {"rtt_ms": rtt, "loss_pct": loss, "size": size, "buffer": buffer,
+                "origin_cc": link.cc, "rounds": rows}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
