@@ -53,12 +53,13 @@
 //
 // Against the paper's baseline (round 5): ShapingOptions::plain_buffer (--plain-rcvbuf) fixes
 // plain TCP's buffer before connect, so plain idles between windows too. Same link, 5 MB,
-// SO_RCVBUF 16 KiB for both (a ~22 KB window), Reno origin: shaped E×D 0.46–0.50× that plain
-// on a quiet machine (time 1.14–1.17×, 3–5 missed packets per download), 0.8–0.9× under load.
-// With BBR at the origin 1.5× (it paces each window over the round trip: 54–68 missed); with a
-// 64 KiB buffer (a ~90 KB window, 0.6 of the BDP; priced before the wake-up double count was
-// fixed) 1.2–3.7× (each window costs a round trip
-// plus the burst against plain's one round trip, so the time ratio is ≈ 1 + window/BDP).
+// SO_RCVBUF 16 KiB for both (a ~22 KB window), Reno origin, one round each at load 6–20:
+// shaped E×D 0.32–0.64× that plain (time 0.96–1.17×, 3–79 missed packets per download);
+// 0.67–0.69× with the shaped buffer fixed before connect too (the window scale then fits the
+// small buffer; bursts ~22 KB instead of ~26 KB). With BBR at the origin 1.5× (it paces each
+// window over the round trip: 54–68 missed). With a 64 KiB buffer (a ~90 KB window, 0.6 of the
+// BDP) 1.2–3.7× (before the wake-up double count was fixed): each window costs a round trip
+// plus the burst against plain's one round trip, so the time ratio is ≈ 1 + window/BDP.
 //
 // Thread-safety: the proxy's event-loop thread only.
 #ifndef GHOST_PROXY_SHAPER_H_
