@@ -162,6 +162,8 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
+    if r.returncode != 0:  # the driver's own checks failed: keep why, for the table's "NO"
+        priced["driver_failure"] = (r.stdout[-3000:] + r.stderr[-2000:])
     return priced
 
 
@@ -225,6 +227,13 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     "plain_power_w": a["energy_j"] / a["delay_s"],
                     "fixed_power_w": f["energy_j"] / f["delay_s"],
                     "identical": all(x["sha256"] == want for x in (auto, fixed, shaped)),
+                    "bytes_ok": {k: x["sha256"] == want
+                                 for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
+                    "body_bytes": {k: x.get("driver", {}).get("body_bytes")
+                                   for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
+                    "driver_failure": {k: x["driver_failure"]
+                                       for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))
+                                       if "driver_failure" in x},
                 }
                 # The names the callers used before the fixed-window arm: against autotuned.
                 row.update(ed=row["ed_auto"], time=row["time_auto"], energy=row["energy_auto"],
@@ -328,7 +337,8 @@ def main():
                         json.dump(results, f, indent=1)
     print_table(results, a)
     if a.plot:
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "plots.py"),
+        py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        subprocess.run([py, os.path.join(ROOT, "scripts", "plots.py"),
                         "--shaping", a.json or "-", "--shaping-out", a.plot], check=False,
                        input=json.dumps(results), text=True)
     return 0 if all(x["identical"] for r in results for x in r["rounds"]) else 1
