@@ -53,8 +53,8 @@
 //
 // Against the paper's baseline (round 5): ShapingOptions::plain_buffer (--plain-rcvbuf) fixes
 // plain TCP's buffer before connect, so plain idles between windows too. Same link, 5 MB,
-// SO_RCVBUF 16 KiB for both (a ~22 KB window), Reno origin, one round each at load 6–20:
-// shaped E×D 0.32–0.64× that plain (time 0.96–1.17×, 3–79 missed packets per download);
+// SO_RCVBUF 16 KiB for both (a ~22 KB window), Reno origin, 13 runs at load 6–20: shaped E×D
+// 0.32–0.72× that plain (median 0.49×; 3–79 missed packets per download, median 14);
 // 0.67–0.69× with the shaped buffer fixed before connect too (the window scale then fits the
 // small buffer; bursts ~22 KB instead of ~26 KB). With BBR at the origin 1.5× (it paces each
 // window over the round trip: 54–68 missed). With a 64 KiB buffer (a ~90 KB window, 0.6 of the
