@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   std::string shape;
   double shape_max_slowdown = 0;
   int shape_knob = -1;
+  std::string plain_rcvbuf;
   CLI::App app{
       "ghostproxy: an HTTP/1.1 forward proxy for browsers and other HTTP clients that shares the\n"
       "cache of a running ghostfs (common/DESIGN.md §3.4, §4).\n\n"
@@ -142,6 +143,10 @@ int main(int argc, char** argv) {
                  "the knob K (0 saves energy, 100 favours performance) the shaping decision uses "
                  "(default 50; K=100 never shapes)")
       ->check(CLI::Range(0, 100));
+  app.add_option("--plain-rcvbuf", plain_rcvbuf,
+                 "a measurement aid, not a saving: fix SO_RCVBUF of every origin socket to BYTES "
+                 "before connect (e.g. 64K), so plain TCP runs with a fixed window as the shaping "
+                 "paper's clients did (use with --shape off for that baseline)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {  // --help, --version
@@ -179,6 +184,12 @@ int main(int argc, char** argv) {
   if (shape_knob >= 0) {
     o.proxy.shaping.knob = shape_knob;
     o.proxy.shaping.knob_fixed = true;  // an override: ghostfs's knob no longer applies
+  }
+  if (!plain_rcvbuf.empty()) {
+    ghost::Result<ghost::Bytes> b = ghost::ParseSize(plain_rcvbuf);
+    if (!b.ok()) return fail("--plain-rcvbuf: " + b.status().message(), 2);
+    if (*b < 4096 || *b > (64u << 20)) return fail("--plain-rcvbuf: must be between 4K and 64M", 2);
+    o.proxy.shaping.plain_buffer = static_cast<int>(*b);
   }
   if (!memory_cache.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);

@@ -89,7 +89,9 @@ void OriginConn::StartShaping(Bytes size) {
   if (!o.knob_fixed) {
     if (std::optional<int> k = proxy_->backend->DaemonKnob()) o.knob = *k;
   }
-  shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed_buffer_,
+  // A buffer fixed before connect (a tunnel's, or --plain-rcvbuf) holds plain TCP to its window.
+  const bool fixed = fixed_buffer_ || o.plain_buffer > 0;
+  shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed,
                                              &proxy_->stats.shaping);
   if (read_paused_) shaper_->SetPaused(true);
 }
@@ -186,6 +188,10 @@ void OriginConn::TryNextAddress() {
       // Download shaping: the receive buffer must be fixed before the SYN (TESTING.md).
       fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd >= 0) SetShapingBuffer(fd, proxy_->options.shaping.buffer);
+    } else if (proxy_->options.shaping.plain_buffer > 0) {
+      // --plain-rcvbuf: the paper's plain TCP, a fixed window from the SYN on (a measurement aid).
+      fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd >= 0) SetShapingBuffer(fd, proxy_->options.shaping.plain_buffer);
     }
     bev_.reset(bufferevent_socket_new(proxy_->base, fd, BEV_OPT_CLOSE_ON_FREE));
     if (!bev_) {

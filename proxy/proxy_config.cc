@@ -42,6 +42,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "shape_max_slowdown",
                                               "shape_threshold",
                                               "shape_buffer",
+                                              "plain_rcvbuf",
                                               "log_file",
                                               "log_level"};
   for (auto&& [k, v] : t) {
@@ -191,6 +192,13 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
     if (buffer < 4096 || buffer > (64u << 20))
       return bad(*t.get("shape_buffer"), "\"shape_buffer\" must be between 4K and 64M");
     p.shaping.buffer = static_cast<int>(buffer);
+  }
+  std::size_t plain = 0;
+  if (!(s = size("plain_rcvbuf", &plain)).ok()) return s;
+  if (plain > 0) {
+    if (plain < 4096 || plain > (64u << 20))
+      return bad(*t.get("plain_rcvbuf"), "\"plain_rcvbuf\" must be between 4K and 64M");
+    p.shaping.plain_buffer = static_cast<int>(plain);
   }
   return Status::Ok();
 }

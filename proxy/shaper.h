@@ -51,6 +51,16 @@
 // into sleep. So --shape auto declines there (EstimateShaping compares with plain TCP at the
 // link rate), and then gives the window back (ReleaseBuffer).
 //
+// Against the paper's baseline (round 5): ShapingOptions::plain_buffer (--plain-rcvbuf) fixes
+// plain TCP's buffer before connect, so plain idles between windows too. Same link, 5 MB,
+// SO_RCVBUF 16 KiB for both (a ~22 KB window), Reno origin, 13 runs at load 6–20: shaped E×D
+// 0.32–0.72× that plain (median 0.49×; 3–79 missed packets per download, median 14);
+// 0.67–0.69× with the shaped buffer fixed before connect too (the window scale then fits the
+// small buffer; bursts ~22 KB instead of ~26 KB). With BBR at the origin 1.5× (it paces each
+// window over the round trip: 54–68 missed). With a 64 KiB buffer (a ~90 KB window, 0.6 of the
+// BDP) 1.2–3.7× (before the wake-up double count was fixed): each window costs a round trip
+// plus the burst against plain's one round trip, so the time ratio is ≈ 1 + window/BDP.
+//
 // Thread-safety: the proxy's event-loop thread only.
 #ifndef GHOST_PROXY_SHAPER_H_
 #define GHOST_PROXY_SHAPER_H_
@@ -89,6 +99,13 @@ struct ShapingOptions {
   Bytes threshold = 256 * 1024;
   // SO_RCVBUF of a shaped socket (the kernel doubles it; about 1.9× this is one window).
   int buffer = 64 * 1024;
+  // A measurement aid, not a saving (--plain-rcvbuf, key plain_rcvbuf; 0: off): SO_RCVBUF of
+  // every origin socket, set before connect, so plain TCP (--shape off) runs with the paper's
+  // fixed client window instead of autotuning (Yan et al.'s baseline; DESIGN §3.6). With the
+  // same size as `buffer`, plain and shaped downloads are held to the same window. With
+  // shaping on, a shaper still fixes `buffer`, and its eq. 4 decision compares with plain TCP
+  // held to that window.
+  int plain_buffer = 0;
 };
 
 // Counters behind /ghost/status and /ghost/metrics ("shaping").

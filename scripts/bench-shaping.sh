@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # bench-shaping.sh: the shaping paper's experiment on the emulated link (scripts/bench_shaping.py
-# does the work): RTT 30/60/90/120 ms × loss 0/0.5/1% at 20 Mb/s, 5 MB downloads, plain TCP vs
-# ideal PSM vs shaped, median of several rounds with the spread, E×D normalised to plain TCP.
+# does the work): RTT 30/60/90/120 ms × loss 0/0.1/0.5/1% × 1/5/20 MB at 20 Mb/s; in each round
+# plain TCP autotuned, plain TCP with the paper's fixed window (--plain-rcvbuf, the same
+# SO_RCVBUF as the shaped arm), shaped, and ideal PSM; median of the rounds with the spread,
+# E×D normalised to BOTH plains (the paper's ratio is the fixed-window one).
 # Needs root, the build (nfq_delay, wnic_energy, proxy_shaping_test), nginx and tcpdump.
 #   scripts/bench-shaping.sh [--rounds 3] [--rtts 30,60] [--losses 0,1] [--jitter-ms 2]
-#                            [--size-mb 5] [--profile wifi-ac] [--mode auto] [--json FILE]
+#                            [--sizes-mb 1,5,20 | --size-mb 5] [--buffer 16384]
+#                            [--origin-cc reno] [--profile wifi-ac] [--mode auto]
+#                            [--json FILE] [--plot FILE.png]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib.sh

@@ -2,6 +2,7 @@
 """Draws the paper's figures from ghostsim runs, with live runs on top when given.
 
 Usage: plots.py --ghostsim PATH [--traces DIR] [--profile NAME] [--live FILE ...] [--out DIR]
+       plots.py --shaping FILE [--shaping-out PNG]
 
 Figures (PNG, one per file in --out):
   knob-web.png, knob-mail.png   response time and energy against the knob (adaptive with and
@@ -11,6 +12,13 @@ Figures (PNG, one per file in --out):
                                 knob (the paper's Figure 12)
   energy-by-device.png          energy of each device and of the base power, static vs
                                 adaptive K=50, per trace
+
+shaping.png (--shaping: the JSON of scripts/bench_shaping.py --json, "-" for stdin)
+                                shaped energy×delay against RTT, one line per loss rate and
+                                size, normalised to plain TCP with the same fixed window (the
+                                paper's baseline, solid) and to autotuned plain TCP (dashed);
+                                ideal PSM over the fixed-window plain as crosses; the paper's
+                                0.46× mean as a horizontal line
 
 --live takes files of JSON objects, one per line, as printed by scripts/replay (or
 scripts/bench-energy.sh's results file); each live run is drawn as a marker at its knob
@@ -182,15 +190,59 @@ def device_figure(binary, traces, profile, live, out):
     return name
 
 
+def shaping_figure(results, name):
+    """scripts/bench_shaping.py's sweep: E×D of shaped against both plains, and PSM's."""
+    med = lambda rows, k: sorted(x[k] for x in rows)[len(rows) // 2]  # noqa: E731
+    fig, (ax_f, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
+    links = {}
+    for r in results:
+        links.setdefault((r["size"], r["loss_pct"]), []).append(r)
+    for i, ((size, loss), rs) in enumerate(sorted(links.items())):
+        rs = sorted(rs, key=lambda r: r["rtt_ms"])
+        rtts = [r["rtt_ms"] for r in rs]
+        label = f"{size / 1e6:g} MB, loss {loss:g}%"
+        line, = ax_f.plot(rtts, [med(r["rounds"], "ed_fixed") for r in rs], "o-", label=label)
+        ax_f.plot(rtts, [med(r["rounds"], "psm_fixed") for r in rs], "x", color=line.get_color())
+        ax_a.plot(rtts, [med(r["rounds"], "ed_auto") for r in rs], "o--", color=line.get_color(),
+                  label=label)
+    for ax, title in ((ax_f, "against plain TCP with the same fixed window (× = ideal PSM)"),
+                      (ax_a, "against autotuned plain TCP")):
+        ax.axhline(0.46, color="grey", linestyle=":", label="paper: 0.46× mean")
+        ax.axhline(1.0, color="black", linewidth=0.6)
+        ax.set_xlabel("RTT (ms)")
+        ax.set_ylabel("energy×delay, shaped / plain")
+        ax.set_title(title, fontsize=9)
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+    ax_f.legend(fontsize=7)
+    fig.suptitle("Download shaping on the emulated link (scripts/bench-shaping.sh)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(name, dpi=110)
+    plt.close(fig)
+    return name
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ghostsim", required=True, help="the ghostsim binary")
+    ap.add_argument("--ghostsim", help="the ghostsim binary (the knob figures)")
+    ap.add_argument("--shaping", help="scripts/bench_shaping.py's --json file ('-': stdin)")
+    ap.add_argument("--shaping-out", help="where shaping.png goes (default OUT/shaping.png)")
     ap.add_argument("--traces", default=os.path.join(here, "..", "common", "traces"))
     ap.add_argument("--profile", default="ipaq-2004")
     ap.add_argument("--live", nargs="*", default=[], help="files of live-run JSON lines")
     ap.add_argument("--out", default=os.path.join(here, "figures"))
     a = ap.parse_args()
+    if a.shaping:
+        with (sys.stdin if a.shaping == "-" else open(a.shaping)) as f:
+            results = json.load(f)
+        out = a.shaping_out or os.path.join(a.out, "shaping.png")
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        print(shaping_figure(results, out))
+        if not a.ghostsim:
+            return
+    if not a.ghostsim:
+        ap.error("--ghostsim (or --shaping) is required")
     live = load_live(a.live)
     os.makedirs(a.out, exist_ok=True)
     for name in (knob_figure(a.ghostsim, a.traces, a.profile, "web", live, a.out),

@@ -14,6 +14,8 @@
 //
 //   Plain   the card is awake throughout; each packet is delivered when it arrives.
 //   Shaped  the card follows the schedule (sleep at a burst end, wake before the next burst).
+//           A scheduled wake-up at t is the start of the transition: the card listens from
+//           t + wake, and the transition is priced by wake_energy alone (not also as awake).
 //           A packet that arrives while the card sleeps is a *missed packet*; the card then
 //           wakes for it (it is counted, not dropped: the access point would have buffered it).
 //   PSM     ideal 802.11 PSM with one poll per burst: the card sleeps, the access point

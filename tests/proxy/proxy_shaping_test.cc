@@ -108,12 +108,18 @@ class StreamingOrigin {
     ::close(listen_);
   }
   int port() const { return port_; }
+  // The window scale the proxy's SYN offered (chosen from its receive buffer at connect), -1
+  // before a connection came.
+  int peer_wscale() const { return peer_wscale_; }
 
  private:
   void Serve() {
     const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;
     SetTimeouts(fd);
+    tcp_info info{};
+    socklen_t info_len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &info_len) == 0) peer_wscale_ = info.tcpi_snd_wscale;
     if (script_.wait_request) {
       std::string req;
       char buf[4096];
@@ -151,6 +157,7 @@ class StreamingOrigin {
   }
 
   Script script_;
+  std::atomic<int> peer_wscale_{-1};
   int listen_ = -1;
   int port_ = 0;
   std::thread thread_;
@@ -265,6 +272,32 @@ TEST_F(ProxyShapingTest, LargeDownloadIsShapedAndByteIdentical) {
   EXPECT_LE(s.bytes, body.size());
   // Loopback is a saturated link (window ≥ its tiny bandwidth-delay product): how many bursts
   // come before the shaper reverts to plain TCP is not fixed, so only the bytes are checked.
+}
+
+// --plain-rcvbuf (the paper's plain-TCP baseline, a measurement aid): with shaping off the
+// origin socket's receive buffer is fixed before the SYN, so the window scale it offers is the
+// small one of that buffer (autotuned, it is chosen for tcp_rmem's maximum), and the bytes pass
+// unshaped and unaltered.
+TEST_F(ProxyShapingTest, PlainRcvbufFixesTheOriginWindowBeforeConnectWithShapingOff) {
+  const std::string body = RandomBytes(1'000'000, 7);
+  int autotuned_wscale = -1;
+  {
+    StartProxy(Options(ShapeMode::kOff));
+    StreamingOrigin origin({LengthHead(body.size()), body});
+    EXPECT_TRUE(BodyOf(Get(origin.port())) == body);
+    autotuned_wscale = origin.peer_wscale();
+    StopProxy();
+  }
+  ProxyOptions o = Options(ShapeMode::kOff);
+  o.shaping.plain_buffer = 16 * 1024;  // the kernel doubles it: a 32 KiB buffer needs no scale
+  StartProxy(o);
+  StreamingOrigin origin({LengthHead(body.size()), body});
+  const std::string got = BodyOf(Get(origin.port()));
+  EXPECT_EQ(got.size(), body.size());
+  EXPECT_TRUE(got == body) << "the body differs from the origin's";
+  EXPECT_EQ(origin.peer_wscale(), 0) << "the buffer was not fixed before the SYN";
+  EXPECT_GT(autotuned_wscale, 2) << "an autotuned socket offers a large scale";
+  EXPECT_EQ(Stats().shaped_downloads, 0u);
 }
 
 // What /ghost/status and /ghost/metrics say of shaping (ghostctl stats --proxy prints the
@@ -515,6 +548,8 @@ TEST_F(ProxyShapingTest, EmulatedLinkDownloadGoesInBursts) {
   }
   ProxyOptions o = Options(mode);
   if (const char* buffer = std::getenv("GHOST_SHAPING_BUFFER")) o.shaping.buffer = std::atoi(buffer);
+  // The paper's plain TCP (with GHOST_SHAPING_MODE=off): a fixed window from the SYN on.
+  if (const char* plain = std::getenv("GHOST_SHAPING_PLAIN_RCVBUF")) o.shaping.plain_buffer = std::atoi(plain);
   StartProxy(o);
   const auto start = std::chrono::steady_clock::now();
   const std::string out = Exchange(std::string("GET ") + url + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");

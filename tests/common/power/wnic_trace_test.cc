@@ -52,6 +52,23 @@ TEST_F(WnicTraceTest, PacketsArrivingWhileTheCardSleepsAreMissedAndWakeIt) {
   EXPECT_EQ(r.sleep, Millis(0.5) + Millis(88));
 }
 
+// A scheduled wake-up starts the card's transition: wake_energy prices those 2 ms, so they are
+// not charged as awake time too; a packet that comes before the transition ends is missed.
+TEST_F(WnicTraceTest, AScheduledWakeUpIsChargedOnceAndListensOnlyAfterTheTransition) {
+  const std::vector<CardSwitch> schedule = {{At(22), false}, {At(105), true}};
+  const WnicRun r = ScheduledRun(card_, At(0), TwoBursts(), schedule);
+  EXPECT_EQ(r.missed, 0u);
+  EXPECT_EQ(r.sleep, Millis(83));
+  const double airtime = 20000.0 / 2.5e6;
+  // Awake 0–22 ms and 107–119 ms; asleep 22–105 ms; one wake-up of 2 ms at idle power.
+  EXPECT_NEAR(r.energy.joules(),
+              1.319 * (0.022 + 0.012) + 0.177 * 0.083 + (1.425 - 1.319) * airtime + 1.319 * 0.002,
+              1e-6);
+  // Woken at 109 ms, the card is not listening before 111 ms: the packet at 110 ms is missed.
+  const WnicRun late = ScheduledRun(card_, At(0), TwoBursts(), {{At(22), false}, {At(109), true}});
+  EXPECT_EQ(late.missed, 1u);
+}
+
 TEST_F(WnicTraceTest, IdealPsmDelaysEachBurstToABeaconAndCarriesTheDelay) {
   WnicCard card = card_;
   card.beacon = Millis(100);
