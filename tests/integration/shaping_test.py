@@ -7,12 +7,13 @@ priced with the WNIC model (tests/linkemu/wnic_energy). The origin runs Reno wit
 after idle (the paper's servers sent each window at once; BBR paces it over the round trip).
 
 Checks that the three bodies are byte-identical to the origin's file (SHA-256), that the shaped
-download was timed per packet and went in bursts, and, a TAP TODO, that its energy×delay is
-below 0.8× the fixed-window plain TCP's (the paper's baseline). Measured at 60 ms / 5 MB /
+download was timed per packet and went in bursts, that its energy×delay is below the fixed-window
+plain TCP's (the paper's baseline), and that it is below 0.8× of it (the CI goal; a miss is
+reported as a TAP TODO, not a failure). Measured at 60 ms / 5 MB /
 SO_RCVBUF 16 KiB on this 2-core machine at load 6–20 (other builds running), 13 runs of one
 round: 0.32–0.72× (median 0.49×), 3–79 missed packets per download (median 14); 0.67–0.69×
 when the shaped buffer is also fixed before connect. Below 0.8× every time so far, but the
-spread is wide and the issue's own goal (≤ 0.45×, < 1 missed packet) is not met: a TODO. The ratio against
+spread is wide and the issue's own goal (≤ 0.45×, < 1 missed packet) is not met. The ratio against
 autotuned plain TCP is printed too: shaping cannot pay there (plain receives at the link rate
 with no idle time; see scripts/bench_shaping.py), so it is not a goal. The product behaviour
 that follows is checked for real: with --shape auto and the proxy's default buffer the proxy
@@ -28,7 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 import bench_shaping  # noqa: E402
 
-PLANNED = 7
+PLANNED = 8
 
 
 def main():
@@ -49,7 +50,7 @@ def main():
                                    "shci", "10.77.45", log=lambda s: print(s, flush=True),
                                    origin_cc=bench_shaping.DEFAULT_ORIGIN_CC)
     except Exception as e:  # the run itself failed: every check fails with the reason
-        for name in ("run", "identical", "per packet", "bursts", "E×D", "auto declines",
+        for name in ("run", "identical", "per packet", "bursts", "E×D pays", "E×D goal", "auto declines",
                      "auto not slowed"):
             tap.check(False, name, e)
         tap.done()
@@ -58,13 +59,18 @@ def main():
     tap.check(row["identical"], "all three bodies are byte-identical to the origin's file (SHA-256)")
     tap.check(row["per_packet"] == 1, "the shaped download was timed per packet (capture)", row)
     tap.check(row["bursts"] > 0, "the shaped download went in bursts", row)
+    tap.check(row["ed_fixed"] < 1.0, f"shaping pays against plain TCP with the same fixed window: "
+              f"energy×delay {row['ed_fixed']:.2f}× < 1 (time {row['time_fixed']:.2f}×, energy "
+              f"{row['energy_fixed']:.2f}×, {row['missed']} missed packets; against autotuned plain "
+              f"{row['ed_auto']:.2f}×)", row)
+    # The CI goal. TAP: "ok" when met; a miss is "not ok # TODO" (a known, reported shortfall)
+    # rather than a failure, because one round's ratio spreads 0.32-0.72x on this machine. An
+    # "ok ... # TODO" would be an unexpected pass, which meson counts as a failure.
     ok = row["ed_fixed"] < 0.8
-    print(f"{'ok' if ok else 'not ok'} 5 - shaped energy×delay {row['ed_fixed']:.2f}× plain TCP with "
-          f"the same fixed window < 0.8× (time {row['time_fixed']:.2f}×, energy "
-          f"{row['energy_fixed']:.2f}×, {row['missed']} missed packets; against autotuned plain "
-          f"{row['ed_auto']:.2f}×) # TODO measured 0.32-0.72x, spread too wide to gate CI on",
-          flush=True)
     tap.n += 1
+    print(f"{'ok' if ok else 'not ok'} {tap.n} - shaped energy×delay {row['ed_fixed']:.2f}× plain TCP "
+          f"with the same fixed window < 0.8×" + ("" if ok else " # TODO one round spreads 0.32-0.72x "
+          "here; not held reliably yet"), flush=True)
     try:
         a = bench_shaping.run_link(build, 60, 0, 0, 5_000_000, 1, 20, "wavelan-2.4", "auto",
                                    "shci", "10.77.45", log=lambda s: print(s, flush=True),
