@@ -382,6 +382,8 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (packed) {
       // A small body packed in the index: this handle keeps the bytes it read.
       version = CacheStore::PackedVersion(*packed);
+      // The kernel reads it from a memfd copy (no READ round trip), else the daemon serves it.
+      backing = ctx_.passthrough.AcquireBytes(ino, *packed);
       h.body = std::move(packed);
       ctx_.store.Touch(url);
     } else if (source == ReadSource::kDisk) {
