@@ -62,7 +62,15 @@ constexpr Bytes kRangePiece = 1 << 20;
 
 }  // namespace
 
-OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)) {}
+// Body files kept open for the next open of the same object (fs/body_fd_cache.h).
+constexpr std::size_t kKeptBodies = 512;
+
+OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)), bodies_(BodyFdCache::CapacityFor(kKeptBodies)) {
+  // The store outlives the tree (TreeContext); the listener goes with the tree.
+  ctx_.store.SetInternalChangeListener([this](const std::string& key) { bodies_.Forget(key); });
+}
+
+OriginTree::~OriginTree() { ctx_.store.SetInternalChangeListener(nullptr); }
 
 std::string OriginTree::OriginUrl(const Node* n) const {
   std::string url = ctx_.options.origins[n->origin].url;
@@ -388,7 +396,8 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       ctx_.store.Touch(url);
     } else if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
-      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, url);
+      // A body opened recently is still open (no path walk on the disk).
+      Result<BodyFile> file = bodies_.Open(ctx_.store, url);
       if (!file.ok()) {
         int err = file.status().ToErrno();
         return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);

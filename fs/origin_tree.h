@@ -29,6 +29,7 @@
 #include "common/cache/cache_store.h"
 #include "common/http/autoindex.h"
 #include "common/http/http_fetcher.h"
+#include "fs/body_fd_cache.h"
 #include "fs/inode_table.h"
 #include "fs/tree.h"
 #include "fs/write_back.h"
@@ -157,6 +158,7 @@ class OriginTree final : public Tree {
  public:
   // `ctx` is borrowed: its references must outlive the tree.
   explicit OriginTree(TreeContext ctx);
+  ~OriginTree() override;
   OriginTree(const OriginTree&) = delete;
   OriginTree& operator=(const OriginTree&) = delete;
 
@@ -228,6 +230,7 @@ class OriginTree final : public Tree {
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<fuse_ino_t, PageVersion> page_versions_;         // origin inodes read in cached mode
   std::set<std::string> long_names_logged_;                 // listing URLs with names > NAME_MAX
+  BodyFdCache bodies_;  // body files of recent opens, kept open (dropped when they change)
 };
 
 }  // namespace ghost
