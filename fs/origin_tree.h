@@ -58,9 +58,10 @@ struct Probe {
 };
 
 // An object being fetched from an origin: a window of the bytes so far, and the reads waiting
-// for more. The window holds bytes [base, base + data.size()); an origin stream keeps it at
-// most kStreamWindow long (bytes every open reader has passed are dropped, and the fetch is
-// paused while the window is full), so a body larger than memory streams through (DESIGN §4).
+// for more. The window holds bytes [base, base + data.size()); an origin stream keeps at most
+// kStreamWindow bytes no reader has passed (the fetch is paused while that many wait), and
+// drops the passed ones once they are as many as the rest (so data is at most twice
+// kStreamWindow long), so a body larger than memory streams through (DESIGN §4).
 struct Stream {
   std::string key;       // cache key (the URL)
   std::string data;
