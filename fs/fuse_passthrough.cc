@@ -4,7 +4,9 @@
 
 #include <linux/fuse.h>
 #include <linux/magic.h>
+#include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -14,6 +16,8 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+
+#include "common/base/file_io.h"
 
 namespace ghost {
 namespace {
@@ -218,6 +222,25 @@ std::optional<int> FusePassthrough::Acquire(fuse_ino_t ino, int body_fd) {
   io.body_ino = st.st_ino;
   ++opens_;
   return id;
+}
+
+std::optional<int> FusePassthrough::AcquireBytes(fuse_ino_t ino, std::string_view body) {
+  if (!enabled()) return std::nullopt;
+  if (auto it = inodes_.find(ino); it != inodes_.end() && (it->second.cached > 0 || it->second.passthrough > 0)) {
+    return std::nullopt;  // the daemon serves it, as before (no fallback counted: no body file)
+  }
+  UniqueFd fd(memfd_create("ghost-packed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return std::nullopt;
+  std::size_t done = 0;
+  while (done < body.size()) {
+    ssize_t n = pwrite(fd.get(), body.data() + done, body.size() - done, static_cast<off_t>(done));
+    if (n <= 0) return std::nullopt;
+    done += static_cast<std::size_t>(n);
+  }
+  // Nothing may change the bytes the kernel reads for this open (the daemon closes its fd
+  // right after; the kernel keeps its own reference until the last open is released).
+  (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  return Acquire(ino, fd.get());
 }
 
 void FusePassthrough::ReleasePassthrough(fuse_ino_t ino) {

@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string_view>
 #include <string>
 #include <unordered_map>
 
@@ -88,6 +89,11 @@ class FusePassthrough {
   // opens of `ino` are active, or passthrough opens of an older body of it, or passthrough is
   // not available (the first refusal is logged once and turns it off).
   std::optional<int> Acquire(fuse_ino_t ino, int body_fd);
+  // Acquire for a body held in memory (a small body packed in the index): the bytes are
+  // copied into a sealed memfd that the kernel reads instead (the READ round trip of a small
+  // file is most of its cost). Only tried while no other open of `ino` is active, so a
+  // passthrough open never refuses a later one for being of another backing file.
+  std::optional<int> AcquireBytes(fuse_ino_t ino, std::string_view body);
   // While passthrough opens of `ino` are active, any other open of it must join them: the
   // inode's backing id, for an open sent with direct_io (reads through the daemon), counted
   // like a passthrough open until Released. nullopt: no passthrough open of `ino` is active.

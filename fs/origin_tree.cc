@@ -59,10 +59,20 @@ const char kListingPrefix[] = "listing:";
 // of at least kRangePiece.
 constexpr Bytes kReadAheadGap = 1 << 20;
 constexpr Bytes kRangePiece = 1 << 20;
+// Live bytes of a stream's window cheap enough to move whenever the passed ones are dropped.
+constexpr std::size_t kStreamCompactBytes = 64 * 1024;
 
 }  // namespace
 
-OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)) {}
+// Body files kept open for the next open of the same object (fs/body_fd_cache.h).
+constexpr std::size_t kKeptBodies = 512;
+
+OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)), bodies_(BodyFdCache::CapacityFor(kKeptBodies)) {
+  // The store outlives the tree (TreeContext); the listener goes with the tree.
+  ctx_.store.SetInternalChangeListener([this](const std::string& key) { bodies_.Forget(key); });
+}
+
+OriginTree::~OriginTree() { ctx_.store.SetInternalChangeListener(nullptr); }
 
 std::string OriginTree::OriginUrl(const Node* n) const {
   std::string url = ctx_.options.origins[n->origin].url;
@@ -382,11 +392,14 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     if (packed) {
       // A small body packed in the index: this handle keeps the bytes it read.
       version = CacheStore::PackedVersion(*packed);
+      // The kernel reads it from a memfd copy (no READ round trip), else the daemon serves it.
+      backing = ctx_.passthrough.AcquireBytes(ino, *packed);
       h.body = std::move(packed);
       ctx_.store.Touch(url);
     } else if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
-      Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, url);
+      // A body opened recently is still open (no path walk on the disk).
+      Result<BodyFile> file = bodies_.Open(ctx_.store, url);
       if (!file.ok()) {
         int err = file.status().ToErrno();
         return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);
@@ -821,13 +834,19 @@ void OriginTree::TrimStream(Stream& st) {
   Bytes keep_from = st.received();
   for (const auto& [fh, pos] : st.readers) keep_from = std::min(keep_from, pos);
   for (const Stream::Waiter& w : st.waiters) keep_from = std::min(keep_from, w.offset);
-  if (keep_from > st.base) {
-    std::size_t drop = static_cast<std::size_t>(std::min<Bytes>(keep_from - st.base, st.data.size()));
+  std::size_t drop = keep_from > st.base ? static_cast<std::size_t>(std::min<Bytes>(keep_from - st.base, st.data.size())) : 0;
+  std::size_t live = st.data.size() - drop;
+  // Erasing the front moves every byte behind it: done only once the passed bytes are at
+  // least as many as the live ones (or the live ones are few), so each byte is moved O(1)
+  // times over the stream (erasing at every 16 KiB arrival moved up to the whole window each
+  // time: half the daemon's CPU on a first read of a large file). The passed bytes stay
+  // readable meanwhile; the window holds at most twice kStreamWindow.
+  if (drop > 0 && (drop >= live || live <= kStreamCompactBytes)) {
     st.data.erase(0, drop);
     st.base += drop;
     if (st.data.capacity() > 2 * kStreamWindow) st.data.shrink_to_fit();
   }
-  bool full = st.data.size() >= kStreamWindow || st.fill_in_flight >= kStreamWindow;
+  bool full = live >= kStreamWindow || st.fill_in_flight >= kStreamWindow;
   if (st.done || st.fetch == 0) return;
   if (full != st.paused && ctx_.http.Pause(st.fetch, full)) st.paused = full;
 }

@@ -29,6 +29,7 @@
 #include "common/cache/cache_store.h"
 #include "common/http/autoindex.h"
 #include "common/http/http_fetcher.h"
+#include "fs/body_fd_cache.h"
 #include "fs/inode_table.h"
 #include "fs/tree.h"
 #include "fs/write_back.h"
@@ -57,9 +58,10 @@ struct Probe {
 };
 
 // An object being fetched from an origin: a window of the bytes so far, and the reads waiting
-// for more. The window holds bytes [base, base + data.size()); an origin stream keeps it at
-// most kStreamWindow long (bytes every open reader has passed are dropped, and the fetch is
-// paused while the window is full), so a body larger than memory streams through (DESIGN §4).
+// for more. The window holds bytes [base, base + data.size()); an origin stream keeps at most
+// kStreamWindow bytes no reader has passed (the fetch is paused while that many wait), and
+// drops the passed ones once they are as many as the rest (so data is at most twice
+// kStreamWindow long), so a body larger than memory streams through (DESIGN §4).
 struct Stream {
   std::string key;       // cache key (the URL)
   std::string data;
@@ -157,6 +159,7 @@ class OriginTree final : public Tree {
  public:
   // `ctx` is borrowed: its references must outlive the tree.
   explicit OriginTree(TreeContext ctx);
+  ~OriginTree() override;
   OriginTree(const OriginTree&) = delete;
   OriginTree& operator=(const OriginTree&) = delete;
 
@@ -228,6 +231,7 @@ class OriginTree final : public Tree {
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<fuse_ino_t, PageVersion> page_versions_;         // origin inodes read in cached mode
   std::set<std::string> long_names_logged_;                 // listing URLs with names > NAME_MAX
+  BodyFdCache bodies_;  // body files of recent opens, kept open (dropped when they change)
 };
 
 }  // namespace ghost

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Proxy benchmark: ghostproxy (over a ghostfs mount) side by side with squid (disk cache),
-# cache hits of 16 KiB objects with wrk against one nginx on 127.0.0.1. Prints the figures as
-# ratios and one line per goal (≥ 2× squid's hits/s and a lower p50). About 2 minutes.
+# Proxy benchmark: ghostproxy (over a ghostfs mount) side by side with squid (disk cache) and
+# nginx's own proxy_cache, cache hits of 16 KiB objects with wrk against one nginx on
+# 127.0.0.1. Prints the figures as ratios and one line per goal (≥ 2× squid's hits/s and a
+# lower p50; ahead of nginx proxy_cache). About 3 minutes.
 #
 #   scripts/bench-proxy.sh [bench_proxy.py options, e.g. --rounds 5 --seconds 10]
 #

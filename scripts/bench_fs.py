@@ -693,6 +693,11 @@ class Bench:
         if gs:
             src = gs.get("requests_by_source") or gs.get("requests") or {}
             out.append(f"ghostfs opens by source (ghostctl stats): {json.dumps(src, sort_keys=True)}")
+            fuse = gs.get("fuse") or {}
+            if fuse:
+                # READ requests that reached the daemon, and opens the kernel read itself
+                # (passthrough: a body file, or a packed body's memfd copy): the round trips.
+                out.append(f"ghostfs FUSE requests (ghostctl stats): {json.dumps(fuse, sort_keys=True)}")
         out.append(f"machine: {os.cpu_count()} CPUs, 1-min load average {self.load_start:.1f} at the start and "
                    f"{os.getloadavg()[0]:.1f} at the end (other work on the machine makes every figure noisier; "
                    "the rounds interleave the file systems so it hits them alike)")

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Side-by-side proxy benchmark: ghostproxy (over a ghostfs mount) vs squid (disk cache),
-cache hits of 16 KiB objects with wrk, against one nginx origin on 127.0.0.1, in one run.
+"""Side-by-side proxy benchmark: ghostproxy (over a ghostfs mount) vs squid (disk cache) vs
+nginx's own proxy_cache (a caching forward proxy in front of the origin), cache hits of 16 KiB
+objects with wrk, against one nginx origin on 127.0.0.1, in one run.
 
 Called by scripts/bench-proxy.sh (which installs squid, wrk and nginx and builds the
-programs). Both proxies are warmed with every object and checked to answer from their cache
-(X-Ghost-Source: cache; squid's X-Cache: HIT) before wrk runs, and their access logs are
-counted afterwards, so only hits are measured. The rounds alternate between the proxies.
+programs). Every proxy is warmed with every object and checked to answer from its cache
+(X-Ghost-Source: cache; squid's and nginx's X-Cache: HIT) before wrk runs, and their access
+logs are counted afterwards, so only hits are measured. The rounds rotate the proxies' order.
+nginx-cache runs one worker process, as squid and ghostproxy each serve from one process.
 
 Figures (common/DESIGN.md §7: ratios measured side by side in one run):
   hits/s   wrk, 16 connections, 2 threads, absolute-form GETs over keep-alive connections
@@ -120,6 +122,62 @@ dns_v4_first on
         return h.wait_port(self.port, 20)
 
 
+class NginxCache(Server):
+    """nginx as a caching proxy: proxy_cache on a cache dir on the disk, one worker, every
+    request (absolute-form, as to the other proxies) passed to the origin on a miss. The access
+    log puts $upstream_cache_status/$status in field 4, like squid's result code."""
+
+    def __init__(self, work, origin_url):
+        self.dir = os.path.join(work, "nginx-cache")
+        self.cache = os.path.join(self.dir, "cache")
+        os.makedirs(self.cache)
+        self.port = h.free_port()
+        self.access_log = os.path.join(self.dir, "access.log")
+        self.proc = None
+        self.conf = os.path.join(self.dir, "nginx.conf")
+        d = self.dir
+        with open(self.conf, "w") as f:
+            f.write(f"""worker_processes 1;
+user root;
+daemon off;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  log_format squidlike '$msec $request_time $remote_addr $upstream_cache_status/$status $body_bytes_sent $request_method $request_uri';
+  access_log {self.access_log} squidlike;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  proxy_cache_path {self.cache} levels=1:2 keys_zone=bench:16m max_size=1g inactive=60m use_temp_path=off;
+  upstream origin {{ server {origin_url.split("/")[2]}; keepalive 16; }}
+  server {{
+    listen 127.0.0.1:{self.port};
+    location / {{
+      proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_cache bench;
+      proxy_cache_key $scheme$proxy_host$request_uri;
+      add_header X-Cache $upstream_cache_status;
+    }}
+  }}
+}}
+""")
+
+    def start(self):
+        nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(nginx):
+            log("nginx is missing: no nginx-cache arm")
+            return False
+        self.proc = subprocess.Popen([nginx, "-c", self.conf, "-p", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        h.on_exit(self.stop)
+        return h.wait_port(self.port, 20)
+
+
 class Ghostproxy(Server):
     def __init__(self, work, exe, mount, control, extra_args=()):
         self.exe, self.mount, self.control = exe, mount, control
@@ -198,24 +256,33 @@ def main():
     if not squid.start():
         raise SystemExit("bench-proxy: squid did not start")
     proxies = [("ghostproxy", gp.port), ("squid", squid.port)]
+    servers = {"ghostproxy": gp, "squid": squid}
+    ngc = NginxCache(a.work, nginx.url())
+    if ngc.start():
+        proxies.append(("nginx-cache", ngc.port))
+        servers["nginx-cache"] = ngc
+    else:
+        log("nginx proxy_cache did not start: its arm is left out")
 
-    log(f"warming both caches with {a.objects} objects of 16 KiB")
+    log(f"warming the caches with {a.objects} objects of 16 KiB")
     for name, port in proxies:
         for _ in range(2):
             for u in urls:
                 fetch_via(port, u)
     time.sleep(1)  # ghostproxy's fills reach the cache through ghostfs's write queue
     _, head = fetch_via(gp.port, urls[0])
-    _, shead = fetch_via(squid.port, urls[0])
     if head.get("X-Ghost-Source") != "cache":
         raise SystemExit(f"bench-proxy: ghostproxy does not answer from its cache after warming: {head}")
-    if "HIT" not in shead.get("X-Cache", ""):
-        raise SystemExit(f"bench-proxy: squid does not answer from its cache after warming: {shead}")
-    before = {"ghostproxy": gp.hits_and_misses(), "squid": squid.hits_and_misses()}
+    for name, port in proxies[1:]:
+        _, phead = fetch_via(port, urls[0])
+        if "HIT" not in phead.get("X-Cache", ""):
+            raise SystemExit(f"bench-proxy: {name} does not answer from its cache after warming: {phead}")
+    before = {name: srv.hits_and_misses() for name, srv in servers.items()}
 
     results = {name: {"rps": [], "p50_us": [], "p99_us": []} for name, _ in proxies}
     for r in range(a.rounds):
-        order = proxies if r % 2 == 0 else proxies[::-1]
+        k = r % len(proxies)
+        order = proxies[k:] + proxies[:k]  # each proxy goes first in turn
         for name, port in order:
             t = run_wrk(port, lua, urls, 16, 2, a.seconds)
             one = run_wrk(port, lua, urls, 1, 1, a.seconds)
@@ -224,24 +291,38 @@ def main():
             results[name]["p99_us"].append(one["p99_us"])
             log(f"round {r + 1} {name}: {t['rps']:.0f} req/s at 16 connections; p50 {one['p50_us']:.0f} µs at 1"
                 + (f" ({t['errors']} {one['errors']})" if t["errors"] or one["errors"] else ""))
-    after = {"ghostproxy": gp.hits_and_misses(), "squid": squid.hits_and_misses()}
+    after = {name: srv.hits_and_misses() for name, srv in servers.items()}
 
-    g = {k: statistics.median(v) for k, v in results["ghostproxy"].items()}
-    s = {k: statistics.median(v) for k, v in results["squid"].items()}
+    med = {name: {k: statistics.median(v) for k, v in res.items()} for name, res in results.items()}
+    spread = {name: {k: (min(v), max(v)) for k, v in res.items()} for name, res in results.items()}
+    s = med["squid"]
+    n = med.get("nginx-cache")
     print(f"\nbench-proxy: {a.objects} objects of 16 KiB from nginx on 127.0.0.1, all cache hits; "
-          f"{a.rounds} rounds of {a.seconds} s per figure, proxies alternating; medians"
+          f"{a.rounds} rounds of {a.seconds} s per figure, proxies in turn; medians (min–max over rounds)"
           + (f"; ghostproxy --memory-cache {a.memory_cache}" if a.memory_cache is not None else ""))
-    print(f"{'':12} {'hits/s (16 conn)':>17} {'× squid':>8} {'p50 µs (1 conn)':>16} {'× squid':>8} {'p99 µs':>8}")
-    for name, v in (("ghostproxy", g), ("squid", s)):
-        print(f"{name:12} {v['rps']:17.0f} {v['rps'] / s['rps']:7.2f}× {v['p50_us']:16.0f} "
-              f"{v['p50_us'] / s['p50_us']:7.2f}× {v['p99_us']:8.0f}")
-    for name in ("ghostproxy", "squid"):
+    print(f"{'':12} {'hits/s (16 conn)':>17} {'rounds':>13} {'× squid':>8} {'× nginx':>8} "
+          f"{'p50 µs (1 conn)':>16} {'rounds':>9} {'× squid':>8} {'× nginx':>8} {'p99 µs':>8}")
+    for name, _ in proxies:
+        v, sp = med[name], spread[name]
+        print(f"{name:12} {v['rps']:17.0f} {sp['rps'][0]:6.0f}–{sp['rps'][1]:<6.0f} {v['rps'] / s['rps']:7.2f}× "
+              + (f"{v['rps'] / n['rps']:7.2f}× " if n else f"{'n/a':>8} ")
+              + f"{v['p50_us']:16.0f} {sp['p50_us'][0]:4.0f}–{sp['p50_us'][1]:<4.0f} {v['p50_us'] / s['p50_us']:7.2f}× "
+              + (f"{v['p50_us'] / n['p50_us']:7.2f}× " if n else f"{'n/a':>8} ")
+              + f"{v['p99_us']:8.0f}")
+    for name in servers:
         hits = after[name][0] - before[name][0]
         misses = after[name][1] - before[name][1]
         print(f"{name}: {hits} hits, {misses} other results during the measurement (access log)")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    g = med["ghostproxy"]
     print(f"goal ≥ 2× squid's hits/s: {'yes' if g['rps'] >= 2 * s['rps'] else 'no'} ({g['rps'] / s['rps']:.2f}×); "
           f"lower p50: {'yes' if g['p50_us'] < s['p50_us'] else 'no'} ({g['p50_us']:.0f} vs {s['p50_us']:.0f} µs)")
+    if n:
+        print(f"goal ahead of nginx proxy_cache: hits/s {'yes' if g['rps'] > n['rps'] else 'no'} "
+              f"({g['rps'] / n['rps']:.2f}×); p50 {'yes' if g['p50_us'] < n['p50_us'] else 'no'} "
+              f"({g['p50_us']:.0f} vs {n['p50_us']:.0f} µs)")
+    else:
+        print("goal ahead of nginx proxy_cache: n/a (nginx-cache did not run)")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,16 @@ Result<BodyFile> BodyFile::Open(const std::string& path) {
   return f;
 }
 
+Result<BodyFile> BodyFile::Dup() const {
+  BodyFile f;
+  f.fd_.reset(fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (!f.fd_.valid()) return Status::FromErrno(errno, "dup of a cached body");
+  f.size_ = size_;
+  f.size_known_ = size_known_;
+  f.version_ = version_;
+  return f;
+}
+
 int BodyFile::Stat() {
   struct stat st;
   if (fstat(fd_.get(), &st) != 0) return errno;

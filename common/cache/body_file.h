@@ -41,6 +41,9 @@ class BodyFile {
   // Reads the size and version again; returns 0, or the errno of fstat.
   int Stat();
   void Close() { fd_.reset(); }
+  // Another descriptor of the same open file (same version, size and read-ahead advice), or
+  // the errno of dup.
+  [[nodiscard]] Result<BodyFile> Dup() const;
 
  private:
   UniqueFd fd_;

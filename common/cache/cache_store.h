@@ -217,6 +217,11 @@ class CacheStore {
   void SetChangeListener(std::function<void(const std::string& key)> fn) {
     on_change_ = std::move(fn);
   }
+  // A second listener of the same changes, for the mount's own read path (ghostfs drops the
+  // descriptors it keeps of a replaced or removed body). Called before the one above.
+  void SetInternalChangeListener(std::function<void(const std::string& key)> fn) {
+    on_internal_change_ = std::move(fn);
+  }
 
   // Where `key`'s body lives (whether or not it is cached): dir/objects/<h[0..2]>/<h>.
   std::string BodyPath(std::string_view key) const;
@@ -323,7 +328,9 @@ class CacheStore {
   bool clean_open_ = false;  // the last Close was clean: Open checked no body file
   bool lost_files_ = false;  // a file could not be removed: the next Open must scan
   std::function<void(const std::string& key)> on_change_;
+  std::function<void(const std::string& key)> on_internal_change_;
   void Changed(const std::string& key) {
+    if (on_internal_change_) on_internal_change_(key);
     if (on_change_) on_change_(key);
   }
   // Callbacks hold a weak_ptr to this: once the store is gone they do nothing.
