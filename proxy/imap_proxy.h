@@ -113,6 +113,14 @@ struct MailProxyOptions {
   Duration imap_deadline = std::chrono::seconds(60);
   // ghostfs's control socket, for the network card's mode and knob (ghostproxy sets it).
   std::string control_path;
+  // [imap_tls_cert] [imap_tls_key] PEM files (the certificate chain, its private key): TLS
+  // toward clients. With them the plain listener offers STARTTLS, and refuses logins before it
+  // (LOGINDISABLED) unless it listens on a loopback address; without them, no TLS toward
+  // clients (both or neither).
+  std::string tls_cert, tls_key;
+  // [imaps_listen] Where mail clients connect with implicit TLS (IMAPS, RFC 8314); needs the
+  // certificate. nullopt: no implicit-TLS listener.
+  std::optional<ListenAddress> imaps_listen;
 };
 
 struct ImapProxyStats {
@@ -125,6 +133,8 @@ struct ImapProxyStats {
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
+  std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
+  std::uint64_t tls_failures = 0;      // TLS handshakes toward clients that failed
 };
 
 class ImapProxy {
@@ -139,6 +149,8 @@ class ImapProxy {
   ImapProxy& operator=(const ImapProxy&) = delete;
 
   const ListenAddress& address() const;
+  // The implicit-TLS listener's address (port 0 asked: the one bound); nullopt without one.
+  std::optional<ListenAddress> tls_address() const;
   const ImapProxyStats& stats() const;
   // Sends the deferred changes now (SIGUSR1). No-op without imap_journal.
   void Flush(const char* why);

@@ -358,38 +358,83 @@ std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std
   return uids;
 }
 
-std::string FilterCapabilities(std::string_view line) {
+namespace {
+
+// Where the capability list of "* CAPABILITY ..." or a "[CAPABILITY ...]" code is in `body`
+// (a line without its line end): [start, end). False when the line has none.
+bool FindCapabilityList(std::string_view body, std::size_t* start, std::size_t* end) {
+  std::string upper = Upper(body);
+  if (upper.starts_with("* CAPABILITY ")) {
+    *start = 13;
+    *end = body.size();
+    return true;
+  }
+  if (std::size_t at = upper.find("[CAPABILITY "); at != std::string::npos) {
+    *start = at + 12;
+    *end = upper.find(']', *start);
+    return *end != std::string::npos;
+  }
+  return false;
+}
+
+// `line` with its capability list rewritten by `keep` (a word -> whether it stays) and
+// `extra` appended (words not already there); byte for byte `line` when nothing changes.
+template <typename Keep>
+std::string RewriteCapabilities(std::string_view line, Keep keep, const std::vector<std::string>& extra) {
   std::string_view body = StripEol(line);
   std::string_view eol = line.substr(body.size());
-  std::string upper = Upper(body);
   std::size_t start, end;
-  if (upper.starts_with("* CAPABILITY ")) {
-    start = 13;
-    end = body.size();
-  } else if (std::size_t at = upper.find("[CAPABILITY "); at != std::string::npos) {
-    start = at + 12;
-    end = upper.find(']', start);
-    if (end == std::string::npos) return std::string(line);
-  } else {
-    return std::string(line);
-  }
+  if (!FindCapabilityList(body, &start, &end)) return std::string(line);
   std::string kept;
-  bool removed = false;
+  std::vector<std::string> present;
+  bool changed = false;
   std::string_view caps = body.substr(start, end - start);
   while (true) {
     std::string_view w = Word(&caps);
     if (w.empty()) break;
     std::string u = Upper(w);
-    if (u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
-        (u.starts_with("AUTH=") && u != "AUTH=PLAIN")) {
-      removed = true;
+    if (!keep(u)) {
+      changed = true;
       continue;
     }
+    present.push_back(u);
     if (!kept.empty()) kept += ' ';
     kept += w;
   }
-  if (!removed) return std::string(line);  // byte for byte what the server said
+  for (const std::string& x : extra) {
+    if (std::find(present.begin(), present.end(), x) != present.end()) continue;
+    changed = true;
+    if (!kept.empty()) kept += ' ';
+    kept += x;
+  }
+  if (!changed) return std::string(line);  // byte for byte what the server said
   return std::string(body.substr(0, start)) + kept + std::string(body.substr(end)) + std::string(eol);
+}
+
+}  // namespace
+
+std::string FilterCapabilities(std::string_view line) {
+  return RewriteCapabilities(
+      line,
+      [](const std::string& u) {
+        return !(u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
+                 (u.starts_with("AUTH=") && u != "AUTH=PLAIN"));
+      },
+      {});
+}
+
+std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled) {
+  std::vector<std::string> extra;
+  if (offer_starttls) extra.push_back("STARTTLS");
+  if (login_disabled) extra.push_back("LOGINDISABLED");
+  return RewriteCapabilities(
+      line,
+      [&](const std::string& u) {
+        if (!offer_starttls && u == "STARTTLS") return false;
+        if (!login_disabled && u == "LOGINDISABLED") return false;
+        return !(login_disabled && u.starts_with("AUTH="));
+      },
+      extra);
 }
 
 namespace {

@@ -143,10 +143,17 @@ std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std
 
 // The line with capabilities the proxy cannot honour while inspecting the stream removed
 // from "* CAPABILITY ..." and from "[CAPABILITY ...]" response codes: COMPRESS=* (the stream
-// would be unreadable), STARTTLS (no TLS toward clients yet), QRESYNC (VANISHED instead of
+// would be unreadable), STARTTLS (the server's: the proxy offers its own, TlsCapabilities), QRESYNC (VANISHED instead of
 // EXPUNGE), AUTH= mechanisms other than PLAIN (the proxy learns the user only from LOGIN and
 // PLAIN). Other lines come back unchanged.
 std::string FilterCapabilities(std::string_view line);
+
+// The proxy's own TLS words in a capability list (after FilterCapabilities): STARTTLS when
+// `offer_starttls` (a plain session with a certificate configured, before login), and when
+// `login_disabled` LOGINDISABLED with every AUTH= mechanism removed (RFC 3501 §6.2.3, RFC 9051
+// §6.2.1: no password in clear on a non-loopback listener before STARTTLS). Either word is
+// removed when its flag is false. Other lines come back unchanged.
+std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled);
 
 // The user a SASL PLAIN initial response (base64 of authzid NUL authcid NUL password) logs
 // in as: authzid when given, else authcid. The password is not kept. nullopt when malformed.

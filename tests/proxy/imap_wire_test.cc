@@ -172,6 +172,20 @@ TEST(ImapWireTest, FiltersCapabilitiesItCannotHonour) {
   EXPECT_EQ(FilterCapabilities("* OK hello\r\n"), "* OK hello\r\n");
 }
 
+TEST(ImapWireTest, OffersStartTlsAndDisablesLoginOnlyWhenAsked) {
+  const std::string caps = "* CAPABILITY IMAP4rev1 IDLE AUTH=PLAIN\r\n";
+  EXPECT_EQ(TlsCapabilities(caps, false, false), caps);  // byte for byte
+  EXPECT_EQ(TlsCapabilities(caps, true, false), "* CAPABILITY IMAP4rev1 IDLE AUTH=PLAIN STARTTLS\r\n");
+  EXPECT_EQ(TlsCapabilities(caps, true, true), "* CAPABILITY IMAP4rev1 IDLE STARTTLS LOGINDISABLED\r\n");
+  EXPECT_EQ(TlsCapabilities("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n", true, true),
+            "* OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] ready\r\n");
+  // After STARTTLS (or login) the words go, even if a server had said them.
+  EXPECT_EQ(TlsCapabilities("a1 OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] x\r\n", false, false),
+            "a1 OK [CAPABILITY IMAP4rev1] x\r\n");
+  EXPECT_EQ(TlsCapabilities("* CAPABILITY IMAP4rev1 starttls\r\n", true, false), "* CAPABILITY IMAP4rev1 starttls\r\n");
+  EXPECT_EQ(TlsCapabilities("* OK hello\r\n", true, true), "* OK hello\r\n");
+}
+
 TEST(ImapWireTest, ReadsThePlainUserAndNotThePassword) {
   // base64("\0ghost\0secret") and base64("admin\0ghost\0secret").
   EXPECT_EQ(PlainUser("AGdob3N0AHNlY3JldA=="), "ghost");
