@@ -243,6 +243,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
                       std::uint32_t seq, std::string key, std::string line);
   void StreamSlice();
   void FinishCacheAnswer();
+  // Sends a FETCH the proxy does not answer to the server after all (recorded, disclosed).
+  void ForwardFetch(const std::string& line);
   void ForwardLine(std::string_view line);
   void SendOwn(Own what, const std::string& command);
   void ServerTagged(std::string_view line);
@@ -324,6 +326,9 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
     bool reading = false;
   };
   std::optional<CacheAnswer> answer_;
+  // Answers a section fetch from the whole `message`, or forwards `line` when the section
+  // cannot be located for certain (imap_section.h).
+  void AnswerSection(CacheAnswer a, std::string_view message, const std::string& line);
 };
 
 void ImapSession::Start() {
@@ -817,18 +822,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
       Unavailable(tag, "the message is not in the cache");
       return ProcessClient();
     }
-    if (!from_cache) {
-      // The server answers (the cost model chose the network, or nothing is cached); the body
-      // it sends is stored on the way.
-      busy_ = false;
-      ++owner_->stats.forwarded_fetches;
-      HandleClientCommand(line, /*allow_cache=*/false);  // records it, discloses the transfer
-      ForwardLine(line);
-      ArmTimeouts();
-      UpdateFlow();
-      ProcessClient();
-      return;
-    }
+    if (!from_cache) return ForwardFetch(line);
     CacheAnswer a;
     a.tag = tag;
     a.name = name;
@@ -838,6 +832,33 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     a.seq = seq;
     a.body = r->body;
     const Bytes whole = r->response.size;
+    if (!f.whole()) {
+      // A section: located in the whole message (proxy/imap_section.h), read into RAM first.
+      if (whole > owner_->options.max_fill) return ForwardFetch(line);
+      if (r->choice == CacheChoice::kMemory && r->memory && r->memory->body.size() == whole) {
+        owner_->backend->ServedFromMemory(key, whole);
+        return AnswerSection(std::move(a), r->memory->body, line);
+      }
+      auto message = std::make_shared<std::string>();
+      message->reserve(whole);
+      owner_->backend->ReadBody(
+          key, a.body, 0, whole,
+          [weak, message](std::string_view data) {
+            if (weak.expired()) return false;
+            message->append(data);
+            return true;
+          },
+          [this, weak, message, whole, a = std::move(a), line](Status st) mutable {
+            if (weak.expired() || closing_) return;
+            if (!st.ok() || message->size() != whole) {
+              std::fprintf(stderr, "ghostproxy: imap: reading %s from the cache: %s (asking the server)\n",
+                           a.key.c_str(), st.ToString().c_str());
+              return ForwardFetch(line);
+            }
+            AnswerSection(std::move(a), *message, line);
+          });
+      return;
+    }
     a.offset = 0;
     a.end = whole;
     if (f.partial) {  // RFC 3501 §6.4.5: the octets from start, at most count; none past the end
@@ -873,6 +894,38 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     return;
   }
   owner_->backend->Lookup(key, std::move(on_lookup));
+}
+
+void ImapSession::ForwardFetch(const std::string& line) {
+  // The server answers (the cost model chose the network, nothing is cached, or a section the
+  // proxy cannot locate for certain); a whole body it sends is stored on the way.
+  busy_ = false;
+  ++owner_->stats.forwarded_fetches;
+  HandleClientCommand(line, /*allow_cache=*/false);  // records it, discloses the transfer
+  ForwardLine(line);
+  ArmTimeouts();
+  UpdateFlow();
+  ProcessClient();
+}
+
+void ImapSession::AnswerSection(CacheAnswer a, std::string_view message, const std::string& line) {
+  std::optional<std::string> bytes = imapwire::ExtractSection(message, a.fetch.section);
+  if (!bytes) return ForwardFetch(line);
+  std::string_view b = *bytes;
+  if (a.fetch.partial) {  // RFC 3501 §6.4.5: of the section's octets, none past its end
+    b = b.substr(std::min<std::size_t>(a.fetch.partial->first, b.size()));
+    b = b.substr(0, std::min<std::uint64_t>(a.fetch.partial->second, b.size()));
+  }
+  ToClient("* " + std::to_string(a.seq) + " FETCH (" +
+           (a.name == "UID FETCH" ? "UID " + std::to_string(a.uid) + " " : std::string()) +
+           a.fetch.response_name() + " {" + std::to_string(b.size()) + "}\r\n");
+  ToClient(b);
+  ++owner_->stats.cache_hits;
+  ++owner_->stats.section_hits;
+  a.size = b.size();
+  a.offset = a.end = 0;
+  answer_ = std::move(a);
+  FinishCacheAnswer();
 }
 
 void ImapSession::StreamSlice() {

@@ -133,6 +133,7 @@ struct ImapProxyStats {
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
+  std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
   std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
   std::uint64_t tls_failures = 0;      // TLS handshakes toward clients that failed
 };

@@ -219,13 +219,50 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
   }
   int bodies = 0;
   while (true) {
-    std::string_view w = Word(&rest);
+    // One fetch-att: up to a space outside brackets ("BODY.PEEK[HEADER.FIELDS (A B)]<0.10>").
+    SkipSpaces(&rest);
+    std::size_t end = 0;
+    int depth = 0;
+    for (; end < rest.size(); ++end) {
+      char c = rest[end];
+      if (c == '[') {
+        if (++depth > 1) return std::nullopt;
+      } else if (c == ']') {
+        if (--depth < 0) return std::nullopt;
+      } else if (c == ' ' && depth == 0) {
+        break;
+      }
+    }
+    if (depth != 0) return std::nullopt;
+    std::string_view w = rest.substr(0, end);
+    rest.remove_prefix(end);
     if (w.empty()) break;
     if (!parens && bodies > 0) return std::nullopt;
     if (IEquals(w, "UID")) continue;
-    // A partial: BODY[]<start.count> or BODY.PEEK[]<start.count>.
-    if (std::size_t lt = w.find("[]<"); lt != std::string_view::npos && w.back() == '>') {
-      std::string_view range = w.substr(lt + 3, w.size() - lt - 4);
+    if (IEquals(w, "RFC822")) {
+      f.item = BodyFetch::Item::kRfc822;
+      ++bodies;
+      continue;
+    }
+    std::size_t open = w.find('[');
+    std::size_t close = w.find(']');
+    if (open == std::string_view::npos || close == std::string_view::npos || close < open) return std::nullopt;
+    std::string_view name = w.substr(0, open);
+    if (IEquals(name, "BODY")) {
+      f.item = BodyFetch::Item::kBody;
+    } else if (IEquals(name, "BODY.PEEK")) {
+      f.item = BodyFetch::Item::kBodyPeek;
+    } else {
+      return std::nullopt;
+    }
+    std::optional<Section> section = ParseSection(w.substr(open + 1, close - open - 1));
+    if (!section) return std::nullopt;
+    f.section = std::move(*section);
+    std::string_view after = w.substr(close + 1);
+    if (!after.empty()) {
+      // A partial: <start.count> (RFC 3501 §6.4.5).
+      if (after.size() < 5 || after.front() != '<' || after.back() != '>') return std::nullopt;
+      std::string_view range = after.substr(1, after.size() - 2);
       std::size_t dot = range.find('.');
       if (dot == std::string_view::npos) return std::nullopt;
       std::string_view a = range.substr(0, dot), b = range.substr(dot + 1);
@@ -239,17 +276,6 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
       std::from_chars(b.data(), b.data() + b.size(), count);
       if (count == 0) return std::nullopt;
       f.partial = std::make_pair(start, count);
-      w = w.substr(0, lt + 2);
-      if (IEquals(w, "RFC822")) return std::nullopt;
-    }
-    if (IEquals(w, "BODY[]")) {
-      f.item = BodyFetch::Item::kBody;
-    } else if (IEquals(w, "BODY.PEEK[]")) {
-      f.item = BodyFetch::Item::kBodyPeek;
-    } else if (IEquals(w, "RFC822")) {
-      f.item = BodyFetch::Item::kRfc822;
-    } else {
-      return std::nullopt;
     }
     ++bodies;
   }

@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "proxy/imap_section.h"
+
 namespace ghost::imapwire {
 
 struct Limits {
@@ -104,20 +106,25 @@ std::optional<Command> ParseCommand(std::string_view line);
 // skipping spaces before it; advances *s past it. nullopt on a literal or malformed input.
 std::optional<std::string> ReadAstring(std::string_view* s);
 
-// A FETCH the proxy may answer from the cache: one message and one whole-body item (or a
-// partial of it, BODY[]<start.count>), with UID besides at most. Anything else (ranges, sections, partials, other items, unbalanced
-// parentheses) is nullopt and passes through to the server, which answers it.
+// A FETCH the proxy may answer from the cache: one message and one body item — BODY[section],
+// BODY.PEEK[section] (the whole body for an empty section; see proxy/imap_section.h), either
+// with a partial <start.count>, or RFC822 — with UID besides at most. Anything else (ranges,
+// other items, BINARY, unbalanced brackets or parentheses) is nullopt and passes through to the
+// server, which answers it.
 struct BodyFetch {
   std::uint32_t number = 0;  // a UID for UID FETCH, else a sequence number
   enum class Item { kBody, kBodyPeek, kRfc822 } item = Item::kBodyPeek;
   // <start.count> of BODY[] or BODY.PEEK[] (RFC 3501 §6.4.5): count > 0.
   std::optional<std::pair<std::uint64_t, std::uint64_t>> partial;
+  Section section;  // empty part path and Text::kAll: the whole body
   bool sets_seen() const { return item != Item::kBodyPeek; }
-  // The item's name in the response: BODY[] (for BODY[] and BODY.PEEK[]), BODY[]<start> for a
-  // partial, or RFC822.
+  bool whole() const { return section.part.empty() && section.text == Section::Text::kAll; }
+  // The item's name in the response: BODY[section] (for BODY[..] and BODY.PEEK[..], the
+  // section as the server writes it), BODY[section]<start> for a partial, or RFC822.
   std::string response_name() const {
     if (item == Item::kRfc822) return "RFC822";
-    return partial ? "BODY[]<" + std::to_string(partial->first) + ">" : "BODY[]";
+    std::string name = "BODY[" + SectionName(section) + "]";
+    return partial ? name + "<" + std::to_string(partial->first) + ">" : name;
   }
 };
 std::optional<BodyFetch> ParseBodyFetch(std::string_view rest);
