@@ -909,16 +909,29 @@ void ImapSession::ForwardFetch(const std::string& line) {
 }
 
 void ImapSession::AnswerSection(CacheAnswer a, std::string_view message, const std::string& line) {
-  std::optional<std::string> bytes = imapwire::ExtractSection(message, a.fetch.section);
+  bool literal8 = false;
+  std::optional<std::string> bytes = a.fetch.binary()
+                                         ? imapwire::ExtractBinary(message, a.fetch.section.part, &literal8)
+                                         : imapwire::ExtractSection(message, a.fetch.section);
   if (!bytes) return ForwardFetch(line);
   std::string_view b = *bytes;
+  if (a.fetch.item == imapwire::BodyFetch::Item::kBinarySize) {  // RFC 3516 §4.3: no literal
+    ToClient("* " + std::to_string(a.seq) + " FETCH (" +
+             (a.name == "UID FETCH" ? "UID " + std::to_string(a.uid) + " " : std::string()) +
+             a.fetch.response_name() + " " + std::to_string(b.size()));
+    ++owner_->stats.cache_hits;
+    ++owner_->stats.section_hits;
+    a.size = a.offset = a.end = 0;
+    answer_ = std::move(a);
+    return FinishCacheAnswer();
+  }
   if (a.fetch.partial) {  // RFC 3501 §6.4.5: of the section's octets, none past its end
     b = b.substr(std::min<std::size_t>(a.fetch.partial->first, b.size()));
     b = b.substr(0, std::min<std::uint64_t>(a.fetch.partial->second, b.size()));
   }
   ToClient("* " + std::to_string(a.seq) + " FETCH (" +
            (a.name == "UID FETCH" ? "UID " + std::to_string(a.uid) + " " : std::string()) +
-           a.fetch.response_name() + " {" + std::to_string(b.size()) + "}\r\n");
+           a.fetch.response_name() + (literal8 ? " ~{" : " {") + std::to_string(b.size()) + "}\r\n");
   ToClient(b);
   ++owner_->stats.cache_hits;
   ++owner_->stats.section_hits;

@@ -73,8 +73,8 @@
 //     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
 //     with a BYE.
 //
-// Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] from the
-// cache (it passes through); deferred
+// Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
+// message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
 // EXPUNGE/MOVE/COPY/APPEND (they go to the server, after the queue); a user name given as a
 // literal (no caching then).
 //

@@ -36,6 +36,8 @@ bool IsAtomChar(char c) {
 struct Entity {
   std::string_view header, body;
   std::string type = "text", subtype = "plain", boundary;
+  std::string cte;  // Content-Transfer-Encoding, lower case ("" when absent)
+  bool cte_ok = true;  // at most one, a single token
   bool Is(std::string_view t, std::string_view st) const { return type == t && subtype == st; }
   bool Multipart() const { return type == "multipart"; }
 };
@@ -163,6 +165,19 @@ std::optional<Entity> ParseEntity(std::string_view v, std::string_view type, std
     }
   }
   if (ct && !ReadContentType(Unfolded(*ct), &e)) return std::nullopt;
+  int ctes = 0;
+  for (const Field& f : *fields) {
+    if (f.name.size() == 25 && strncasecmp(f.name.data(), "Content-Transfer-Encoding", 25) == 0) {
+      ++ctes;
+      std::string v = Unfolded(f);
+      std::string_view t = v;
+      while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+      while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+      e.cte = Lower(t);
+      if (t.empty() || !std::all_of(t.begin(), t.end(), IsAtomChar)) e.cte_ok = false;
+    }
+  }
+  if (ctes > 1) e.cte_ok = false;
   if (e.Multipart() && e.boundary.empty()) return std::nullopt;
   return e;
 }
@@ -332,22 +347,125 @@ std::string SectionName(const Section& s) {
   return out;
 }
 
-std::optional<std::string> ExtractSection(std::string_view message, const Section& s) {
-  if (!CrlfOnly(message)) return std::nullopt;
+namespace {
+
+struct Located {
+  Entity part;
+  bool body_of_message = false;  // `part` is a non-multipart message's body itself
+};
+
+// Walks the part path `path` (not empty) of the message `msg`.
+std::optional<Located> Locate(const Entity& msg, const std::vector<std::uint32_t>& path);
+
+std::optional<std::string> DecodeBase64(std::string_view v) {
+  static constexpr std::string_view kAlphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::uint32_t acc = 0;
+  int bits = 0, pad = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    char c = v[i];
+    if (c == '\r' && i + 1 < v.size() && v[i + 1] == '\n') {
+      ++i;
+      continue;
+    }
+    if (c == '=') {
+      ++pad;
+      ++n;
+      continue;
+    }
+    std::size_t x = kAlphabet.find(c);
+    if (x == std::string_view::npos || pad) return std::nullopt;
+    ++n;
+    acc = (acc << 6) | static_cast<std::uint32_t>(x);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  if (n % 4 != 0 || pad > 2) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> DecodeQuotedPrintable(std::string_view v) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    char c = v[i];
+    if (c == '\r') {
+      if (i > 0 && (v[i - 1] == ' ' || v[i - 1] == '\t')) return std::nullopt;  // trailing white space
+      out += c;
+      continue;
+    }
+    if (c != '=') {
+      out += c;
+      continue;
+    }
+    if (v.substr(i + 1, 2) == "\r\n") {  // a soft line break
+      i += 2;
+      continue;
+    }
+    if (i + 2 >= v.size() || hex(v[i + 1]) < 0 || hex(v[i + 2]) < 0) return std::nullopt;
+    out += static_cast<char>(hex(v[i + 1]) * 16 + hex(v[i + 2]));
+    i += 2;
+  }
+  if (!v.empty() && (v.back() == ' ' || v.back() == '\t')) return std::nullopt;
+  return out;
+}
+
+}  // namespace
+
+std::optional<std::string> ExtractBinary(std::string_view message, const std::vector<std::uint32_t>& path,
+                                         bool* literal8) {
+  *literal8 = false;
+  if (path.empty() || path.size() > kMaxSectionDepth || !CrlfOnly(message)) return std::nullopt;
   std::optional<Entity> msg = ParseEntity(message, "text", "plain");
   if (!msg) return std::nullopt;
-  if (s.part.empty()) {
-    if (s.text == Section::Text::kAll) return std::string(message);
-    return OfMessage(*msg, s);
+  std::optional<Located> at = Locate(*msg, path);
+  if (!at) return std::nullopt;
+  const Entity& p = at->part;
+  if (p.Multipart() || p.type == "message" || !p.cte_ok) return std::nullopt;
+  std::optional<std::string> out;
+  const bool identity = p.cte.empty() || p.cte == "7bit" || p.cte == "8bit" || p.cte == "binary";
+  if (identity) {
+    out = std::string(p.body);
+  } else if (p.cte == "base64") {
+    out = DecodeBase64(p.body);
+  } else if (p.cte == "quoted-printable") {
+    out = DecodeQuotedPrintable(p.body);
   }
+  if (!out || out->find('\0') != std::string::npos) return std::nullopt;
+  // As dovecot answers (observed): decoded base64 and 8-bit decoded quoted-printable come as a
+  // literal8, 7-bit content that was not encoded as a literal; the other cases (8-bit content
+  // not encoded, quoted-printable that decodes to 7-bit) are left to the server.
+  const bool eight = std::any_of(out->begin(), out->end(), [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
+  if (identity) {
+    if (eight) return std::nullopt;
+  } else if (p.cte == "quoted-printable" && !eight) {
+    return std::nullopt;
+  } else {
+    *literal8 = true;
+  }
+  return out;
+}
+
+namespace {
+
+std::optional<Located> Locate(const Entity& msg, const std::vector<std::uint32_t>& path) {
   // Walk the part path (RFC 3501 §6.4.5): in a multipart, n is its n-th part; in any other
   // message, 1 is its body; a message/rfc822 part is entered for the numbers after it, a
   // multipart part is a container for them.
-  Entity container = *msg;
+  Entity container = msg;
   Entity part;
   bool body_of_message = false;  // `part` is the non-multipart `container`'s body itself
-  for (std::size_t i = 0; i < s.part.size(); ++i) {
-    std::uint32_t k = s.part[i];
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    std::uint32_t k = path[i];
     if (container.Multipart()) {
       std::optional<std::vector<std::string_view>> children = Children(container);
       if (!children || k > children->size()) return std::nullopt;
@@ -362,7 +480,7 @@ std::optional<std::string> ExtractSection(std::string_view message, const Sectio
       part = container;
       body_of_message = true;
     }
-    if (i + 1 == s.part.size()) break;
+    if (i + 1 == path.size()) break;
     if (body_of_message) return std::nullopt;
     if (part.Is("message", "rfc822")) {
       std::optional<Entity> inner = ParseEntity(part.body, "text", "plain");
@@ -374,6 +492,23 @@ std::optional<std::string> ExtractSection(std::string_view message, const Sectio
       return std::nullopt;
     }
   }
+  return Located{part, body_of_message};
+}
+
+}  // namespace
+
+std::optional<std::string> ExtractSection(std::string_view message, const Section& s) {
+  if (!CrlfOnly(message)) return std::nullopt;
+  std::optional<Entity> msg = ParseEntity(message, "text", "plain");
+  if (!msg) return std::nullopt;
+  if (s.part.empty()) {
+    if (s.text == Section::Text::kAll) return std::string(message);
+    return OfMessage(*msg, s);
+  }
+  std::optional<Located> at = Locate(*msg, s.part);
+  if (!at) return std::nullopt;
+  const Entity& part = at->part;
+  const bool body_of_message = at->body_of_message;
   switch (s.text) {
     case Section::Text::kAll:
       return std::string(part.body);

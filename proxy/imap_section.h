@@ -46,6 +46,18 @@ std::string SectionName(const Section& s);
 // it); nullopt when not certain to match the server's answer (see above).
 std::optional<std::string> ExtractSection(std::string_view message, const Section& s);
 
+// The decoded content of part `part` (RFC 3516 BINARY[part]): its body with its
+// Content-Transfer-Encoding undone (base64, quoted-printable; 7bit, 8bit, binary or none as
+// they are). nullopt when not certain to match the server: an empty path, a multipart or
+// message/rfc822 part, another encoding, anything but strict base64 (alphabet, CRLF lines,
+// padding at the end) or strict quoted-printable (upper-case hex, no trailing white space), or
+// a NUL in the result. *literal8 says whether the server sends it as a literal8 ("~{n}", RFC
+// 3516 §4.2), as dovecot does: for decoded base64, and for quoted-printable that decodes to
+// 8-bit bytes; 8-bit content that was not encoded, and quoted-printable that decodes to 7-bit,
+// are nullopt (dovecot's choice there not established).
+std::optional<std::string> ExtractBinary(std::string_view message, const std::vector<std::uint32_t>& part,
+                                         bool* literal8);
+
 }  // namespace ghost::imapwire
 
 #endif  // GHOST_PROXY_IMAP_SECTION_H_

@@ -252,11 +252,20 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
       f.item = BodyFetch::Item::kBody;
     } else if (IEquals(name, "BODY.PEEK")) {
       f.item = BodyFetch::Item::kBodyPeek;
+    } else if (IEquals(name, "BINARY")) {
+      f.item = BodyFetch::Item::kBinary;
+    } else if (IEquals(name, "BINARY.PEEK")) {
+      f.item = BodyFetch::Item::kBinaryPeek;
+    } else if (IEquals(name, "BINARY.SIZE")) {
+      f.item = BodyFetch::Item::kBinarySize;
     } else {
       return std::nullopt;
     }
     std::optional<Section> section = ParseSection(w.substr(open + 1, close - open - 1));
     if (!section) return std::nullopt;
+    // BINARY takes a part path only (RFC 3516 §4.2), and BINARY.SIZE no partial.
+    // BINARY[] (the whole message) goes to the server: not answered here.
+    if (f.binary() && (section->text != Section::Text::kAll || section->part.empty())) return std::nullopt;
     f.section = std::move(*section);
     std::string_view after = w.substr(close + 1);
     if (!after.empty()) {
@@ -274,7 +283,7 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
       std::uint64_t start = 0, count = 0;
       std::from_chars(a.data(), a.data() + a.size(), start);
       std::from_chars(b.data(), b.data() + b.size(), count);
-      if (count == 0) return std::nullopt;
+      if (count == 0 || f.item == BodyFetch::Item::kBinarySize) return std::nullopt;
       f.partial = std::make_pair(start, count);
     }
     ++bodies;

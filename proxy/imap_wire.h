@@ -113,17 +113,20 @@ std::optional<std::string> ReadAstring(std::string_view* s);
 // server, which answers it.
 struct BodyFetch {
   std::uint32_t number = 0;  // a UID for UID FETCH, else a sequence number
-  enum class Item { kBody, kBodyPeek, kRfc822 } item = Item::kBodyPeek;
+  // kBinary*: RFC 3516 BINARY[part], BINARY.PEEK[part], BINARY.SIZE[part] (a part path only).
+  enum class Item { kBody, kBodyPeek, kRfc822, kBinary, kBinaryPeek, kBinarySize } item = Item::kBodyPeek;
   // <start.count> of BODY[] or BODY.PEEK[] (RFC 3501 §6.4.5): count > 0.
   std::optional<std::pair<std::uint64_t, std::uint64_t>> partial;
   Section section;  // empty part path and Text::kAll: the whole body
-  bool sets_seen() const { return item != Item::kBodyPeek; }
-  bool whole() const { return section.part.empty() && section.text == Section::Text::kAll; }
+  bool sets_seen() const { return item == Item::kBody || item == Item::kRfc822 || item == Item::kBinary; }
+  bool binary() const { return item == Item::kBinary || item == Item::kBinaryPeek || item == Item::kBinarySize; }
+  bool whole() const { return !binary() && section.part.empty() && section.text == Section::Text::kAll; }
   // The item's name in the response: BODY[section] (for BODY[..] and BODY.PEEK[..], the
   // section as the server writes it), BODY[section]<start> for a partial, or RFC822.
   std::string response_name() const {
     if (item == Item::kRfc822) return "RFC822";
-    std::string name = "BODY[" + SectionName(section) + "]";
+    const char* kind = item == Item::kBinarySize ? "BINARY.SIZE[" : binary() ? "BINARY[" : "BODY[";
+    std::string name = kind + SectionName(section) + "]";
     return partial ? name + "<" + std::to_string(partial->first) + ">" : name;
   }
 };

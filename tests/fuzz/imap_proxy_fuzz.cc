@@ -139,6 +139,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const char* kSections[] = {"HEADER", "TEXT", "1", "2", "1.MIME", "2.1", "2.TEXT", "2.HEADER",
                                     "1.2.3", "HEADER.FIELDS (SUBJECT FROM)", "2.HEADER.FIELDS.NOT (TO)",
                                     "3.1.2.MIME"};
+  for (const std::vector<std::uint32_t>& part : {std::vector<std::uint32_t>{1}, {2}, {2, 1}, {1, 2, 3}}) {
+    bool literal8 = false;
+    if (std::optional<std::string> got = ExtractBinary(in, part, &literal8)) {
+      Check(got->size() <= in.size() && got->find('\0') == std::string::npos,
+            "a decoded part is longer than the message or holds a NUL", in);
+    }
+  }
   for (const char* spec : kSections) {
     std::optional<Section> sec = ParseSection(spec);
     Check(sec.has_value(), "a fixed section does not parse", spec);

@@ -108,6 +108,31 @@ TEST(ImapSectionTest, LeavesWhatItIsNotSureOfToTheServer) {
   EXPECT_FALSE(Get(rfc2231, "1"));
 }
 
+TEST(ImapSectionTest, DecodesBinaryPartsStrictly) {
+  std::string m = Crlf(
+      "Content-Type: multipart/mixed; boundary=b\n\n"
+      "--b\nContent-Transfer-Encoding: base64\n\naGVsbG8g\nd29ybGQ=\n"
+      "--b\nContent-Transfer-Encoding: Quoted-Printable\n\nCaf=C3=A9 long=\n line\n"
+      "--b\n\nplain\n"
+      "--b\nContent-Transfer-Encoding: base64\n\nAAE=\n"
+      "--b\nContent-Transfer-Encoding: quoted-printable\n\ntrailing \nx\n"
+      "--b\nContent-Transfer-Encoding: base64\n\naGV*bG8=\n"
+      "--b\nContent-Transfer-Encoding: x-uuencode\n\nx\n"
+      "--b--\n");
+  bool l8 = true;
+  EXPECT_EQ(*ExtractBinary(m, {1}, &l8), "hello world");
+  EXPECT_TRUE(l8);  // decoded base64: a literal8, as dovecot sends it
+  EXPECT_EQ(*ExtractBinary(m, {2}, &l8), "Caf\xC3\xA9 long line");
+  EXPECT_TRUE(l8);  // decoded 8-bit content: dovecot sends a literal8
+  EXPECT_EQ(*ExtractBinary(m, {3}, &l8), "plain");
+  EXPECT_FALSE(l8);
+  EXPECT_FALSE(ExtractBinary(m, {4}, &l8));  // a NUL
+  EXPECT_FALSE(ExtractBinary(m, {5}, &l8));  // trailing white space in quoted-printable
+  EXPECT_FALSE(ExtractBinary(m, {6}, &l8));  // not base64
+  EXPECT_FALSE(ExtractBinary(m, {7}, &l8));  // an encoding it does not decode
+  EXPECT_FALSE(ExtractBinary(m, {}, &l8));   // BINARY[]: the server's
+}
+
 TEST(ImapSectionTest, BoundsNestingDepth) {
   std::string m = "Content-Type: multipart/mixed; boundary=b0\r\n\r\n";
   std::string tail;

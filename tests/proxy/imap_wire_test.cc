@@ -151,6 +151,17 @@ TEST(ImapWireTest, RecognizesSectionsAndNamesThemAsTheServerDoes) {
   EXPECT_EQ(ParseBodyFetch("7 BODY.PEEK[2.TEXT]")->response_name(), "BODY[2.TEXT]");
   EXPECT_EQ(ParseBodyFetch("7 BODY.PEEK[3]")->response_name(), "BODY[3]");
   EXPECT_TRUE(ParseBodyFetch("7 BODY.PEEK[]")->whole());
+  f = ParseBodyFetch("7 (UID BINARY.PEEK[2.1]<0.10>)");
+  ASSERT_TRUE(f);
+  EXPECT_FALSE(f->sets_seen());
+  EXPECT_FALSE(f->whole());
+  EXPECT_EQ(f->response_name(), "BINARY[2.1]<0>");
+  EXPECT_TRUE(ParseBodyFetch("7 BINARY[1]")->sets_seen());
+  EXPECT_EQ(ParseBodyFetch("7 binary.size[3]")->response_name(), "BINARY.SIZE[3]");
+  EXPECT_FALSE(ParseBodyFetch("7 BINARY.SIZE[3]")->sets_seen());
+  for (const char* no : {"7 BINARY[]", "7 BINARY[1.MIME]", "7 BINARY.SIZE[1]<0.5>", "7 BINARY[HEADER]"}) {
+    EXPECT_FALSE(ParseBodyFetch(no)) << no;
+  }
 }
 
 TEST(ImapWireTest, RecognizesWholeBodyLiteralsInFetchResponses) {
