@@ -54,6 +54,14 @@ timeval ToTimeval(Duration d) {
   return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
 }
 
+std::string OpenSslErrorText() {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  char buf[256] = "out of memory";
+  if (e) ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+
 std::string NormalizeMailbox(std::string box) {
   if (strcasecmp(box.c_str(), "INBOX") == 0) return "INBOX";
   return box;
@@ -154,6 +162,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   }
 
   void Start();
+  bool has_client() const { return client_ != nullptr; }
 
  private:
   enum class Await { kNone, kAuthData, kIdleDone };
@@ -1442,6 +1451,12 @@ void ImapProxy::Impl::Accept(evutil_socket_t fd, bool implicit_tls) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   auto s = std::make_shared<ImapSession>(this, fd, implicit_tls);
+  if (!s->has_client()) {  // no memory for a bufferevent or a TLS session: refuse this one
+    std::fprintf(stderr, "ghostproxy: imap: cannot take a client connection: %s\n",
+                 OpenSslErrorText().c_str());
+    evutil_closesocket(fd);
+    return;
+  }
   sessions[s.get()] = s;
   ++stats.sessions;
   s->Start();
