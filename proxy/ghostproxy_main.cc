@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> allow;
   std::string imap_listen, imap_origin, smtp_listen, smtp_origin, smtp_outbox;
   std::string imap_journal;
+  std::string imap_tls_cert, imap_tls_key, imaps_listen;
   std::size_t max_connections = 0;
   std::size_t max_per_client = 0;
   double preempt_after = 0, request_timeout = 0;
@@ -123,6 +124,13 @@ int main(int argc, char** argv) {
   app.add_option("--imap-journal", imap_journal,
                  "the journal of the IMAP proxy's deferred changes: flag changes are answered at "
                  "once and sent when the radio is up (without it they go to the server at once)");
+  app.add_option("--imap-tls-cert", imap_tls_cert,
+                 "PEM certificate chain for TLS toward mail clients: the IMAP listener offers "
+                 "STARTTLS (and refuses logins before it unless on loopback)");
+  app.add_option("--imap-tls-key", imap_tls_key, "the private key (PEM) of --imap-tls-cert");
+  app.add_option("--imaps-listen", imaps_listen,
+                 "HOST:PORT where mail clients connect with implicit TLS (IMAPS, e.g. "
+                 "127.0.0.1:1993); needs --imap-tls-cert and --imap-tls-key");
   app.add_option("--smtp-listen", smtp_listen,
                  "HOST:PORT where mail clients submit mail (e.g. 127.0.0.1:1587): journaled, "
                  "answered at once, sent when the radio is up (SIGUSR1 sends now)");
@@ -216,6 +224,13 @@ int main(int argc, char** argv) {
   }
   if (!imap_origin.empty()) o.mail.imap_origin = imap_origin;
   if (!imap_journal.empty()) o.mail.imap_journal = imap_journal;
+  if (!imap_tls_cert.empty()) o.mail.tls_cert = imap_tls_cert;
+  if (!imap_tls_key.empty()) o.mail.tls_key = imap_tls_key;
+  if (!imaps_listen.empty()) {
+    ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(imaps_listen);
+    if (!la.ok()) return fail("--imaps-listen: " + la.status().message(), 2);
+    o.mail.imaps_listen = *la;
+  }
   if (!smtp_listen.empty()) {
     ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(smtp_listen);
     if (!la.ok()) return fail("--smtp-listen: " + la.status().message(), 2);
@@ -264,7 +279,7 @@ int main(int argc, char** argv) {
   }
   // The IMAP proxy for mail clients (proxy/imap_proxy.h), over the same cache.
   std::unique_ptr<ghost::ImapProxy> imap;
-  if (o.mail.imap_listen) {
+  if (o.mail.imap_listen || o.mail.imaps_listen) {
     o.mail.control_path = o.control_path;
     ghost::Result<std::unique_ptr<ghost::ImapProxy>> started =
         ghost::ImapProxy::Start(base.get(), backend->get(), o.mail);
@@ -275,6 +290,9 @@ int main(int argc, char** argv) {
     imap = std::move(*started);
     std::fprintf(stderr, "ghostproxy: IMAP on %s for %s\n", imap->address().ToString().c_str(),
                  o.mail.imap_origin.c_str());
+    if (imap->tls_address()) {
+      std::fprintf(stderr, "ghostproxy: IMAPS (implicit TLS) on %s\n", imap->tls_address()->ToString().c_str());
+    }
   }
   // The SMTP outbox (proxy/smtp_proxy.h); SIGUSR1 sends it now.
   std::unique_ptr<ghost::SmtpProxy> smtp;

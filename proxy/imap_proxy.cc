@@ -22,10 +22,13 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <openssl/evp.h>
+#include <openssl/err.h>
 #include <openssl/rand.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <strings.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -51,6 +54,14 @@ timeval ToTimeval(Duration d) {
   return timeval{static_cast<time_t>(us / 1'000'000), static_cast<suseconds_t>(us % 1'000'000)};
 }
 
+std::string OpenSslErrorText() {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  char buf[256] = "out of memory";
+  if (e) ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+
 std::string NormalizeMailbox(std::string box) {
   if (strcasecmp(box.c_str(), "INBOX") == 0) return "INBOX";
   return box;
@@ -70,6 +81,12 @@ class ImapProxy::Impl {
   ListenAddress bound;
   evconnlistener* listener = nullptr;
   SSL_CTX* ssl_ctx = nullptr;
+  // TLS toward clients (tls_cert/tls_key): the server context, the implicit-TLS listener, and
+  // whether logins are taken before STARTTLS on the plain listener (a loopback address).
+  SSL_CTX* server_ctx = nullptr;
+  evconnlistener* tls_listener = nullptr;
+  std::optional<ListenAddress> tls_bound;
+  bool plain_login_ok = true;
   ImapProxyStats stats;
   std::map<ImapSession*, std::shared_ptr<ImapSession>> sessions;
   // With imap_journal: the deferred changes, on a clock of the loop.
@@ -102,6 +119,8 @@ class ImapProxy::Impl {
 
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  static void OnAcceptTls(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  void Accept(evutil_socket_t fd, bool implicit_tls);
   void Remove(ImapSession* s) {
     // Deferred: the session may be inside its own callback.
     auto it = sessions.find(s);
@@ -122,11 +141,16 @@ class ImapProxy::Impl {
 
 class ImapSession : public std::enable_shared_from_this<ImapSession> {
  public:
-  ImapSession(ImapProxy::Impl* owner, evutil_socket_t fd)
+  // `implicit_tls`: the client connected to the IMAPS listener; the TLS handshake comes first.
+  ImapSession(ImapProxy::Impl* owner, evutil_socket_t fd, bool implicit_tls)
       : owner_(owner),
         cframer_({owner->options.client_max_line, owner->options.max_literal}),
         sframer_({owner->options.server_max_line, owner->options.max_literal}) {
-    client_ = bufferevent_socket_new(owner->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (implicit_tls) {
+      client_ = TlsClient(fd);
+    } else {
+      client_ = bufferevent_socket_new(owner->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    }
   }
   ~ImapSession() {
     if (fill_writer_) fill_writer_->Abort();
@@ -138,6 +162,7 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   }
 
   void Start();
+  bool has_client() const { return client_ != nullptr; }
 
  private:
   enum class Await { kNone, kAuthData, kIdleDone };
@@ -164,6 +189,27 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
 
   void ClientEvent(short what);
   void ServerEvent(short what);
+  // A bufferevent doing the server side of TLS on `fd` (owned: closed with it).
+  bufferevent* TlsClient(evutil_socket_t fd) {
+    tls_ = true;
+    SSL* ssl = SSL_new(owner_->server_ctx);
+    bufferevent* bev = bufferevent_openssl_socket_new(owner_->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                      BEV_OPT_CLOSE_ON_FREE);
+    if (bev) bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+    return bev;
+  }
+  // STARTTLS (RFC 3501 §6.2.1): answered once nothing else is outstanding; the client's socket
+  // changes to TLS once the OK is written (SwitchToTls).
+  void StartTls(const std::string& tag);
+  void SwitchToTls();
+  // Logins wait for STARTTLS: a certificate is configured, this session is plain, and the
+  // listener is not on a loopback address.
+  bool LoginDisabled() const { return !tls_ && owner_->server_ctx && !owner_->plain_login_ok; }
+  // The capability list the client sees: the server's, filtered, with the proxy's TLS words.
+  std::string Caps(std::string_view line) const {
+    return imapwire::TlsCapabilities(imapwire::FilterCapabilities(line),
+                                     !tls_ && owner_->server_ctx && !logged_in_, LoginDisabled());
+  }
   void ClientDrained();
   void ServerDrained();
   void ProcessClient();
@@ -206,6 +252,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
                       std::uint32_t seq, std::string key, std::string line);
   void StreamSlice();
   void FinishCacheAnswer();
+  // Sends a FETCH the proxy does not answer to the server after all (recorded, disclosed).
+  void ForwardFetch(const std::string& line);
   void ForwardLine(std::string_view line);
   void SendOwn(Own what, const std::string& command);
   void ServerTagged(std::string_view line);
@@ -237,6 +285,10 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool closing_ = false;
   bool connected_ = false;
   bool offline_ = false;
+  bool tls_ = false;               // the client side is TLS (implicit, or after STARTTLS)
+  bool tls_up_ = false;            // ... and its handshake is done
+  bool starttls_pending_ = false;  // STARTTLS answered; the socket turns TLS once that is out
+  bool logged_in_ = false;         // a login succeeded (STARTTLS is no longer possible)
 
   // Client side.
   Await await_ = Await::kNone;
@@ -283,6 +335,9 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
     bool reading = false;
   };
   std::optional<CacheAnswer> answer_;
+  // Answers a section fetch from the whole `message`, or forwards `line` when the section
+  // cannot be located for certain (imap_section.h).
+  void AnswerSection(CacheAnswer a, std::string_view message, const std::string& line);
 };
 
 void ImapSession::Start() {
@@ -342,6 +397,18 @@ void ImapSession::Linger() {
 }
 
 void ImapSession::ClientEvent(short what) {
+  if (what & BEV_EVENT_CONNECTED) {  // the TLS handshake with the client is done
+    tls_up_ = true;
+    ++owner_->stats.tls_sessions;
+    return;
+  }
+  if (tls_ && !tls_up_) {
+    ++owner_->stats.tls_failures;
+    unsigned long e = bufferevent_get_openssl_error(client_);
+    std::fprintf(stderr, "ghostproxy: imap: a client's TLS handshake failed: %s\n",
+                 e ? ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "unknown error"
+                   : (what & BEV_EVENT_EOF) ? "it closed the connection" : "connection error");
+  }
   // EOF, an error or a timeout: the client is gone or stalled (or our last words were cut).
   if (!closing_ && (what & BEV_EVENT_TIMEOUT)) ++owner_->stats.client_errors;
   bufferevent_free(client_);
@@ -376,6 +443,7 @@ void ImapSession::ServerEvent(short what) {
 
 void ImapSession::ClientDrained() {
   if (closing_) return Linger();
+  if (starttls_pending_) return SwitchToTls();
   UpdateFlow();
   if (answer_ && !answer_->reading) StreamSlice();
 }
@@ -384,6 +452,12 @@ void ImapSession::ServerDrained() { UpdateFlow(); }
 
 void ImapSession::UpdateFlow() {
   if (closing_ || !server_ || !client_ || !connected_) return;
+  if (starttls_pending_) {
+    // Nothing may reach the client between the OK and the handshake.
+    bufferevent_disable(server_, EV_READ);
+    bufferevent_disable(client_, EV_READ);
+    return;
+  }
   const std::size_t high = owner_->options.high_watermark;
   if (evbuffer_get_length(bufferevent_get_output(client_)) > high) {
     bufferevent_disable(server_, EV_READ);
@@ -458,6 +532,20 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
     return;
   }
   client_dropping_ = false;
+  if (await_ == Await::kNone) {
+    if (std::optional<imapwire::Command> c = imapwire::ParseCommand(ev.text)) {
+      if (c->name == "STARTTLS") {
+        client_dropping_ = true;  // a literal after it (there should be none) is not sent on
+        return StartTls(c->tag);
+      }
+      if ((c->name == "LOGIN" || c->name == "AUTHENTICATE") && LoginDisabled()) {
+        client_dropping_ = true;
+        ToClient(c->tag + " NO [PRIVACYREQUIRED] Ghost: log in after STARTTLS (this listener "
+                          "takes no password in clear)\r\n");
+        return;
+      }
+    }
+  }
   if (offline_) return HandleOffline(ev.text);
   if (await_ == Await::kAuthData) {
     // SASL data: PLAIN's carries the user (and the password, which is passed on, not kept).
@@ -500,10 +588,6 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
   const std::string& n = c->name;
   if (n == "COMPRESS") {
     ToClient(c->tag + " NO [CANNOT] Ghost: COMPRESS is not available through this proxy\r\n");
-    return true;
-  }
-  if (n == "STARTTLS") {
-    ToClient(c->tag + " BAD Ghost: STARTTLS is not available through this proxy\r\n");
     return true;
   }
   if (allow_cache && HandleLocally(*c, std::string(line))) return true;
@@ -747,18 +831,7 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
       Unavailable(tag, "the message is not in the cache");
       return ProcessClient();
     }
-    if (!from_cache) {
-      // The server answers (the cost model chose the network, or nothing is cached); the body
-      // it sends is stored on the way.
-      busy_ = false;
-      ++owner_->stats.forwarded_fetches;
-      HandleClientCommand(line, /*allow_cache=*/false);  // records it, discloses the transfer
-      ForwardLine(line);
-      ArmTimeouts();
-      UpdateFlow();
-      ProcessClient();
-      return;
-    }
+    if (!from_cache) return ForwardFetch(line);
     CacheAnswer a;
     a.tag = tag;
     a.name = name;
@@ -768,6 +841,33 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     a.seq = seq;
     a.body = r->body;
     const Bytes whole = r->response.size;
+    if (!f.whole()) {
+      // A section: located in the whole message (proxy/imap_section.h), read into RAM first.
+      if (whole > owner_->options.max_fill) return ForwardFetch(line);
+      if (r->choice == CacheChoice::kMemory && r->memory && r->memory->body.size() == whole) {
+        owner_->backend->ServedFromMemory(key, whole);
+        return AnswerSection(std::move(a), r->memory->body, line);
+      }
+      auto message = std::make_shared<std::string>();
+      message->reserve(whole);
+      owner_->backend->ReadBody(
+          key, a.body, 0, whole,
+          [weak, message](std::string_view data) {
+            if (weak.expired()) return false;
+            message->append(data);
+            return true;
+          },
+          [this, weak, message, whole, a = std::move(a), line](Status st) mutable {
+            if (weak.expired() || closing_) return;
+            if (!st.ok() || message->size() != whole) {
+              std::fprintf(stderr, "ghostproxy: imap: reading %s from the cache: %s (asking the server)\n",
+                           a.key.c_str(), st.ToString().c_str());
+              return ForwardFetch(line);
+            }
+            AnswerSection(std::move(a), *message, line);
+          });
+      return;
+    }
     a.offset = 0;
     a.end = whole;
     if (f.partial) {  // RFC 3501 §6.4.5: the octets from start, at most count; none past the end
@@ -803,6 +903,51 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
     return;
   }
   owner_->backend->Lookup(key, std::move(on_lookup));
+}
+
+void ImapSession::ForwardFetch(const std::string& line) {
+  // The server answers (the cost model chose the network, nothing is cached, or a section the
+  // proxy cannot locate for certain); a whole body it sends is stored on the way.
+  busy_ = false;
+  ++owner_->stats.forwarded_fetches;
+  HandleClientCommand(line, /*allow_cache=*/false);  // records it, discloses the transfer
+  ForwardLine(line);
+  ArmTimeouts();
+  UpdateFlow();
+  ProcessClient();
+}
+
+void ImapSession::AnswerSection(CacheAnswer a, std::string_view message, const std::string& line) {
+  bool literal8 = false;
+  std::optional<std::string> bytes = a.fetch.binary()
+                                         ? imapwire::ExtractBinary(message, a.fetch.section.part, &literal8)
+                                         : imapwire::ExtractSection(message, a.fetch.section);
+  if (!bytes) return ForwardFetch(line);
+  std::string_view b = *bytes;
+  if (a.fetch.item == imapwire::BodyFetch::Item::kBinarySize) {  // RFC 3516 §4.3: no literal
+    ToClient("* " + std::to_string(a.seq) + " FETCH (" +
+             (a.name == "UID FETCH" ? "UID " + std::to_string(a.uid) + " " : std::string()) +
+             a.fetch.response_name() + " " + std::to_string(b.size()));
+    ++owner_->stats.cache_hits;
+    ++owner_->stats.section_hits;
+    a.size = a.offset = a.end = 0;
+    answer_ = std::move(a);
+    return FinishCacheAnswer();
+  }
+  if (a.fetch.partial) {  // RFC 3501 §6.4.5: of the section's octets, none past its end
+    b = b.substr(std::min<std::size_t>(a.fetch.partial->first, b.size()));
+    b = b.substr(0, std::min<std::uint64_t>(a.fetch.partial->second, b.size()));
+  }
+  ToClient("* " + std::to_string(a.seq) + " FETCH (" +
+           (a.name == "UID FETCH" ? "UID " + std::to_string(a.uid) + " " : std::string()) +
+           a.fetch.response_name() + (literal8 ? " ~{" : " {") + std::to_string(b.size()) + "}\r\n");
+  ToClient(b);
+  ++owner_->stats.cache_hits;
+  ++owner_->stats.section_hits;
+  a.size = b.size();
+  a.offset = a.end = 0;
+  answer_ = std::move(a);
+  FinishCacheAnswer();
 }
 
 void ImapSession::StreamSlice() {
@@ -954,7 +1099,7 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
     if (ev.literal) {
       if (std::optional<imapwire::BodyPrefix> p = imapwire::ParseBodyPrefix(line)) StartFill(*p);
     }
-    std::string filtered = imapwire::FilterCapabilities(OverlayFlags(line));
+    std::string filtered = Caps(OverlayFlags(line));
     NoteCapabilities(line);
     ToClient(filtered);
     return;
@@ -1025,6 +1170,7 @@ void ImapSession::ServerTagged(std::string_view line) {
       case Kind::kLogin:
       case Kind::kAuth:
         if (ok) user_ = done.arg;
+        if (ok) logged_in_ = true;
         if (ok && owner_->deferred && !user_.empty() && !done.secret.empty())
           owner_->deferred->RememberLogin(user_, done.secret);
         if (ok && !user_.empty() && !done.secret.empty()) owner_->logins[user_] = owner_->Digest(user_, done.secret);
@@ -1054,7 +1200,7 @@ void ImapSession::ServerTagged(std::string_view line) {
     pending_uidvalidity_ = done.kind == Kind::kSelect ? 0 : pending_uidvalidity_;
   }
   NoteCapabilities(line);
-  ToClient(imapwire::FilterCapabilities(line));
+  ToClient(Caps(line));
 }
 
 void ImapSession::NoteCapabilities(std::string_view line) {
@@ -1109,6 +1255,62 @@ void ImapSession::EndFill() {
   });
 }
 
+// ---- STARTTLS toward the client ----
+//
+// The OK goes out in clear; then the session stops reading either side until it is written,
+// drops whatever the client sent after the command in clear (nothing pipelined before the
+// handshake may be taken as sent under TLS: the STARTTLS command injection, CVE-2011-0411), and continues on a
+// TLS bufferevent over a duplicate of the same socket (the plain one is freed, closing only its
+// descriptor). The upstream connection is untouched: it is still before login.
+
+void ImapSession::StartTls(const std::string& tag) {
+  if (!owner_->server_ctx) {
+    ToClient(tag + " BAD Ghost: STARTTLS is not available here (no --imap-tls-cert)\r\n");
+    return;
+  }
+  if (tls_) {
+    ToClient(tag + " BAD Ghost: TLS is already active\r\n");
+    return;
+  }
+  if (logged_in_ || !pending_.empty() || busy_) {
+    ToClient(tag + " BAD Ghost: STARTTLS only before login, with no other command outstanding\r\n");
+    return;
+  }
+  starttls_pending_ = true;
+  busy_ = true;
+  bufferevent_disable(client_, EV_READ);
+  if (server_) bufferevent_disable(server_, EV_READ);
+  bufferevent_setwatermark(client_, EV_WRITE, 0, 0);  // ClientDrained once the OK is all out
+  ToClient(tag + " OK Begin TLS negotiation now\r\n");
+  UpdateFlow();
+}
+
+void ImapSession::SwitchToTls() {
+  starttls_pending_ = false;
+  evbuffer* in = bufferevent_get_input(client_);
+  evbuffer_drain(in, evbuffer_get_length(in));
+  int fd = fcntl(bufferevent_getfd(client_), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    std::perror("ghostproxy: imap: STARTTLS: dup");
+    bufferevent_free(client_);
+    client_ = nullptr;
+    return Close("");
+  }
+  bufferevent_free(client_);
+  cframer_ = imapwire::Framer({owner_->options.client_max_line, owner_->options.max_literal});
+  client_ = TlsClient(fd);
+  if (!client_) {
+    close(fd);
+    return Close("");
+  }
+  bufferevent_setcb(client_, &OnClientRead, &OnClientWrite, &OnClientEvent, this);
+  bufferevent_setwatermark(client_, EV_WRITE, owner_->options.high_watermark / 2, 0);
+  bufferevent_enable(client_, EV_READ | EV_WRITE);
+  busy_ = false;
+  ArmTimeouts();
+  UpdateFlow();
+}
+
 // ---- offline: the server unreachable ----
 //
 // The client is greeted by the proxy and may log in with a user and password the server
@@ -1126,8 +1328,8 @@ void ImapSession::GoOffline() {
   offline_ = true;
   std::fprintf(stderr, "ghostproxy: imap: %s unreachable: serving a client from the cache\n",
                owner_->origin_text.c_str());
-  ToClient("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Ghost: the IMAP server is unreachable; "
-           "cached mail only\r\n");
+  ToClient(Caps("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Ghost: the IMAP server is unreachable; "
+                "cached mail only\r\n"));
   bufferevent_set_timeouts(client_, nullptr, nullptr);
   bufferevent_enable(client_, EV_READ | EV_WRITE);
 }
@@ -1152,6 +1354,7 @@ void ImapSession::OfflineLogin(const std::string& tag, const std::optional<std::
     return Unavailable(tag, "only a login the server accepted before is possible now");
   }
   user_ = *user;
+  logged_in_ = true;
   ToClient(tag + " OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] Logged in (Ghost: offline, cached mail only)\r\n");
 }
 
@@ -1176,7 +1379,7 @@ void ImapSession::HandleOffline(std::string_view line) {
     return Unavailable(tag, "a command with a literal needs the server");
   }
   if (n == "CAPABILITY") {
-    ToClient("* CAPABILITY IMAP4rev1 AUTH=PLAIN\r\n" + tag + " OK CAPABILITY completed\r\n");
+    ToClient(Caps("* CAPABILITY IMAP4rev1 AUTH=PLAIN\r\n") + tag + " OK CAPABILITY completed\r\n");
   } else if (n == "NOOP" || n == "CHECK") {
     ToClient(tag + " OK " + n + " completed (Ghost: offline)\r\n");
   } else if (n == "LOGOUT") {
@@ -1228,25 +1431,77 @@ void ImapSession::HandleOffline(std::string_view line) {
 
 ImapProxy::Impl::~Impl() {
   if (listener) evconnlistener_free(listener);
+  if (tls_listener) evconnlistener_free(tls_listener);
   sessions.clear();
   deferred.reset();
   clock.reset();
   if (ssl_ctx) SSL_CTX_free(ssl_ctx);
+  if (server_ctx) SSL_CTX_free(server_ctx);
 }
 
 void ImapProxy::Impl::OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg) {
-  auto* self = static_cast<Impl*>(arg);
+  static_cast<Impl*>(arg)->Accept(fd, /*implicit_tls=*/false);
+}
+
+void ImapProxy::Impl::OnAcceptTls(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg) {
+  static_cast<Impl*>(arg)->Accept(fd, /*implicit_tls=*/true);
+}
+
+void ImapProxy::Impl::Accept(evutil_socket_t fd, bool implicit_tls) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  auto s = std::make_shared<ImapSession>(self, fd);
-  self->sessions[s.get()] = s;
-  ++self->stats.sessions;
+  auto s = std::make_shared<ImapSession>(this, fd, implicit_tls);
+  if (!s->has_client()) {  // no memory for a bufferevent or a TLS session: refuse this one
+    std::fprintf(stderr, "ghostproxy: imap: cannot take a client connection: %s\n",
+                 OpenSslErrorText().c_str());
+    evutil_closesocket(fd);
+    return;
+  }
+  sessions[s.get()] = s;
+  ++stats.sessions;
   s->Start();
 }
 
+namespace {
+
+// The newest OpenSSL error's text (the queue is emptied), for messages about `what`.
+std::string OpenSslError(const std::string& what) {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  char buf[256] = "unknown error";
+  if (e) ERR_error_string_n(e, buf, sizeof buf);
+  return what + ": " + buf;
+}
+
+// evconnlistener_new_bind on `at`; `*bound` gets the address with the port bound (for port 0).
+Result<evconnlistener*> Listen(event_base* base, evconnlistener_cb cb, void* arg, const ListenAddress& at,
+                               const char* key, ListenAddress* bound) {
+  sockaddr_storage ss{};
+  socklen_t len = at.ToSockaddr(&ss);
+  evconnlistener* l = evconnlistener_new_bind(
+      base, cb, arg, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, -1,
+      reinterpret_cast<const sockaddr*>(&ss), static_cast<int>(len));
+  if (!l) {
+    return Status::FromErrno(errno, std::string(key) + " " + at.ToString() +
+                                        " (address in use: is another proxy running?)");
+  }
+  *bound = at;
+  sockaddr_storage got{};
+  socklen_t got_len = sizeof got;
+  if (getsockname(evconnlistener_get_fd(l), reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
+    bound->port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
+                                                 : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+  }
+  return l;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBackend* backend,
                                                     const MailProxyOptions& options) {
-  if (!options.imap_listen) return Status::InvalidArgument("no imap_listen address");
+  if (!options.imap_listen && !options.imaps_listen) return Status::InvalidArgument("no imap_listen address");
+  if (options.tls_cert.empty() != options.tls_key.empty() || (options.imaps_listen && options.tls_cert.empty()))
+    return Status::InvalidArgument("--imap-tls-cert and --imap-tls-key go together (and --imaps-listen needs them)");
   auto impl = std::make_unique<Impl>();
   impl->base = base;
   impl->backend = backend;
@@ -1277,22 +1532,35 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
     SSL_CTX_set_verify(impl->ssl_ctx, SSL_VERIFY_PEER, nullptr);
     SSL_CTX_set_default_verify_paths(impl->ssl_ctx);  // honours SSL_CERT_FILE
   }
-  sockaddr_storage ss{};
-  socklen_t len = options.imap_listen->ToSockaddr(&ss);
-  impl->listener = evconnlistener_new_bind(
-      base, &Impl::OnAccept, impl.get(),
-      LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC, -1,
-      reinterpret_cast<const sockaddr*>(&ss), static_cast<int>(len));
-  if (!impl->listener) {
-    return Status::FromErrno(errno, "imap_listen " + options.imap_listen->ToString() +
-                                        " (address in use: is another proxy running?)");
+  if (!options.tls_cert.empty()) {
+    // TLS toward clients: the configured certificate chain and key, TLS 1.2 at least.
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    impl->server_ctx = ctx;
+    if (!ctx) return Status::Internal(OpenSslError("cannot create a TLS server context"));
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(ctx, options.tls_cert.c_str()) != 1)
+      return Status::InvalidArgument(OpenSslError("--imap-tls-cert " + options.tls_cert +
+                                                  " (a PEM certificate chain, readable by the proxy)"));
+    if (SSL_CTX_use_PrivateKey_file(ctx, options.tls_key.c_str(), SSL_FILETYPE_PEM) != 1)
+      return Status::InvalidArgument(OpenSslError("--imap-tls-key " + options.tls_key +
+                                                  " (a PEM private key, readable by the proxy)"));
+    if (SSL_CTX_check_private_key(ctx) != 1)
+      return Status::InvalidArgument(OpenSslError("--imap-tls-key " + options.tls_key +
+                                                  " does not match --imap-tls-cert " + options.tls_cert));
+    impl->plain_login_ok = options.imap_listen && options.imap_listen->host.IsLoopback();
   }
-  impl->bound = *options.imap_listen;
-  sockaddr_storage got{};
-  socklen_t got_len = sizeof got;
-  if (getsockname(evconnlistener_get_fd(impl->listener), reinterpret_cast<sockaddr*>(&got), &got_len) == 0) {
-    impl->bound.port = ntohs(got.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&got)->sin_port
-                                                      : reinterpret_cast<sockaddr_in6*>(&got)->sin6_port);
+  if (options.imap_listen) {
+    Result<evconnlistener*> l = Listen(base, &Impl::OnAccept, impl.get(), *options.imap_listen, "imap_listen", &impl->bound);
+    if (!l.ok()) return l.status();
+    impl->listener = *l;
+  }
+  if (options.imaps_listen) {
+    ListenAddress bound;
+    Result<evconnlistener*> l = Listen(base, &Impl::OnAcceptTls, impl.get(), *options.imaps_listen, "imaps_listen", &bound);
+    if (!l.ok()) return l.status();
+    impl->tls_listener = *l;
+    impl->tls_bound = bound;
+    if (!options.imap_listen) impl->bound = bound;
   }
   return std::make_unique<ImapProxy>(std::move(impl));
 }
@@ -1300,6 +1568,7 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
 ImapProxy::ImapProxy(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ImapProxy::~ImapProxy() = default;
 const ListenAddress& ImapProxy::address() const { return impl_->bound; }
+std::optional<ListenAddress> ImapProxy::tls_address() const { return impl_->tls_bound; }
 const ImapProxyStats& ImapProxy::stats() const { return impl_->stats; }
 void ImapProxy::Flush(const char* why) {
   if (impl_->deferred) impl_->deferred->Flush(why);

@@ -8,11 +8,19 @@
 // framed by proxy/imap_wire.h (segments and streamed literals, bounded memory).
 //
 // What it acts on:
-//   - CAPABILITY (untagged or as a response code): COMPRESS=, STARTTLS, QRESYNC and AUTH=
-//     mechanisms other than PLAIN are removed (imap_wire.h FilterCapabilities); COMPRESS and
-//     STARTTLS commands are refused locally.
-//   - A whole-body FETCH of one message (FETCH n / UID FETCH u with BODY[], BODY.PEEK[] or
-//     RFC822, UID besides at most), sent while no other command of the client is outstanding:
+//   - CAPABILITY (untagged or as a response code): COMPRESS=, the server's STARTTLS, QRESYNC
+//     and AUTH= mechanisms other than PLAIN are removed (imap_wire.h FilterCapabilities);
+//     COMPRESS is refused locally. With a certificate (tls_cert/tls_key) the proxy adds its own
+//     STARTTLS on a plain session before login, and LOGINDISABLED (no AUTH=) when the plain
+//     listener is not a loopback address (TlsCapabilities).
+//   - TLS toward clients: imaps_listen sessions start with the TLS handshake (libevent's
+//     bufferevent_openssl over the accepted socket); STARTTLS on the plain listener is
+//     answered OK once nothing else is outstanding and before login, the client's plaintext
+//     after it is dropped (STARTTLS injection), and the session continues on a TLS bufferevent
+//     over a duplicate of the socket. A failed handshake closes the session (counted in
+//     tls_failures); the upstream connection is the same plain or imaps:// one either way.
+//   - A body FETCH of one message (FETCH n / UID FETCH u with BODY[section], BODY.PEEK[section]
+//     (partials too) or RFC822, UID besides at most), sent while no other command of the client is outstanding:
 //     the body's cache key is the Maildir view's (fs/mail_tree.cc MailTree::BodyKey:
 //     ORIGIN-URL-WITH-USER + mailbox + ";UIDVALIDITY=v;UID=u", the origin URL being
 //     --imap-origin with "USER@" inserted, so a ghostfs mail origin written as
@@ -20,7 +28,9 @@
 //     (FindInMemory: a body once read whole from the disk) answers first, with no round trip
 //     to ghostfs, as for HTTP. Otherwise the backend's lookup runs the cost model (a ghost hint when the network wins); on kDisk/kMemory the proxy answers
 //     "* seq FETCH ([UID u ]BODY[] {n}" + the cached bytes itself and completes the command
-//     with "OK ... (Ghost: from the cache)". A non-PEEK fetch so answered still marks the
+//     with "OK ... (Ghost: from the cache)". A section is located in the whole cached message
+//     (read into RAM, up to max_fill; proxy/imap_section.h) and answered the same way; one the
+//     locator is not certain of goes to the server. A non-PEEK fetch so answered still marks the
 //     message \Seen on the server (UID STORE u +FLAGS (\Seen), whose untagged FETCH FLAGS the
 //     client sees). Otherwise the command goes to the server.
 //   - Whole bodies the server sends (BODY[] or RFC822 literals, any FETCH) are stored in the
@@ -63,8 +73,8 @@
 //     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
 //     with a BYE.
 //
-// Not yet: TLS or STARTTLS toward clients; STARTTLS toward an imap:// server (imaps:// is
-// supported); BINARY[], sections and partials from the cache (they pass through); deferred
+// Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
+// message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
 // EXPUNGE/MOVE/COPY/APPEND (they go to the server, after the queue); a user name given as a
 // literal (no caching then).
 //
@@ -113,6 +123,14 @@ struct MailProxyOptions {
   Duration imap_deadline = std::chrono::seconds(60);
   // ghostfs's control socket, for the network card's mode and knob (ghostproxy sets it).
   std::string control_path;
+  // [imap_tls_cert] [imap_tls_key] PEM files (the certificate chain, its private key): TLS
+  // toward clients. With them the plain listener offers STARTTLS, and refuses logins before it
+  // (LOGINDISABLED) unless it listens on a loopback address; without them, no TLS toward
+  // clients (both or neither).
+  std::string tls_cert, tls_key;
+  // [imaps_listen] Where mail clients connect with implicit TLS (IMAPS, RFC 8314); needs the
+  // certificate. nullopt: no implicit-TLS listener.
+  std::optional<ListenAddress> imaps_listen;
 };
 
 struct ImapProxyStats {
@@ -125,6 +143,9 @@ struct ImapProxyStats {
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
+  std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
+  std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
+  std::uint64_t tls_failures = 0;      // TLS handshakes toward clients that failed
 };
 
 class ImapProxy {
@@ -139,6 +160,8 @@ class ImapProxy {
   ImapProxy& operator=(const ImapProxy&) = delete;
 
   const ListenAddress& address() const;
+  // The implicit-TLS listener's address (port 0 asked: the one bound); nullopt without one.
+  std::optional<ListenAddress> tls_address() const;
   const ImapProxyStats& stats() const;
   // Sends the deferred changes now (SIGUSR1). No-op without imap_journal.
   void Flush(const char* why);

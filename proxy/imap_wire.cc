@@ -219,13 +219,59 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
   }
   int bodies = 0;
   while (true) {
-    std::string_view w = Word(&rest);
+    // One fetch-att: up to a space outside brackets ("BODY.PEEK[HEADER.FIELDS (A B)]<0.10>").
+    SkipSpaces(&rest);
+    std::size_t end = 0;
+    int depth = 0;
+    for (; end < rest.size(); ++end) {
+      char c = rest[end];
+      if (c == '[') {
+        if (++depth > 1) return std::nullopt;
+      } else if (c == ']') {
+        if (--depth < 0) return std::nullopt;
+      } else if (c == ' ' && depth == 0) {
+        break;
+      }
+    }
+    if (depth != 0) return std::nullopt;
+    std::string_view w = rest.substr(0, end);
+    rest.remove_prefix(end);
     if (w.empty()) break;
     if (!parens && bodies > 0) return std::nullopt;
     if (IEquals(w, "UID")) continue;
-    // A partial: BODY[]<start.count> or BODY.PEEK[]<start.count>.
-    if (std::size_t lt = w.find("[]<"); lt != std::string_view::npos && w.back() == '>') {
-      std::string_view range = w.substr(lt + 3, w.size() - lt - 4);
+    if (IEquals(w, "RFC822")) {
+      f.item = BodyFetch::Item::kRfc822;
+      ++bodies;
+      continue;
+    }
+    std::size_t open = w.find('[');
+    std::size_t close = w.find(']');
+    if (open == std::string_view::npos || close == std::string_view::npos || close < open) return std::nullopt;
+    std::string_view name = w.substr(0, open);
+    if (IEquals(name, "BODY")) {
+      f.item = BodyFetch::Item::kBody;
+    } else if (IEquals(name, "BODY.PEEK")) {
+      f.item = BodyFetch::Item::kBodyPeek;
+    } else if (IEquals(name, "BINARY")) {
+      f.item = BodyFetch::Item::kBinary;
+    } else if (IEquals(name, "BINARY.PEEK")) {
+      f.item = BodyFetch::Item::kBinaryPeek;
+    } else if (IEquals(name, "BINARY.SIZE")) {
+      f.item = BodyFetch::Item::kBinarySize;
+    } else {
+      return std::nullopt;
+    }
+    std::optional<Section> section = ParseSection(w.substr(open + 1, close - open - 1));
+    if (!section) return std::nullopt;
+    // BINARY takes a part path only (RFC 3516 §4.2), and BINARY.SIZE no partial.
+    // BINARY[] (the whole message) goes to the server: not answered here.
+    if (f.binary() && (section->text != Section::Text::kAll || section->part.empty())) return std::nullopt;
+    f.section = std::move(*section);
+    std::string_view after = w.substr(close + 1);
+    if (!after.empty()) {
+      // A partial: <start.count> (RFC 3501 §6.4.5).
+      if (after.size() < 5 || after.front() != '<' || after.back() != '>') return std::nullopt;
+      std::string_view range = after.substr(1, after.size() - 2);
       std::size_t dot = range.find('.');
       if (dot == std::string_view::npos) return std::nullopt;
       std::string_view a = range.substr(0, dot), b = range.substr(dot + 1);
@@ -237,19 +283,8 @@ std::optional<BodyFetch> ParseBodyFetch(std::string_view rest) {
       std::uint64_t start = 0, count = 0;
       std::from_chars(a.data(), a.data() + a.size(), start);
       std::from_chars(b.data(), b.data() + b.size(), count);
-      if (count == 0) return std::nullopt;
+      if (count == 0 || f.item == BodyFetch::Item::kBinarySize) return std::nullopt;
       f.partial = std::make_pair(start, count);
-      w = w.substr(0, lt + 2);
-      if (IEquals(w, "RFC822")) return std::nullopt;
-    }
-    if (IEquals(w, "BODY[]")) {
-      f.item = BodyFetch::Item::kBody;
-    } else if (IEquals(w, "BODY.PEEK[]")) {
-      f.item = BodyFetch::Item::kBodyPeek;
-    } else if (IEquals(w, "RFC822")) {
-      f.item = BodyFetch::Item::kRfc822;
-    } else {
-      return std::nullopt;
     }
     ++bodies;
   }
@@ -358,38 +393,83 @@ std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std
   return uids;
 }
 
-std::string FilterCapabilities(std::string_view line) {
+namespace {
+
+// Where the capability list of "* CAPABILITY ..." or a "[CAPABILITY ...]" code is in `body`
+// (a line without its line end): [start, end). False when the line has none.
+bool FindCapabilityList(std::string_view body, std::size_t* start, std::size_t* end) {
+  std::string upper = Upper(body);
+  if (upper.starts_with("* CAPABILITY ")) {
+    *start = 13;
+    *end = body.size();
+    return true;
+  }
+  if (std::size_t at = upper.find("[CAPABILITY "); at != std::string::npos) {
+    *start = at + 12;
+    *end = upper.find(']', *start);
+    return *end != std::string::npos;
+  }
+  return false;
+}
+
+// `line` with its capability list rewritten by `keep` (a word -> whether it stays) and
+// `extra` appended (words not already there); byte for byte `line` when nothing changes.
+template <typename Keep>
+std::string RewriteCapabilities(std::string_view line, Keep keep, const std::vector<std::string>& extra) {
   std::string_view body = StripEol(line);
   std::string_view eol = line.substr(body.size());
-  std::string upper = Upper(body);
   std::size_t start, end;
-  if (upper.starts_with("* CAPABILITY ")) {
-    start = 13;
-    end = body.size();
-  } else if (std::size_t at = upper.find("[CAPABILITY "); at != std::string::npos) {
-    start = at + 12;
-    end = upper.find(']', start);
-    if (end == std::string::npos) return std::string(line);
-  } else {
-    return std::string(line);
-  }
+  if (!FindCapabilityList(body, &start, &end)) return std::string(line);
   std::string kept;
-  bool removed = false;
+  std::vector<std::string> present;
+  bool changed = false;
   std::string_view caps = body.substr(start, end - start);
   while (true) {
     std::string_view w = Word(&caps);
     if (w.empty()) break;
     std::string u = Upper(w);
-    if (u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
-        (u.starts_with("AUTH=") && u != "AUTH=PLAIN")) {
-      removed = true;
+    if (!keep(u)) {
+      changed = true;
       continue;
     }
+    present.push_back(u);
     if (!kept.empty()) kept += ' ';
     kept += w;
   }
-  if (!removed) return std::string(line);  // byte for byte what the server said
+  for (const std::string& x : extra) {
+    if (std::find(present.begin(), present.end(), x) != present.end()) continue;
+    changed = true;
+    if (!kept.empty()) kept += ' ';
+    kept += x;
+  }
+  if (!changed) return std::string(line);  // byte for byte what the server said
   return std::string(body.substr(0, start)) + kept + std::string(body.substr(end)) + std::string(eol);
+}
+
+}  // namespace
+
+std::string FilterCapabilities(std::string_view line) {
+  return RewriteCapabilities(
+      line,
+      [](const std::string& u) {
+        return !(u.starts_with("COMPRESS=") || u == "STARTTLS" || u == "QRESYNC" ||
+                 (u.starts_with("AUTH=") && u != "AUTH=PLAIN"));
+      },
+      {});
+}
+
+std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled) {
+  std::vector<std::string> extra;
+  if (offer_starttls) extra.push_back("STARTTLS");
+  if (login_disabled) extra.push_back("LOGINDISABLED");
+  return RewriteCapabilities(
+      line,
+      [&](const std::string& u) {
+        if (!offer_starttls && u == "STARTTLS") return false;
+        if (!login_disabled && u == "LOGINDISABLED") return false;
+        return !(login_disabled && u.starts_with("AUTH="));
+      },
+      extra);
 }
 
 namespace {

@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "proxy/imap_section.h"
+
 namespace ghost::imapwire {
 
 struct Limits {
@@ -104,20 +106,28 @@ std::optional<Command> ParseCommand(std::string_view line);
 // skipping spaces before it; advances *s past it. nullopt on a literal or malformed input.
 std::optional<std::string> ReadAstring(std::string_view* s);
 
-// A FETCH the proxy may answer from the cache: one message and one whole-body item (or a
-// partial of it, BODY[]<start.count>), with UID besides at most. Anything else (ranges, sections, partials, other items, unbalanced
-// parentheses) is nullopt and passes through to the server, which answers it.
+// A FETCH the proxy may answer from the cache: one message and one body item — BODY[section],
+// BODY.PEEK[section] (the whole body for an empty section; see proxy/imap_section.h), either
+// with a partial <start.count>, or RFC822 — with UID besides at most. Anything else (ranges,
+// other items, BINARY, unbalanced brackets or parentheses) is nullopt and passes through to the
+// server, which answers it.
 struct BodyFetch {
   std::uint32_t number = 0;  // a UID for UID FETCH, else a sequence number
-  enum class Item { kBody, kBodyPeek, kRfc822 } item = Item::kBodyPeek;
+  // kBinary*: RFC 3516 BINARY[part], BINARY.PEEK[part], BINARY.SIZE[part] (a part path only).
+  enum class Item { kBody, kBodyPeek, kRfc822, kBinary, kBinaryPeek, kBinarySize } item = Item::kBodyPeek;
   // <start.count> of BODY[] or BODY.PEEK[] (RFC 3501 §6.4.5): count > 0.
   std::optional<std::pair<std::uint64_t, std::uint64_t>> partial;
-  bool sets_seen() const { return item != Item::kBodyPeek; }
-  // The item's name in the response: BODY[] (for BODY[] and BODY.PEEK[]), BODY[]<start> for a
-  // partial, or RFC822.
+  Section section;  // empty part path and Text::kAll: the whole body
+  bool sets_seen() const { return item == Item::kBody || item == Item::kRfc822 || item == Item::kBinary; }
+  bool binary() const { return item == Item::kBinary || item == Item::kBinaryPeek || item == Item::kBinarySize; }
+  bool whole() const { return !binary() && section.part.empty() && section.text == Section::Text::kAll; }
+  // The item's name in the response: BODY[section] (for BODY[..] and BODY.PEEK[..], the
+  // section as the server writes it), BODY[section]<start> for a partial, or RFC822.
   std::string response_name() const {
     if (item == Item::kRfc822) return "RFC822";
-    return partial ? "BODY[]<" + std::to_string(partial->first) + ">" : "BODY[]";
+    const char* kind = item == Item::kBinarySize ? "BINARY.SIZE[" : binary() ? "BINARY[" : "BODY[";
+    std::string name = kind + SectionName(section) + "]";
+    return partial ? name + "<" + std::to_string(partial->first) + ">" : name;
   }
 };
 std::optional<BodyFetch> ParseBodyFetch(std::string_view rest);
@@ -143,10 +153,17 @@ std::optional<std::vector<std::uint32_t>> EsearchUids(std::string_view line, std
 
 // The line with capabilities the proxy cannot honour while inspecting the stream removed
 // from "* CAPABILITY ..." and from "[CAPABILITY ...]" response codes: COMPRESS=* (the stream
-// would be unreadable), STARTTLS (no TLS toward clients yet), QRESYNC (VANISHED instead of
+// would be unreadable), STARTTLS (the server's: the proxy offers its own, TlsCapabilities), QRESYNC (VANISHED instead of
 // EXPUNGE), AUTH= mechanisms other than PLAIN (the proxy learns the user only from LOGIN and
 // PLAIN). Other lines come back unchanged.
 std::string FilterCapabilities(std::string_view line);
+
+// The proxy's own TLS words in a capability list (after FilterCapabilities): STARTTLS when
+// `offer_starttls` (a plain session with a certificate configured, before login), and when
+// `login_disabled` LOGINDISABLED with every AUTH= mechanism removed (RFC 3501 §6.2.3, RFC 9051
+// §6.2.1: no password in clear on a non-loopback listener before STARTTLS). Either word is
+// removed when its flag is false. Other lines come back unchanged.
+std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled);
 
 // The user a SASL PLAIN initial response (base64 of authzid NUL authcid NUL password) logs
 // in as: authzid when given, else authcid. The password is not kept. nullopt when malformed.

@@ -14,7 +14,7 @@ bool IsMailProxyKey(std::string_view key) {
   static const std::set<std::string, std::less<>> kKeys = {
       "imap_listen", "imap_origin", "imap_max_line", "imap_max_literal", "imap_timeout",
       "smtp_listen", "smtp_origin", "smtp_outbox", "smtp_deadline", "smtp_outbox_cap",
-      "imap_journal", "imap_deadline"};
+      "imap_journal", "imap_deadline", "imap_tls_cert", "imap_tls_key", "imaps_listen"};
   return kKeys.count(key) > 0;
 }
 
@@ -63,6 +63,21 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
       return bad(*n, "\"imap_deadline\" must be a positive number of seconds (at most 1e9)");
     o->imap_deadline = Seconds(*d);
   }
+  for (auto [key, out] : {std::pair<const char*, std::string*>{"imap_tls_cert", &o->tls_cert},
+                          {"imap_tls_key", &o->tls_key}}) {
+    if (const toml::node* n = t.get(key)) {
+      auto s = n->value<std::string>();
+      if (!s || s->empty()) return bad(*n, std::string("\"") + key + "\" must be a file path (PEM)");
+      *out = *s;
+    }
+  }
+  if (const toml::node* n = t.get("imaps_listen")) {
+    auto s = n->value<std::string>();
+    if (!s) return bad(*n, "\"imaps_listen\" must be a string such as \"127.0.0.1:1993\"");
+    Result<ListenAddress> la = ListenAddress::Parse(*s);
+    if (!la.ok()) return bad(*n, "\"imaps_listen\": " + la.status().message());
+    o->imaps_listen = *la;
+  }
   if (const toml::node* n = t.get("smtp_listen")) {
     auto s = n->value<std::string>();
     if (!s) return bad(*n, "\"smtp_listen\" must be a string such as \"127.0.0.1:1587\"");
@@ -101,8 +116,23 @@ Status ValidateMailProxy(const MailProxyOptions& o, const SmtpProxyOptions& smtp
     return Status::InvalidArgument(
         "--imap-listen needs --imap-origin imap[s]://HOST:PORT/ (the IMAP server to relay to)");
   }
-  if (!o.imap_listen && !o.imap_origin.empty()) {
+  if (!o.imap_listen && !o.imaps_listen && !o.imap_origin.empty()) {
     return Status::InvalidArgument("--imap-origin needs --imap-listen HOST:PORT (where mail clients connect)");
+  }
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return Status::InvalidArgument(
+        "--imap-tls-cert and --imap-tls-key go together (the certificate chain and its private key)");
+  }
+  if (!o.tls_cert.empty() && !o.imap_listen && !o.imaps_listen) {
+    return Status::InvalidArgument("--imap-tls-cert needs --imap-listen or --imaps-listen HOST:PORT");
+  }
+  if (o.imaps_listen && o.tls_cert.empty()) {
+    return Status::InvalidArgument(
+        "--imaps-listen needs --imap-tls-cert FILE and --imap-tls-key FILE (the certificate it presents)");
+  }
+  if (o.imaps_listen && o.imap_origin.empty()) {
+    return Status::InvalidArgument(
+        "--imaps-listen needs --imap-origin imap[s]://HOST:PORT/ (the IMAP server to relay to)");
   }
   return Status::Ok();
 }

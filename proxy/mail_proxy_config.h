@@ -8,6 +8,9 @@
 //   imap_timeout = 60                     # seconds of silence mid-frame or awaiting an answer
 //   imap_journal = "/var/spool/ghostproxy/imap-journal"  # deferred changes (imap_deferred.h)
 //   imap_deadline = 60                    # seconds a deferred change waits at knob 50
+//   imap_tls_cert = "/etc/ghost/imap.pem"  # certificate chain (PEM) for TLS toward clients
+//   imap_tls_key = "/etc/ghost/imap.key"   # its private key (PEM); both or neither
+//   imaps_listen = "127.0.0.1:1993"       # implicit TLS (IMAPS) listener; needs the certificate
 //   smtp_listen = "127.0.0.1:1587"        # SMTP submission (proxy/smtp_proxy.h)
 //   smtp_origin = "smtps://mail.example:465/"   # or smtp://HOST:587/ (STARTTLS when offered)
 //   smtp_outbox = "/var/spool/ghostproxy/outbox"  # the durable outbox (common/imap/outbox.h)
@@ -33,7 +36,9 @@ bool IsMailProxyKey(std::string_view key);
 // Reads the keys above from `t` (the file `path`); errors name the file, the line and the key.
 [[nodiscard]] Status LoadMailProxyConfig(const toml::table& t, const std::string& path,
                                          MailProxyOptions* o, SmtpProxyOptions* smtp);
-// Checks the combination: an IMAP listener needs an origin; an SMTP one an origin and an outbox.
+// Checks the combination: an IMAP listener needs an origin; an SMTP one an origin and an outbox;
+// a TLS certificate needs its key (and the other way round) and an IMAP listener; an IMAPS
+// listener needs the certificate.
 [[nodiscard]] Status ValidateMailProxy(const MailProxyOptions& o, const SmtpProxyOptions& smtp);
 
 }  // namespace ghost

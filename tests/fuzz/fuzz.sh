@@ -35,7 +35,7 @@ declare -A TARGETS=(
             tomlplusplus libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"
   [profile]="common/power/profile.cc common/base/status.cc | tomlplusplus"
   [trace]="common/sim/trace.cc common/base/status.cc | nlohmann_json"
-  [imap_proxy]="proxy/imap_wire.cc | openssl"
+  [imap_proxy]="proxy/imap_wire.cc proxy/imap_section.cc | openssl"
   [smtp_proxy]="proxy/smtp_wire.cc | openssl"
 )
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "proxy/imap_section.h"
 #include "proxy/imap_wire.h"
 
 namespace ghost::imapwire {
@@ -37,7 +38,12 @@ void Recognize(std::string_view seg) {
     std::string_view rest = c->rest;
     while (ReadAstring(&rest)) {
     }
-    (void)ParseBodyFetch(c->rest);
+    if (std::optional<BodyFetch> f = ParseBodyFetch(c->rest)) {
+      // The section's name (as echoed in the answer) parses back to the same section.
+      std::optional<Section> again = ParseSection(SectionName(f->section));
+      Check(again && SectionName(*again) == SectionName(f->section) && again->part == f->section.part,
+            "a section's name does not parse back to it", seg);
+    }
     static const std::vector<std::uint32_t> kKnown = {1, 2, 3, 7, 4000000000u};
     if (std::optional<UidStore> st = ParseUidStore(c->rest, kKnown, 100)) {
       Check(!st->uids.empty() && st->uids.size() <= 100 && !st->flags.empty(),
@@ -128,6 +134,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::size_t piece = 1 + data[0] % 17;
   std::string_view in(reinterpret_cast<const char*>(data) + 1, size - 1);
   auto whole = Frame(in, in.size() + 1, true);
+  // The input as a cached message: every section the locator answers lies within it (or, for
+  // HEADER.FIELDS, is made of its lines), and nothing crashes or loops.
+  static const char* kSections[] = {"HEADER", "TEXT", "1", "2", "1.MIME", "2.1", "2.TEXT", "2.HEADER",
+                                    "1.2.3", "HEADER.FIELDS (SUBJECT FROM)", "2.HEADER.FIELDS.NOT (TO)",
+                                    "3.1.2.MIME"};
+  for (const std::vector<std::uint32_t>& part : {std::vector<std::uint32_t>{1}, {2}, {2, 1}, {1, 2, 3}}) {
+    bool literal8 = false;
+    if (std::optional<std::string> got = ExtractBinary(in, part, &literal8)) {
+      Check(got->size() <= in.size() && got->find('\0') == std::string::npos,
+            "a decoded part is longer than the message or holds a NUL", in);
+    }
+  }
+  for (const char* spec : kSections) {
+    std::optional<Section> sec = ParseSection(spec);
+    Check(sec.has_value(), "a fixed section does not parse", spec);
+    if (std::optional<std::string> got = ExtractSection(in, *sec)) {
+      bool fields = sec->text == Section::Text::kHeaderFields || sec->text == Section::Text::kHeaderFieldsNot;
+      Check(fields ? got->size() <= in.size() + 2 : in.find(*got) != std::string_view::npos,
+            "a section is not part of the message", spec);
+    }
+  }
   auto pieces = Frame(in, piece, false);
   Check(whole == pieces, "framing depends on how the bytes are split", in);
   return 0;

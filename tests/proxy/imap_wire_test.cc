@@ -114,7 +114,7 @@ TEST(ImapWireTest, ParsesCommandsAndAstrings) {
   EXPECT_FALSE(ParseCommand("\r\n"));
 }
 
-TEST(ImapWireTest, RecognizesOnlyWholeBodyFetchesOfOneMessage) {
+TEST(ImapWireTest, RecognizesOnlyOneBodyItemOfOneMessage) {
   auto f = ParseBodyFetch("5 (UID BODY.PEEK[])");
   ASSERT_TRUE(f);
   EXPECT_EQ(f->number, 5u);
@@ -127,9 +127,39 @@ TEST(ImapWireTest, RecognizesOnlyWholeBodyFetchesOfOneMessage) {
   EXPECT_EQ(partial->partial, std::make_pair(std::uint64_t{100}, std::uint64_t{5000}));
   EXPECT_EQ(partial->response_name(), "BODY[]<100>");
   EXPECT_FALSE(partial->sets_seen());
-  for (const char* no : {"1:3 BODY[]", "1,2 BODY[]", "* BODY[]", "3 BODY[TEXT]", "3 BODY[]<0>", "3 BODY[]<0.0>", "3 BODY[]<a.1>",
+  for (const char* no : {"1:3 BODY[]", "1,2 BODY[]", "* BODY[]", "3 BODY[]<0>", "3 BODY[]<0.0>", "3 BODY[]<a.1>",
                          "3 (BODY[] FLAGS)", "3 (BODY[]", "3 BODY[] BODY[]", "0 BODY[]",
-                         "3 BINARY[]", "3 (BODY[] RFC822)"}) {
+                         "3 BINARY[]", "3 (BODY[] RFC822)", "3 BODY[TEXT", "3 BODY[[TEXT]]",
+                         "3 BODY[1.]", "3 BODY[MIME]", "3 (BODY.PEEK[HEADER.FIELDS (A  B)])",
+                         "3 BODY[HEADER.FIELDS (\"A\")]", "3 BODY[0]", "3 RFC822.HEADER"}) {
+    EXPECT_FALSE(ParseBodyFetch(no)) << no;
+  }
+}
+
+TEST(ImapWireTest, RecognizesSectionsAndNamesThemAsTheServerDoes) {
+  auto f = ParseBodyFetch("7 (UID BODY.PEEK[header.fields (subject x-long)])");
+  ASSERT_TRUE(f);
+  EXPECT_FALSE(f->whole());
+  EXPECT_EQ(f->section.text, Section::Text::kHeaderFields);
+  EXPECT_EQ(f->section.fields, (std::vector<std::string>{"SUBJECT", "X-LONG"}));
+  EXPECT_EQ(f->response_name(), "BODY[HEADER.FIELDS (SUBJECT X-LONG)]");
+  f = ParseBodyFetch("7 BODY[1.2.mime]<2.5>");
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->sets_seen());
+  EXPECT_EQ(f->section.part, (std::vector<std::uint32_t>{1, 2}));
+  EXPECT_EQ(f->response_name(), "BODY[1.2.MIME]<2>");
+  EXPECT_EQ(ParseBodyFetch("7 BODY.PEEK[2.TEXT]")->response_name(), "BODY[2.TEXT]");
+  EXPECT_EQ(ParseBodyFetch("7 BODY.PEEK[3]")->response_name(), "BODY[3]");
+  EXPECT_TRUE(ParseBodyFetch("7 BODY.PEEK[]")->whole());
+  f = ParseBodyFetch("7 (UID BINARY.PEEK[2.1]<0.10>)");
+  ASSERT_TRUE(f);
+  EXPECT_FALSE(f->sets_seen());
+  EXPECT_FALSE(f->whole());
+  EXPECT_EQ(f->response_name(), "BINARY[2.1]<0>");
+  EXPECT_TRUE(ParseBodyFetch("7 BINARY[1]")->sets_seen());
+  EXPECT_EQ(ParseBodyFetch("7 binary.size[3]")->response_name(), "BINARY.SIZE[3]");
+  EXPECT_FALSE(ParseBodyFetch("7 BINARY.SIZE[3]")->sets_seen());
+  for (const char* no : {"7 BINARY[]", "7 BINARY[1.MIME]", "7 BINARY.SIZE[1]<0.5>", "7 BINARY[HEADER]"}) {
     EXPECT_FALSE(ParseBodyFetch(no)) << no;
   }
 }
@@ -170,6 +200,20 @@ TEST(ImapWireTest, FiltersCapabilitiesItCannotHonour) {
   EXPECT_EQ(FilterCapabilities("a1 OK [CAPABILITY IMAP4rev1 compress=deflate ESEARCH] Logged in\r\n"),
             "a1 OK [CAPABILITY IMAP4rev1 ESEARCH] Logged in\r\n");
   EXPECT_EQ(FilterCapabilities("* OK hello\r\n"), "* OK hello\r\n");
+}
+
+TEST(ImapWireTest, OffersStartTlsAndDisablesLoginOnlyWhenAsked) {
+  const std::string caps = "* CAPABILITY IMAP4rev1 IDLE AUTH=PLAIN\r\n";
+  EXPECT_EQ(TlsCapabilities(caps, false, false), caps);  // byte for byte
+  EXPECT_EQ(TlsCapabilities(caps, true, false), "* CAPABILITY IMAP4rev1 IDLE AUTH=PLAIN STARTTLS\r\n");
+  EXPECT_EQ(TlsCapabilities(caps, true, true), "* CAPABILITY IMAP4rev1 IDLE STARTTLS LOGINDISABLED\r\n");
+  EXPECT_EQ(TlsCapabilities("* OK [CAPABILITY IMAP4rev1 AUTH=PLAIN] ready\r\n", true, true),
+            "* OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] ready\r\n");
+  // After STARTTLS (or login) the words go, even if a server had said them.
+  EXPECT_EQ(TlsCapabilities("a1 OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] x\r\n", false, false),
+            "a1 OK [CAPABILITY IMAP4rev1] x\r\n");
+  EXPECT_EQ(TlsCapabilities("* CAPABILITY IMAP4rev1 starttls\r\n", true, false), "* CAPABILITY IMAP4rev1 starttls\r\n");
+  EXPECT_EQ(TlsCapabilities("* OK hello\r\n", true, true), "* OK hello\r\n");
 }
 
 TEST(ImapWireTest, ReadsThePlainUserAndNotThePassword) {

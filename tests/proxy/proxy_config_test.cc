@@ -1,4 +1,5 @@
 #include "proxy/proxy_config.h"
+#include "proxy/mail_proxy_config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -136,6 +137,31 @@ TEST_F(ProxyConfigTest, MailSizesAreBytesOrSuffixedStrings) {
   EXPECT_EQ(o.mail.client_max_line, 4096u);
   EXPECT_GE(o.mail.server_max_line, 4096u);
   EXPECT_EQ(o.smtp.cap, 3u * 1024);
+}
+
+TEST_F(ProxyConfigTest, ReadsTheImapTlsKeysAndChecksTheirCombination) {
+  GhostproxyOptions o;
+  const Status s = Load("imap_tls_cert = \"/etc/g/c.pem\"\nimap_tls_key = \"/etc/g/k.pem\"\n"
+                        "imaps_listen = \"127.0.0.1:1993\"\nimap_origin = \"imap://127.0.0.1:143/\"\n", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.mail.tls_cert, "/etc/g/c.pem");
+  EXPECT_EQ(o.mail.tls_key, "/etc/g/k.pem");
+  ASSERT_TRUE(o.mail.imaps_listen);
+  EXPECT_EQ(o.mail.imaps_listen->port, 1993);
+  EXPECT_TRUE(ValidateMailProxy(o.mail, o.smtp).ok());  // IMAPS alone, without --imap-listen
+  MailProxyOptions no_key = o.mail;
+  no_key.tls_key.clear();
+  EXPECT_NE(ValidateMailProxy(no_key, o.smtp).message().find("--imap-tls-key"), std::string::npos);
+  MailProxyOptions no_cert = o.mail;
+  no_cert.tls_cert.clear();
+  no_cert.tls_key.clear();
+  EXPECT_NE(ValidateMailProxy(no_cert, o.smtp).message().find("--imaps-listen needs"), std::string::npos);
+  for (const char* bad : {"imap_tls_cert = \"\"\n", "imap_tls_key = 1\n", "imaps_listen = \"nowhere\"\n"}) {
+    GhostproxyOptions other;
+    const Status e = Load(bad, &other);
+    EXPECT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.message().find("imap"), std::string::npos) << e.message();
+  }
 }
 
 TEST_F(ProxyConfigTest, ReadsTheDeferredImapChangesKeysAndRejectsBadOnes) {
