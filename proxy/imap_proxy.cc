@@ -127,10 +127,7 @@ class ImapProxy::Impl {
     if (it == sessions.end()) return;
     std::shared_ptr<ImapSession> keep = it->second;
     sessions.erase(it);
-    event_base_once(
-        base, -1, EV_TIMEOUT,
-        [](evutil_socket_t, short, void* p) { delete static_cast<std::shared_ptr<ImapSession>*>(p); },
-        new std::shared_ptr<ImapSession>(std::move(keep)), nullptr);
+    RunSoon(base, [keep = std::move(keep)]() mutable { keep.reset(); });
   }
   // The prefix of every body key for `user` (MailTree::BodyKey's mo.url).
   std::string KeyPrefix(const std::string& user) const {
@@ -791,17 +788,9 @@ void ImapSession::ForwardAfterQueue(std::string line) {
 }
 
 void ImapSession::Later(std::function<void()> fn) {
-  struct Call {
-    std::weak_ptr<ImapSession> weak;
-    std::function<void()> fn;
-  };
-  event_base_once(
-      owner_->base, -1, EV_TIMEOUT,
-      [](evutil_socket_t, short, void* p) {
-        std::unique_ptr<Call> c(static_cast<Call*>(p));
-        if (auto s = c->weak.lock()) c->fn();
-      },
-      new Call{weak_from_this(), std::move(fn)}, nullptr);
+  RunSoon(owner_->base, [weak = weak_from_this(), fn = std::move(fn)] {
+    if (auto s = weak.lock()) fn();
+  });
 }
 
 std::string ImapSession::OverlayFlags(std::string_view line) {
@@ -1150,14 +1139,7 @@ void ImapSession::ServerTagged(std::string_view line) {
           ForwardLine(deferred);
         }
         // Client input behind it is read again (UpdateFlow / ProcessClient).
-        event_base_once(
-            owner_->base, -1, EV_TIMEOUT,
-            [](evutil_socket_t, short, void* p) {
-              auto* weak = static_cast<std::weak_ptr<ImapSession>*>(p);
-              if (auto s = weak->lock()) s->ProcessClient();
-              delete weak;
-            },
-            new std::weak_ptr<ImapSession>(weak_from_this()), nullptr);
+        Later([this] { ProcessClient(); });
       }
     }
     return;

@@ -22,6 +22,7 @@
 #include <map>
 #include <thread>
 
+#include "common/base/clock.h"
 #include "common/control/control.h"
 #include "common/imap/imap_queue.h"
 #include "proxy/network_watch.h"
@@ -425,23 +426,12 @@ void SmtpProxy::Impl::Flush(const char* why) {
   std::weak_ptr<bool> weak = alive;
   worker = std::thread([this, weak, transfer, jobs = std::move(jobs), origin = options.smtp_origin,
                         base = base] {
-    auto* results = new std::vector<SendResult>;
-    for (const SendJob& j : jobs) results->push_back(SendOne(origin, j));
-    struct Batch {
-      Impl* impl;
-      std::weak_ptr<bool> weak;
-      std::vector<SendResult>* results;
-      std::uint64_t transfer;
-    };
-    event_base_once(
-        base, -1, EV_TIMEOUT,
-        [](evutil_socket_t, short, void* p) {
-          std::unique_ptr<Batch> b(static_cast<Batch*>(p));
-          std::unique_ptr<std::vector<SendResult>> r(b->results);
-          if (b->weak.expired()) return;
-          b->impl->Sent(std::move(*r), b->transfer);
-        },
-        new Batch{this, weak, results, transfer}, nullptr);
+    std::vector<SendResult> results;
+    for (const SendJob& j : jobs) results.push_back(SendOne(origin, j));
+    RunSoon(base, [this, weak, results = std::move(results), transfer]() mutable {
+      if (weak.expired()) return;
+      Sent(std::move(results), transfer);
+    });
   });
 }
 
@@ -493,12 +483,10 @@ void SmtpProxy::Impl::SubscribeModes() {
 void SmtpProxy::Impl::Remove(SmtpSession* s) {
   auto it = sessions.find(s);
   if (it == sessions.end()) return;
-  auto* owned = it->second.release();
+  std::shared_ptr<SmtpSession> owned(it->second.release());
   sessions.erase(it);
   // Deferred: the session may be inside its own callback.
-  event_base_once(
-      base, -1, EV_TIMEOUT, [](evutil_socket_t, short, void* p) { delete static_cast<SmtpSession*>(p); },
-      owned, nullptr);
+  RunSoon(base, [owned = std::move(owned)]() mutable { owned.reset(); });
 }
 
 SmtpProxy::Impl::~Impl() {
