@@ -41,32 +41,16 @@ def raw_session(port, user, password):
     f = s.makefile("rb")
     f.readline()  # greeting
     s.sendall(f'l1 LOGIN {user} "{password}"\r\n'.encode())
-    read_until(f, b"l1 ")
+    h.imap_read_until(f, b"l1 ")
     return s, f
-
-
-def read_until(f, tag):
-    """Every byte up to and including the line starting with `tag` (literals read whole)."""
-    out = b""
-    while True:
-        line = f.readline()
-        if not line:
-            return out
-        out += line
-        if line.rstrip(b"\r\n").endswith(b"}"):
-            n = int(line.rstrip(b"\r\n").rsplit(b"{", 1)[1][:-1].rstrip(b"+"))
-            out += f.read(n)
-            continue
-        if line.startswith(tag):
-            return out
 
 
 def fetch_raw(port, dc, command):
     s, f = raw_session(port, dc.user, dc.password)
     s.sendall(b"s1 SELECT INBOX\r\n")
-    read_until(f, b"s1 ")
+    h.imap_read_until(f, b"s1 ")
     s.sendall(b"f1 " + command + b"\r\n")
-    out = read_until(f, b"f1 ")
+    out = h.imap_read_until(f, b"f1 ")
     s.sendall(b"z LOGOUT\r\n")
     s.close()
     return out
@@ -224,12 +208,7 @@ def main():
     t.check(bool(raw), "a non-PEEK fetch is answered from the cache", (raw or b"")[-200:])
 
     def seen_on_server():
-        d = imaplib.IMAP4("127.0.0.1", dc.port)
-        d.login(dc.user, dc.password)
-        d.select("INBOX", readonly=True)
-        flags = d.uid("FETCH", u_seen, "(FLAGS)")[1][0]
-        d.logout()
-        return b"\\Seen" in flags
+        return b"\\Seen" in dc.uid_flags(u_seen)
     t.check(h.wait_for(seen_on_server, timeout=10), "and the message is \\Seen on the server")
 
     # AUTHENTICATE PLAIN.
@@ -280,7 +259,7 @@ def main():
     # IDLE: no wake-ups of the proxy while an IDLE client waits.
     s, f = raw_session(iport, dc.user, dc.password)
     s.sendall(b"s1 SELECT INBOX\r\n")
-    read_until(f, b"s1 ")
+    h.imap_read_until(f, b"s1 ")
     s.sendall(b"i1 IDLE\r\n")
     f.readline()  # "+ idling"
     time.sleep(0.5)
@@ -288,7 +267,7 @@ def main():
     time.sleep(3)
     after = ctx_switches(proxy.pid)
     s.sendall(b"DONE\r\n")
-    done = read_until(f, b"i1 ")
+    done = h.imap_read_until(f, b"i1 ")
     s.close()
     t.check(after - before <= 2 and b"i1 OK" in done,
             "an IDLE client costs the proxy no wake-ups and outlives imap_timeout",

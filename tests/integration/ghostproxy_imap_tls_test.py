@@ -55,22 +55,6 @@ def start_proxy(mnt, ctl, origin, extra):
     return p, iport, sport, log.name
 
 
-def read_until(f, tag):
-    """Every byte up to and including the line starting with `tag` (literals read whole)."""
-    out = b""
-    while True:
-        line = f.readline()
-        if not line:
-            return out
-        out += line
-        if line.rstrip(b"\r\n").endswith(b"}"):
-            n = int(line.rstrip(b"\r\n").rsplit(b"{", 1)[1][:-1].rstrip(b"+"))
-            out += f.read(n)
-            continue
-        if line.startswith(tag):
-            return out
-
-
 def main():
     h.require_root_and_fuse()
     if not shutil.which("openssl"):
@@ -144,9 +128,9 @@ def main():
         f = s.makefile("rb")
         f.readline()
         s.sendall(f'l1 LOGIN {dc.user} "{dc.password}"\r\ns1 EXAMINE INBOX\r\n'.encode())
-        read_until(f, b"s1 ")
+        h.imap_read_until(f, b"s1 ")
         s.sendall(b"f1 UID FETCH " + u_large + b" BODY.PEEK[]\r\n")
-        out = read_until(f, b"f1 ")
+        out = h.imap_read_until(f, b"f1 ")
         s.sendall(b"z LOGOUT\r\n")
         s.close()
         return out if b"from the cache" in out else None
@@ -208,7 +192,7 @@ def main():
     s = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
     f = s.makefile("rb")
     s.sendall(b"a3 NOOP\r\n")
-    got = read_until(f, b"a3 ")
+    got = h.imap_read_until(f, b"a3 ")
     s.close()
     t.check(ok_line.startswith(b"a1 OK") and b"a2" not in got and got.startswith(b"a3 OK"),
             "a command pipelined in clear behind STARTTLS is dropped", ok_line + got)
@@ -218,9 +202,9 @@ def main():
     f = raw.makefile("rb")
     f.readline()
     raw.sendall(f'l1 LOGIN {dc.user} "{dc.password}"\r\n'.encode())
-    login = read_until(f, b"l1 ")
+    login = h.imap_read_until(f, b"l1 ")
     raw.sendall(b"a1 STARTTLS\r\na2 NOOP\r\n")
-    got = read_until(f, b"a2 ")
+    got = h.imap_read_until(f, b"a2 ")
     raw.close()
     t.check(login.startswith(b"l1 OK") and b"a1 BAD" in got and b"a2 OK" in got
             and b"STARTTLS" not in login.split(b"]")[0],

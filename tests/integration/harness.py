@@ -392,12 +392,40 @@ service imap-login {{
         os.rename(tmp, dest)
         return dest
 
+    def uid_flags(self, uid, folder="INBOX"):
+        """The FLAGS dovecot itself holds for message `uid` (str or bytes), read-only."""
+        import imaplib
+        c = imaplib.IMAP4("127.0.0.1", self.port)
+        try:
+            c.login(self.user, self.password)
+            c.select(folder, readonly=True)
+            return c.uid("FETCH", uid, "(FLAGS)")[1][0]
+        finally:
+            c.logout()
+
     def log(self):
         try:
             with open(os.path.join(self.dir, "dovecot.log")) as f:
                 return f.read()
         except OSError:
             return ""
+
+
+def imap_read_until(f, tag):
+    """IMAP from a socket file `f`: every byte up to and including the line starting with
+    `tag`, literals ({n} and {n+}) read whole; what came if the server closed first."""
+    out = b""
+    while True:
+        line = f.readline()
+        if not line:
+            return out
+        out += line
+        if line.rstrip(b"\r\n").endswith(b"}"):
+            n = int(line.rstrip(b"\r\n").rsplit(b"{", 1)[1][:-1].rstrip(b"+"))
+            out += f.read(n)
+            continue
+        if line.startswith(tag):
+            return out
 
 
 def started_dovecot(**kwargs):
