@@ -17,16 +17,6 @@ PLAN = 8
 MAX_AGE = 2
 
 
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def drop_caches():
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
 def write(site, name, data, mtime):
     # Renamed into place, so nginx never serves half of it. Dated explicitly: nginx's ETag and
     # Last-Modified come from the mtime in seconds, and a change within the same second would
@@ -61,13 +51,13 @@ def main():
     ctl = h.Control(sock)
     path = {n: os.path.join(mnt, "www", n) for n in old}
 
-    first = all(read(path[n]) == d for n, d in old.items())
+    first = all(h.read_bytes(path[n]) == d for n, d in old.items())
     ctl.ok("flush")  # the fills reach the disk
     cached_ok = True
     for cold in (True, False, True, False):
         if cold:
-            drop_caches()
-        cached_ok = cached_ok and all(read(path[n]) == d for n, d in old.items())
+            h.drop_caches()
+        cached_ok = cached_ok and all(h.read_bytes(path[n]) == d for n, d in old.items())
     stats = ctl.ok("stats")
     t.check(first and cached_ok, "the first and the cached reads return the origin's bytes")
     t.check(stats["fuse"]["passthrough"]["opens"] >= 4 or stats["fuse"]["passthrough"]["state"] != "on",
@@ -77,12 +67,12 @@ def main():
     for name, data in new.items():
         write(site, name, data, time.time() - 10)
     # Before the expiry either version may be read; each read is one whole version.
-    early = {n: read(path[n]) for n in old}
+    early = {n: h.read_bytes(path[n]) for n in old}
     t.check(all(early[n] in (old[n], new[n]) for n in old), "a read before the expiry returns one whole version",
             str({n: len(v) for n, v in early.items()}))
 
     time.sleep(max(0.0, changed_at + MAX_AGE + 1.5 - time.time()))
-    after = {n: read(path[n]) for n in old}
+    after = {n: h.read_bytes(path[n]) for n in old}
     t.check(all(after[n] == new[n] for n in old), "after the expiry both files read the new bytes",
             str({n: (len(v), "old" if v == old[n] else "new" if v == new[n] else "other") for n, v in after.items()})
             + f" requests {ctl.ok('stats')['requests']}\n{fs.output()[-3000:]}")
@@ -93,8 +83,8 @@ def main():
     still = True
     for cold in (True, False, True, False):
         if cold:
-            drop_caches()
-        still = still and all(read(path[n]) == new[n] for n in old)
+            h.drop_caches()
+        still = still and all(h.read_bytes(path[n]) == new[n] for n in old)
     t.check(still, "cached reads after the change (cold and hot) return the new bytes, never the old")
     src = {n: os.getxattr(path[n], "user.ghost.source").decode() for n in old}
     t.check(all(s in ("disk", "memory", "revalidated") for s in src.values()),

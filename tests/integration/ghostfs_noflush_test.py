@@ -15,11 +15,6 @@ PLAN = 4
 ROUNDS = 5
 
 
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def main():
     h.require_root_and_fuse()
     work = h.tempdir()
@@ -46,13 +41,12 @@ def main():
         return ctl.ok("stats")["fuse"]["flushes"]
 
     before = flushes()
-    good = all(read(os.path.join(mnt, "www", n)) == d for n, d in files.items())
+    good = all(h.read_bytes(os.path.join(mnt, "www", n)) == d for n, d in files.items())
     ctl.ok("flush")  # the fills reach the disk: later opens read the cache
     for _ in range(ROUNDS):
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        h.drop_caches()
         for n, d in files.items():
-            good = good and read(os.path.join(mnt, "www", n)) == d
+            good = good and h.read_bytes(os.path.join(mnt, "www", n)) == d
     after = flushes()
     t.check(good, "every read returns the origin's bytes")
     t.check(after == before, f"{len(files) * (ROUNDS + 1)} closes of origin files sent no FLUSH",

@@ -33,11 +33,6 @@ def body_file(cache, key):
     return os.path.join(cache, "objects-db", "objects", name[:2], name)
 
 
-def read(path):
-    with open(path, "rb") as f:
-        return f.read()
-
-
 def main():
     h.require_root_and_fuse()
     work = h.tempdir()
@@ -60,7 +55,7 @@ def main():
         t.skip_rest(PLAN, "not mounted")
         t.done()
     for name in ("small.bin", "large.bin"):
-        read(os.path.join(mnt, "www", name))  # fills the cache
+        h.read_bytes(os.path.join(mnt, "www", name))  # fills the cache
     # The proxy's store: a small object stored, looked up and read through its versioned path.
     key = "http://example.test/packed"
     path = h.Control(sock).ok("store", key=key, response="{}")["path"]
@@ -74,7 +69,7 @@ def main():
             base64.b64decode(got.get("body_base64", "")) == b"p" * 900,
             "a packed object's lookup names no body file but carries the bytes, and a packed version",
             str(got))
-    t.check(got and read(got["path"]) == b"p" * 900, "its versioned path reads the packed bytes")
+    t.check(got and h.read_bytes(got["path"]) == b"p" * 900, "its versioned path reads the packed bytes")
     fs.stop()
 
     r = rows(cache)
@@ -84,21 +79,21 @@ def main():
             not os.path.exists(body_file(cache, small_key[0])),
             "a 700-byte body is packed in its row, with no file", str(r.keys()))
     t.check(large_key and r[large_key[0]][1] is None and
-            read(body_file(cache, large_key[0])) == large,
+            h.read_bytes(body_file(cache, large_key[0])) == large,
             "a 100 kB body stays a file of its own")
     t.check(r.get(key, (0, None))[1] == b"p" * 900, "the stored object is packed too")
 
     t.check(fs.start(), "mounts again", fs.output())
-    t.check(read(os.path.join(mnt, "www", "small.bin")) == small and
-            read(os.path.join(mnt, "www", "large.bin")) == large,
+    t.check(h.read_bytes(os.path.join(mnt, "www", "small.bin")) == small and
+            h.read_bytes(os.path.join(mnt, "www", "large.bin")) == large,
             "after a clean remount both read the origin's bytes")
     got = h.Control(sock).ok("lookup", key=key)
-    t.check(got.get("cached") and read(got["path"]) == b"p" * 900,
+    t.check(got.get("cached") and h.read_bytes(got["path"]) == b"p" * 900,
             "the stored packed object reads back after the remount", str(got))
     fs.kill9()
     t.check(fs.start(), "mounts after a SIGKILL", fs.output())
-    t.check(read(os.path.join(mnt, "www", "small.bin")) == small and
-            read(os.path.join(mnt, "www", "large.bin")) == large,
+    t.check(h.read_bytes(os.path.join(mnt, "www", "small.bin")) == small and
+            h.read_bytes(os.path.join(mnt, "www", "large.bin")) == large,
             "after the crash both read the origin's bytes")
     t.check(os.stat(os.path.join(mnt, "www", "small.bin")).st_size == 700, "the packed one's size")
     fs.stop()

@@ -594,6 +594,19 @@ def mark_old(maildir):
     return moved
 
 
+def read_bytes(path):
+    """The whole file at `path` (through the mount: one open, reads to the end, close)."""
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def drop_caches():
+    """Empties the kernel's page, dentry and inode caches (root), so the next read of a mounted
+    file goes to the file system."""
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
