@@ -2,7 +2,9 @@
 #include "fs/flash_local.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,9 +12,12 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
+#include <utility>
 
 #include "common/config/config.h"
 
@@ -69,6 +74,27 @@ std::optional<Handle> ParseHandle(const std::string& path) {
 
 }  // namespace
 
+std::string EncodeLocalMetaArgs(const LocalMetaArgs& args) {
+  return std::to_string(args.serial) + "\n" + args.handle + "\n" + args.new_path;
+}
+
+Result<LocalMetaArgs> DecodeLocalMetaArgs(const std::string& text) {
+  std::size_t a = text.find('\n');
+  std::size_t b = a == std::string::npos ? std::string::npos : text.find('\n', a + 1);
+  if (b == std::string::npos) {
+    return Status::InvalidArgument("flash log: a local/ metadata record's argument is not SERIAL\\nHANDLE\\nPATH");
+  }
+  LocalMetaArgs out;
+  const std::string serial = text.substr(0, a);
+  if (serial.empty() || serial.find_first_not_of("0123456789") != std::string::npos || serial.size() > 19) {
+    return Status::InvalidArgument("flash log: a local/ metadata record's serial \"" + serial + "\" is not a number");
+  }
+  out.serial = std::stoull(serial);
+  out.handle = text.substr(a + 1, b - a - 1);
+  out.new_path = text.substr(b + 1);
+  return out;
+}
+
 Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   FlashLogSpec spec;
   spec.dir = text;
@@ -87,13 +113,29 @@ Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   return spec;
 }
 
-// Applies records to the local/ tree's files, found by their handles (flash_local.h).
+// Applies records to the local/ tree's files, found by their handles, and its metadata records
+// (flash_local.h).
 class LocalFlashLog::Target final : public FlushTarget {
  public:
-  explicit Target(UniqueFd root) : root_(std::move(root)) {}
+  // `root`: the local/ backing directory; `marker_dir`: where kMetaSerialXattr lives (its parent,
+  // same file system, out of the user's sight).
+  Target(UniqueFd root, UniqueFd marker_dir) : root_(std::move(root)), marker_dir_(std::move(marker_dir)) {
+    char buf[32] = {};
+    ssize_t n = fgetxattr(marker_dir_.get(), kMetaSerialXattr, buf, sizeof(buf) - 1);
+    if (n > 0) {
+      buf[n] = '\0';
+      applied_ = std::strtoull(buf, nullptr, 10);
+    }
+  }
 
   // The file of `path`, opened `flags`; a file that is gone opens an unnamed temporary file.
   Result<UniqueFd> OpenFile(const std::string& path, int flags) {
+    // A file recreated by a replayed create (its logged handle died with the power cut).
+    if (auto it = remap_.find(path); it != remap_.end()) {
+      int fd = open(("/proc/self/fd/" + std::to_string(it->second.get())).c_str(), flags | O_CLOEXEC);
+      if (fd < 0) return Status::FromErrno(errno, "reopen the recreated local/ file of " + path);
+      return UniqueFd(fd);
+    }
     std::optional<Handle> h = ParseHandle(path);
     if (!h) return Status::InvalidArgument("flash log record path \"" + path + "\" is not a file handle");
     int fd = open_by_handle_at(root_.get(), &h->head(), flags | O_CLOEXEC);
@@ -115,23 +157,107 @@ class LocalFlashLog::Target final : public FlushTarget {
     return raw;
   }
 
-  Status ApplyMeta(MetaOp op, const std::string& path, Bytes arg, const std::string&) override {
-    if (op != MetaOp::kTruncate) {
-      return Status::InvalidArgument(std::string("local/ does not log ") + MetaOpName(op) + " records");
+  Status ApplyMeta(MetaOp op, const std::string& path, Bytes arg, const std::string& arg2) override {
+    ++meta_records_;
+    if (op == MetaOp::kTruncate) {
+      Result<UniqueFd> fd = OpenFile(path, O_WRONLY);
+      if (!fd.ok()) return fd.status();
+      if (ftruncate(fd->get(), static_cast<off_t>(arg)) != 0) return Status::FromErrno(errno, "truncate " + path);
+      return Status::Ok();
     }
-    Result<UniqueFd> fd = OpenFile(path, O_WRONLY);
-    if (!fd.ok()) return fd.status();
-    if (ftruncate(fd->get(), static_cast<off_t>(arg)) != 0) return Status::FromErrno(errno, "truncate " + path);
+    Result<LocalMetaArgs> a = DecodeLocalMetaArgs(arg2);
+    if (!a.ok()) return a.status();
+    // Already in the backing tree (made there before it was logged): the flush's syncfs makes
+    // it durable.
+    if (a->serial <= applied_) return Status::Ok();
+    if (Status s = Replay(op, path, static_cast<mode_t>(arg), *a); !s.ok()) {
+      return s.WithContext(std::string("replaying local/ ") + MetaOpName(op) + " of " + path);
+    }
+    SetApplied(a->serial);
     return Status::Ok();
   }
 
-  void EndFlush() override { fds_.clear(); }
+  void EndFlush() override {
+    fds_.clear();
+    remap_.clear();
+    // The metadata changes the flush covered go to the disk before the log forgets them.
+    if (meta_records_ > 0 && syncfs(root_.get()) != 0) {
+      std::fprintf(stderr, "ghostfs: flash log flush: syncfs of local/ failed: %s\n", std::strerror(errno));
+    }
+    meta_charged_ += meta_records_;
+    meta_records_ = 0;
+  }
+
+  // The serial of the last metadata change the backing tree holds; stores it in the marker.
+  void SetApplied(std::uint64_t serial) {
+    applied_ = std::max(applied_, serial);
+    std::string v = std::to_string(applied_);
+    if (fsetxattr(marker_dir_.get(), kMetaSerialXattr, v.data(), v.size(), 0) != 0 && !warned_) {
+      warned_ = true;
+      std::fprintf(stderr, "ghostfs: flash log: cannot store %s (%s): after a power cut the log's metadata "
+                   "records are taken as applied\n", kMetaSerialXattr, std::strerror(errno));
+    }
+  }
+  std::uint64_t applied() const { return applied_; }
+  // Metadata records flushed since the last call (each one a block the disk writes).
+  std::uint64_t TakeMetaCharge() { return std::exchange(meta_charged_, 0); }
 
   int root() const { return root_.get(); }
 
  private:
-  UniqueFd root_;  // the local/ backing directory: the mount for open_by_handle_at
+  // Makes a logged change the backing tree lost (a power cut). Each step accepts finding it
+  // made already: the marker may lag the tree by the one change made just before it.
+  Status Replay(MetaOp op, const std::string& path, mode_t mode, const LocalMetaArgs& a) {
+    int root = root_.get();
+    switch (op) {
+      case MetaOp::kCreate: {
+        if (std::optional<Handle> h = ParseHandle(a.handle)) {
+          int fd = open_by_handle_at(root, &h->head(), O_PATH | O_CLOEXEC);
+          if (fd >= 0) {
+            close(fd);
+            return Status::Ok();  // the file is there (wherever later changes put it)
+          }
+        }
+        int fd = openat(root, path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 07777);
+        if (fd < 0 && errno == EEXIST) fd = openat(root, path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0) return Status::FromErrno(errno, "create");
+        UniqueFd owned(fd);
+        if (fchmod(fd, mode & 07777) != 0) return Status::FromErrno(errno, "chmod");
+        if (!a.handle.empty()) remap_[a.handle] = std::move(owned);
+        return Status::Ok();
+      }
+      case MetaOp::kMkdir:
+        if (mkdirat(root, path.c_str(), mode & 07777) != 0 && errno != EEXIST) return Status::FromErrno(errno, "mkdir");
+        return Status::Ok();
+      case MetaOp::kUnlink:
+        if (unlinkat(root, path.c_str(), 0) != 0 && errno != ENOENT) return Status::FromErrno(errno, "unlink");
+        return Status::Ok();
+      case MetaOp::kRmdir:
+        if (unlinkat(root, path.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) return Status::FromErrno(errno, "rmdir");
+        return Status::Ok();
+      case MetaOp::kRename:
+        if (renameat(root, path.c_str(), root, a.new_path.c_str()) != 0) {
+          // Made already: the old name is gone and the new one is there.
+          if (errno == ENOENT && faccessat(root, a.new_path.c_str(), F_OK, AT_SYMLINK_NOFOLLOW) == 0) return Status::Ok();
+          return Status::FromErrno(errno, "rename to " + a.new_path);
+        }
+        return Status::Ok();
+      case MetaOp::kChmod:
+        if (fchmodat(root, path.c_str(), mode & 07777, 0) != 0) return Status::FromErrno(errno, "chmod");
+        return Status::Ok();
+      default:
+        return Status::InvalidArgument(std::string("local/ does not log ") + MetaOpName(op) + " records");
+    }
+  }
+
+  UniqueFd root_;        // the local/ backing directory: the mount for open_by_handle_at
+  UniqueFd marker_dir_;  // holds kMetaSerialXattr
+  std::uint64_t applied_ = 0;
+  std::uint64_t meta_records_ = 0;  // metadata records this flush went through
+  std::uint64_t meta_charged_ = 0;
+  bool warned_ = false;
   std::map<std::string, UniqueFd> fds_;
+  std::map<std::string, UniqueFd> remap_;  // logged handle -> the file a replayed create made
 };
 
 LocalFlashLog::LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Device& disk)
@@ -174,7 +300,12 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
         EIO);
     self->faulty_ = std::move(faulty);
   }
-  self->target_ = std::make_unique<Target>(std::move(root));
+  UniqueFd marker_dir(openat(root.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!marker_dir.valid()) return Status::FromErrno(errno, "open the parent of " + local_dir);
+  char real[PATH_MAX];
+  if (realpath(local_dir.c_str(), real) == nullptr) return Status::FromErrno(errno, "realpath " + local_dir);
+  self->root_path_ = real;
+  self->target_ = std::make_unique<Target>(std::move(root), std::move(marker_dir));
   // The records name files by handle: the local/ file system must give them.
   if (Result<std::string> probe = self->PathOf(self->target_->root()); !probe.ok()) {
     return Status::InvalidArgument("--flash-log needs file handles on the file system of " + local_dir +
@@ -183,6 +314,12 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, self->io_, *self->target_, report);
   if (!log.ok()) return log.status();
   self->log_ = std::move(log).value();
+  // Serials go on from the marker and from what the log holds (it may hold changes the backing
+  // tree lost, with serials past the marker: replay applies them and new ones come after).
+  self->meta_serial_ = self->target_->applied();
+  for (const LogRecordInfo& r : self->log_->records()) {
+    if (r.kind == LogRecordKind::kMeta && r.op != MetaOp::kTruncate) ++self->meta_serial_;
+  }
   LocalFlashLog* raw = self.get();
   self->log_->SetFlushObserver([raw](const FlushReport& r) { raw->OnFlushed(r); });
   int high = disk.profile().HighPowerMode();
@@ -279,6 +416,58 @@ void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status
                    });
 }
 
+bool LocalFlashLog::TakesMeta() const { return !replaying_ && TakesWrites(); }
+
+std::uint64_t LocalFlashLog::applied_meta_serial() const { return target_->applied(); }
+
+Result<std::string> LocalFlashLog::RelPath(int dir_fd, const std::string& name) const {
+  char buf[PATH_MAX];
+  ssize_t n = readlink(("/proc/self/fd/" + std::to_string(dir_fd)).c_str(), buf, sizeof(buf) - 1);
+  if (n < 0) return Status::FromErrno(errno, "readlink of a local/ directory");
+  std::string dir(buf, static_cast<std::size_t>(n));
+  if (name.empty()) {  // the descriptor's own file
+    if (dir == root_path_) return std::string(".");
+    if (dir.starts_with(root_path_ + "/")) return dir.substr(root_path_.size() + 1);
+    return Status::NotFound("local/ file " + dir + " is not under " + root_path_);
+  }
+  if (dir == root_path_) return name;
+  if (!dir.starts_with(root_path_ + "/")) {
+    return Status::NotFound("local/ directory " + dir + " is not under " + root_path_);
+  }
+  return dir.substr(root_path_.size() + 1) + "/" + name;
+}
+
+void LocalFlashLog::AppendMeta(MetaOp op, const std::string& path, int fd, Bytes mode, const std::string& new_path,
+                               std::function<void(Status)> done) {
+  LocalMetaArgs args;
+  meta_serial_ = std::max(meta_serial_, target_->applied()) + 1;
+  args.serial = meta_serial_;
+  if (fd >= 0) {
+    if (Result<std::string> h = PathOf(fd); h.ok()) args.handle = *h;
+  }
+  args.new_path = new_path;
+  // The change is in the backing tree already: the marker says so before the record exists.
+  target_->SetApplied(args.serial);
+  log_->AppendMeta(op, path, mode, EncodeLocalMetaArgs(args),
+                   [this, op, path, done = std::move(done)](Result<std::uint64_t> r) {
+                     // Runs only while the log (owned by this) lives.
+                     if (r.ok()) {
+                       ++meta_logged_;
+                       return done(Status::Ok());
+                     }
+                     // The change stays made; make it durable on the disk instead.
+                     ++meta_failures_;
+                     std::fprintf(stderr, "ghostfs: flash log %s could not take a local/ %s of %s (%s); syncing it "
+                                  "to the disk (it spins up); check the flash device\n", log_->options().dir.c_str(),
+                                  MetaOpName(op), path.c_str(), r.status().ToString().c_str());
+                     disk_.Submit({kMetaRecordBytes, true}, [] {});
+                     Status st = syncfs(target_->root()) == 0 ? r.status().WithContext("synced to the disk instead")
+                                                              : r.status().WithContext("and syncing the disk failed: " +
+                                                                                       std::string(std::strerror(errno)));
+                     done(st);
+                   });
+}
+
 bool LocalFlashLog::Holds(int fd) const {
   if (log_->empty()) return false;
   Result<std::string> path = PathOf(fd);
@@ -321,7 +510,12 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
 
 void LocalFlashLog::Replay() {
   if (log_->records().empty()) return;
-  log_->Flush(LogFlushReason::kRecovery, [](const FlushReport& r) {
+  replaying_ = true;
+  log_->Flush(LogFlushReason::kRecovery, [this](const FlushReport& r) {
+    // Runs only while the log (owned by this) lives.
+    replaying_ = false;
+    // Nothing left from the last run: serials go on from what the backing tree holds.
+    if (log_->records().empty()) meta_serial_ = target_->applied();
     std::fprintf(stderr, "ghostfs: flash log replayed: %zu records applied, %zu kept%s\n", r.records_applied,
                  r.records_kept, r.status.ok() ? "" : (", " + r.status.ToString()).c_str());
   });
@@ -330,7 +524,8 @@ void LocalFlashLog::Replay() {
 void LocalFlashLog::OnFlushed(const FlushReport& report) {
   // The disk does the flush's writes (it may have to spin up for a kFull flush: that is the
   // one spin-up the log costs).
-  if (report.bytes_written > 0) disk_.Submit({report.bytes_written, true}, [] {});
+  Bytes bytes = report.bytes_written + target_->TakeMetaCharge() * kMetaRecordBytes;
+  if (bytes > 0) disk_.Submit({bytes, true}, [] {});
   last_flush_errors_ = report.errors;
   for (const std::string& e : report.errors) {
     std::fprintf(stderr, "ghostfs: flash log flush (%s): kept in the log: %s\n", LogFlushReasonName(report.reason),
@@ -357,6 +552,9 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"bytes_merged_away", s.bytes_merged_away},
           {"records_kept", s.records_kept},
           {"corrupt_regions", s.corrupt_regions},
+          {"meta_logged", meta_logged_},
+          {"meta_failures", meta_failures_},
+          {"meta_serial_applied", target_->applied()},
           {"write_throughs", write_throughs_},
           {"write_through_failures", write_through_failures_},
           {"last_flush_errors", last_flush_errors_}};

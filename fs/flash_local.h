@@ -26,6 +26,31 @@
 // truncate of a file with logged records is logged too (MetaOp::kTruncate on its handle), so
 // replaying the log in order never revives bytes the truncate cut.
 //
+// Metadata (create, mkdir, rename, unlink, rmdir, chmod) while the log takes writes: LocalTree
+// makes the change in the backing tree at once (so lookup, getattr and readdir show it, and
+// nothing else of the tree changes), then logs it (AppendMeta) and replies once the record is
+// durable. The backing tree's change sits in the page cache: the disk is not written until the
+// log's flush, which syncs the backing file system (syncfs) before it cuts the log and charges
+// the emulated disk kMetaRecordBytes per metadata record. A local/ metadata record:
+//
+//   kind kMeta, op = the MetaOp, path = the entry relative to the local/ root ("dir/name"),
+//   offset (arg) = the mode (kCreate, kMkdir, kChmod), else 0,
+//   arg2 = "SERIAL\nHANDLE\nNEWPATH" (LocalMetaArgs): SERIAL a per-tree counter of logged
+//   metadata changes, HANDLE the "fh:..." of the created/chmodded file (else empty), NEWPATH
+//   the rename's target (else empty).
+//
+// Replay is idempotent by the serial: every logged change also stores its SERIAL in the xattr
+// kMetaSerialXattr of the backing local/ root, right after the change (the same journal
+// transaction on ext4), so after a crash the backing tree says which changes it holds. A flush
+// or recovery applies only records with a larger serial (what a power cut took from the
+// backing tree; after a SIGKILL none: the page cache kept them), in log order, each tolerant of
+// having been applied already (the one change the marker may lag behind); a recreated file's
+// old handle is mapped to the new file, so its logged bytes land there. A record that cannot
+// be applied (e.g. rmdir of a directory that is not empty) is kept and reported, as a data
+// record the disk refuses. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
+// logged: they go to the backing tree only (durable at its next sync). While a recovery replay
+// runs, metadata is not logged either (TakesMeta): the serials must stay ordered.
+//
 // Reads of a local/ file overlay its logged bytes on the disk's (Overlay, LoggedEnd), then the
 // write queue's. At mount the log is recovered (torn tail cut) and replayed (flushed, reason
 // recovery); reads see its records until then.
@@ -56,6 +81,23 @@ namespace ghost {
 
 // The environment variable of the test-only disk fault switch (the file comment).
 inline constexpr char kDiskFaultEnv[] = "GHOST_TEST_DISK_FAULT";
+
+// The xattr of the backing local/ root holding the serial of the last logged metadata change
+// applied to it (the file comment).
+inline constexpr char kMetaSerialXattr[] = "trusted.ghost.flash_meta_serial";
+// What one metadata change costs the disk when the log's flush makes it durable: a directory
+// block or an inode (one 4 KiB block).
+inline constexpr Bytes kMetaRecordBytes = 4096;
+
+// arg2 of a local/ metadata record (the file comment).
+struct LocalMetaArgs {
+  std::uint64_t serial = 0;
+  std::string handle;    // "fh:TYPE:HEX" or empty
+  std::string new_path;  // kRename's target or empty
+  bool operator==(const LocalMetaArgs&) const = default;
+};
+std::string EncodeLocalMetaArgs(const LocalMetaArgs& args);
+[[nodiscard]] Result<LocalMetaArgs> DecodeLocalMetaArgs(const std::string& text);
 
 // --flash-log DIR[:SIZE]: the directory and the log's capacity (default 16M; SIZE with K, M,
 // G suffixes). A ':' is read as the size separator only when what follows parses as a size.
@@ -96,6 +138,23 @@ class LocalFlashLog {
   // disk again after it (the flushed older records must not revive the cut bytes); `done` gets
   // an error only if the disk refused the file's records, which then stay in the log.
   void AppendTruncate(int fd, Bytes size, std::function<void(Status)> done);
+
+  // Whether local/ metadata changes are logged now: TakesWrites(), and no recovery replay runs.
+  bool TakesMeta() const;
+  // Logs the metadata change `op` just made to the backing tree: `path` (and kRename's
+  // `new_path`) relative to the local/ root, `fd` a descriptor of the created or chmodded file
+  // (else -1), `mode` for kCreate, kMkdir, kChmod. Stores the change's serial in the backing
+  // root's kMetaSerialXattr first. `done` runs once the record is durable; with an error when
+  // the log could not take it (the change is then only in the backing tree: it is synced to
+  // the disk at once, which spins up; the error says whether that worked).
+  void AppendMeta(MetaOp op, const std::string& path, int fd, Bytes mode, const std::string& new_path,
+                  std::function<void(Status)> done);
+  // The path of `name` in the directory `dir_fd` relative to the local/ root (with an empty
+  // `name`: of `dir_fd`'s own file, "." for the root), or an error if it is not under the root
+  // (deleted).
+  Result<std::string> RelPath(int dir_fd, const std::string& name) const;
+  // The serial stored in the backing root (0 if none).
+  std::uint64_t applied_meta_serial() const;
 
   // Whether the log holds records of the file `fd`.
   bool Holds(int fd) const;
@@ -145,6 +204,11 @@ class LocalFlashLog {
   std::unique_ptr<FlashLog> log_;
   SubscriptionId spin_up_ = 0;
   std::function<void(const FlushReport&)> listener_;
+  std::string root_path_;                     // the local/ backing directory, resolved
+  std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
+  bool replaying_ = false;                    // Replay's flush runs
+  std::uint64_t meta_logged_ = 0;             // metadata changes logged
+  std::uint64_t meta_failures_ = 0;           // ... that the log could not take
   std::uint64_t write_throughs_ = 0;         // appends that failed and went to the disk
   std::uint64_t write_through_failures_ = 0;  // ... and failed there too (reported to the writer)
   std::vector<std::string> last_flush_errors_;  // the last flush's (empty when it applied all)

@@ -84,6 +84,22 @@ std::string LocalTree::Key(dev_t dev, ino_t ino) {
 
 std::string LocalTree::ProcPath(int fd) const { return "/proc/self/fd/" + std::to_string(fd); }
 
+void LocalTree::LogMeta(MetaOp op, int parent_fd, const char* name, int fd, mode_t mode, int newparent_fd,
+                        const char* newname, std::function<void()> reply) {
+  if (ctx_.flash == nullptr || !ctx_.flash->TakesMeta()) return reply();
+  Result<std::string> path = ctx_.flash->RelPath(parent_fd, name);
+  Result<std::string> new_path = newname ? ctx_.flash->RelPath(newparent_fd, newname) : Result<std::string>("");
+  if (!path.ok() || !new_path.ok()) {
+    std::fprintf(stderr, "ghostfs: local/: %s of %s not logged (%s); it is in the backing tree only\n", MetaOpName(op),
+                 name, (path.ok() ? new_path.status() : path.status()).ToString().c_str());
+    return reply();
+  }
+  ctx_.flash->AppendMeta(op, *path, fd, mode & 07777, *new_path, [op, p = *path, reply = std::move(reply)](Status s) {
+    if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: %s of %s: %s\n", MetaOpName(op), p.c_str(), s.ToString().c_str());
+    reply();
+  });
+}
+
 int LocalTree::NodeFd(const Node* n) const { return n->fd.valid() ? n->fd.get() : root_.get(); }
 
 Status LocalTree::Stat(const Node* n, struct stat* st) const {
@@ -179,7 +195,11 @@ void LocalTree::Mkdir(fuse_req_t req, Node* parent, const char* name, mode_t mod
     unlinkat(NodeFd(parent), name, AT_REMOVEDIR);
     return (void)fuse_reply_err(req, s.ToErrno());
   }
-  ReplyLookup(req, parent, name);
+  struct stat st;
+  Result<Node*> n = LookupNode(parent, name, &st);
+  if (!n.ok()) return (void)fuse_reply_err(req, n.status().ToErrno());
+  fuse_entry_param e = Entry(*n, st);
+  LogMeta(MetaOp::kMkdir, NodeFd(parent), name, -1, st.st_mode, -1, nullptr, [req, e] { fuse_reply_entry(req, &e); });
 }
 
 void LocalTree::Mknod(fuse_req_t req, Node* parent, const char* name, mode_t mode, dev_t rdev) {
@@ -229,7 +249,7 @@ void LocalTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
   bool known = fstatat(NodeFd(parent), name, &st, AT_SYMLINK_NOFOLLOW) == 0;
   if (unlinkat(NodeFd(parent), name, 0) != 0) return (void)fuse_reply_err(req, errno);
   if (known && S_ISREG(st.st_mode)) LostName(st.st_dev, st.st_ino);
-  fuse_reply_err(req, 0);
+  LogMeta(MetaOp::kUnlink, NodeFd(parent), name, -1, 0, -1, nullptr, [req] { fuse_reply_err(req, 0); });
 }
 
 void LocalTree::LostName(dev_t dev, ino_t ino) {
@@ -243,7 +263,8 @@ void LocalTree::LostName(dev_t dev, ino_t ino) {
 
 void LocalTree::Rmdir(fuse_req_t req, Node* parent, const char* name) {
   if (int e = NameError(name)) return (void)fuse_reply_err(req, e);
-  fuse_reply_err(req, unlinkat(NodeFd(parent), name, AT_REMOVEDIR) == 0 ? 0 : errno);
+  if (unlinkat(NodeFd(parent), name, AT_REMOVEDIR) != 0) return (void)fuse_reply_err(req, errno);
+  LogMeta(MetaOp::kRmdir, NodeFd(parent), name, -1, 0, -1, nullptr, [req] { fuse_reply_err(req, 0); });
 }
 
 void LocalTree::Rename(fuse_req_t req, Node* parent, const char* name, Node* newparent, const char* newname,
@@ -258,7 +279,9 @@ void LocalTree::Rename(fuse_req_t req, Node* parent, const char* name, Node* new
                   fstatat(NodeFd(newparent), newname, &victim, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(victim.st_mode);
   if (renameat2(NodeFd(parent), name, NodeFd(newparent), newname, flags) != 0) return (void)fuse_reply_err(req, errno);
   if (replaces) LostName(victim.st_dev, victim.st_ino);
-  fuse_reply_err(req, 0);
+  // RENAME_EXCHANGE is not logged (its replay could not tell whether it was made).
+  if (flags & RENAME_EXCHANGE) return (void)fuse_reply_err(req, 0);
+  LogMeta(MetaOp::kRename, NodeFd(parent), name, -1, 0, NodeFd(newparent), newname, [req] { fuse_reply_err(req, 0); });
 }
 
 // ---- attributes ----
@@ -316,7 +339,9 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
     }
     struct stat st;
     if (Status s = Stat(n, &st); !s.ok()) return (void)fuse_reply_err(req, s.ToErrno());
-    fuse_reply_attr(req, &st, ctx_.attr_timeout);
+    double timeout = ctx_.attr_timeout;
+    if (!(to_set & FUSE_SET_ATTR_MODE)) return (void)fuse_reply_attr(req, &st, timeout);
+    LogMeta(MetaOp::kChmod, nfd, "", nfd, st.st_mode, -1, nullptr, [req, st, timeout] { fuse_reply_attr(req, &st, timeout); });
   };
   // A size change must not be undone by queued writes: they land first.
   struct stat cur;
@@ -442,7 +467,10 @@ void LocalTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t mo
     return (void)fuse_reply_err(req, s.ToErrno());
   }
   fuse_entry_param e = Entry(*n, st);
-  fuse_reply_create(req, &e, fi);
+  if (!created) return (void)fuse_reply_create(req, &e, fi);
+  fuse_file_info reply_fi = *fi;
+  LogMeta(MetaOp::kCreate, pfd, name, opens_.at(fi->fh).fd.get(), st.st_mode, -1, nullptr,
+          [req, e, reply_fi]() mutable { fuse_reply_create(req, &e, &reply_fi); });
 }
 
 void LocalTree::Read(fuse_req_t req, std::uint64_t fh, size_t size, off_t off) {

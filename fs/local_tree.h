@@ -41,6 +41,7 @@
 
 #include "common/base/file_io.h"
 #include "common/base/status.h"
+#include "common/cache/flush_plan.h"
 #include "common/cache/write_queue.h"
 #include "fs/inode_table.h"
 #include "fs/tree.h"
@@ -179,6 +180,13 @@ class LocalTree final : public Tree {
   // The errno of a deferred write that failed since this open last asked (0 if none).
   int TakeError(OpenFile& of);
   std::string ProcPath(int fd) const;
+  // A metadata change was just made in the backing tree (`name` of `parent`; kRename: to
+  // `newname` of `newparent`; `fd` the file for kCreate and kChmod, else -1): when the flash
+  // log takes metadata (fs/flash_local.h) it is logged and `reply` runs once the record is
+  // durable; otherwise `reply` runs now. The change stands either way (a failed append is
+  // logged and synced to the disk by the log).
+  void LogMeta(MetaOp op, int parent_fd, const char* name, int fd, mode_t mode, int newparent_fd, const char* newname,
+               std::function<void()> reply);
 
   UniqueFd root_;  // CACHE/local (O_PATH)
   LocalContext ctx_;

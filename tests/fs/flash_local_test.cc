@@ -7,7 +7,11 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
@@ -68,6 +72,11 @@ class LocalFlashLogTest : public ::testing::Test {
     disk_ = std::make_unique<Device>(clock_, *profile, nullptr, profile->HighPowerMode());
     pm_ = std::make_unique<PowerManager>(clock_, Power::Milliwatts(1440), 50);
     disk_id_ = pm_->Register(disk_.get(), nullptr);
+    Reopen();
+  }
+  // Opens the log (again: what a restart after a crash does, without flushing it first).
+  void Reopen() {
+    log_.reset();
     FlashLogOptions o;
     o.dir = root_ / "flash";
     o.capacity = 1 << 20;
@@ -76,6 +85,29 @@ class LocalFlashLogTest : public ::testing::Test {
         LocalFlashLog::Open(o, *faulty_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
     ASSERT_TRUE(log.ok()) << log.status().ToString();
     log_ = std::move(log).value();
+  }
+  // Logs a metadata change made in the backing tree (as LocalTree does after making it).
+  Status Meta(MetaOp op, const std::string& path, int fd = -1, Bytes mode = 0, const std::string& new_path = "") {
+    bool done = false;
+    Status out;
+    log_->AppendMeta(op, path, fd, mode, new_path, [&](Status s) { out = s; done = true; });
+    Run(done);
+    return out;
+  }
+  // Recovery's replay (the mount's first act), run to its end.
+  FlushReport ReplayAll() {
+    bool done = false;
+    FlushReport out;
+    log_->SetFlushListener([&](const FlushReport& r) { out = r; done = true; });
+    log_->Replay();
+    Run(done);
+    log_->SetFlushListener(nullptr);
+    return out;
+  }
+  // A power cut took the backing tree's metadata changes since `serial`: the marker goes back.
+  void LoseMetadataSince(std::uint64_t serial) {
+    std::string v = std::to_string(serial);
+    ASSERT_EQ(::setxattr(root_.c_str(), kMetaSerialXattr, v.data(), v.size(), 0), 0) << std::strerror(errno);
   }
   void TearDown() override {
     log_.reset();
@@ -348,6 +380,124 @@ TEST_F(LocalFlashLogTest, ATruncateTheLogCannotTakeIsAppliedAfterFlushingTheOlde
   Flush();
   EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello");
   close(fd);
+}
+
+TEST(LocalMetaArgsTest, EncodesSerialHandleAndNewPathAndRejectsGarbage) {
+  LocalMetaArgs a{42, "fh:1:00ff", "dir/new name"};
+  EXPECT_EQ(EncodeLocalMetaArgs(a), "42\nfh:1:00ff\ndir/new name");
+  Result<LocalMetaArgs> back = DecodeLocalMetaArgs(EncodeLocalMetaArgs(a));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, a);
+  Result<LocalMetaArgs> empty = DecodeLocalMetaArgs(EncodeLocalMetaArgs({7, "", ""}));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(empty->serial, 7u);
+  EXPECT_FALSE(DecodeLocalMetaArgs("").ok());
+  EXPECT_FALSE(DecodeLocalMetaArgs("12\nno second newline").ok());
+  EXPECT_FALSE(DecodeLocalMetaArgs("x1\n\n").ok());
+  EXPECT_FALSE(DecodeLocalMetaArgs("\n\n").ok());
+}
+
+TEST_F(LocalFlashLogTest, RelPathNamesEntriesFromTheLocalRoot) {
+  fs::create_directories(root_ / "local" / "d" / "e");
+  int dir = open((root_ / "local" / "d" / "e").c_str(), O_PATH | O_CLOEXEC);
+  int top = open((root_ / "local").c_str(), O_PATH | O_CLOEXEC);
+  ASSERT_GE(dir, 0);
+  EXPECT_EQ(*log_->RelPath(dir, "f.txt"), "d/e/f.txt");
+  EXPECT_EQ(*log_->RelPath(dir, ""), "d/e");
+  EXPECT_EQ(*log_->RelPath(top, "f.txt"), "f.txt");
+  EXPECT_EQ(*log_->RelPath(top, ""), ".");
+  close(dir);
+  close(top);
+}
+
+// The editor's save (write a temporary file, rename it over the original) twice, logged as
+// LocalTree logs it, then a SIGKILL (the log is reopened unflushed) and recovery: the backing
+// tree held every change already, so replaying the records must not make any of them again
+// (recreating ".swp" and renaming it over "doc" would put the older save back).
+TEST_F(LocalFlashLogTest, ReplayAfterAKillDoesNotRemakeNameChangesTheBackingTreeHolds) {
+  const fs::path local = root_ / "local";
+  for (const std::string text : {"first save", "second save"}) {
+    int fd = Create(".doc.swp");
+    ASSERT_TRUE(Meta(MetaOp::kCreate, ".doc.swp", fd, 0644).ok());
+    ASSERT_TRUE(Append(fd, 0, text).ok());
+    close(fd);
+    fs::rename(local / ".doc.swp", local / "doc");
+    ASSERT_TRUE(Meta(MetaOp::kRename, ".doc.swp", -1, 0, "doc").ok());
+  }
+  EXPECT_EQ(log_->log().records().size(), 6u);
+  EXPECT_EQ(log_->applied_meta_serial(), 4u);
+  Reopen();
+  FlushReport r = ReplayAll();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(r.records_kept, 0u);
+  EXPECT_EQ(ReadFile(local / "doc"), "second save");
+  EXPECT_FALSE(fs::exists(local / ".doc.swp"));
+  EXPECT_TRUE(log_->log().records().empty());
+  // Serials go on after the recovered ones.
+  fs::create_directory(local / "later");
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "later", -1, 0755).ok());
+  EXPECT_EQ(log_->applied_meta_serial(), 5u);
+}
+
+// A power cut took the backing tree's name changes (the marker is older than the records):
+// recovery makes them again, in order, and the logged bytes of a file whose create was lost
+// land in the recreated file (its logged handle is mapped to it).
+TEST_F(LocalFlashLogTest, ReplayRemakesTheNameChangesAPowerCutTookWithTheirBytes) {
+  const fs::path local = root_ / "local";
+  fs::create_directory(local / "d");
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "d", -1, 0750).ok());
+  int fd = open((local / "d" / "draft").c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "d/draft", fd, 0644).ok());
+  ASSERT_TRUE(Append(fd, 0, "kept bytes").ok());
+  close(fd);
+  fs::rename(local / "d" / "draft", local / "d" / "final");
+  ASSERT_TRUE(Meta(MetaOp::kRename, "d/draft", -1, 0, "d/final").ok());
+  ASSERT_EQ(chmod((local / "d" / "final").c_str(), 0600), 0);
+  int cfd = open((local / "d" / "final").c_str(), O_PATH | O_CLOEXEC);
+  ASSERT_TRUE(Meta(MetaOp::kChmod, "d/final", cfd, 0600).ok());
+  close(cfd);
+  int gone = Create("gone");
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "gone", gone, 0644).ok());
+  close(gone);
+  fs::remove(local / "gone");
+  ASSERT_TRUE(Meta(MetaOp::kUnlink, "gone").ok());
+  // The power cut: none of it reached the backing disk.
+  log_.reset();
+  fs::remove_all(local / "d");
+  LoseMetadataSince(0);
+  Reopen();
+  FlushReport r = ReplayAll();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(r.records_kept, 0u);
+  EXPECT_EQ(ReadFile(local / "d" / "final"), "kept bytes");
+  EXPECT_FALSE(fs::exists(local / "d" / "draft"));
+  EXPECT_FALSE(fs::exists(local / "gone"));
+  struct stat st;
+  ASSERT_EQ(stat((local / "d" / "final").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  ASSERT_EQ(stat((local / "d").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(log_->applied_meta_serial(), 6u);
+}
+
+// A logged change that cannot be made on replay (an rmdir of a directory that holds a file the
+// log knows nothing of) is kept in the log and reported, not dropped.
+TEST_F(LocalFlashLogTest, AMetadataRecordReplayCannotApplyIsKeptAndReported) {
+  const fs::path local = root_ / "local";
+  fs::create_directory(local / "d");
+  ASSERT_TRUE(Meta(MetaOp::kRmdir, "d").ok());  // as if "d" had been removed
+  std::ofstream(local / "d" / "stranger") << "x";
+  log_.reset();
+  LoseMetadataSince(0);
+  Reopen();
+  FlushReport r = ReplayAll();
+  EXPECT_EQ(r.records_kept, 1u);
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("rmdir"), std::string::npos) << r.errors[0];
+  EXPECT_EQ(log_->log().records().size(), 1u);
+  EXPECT_TRUE(fs::exists(local / "d" / "stranger"));
+  EXPECT_EQ(log_->StatsJson()["last_flush_errors"].size(), 1u);
 }
 
 }  // namespace

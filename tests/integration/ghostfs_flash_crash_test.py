@@ -10,6 +10,11 @@ fsync returned is there under the file's current name, and no name that a return
 rename removed has come back (a logged record of an unlinked or replaced file must not revive
 it or land on the file now holding the name).
 
+Names go through the log too (creates, renames, unlinks while the disk sleeps are metadata
+records, fs/flash_local.h): in every cycle the emulated disk changes mode only when the log
+was full and flushed (no spin-up is caused by a create, rename or unlink), and the log took
+metadata records (`meta_logged` in `ghostctl stats`).
+
     ghostfs_flash_crash_test.py [CYCLES]   (default 20, or $GHOST_FLASH_CRASH_CYCLES;
                                             scripts/bench-flash-crash.sh runs 100)
 TAP; skipped without root or /dev/fuse."""
@@ -46,6 +51,18 @@ def disk_mode(ctl):
     return [d for d in json.loads(r.stdout) if d["kind"] == "disk"][0]["mode"] if r.returncode == 0 else None
 
 
+def disk_and_log(ctl):
+    """(the disk's mode changes so far, the log's full flushes, metadata records logged), or None."""
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    r = subprocess.run([exe, "--control", ctl, "--json", "stats"], capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        return None
+    s = json.loads(r.stdout)
+    fl = s.get("flash_log", {})
+    disk = [d for d in s["devices"] if d["kind"] == "disk"][0]
+    return disk["transitions"], fl.get("flushes", {}).get("full", 0), fl.get("meta_logged", 0)
+
+
 def main():
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("GHOST_FLASH_CRASH_CYCLES", "20"))
     h.require_root_and_fuse()
@@ -55,7 +72,9 @@ def main():
     cache = os.path.join(work, "cache")
     flash = os.path.join(work, "flash")
     ctl = os.path.join(work, "control.sock")
-    plan = cycles + 2
+    plan = cycles + 3
+    woken = []  # cycles whose disk changed mode with no full flush of the log
+    meta_logged = 0
     t = h.Tap(plan)
     acked = {}  # local/ relative path -> the bytes its last returned fsync covered
     gone = set()  # names a returned unlink or rename removed (and nothing created since)
@@ -77,6 +96,7 @@ def main():
                 f"{len(gone)} removed names stay removed", lost[:5])
         # The disk sleeps (knob 0: within about 2 s): fsyncs are acknowledged from the log.
         h.wait_for(lambda: disk_mode(ctl) == "standby", 10)
+        before = disk_and_log(ctl)
         stop = threading.Event()
         crng = random.Random(1000 + cycle)
         in_flight = []
@@ -139,6 +159,11 @@ def main():
         th = threading.Thread(target=writer)
         th.start()
         time.sleep(crng.uniform(0.3, 1.5))
+        after = disk_and_log(ctl)
+        if before and after:
+            if after[0] != before[0] and after[1] == before[1]:
+                woken.append((cycle, after[0] - before[0]))
+            meta_logged += after[2]
         fs.proc.kill()  # SIGKILL wherever it is: appending, flushing, replaying
         fs.proc.wait()
         stop.set()
@@ -154,6 +179,9 @@ def main():
             logged_at_kill.append(os.path.getsize(os.path.join(flash, "flash.log")))
         except OSError:
             logged_at_kill.append(0)
+    t.check(not woken and meta_logged > 0 and renames + unlinks > 0,
+            f"the sleeping disk changed mode only for full-log flushes: creates, {renames} renames and {unlinks} "
+            f"unlinks went to the log ({meta_logged} metadata records)", woken)
     fs = h.Ghostfs(mnt, cache, {}, args=["--flash-log", flash + ":256K"])
     ok = fs.start(timeout=20)
     lost = check_acked(os.path.join(mnt, "local"), acked, gone) if ok else ["not mounted"]
