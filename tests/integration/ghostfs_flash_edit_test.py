@@ -3,7 +3,7 @@
 `--profile ipaq-2004` with the emulated disk asleep, an editing workload in local/ (a few files
 saved every ~2.5 s, longer than the disk's idle time before standby at --knob 0: rewritten in place with O_TRUNC + fsync, or written to a temporary file,
 fsync'd and renamed over the original, as editors save) causes 0 disk spin-ups while the log has
-room; without the log the same workload spins the disk up on its saves. Prints both counts and
+room, the temporary file's create and its rename being metadata records in the log; without the log the same workload spins the disk up on its saves. Prints both counts and
 the log's fill, and checks every saved file's content through the mount and, after unmount, on
 the disk.
 
@@ -37,10 +37,10 @@ def disk_transitions(ctl):
 
 
 def edit(local, seconds, seed):
-    """Saves a few files with fsync every ~2.5 s for `seconds`; returns ({name: bytes}, saves)."""
+    """Saves a few files with fsync every ~2.5 s for `seconds`; returns ({name: bytes}, saves, renames)."""
     rng = random.Random(seed)
     files = {}
-    saves = 0
+    saves = renames = 0
     end = time.time() + seconds
     while time.time() < end:
         name = f"doc{rng.randrange(3)}.txt"
@@ -57,10 +57,11 @@ def edit(local, seconds, seed):
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, os.path.join(local, name))
+            renames += 1
         files[name] = text
         saves += 1
         time.sleep(rng.uniform(2.0, 3.0))
-    return files, saves
+    return files, saves, renames
 
 
 def run(work, seconds, flash_args, t, label):
@@ -73,7 +74,7 @@ def run(work, seconds, flash_args, t, label):
         return None
     h.wait_for(lambda: disk_dev(ctl)["mode"] == "standby", 15)
     before = disk_transitions(ctl)
-    files, saves = edit(os.path.join(mnt, "local"), seconds, 7)
+    files, saves, renames = edit(os.path.join(mnt, "local"), seconds, 7)
     after = disk_transitions(ctl)
     stats = jctl(ctl, "stats")
     seen = {}
@@ -85,7 +86,7 @@ def run(work, seconds, flash_args, t, label):
     for name in files:
         with open(os.path.join(cache, "local", name), "rb") as f:
             on_disk[name] = f.read()
-    return {"spin_transitions": after - before, "saves": saves, "files": files, "seen": seen,
+    return {"spin_transitions": after - before, "saves": saves, "renames": renames, "files": files, "seen": seen,
             "on_disk": on_disk, "flash": stats.get("flash_log")}
 
 
@@ -107,8 +108,10 @@ def main():
             f"without the log the same saves change the disk's mode {without and without['spin_transitions']} times",
             without and without["saves"])
     fl = with_log["flash"] or {}
-    t.check(fl.get("flushes", {}).get("full", 1) == 0 and fl.get("appends", 0) >= with_log["saves"],
-            "the log took every save and was never full", fl)
+    t.check(fl.get("flushes", {}).get("full", 1) == 0 and fl.get("appends", 0) >= with_log["saves"]
+            and fl.get("meta_logged", 0) >= with_log["renames"] > 0,
+            f"the log took every save and was never full; the {with_log['renames']} save-by-rename creates and "
+            f"renames are metadata records in it", fl)
     print(f"# editing {seconds:.0f} s, ipaq-2004: {with_log['saves']} saves with the flash log -> "
           f"{with_log['spin_transitions']} disk mode changes (log {fl.get('used')} of {fl.get('capacity')} bytes, "
           f"{fl.get('appends')} appends); without it {without and without['saves']} saves -> "
