@@ -180,6 +180,21 @@ int Main(int argc, char** argv) {
   block->add_option("--hot-space", hot_space, "fraction of the disk that is hot (gets 90% of starts)")
       ->capture_default_str()
       ->check(CLI::Range(0.0001, 1.0));
+  // The NVCache-shaped trace (common/sim/trace_gen.h GenerateNvcacheTrace; bench-flash.sh Fig. 5).
+  CLI::App* nvcache = generator("nvcache", "read bursts that spin a laptop disk up, periodic small writes to a hot "
+                                "overwrite set (the NVCache flush experiments)",
+                                ToSeconds(NvcacheTraceOptions{}.duration));
+  double nv_writes = NvcacheTraceOptions{}.writes_per_sync, nv_hot = NvcacheTraceOptions{}.hot_write_fraction;
+  std::uint64_t nv_hot_pages = NvcacheTraceOptions{}.hot_write_pages;
+  nvcache->add_option("--writes-per-sync", nv_writes, "mean writes per 30 s update-daemon sync")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10000.0));
+  nvcache->add_option("--hot-writes", nv_hot, "fraction of writes to the hot overwrite set")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  nvcache->add_option("--hot-pages", nv_hot_pages, "4 KB pages in the hot overwrite set")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
   CLI::App* check = app.add_subcommand("check", "parse trace files and summarise each one");
   check->add_option("files", files, "trace files")->required();
 
@@ -209,6 +224,15 @@ int Main(int argc, char** argv) {
     o.sends = sends;
     if (custom_duration) o.duration = Seconds(duration_s);
     return Emit(GenerateMailTrace(o), output, command);
+  }
+  if (nvcache->parsed()) {
+    NvcacheTraceOptions o;
+    o.seed = seed;
+    o.writes_per_sync = nv_writes;
+    o.hot_write_fraction = nv_hot;
+    o.hot_write_pages = nv_hot_pages;
+    if (custom_duration) o.duration = Seconds(duration_s);
+    return Emit(GenerateNvcacheTrace(o), output, command);
   }
   BlockTraceOptions o;  // the one generator left
   o.seed = seed;

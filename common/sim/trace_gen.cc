@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -385,6 +386,65 @@ Trace GenerateBlockTrace(const BlockTraceOptions& o) {
     }
     t += ToWholeMillis(rng.BoundedPareto(1.3, 2, 300));
   }
+  return trace;
+}
+
+// --- NVCache-shaped block trace ----------------------------------------------------------
+
+Trace GenerateNvcacheTrace(const NvcacheTraceOptions& o) {
+  assert(o.duration > Duration::zero());
+  Random rng(o.seed);
+  Trace trace;
+  trace.kind = TraceKind::kBlock;
+  trace.name = "generated NVCache-shaped block trace, seed " + std::to_string(o.seed);
+  constexpr std::uint64_t kPage = 4096 / kSectorSize;
+  const std::uint64_t disk_pages = std::max<std::uint64_t>(o.disk_sectors / kPage, 2);
+  const std::uint64_t hot_pages = std::clamp<std::uint64_t>(o.hot_write_pages, 1, disk_pages / 2);
+  // The hot pages are scattered over the disk (inodes, directories, bitmaps live in every
+  // cylinder group), one fixed set for the whole trace.
+  std::vector<std::uint64_t> hot(hot_pages);
+  for (std::uint64_t& p : hot) p = rng.UniformInt(disk_pages - 1);
+  const std::int64_t end_ms = std::chrono::duration_cast<std::chrono::milliseconds>(o.duration).count();
+  const std::int64_t sync_ms = std::max<std::int64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(o.sync_period).count(), 1);
+
+  std::vector<BlockEvent> reads, writes;
+  // Read bursts.
+  for (std::int64_t t = 0; t < end_ms;) {
+    const std::uint64_t runs = 1 + rng.UniformInt(16);
+    for (std::uint64_t r = 0; r < runs && t < end_ms; ++r) {
+      const std::uint64_t pages = std::min<std::uint64_t>(1 + rng.UniformInt(16), disk_pages);
+      const std::uint64_t start = rng.UniformInt(disk_pages - pages + 1);
+      reads.push_back({AtMillis(t), false, start * kPage, static_cast<std::uint32_t>(pages * kPage)});
+      t += static_cast<std::int64_t>(rng.UniformInt(21));
+    }
+    t += ToWholeMillis(rng.BoundedPareto(1.3, 2, 300));
+  }
+  // The update daemon's writes, every sync period (Poisson count: exponential gaps in [0, 1)).
+  for (std::int64_t t = sync_ms; t < end_ms; t += sync_ms) {
+    std::uint64_t n = 0;
+    for (double acc = -std::log(rng.UniformPositive()); acc < o.writes_per_sync;
+         acc += -std::log(rng.UniformPositive())) {
+      ++n;
+    }
+    std::int64_t at = t;
+    for (std::uint64_t i = 0; i < n && at < end_ms; ++i) {
+      std::uint64_t start, pages;
+      if (rng.Bernoulli(o.hot_write_fraction)) {
+        start = hot[rng.UniformInt(hot_pages)];
+        pages = rng.Bernoulli(0.8) ? 1 : 2;
+      } else {
+        pages = rng.Bernoulli(0.8) ? 1 + rng.UniformInt(2) : 2 + rng.UniformInt(15);
+        start = rng.UniformInt(disk_pages - pages + 1);
+      }
+      pages = std::min(pages, disk_pages - start);
+      writes.push_back({AtMillis(at), true, start * kPage, static_cast<std::uint32_t>(pages * kPage)});
+      at += static_cast<std::int64_t>(rng.UniformInt(5));
+    }
+  }
+  trace.block.reserve(reads.size() + writes.size());
+  std::merge(reads.begin(), reads.end(), writes.begin(), writes.end(), std::back_inserter(trace.block),
+             [](const BlockEvent& a, const BlockEvent& b) { return a.time < b.time; });
   return trace;
 }
 

@@ -132,6 +132,32 @@ struct BlockTraceOptions {
   double mean_burst_requests = 8;
 };
 
+// The NVCache-shaped block trace (GenerateNvcacheTrace, scripts/bench-flash.sh Fig. 5): what a
+// flash log in front of a laptop disk sees, after the traits the NVCache flush results rest on
+// (the numbers are ours [E]; the traits are from C. Ruemmler, J. Wilkes, "UNIX disk access
+// patterns", USENIX Winter 1993, on the personal workstation hplajw):
+//  - reads spin the disk up: reads come in bursts (a program or file opened: 1-16 sequential
+//    runs of 4-64 KB, cold, anywhere on the disk) separated by the same heavy-tailed idle
+//    periods as GenerateBlockTrace (Pareto alpha 1.3, 2-300 s), so with a 5 s spin-down most
+//    bursts find the disk asleep;
+//  - writes are small and periodic: the update daemon writes the dirty blocks every 30 s
+//    (`sync_period`), a Poisson number of them (mean `writes_per_sync`), most 4 KB (metadata:
+//    inodes, directories, bitmaps, logs; 4-8 KB with probability 0.8, else 8-64 KB data);
+//  - writes overwrite a small hot set: `hot_write_fraction` (0.8) of them go to one of
+//    `hot_write_pages` (64) pages (the paper's "most writes are to a few blocks, and most
+//    written blocks are overwritten soon"), the rest to random cold places.
+// So a log flushed on every spin-up holds a few writes with few repeats each time, and a log
+// flushed only when full holds many overwrites of the same hot pages, which merge away.
+struct NvcacheTraceOptions {
+  std::uint64_t seed = 1;
+  Duration duration = std::chrono::hours(2);
+  std::uint64_t disk_sectors = (Bytes{40} << 20) / kSectorSize;  // a 40 MB laptop disk (cu140)
+  Duration sync_period = std::chrono::seconds(30);
+  double writes_per_sync = 8;
+  double hot_write_fraction = 0.8;
+  std::uint64_t hot_write_pages = 64;
+};
+
 // A web trace of `options.unique_objects` distinct URLs, half of them cached.
 [[nodiscard]] Trace GenerateWebTrace(const WebTraceOptions& options = {});
 // The paper's Figure 12 experiment: GenerateWebTrace(options) with every object cached.
@@ -140,6 +166,8 @@ struct BlockTraceOptions {
 [[nodiscard]] Trace GenerateMailTrace(const MailTraceOptions& options = {});
 // Bursts of block I/O separated by spin-down-length idle periods.
 [[nodiscard]] Trace GenerateBlockTrace(const BlockTraceOptions& options = {});
+// Read bursts that spin the disk up, periodic small writes to a hot overwrite set (above).
+[[nodiscard]] Trace GenerateNvcacheTrace(const NvcacheTraceOptions& options = {});
 
 }  // namespace ghost
 

@@ -348,5 +348,46 @@ TEST_F(TraceGenTest, ShippedTracesMatchTheGeneratorsWithSeed1) {
   }
 }
 
+// The NVCache-shaped trace: seeded, in time order, inside the disk; reads outnumber writes;
+// the writes come every sync period and most of them overwrite a few hot pages (what makes a
+// log flushed only when full merge away most of its records).
+TEST(GenerateNvcacheTraceTest, IsSeededAndHasReadBurstsAndAHotOverwriteSet) {
+  NvcacheTraceOptions o;
+  o.duration = std::chrono::minutes(30);
+  Trace t = GenerateNvcacheTrace(o);
+  EXPECT_EQ(t.kind, TraceKind::kBlock);
+  EXPECT_EQ(t.block, GenerateNvcacheTrace(o).block);
+  NvcacheTraceOptions other = o;
+  other.seed = 2;
+  EXPECT_NE(t.block, GenerateNvcacheTrace(other).block);
+  std::size_t reads = 0, writes = 0, hot = 0;
+  std::map<std::uint64_t, int> written;  // sector -> writes starting there
+  for (std::size_t i = 0; i < t.block.size(); ++i) {
+    const BlockEvent& e = t.block[i];
+    if (i > 0) {
+      EXPECT_LE(t.block[i - 1].time, e.time);
+    }
+    EXPECT_LE(e.sector + e.sectors, o.disk_sectors);
+    EXPECT_GE(e.sectors, 1u);
+    EXPECT_LT(e.time, TimePoint(std::chrono::minutes(30)));
+    if (e.write) {
+      ++writes;
+      ++written[e.sector];
+    } else {
+      ++reads;
+    }
+  }
+  EXPECT_GT(reads, writes);
+  // About writes_per_sync (8) per 30 s sync: 60 syncs -> ~480.
+  EXPECT_GT(writes, 300u);
+  EXPECT_LT(writes, 700u);
+  // The 64 most written places take most writes (the hot set: 80% of them).
+  std::vector<int> counts;
+  for (const auto& [sector, n] : written) counts.push_back(n);
+  std::sort(counts.rbegin(), counts.rend());
+  for (std::size_t i = 0; i < std::min<std::size_t>(64, counts.size()); ++i) hot += static_cast<std::size_t>(counts[i]);
+  EXPECT_GT(static_cast<double>(hot) / static_cast<double>(writes), 0.7);
+}
+
 }  // namespace
 }  // namespace ghost
