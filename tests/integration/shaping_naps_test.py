@@ -6,7 +6,7 @@ shaping_test) against a ghostfs started with --profile.
 laptop-2024 (its wifi-ac card wakes in 5 ms) with --policy static, the card held in CAM by two
 transfer hints that stay open through each download (other traffic, as the static policy's
 rule has it; rule 2: naps only in CAM, and STPM would keep a lone download in PSM): the same
-1 MB download with
+2 MB download with
 --shape off and --shape always, both held to the shaping paper's fixed 16 KiB receive buffer
 (--plain-rcvbuf and shape_buffer), as scripts/bench_shaping.py's fixed-window arm. Checks that
 the bodies are intact, that the shaped download made the daemon's card nap (stats "naps",
@@ -30,7 +30,7 @@ import harness  # noqa: E402
 import bench_shaping  # noqa: E402
 
 PLANNED = 9
-SIZE = 1_000_000
+SIZE = 2_000_000
 BUFFER = 16384
 
 
