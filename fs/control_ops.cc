@@ -113,7 +113,36 @@ nlohmann::json Daemon::StatsJson() const {
   out["model"] = {{"power_w", (pm_->base_power() + pm_->IdlePowerOfOthers(-1)).watts()}};
   if (hardware_) out["measured"] = MeasuredJson(*hardware_, clock_->Now() - started_);
   if (flash_) out["flash_log"] = flash_->StatsJson();
+  if (!options_.profile.empty()) {
+    // Naps of shaped downloads on the emulated card (the nap op; DESIGN §3.6). Their energy
+    // is in energy_j already: this says how much of it, and what they saved.
+    const Device::NapStats& n = machine_->network().nap_stats();
+    out["naps"] = {{"naps", n.naps},
+                   {"refused", n.refused},
+                   {"refused_slow_wake", n.refused_slow_wake},
+                   {"early", n.early},
+                   {"time_s", ToSeconds(n.time)},
+                   {"asleep_s", ToSeconds(n.asleep)},
+                   {"energy_j", n.energy.joules()},
+                   {"saved_j", n.saved.joules()}};
+  }
   return out;
+}
+
+void Daemon::ControlNap(const ControlRequest& request, ControlServer::Reply reply) {
+  const NapArgs& a = std::get<NapArgs>(request.args);
+  if (options_.profile.empty()) {
+    if (!a.begin) return reply(nlohmann::json::object());
+    return reply({{"napping", false}, {"reason", "no emulated card (ghostfs runs without --profile)"}});
+  }
+  Device& card = machine_->network();
+  if (!a.begin) {
+    card.EndNap();
+    return reply(nlohmann::json::object());
+  }
+  std::string why = card.TryShapingNap(Seconds(a.due_in_s), Seconds(a.min_rtt_s), Seconds(a.wake_lead_s));
+  if (!why.empty()) return reply({{"napping", false}, {"reason", why}});
+  reply({{"napping", true}});
 }
 
 void Daemon::PublishModes() {
@@ -156,6 +185,7 @@ void Daemon::HandleControl(const ControlRequest& request, ControlServer::Reply r
       {ControlOp::kTransfer, &Daemon::ControlStore},
       {ControlOp::kServed, &Daemon::ControlStore},
       {ControlOp::kSync, &Daemon::ControlSync},
+      {ControlOp::kNap, &Daemon::ControlNap},
   }};
   static_assert(InOpOrder(kOpHandlers), "kOpHandlers must list the ops in ControlOp's order");
   OpHandler handler = kOpHandlers[static_cast<std::size_t>(request.op)].second;

@@ -277,6 +277,14 @@ std::string StatsText(const json& s) {
   if (std::string measured = MeasuredText(s); !measured.empty()) {
     rows.push_back({"power", "model " + PowerText(Number(s, {"model", "power_w"})) + ", measured " + measured});
   }
+  if (const json* n = Find(s, {"naps"}); n != nullptr && n->is_object()) {
+    // Naps of shaped downloads on the emulated card (ghostproxy --mount; DESIGN §3.6).
+    rows.push_back({"naps", CountText(Number(*n, {"naps"})) + " (" +
+                                CountText(Number(*n, {"refused"})) + " refused), asleep " +
+                                DurationText(Number(*n, {"asleep_s"})) + ", " +
+                                EnergyText(Number(*n, {"energy_j"})) + ", saved " +
+                                EnergyText(Number(*n, {"saved_j"}))});
+  }
   rows.push_back({"requests", RequestsText(s, ", ")});
   rows.push_back({"ghost hints", CountText(Number(s, {"ghost_hints_sent"})) + " sent"});
   if (Find(s, {"fuse"}) != nullptr) {

@@ -117,6 +117,8 @@ class Daemon final : public GhostFs {
   void ControlFlush(const ControlRequest& request, ControlServer::Reply reply);
   void ControlSync(const ControlRequest& request, ControlServer::Reply reply);
   void ControlDropCaches(const ControlRequest& request, ControlServer::Reply reply);
+  // nap: a shaped download's nap on the emulated card (DESIGN §3.6; Device::TryShapingNap).
+  void ControlNap(const ControlRequest& request, ControlServer::Reply reply);
   // lookup, store, refresh, invalidate, transfer, served: the shared store (store_tree.cc).
   void ControlStore(const ControlRequest& request, ControlServer::Reply reply);
   nlohmann::json DevicesJson() const;

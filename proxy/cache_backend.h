@@ -89,6 +89,18 @@ class CacheBackend {
   // with it, proxy/shaper.h); nullopt while unknown. The default backend has no daemon.
   virtual std::optional<int> DaemonKnob() const { return std::nullopt; }
 
+  // A shaped download's card naps (DESIGN §3.6 rules 2–5; the daemon's "nap" op): the burst
+  // ended and the next is due `due_in` from now on a path of minimum RTT `min_rtt`; the card
+  // should be awake `wake_lead` before it. `done(napping, slow_wake)` says whether the daemon's
+  // emulated card naps, and whether it refused because it wakes too slowly for this round
+  // trip (rule 4: asking again for this download is pointless); it may never run (no daemon,
+  // a lost connection). NapEnd: the card must be awake now. The default backend has no card.
+  virtual void NapBegin(Duration due_in, Duration min_rtt, Duration wake_lead,
+                        std::function<void(bool napping, bool slow_wake)> done) {
+    (void)due_in, (void)min_rtt, (void)wake_lead, (void)done;
+  }
+  virtual void NapEnd() {}
+
   // The copy of `key` this process holds in RAM, if any (synchronous: a memory hit costs no
   // round trip). Its freshness is the caller's to judge, as for any stored response. The
   // default backend holds none.

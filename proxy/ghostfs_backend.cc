@@ -214,6 +214,26 @@ class GhostfsBackend final : public CacheBackend {
 
   std::optional<int> DaemonKnob() const override { return knob_; }
 
+  void NapBegin(Duration due_in, Duration min_rtt, Duration wake_lead,
+                std::function<void(bool napping, bool slow_wake)> done) override {
+    std::weak_ptr<bool> alive = alive_;
+    ctl_->Call(ControlOp::kNap,
+               {{"phase", "begin"}, {"due_in_s", ToSeconds(due_in)}, {"min_rtt_s", ToSeconds(min_rtt)},
+                {"wake_lead_s", ToSeconds(wake_lead)}},
+               [alive, done = std::move(done)](Result<json> r) {
+                 if (alive.expired() || !r.ok() || !r->is_object()) return;
+                 const bool napping = r->value("napping", false);
+                 const std::string reason = r->value("reason", "");
+                 // Rule 4's refusal, or a daemon with no emulated card: neither changes.
+                 const bool hopeless = reason.find("more than half") != std::string::npos ||
+                                       reason.find("no emulated card") != std::string::npos;
+                 if (done) done(napping, hopeless);
+               });
+  }
+  void NapEnd() override {
+    ctl_->Call(ControlOp::kNap, {{"phase", "end"}}, [](Result<json>) {});
+  }
+
   std::shared_ptr<const MemoryObject> FindInMemory(const std::string& key) override {
     if (!MemoryUsable()) return nullptr;
     return memory_.Find(key);

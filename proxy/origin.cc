@@ -93,6 +93,7 @@ void OriginConn::StartShaping(Bytes size) {
   const bool fixed = fixed_buffer_ || o.plain_buffer > 0;
   shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed,
                                              &proxy_->stats.shaping);
+  shaper_->SetCardBackend(proxy_->backend);
   if (read_paused_) shaper_->SetPaused(true);
 }
 

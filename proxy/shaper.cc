@@ -1,5 +1,7 @@
 #include "proxy/shaper.h"
 
+#include "proxy/cache_backend.h"
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -138,11 +140,10 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
                                                           std::chrono::nanoseconds(real.tv_nsec)) -
                      start_.time_since_epoch();
       LogCard("start", start_);
-      shaper_->SetCardListener([this](TimePoint when, bool awake) {
-        LogCard(awake ? "wake" : "sleep", when);
-      });
     }
   }
+  // Owned by shaper_, which this outlives.
+  shaper_->SetCardListener([this](TimePoint when, bool awake) { OnCard(when, awake); });
   std::string why;
   tap_ = ArrivalTap::Open(fd_, clock_, &why);
   if (tap_) {
@@ -195,6 +196,27 @@ UpstreamShaper::~UpstreamShaper() {
       ++stats_->slowdown_count;
     }
   }
+}
+
+void UpstreamShaper::OnCard(TimePoint when, bool awake) {
+  if (card_log_ != nullptr) LogCard(awake ? "wake" : "sleep", when);
+  if (card_backend_ == nullptr || naps_hopeless_) return;
+  if (awake) {
+    if (daemon_napping_) card_backend_->NapEnd();
+    daemon_napping_ = false;
+    return;
+  }
+  std::optional<TimePoint> due = shaper_->nap_due();
+  const TimePoint now = clock_->Now();
+  if (!due || *due <= now) return;
+  daemon_napping_ = true;  // until the reply says otherwise; a NapEnd then does no harm
+  std::weak_ptr<bool> alive = alive_;
+  card_backend_->NapBegin(*due - now, shaper_->min_rtt(), shaper_->wake_lead(),
+                          [this, alive](bool napping, bool hopeless) {
+                            if (alive.expired()) return;
+                            if (!napping && !shaper_->card_awake()) daemon_napping_ = false;
+                            if (hopeless) naps_hopeless_ = true;
+                          });
 }
 
 void UpstreamShaper::LogCard(const char* what, TimePoint when) {

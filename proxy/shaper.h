@@ -137,6 +137,8 @@ std::string ShapingMetricsText(const ShapingStats& stats);
 // Sets SO_RCVBUF on a socket about to connect (or connected). Returns false on failure.
 bool SetShapingBuffer(int fd, int bytes);
 
+class CacheBackend;
+
 class UpstreamShaper {
  public:
   // Shapes what `bev` (a connected TCP socket, borrowed: must outlive this) reads. `stats` is
@@ -150,6 +152,11 @@ class UpstreamShaper {
   ~UpstreamShaper();
   UpstreamShaper(const UpstreamShaper&) = delete;
   UpstreamShaper& operator=(const UpstreamShaper&) = delete;
+
+  // The daemon whose emulated card naps with this download (DESIGN §3.6 rules 2–5): each
+  // sleep of the card model is a NapBegin (with the burst's due time), each wake-up a NapEnd.
+  // Borrowed; must outlive this. Null (the default): no daemon is told.
+  void SetCardBackend(CacheBackend* backend) { card_backend_ = backend; }
 
   // Back-pressure from the owner: true stops all reading (as bufferevent_disable did).
   void SetPaused(bool paused);
@@ -209,6 +216,12 @@ class UpstreamShaper {
   // GHOST_SHAPER_CARD_LOG: the card model's decisions, for scripts/bench-shaping.sh.
   void LogCard(const char* what, TimePoint when);
   std::FILE* card_log_ = nullptr;
+  // The card model slept or woke at `when`: the card log and the daemon's card.
+  void OnCard(TimePoint when, bool awake);
+  CacheBackend* card_backend_ = nullptr;
+  bool daemon_napping_ = false;  // the daemon accepted the last NapBegin (as far as known)
+  bool naps_hopeless_ = false;   // the daemon's card cannot nap on this path (rule 4)
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for the daemon's replies
   Duration real_offset_{};  // CLOCK_REALTIME − clock_ at the start
 };
 

@@ -200,6 +200,27 @@ Result<ControlArgs> ParseTransfer(const json& r) {
   return ControlArgs(out);
 }
 
+Result<ControlArgs> ParseNap(const json& r) {
+  NapArgs out;
+  const json* phase = Field(r, "phase");
+  std::string p = phase != nullptr && phase->is_string() ? phase->get<std::string>() : "";
+  if (p == "end") {
+    out.begin = false;
+    return ControlArgs(out);
+  }
+  if (p != "begin") return Bad("\"phase\" must be begin or end");
+  std::optional<double> due = NonNegative(r, "due_in_s", kMaxNapSeconds);
+  std::optional<double> rtt = NonNegative(r, "min_rtt_s", kMaxNapSeconds);
+  std::optional<double> lead = NonNegative(r, "wake_lead_s", kMaxNapSeconds);
+  if (!due || *due <= 0) return Bad("needs \"due_in_s\", seconds in (0, 60] until the next burst");
+  if (!rtt || *rtt <= 0) return Bad("needs \"min_rtt_s\", the path's minimum RTT in (0, 60] s");
+  if (!lead) return Bad("\"wake_lead_s\" must be a number of seconds in 0..60");
+  out.due_in_s = *due;
+  out.min_rtt_s = *rtt;
+  out.wake_lead_s = *lead;
+  return ControlArgs(out);
+}
+
 Result<ControlArgs> ParseServed(const json& r) {
   ServedArgs out;
   const json* memory = Field(r, "memory");
@@ -242,6 +263,7 @@ constexpr std::array<OpSpec, kControlOpCount> kOps = {{
     {ControlOp::kTransfer, "transfer", &ParseTransfer},
     {ControlOp::kServed, "served", &ParseServed},
     {ControlOp::kSync, "sync", &NoArguments},
+    {ControlOp::kNap, "nap", &ParseNap},
 }};
 
 constexpr bool TableInEnumOrder() {

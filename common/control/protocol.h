@@ -83,6 +83,17 @@
 //       event published on those topics is pushed to this connection until it closes
 //       (subscribing again adds topics). Result: {"topics":["modes","stats"]} (all now held).
 //
+//   nap {"phase": "begin", "due_in_s": D, "min_rtt_s": R, "wake_lead_s": L}  a shaped
+//       download's burst ended and its next one is due D seconds from now on a path whose
+//       minimum RTT is R; the proxy wants the card awake L before it (DESIGN §3.6 rules 2–5).
+//       With --profile the emulated card naps (Device::TryShapingNap): its lowest mode until
+//       D − L − its lowest→CAM time, then back in CAM. D and R in (0, kMaxNapSeconds], L in
+//       [0, kMaxNapSeconds]. Result: {"napping":true}, or {"napping":false,"reason":"..."} when
+//       refused (the card is not in CAM or is busy; it wakes too slowly for R, rule 4 — the
+//       proxy then stops asking for this download; no --profile). Counted in stats "naps".
+//     {"phase": "end"}  the card must be awake now (data came early, the download ended):
+//       the up transition starts now if it has not. Result: {}.
+//
 // ---- Topics (pushed {"event": topic, "data": ...}) ----
 //   modes   a device entered a mode, or a policy changed (knob set): data is the devices
 //           result, the whole array as `devices` returns it. (ghostctl also accepts one
@@ -133,8 +144,9 @@ enum class ControlOp {
   kTransfer,
   kServed,
   kSync,  // sends the queued IMAP operations now
+  kNap,   // a shaped download's nap on the emulated card (DESIGN §3.6)
 };
-inline constexpr std::size_t kControlOpCount = 15;
+inline constexpr std::size_t kControlOpCount = 16;
 
 // Every op, in the order above.
 const std::array<ControlOp, kControlOpCount>& AllControlOps();
@@ -200,8 +212,15 @@ struct ServedArgs {
   std::vector<std::pair<std::string, std::uint64_t>> memory;
   std::uint64_t bytes = 0;
 };
+inline constexpr double kMaxNapSeconds = 60;  // nap: due_in_s, min_rtt_s, wake_lead_s
+struct NapArgs {
+  bool begin = true;     // "begin" | "end"
+  double due_in_s = 0;   // begin: (0, kMaxNapSeconds]
+  double min_rtt_s = 0;  // begin: (0, kMaxNapSeconds]
+  double wake_lead_s = 0;  // begin: [0, kMaxNapSeconds], default 0
+};
 using ControlArgs = std::variant<NoArgs, StatusArgs, HintArgs, KnobArgs, SubscribeArgs,
-                                 ObjectArgs, TransferArgs, ServedArgs>;
+                                 ObjectArgs, TransferArgs, ServedArgs, NapArgs>;
 
 // Checks the arguments of a request (the whole object) for `op`. Success: the typed arguments
 // (the alternative documented for the op above). Failure: kInvalidArgument whose message says

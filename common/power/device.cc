@@ -17,6 +17,7 @@ Device::Device(Clock& clock, DeviceProfile profile, const Link* link, int initia
 Device::~Device() {
   if (timer_ != kNoTimer) clock_.Cancel(timer_);
   if (pump_timer_ != kNoTimer) clock_.Cancel(pump_timer_);
+  if (nap_timer_ != kNoTimer) clock_.Cancel(nap_timer_);
 }
 
 void Device::Attach(EnergyMeter* meter, Events events) {
@@ -42,7 +43,7 @@ void Device::Report(int mode, Power power) {
 void Device::RequestMode(int mode) {
   assert(mode >= 0 && mode < static_cast<int>(profile_.modes.size()));
   if (mode == target_mode()) return;
-  if (busy_ || transitioning_) {
+  if (busy_ || transitioning_ || napping()) {
     // Applied when the running work ends; a queued mode op goes in front of later I/O.
     pending_mode_ = mode;
     return;
@@ -55,6 +56,10 @@ void Device::Submit(const IoRequest& io, std::function<void()> done) {
   op.io = io;
   op.done = std::move(done);
   queue_.push_back(std::move(op));
+  if (napping()) {
+    EndNap();  // the I/O waits for the wake-up; NapDone starts it
+    return;
+  }
   if (!busy_ && !transitioning_) {
     // Start on the next turn so `done` never runs inside Submit and callers see a stable state.
     if (pump_timer_ == kNoTimer) pump_timer_ = clock_.ScheduleAfter(Duration::zero(), [this] {
@@ -65,7 +70,7 @@ void Device::Submit(const IoRequest& io, std::function<void()> done) {
 }
 
 void Device::Pump() {
-  if (busy_ || transitioning_) return;
+  if (busy_ || transitioning_ || napping()) return;
   if (pending_mode_) {
     int m = *pending_mode_;
     pending_mode_.reset();
@@ -217,6 +222,128 @@ void Device::EndIo() {
   Pump();
 }
 
+std::string Device::NapRefusal() const {
+  if (profile_.kind != DeviceKind::kNetwork) return "not a network card";
+  if (profile_.modes.size() < 2) return "the card has one mode";
+  if (napping()) return "napping already";
+  if (mode_ != profile_.HighPowerMode() || transitioning_ || pending_mode_) {
+    return "the card is not in " + profile_.modes[profile_.HighPowerMode()].name;
+  }
+  if (busy_ || !queue_.empty()) return "the card is busy";
+  return "";
+}
+
+std::string Device::TryShapingNap(Duration due_in, Duration min_rtt, Duration wake_lead) {
+  std::string why = NapRefusal();
+  if (why.empty()) {
+    const Transition down = profile_.TransitionCost(profile_.HighPowerMode(), profile_.LowestMode());
+    const Transition up = profile_.TransitionCost(profile_.LowestMode(), profile_.HighPowerMode());
+    if (2 * (up.time + wake_lead) > min_rtt) {
+      ++nap_stats_.refused_slow_wake;
+      char buf[160];
+      std::snprintf(buf, sizeof buf,
+                    "the card wakes in %.1f ms: with the %.1f ms lead, more than half the %.1f ms "
+                    "minimum RTT",
+                    ToSeconds(up.time) * 1e3, ToSeconds(wake_lead) * 1e3, ToSeconds(min_rtt) * 1e3);
+      why = buf;
+    } else if (due_in - wake_lead - up.time <= down.time) {
+      why = "too short to sleep";
+    } else {
+      BeginNap(clock_.Now() + due_in - wake_lead - up.time);
+      return "";
+    }
+  }
+  ++nap_stats_.refused;
+  return why;
+}
+
+void Device::BeginNap(TimePoint wake_start) {
+  assert(NapRefusal().empty());
+  const TimePoint now = clock_.Now();
+  nap_begin_ = now;
+  nap_wake_ = wake_start;
+  nap_energy_before_ = nap_stats_.energy;
+  ++nap_stats_.naps;
+  const Transition down = profile_.TransitionCost(mode_, profile_.LowestMode());
+  nap_ = NapPhase::kDown;
+  nap_phase_start_ = now;
+  nap_stats_.energy += down.energy;
+  if (down.time > Duration::zero()) Report(EnergyMeter::kInTransition, down.energy / down.time);
+  nap_timer_ = clock_.ScheduleAt(now + down.time, [this] {
+    nap_timer_ = kNoTimer;
+    NapStep();
+  });
+  if (events_.nap) events_.nap(true);
+}
+
+void Device::NapStep() {
+  const TimePoint now = clock_.Now();
+  switch (nap_) {
+    case NapPhase::kDown:
+      nap_ = NapPhase::kAsleep;
+      nap_phase_start_ = now;
+      Report(profile_.LowestMode(), IdlePower(profile_.LowestMode()));
+      if (nap_wake_ <= now) {
+        NapWake(now);
+      } else {
+        nap_timer_ = clock_.ScheduleAt(nap_wake_, [this] {
+          nap_timer_ = kNoTimer;
+          NapStep();
+        });
+      }
+      break;
+    case NapPhase::kAsleep:
+      NapWake(now);
+      break;
+    case NapPhase::kUp:
+      NapDone();
+      break;
+    case NapPhase::kNone:
+      break;
+  }
+}
+
+void Device::NapWake(TimePoint now) {
+  assert(nap_ == NapPhase::kAsleep);
+  const Duration slept = now - nap_phase_start_;
+  nap_stats_.asleep += slept;
+  nap_stats_.energy += IdlePower(profile_.LowestMode()) * slept;
+  const Transition up = profile_.TransitionCost(profile_.LowestMode(), profile_.HighPowerMode());
+  nap_ = NapPhase::kUp;
+  nap_phase_start_ = now;
+  nap_stats_.energy += up.energy;
+  if (up.time > Duration::zero()) Report(EnergyMeter::kInTransition, up.energy / up.time);
+  if (nap_timer_ != kNoTimer) clock_.Cancel(nap_timer_);
+  nap_timer_ = clock_.ScheduleAt(now + up.time, [this] {
+    nap_timer_ = kNoTimer;
+    NapStep();
+  });
+}
+
+void Device::NapDone() {
+  const TimePoint now = clock_.Now();
+  nap_ = NapPhase::kNone;
+  const Duration total = now - nap_begin_;
+  nap_stats_.time += total;
+  // Saved against idling in mode 0 all along (negative when the transitions cost more).
+  nap_stats_.saved += IdlePower(mode_) * total - (nap_stats_.energy - nap_energy_before_);
+  Report(mode_, IdlePower(mode_));
+  if (queue_.empty() && !pending_mode_) idle_since_ = now;
+  if (events_.nap) events_.nap(false);
+  Pump();
+}
+
+void Device::EndNap() {
+  const TimePoint now = clock_.Now();
+  if (nap_ == NapPhase::kAsleep) {
+    ++nap_stats_.early;
+    NapWake(now);
+  } else if (nap_ == NapPhase::kDown && nap_wake_ > now) {
+    ++nap_stats_.early;
+    nap_wake_ = now;  // up as soon as the down transition ends
+  }
+}
+
 void Device::AssertInvariants() const {
   auto fail = [this](const char* what) {
     std::fprintf(stderr, "ghost: device %s: broken invariant: %s\n", profile_.name.c_str(), what);
@@ -226,6 +353,10 @@ void Device::AssertInvariants() const {
   if (busy_ && transitioning_) fail("busy and transitioning at once");
   if (busy_ && !profile_.modes[mode_].serves_io) fail("busy in a mode that serves no I/O");
   if ((busy_ || transitioning_) && timer_ == kNoTimer) fail("work in progress with no timer");
+  if (napping() && (busy_ || transitioning_ || mode_ != profile_.HighPowerMode())) {
+    fail("napping while busy, in transition or out of mode 0");
+  }
+  if (napping() != (nap_timer_ != kNoTimer)) fail("a nap without its timer, or a timer without a nap");
 }
 
 }  // namespace ghost

@@ -29,6 +29,7 @@
 #ifndef GHOST_COMMON_POWER_DEVICE_H_
 #define GHOST_COMMON_POWER_DEVICE_H_
 
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -73,6 +74,8 @@ class Device {
     std::function<void(int mode)> mode_entered;
     std::function<void(const IoRequest&)> io_begin;
     std::function<void(const IoRequest&)> io_end;
+    // A nap began (true) or ended (false): see BeginNap.
+    std::function<void(bool napping)> nap;
   };
 
   // Borrows `clock` and `link` (network devices only; may be null for others), which must
@@ -98,7 +101,7 @@ class Device {
   bool busy() const { return busy_; }
   // I/O in flight or queued (a transition alone is not work).
   bool has_work() const { return busy_ || !queue_.empty(); }
-  bool idle() const { return !busy_ && !transitioning_ && queue_.empty(); }
+  bool idle() const { return !busy_ && !transitioning_ && queue_.empty() && nap_ == NapPhase::kNone; }
   // When the device last became idle (no I/O in flight or queued).
   TimePoint idle_since() const { return idle_since_; }
 
@@ -120,9 +123,54 @@ class Device {
   // (Link::warm_round_trips).
   IoPlan PlanIo(const IoRequest& io, int mode, TimePoint start) const;
 
+  // ---- Naps (network cards; download shaping, DESIGN §3.6 rules 2–5) ----
+  // A nap is a short sleep between two bursts of a shaped download, not a mode switch: the
+  // card goes to its lowest mode (paying the profile's CAM→lowest transition), sleeps, and
+  // from `wake_start` comes back to mode 0 (paying lowest→CAM), so that it is in CAM again
+  // by wake_start + the profile's lowest→CAM time. mode() stays mode 0 throughout and no
+  // mode_entered event is sent (the policy sees Events::nap instead); the meter is told the
+  // powers (transitions as kInTransition, the sleep as the lowest mode) but counts no
+  // transition. I/O submitted during a nap ends it at once (the I/O waits for the wake-up);
+  // a mode request is kept pending until it ends.
+  //
+  // Why not, or "" when a nap may begin now: a network device idle in mode 0 (rule 2: not in
+  // PSM, not in or heading to another mode), with no I/O, not napping already.
+  std::string NapRefusal() const;
+  // Begins a nap now. Precondition: NapRefusal() is empty. A wake_start before the end of
+  // the down transition wakes right after it.
+  void BeginNap(TimePoint wake_start);
+  // Wakes early: the up transition starts now (after the down one, if that still runs).
+  // Does nothing when not napping or already waking.
+  void EndNap();
+  bool napping() const { return nap_ != NapPhase::kNone; }
+  // A shaped download's nap (DESIGN §3.6): the next burst is due `due_in` from now on a path
+  // whose minimum RTT is `min_rtt`; the shaper wants the card awake `wake_lead` before it.
+  // Refused (the reason returned, counted in nap_stats) when NapRefusal says so (rule 2), when
+  // the card's lowest→CAM time plus wake_lead exceeds min_rtt / 2 (rule 4: a card that wakes
+  // slowly never naps), or when the sleep would not outlast the down transition; otherwise
+  // begins a nap whose up transition starts at now + due_in − wake_lead − lowest→CAM time
+  // (rule 3) and returns "".
+  std::string TryShapingNap(Duration due_in, Duration min_rtt, Duration wake_lead);
+  struct NapStats {
+    std::int64_t naps = 0;      // begun
+    std::int64_t refused = 0;   // TryShapingNap said no
+    std::int64_t refused_slow_wake = 0;  // of which by rule 4
+    std::int64_t early = 0;     // ended before their planned wake-up (EndNap, I/O)
+    Duration time{0};           // from each nap's begin to its return to mode 0
+    Duration asleep{0};         // of which in the lowest mode
+    Energy energy;              // drawn during naps, transitions included
+    Energy saved;               // against idling in mode 0 for the same time (may be < 0)
+  };
+  const NapStats& nap_stats() const { return nap_stats_; }
+
   void AssertInvariants() const;
 
  private:
+  enum class NapPhase { kNone, kDown, kAsleep, kUp };
+  void NapStep();  // the nap timer fired: next phase
+  void NapWake(TimePoint now);
+  void NapDone();
+
   struct Op {
     bool is_mode = false;
     int mode = 0;
@@ -158,6 +206,13 @@ class Device {
   std::optional<TimePoint> last_transfer_end_;  // network: for connection reuse
   TimerId timer_ = kNoTimer;       // transition end, I/O phase or I/O end
   TimerId pump_timer_ = kNoTimer;  // deferred start of work submitted while idle
+  NapPhase nap_ = NapPhase::kNone;
+  TimePoint nap_begin_{};
+  TimePoint nap_wake_{};        // planned start of the up transition
+  TimePoint nap_phase_start_{};
+  TimerId nap_timer_ = kNoTimer;
+  Energy nap_energy_before_;  // nap_stats_.energy when this nap began
+  NapStats nap_stats_;
 };
 
 }  // namespace ghost

@@ -40,6 +40,9 @@ DeviceId PowerManager::Register(Device* device, std::unique_ptr<DevicePolicy> po
   events.io_end = [this, id](const IoRequest& io) {
     if (auto* p = entries_[id]->policy.get()) p->OnIoEnd(io);
   };
+  events.nap = [this, id](bool napping) {
+    if (auto* p = entries_[id]->policy.get()) p->OnNap(napping);
+  };
   device->Attach(&meter_, std::move(events));
   if (auto* p = entries_[id]->policy.get()) p->Attach(*this, id, *device);
   return id;

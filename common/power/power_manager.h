@@ -63,6 +63,8 @@ class DevicePolicy {
   virtual void OnTransferBegin() {}
   virtual void OnTransferEnd() {}
   virtual void OnKnobChanged(int /*knob*/) {}
+  // The device began (true) or ended (false) a nap (Device::BeginNap): not a mode change.
+  virtual void OnNap(bool /*napping*/) {}
   // Background work (cache fills, deferred writes) waiting for the device: the policy may
   // keep the device asleep (STPM) or wake it (a policy that does not defer writes).
   virtual bool DefersBackgroundWrites() const { return true; }

@@ -270,7 +270,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         if (state_ == ShaperState::kSaving && awake_ && expected_) {
           const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
           if (wake > end + options_.wnic.wake) {
-            Sleep(end);
+            Sleep(end, *expected_);
             wake_at_ = wake;
           }
         }
@@ -285,7 +285,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       if (state_ == ShaperState::kSaving) {
         const TimePoint wake = end + min_rtt() - options_.wake_lead - options_.wnic.wake;
         if (wake > end + options_.wnic.wake) {
-          Sleep(end);
+          Sleep(end, end + min_rtt());
           wake_at_ = wake;
         }
       }
@@ -363,6 +363,7 @@ void DownloadShaper::OnOpened(TimePoint now) {
   opened_at_ = now;
   expected_ = now + min_rtt();
   if (!awake_) {
+    nap_due_ = expected_;
     const TimePoint wake = now + min_rtt() - options_.wake_lead - options_.wnic.wake;
     if (wake <= now) {
       Wake(now);
@@ -373,8 +374,9 @@ void DownloadShaper::OnOpened(TimePoint now) {
   AssertInvariants();
 }
 
-void DownloadShaper::Sleep(TimePoint now) {
+void DownloadShaper::Sleep(TimePoint now, TimePoint due) {
   if (!awake_) return;
+  nap_due_ = due;
   stats_.awake += now - since_;
   since_ = now;
   awake_ = false;

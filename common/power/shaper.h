@@ -191,6 +191,10 @@ class DownloadShaper {
   // A burst ended: the adapter should drain the socket and call OnOpened.
   bool wants_open() const { return wants_open_; }
   bool card_awake() const { return awake_; }
+  // While the card sleeps: when the burst it sleeps for is due (its wake-up is wake_lead and
+  // the wake-up time before it); nullopt while awake.
+  std::optional<TimePoint> nap_due() const { return awake_ ? std::nullopt : nap_due_; }
+  Duration wake_lead() const { return options_.wake_lead; }
   ShaperState state() const { return state_; }
   const ShaperStats& stats() const { return stats_; }
   Duration min_rtt() const { return min_rtt_ ? *min_rtt_ : options_.default_rtt; }
@@ -207,7 +211,7 @@ class DownloadShaper {
   void EndBurst(TimePoint now, TimePoint last, bool cut = false);
   void Judge(bool missing, bool mistaken, bool saturated, double packets);
   void Enter(ShaperState next);
-  void Sleep(TimePoint now);
+  void Sleep(TimePoint now, TimePoint due);
   void Wake(TimePoint now);
   double MaxSlowdown() const;
 
@@ -237,6 +241,7 @@ class DownloadShaper {
   std::optional<TimePoint> opened_at_;   // the open whose burst has not begun
   std::optional<TimePoint> expected_;    // opened_at_ + min RTT: when its burst is due
   std::optional<TimePoint> wake_at_;     // while asleep
+  std::optional<TimePoint> nap_due_;     // while asleep: the burst it sleeps for is due
   bool awake_ = true;
   TimePoint since_{};                    // last card transition, for the time totals
   bool finished_ = false;

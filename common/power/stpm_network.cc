@@ -136,6 +136,15 @@ void StpmNetworkPolicy::OnModeEntered(int mode) {
   }
 }
 
+void StpmNetworkPolicy::OnNap(bool napping) {
+  if (napping) {
+    CancelIdleTimer();
+  } else {
+    // Device::idle() is false during a nap, so nothing re-armed the timer meanwhile.
+    MaybeArmIdleTimer(clock_->Now());
+  }
+}
+
 void StpmNetworkPolicy::OnKnobChanged(int) {
   // The plans cover every knob; only the running idle clock needs the new τ.
   if (idle_in_cam_) MaybeArmIdleTimer(idle_from_);

@@ -216,6 +216,10 @@ class StpmNetworkPolicy : public DevicePolicy {
   void OnTransferBegin() override;
   void OnTransferEnd() override;
   void OnKnobChanged(int knob) override;
+  // A shaped download's nap (DESIGN §3.6 rule 5): the CAM→PSM idle timer is held while it
+  // lasts and the idle clock restarts at its end. A nap is neither a transfer nor a mode
+  // switch nor an idle gap: the histograms do not see it.
+  void OnNap(bool napping) override;
   std::string name() const override { return "stpm-net"; }
   // E.g. "stpm-net K=50: CAM after 3 transfers, PSM after 0.8 s idle" (thresholds as of the
   // last histogram sample).

@@ -985,3 +985,32 @@ TEST_F(ControlTest, AsyncClientMatchesRepliesFailsPendingCallsOnCloseAndReconnec
 
 }  // namespace
 }  // namespace ghost
+
+namespace ghost {
+namespace {
+
+TEST(ControlProtocolTest, NapArgumentsAreTypedAndRangeChecked) {
+  auto begin = ParseControlArgs(ControlOp::kNap, json{{"phase", "begin"}, {"due_in_s", 0.06},
+                                                      {"min_rtt_s", 0.06}, {"wake_lead_s", 0.002}});
+  ASSERT_TRUE(begin.ok()) << begin.status().ToString();
+  const NapArgs& a = std::get<NapArgs>(*begin);
+  EXPECT_TRUE(a.begin);
+  EXPECT_DOUBLE_EQ(a.due_in_s, 0.06);
+  EXPECT_DOUBLE_EQ(a.min_rtt_s, 0.06);
+  EXPECT_DOUBLE_EQ(a.wake_lead_s, 0.002);
+  auto end = ParseControlArgs(ControlOp::kNap, json{{"phase", "end"}});
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(std::get<NapArgs>(*end).begin);
+  for (const json& bad : {json{{"phase", "nap"}}, json{{"phase", "begin"}, {"min_rtt_s", 0.06}},
+                          json{{"phase", "begin"}, {"due_in_s", 0}, {"min_rtt_s", 0.06}},
+                          json{{"phase", "begin"}, {"due_in_s", 0.06}, {"min_rtt_s", -1}},
+                          json{{"phase", "begin"}, {"due_in_s", 61}, {"min_rtt_s", 0.06}},
+                          json{{"phase", "begin"}, {"due_in_s", 0.06}, {"min_rtt_s", 0.06},
+                               {"wake_lead_s", "2ms"}}}) {
+    EXPECT_FALSE(ParseControlArgs(ControlOp::kNap, bad).ok()) << bad.dump();
+  }
+  EXPECT_EQ(ParseControlOp("nap"), ControlOp::kNap);
+}
+
+}  // namespace
+}  // namespace ghost

@@ -29,8 +29,9 @@ Link ColdLink(Link link) {
 }
 
 struct Rig {
-  Rig(const MachineProfile& machine, const DeviceProfile& card, int knob)
-      : link(ColdLink(machine.link)), nic(clock, card, &link, kPsm), pm(clock, Power::Watts(1.44), knob) {
+  Rig(const MachineProfile& machine, const DeviceProfile& card, int knob, int initial_mode = kPsm)
+      : link(ColdLink(machine.link)), nic(clock, card, &link, initial_mode),
+        pm(clock, Power::Watts(1.44), knob) {
     auto p = std::make_unique<StpmNetworkPolicy>();
     policy = p.get();
     id = pm.Register(&nic, std::move(p));
@@ -294,6 +295,171 @@ TEST_F(StpmNetworkTest, FullKnobStaysInCamAcrossLongGaps) {
   ASSERT_TRUE(rig->policy->IdleTimeout().has_value());
   rig->clock.RunUntilIdle();
   EXPECT_EQ(rig->nic.mode(), kPsm);
+}
+
+// ---- Naps of a shaped download (DESIGN §3.6, rules 2–5) -------------------------------------
+
+// A card that wakes fast (wifi-ac: 5 ms, 6 mJ each way; CAM 850 mW, PSM 75 mW) under STPM, in
+// CAM: what a shaped download on a 60 ms path naps with.
+class ShapingNapTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto machine = LoadMachineProfile("laptop-2024", GHOST_PROFILE_DIR);
+    ASSERT_TRUE(machine.ok()) << machine.status().ToString();
+    machine_ = *machine;
+    const DeviceProfile* card = machine_.FindDevice(DeviceKind::kNetwork);
+    ASSERT_NE(card, nullptr);
+    ASSERT_EQ(card->name, "wifi-ac");
+    card_ = *card;
+  }
+  std::unique_ptr<Rig> MakeRig(int mode) { return std::make_unique<Rig>(machine_, card_, 50, mode); }
+  static const DeviceEnergy& Card(const EnergyReport& r) { return r.devices.at(0); }
+
+  MachineProfile machine_;
+  DeviceProfile card_;
+};
+
+constexpr Duration kRtt = Millis(60);
+constexpr Duration kLead = Millis(2);
+
+TEST_F(ShapingNapTest, Rule2NoNapOutsideCam) {
+  auto rig = MakeRig(kPsm);
+  std::string why = rig->nic.TryShapingNap(kRtt, kRtt, kLead);
+  EXPECT_NE(why, "") << "a card in PSM already sleeps between beacons";
+  EXPECT_FALSE(rig->nic.napping());
+  EXPECT_EQ(rig->nic.nap_stats().naps, 0);
+  EXPECT_EQ(rig->nic.nap_stats().refused, 1);
+  EXPECT_EQ(rig->nic.nap_stats().refused_slow_wake, 0);
+  // Busy in CAM is no nap either.
+  auto cam = MakeRig(kCam);
+  cam->nic.Submit({kItem, false}, [] {});
+  EXPECT_NE(cam->nic.TryShapingNap(kRtt, kRtt, kLead), "");
+  EXPECT_FALSE(cam->nic.napping());
+}
+
+TEST_F(ShapingNapTest, Rule3NapSleepsInTheLowestModeAndIsBackInCamBeforeTheBurst) {
+  auto rig = MakeRig(kCam);
+  const StpmNetworkStats before = rig->policy->stats();
+  const EnergyReport r0 = rig->pm.meter().Read();
+  const TimePoint start = rig->clock.Now();
+  ASSERT_EQ(rig->nic.TryShapingNap(kRtt, kRtt, kLead), "");
+  EXPECT_TRUE(rig->nic.napping());
+  EXPECT_EQ(rig->nic.mode(), kCam) << "a nap is not a mode change";
+  // Back in CAM wake_lead before the burst is due: the up transition (5 ms) starts at
+  // 60 − 2 − 5 = 53 ms and ends at 58 ms.
+  rig->clock.RunUntil(start + kRtt - kLead - Millis(1));
+  EXPECT_TRUE(rig->nic.napping());
+  rig->clock.RunUntil(start + kRtt - kLead);
+  EXPECT_FALSE(rig->nic.napping());
+  EXPECT_TRUE(rig->nic.idle());
+  const EnergyReport r1 = rig->pm.meter().Read();
+  // Down 6 mJ + 48 ms at 75 mW (3.6 mJ) + up 6 mJ = 15.6 mJ, against 58 ms at 850 mW.
+  EXPECT_NEAR((Card(r1).energy - Card(r0).energy).millijoules(), 15.6, 1e-6);
+  EXPECT_NEAR(rig->nic.nap_stats().energy.millijoules(), 15.6, 1e-6);
+  EXPECT_NEAR(rig->nic.nap_stats().saved.millijoules(), 58 * 0.85 - 15.6, 1e-6);
+  EXPECT_EQ(rig->nic.nap_stats().time, Millis(58));
+  EXPECT_EQ(rig->nic.nap_stats().asleep, Millis(48));
+  EXPECT_NEAR(Card(r1).time_in_mode[kPsm] / Millis(1) - Card(r0).time_in_mode[kPsm] / Millis(1), 48, 1e-9);
+  // Not an STPM mode switch, not a transfer, no run and no gap sample; the meter counts no
+  // transition.
+  EXPECT_EQ(Card(r1).transitions, Card(r0).transitions);
+  const StpmNetworkStats& after = rig->policy->stats();
+  EXPECT_EQ(after.transfers, before.transfers);
+  EXPECT_EQ(after.runs, before.runs);
+  EXPECT_EQ(after.switches_to_cam, before.switches_to_cam);
+  EXPECT_EQ(after.switches_to_psm, before.switches_to_psm);
+  rig->nic.AssertInvariants();
+  rig->policy->AssertInvariants();
+}
+
+TEST_F(ShapingNapTest, Rule3IoDuringANapWaitsForTheWakeUp) {
+  auto rig = MakeRig(kCam);
+  const TimePoint start = rig->clock.Now();
+  ASSERT_EQ(rig->nic.TryShapingNap(kRtt, kRtt, kLead), "");
+  rig->clock.RunUntil(start + Millis(20));
+  bool done = false;
+  rig->nic.Submit({kItem, false}, [&done] { done = true; });
+  EXPECT_TRUE(rig->nic.napping()) << "waking takes the profile's 5 ms";
+  EXPECT_EQ(rig->nic.nap_stats().early, 1);
+  rig->clock.RunUntil(start + Millis(25));
+  EXPECT_FALSE(rig->nic.napping());
+  while (!done && rig->clock.RunNext()) {
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(rig->nic.nap_stats().time, Millis(25));
+}
+
+TEST_F(ShapingNapTest, EndNapWakesEarly) {
+  auto rig = MakeRig(kCam);
+  const TimePoint start = rig->clock.Now();
+  ASSERT_EQ(rig->nic.TryShapingNap(kRtt, kRtt, kLead), "");
+  rig->clock.RunUntil(start + Millis(10));
+  rig->nic.EndNap();
+  rig->clock.RunUntil(start + Millis(15));
+  EXPECT_FALSE(rig->nic.napping());
+  EXPECT_EQ(rig->nic.nap_stats().asleep, Millis(5));
+  rig->nic.EndNap();  // not napping: nothing
+  EXPECT_EQ(rig->nic.nap_stats().early, 1);
+}
+
+TEST_F(ShapingNapTest, Rule4NoNapWhenTheCardWakesSlowly) {
+  // The Cisco 350 (400 ms PSM→CAM) never naps on a 60 ms path; the WaveLAN (2 ms) does.
+  auto machine = LoadMachineProfile("ipaq-2004", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(machine.ok());
+  const DeviceProfile* cisco = machine->FindDevice(DeviceKind::kNetwork);
+  ASSERT_NE(cisco, nullptr);
+  Rig slow(*machine, *cisco, 50, kCam);
+  std::string why = slow.nic.TryShapingNap(kRtt, kRtt, kLead);
+  EXPECT_NE(why.find("more than half"), std::string::npos) << why;
+  EXPECT_FALSE(slow.nic.napping());
+  EXPECT_EQ(slow.nic.nap_stats().refused_slow_wake, 1);
+  EXPECT_EQ(slow.nic.nap_stats().naps, 0);
+  // Even a very long due time: rule 4 is about the round trip.
+  EXPECT_NE(slow.nic.TryShapingNap(Seconds(5), kRtt, kLead), "");
+
+  auto wavelan = LoadDeviceProfile("wavelan-2.4", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(wavelan.ok()) << wavelan.status().ToString();
+  // The boundary: 2 ms + lead 2 ms against half of an 8 ms and of a 7.9 ms round trip. (A
+  // fresh card each time: after a nap STPM may send the WaveLAN to sleep for real.)
+  auto nap = [&](Duration due, Duration rtt) {
+    Rig fast(*machine, *wavelan, 50, kCam);
+    return fast.nic.TryShapingNap(due, rtt, kLead);
+  };
+  EXPECT_EQ(nap(kRtt, kRtt), "");
+  EXPECT_EQ(nap(Millis(8), Millis(8)), "");
+  EXPECT_NE(nap(Millis(8), Millis(7.9)), "");
+  // A nap too short to reach sleep is refused, not charged.
+  EXPECT_NE(nap(Millis(4), kRtt), "");
+}
+
+TEST_F(ShapingNapTest, Rule5IdleTimerHeldDuringANap) {
+  auto rig = MakeRig(kCam);
+  // One transfer in CAM: with no history τ is the run gap, the card's break-even time
+  // (12 mJ / 775 mW = 15.5 ms), armed when the transfer ends.
+  rig->Transfer();
+  ASSERT_EQ(rig->nic.mode(), kCam);
+  std::optional<Duration> tau = rig->policy->IdleTimeout();
+  ASSERT_TRUE(tau.has_value()) << rig->policy->Describe();
+  ASSERT_GT(*tau, Millis(10));
+  const std::int64_t downs = rig->policy->switches_to_psm();
+  const TimePoint idle_from = rig->clock.Now();
+  // A nap that spans τ: no switch to PSM during it.
+  rig->clock.RunUntil(idle_from + *tau - Millis(5));
+  ASSERT_EQ(rig->policy->switches_to_psm(), downs);
+  const Duration due = Millis(500);
+  ASSERT_EQ(rig->nic.TryShapingNap(due, kRtt * 10, kLead), "");
+  const TimePoint nap_from = rig->clock.Now();
+  rig->clock.RunUntil(idle_from + *tau + Millis(100));
+  EXPECT_EQ(rig->policy->switches_to_psm(), downs) << "the idle timer is held during a nap";
+  EXPECT_TRUE(rig->nic.napping());
+  // The nap ends at 500 − 2 = 498 ms; the idle clock restarts there.
+  const TimePoint nap_end = nap_from + due - kLead;
+  rig->clock.RunUntil(nap_end);
+  EXPECT_FALSE(rig->nic.napping());
+  rig->clock.RunUntil(nap_end + *tau - Millis(1));
+  EXPECT_EQ(rig->policy->switches_to_psm(), downs);
+  rig->clock.RunUntil(nap_end + *tau + Millis(1));
+  EXPECT_EQ(rig->policy->switches_to_psm(), downs + 1);
 }
 
 }  // namespace
