@@ -39,6 +39,7 @@
 
 #include "common/base/clock.h"
 #include "common/imap/imap_client.h"
+#include "common/imap/imap_client_internal.h"
 #include "proxy/imap_deferred.h"
 #include "proxy/imap_wire.h"
 
@@ -229,6 +230,17 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // command that must wait for the queued changes to be sent first. True when taken here.
   bool HandleLocally(const imapwire::Command& cmd, const std::string& line);
   bool TryDeferStore(const imapwire::Command& cmd, const std::string& line);
+  // COPY / UID COPY to another mailbox: queued, one operation per message, answered OK (no
+  // COPYUID: the server has not assigned the UIDs yet).
+  bool TryDeferCopy(const imapwire::Command& cmd, const std::string& line);
+  // Reads the map first when it is not known (the command waits); true when it started that.
+  bool RefreshMapFirst(const std::string& line);
+  // APPEND (one message, to a mailbox other than the selected one, at most
+  // max_deferred_append bytes): its literal is read here (the proxy says "+" to a synchronizing
+  // one), journaled whole, and answered OK without APPENDUID. True when taken (the literal and the rest of the command then come here).
+  bool TryDeferAppend(const imapwire::Command& cmd);
+  // The rest of a deferred APPEND's command after its literal: must be the line end alone.
+  void FinishAppend(std::string_view segment);
   // Whether `cmd`'s answer depends on changes still queued for this user.
   bool NeedsQueueFirst(const imapwire::Command& cmd) const;
   bool HasQueued(const std::string& mailbox) const;
@@ -241,9 +253,10 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // Runs `fn` on a later turn of the loop, unless the session is gone by then.
   void Later(std::function<void()> fn);
   // Whether a change of this session goes to the queue now.
-  bool Defers() const {
+  bool Defers() const { return DefersUnselected() && Selected(); }
+  bool DefersUnselected() const {
     ImapDeferred* d = owner_->deferred.get();
-    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_) && Selected();
+    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_);
   }
   void ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f, std::uint32_t uid,
                       std::uint32_t seq, std::string key, std::string line);
@@ -293,6 +306,14 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   std::map<std::string, Pending> pending_;  // the client's commands sent to the server
   bool busy_ = false;                       // a command is being answered here
   std::string client_tag_;                  // of the command whose segments are arriving
+  // A deferred APPEND whose literal is arriving (TryDeferAppend).
+  struct AppendCapture {
+    std::string tag, mailbox, body;
+    std::vector<std::string> flags;
+    std::int64_t date = 0;
+    std::uint64_t size = 0;
+  };
+  std::optional<AppendCapture> append_;
   bool client_dropping_ = false;            // the current client command is not sent on
 
   // The session's mailbox view.
@@ -519,16 +540,22 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
     case K::kLiteralEnd:
       return;
     case K::kLiteralData:
+      if (append_) {
+        append_->body.append(ev.text);
+        return;
+      }
       if (!client_dropping_) ToServer(ev.text);
       return;
     case K::kSegment:
       break;
   }
   if (!ev.first) {
+    if (append_) return FinishAppend(ev.text);
     if (!client_dropping_) ToServer(ev.text);
     return;
   }
   client_dropping_ = false;
+  append_.reset();
   if (await_ == Await::kNone) {
     if (std::optional<imapwire::Command> c = imapwire::ParseCommand(ev.text)) {
       if (c->name == "STARTTLS") {
@@ -541,6 +568,7 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
                           "takes no password in clear)\r\n");
         return;
       }
+      if (c->name == "APPEND" && ev.literal && TryDeferAppend(*c)) return;
     }
   }
   if (offline_) return HandleOffline(ev.text);
@@ -664,6 +692,7 @@ bool ImapSession::TryCacheFetch(const imapwire::Command& cmd, const imapwire::Bo
 
 bool ImapSession::HandleLocally(const imapwire::Command& cmd, const std::string& line) {
   if (cmd.name == "UID STORE" && TryDeferStore(cmd, line)) return true;
+  if ((cmd.name == "COPY" || cmd.name == "UID COPY") && TryDeferCopy(cmd, line)) return true;
   if (cmd.name == "FETCH" || cmd.name == "UID FETCH") {
     if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(cmd.rest)) {
       if (TryCacheFetch(cmd, *f, line)) return true;
@@ -679,15 +708,7 @@ bool ImapSession::HandleLocally(const imapwire::Command& cmd, const std::string&
 bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string& line) {
   // Only in a state the answer cannot reorder: nothing of the client's outstanding.
   if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
-  if (!map_valid_) {
-    if (!esearch_ || !map_tag_.empty()) return false;
-    busy_ = true;
-    deferred_line_ = line;
-    map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
-    own_[map_tag_] = Own::kMapRefresh;
-    ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
-    return true;
-  }
+  if (!map_valid_) return RefreshMapFirst(line);
   std::optional<imapwire::UidStore> st = imapwire::ParseUidStore(cmd.rest, uids_);
   if (!st) return false;
   if (!st->silent) {
@@ -727,11 +748,109 @@ bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string&
   return true;
 }
 
+bool ImapSession::RefreshMapFirst(const std::string& line) {
+  if (map_valid_ || !esearch_ || !map_tag_.empty() || offline_ || !server_) return false;
+  busy_ = true;
+  deferred_line_ = line;
+  map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
+  own_[map_tag_] = Own::kMapRefresh;
+  ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
+  return true;
+}
+
+bool ImapSession::TryDeferCopy(const imapwire::Command& cmd, const std::string& line) {
+  // Only in a state the answer cannot reorder: nothing of the client's outstanding.
+  if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  if (!map_valid_) return RefreshMapFirst(line);
+  std::optional<imapwire::CopyCommand> cp = imapwire::ParseCopy(cmd.rest, uids_, cmd.name == "UID COPY");
+  if (!cp) return false;
+  std::string destination = NormalizeMailbox(cp->destination);
+  // A copy into the selected mailbox would have to show as EXISTS with UIDs nobody knows yet:
+  // it goes to the server.
+  if (destination == selected_) return false;
+  for (std::uint32_t uid : cp->uids) {
+    ImapOp op;
+    op.kind = ImapOp::Kind::kCopy;
+    op.origin = user_;
+    op.mailbox = selected_;
+    op.uidvalidity = uidvalidity_;
+    op.uid = uid;
+    op.destination = destination;
+    Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred COPY: %s\n", r.status().ToString().c_str());
+      ToClient(cmd.tag + " NO [SERVERBUG] Ghost: the copy could not be journaled (" + r.status().message() +
+               "); messages before UID " + std::to_string(uid) + " were copied\r\n");
+      return true;
+    }
+  }
+  ++owner_->stats.deferred_copies;
+  ToClient(cmd.tag + " OK " + cmd.name + " completed (Ghost: deferred until the network is up)\r\n");
+  return true;
+}
+
+bool ImapSession::TryDeferAppend(const imapwire::Command& cmd) {
+  if (!DefersUnselected() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  std::optional<imapwire::AppendCommand> a = imapwire::ParseAppend(cmd.rest);
+  if (!a || a->size > owner_->options.max_deferred_append) return false;
+  std::string mailbox = NormalizeMailbox(a->mailbox);
+  // APPEND to the selected mailbox goes to the server: its EXISTS and the new UID come from
+  // there (a deferred one would leave the client's view without the message it was told of).
+  if (Selected() && mailbox == selected_) return false;
+  AppendCapture c;
+  if (!a->date.empty()) {
+    std::optional<std::int64_t> date = imap::ParseInternalDate(a->date);
+    if (!date) return false;  // the server says BAD
+    c.date = *date;
+  }
+  c.tag = cmd.tag;
+  c.mailbox = std::move(mailbox);
+  c.flags = std::move(a->flags);
+  c.size = a->size;
+  c.body.reserve(a->size);
+  append_ = std::move(c);
+  client_dropping_ = true;  // nothing of this command goes to the server
+  if (!a->nonsync) ToClient("+ Ghost: ready for the message (deferred until the network is up)\r\n");
+  return true;
+}
+
+void ImapSession::FinishAppend(std::string_view segment) {
+  AppendCapture a = std::move(*append_);
+  append_.reset();
+  if (!imapwire::StripEol(segment).empty()) {
+    // MULTIAPPEND's next message or a malformed end: refused whole, nothing was queued. The
+    // rest of the command (its literals) is dropped.
+    ToClient(a.tag + " NO [CANNOT] Ghost: only one message per APPEND while the network sleeps; "
+                     "nothing was appended\r\n");
+    return;
+  }
+  if (a.body.size() != a.size) {
+    ToClient(a.tag + " BAD Ghost: the message is shorter than announced\r\n");
+    return;
+  }
+  ImapOp op;
+  op.kind = ImapOp::Kind::kAppend;
+  op.origin = user_;
+  op.mailbox = a.mailbox;
+  op.flags = a.flags;
+  op.internaldate = a.date;
+  op.body = std::move(a.body);
+  Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+  if (!r.ok()) {
+    std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred APPEND: %s\n", r.status().ToString().c_str());
+    ToClient(a.tag + " NO [SERVERBUG] Ghost: the message could not be journaled (" + r.status().message() +
+             "); nothing was appended\r\n");
+    return;
+  }
+  ++owner_->stats.deferred_appends;
+  ToClient(a.tag + " OK APPEND completed (Ghost: deferred until the network is up)\r\n");
+}
+
 bool ImapSession::HasQueued(const std::string& mailbox) const {
   ImapDeferred* d = owner_->deferred.get();
   if (!d || user_.empty() || !d->CanSendFor(user_)) return false;
   for (const ImapOp& op : d->queue().pending()) {
-    if (op.origin == user_ && op.mailbox == mailbox) return true;
+    if (op.origin == user_ && (op.mailbox == mailbox || op.destination == mailbox)) return true;
   }
   return false;
 }
@@ -1404,6 +1523,8 @@ void ImapSession::HandleOffline(std::string_view line) {
     if (!f || !TryCacheFetch(*c, *f, std::string(line))) Unavailable(tag, "only whole bodies of cached messages");
   } else if (n == "UID STORE") {
     if (!TryDeferStore(*c, std::string(line))) Unavailable(tag, "this change cannot be deferred");
+  } else if (n == "COPY" || n == "UID COPY") {
+    if (!TryDeferCopy(*c, std::string(line))) Unavailable(tag, "this copy cannot be deferred");
   } else {
     Unavailable(tag, n + " needs the server");
   }

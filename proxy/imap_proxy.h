@@ -63,19 +63,30 @@
 //     of a mailbox with queued changes; EXPUNGE and CLOSE only when a queued change adds or
 //     removes \Deleted, as mbsync closes the mailbox after every sync) waits until the queue
 //     has been sent, then goes to the server. A cache hit's \Seen is queued the same way.
+//     "COPY/UID COPY set MAILBOX" to a mailbox other than the selected one (the set resolved
+//     through the map) is queued the same way, one operation per message, and answered OK
+//     without COPYUID. "APPEND MAILBOX [(flags)] [date] {n}" (or {n+}) of one message of at most
+//     max_deferred_append bytes to a mailbox other than the selected one: the proxy says "+"
+//     itself to a synchronizing literal, reads the message, journals it whole and answers OK
+//     without APPENDUID; a MULTIAPPEND's second message gets NO [CANNOT] and nothing is queued.
+//     A COPY or APPEND into the selected mailbox goes to the server (its EXISTS and UID can only
+//     come from there). A queued copy or append counts as a queued change of its destination
+//     (STATUS, SELECT of it send the queue first), and a queued copy as one that touches
+//     \Deleted in its source (EXPUNGE, CLOSE send the queue first, so the copy is made before
+//     the original goes).
 //   - Offline: when the server cannot be reached (refused, unreachable, or silent for
 //     `timeout` while connecting), the proxy greets the client itself. A login the server
 //     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
 //     never the password) is taken; SELECT/EXAMINE of a mailbox a session had open gives its
 //     last UID map and flags (kept in RAM); whole-body fetches of cached messages are served
-//     from the cache; UID STORE is deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
+//     from the cache; UID STORE, COPY and APPEND are deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
 //     CLOSE, UNSELECT, LOGOUT are answered; everything else, and an uncached body, gets
 //     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
 //     with a BYE.
 //
 // Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
 // message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
-// EXPUNGE/MOVE/COPY/APPEND (they go to the server, after the queue); a user name given as a
+// EXPUNGE/MOVE (they go to the server, after the queue); a user name given as a
 // literal (no caching then).
 //
 // Thread-safety: everything on the thread of the event_base.
@@ -119,6 +130,9 @@ struct MailProxyOptions {
   // [imap_journal] The deferred changes' journal (proxy/imap_deferred.h); empty: changes are
   // never deferred, they go to the server as the client sends them.
   std::string imap_journal;
+  // The largest message a deferred APPEND takes into the journal; a bigger one goes to the
+  // server.
+  Bytes max_deferred_append = 2ull << 20;
   // [imap_deadline] Seconds a deferred change may wait at knob 50 (scaled by (100 - K) / 50).
   Duration imap_deadline = std::chrono::seconds(60);
   // ghostfs's control socket, for the network card's mode and knob (ghostproxy sets it).
@@ -142,6 +156,8 @@ struct ImapProxyStats {
   std::uint64_t client_errors = 0;     // sessions closed for malformed client input
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
+  std::uint64_t deferred_copies = 0;   // COPY / UID COPY commands answered here and queued
+  std::uint64_t deferred_appends = 0;  // APPEND commands answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
   std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
   std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
