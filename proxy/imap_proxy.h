@@ -74,6 +74,21 @@
 //     (STATUS, SELECT of it send the queue first), and a queued copy as one that touches
 //     \Deleted in its source (EXPUNGE, CLOSE send the queue first, so the copy is made before
 //     the original goes).
+//     EXPUNGE, UID EXPUNGE and CLOSE of the \Deleted messages (when the proxy knows the flags of
+//     every message they cover; only those it saw flagged are expunged, as by UID EXPUNGE), and
+//     MOVE/UID MOVE to another mailbox, are queued the same way (one kExpunge/kMove operation per
+//     message) and answered at once: the untagged EXPUNGEs (none for CLOSE, after which the
+//     proxy sends UNSELECT upstream) and OK. The messages then stay "hidden" until the server
+//     reports their EXPUNGE (after the queue is sent), and the proxy translates between the
+//     client's sequence numbers and the server's: untagged EXISTS, EXPUNGE and FETCH from the
+//     server are renumbered (a hidden message's are dropped, so SEARCH and FETCH never show it),
+//     a FETCH's sequence set is translated, SEARCH/UID SEARCH answers (criteria without numbers
+//     and RETURN, no flag change queued) are renumbered or filtered, UID FETCH answers filtered,
+//     UID STORE/COPY deferred against the client's view; every other command waits for the
+//     queue and the server's EXPUNGEs (ForwardAfterQueue). If they did not come (the queue could
+//     not be sent) the command gets NO [UNAVAILABLE]; if the server refused a deferred expunge
+//     the session ends with a BYE, so the client reads the mailbox again (never a wrong
+//     answer).
 //   - Offline: when the server cannot be reached (refused, unreachable, or silent for
 //     `timeout` while connecting), the proxy greets the client itself. A login the server
 //     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
@@ -86,7 +101,7 @@
 //
 // Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
 // message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
-// EXPUNGE/MOVE (they go to the server, after the queue); a user name given as a
+// EXPUNGE/MOVE offline (NO [UNAVAILABLE]); a user name given as a
 // literal (no caching then).
 //
 // Thread-safety: everything on the thread of the event_base.
@@ -158,6 +173,7 @@ struct ImapProxyStats {
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
   std::uint64_t deferred_copies = 0;   // COPY / UID COPY commands answered here and queued
   std::uint64_t deferred_appends = 0;  // APPEND commands answered here and queued
+  std::uint64_t deferred_expunges = 0; // EXPUNGE, UID EXPUNGE, CLOSE, MOVE answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
   std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
   std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
