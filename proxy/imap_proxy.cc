@@ -872,6 +872,9 @@ bool ImapSession::HandleWithHidden(const imapwire::Command& cmd, const std::stri
   static const std::set<std::string> kPass = {"NOOP", "CHECK", "IDLE", "LOGOUT", "CAPABILITY", "UID FETCH",
                                               "ID", "NAMESPACE", "LIST", "LSUB", "GETQUOTAROOT"};
   if (kPass.count(n)) return false;
+  // End the view (the hidden messages with it): as without them (SELECT of this mailbox still
+  // sends the queue first).
+  if (n == "SELECT" || n == "EXAMINE" || n == "UNSELECT") return false;
   if (n == "UID STORE" && TryDeferStore(cmd, line)) return true;
   if ((n == "COPY" || n == "UID COPY") && TryDeferCopy(cmd, line)) return true;
   if (n == "SEARCH" || n == "UID SEARCH") {
@@ -1560,6 +1563,13 @@ void ImapSession::ServerTagged(std::string_view line) {
         std::optional<imapwire::Command> c = imapwire::ParseCommand(line);
         std::string tag = c ? c->tag : "*";
         bool waiting = HasQueued(selected_);
+        bool ends_view = c && (c->name == "SELECT" || c->name == "EXAMINE" || c->name == "UNSELECT");
+        if (ends_view) {
+          HandleClientCommand(line, /*allow_cache=*/false);  // forgets the hidden messages
+          ForwardLine(line);
+          Later([this] { ProcessClient(); });
+          return;
+        }
         if (waiting) {
           ToClient(tag + " NO [UNAVAILABLE] Ghost: deferred expunges could not be sent yet; try again\r\n");
           Later([this] { ProcessClient(); });
