@@ -260,7 +260,8 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool RefreshMapFirst(const std::string& line);
   // APPEND (one message, to a mailbox other than the selected one, at most
   // max_deferred_append bytes): its literal is read here (the proxy says "+" to a synchronizing
-  // one), journaled whole, and answered OK without APPENDUID. True when taken (the literal and the rest of the command then come here).
+  // one), journaled whole, and answered OK without APPENDUID. True when taken (the literal and
+  // the rest of the command then come here).
   bool TryDeferAppend(const imapwire::Command& cmd);
   // The rest of a deferred APPEND's command after its literal: must be the line end alone.
   void FinishAppend(std::string_view segment);
@@ -882,7 +883,9 @@ bool ImapSession::HandleWithHidden(const imapwire::Command& cmd, const std::stri
     std::string upper(imapwire::StripEol(cmd.rest));
     std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
     bool plain = upper.find("RETURN") == std::string::npos &&
-                 std::none_of(upper.begin(), upper.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) || c == '*'; });
+                 std::none_of(upper.begin(), upper.end(), [](char c) {
+                   return std::isdigit(static_cast<unsigned char>(c)) || c == '*';
+                 });
     // ... and flag changes still queued would change the answer.
     ImapDeferred* d = owner_->deferred.get();
     for (const ImapOp& op : d->queue().pending()) {
@@ -905,8 +908,9 @@ bool ImapSession::HandleWithHidden(const imapwire::Command& cmd, const std::stri
     if (map_valid_ && sp != std::string_view::npos) {
       std::vector<std::uint32_t> numbers(view.size());
       for (std::size_t i = 0; i < numbers.size(); ++i) numbers[i] = static_cast<std::uint32_t>(i + 1);
-      if (std::optional<std::vector<std::uint32_t>> set = imapwire::ExpandSet(rest.substr(0, sp), numbers, false, 100000))
-        seqs = std::move(*set);
+      std::optional<std::vector<std::uint32_t>> set =
+          imapwire::ExpandSet(rest.substr(0, sp), numbers, /*by_uid=*/false, /*max_uids=*/100000);
+      if (set) seqs = std::move(*set);
     }
     if (!seqs.empty()) {
       std::string set;
