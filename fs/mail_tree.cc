@@ -512,6 +512,8 @@ void MailTree::ApplyPending(MailOrigin& mo, MailBox& box) {
       case ImapOp::Kind::kMove:
         if (m) box.messages.erase(m->unique);
         break;
+      case ImapOp::Kind::kCopy:  // queued by ghostproxy only, never by the Maildir view
+        break;
     }
   }
 }
@@ -1166,6 +1168,7 @@ void MailTree::SendToUid(MailOrigin& mo, const ImapOp& op, std::function<void(St
           });
     }
     case ImapOp::Kind::kAppend:
+    case ImapOp::Kind::kCopy:  // queued by ghostproxy only, never by the Maildir view
       break;
   }
   result(Status::Internal("unreachable"));

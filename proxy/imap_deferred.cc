@@ -113,7 +113,12 @@ bool ImapDeferred::ShouldDefer() const { return watch_ && watch_->known() && !wa
 
 void ImapDeferred::RememberLogin(const std::string& user, const std::string& password) {
   if (user.empty()) return;
+  auto known = passwords_.find(user);
+  bool same = known != passwords_.end() && known->second == password;
   passwords_[user] = password;
+  // Only a password learned now can send what waited for it: a client logging in again (mbsync
+  // and curl log in for every run) does not wake the card for changes the queue holds anyway.
+  if (same) return;
   for (const ImapOp& op : queue_->pending()) {
     if (op.origin == user) return Flush("its user logged in");
   }
@@ -257,6 +262,8 @@ void ImapDeferred::ApplyToUid(const ImapOp& op, ImapClient* c, std::function<voi
         });
       case ImapOp::Kind::kMove:
         return c->UidMove(set, op.destination, [result](Result<MoveResult> m) { result(m.status()); });
+      case ImapOp::Kind::kCopy:
+        return c->UidCopy(set, op.destination, [result](Result<MoveResult> m) { result(m.status()); });
       case ImapOp::Kind::kAppend:
         break;
     }

@@ -15,7 +15,7 @@
 //     DeadlineFor, with ghostfs's knob K),
 //   - on Flush: `ghostctl flush` / `ghostctl sync` (ghostfs publishes a flush event), SIGUSR1,
 //   - at start when the journal holds operations from before a crash (after their user logs in
-//     again: see below).
+//     again: see below), and when a user's password changes.
 //
 // Credentials: each operation goes upstream in the name of the user whose client made it, over
 // a connection of the proxy's own (common/imap/imap_client.h), logging in with the password the
@@ -87,7 +87,8 @@ class ImapDeferred {
   // mode. False without mode events (nothing would send the queue but the deadline).
   bool ShouldDefer() const;
   // A client logged in as `user` with `password` (kept in RAM, replacing an older one). Sends
-  // what waits for that user.
+  // what waits for that user when the password is new (the first login since a restart, or a
+  // changed password); another login with the same one leaves the queue to its triggers.
   void RememberLogin(const std::string& user, const std::string& password);
   bool CanSendFor(const std::string& user) const { return passwords_.count(user) != 0; }
 

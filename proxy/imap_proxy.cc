@@ -31,7 +31,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <functional>
 #include <map>
@@ -39,6 +41,7 @@
 
 #include "common/base/clock.h"
 #include "common/imap/imap_client.h"
+#include "common/imap/imap_client_internal.h"
 #include "proxy/imap_deferred.h"
 #include "proxy/imap_wire.h"
 
@@ -170,8 +173,9 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
     std::string secret;  // kLogin/kAuth: the password, for the deferred changes (RAM only)
     std::uint64_t transfer = 0;
     Bytes bytes = 0;
+    int search = 0;  // SEARCH 1, UID SEARCH 2: its untagged SEARCH is translated (hidden_)
   };
-  enum class Own { kMapRefresh, kSeen, kSync };
+  enum class Own { kMapRefresh, kSeen, kSync, kQuiet };
 
   static void OnClientRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessClient(); }
   static void OnServerRead(bufferevent*, void* arg) { static_cast<ImapSession*>(arg)->ProcessServer(); }
@@ -229,6 +233,38 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // command that must wait for the queued changes to be sent first. True when taken here.
   bool HandleLocally(const imapwire::Command& cmd, const std::string& line);
   bool TryDeferStore(const imapwire::Command& cmd, const std::string& line);
+  // COPY / UID COPY to another mailbox: queued, one operation per message, answered OK (no
+  // COPYUID: the server has not assigned the UIDs yet).
+  bool TryDeferCopy(const imapwire::Command& cmd, const std::string& line);
+  // EXPUNGE, UID EXPUNGE, CLOSE (of the \Deleted messages whose flags the client was told)
+  // and MOVE/UID MOVE to another mailbox: queued, one operation per message; the client gets
+  // its untagged EXPUNGEs at once and the messages join hidden_.
+  bool TryDeferExpunge(const imapwire::Command& cmd, const std::string& line);
+  // While hidden_ is not empty: a command the proxy can pass on with its sequence numbers
+  // translated, or one that must wait for the queue (and the server's EXPUNGEs). True when
+  // taken here.
+  bool HandleWithHidden(const imapwire::Command& cmd, const std::string& line);
+  // The selected mailbox's UIDs as the client sees them (uids_ without hidden_).
+  std::vector<std::uint32_t> ClientView() const;
+  bool IsHidden(std::uint32_t uid) const {
+    return std::any_of(hidden_.begin(), hidden_.end(), [uid](const auto& h) { return h.second == uid; });
+  }
+  // Server sequence number -> the client's (0 when the message is hidden), and back.
+  std::uint32_t ToClientSeq(std::uint32_t server_seq) const;
+  std::uint32_t ToServerSeq(std::uint32_t client_seq) const;
+  // The client's sequence number of a UID in uids_ (0 when unknown or hidden).
+  std::uint32_t ClientSeqOfUid(std::uint32_t uid) const;
+  // A server's untagged response with hidden_ not empty: translated, or "" to drop it.
+  std::optional<std::string> TranslateUntagged(std::string_view line);
+  // Reads the map first when it is not known (the command waits); true when it started that.
+  bool RefreshMapFirst(const std::string& line);
+  // APPEND (one message, to a mailbox other than the selected one, at most
+  // max_deferred_append bytes): its literal is read here (the proxy says "+" to a synchronizing
+  // one), journaled whole, and answered OK without APPENDUID. True when taken (the literal and
+  // the rest of the command then come here).
+  bool TryDeferAppend(const imapwire::Command& cmd);
+  // The rest of a deferred APPEND's command after its literal: must be the line end alone.
+  void FinishAppend(std::string_view segment);
   // Whether `cmd`'s answer depends on changes still queued for this user.
   bool NeedsQueueFirst(const imapwire::Command& cmd) const;
   bool HasQueued(const std::string& mailbox) const;
@@ -241,9 +277,10 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   // Runs `fn` on a later turn of the loop, unless the session is gone by then.
   void Later(std::function<void()> fn);
   // Whether a change of this session goes to the queue now.
-  bool Defers() const {
+  bool Defers() const { return DefersUnselected() && Selected(); }
+  bool DefersUnselected() const {
     ImapDeferred* d = owner_->deferred.get();
-    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_) && Selected();
+    return d && (d->ShouldDefer() || offline_) && !user_.empty() && d->CanSendFor(user_);
   }
   void ServeFromCache(std::string tag, std::string name, imapwire::BodyFetch f, std::uint32_t uid,
                       std::uint32_t seq, std::string key, std::string line);
@@ -293,6 +330,14 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   std::map<std::string, Pending> pending_;  // the client's commands sent to the server
   bool busy_ = false;                       // a command is being answered here
   std::string client_tag_;                  // of the command whose segments are arriving
+  // A deferred APPEND whose literal is arriving (TryDeferAppend).
+  struct AppendCapture {
+    std::string tag, mailbox, body;
+    std::vector<std::string> flags;
+    std::int64_t date = 0;
+    std::uint64_t size = 0;
+  };
+  std::optional<AppendCapture> append_;
   bool client_dropping_ = false;            // the current client command is not sent on
 
   // The session's mailbox view.
@@ -304,6 +349,11 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool esearch_ = false;
   // UID -> flags as the client was last told (server's, with the queued changes applied).
   std::map<std::uint32_t, std::vector<std::string>> flags_;
+  // Messages the client was told are expunged whose removal waits in the queue (deferred
+  // EXPUNGE/MOVE): (server sequence number, UID), ascending. Each leaves when the server reports
+  // its EXPUNGE; until then sequence numbers differ between the client's view and the server's.
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> hidden_;
+  std::optional<std::uint32_t> server_exists_;  // the server's last EXISTS, kept with EXPUNGE
 
   // Server side.
   std::map<std::string, Own> own_;  // the proxy's own commands by tag
@@ -519,16 +569,22 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
     case K::kLiteralEnd:
       return;
     case K::kLiteralData:
+      if (append_) {
+        append_->body.append(ev.text);
+        return;
+      }
       if (!client_dropping_) ToServer(ev.text);
       return;
     case K::kSegment:
       break;
   }
   if (!ev.first) {
+    if (append_) return FinishAppend(ev.text);
     if (!client_dropping_) ToServer(ev.text);
     return;
   }
   client_dropping_ = false;
+  append_.reset();
   if (await_ == Await::kNone) {
     if (std::optional<imapwire::Command> c = imapwire::ParseCommand(ev.text)) {
       if (c->name == "STARTTLS") {
@@ -541,6 +597,7 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
                           "takes no password in clear)\r\n");
         return;
       }
+      if (c->name == "APPEND" && ev.literal && TryDeferAppend(*c)) return;
     }
   }
   if (offline_) return HandleOffline(ev.text);
@@ -611,8 +668,11 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
     selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
     map_valid_ = false;
     flags_.clear();
+    hidden_.clear();
+    server_exists_.reset();
   } else if (n == "CLOSE" || n == "UNSELECT") {
     p.kind = Kind::kClose;
+    hidden_.clear();
   } else if (n == "IDLE") {
     p.kind = Kind::kIdle;
     await_ = Await::kIdleDone;
@@ -650,20 +710,29 @@ bool ImapSession::TryCacheFetch(const imapwire::Command& cmd, const imapwire::Bo
   std::uint32_t uid = 0, seq = 0;
   if (cmd.name == "UID FETCH") {
     auto it = std::lower_bound(uids_.begin(), uids_.end(), f.number);
-    if (it == uids_.end() || *it != f.number) return false;
+    if (it == uids_.end() || *it != f.number || IsHidden(f.number)) return false;
     uid = f.number;
-    seq = static_cast<std::uint32_t>(it - uids_.begin()) + 1;
-  } else {
+    seq = ClientSeqOfUid(uid);
+  } else if (hidden_.empty()) {
     if (f.number > uids_.size()) return false;
     seq = f.number;
     uid = uids_[seq - 1];
+  } else {
+    std::vector<std::uint32_t> view = ClientView();
+    if (f.number > view.size()) return false;
+    seq = f.number;
+    uid = view[seq - 1];
   }
   ServeFromCache(cmd.tag, cmd.name, f, uid, seq, KeyFor(uid), std::move(line));
   return true;
 }
 
 bool ImapSession::HandleLocally(const imapwire::Command& cmd, const std::string& line) {
+  static const std::set<std::string> kExpunging = {"EXPUNGE", "UID EXPUNGE", "CLOSE", "MOVE", "UID MOVE"};
+  if (kExpunging.count(cmd.name) && TryDeferExpunge(cmd, line)) return true;
+  if (!hidden_.empty() && HandleWithHidden(cmd, line)) return true;
   if (cmd.name == "UID STORE" && TryDeferStore(cmd, line)) return true;
+  if ((cmd.name == "COPY" || cmd.name == "UID COPY") && TryDeferCopy(cmd, line)) return true;
   if (cmd.name == "FETCH" || cmd.name == "UID FETCH") {
     if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(cmd.rest)) {
       if (TryCacheFetch(cmd, *f, line)) return true;
@@ -676,19 +745,270 @@ bool ImapSession::HandleLocally(const imapwire::Command& cmd, const std::string&
   return false;
 }
 
+std::vector<std::uint32_t> ImapSession::ClientView() const {
+  std::vector<std::uint32_t> view;
+  view.reserve(uids_.size());
+  for (std::uint32_t u : uids_) {
+    if (!IsHidden(u)) view.push_back(u);
+  }
+  return view;
+}
+
+std::uint32_t ImapSession::ToClientSeq(std::uint32_t server_seq) const {
+  std::uint32_t before = 0;
+  for (const auto& [pos, uid] : hidden_) {
+    if (pos == server_seq) return 0;
+    if (pos < server_seq) ++before;
+  }
+  return server_seq - before;
+}
+
+std::uint32_t ImapSession::ToServerSeq(std::uint32_t client_seq) const {
+  std::uint32_t s = client_seq;
+  for (const auto& [pos, uid] : hidden_) {  // ascending
+    if (pos <= s) ++s;
+  }
+  return s;
+}
+
+std::uint32_t ImapSession::ClientSeqOfUid(std::uint32_t uid) const {
+  auto it = std::lower_bound(uids_.begin(), uids_.end(), uid);
+  if (it == uids_.end() || *it != uid) return 0;
+  return ToClientSeq(static_cast<std::uint32_t>(it - uids_.begin()) + 1);
+}
+
+bool ImapSession::TryDeferExpunge(const imapwire::Command& cmd, const std::string& line) {
+  if (!Defers() || offline_ || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  if (!map_valid_) return RefreshMapFirst(line);
+  const std::string& n = cmd.name;
+  const bool move = n == "MOVE" || n == "UID MOVE";
+  std::vector<std::uint32_t> view = ClientView();
+  std::vector<std::uint32_t> targets;
+  std::string destination;
+  auto deleted = [this](std::uint32_t uid) -> std::optional<bool> {
+    auto f = flags_.find(uid);
+    if (f == flags_.end()) return std::nullopt;
+    return std::any_of(f->second.begin(), f->second.end(),
+                       [](const std::string& x) { return strcasecmp(x.c_str(), "\\Deleted") == 0; });
+  };
+  if (move) {
+    std::optional<imapwire::CopyCommand> cp = imapwire::ParseCopy(cmd.rest, view, n == "UID MOVE");
+    if (!cp) return false;
+    destination = NormalizeMailbox(cp->destination);
+    if (destination == selected_) return false;
+    targets = std::move(cp->uids);
+  } else {
+    std::vector<std::uint32_t> candidates = view;
+    if (n == "UID EXPUNGE") {
+      std::string_view rest = imapwire::StripEol(cmd.rest);
+      while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      if (rest.empty() || rest.find(' ') != std::string_view::npos) return false;
+      std::optional<std::vector<std::uint32_t>> set = imapwire::ExpandSet(rest, view, /*by_uid=*/true);
+      if (!set) return false;
+      candidates = std::move(*set);
+    } else if (!imapwire::StripEol(cmd.rest).empty()) {
+      return false;
+    }
+    // Only messages whose flags the client was told: the server's \Deleted of a message the
+    // client never saw flagged is the server's business (it goes with the next EXPUNGE there).
+    for (std::uint32_t uid : candidates) {
+      std::optional<bool> d = deleted(uid);
+      if (!d) return false;
+      if (*d) targets.push_back(uid);
+    }
+    if (targets.empty()) return false;  // nothing to defer: the server's (it may have others')
+  }
+  for (std::uint32_t uid : targets) {
+    ImapOp op;
+    op.kind = move ? ImapOp::Kind::kMove : ImapOp::Kind::kExpunge;
+    op.origin = user_;
+    op.mailbox = selected_;
+    op.uidvalidity = uidvalidity_;
+    op.uid = uid;
+    op.destination = destination;
+    Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+    if (!r.ok()) {
+      // Nothing is told: the operations queued before this one go to the server and their
+      // EXPUNGEs reach the client from there.
+      std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred %s: %s\n", n.c_str(),
+                   r.status().ToString().c_str());
+      ToClient(cmd.tag + " NO [SERVERBUG] Ghost: the change could not be journaled (" + r.status().message() +
+               ")\r\n");
+      return true;
+    }
+  }
+  ++owner_->stats.deferred_expunges;
+  if (n == "CLOSE") {
+    // No untagged EXPUNGE after CLOSE (RFC 3501 §6.4.2); the mailbox is no longer selected.
+    SaveSnapshot();
+    selected_.clear();
+    map_valid_ = false;
+    flags_.clear();
+    hidden_.clear();
+    // The server leaves the mailbox too, without expunging (so its EXISTS/EXPUNGE stop).
+    SendOwn(Own::kQuiet, "UNSELECT");
+    ToClient(cmd.tag + " OK CLOSE completed (Ghost: expunge deferred until the network is up)\r\n");
+    return true;
+  }
+  std::string untagged;
+  // Highest first: each EXPUNGE leaves the numbers below it as they were.
+  for (auto it = targets.rbegin(); it != targets.rend(); ++it) {
+    std::uint32_t seq = ClientSeqOfUid(*it);
+    if (seq) untagged += "* " + std::to_string(seq) + " EXPUNGE\r\n";
+  }
+  for (std::uint32_t uid : targets) {
+    auto at = std::lower_bound(uids_.begin(), uids_.end(), uid);
+    if (at == uids_.end() || *at != uid) continue;
+    hidden_.emplace_back(static_cast<std::uint32_t>(at - uids_.begin()) + 1, uid);
+    flags_.erase(uid);
+  }
+  std::sort(hidden_.begin(), hidden_.end());
+  ToClient(untagged + cmd.tag + " OK " + n + " completed (Ghost: deferred until the network is up)\r\n");
+  return true;
+}
+
+bool ImapSession::HandleWithHidden(const imapwire::Command& cmd, const std::string& line) {
+  const std::string& n = cmd.name;
+  // Carry no sequence numbers, or only UIDs (their answers are filtered): passed on.
+  static const std::set<std::string> kPass = {"NOOP", "CHECK", "IDLE", "LOGOUT", "CAPABILITY", "UID FETCH",
+                                              "ID", "NAMESPACE", "LIST", "LSUB", "GETQUOTAROOT"};
+  if (kPass.count(n)) return false;
+  // End the view (the hidden messages with it): as without them (SELECT of this mailbox still
+  // sends the queue first).
+  if (n == "SELECT" || n == "EXAMINE" || n == "UNSELECT") return false;
+  if (n == "UID STORE" && TryDeferStore(cmd, line)) return true;
+  if ((n == "COPY" || n == "UID COPY") && TryDeferCopy(cmd, line)) return true;
+  if (n == "SEARCH" || n == "UID SEARCH") {
+    // Criteria with numbers may hold sequence sets, RETURN an ESEARCH: after the queue.
+    std::string upper(imapwire::StripEol(cmd.rest));
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    bool plain = upper.find("RETURN") == std::string::npos &&
+                 std::none_of(upper.begin(), upper.end(), [](char c) {
+                   return std::isdigit(static_cast<unsigned char>(c)) || c == '*';
+                 });
+    // ... and flag changes still queued would change the answer.
+    ImapDeferred* d = owner_->deferred.get();
+    for (const ImapOp& op : d->queue().pending()) {
+      if (op.origin == user_ && op.mailbox == selected_ && op.kind == ImapOp::Kind::kStore) plain = false;
+    }
+    if (plain) {
+      HandleClientCommand(line, /*allow_cache=*/false);
+      pending_[cmd.tag].search = n == "SEARCH" ? 1 : 2;
+      ForwardLine(line);
+      return true;
+    }
+  }
+  if (n == "FETCH") {
+    // The client's sequence numbers become the server's.
+    std::string_view rest = imapwire::StripEol(cmd.rest);
+    while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+    std::size_t sp = rest.find(' ');
+    std::vector<std::uint32_t> view = ClientView();
+    std::vector<std::uint32_t> seqs;
+    if (map_valid_ && sp != std::string_view::npos) {
+      std::vector<std::uint32_t> numbers(view.size());
+      for (std::size_t i = 0; i < numbers.size(); ++i) numbers[i] = static_cast<std::uint32_t>(i + 1);
+      std::optional<std::vector<std::uint32_t>> set =
+          imapwire::ExpandSet(rest.substr(0, sp), numbers, /*by_uid=*/false, /*max_uids=*/100000);
+      if (set) seqs = std::move(*set);
+    }
+    if (!seqs.empty()) {
+      std::string set;
+      for (std::size_t i = 0; i < seqs.size();) {
+        std::size_t j = i;
+        std::uint32_t first = ToServerSeq(seqs[i]);
+        while (j + 1 < seqs.size() && ToServerSeq(seqs[j + 1]) == ToServerSeq(seqs[j]) + 1) ++j;
+        std::uint32_t last = ToServerSeq(seqs[j]);
+        if (!set.empty()) set += ",";
+        set += std::to_string(first);
+        if (last != first) set += ":" + std::to_string(last);
+        i = j + 1;
+      }
+      std::string translated = cmd.tag + " FETCH " + set + std::string(rest.substr(sp)) + "\r\n";
+      HandleClientCommand(translated, /*allow_cache=*/false);
+      ForwardLine(translated);
+      return true;
+    }
+  }
+  // Anything else waits for the queue and the server's EXPUNGEs (ServerTagged, kSync).
+  ForwardAfterQueue(line);
+  return true;
+}
+
+std::optional<std::string> ImapSession::TranslateUntagged(std::string_view line) {
+  std::string_view s = imapwire::StripEol(line);
+  std::string_view eol = line.substr(s.size());
+  if (s.size() > 9 && strncasecmp(s.data(), "* SEARCH", 8) == 0 && (s.size() == 8 || s[8] == ' ')) {
+    int mode = 0;
+    for (const auto& [tag, p] : pending_) {
+      if (p.search) {
+        mode = p.search;
+        break;
+      }
+    }
+    if (!mode) return std::string(line);
+    std::string out = "* SEARCH";
+    std::string_view rest = s.substr(8);
+    while (!rest.empty()) {
+      while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+      if (rest.empty()) break;
+      if (rest.front() == '(') {  // (MODSEQ n)
+        out += " " + std::string(rest);
+        break;
+      }
+      std::size_t sp = rest.find(' ');
+      std::string_view word = rest.substr(0, sp);
+      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp);
+      std::uint32_t v = 0;
+      auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
+      if (ec != std::errc() || end != word.data() + word.size()) return std::string(line);
+      if (mode == 2) {
+        if (!IsHidden(v)) out += " " + std::to_string(v);
+      } else if (std::uint32_t c = ToClientSeq(v)) {
+        out += " " + std::to_string(c);
+      }
+    }
+    return out + std::string(eol);
+  }
+  // "* N WORD ...": EXISTS, EXPUNGE, FETCH.
+  std::size_t i = 2;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 2 || i >= s.size() || s[i] != ' ') return std::string(line);
+  std::uint32_t num = 0;
+  std::from_chars(s.data() + 2, s.data() + i, num);
+  std::string_view word = s.substr(i + 1);
+  auto starts = [&](const char* w) {
+    std::size_t l = std::strlen(w);
+    return word.size() >= l && strncasecmp(word.data(), w, l) == 0 && (word.size() == l || word[l] == ' ');
+  };
+  if (starts("EXISTS")) {
+    server_exists_ = num;
+    std::uint32_t c = num >= hidden_.size() ? num - static_cast<std::uint32_t>(hidden_.size()) : 0;
+    return "* " + std::to_string(c) + " EXISTS" + std::string(eol);
+  }
+  if (starts("EXPUNGE")) {
+    if (server_exists_ && *server_exists_ > 0) --*server_exists_;
+    std::uint32_t c = ToClientSeq(num);
+    std::erase_if(hidden_, [num](const auto& h) { return h.first == num; });
+    for (auto& h : hidden_) {
+      if (h.first > num) --h.first;
+    }
+    if (!c) return std::string();  // the client was told already
+    return "* " + std::to_string(c) + " EXPUNGE" + std::string(eol);
+  }
+  if (starts("FETCH")) {
+    std::uint32_t c = ToClientSeq(num);
+    if (!c) return std::string();
+    return "* " + std::to_string(c) + std::string(line.substr(i));
+  }
+  return std::string(line);
+}
+
 bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string& line) {
   // Only in a state the answer cannot reorder: nothing of the client's outstanding.
   if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
-  if (!map_valid_) {
-    if (!esearch_ || !map_tag_.empty()) return false;
-    busy_ = true;
-    deferred_line_ = line;
-    map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
-    own_[map_tag_] = Own::kMapRefresh;
-    ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
-    return true;
-  }
-  std::optional<imapwire::UidStore> st = imapwire::ParseUidStore(cmd.rest, uids_);
+  if (!map_valid_) return RefreshMapFirst(line);
+  std::optional<imapwire::UidStore> st = imapwire::ParseUidStore(cmd.rest, hidden_.empty() ? uids_ : ClientView());
   if (!st) return false;
   if (!st->silent) {
     // The untagged answer carries each message's flags: only when the proxy knows them.
@@ -716,7 +1036,7 @@ bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string&
     if (f != flags_.end()) {
       owner_->deferred->Overlay(user_, selected_, uidvalidity_, uid, &f->second);
       if (!st->silent) {
-        std::size_t seq = static_cast<std::size_t>(std::lower_bound(uids_.begin(), uids_.end(), uid) - uids_.begin()) + 1;
+        std::size_t seq = ClientSeqOfUid(uid);
         untagged += "* " + std::to_string(seq) + " FETCH (UID " + std::to_string(uid) + " FLAGS " +
                     imapwire::FlagList(f->second) + ")\r\n";
       }
@@ -727,11 +1047,110 @@ bool ImapSession::TryDeferStore(const imapwire::Command& cmd, const std::string&
   return true;
 }
 
+bool ImapSession::RefreshMapFirst(const std::string& line) {
+  if (map_valid_ || !esearch_ || !map_tag_.empty() || offline_ || !server_) return false;
+  busy_ = true;
+  deferred_line_ = line;
+  map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
+  own_[map_tag_] = Own::kMapRefresh;
+  ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
+  return true;
+}
+
+bool ImapSession::TryDeferCopy(const imapwire::Command& cmd, const std::string& line) {
+  // Only in a state the answer cannot reorder: nothing of the client's outstanding.
+  if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  if (!map_valid_) return RefreshMapFirst(line);
+  std::optional<imapwire::CopyCommand> cp =
+      imapwire::ParseCopy(cmd.rest, hidden_.empty() ? uids_ : ClientView(), cmd.name == "UID COPY");
+  if (!cp) return false;
+  std::string destination = NormalizeMailbox(cp->destination);
+  // A copy into the selected mailbox would have to show as EXISTS with UIDs nobody knows yet:
+  // it goes to the server.
+  if (destination == selected_) return false;
+  for (std::uint32_t uid : cp->uids) {
+    ImapOp op;
+    op.kind = ImapOp::Kind::kCopy;
+    op.origin = user_;
+    op.mailbox = selected_;
+    op.uidvalidity = uidvalidity_;
+    op.uid = uid;
+    op.destination = destination;
+    Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+    if (!r.ok()) {
+      std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred COPY: %s\n", r.status().ToString().c_str());
+      ToClient(cmd.tag + " NO [SERVERBUG] Ghost: the copy could not be journaled (" + r.status().message() +
+               "); messages before UID " + std::to_string(uid) + " were copied\r\n");
+      return true;
+    }
+  }
+  ++owner_->stats.deferred_copies;
+  ToClient(cmd.tag + " OK " + cmd.name + " completed (Ghost: deferred until the network is up)\r\n");
+  return true;
+}
+
+bool ImapSession::TryDeferAppend(const imapwire::Command& cmd) {
+  if (!DefersUnselected() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  std::optional<imapwire::AppendCommand> a = imapwire::ParseAppend(cmd.rest);
+  if (!a || a->size > owner_->options.max_deferred_append) return false;
+  std::string mailbox = NormalizeMailbox(a->mailbox);
+  // APPEND to the selected mailbox goes to the server: its EXISTS and the new UID come from
+  // there (a deferred one would leave the client's view without the message it was told of).
+  if (Selected() && mailbox == selected_) return false;
+  AppendCapture c;
+  if (!a->date.empty()) {
+    std::optional<std::int64_t> date = imap::ParseInternalDate(a->date);
+    if (!date) return false;  // the server says BAD
+    c.date = *date;
+  }
+  c.tag = cmd.tag;
+  c.mailbox = std::move(mailbox);
+  c.flags = std::move(a->flags);
+  c.size = a->size;
+  c.body.reserve(a->size);
+  append_ = std::move(c);
+  client_dropping_ = true;  // nothing of this command goes to the server
+  if (!a->nonsync) ToClient("+ Ghost: ready for the message (deferred until the network is up)\r\n");
+  return true;
+}
+
+void ImapSession::FinishAppend(std::string_view segment) {
+  AppendCapture a = std::move(*append_);
+  append_.reset();
+  if (!imapwire::StripEol(segment).empty()) {
+    // MULTIAPPEND's next message or a malformed end: refused whole, nothing was queued. The
+    // rest of the command (its literals) is dropped.
+    ToClient(a.tag + " NO [CANNOT] Ghost: only one message per APPEND while the network sleeps; "
+                     "nothing was appended\r\n");
+    return;
+  }
+  if (a.body.size() != a.size) {
+    ToClient(a.tag + " BAD Ghost: the message is shorter than announced\r\n");
+    return;
+  }
+  ImapOp op;
+  op.kind = ImapOp::Kind::kAppend;
+  op.origin = user_;
+  op.mailbox = a.mailbox;
+  op.flags = a.flags;
+  op.internaldate = a.date;
+  op.body = std::move(a.body);
+  Result<std::uint64_t> r = owner_->deferred->Add(std::move(op));
+  if (!r.ok()) {
+    std::fprintf(stderr, "ghostproxy: imap: cannot journal a deferred APPEND: %s\n", r.status().ToString().c_str());
+    ToClient(a.tag + " NO [SERVERBUG] Ghost: the message could not be journaled (" + r.status().message() +
+             "); nothing was appended\r\n");
+    return;
+  }
+  ++owner_->stats.deferred_appends;
+  ToClient(a.tag + " OK APPEND completed (Ghost: deferred until the network is up)\r\n");
+}
+
 bool ImapSession::HasQueued(const std::string& mailbox) const {
   ImapDeferred* d = owner_->deferred.get();
   if (!d || user_.empty() || !d->CanSendFor(user_)) return false;
   for (const ImapOp& op : d->queue().pending()) {
-    if (op.origin == user_ && op.mailbox == mailbox) return true;
+    if (op.origin == user_ && (op.mailbox == mailbox || op.destination == mailbox)) return true;
   }
   return false;
 }
@@ -1074,6 +1493,20 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
       }
     }
     if (std::optional<std::uint32_t> v = imapwire::UidValidity(line)) pending_uidvalidity_ = *v;
+    // With deferred expunges the client's numbers are not the server's (computed before the
+    // map below changes; OverlayFlags and the fill still see the server's numbers).
+    std::optional<std::string> translated;
+    if (!hidden_.empty()) {
+      translated = TranslateUntagged(line);
+      if (translated->empty()) {
+        // A message the client was told is expunged: its EXPUNGE (or FETCH) is not shown.
+        if (std::optional<std::uint32_t> e = imapwire::UntaggedNumber(line, "EXPUNGE")) {
+          if (map_valid_ && *e >= 1 && *e <= uids_.size()) uids_.erase(uids_.begin() + (*e - 1));
+        }
+        server_dropping_ = true;
+        return;
+      }
+    }
     if (std::optional<std::uint32_t> n = imapwire::UntaggedNumber(line, "EXISTS")) {
       if (!map_valid_ || *n != uids_.size()) map_valid_ = false;
     } else if (std::optional<std::uint32_t> e = imapwire::UntaggedNumber(line, "EXPUNGE")) {
@@ -1089,6 +1522,18 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
       if (std::optional<imapwire::BodyPrefix> p = imapwire::ParseBodyPrefix(line)) StartFill(*p);
     }
     std::string filtered = Caps(OverlayFlags(line));
+    if (translated && *translated != line) {
+      // Only the leading number changed (FETCH) or the whole line was rebuilt (EXISTS,
+      // EXPUNGE, SEARCH): the overlay's flags are kept for FETCH.
+      std::string_view t = *translated;
+      if (std::optional<imapwire::FetchFlags> ff = imapwire::ParseFetchFlags(line); ff && filtered != line) {
+        std::size_t sp = t.find(' ', 2);
+        std::size_t fsp = filtered.find(' ', 2);
+        filtered = std::string(t.substr(0, sp)) + filtered.substr(fsp);
+      } else {
+        filtered = Caps(*translated);
+      }
+    }
     NoteCapabilities(line);
     ToClient(filtered);
     return;
@@ -1114,6 +1559,28 @@ void ImapSession::ServerTagged(std::string_view line) {
       std::string line = std::move(after_sync_line_);
       after_sync_line_.clear();
       busy_ = false;
+      if (!hidden_.empty()) {
+        // The server still has messages the client was told are expunged: the command cannot be
+        // answered right. While their operations wait (the server unreachable) it is refused;
+        // once none waits (refused by the server, recorded as unapplied) the session ends so
+        // the client reads the mailbox again.
+        std::optional<imapwire::Command> c = imapwire::ParseCommand(line);
+        std::string tag = c ? c->tag : "*";
+        bool waiting = HasQueued(selected_);
+        bool ends_view = c && (c->name == "SELECT" || c->name == "EXAMINE" || c->name == "UNSELECT");
+        if (ends_view) {
+          HandleClientCommand(line, /*allow_cache=*/false);  // forgets the hidden messages
+          ForwardLine(line);
+          Later([this] { ProcessClient(); });
+          return;
+        }
+        if (waiting) {
+          ToClient(tag + " NO [UNAVAILABLE] Ghost: deferred expunges could not be sent yet; try again\r\n");
+          Later([this] { ProcessClient(); });
+          return;
+        }
+        return Close("* BYE Ghost: the server did not take a deferred expunge; please reconnect\r\n");
+      }
       HandleClientCommand(line, /*allow_cache=*/false);
       ForwardLine(line);
       Later([this] { ProcessClient(); });  // client input behind it is read again
@@ -1404,6 +1871,8 @@ void ImapSession::HandleOffline(std::string_view line) {
     if (!f || !TryCacheFetch(*c, *f, std::string(line))) Unavailable(tag, "only whole bodies of cached messages");
   } else if (n == "UID STORE") {
     if (!TryDeferStore(*c, std::string(line))) Unavailable(tag, "this change cannot be deferred");
+  } else if (n == "COPY" || n == "UID COPY") {
+    if (!TryDeferCopy(*c, std::string(line))) Unavailable(tag, "this copy cannot be deferred");
   } else {
     Unavailable(tag, n + " needs the server");
   }

@@ -63,19 +63,45 @@
 //     of a mailbox with queued changes; EXPUNGE and CLOSE only when a queued change adds or
 //     removes \Deleted, as mbsync closes the mailbox after every sync) waits until the queue
 //     has been sent, then goes to the server. A cache hit's \Seen is queued the same way.
+//     "COPY/UID COPY set MAILBOX" to a mailbox other than the selected one (the set resolved
+//     through the map) is queued the same way, one operation per message, and answered OK
+//     without COPYUID. "APPEND MAILBOX [(flags)] [date] {n}" (or {n+}) of one message of at most
+//     max_deferred_append bytes to a mailbox other than the selected one: the proxy says "+"
+//     itself to a synchronizing literal, reads the message, journals it whole and answers OK
+//     without APPENDUID; a MULTIAPPEND's second message gets NO [CANNOT] and nothing is queued.
+//     A COPY or APPEND into the selected mailbox goes to the server (its EXISTS and UID can only
+//     come from there). A queued copy or append counts as a queued change of its destination
+//     (STATUS, SELECT of it send the queue first), and a queued copy as one that touches
+//     \Deleted in its source (EXPUNGE, CLOSE send the queue first, so the copy is made before
+//     the original goes).
+//     EXPUNGE, UID EXPUNGE and CLOSE of the \Deleted messages (when the proxy knows the flags of
+//     every message they cover; only those it saw flagged are expunged, as by UID EXPUNGE), and
+//     MOVE/UID MOVE to another mailbox, are queued the same way (one kExpunge/kMove operation per
+//     message) and answered at once: the untagged EXPUNGEs (none for CLOSE, after which the
+//     proxy sends UNSELECT upstream) and OK. The messages then stay "hidden" until the server
+//     reports their EXPUNGE (after the queue is sent), and the proxy translates between the
+//     client's sequence numbers and the server's: untagged EXISTS, EXPUNGE and FETCH from the
+//     server are renumbered (a hidden message's are dropped, so SEARCH and FETCH never show it),
+//     a FETCH's sequence set is translated, SEARCH/UID SEARCH answers (criteria without numbers
+//     and RETURN, no flag change queued) are renumbered or filtered, UID FETCH answers filtered,
+//     UID STORE/COPY deferred against the client's view; every other command waits for the
+//     queue and the server's EXPUNGEs (ForwardAfterQueue). If they did not come (the queue could
+//     not be sent) the command gets NO [UNAVAILABLE]; if the server refused a deferred expunge
+//     the session ends with a BYE, so the client reads the mailbox again (never a wrong
+//     answer).
 //   - Offline: when the server cannot be reached (refused, unreachable, or silent for
 //     `timeout` while connecting), the proxy greets the client itself. A login the server
 //     accepted through this proxy before (checked against a salted SHA-256 digest kept in RAM,
 //     never the password) is taken; SELECT/EXAMINE of a mailbox a session had open gives its
 //     last UID map and flags (kept in RAM); whole-body fetches of cached messages are served
-//     from the cache; UID STORE is deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
+//     from the cache; UID STORE, COPY and APPEND are deferred (with imap_journal); NOOP, CHECK, CAPABILITY,
 //     CLOSE, UNSELECT, LOGOUT are answered; everything else, and an uncached body, gets
 //     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
 //     with a BYE.
 //
 // Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
 // message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
-// EXPUNGE/MOVE/COPY/APPEND (they go to the server, after the queue); a user name given as a
+// EXPUNGE/MOVE offline (NO [UNAVAILABLE]); a user name given as a
 // literal (no caching then).
 //
 // Thread-safety: everything on the thread of the event_base.
@@ -119,6 +145,9 @@ struct MailProxyOptions {
   // [imap_journal] The deferred changes' journal (proxy/imap_deferred.h); empty: changes are
   // never deferred, they go to the server as the client sends them.
   std::string imap_journal;
+  // The largest message a deferred APPEND takes into the journal; a bigger one goes to the
+  // server.
+  Bytes max_deferred_append = 2ull << 20;
   // [imap_deadline] Seconds a deferred change may wait at knob 50 (scaled by (100 - K) / 50).
   Duration imap_deadline = std::chrono::seconds(60);
   // ghostfs's control socket, for the network card's mode and knob (ghostproxy sets it).
@@ -142,6 +171,9 @@ struct ImapProxyStats {
   std::uint64_t client_errors = 0;     // sessions closed for malformed client input
   std::uint64_t server_errors = 0;     // ... for malformed server input or a stalled server
   std::uint64_t deferred_stores = 0;   // UID STORE commands answered here and queued
+  std::uint64_t deferred_copies = 0;   // COPY / UID COPY commands answered here and queued
+  std::uint64_t deferred_appends = 0;  // APPEND commands answered here and queued
+  std::uint64_t deferred_expunges = 0; // EXPUNGE, UID EXPUNGE, CLOSE, MOVE answered here and queued
   std::uint64_t flushes_before = 0;    // commands that waited for the queue to be sent first
   std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
   std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)

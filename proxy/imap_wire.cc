@@ -571,23 +571,20 @@ std::optional<std::vector<std::string>> ReadFlagList(std::string_view* s) {
 
 }  // namespace
 
-std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<std::uint32_t>& known,
-                                      std::size_t max_uids) {
-  rest = StripEol(rest);
-  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
-  std::size_t sp = rest.find(' ');
-  if (sp == std::string_view::npos || known.empty()) return std::nullopt;
-  std::string_view set = rest.substr(0, sp);
-  rest.remove_prefix(sp);
-  UidStore out;
-  // The set: n, n:m, *, comma-separated; each UID must be known.
+std::optional<std::vector<std::uint32_t>> ExpandSet(std::string_view set, const std::vector<std::uint32_t>& known,
+                                                    bool by_uid, std::size_t max_uids) {
+  if (set.empty() || known.empty()) return std::nullopt;
+  std::vector<std::uint32_t> out;
+  // n, n:m, *, comma-separated.
   while (!set.empty()) {
     std::size_t comma = set.find(',');
     std::string_view range = set.substr(0, comma);
+    if (comma != std::string_view::npos && comma + 1 == set.size()) return std::nullopt;  // "1,"
     set = comma == std::string_view::npos ? std::string_view() : set.substr(comma + 1);
     auto bound = [&](std::string_view t) -> std::optional<std::uint32_t> {
-      if (t == "*") return known.back();
+      if (t == "*") return by_uid ? known.back() : static_cast<std::uint32_t>(known.size());
       std::string_view c = t;
+      if (c.empty() || c.front() == ' ') return std::nullopt;
       std::optional<std::uint32_t> v = ReadNumber(&c);
       if (!v || !c.empty()) return std::nullopt;
       return v;
@@ -597,15 +594,83 @@ std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<s
     std::optional<std::uint32_t> hi = colon == std::string_view::npos ? lo : bound(range.substr(colon + 1));
     if (!lo || !hi) return std::nullopt;
     if (*lo > *hi) std::swap(lo, hi);
+    if (!by_uid) {
+      if (*hi > known.size()) return std::nullopt;  // the server says BAD: let it
+      if (*hi - *lo + 1 > max_uids) return std::nullopt;
+      for (std::uint32_t n = *lo; n <= *hi; ++n) out.push_back(known[n - 1]);
+      if (out.size() > max_uids) return std::nullopt;
+      continue;
+    }
     auto first = std::lower_bound(known.begin(), known.end(), *lo);
     auto last = std::upper_bound(known.begin(), known.end(), *hi);
     if (colon == std::string_view::npos && (first == known.end() || *first != *lo)) return std::nullopt;
     if (first == last) return std::nullopt;  // names no message the proxy knows
     for (auto it = first; it != last; ++it) {
-      out.uids.push_back(*it);
-      if (out.uids.size() > max_uids) return std::nullopt;
+      out.push_back(*it);
+      if (out.size() > max_uids) return std::nullopt;
     }
   }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::optional<CopyCommand> ParseCopy(std::string_view rest, const std::vector<std::uint32_t>& known, bool by_uid,
+                                     std::size_t max_uids) {
+  rest = StripEol(rest);
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  std::size_t sp = rest.find(' ');
+  if (sp == std::string_view::npos) return std::nullopt;
+  std::optional<std::vector<std::uint32_t>> uids = ExpandSet(rest.substr(0, sp), known, by_uid, max_uids);
+  if (!uids) return std::nullopt;
+  rest.remove_prefix(sp);
+  std::optional<std::string> box = ReadAstring(&rest);
+  if (!box) return std::nullopt;
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  if (!rest.empty()) return std::nullopt;
+  return CopyCommand{std::move(*uids), std::move(*box)};
+}
+
+std::optional<AppendCommand> ParseAppend(std::string_view rest) {
+  AppendCommand out;
+  bool bad = false;
+  std::optional<std::uint64_t> n = AnnouncedLiteral(rest, &out.nonsync, &bad);
+  if (!n) return std::nullopt;
+  out.size = *n;
+  std::string_view s = StripEol(rest);
+  s = s.substr(0, s.rfind('{'));  // the words before the literal
+  std::optional<std::string> box = ReadAstring(&s);
+  if (!box) return std::nullopt;
+  out.mailbox = std::move(*box);
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  if (!s.empty() && s.front() == '(') {
+    std::optional<std::vector<std::string>> flags = ReadFlagList(&s);
+    if (!flags) return std::nullopt;
+    out.flags = std::move(*flags);
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  }
+  if (!s.empty() && s.front() == '"') {
+    std::optional<std::string> date = ReadAstring(&s);
+    if (!date || date->empty()) return std::nullopt;
+    out.date = std::move(*date);
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  }
+  if (!s.empty()) return std::nullopt;  // CATENATE, UTF8 (...), an extension: the server's
+  return out;
+}
+
+std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<std::uint32_t>& known,
+                                      std::size_t max_uids) {
+  rest = StripEol(rest);
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  std::size_t sp = rest.find(' ');
+  if (sp == std::string_view::npos || known.empty()) return std::nullopt;
+  std::string_view set = rest.substr(0, sp);
+  rest.remove_prefix(sp);
+  UidStore out;
+  std::optional<std::vector<std::uint32_t>> uids = ExpandSet(set, known, /*by_uid=*/true, max_uids);
+  if (!uids) return std::nullopt;
+  out.uids = std::move(*uids);
   while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
   if (StartsWithNoCase(rest, "+FLAGS")) {
     out.add = true;

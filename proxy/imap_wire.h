@@ -187,6 +187,36 @@ struct UidStore {
 std::optional<UidStore> ParseUidStore(std::string_view rest, const std::vector<std::uint32_t>& known,
                                       std::size_t max_uids = 1000);
 
+// A sequence set ("2,4:6,*") or, with `by_uid`, a UID set, expanded against `known` (the
+// selected mailbox's UIDs, ascending): the UIDs it names, ascending, without duplicates. "*" is
+// the last message. A sequence number past the end, a single UID the proxy does not know, a
+// range naming no known message, a malformed set, or more than `max_uids` messages: nullopt.
+std::optional<std::vector<std::uint32_t>> ExpandSet(std::string_view set, const std::vector<std::uint32_t>& known,
+                                                    bool by_uid, std::size_t max_uids = 1000);
+
+// "COPY set mailbox" / "UID COPY set mailbox" (`rest` after the command name; `by_uid` for UID
+// COPY): the messages (as ExpandSet) and the destination (an atom or a quoted string; a literal
+// is nullopt).
+struct CopyCommand {
+  std::vector<std::uint32_t> uids;
+  std::string destination;
+};
+std::optional<CopyCommand> ParseCopy(std::string_view rest, const std::vector<std::uint32_t>& known, bool by_uid,
+                                     std::size_t max_uids = 1000);
+
+// An APPEND command's first segment, "APPEND mailbox [(flags)] ["date-time"] {n}" or {n+}
+// (`rest` after the name, the line end included): one message, the mailbox an atom or a quoted
+// string. The date-time is returned as given (unchecked). nullopt for anything else (a literal
+// mailbox, CATENATE, extensions), which then goes to the server.
+struct AppendCommand {
+  std::string mailbox;
+  std::vector<std::string> flags;
+  std::string date;  // "" when none
+  std::uint64_t size = 0;
+  bool nonsync = false;
+};
+std::optional<AppendCommand> ParseAppend(std::string_view rest);
+
 // A server's untagged FETCH segment carrying FLAGS: "* 3 FETCH (UID 7 FLAGS (\Seen) ...)".
 // The sequence number, the UID when the segment names it, the flags, and where "(...)" of the
 // flags is in the segment (offset, length), for RewriteFlags. nullopt otherwise.

@@ -2323,6 +2323,31 @@ void ImapClient::UidMove(std::string uid_set, std::string destination,
   Enqueue(std::move(cmd));
 }
 
+void ImapClient::UidCopy(std::string uid_set, std::string destination,
+                         ResultCallback<MoveResult> done) {
+  auto cmd = std::make_unique<Command>();
+  cmd->kind = kCopy;
+  cmd->label = "UID COPY " + uid_set + " \"" + destination + "\"";
+  cmd->uid_set = uid_set;
+  cmd->mailbox = destination;
+  cmd->complete = [done](Command& c, Status s) {
+    if (!done) return;
+    if (!s.ok()) return done(s);
+    done(std::move(c.move));
+  };
+  if (!imap::IsValidUidSet(uid_set)) {
+    FailLater(std::move(cmd), Status::InvalidArgument("\"" + uid_set + "\" is not a UID set"));
+    return;
+  }
+  cmd->build = [uid_set, destination](const ImapCapabilities& caps) {
+    std::vector<std::string> parts = {"UID COPY " + uid_set + " "};
+    imap::AppendString(destination, caps.literal_plus(), &parts);
+    parts.back() += "\r\n";
+    return parts;
+  };
+  Enqueue(std::move(cmd));
+}
+
 void ImapClient::Create(std::string mailbox, StatusCallback done) {
   SimpleMailboxCommand(kCreate, "CREATE", std::move(mailbox), std::move(done));
 }

@@ -298,6 +298,9 @@ class ImapClient {
   // STORE +FLAGS.SILENT (\Deleted), then UidExpunge (one after the other, each after the
   // previous succeeded; a failure stops the sequence and is reported).
   void UidMove(std::string uid_set, std::string destination, ResultCallback<MoveResult> done);
+  // UID COPY uid_set destination: copies the messages (flags and INTERNALDATE kept); the
+  // result's uids are the server's COPYUID pairs (empty without UIDPLUS).
+  void UidCopy(std::string uid_set, std::string destination, ResultCallback<MoveResult> done);
   // UID SEARCH HEADER field "value" in the selected mailbox: the UIDs of the messages whose
   // header `field` contains `value` (RFC 3501 §6.4.4: a substring match, case-insensitive),
   // in the server's order; empty when none. `field` must be a header name (letters, digits,

@@ -61,7 +61,7 @@ std::string EncodeOp(const ImapOp& op) {
 
 bool KindFromName(const std::string& name, ImapOp::Kind* kind) {
   for (ImapOp::Kind k : {ImapOp::Kind::kAppend, ImapOp::Kind::kStore, ImapOp::Kind::kExpunge,
-                         ImapOp::Kind::kMove}) {
+                         ImapOp::Kind::kMove, ImapOp::Kind::kCopy}) {
     if (name == ImapOpKindName(k)) {
       *kind = k;
       return true;
@@ -91,6 +91,7 @@ const char* ImapOpKindName(ImapOp::Kind kind) {
     case ImapOp::Kind::kStore: return "store";
     case ImapOp::Kind::kExpunge: return "expunge";
     case ImapOp::Kind::kMove: return "move";
+    case ImapOp::Kind::kCopy: return "copy";
   }
   return "?";
 }

@@ -62,19 +62,20 @@
 namespace ghost {
 
 struct ImapOp {
-  enum class Kind { kAppend, kStore, kExpunge, kMove };
+  // kCopy: UID COPY of one message to `destination` (queued by ghostproxy's IMAP proxy).
+  enum class Kind { kAppend, kStore, kExpunge, kMove, kCopy };
   std::uint64_t seq = 0;  // assigned by Add, increasing, unique in the journal's life
   Kind kind = Kind::kAppend;
   std::string origin;     // the origin's name
   std::string mailbox;    // wire name (modified UTF-7)
-  // kStore, kExpunge, kMove: the message, valid while its mailbox keeps this UIDVALIDITY.
+  // kStore, kExpunge, kMove, kCopy: the message, valid while its mailbox keeps this UIDVALIDITY.
   std::uint32_t uidvalidity = 0;
   std::uint32_t uid = 0;
   // kAppend: the message's flags; kStore: the flags to add (UID STORE +FLAGS) ...
   std::vector<std::string> flags;
   // ... and to remove (-FLAGS): only what the reader changed, so keywords survive.
   std::vector<std::string> remove_flags;
-  std::string destination;        // kMove: the destination mailbox's wire name
+  std::string destination;        // kMove, kCopy: the destination mailbox's wire name
   // kAppend: the date to give it, seconds since the epoch (0 = the server's clock). kStore,
   // kExpunge, kMove: the message's INTERNALDATE as listed, and its RFC822.SIZE, which find it
   // again if the mailbox's UIDVALIDITY changes before the op is sent (fs/mail_tree.cc Resync).

@@ -7,7 +7,8 @@
 // goes to each recognizer. Checked: no crash, no sanitizer report; a segment never exceeds the
 // line limit; literal bytes never exceed what was announced; FilterCapabilities leaves no
 // COMPRESS= or STARTTLS in a capability line and is idempotent; a parsed UID STORE names only
-// known UIDs; a FETCH FLAGS rewritten with other flags parses to them.
+// known UIDs, as does a parsed COPY (sorted); a parsed APPEND's literal is the one the segment
+// announces; a FETCH FLAGS rewritten with other flags parses to them.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +51,19 @@ void Recognize(std::string_view seg) {
             "a parsed UID STORE names no message, too many, or no flag", seg);
       for (std::uint32_t u : st->uids)
         Check(std::binary_search(kKnown.begin(), kKnown.end(), u), "a UID STORE names an unknown UID", seg);
+    }
+    for (bool by_uid : {false, true}) {
+      if (std::optional<CopyCommand> cp = ParseCopy(c->rest, kKnown, by_uid, 100)) {
+        Check(!cp->uids.empty() && cp->uids.size() <= 100 && std::is_sorted(cp->uids.begin(), cp->uids.end()),
+              "a parsed COPY names no message, too many, or is unsorted", seg);
+        for (std::uint32_t u : cp->uids)
+          Check(std::binary_search(kKnown.begin(), kKnown.end(), u), "a COPY names an unknown message", seg);
+      }
+    }
+    if (std::optional<AppendCommand> a = ParseAppend(c->rest)) {
+      bool nonsync = false, bad = false;
+      std::optional<std::uint64_t> n = AnnouncedLiteral(seg, &nonsync, &bad);
+      Check(n && *n == a->size && nonsync == a->nonsync, "a parsed APPEND's literal is not the segment's", seg);
     }
   }
   if (std::optional<FetchFlags> ff = ParseFetchFlags(seg)) {

@@ -6,7 +6,8 @@ for CRLF stored as LF, as both sync clients write a Maildir, and mbsync's own X-
 flag change and a deletion made in that Maildir land on the server after the next sync;
 offlineimap3 the same; through a second proxy that defers changes (imap_journal, ghostfs's card
 in PSM), mbsync's flag change waits in the journal until `ghostctl flush` (its CLOSE does not send it),
-while a deferred \\Deleted is sent before CLOSE; curl imap:// fetches a body; a body once read whole from the cache is
+and so does a local deletion (its \\Deleted and expunge), while a deferred \\Deleted is sent
+before a CLOSE whose messages' flags the proxy does not all know; curl imap:// fetches a body; a body once read whole from the cache is
 answered from the proxy's RAM without asking ghostfs; neomutt with imap:// (in tmux) lists and
 displays a message. Each client missing is a skip with its name. TAP; skipped without root,
 /dev/fuse or dovecot."""
@@ -23,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 18
+PLAN = 19
 SUBJECTS = ["Alpha lunch", "Bravo report", "Charlie hints", "Delta notes", "Echo plans", "Foxtrot end"]
 
 
@@ -296,9 +297,9 @@ def main():
     # mbsync through the deferring proxy (card in PSM): a flag change is answered at once and
     # waits in the journal; `ghostctl flush` sends it to the server.
     if not shutil.which("mbsync"):
-        skip(t, 5, "mbsync (isync) is not installed")
+        skip(t, 6, "mbsync (isync) is not installed")
     elif not t.check(h.wait_port(jport, 15), "the deferring proxy listens", open(jlog).read()[-500:]):
-        skip(t, 4, "no deferring proxy")
+        skip(t, 5, "no deferring proxy")
     else:
         rc = mbsyncrc(work, "mbsync-deferred", jport, dc)
         r = run(["mbsync", "-c", rc, "inbox"], env=env)
@@ -320,8 +321,25 @@ def main():
             landed = h.wait_for(lambda: b"\\Flagged" in server.state().get(flag_id, (b"",))[0], timeout=10)
             t.check(landed, "mbsync: after ghostctl flush the deferred flag change is on the server",
                     open(jlog).read()[-600:])
+            # A local deletion: mbsync's \\Deleted and its expunge are answered at once and wait;
+            # the flush expunges the message on the server.
+            del_id = b"<c6@ghost.test>"
+            dc.seed("", b"From: a@ghost.test\r\nTo: b@ghost.test\r\nSubject: Golf extra\r\n"
+                        b"Message-ID: <c6@ghost.test>\r\n\r\nTo be deleted locally.\r\n")
+            run(["mbsync", "-c", rc, "inbox"], env=env)
+            got = maildir_messages(os.path.join(work, "mbsync-deferred", "INBOX"))
+            if del_id in got:
+                os.unlink(got[del_id][0])
+            time.sleep(1.5)  # the card back in PSM
+            r = run(["mbsync", "-c", rc, "inbox"], env=env)
+            waited = del_id in server.state()
+            subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+            gone = h.wait_for(lambda: del_id not in server.state() or None, timeout=10)
+            t.check(r.returncode == 0 and waited and gone,
+                    "mbsync: a local deletion through the deferring proxy waits, and the flush expunges it",
+                    f"rc {r.returncode} waited {waited} gone {gone} {r.stderr[-400:]!r}\n" + open(jlog).read()[-600:])
         else:
-            skip(t, 2, "the first mbsync run through the deferring proxy failed")
+            skip(t, 3, "the first mbsync run through the deferring proxy failed")
         # A deferred \\Deleted is sent before a CLOSE (which expunges it on the server).
         gone_id = b"<c0@ghost.test>"
         time.sleep(1.5)  # the card back in PSM
@@ -335,6 +353,7 @@ def main():
             held = gone_id in server.state() and b"Deleted" in jf.read()
         c.close()
         c.logout()
+        # (Only this message's flags are known: the CLOSE cannot be deferred and sends the queue.)
         t.check(held and gone_id not in server.state(),
                 "a deferred \\Deleted is sent before CLOSE, which expunges the message on the server",
                 f"{typ} {data} deferred {held}\n" + open(jlog).read()[-600:])

@@ -282,5 +282,61 @@ TEST(ImapWireTest, FindsAndRewritesTheFlagsOfAnUntaggedFetch) {
   EXPECT_FALSE(ParseFetchFlags("* 2 FETCH (BODY[HEADER.FIELDS (FLAGS)] {3}\r\n"));
 }
 
+TEST(ImapWireTest, ExpandsSequenceAndUidSetsAgainstTheMap) {
+  const std::vector<std::uint32_t> known = {3, 5, 9, 12};
+  EXPECT_EQ(*ExpandSet("2,4", known, false), (std::vector<std::uint32_t>{5, 12}));
+  EXPECT_EQ(*ExpandSet("3:*", known, false), (std::vector<std::uint32_t>{9, 12}));
+  EXPECT_EQ(*ExpandSet("*:1", known, false), known);
+  EXPECT_EQ(*ExpandSet("4:10", known, true), (std::vector<std::uint32_t>{5, 9}));
+  EXPECT_EQ(*ExpandSet("12,3,3", known, true), (std::vector<std::uint32_t>{3, 12}));
+  // A sequence number past the end, an unknown UID, junk, too many: nullopt (to the server).
+  EXPECT_FALSE(ExpandSet("5", known, false));
+  EXPECT_FALSE(ExpandSet("0", known, false));
+  EXPECT_FALSE(ExpandSet("4", known, true));
+  EXPECT_FALSE(ExpandSet("1,", known, false));
+  EXPECT_FALSE(ExpandSet("1:x", known, false));
+  EXPECT_FALSE(ExpandSet("", known, false));
+  EXPECT_FALSE(ExpandSet("1", {}, false));
+  EXPECT_FALSE(ExpandSet("1:4", known, false, 3));
+}
+
+TEST(ImapWireTest, ParsesACopyToAnotherMailbox) {
+  const std::vector<std::uint32_t> known = {3, 5, 9, 12};
+  auto c = ParseCopy("2:3 Archive\r\n", known, false);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->uids, (std::vector<std::uint32_t>{5, 9}));
+  EXPECT_EQ(c->destination, "Archive");
+  c = ParseCopy("12 \"Saved mail\"\r\n", known, true);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->uids, (std::vector<std::uint32_t>{12}));
+  EXPECT_EQ(c->destination, "Saved mail");
+  EXPECT_FALSE(ParseCopy("2 {7}\r\n", known, false));      // a literal mailbox
+  EXPECT_FALSE(ParseCopy("2 Archive extra\r\n", known, false));
+  EXPECT_FALSE(ParseCopy("7 Archive\r\n", known, true));   // unknown UID
+  EXPECT_FALSE(ParseCopy("2\r\n", known, false));
+}
+
+TEST(ImapWireTest, ParsesAnAppendOfOneMessage) {
+  auto a = ParseAppend("Sent (\\Seen $Ghost) \"26-Nov-2026 04:00:00 +0000\" {310}\r\n");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->mailbox, "Sent");
+  EXPECT_EQ(a->flags, (std::vector<std::string>{"\\Seen", "$Ghost"}));
+  EXPECT_EQ(a->date, "26-Nov-2026 04:00:00 +0000");
+  EXPECT_EQ(a->size, 310u);
+  EXPECT_FALSE(a->nonsync);
+  a = ParseAppend("\"My Drafts\" {12+}\r\n");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->mailbox, "My Drafts");
+  EXPECT_TRUE(a->flags.empty());
+  EXPECT_TRUE(a->date.empty());
+  EXPECT_TRUE(a->nonsync);
+  EXPECT_EQ(a->size, 12u);
+  EXPECT_FALSE(ParseAppend("Sent (\\Seen {12}\r\n"));            // unbalanced
+  EXPECT_FALSE(ParseAppend("Sent CATENATE (TEXT {12}\r\n"));     // an extension
+  EXPECT_FALSE(ParseAppend("Sent\r\n"));                         // no literal
+  EXPECT_FALSE(ParseAppend("{4}\r\n"));                          // a literal mailbox
+  EXPECT_FALSE(ParseAppend("Sent {x}\r\n"));
+}
+
 }  // namespace
 }  // namespace ghost::imapwire

@@ -176,6 +176,22 @@ TEST_F(ImapQueueTest, ReplaysUnacknowledgedOperationsAfterACrash) {
   EXPECT_TRUE(queue_->pending().empty());
 }
 
+TEST_F(ImapQueueTest, ReplaysAQueuedCopyWithItsDestination) {
+  OpenQueue();
+  ImapOp copy = Store(21, {});
+  copy.kind = ImapOp::Kind::kCopy;
+  copy.destination = "Archive/2026";
+  ASSERT_TRUE(queue_->Add(copy).ok());
+  OpenQueue();  // "crash"
+  ASSERT_EQ(queue_->pending().size(), 1u);
+  EXPECT_EQ(queue_->pending()[0].kind, ImapOp::Kind::kCopy);
+  EXPECT_EQ(queue_->pending()[0].mailbox, "Work/Reports");
+  EXPECT_EQ(queue_->pending()[0].uidvalidity, 77u);
+  EXPECT_EQ(queue_->pending()[0].uid, 21u);
+  EXPECT_EQ(queue_->pending()[0].destination, "Archive/2026");
+  EXPECT_STREQ(ImapOpKindName(ImapOp::Kind::kCopy), "copy");
+}
+
 TEST_F(ImapQueueTest, AcknowledgedOperationsAreNotReplayed) {
   OpenQueue();
   hold_ = true;

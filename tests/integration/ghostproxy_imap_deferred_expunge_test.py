@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""ghostproxy defers EXPUNGE, UID EXPUNGE, MOVE/UID MOVE and CLOSE (proxy/imap_proxy.h "Deferred
+changes") in front of a real dovecot on 127.0.0.1, with a ghostfs whose emulated network card
+sleeps in PSM, and keeps the client's view consistent: after expunging 2 of 5 messages the client
+gets its untagged EXPUNGEs at once while dovecot still has 5; FETCH 1:* (UID FLAGS), SEARCH ALL,
+UID FETCH 1:*, UID SEARCH ALL and a body FETCH by sequence number agree with the client's view; a
+UID MOVE to another mailbox is shown as an EXPUNGE; after `ghostctl flush` dovecot has exactly the
+remaining messages (and the moved one in the destination), and the server's own EXPUNGEs are not
+shown to the client again. A deferred CLOSE expunges on the server only at the flush.
+TAP; skipped without root, /dev/fuse, dovecot or nginx."""
+import imaplib
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+PLAN = 12
+
+
+def message(subject, seed):
+    return (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: {subject}\r\n"
+            f"Message-ID: <{subject}.{seed}@ghost>\r\n\r\nbody {seed}\r\nline two\r\n").encode()
+
+
+def main():
+    h.require_root_and_fuse()
+    dc = h.started_dovecot()
+    originals = [message(f"m{i}", i) for i in range(5)]
+    for m in originals:
+        dc.seed("", m)
+    t = h.Tap(PLAN)
+    work = h.tempdir()
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    www = os.path.join(work, "www")
+    os.makedirs(www)
+    nginx = h.Nginx(www)
+    if not nginx.start():
+        t.skip_rest(PLAN, "nginx did not start")
+        t.done()
+    ctl = os.path.join(work, "control.sock")
+    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
+                   args=["--profile", "ipaq-2004"], control=ctl)
+    if not fs.start():
+        t.skip_rest(PLAN, "ghostfs did not mount")
+        t.done()
+    journal = os.path.join(work, "imap-journal")
+    iport = h.free_port()
+    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
+    log = os.path.join(work, "ghostproxy.log")
+    ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+
+    def start():
+        conf = os.path.join(work, "proxy.toml")
+        with open(conf, "w") as f:
+            f.write("imap_deadline = 300\n")
+        p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
+                              "--config", conf, "--imap-listen", f"127.0.0.1:{iport}",
+                              "--imap-origin", f"imap://127.0.0.1:{dc.port}/", "--imap-journal", journal],
+                             stdout=open(log, "a"), stderr=subprocess.STDOUT)
+        h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
+        return p
+
+    def direct():
+        d = imaplib.IMAP4("127.0.0.1", dc.port)
+        d.login(dc.user, dc.password)
+        return d
+
+    def server_messages(folder):
+        """[(flags, body)] of `folder` as dovecot has them, in UID order."""
+        d = direct()
+        d.select(folder, readonly=True)
+        out = []
+        typ, data = d.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")
+        for item in data:
+            if isinstance(item, tuple):
+                head = item[0].decode()
+                flags = head.split("FLAGS (")[1].split(")")[0].split()
+                out.append((flags, item[1]))
+        d.logout()
+        return out
+
+    def bodies(folder):
+        return sorted(b for _, b in server_messages(folder))
+
+    def tail():
+        return open(log).read()[-600:]
+
+    d = direct()
+    for box in ("Archive",):
+        d.create(box)
+    d.select("INBOX", readonly=True)
+    uids = [int(x) for x in d.uid("SEARCH", None, "ALL")[1][0].split()]
+    d.logout()
+
+    proxy = start()
+    if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-journal", tail()):
+        t.skip_rest(PLAN, "no IMAP proxy")
+        t.done()
+    time.sleep(1)  # subscribed to ghostfs's modes
+
+    c = imaplib.IMAP4("127.0.0.1", iport)
+    c.login(dc.user, dc.password)
+    c.select("INBOX")
+    # \Deleted set at dovecot (a queued flag change would make SEARCH send the queue first).
+    d = direct()
+    d.select("INBOX")
+    d.uid("STORE", f"{uids[1]},{uids[3]}", "+FLAGS.SILENT", "(\\Deleted)")
+    d.logout()
+    c.uid("FETCH", "1:*", "(FLAGS)")  # the proxy learns the flags
+    typ, data = c.expunge()
+    t.check(typ == "OK" and sorted(data) == [b"2", b"4"] and len(bodies("INBOX")) == 5,
+            "EXPUNGE of 2 of 5 is answered with its untagged EXPUNGEs at once; dovecot still has 5",
+            f"{typ} {data} {len(bodies('INBOX'))} " + tail())
+    left = [uids[0], uids[2], uids[4]]
+
+    def fetch_view():
+        typ, data = c.fetch("1:*", "(UID FLAGS)")
+        out = []
+        for item in data:
+            text = item.decode() if isinstance(item, bytes) else item[0].decode()
+            if "UID " not in text:  # an unsolicited FLAGS change imaplib kept from an earlier command
+                continue
+            out.append((int(text.split()[0]), int(text.split("UID ")[1].split()[0].rstrip(")"))))
+        return typ, out
+    typ, view = fetch_view()
+    t.check(typ == "OK" and view == [(1, left[0]), (2, left[1]), (3, left[2])],
+            "FETCH 1:* (UID FLAGS) shows the 3 left, numbered 1..3", f"{view} " + tail())
+    typ, data = c.search(None, "ALL")
+    typ2, data2 = c.uid("SEARCH", None, "ALL")
+    t.check(typ == "OK" and data[0].split() == [b"1", b"2", b"3"] and
+            [int(x) for x in data2[0].split()] == left, "SEARCH ALL and UID SEARCH ALL agree with the client's view",
+            f"{data} {data2} " + tail())
+    typ, data = c.uid("FETCH", "1:*", "(FLAGS)")
+    seen = [int(x.decode().split("UID ")[1].split()[0].rstrip(")")) for x in data if isinstance(x, bytes)]
+    t.check(typ == "OK" and seen == left, "UID FETCH 1:* hides the expunged", f"{data} " + tail())
+    # A deferred flag change's answer carries the client's sequence number (3), not dovecot's (5).
+    typ, data = c.uid("STORE", str(uids[4]), "+FLAGS", "(\\Flagged)")
+    t.check(typ == "OK" and any(x.startswith(b"3 (UID %d FLAGS" % uids[4]) and b"\\Flagged" in x for x in data),
+            "a deferred UID STORE answers with the client's sequence number", f"{data} " + tail())
+
+    typ, data = c.uid("MOVE", str(uids[0]), "Archive")
+    t.check(typ == "OK" and bodies("Archive") == [] and len(bodies("INBOX")) == 5,
+            "UID MOVE is answered at once; nothing reaches dovecot", f"{typ} {data} " + tail())
+    typ, view = fetch_view()
+    # (A body from the server wakes the card: last.)
+    typ2, body = c.fetch("2", "(BODY.PEEK[])")
+    t.check(typ == "OK" and view == [(1, uids[2]), (2, uids[4])] and typ2 == "OK" and body[0][1] == originals[4],
+            "after the MOVE the client sees 2 messages; FETCH 2 BODY.PEEK[] is its second one",
+            f"{view} {body[0][:1]} " + tail())
+
+    subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+    h.wait_for(lambda: len(bodies("INBOX")) == 2 or None, timeout=10)
+    t.check(bodies("INBOX") == sorted([originals[2], originals[4]]) and bodies("Archive") == [originals[0]],
+            "after ghostctl flush dovecot has exactly the 2 left, and the moved one in Archive",
+            f"{len(bodies('INBOX'))} {len(bodies('Archive'))} " + tail())
+    typ, data = c.noop()
+    typ2, view = fetch_view()
+    typ3, data3 = c.search(None, "ALL")
+    t.check(typ == "OK" and view == [(1, uids[2]), (2, uids[4])] and data3[0].split() == [b"1", b"2"],
+            "after the flush the server's EXPUNGEs are not shown again; the view is unchanged",
+            f"{c.untagged_responses} {view} {data3} " + tail())
+
+    # CLOSE with a \Deleted message: answered at once, expunged on the server at the flush.
+    c.uid("FETCH", "1:*", "(FLAGS)")
+    c.uid("STORE", str(uids[2]), "+FLAGS.SILENT", "(\\Deleted)")
+    typ, _ = c.close()
+    kept = len(bodies("INBOX")) == 2
+    typ2, _ = c.select("INBOX")  # a mailbox with queued changes: the queue goes first
+    n = int(c.response("EXISTS")[1][-1])
+    t.check(typ == "OK" and kept and typ2 == "OK" and n == 1 and bodies("INBOX") == [originals[4]],
+            "a deferred CLOSE expunges on the server only when the queue is sent (SELECT sends it first)",
+            f"{typ} kept {kept} {n} " + tail())
+    c.logout()
+    t.check(proxy.poll() is None, "the proxy lives on", tail())
+    proxy.terminate()
+    proxy.wait(10)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
