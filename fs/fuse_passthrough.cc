@@ -142,6 +142,7 @@ ssize_t FusePassthrough::Read(int fd, void* buf, size_t len) {
 }
 
 ssize_t FusePassthrough::Writev(int fd, const iovec* iov, int count) {
+  if (notifier_ && notifier_->OnNotifierThread()) return ::writev(fd, iov, count);
   bool init_reply = init_unique_ != 0;
   if (!init_reply && pending_backing_id_ < 0) return ::writev(fd, iov, count);
   std::vector<char> msg = Flatten(iov, count);

@@ -56,6 +56,7 @@
 #include <unordered_map>
 
 #include "common/base/status.h"
+#include "fs/inval_notifier.h"
 
 namespace ghost {
 
@@ -73,6 +74,9 @@ class FusePassthrough {
   // fuse_session_mount and before the first request is read. On failure passthrough stays off
   // (logged) and the session is unchanged.
   void Attach(fuse_session* se, const fuse_custom_io& io);
+  // The notifier whose thread also writes to the session (kernel cache invalidations): its
+  // messages are not replies, and go out unpatched without touching this object's state.
+  void SetNotifier(const InvalNotifier* notifier) { notifier_ = notifier; }
 
   // The session's read and writev, with the INIT and open patches. Same contract as
   // read(2)/writev(2): -1 and errno on failure.
@@ -116,6 +120,7 @@ class FusePassthrough {
   nlohmann::json StatsJson() const;
 
  private:
+  const InvalNotifier* notifier_ = nullptr;
   struct InodeIo {
     int cached = 0;       // cached-mode opens replied and not released
     int passthrough = 0;  // opens replied with FOPEN_PASSTHROUGH and not released

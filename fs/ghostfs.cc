@@ -212,7 +212,11 @@ TreeContext Daemon::Context() {
                      .baseline_fetch = [this](Bytes n) { BaselineFetch(n); },
                      .imap_outcome = [this](const std::string& url, bool answered, const Status& s) { ImapOutcome(url, answered, s); },
                      .loop = base_,
-                     .mount_path = mount_path_};
+                     .mount_path = mount_path_,
+                     .invalidate_inode =
+                         [this](fuse_ino_t ino) {
+                           if (notifier_) notifier_->Invalidate(ino);
+                         }};
 }
 
 Status Daemon::OpenFlashLog() {
@@ -738,6 +742,9 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  // After Daemonize: a thread does not survive the fork.
+  notifier_ = std::make_unique<InvalNotifier>(se_);
+  passthrough_->SetNotifier(notifier_.get());
   // A log file or syslog: the lines written straight to stderr reach it too.
   if (Status s = CaptureStderr(base_); !s.ok()) Log(LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
   Log(LogLevel::kInfo, "serving %s (%zu origins, cache %s, %s)", mount_path_.c_str(), options_.origins.size(),
@@ -762,6 +769,7 @@ int Daemon::Run() {
   event_del(fuse_ev_);
   std::free(fuse_buf_.mem);
   fuse_buf_.mem = nullptr;
+  notifier_->Stop();  // before the session goes; later invalidations are dropped
   fuse_session_unmount(se_);
   fuse_session_destroy(se_);
   se_ = nullptr;

@@ -34,6 +34,7 @@
 #include "fs/fuse_passthrough.h"
 #include "fs/ghostfs.h"
 #include "fs/inode_table.h"
+#include "fs/inval_notifier.h"
 #include "fs/tree.h"
 #include "fs/write_back.h"
 
@@ -150,6 +151,7 @@ class Daemon final : public GhostFs {
   InodeTable inodes_;
   ReadLog reads_;
   fuse_session* se_ = nullptr;
+  std::unique_ptr<InvalNotifier> notifier_;  // kernel cache invalidations (fs/inval_notifier.h)
   event* fuse_ev_ = nullptr;
   fuse_buf fuse_buf_{};  // reused for every request
   std::vector<event*> signal_evs_;

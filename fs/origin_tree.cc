@@ -24,6 +24,9 @@ namespace ghost {
 namespace {
 
 constexpr double kAttrTimeout = 1.0;
+// The entry/attribute timeout of a cached file while its copy is fresh (its body cannot change
+// without the store telling the tree, which then invalidates the kernel's copy).
+constexpr double kFreshAttrTimeout = 60.0;
 
 
 // Percent-encodes one path component for a URL (RFC 3986 unreserved characters stay).
@@ -69,7 +72,26 @@ constexpr std::size_t kKeptBodies = 512;
 
 OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)), bodies_(BodyFdCache::CapacityFor(kKeptBodies)) {
   // The store outlives the tree (TreeContext); the listener goes with the tree.
-  ctx_.store.SetInternalChangeListener([this](const std::string& key) { bodies_.Forget(key); });
+  ctx_.store.SetInternalChangeListener([this](const std::string& key) {
+    bodies_.Forget(key);
+    DropKernelCopy(key);
+  });
+}
+
+double OriginTree::CachedTimeout(const std::string& url, fuse_ino_t ino, const CacheEntry* cached) {
+  if (!cached || !cached->expires || ctx_.write_back.QueuedBodyOf(url)) return kAttrTimeout;
+  double left = ToSeconds(*cached->expires - ctx_.clock.Now());
+  if (left <= kAttrTimeout) return kAttrTimeout;
+  long_timeouts_[url] = ino;
+  return std::min(left, kFreshAttrTimeout);
+}
+
+void OriginTree::DropKernelCopy(const std::string& url) {
+  auto it = long_timeouts_.find(url);
+  if (it == long_timeouts_.end()) return;
+  fuse_ino_t ino = it->second;
+  long_timeouts_.erase(it);
+  if (ctx_.invalidate_inode) ctx_.invalidate_inode(ino);
 }
 
 OriginTree::~OriginTree() { ctx_.store.SetInternalChangeListener(nullptr); }
@@ -260,7 +282,10 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     // The cached copy's size is exact; a listing's may be missing (Apache's "1.2K").
     const CacheEntry* cached = MountEntry(url);
     std::optional<Bytes> size = cached ? std::optional<Bytes>(cached->size) : e->size;
-    if (size) return ReplyNodeEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)));
+    if (size) {
+      return ReplyNodeEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)),
+                            cached ? CachedTimeout(url, n->ino, cached) : kAttrTimeout);
+    }
     fuse_ino_t ino = n->ino;
     auto mtime = FileMtime(e, nullptr);
     HttpRequest head;
@@ -289,7 +314,7 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
   const CacheEntry* c = MountEntry(url);
   if (c) {
     struct stat st = FileStat(n->ino, c->size, FileMtime(ListedEntry(n), c));
-    return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+    return (void)fuse_reply_attr(req, &st, CachedTimeout(url, n->ino, c));
   }
   if (auto s = streams_.find(url); s != streams_.end() && s->second->size) {
     struct stat st = FileStat(n->ino, *s->second->size, FileMtime(ListedEntry(n), nullptr));

@@ -175,6 +175,11 @@ class OriginTree final : public Tree {
   void Getxattr(fuse_req_t req, Node* n, const char* name, size_t size) override;
   void Listxattr(fuse_req_t req, Node* n, size_t size) override;
 
+  // The kernel's copy of `url`'s attributes and pages, if it was given a long timeout, is
+  // dropped (through the notifier thread): the object changed or is about to (a fill of it was
+  // queued). The store's changes call this; so does the shared store when it queues a fill.
+  void DropKernelCopy(const std::string& url);
+
   // ---- the read path, shared with the Maildir tree and the shared store ----
   // Registers an open body and returns its file handle.
   std::uint64_t AddHandle(Handle h);
@@ -231,6 +236,11 @@ class OriginTree final : public Tree {
   std::map<std::string, std::shared_ptr<Stream>> streams_;  // by URL, while fetching
   std::map<fuse_ino_t, PageVersion> page_versions_;         // origin inodes read in cached mode
   std::set<std::string> long_names_logged_;                 // listing URLs with names > NAME_MAX
+  // The entry/attribute timeout for a cached file: long (up to a minute, not past its expiry)
+  // while its copy is fresh and no fill of it is queued, remembered in long_timeouts_ so that
+  // a change invalidates it; else the 1 s of every other reply.
+  double CachedTimeout(const std::string& url, fuse_ino_t ino, const CacheEntry* cached);
+  std::unordered_map<std::string, fuse_ino_t> long_timeouts_;  // url -> inode
   BodyFdCache bodies_;  // body files of recent opens, kept open (dropped when they change)
 };
 

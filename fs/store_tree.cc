@@ -256,6 +256,7 @@ void StoreTree::StoreHandOver(Handle& h) {
   ctx_.manager.Remember(fill.key, fill.data.size());
   ctx_.baseline_write(fill.data.size());
   ctx_.write_back.QueueFill(fill.key, std::move(meta), std::move(fill.data));
+  reads_.DropKernelCopy(fill.key);  // the mount reads the queued version from now on
   ++store_stats_.fills;
   store_fills_.erase(f);
 }

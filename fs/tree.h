@@ -82,6 +82,9 @@ struct TreeContext {
   std::function<void(const std::string& url, bool answered, const Status& status)> imap_outcome;
   event_base* loop;               // the daemon's event loop (for clients that need one)
   const std::string& mount_path;  // canonical, for paths handed out (set once mounted)
+  // Drops the kernel's attributes and pages of an inode, from a notifier thread (never inside
+  // this call; fs/inval_notifier.h). Does nothing before the mount or after it ends.
+  std::function<void(fuse_ino_t)> invalidate_inode;
 };
 
 class Tree {

@@ -841,6 +841,7 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     db_->Run(db_->rollback, "rolling back").ok();  // best effort: `st` is the error to report
     return st;
   }
+  ++transactions_;
   dirty_access_.clear();
   dirty_meta_.clear();  // Find reads them from sqlite now
   return ghost::Status::Ok();
@@ -1023,7 +1024,11 @@ Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
     return ghost::Status::FromErrno(errno, "creating " + temp + " to cache " + Quote(key));
   }
   TimePoint now = clock_.Now();
-  ghost::Status st = Batch([&]() -> ghost::Status {
+  // A fill announced under the pack limit is published by one transaction holding its row and
+  // body (or not at all: a size mismatch is refused), so it needs no pending row: a crash
+  // before that leaves only the temp file, which crash recovery removes.
+  bool packed_ahead = meta.size != 0 && meta.size < pack_limit_;
+  ghost::Status st = packed_ahead ? ghost::Status::Ok() : Batch([&]() -> ghost::Status {
     db_->BindObject(db_->insert_pending, key, meta, ToStored(now), ToStored(now), std::nullopt);
     return db_->Run(db_->insert_pending, "recording the fill of " + Quote(key));
   });
@@ -1119,12 +1124,135 @@ void CacheStore::CommitFill(FillId id, std::function<void(ghost::Status)> done) 
 }
 
 void CacheStore::FinishCommit(FillId id) {
-  auto it = fills_.find(id);
-  if (it == fills_.end()) return;  // aborted meanwhile; AbortFill told the caller
-  Fill fill = std::move(it->second);
-  fills_.erase(it);
-  ghost::Status st = fill.error.ok() ? Publish(fill) : fill.error;
-  fill.commit_done(st);
+  if (!fills_.contains(id)) return;  // aborted meanwhile; AbortFill told the caller
+  ready_.push_back(id);
+  if (group_scheduled_) return;
+  group_scheduled_ = true;
+  Defer([this] { CommitReady(); });
+}
+
+bool CacheStore::Packable(const Fill& fill) const {
+  return fill.error.ok() && fill.written < pack_limit_ &&
+         (fill.meta.size == 0 || fill.written == fill.meta.size) &&
+         (capacity_ == 0 || fill.written <= capacity_);
+}
+
+void CacheStore::CommitReady() {
+  group_scheduled_ = false;
+  std::vector<FillId> ids = std::move(ready_);
+  ready_.clear();
+  std::vector<Fill> group;  // in commit order (the order of same-key fills decides the winner)
+  group.reserve(ids.size());
+  for (FillId id : ids) {
+    auto it = fills_.find(id);
+    if (it == fills_.end()) continue;  // aborted meanwhile; AbortFill told the caller
+    group.push_back(std::move(it->second));
+    fills_.erase(it);
+  }
+  std::vector<ghost::Status> results(group.size(), ghost::Status::Ok());
+  std::vector<Fill*> packed;
+  std::vector<ghost::Status*> packed_results;
+  auto flush_packed = [&] {
+    if (!packed.empty()) PublishPackedGroup(packed, packed_results);
+    packed.clear();
+    packed_results.clear();
+  };
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    Fill& fill = group[i];
+    if (!fill.error.ok()) {
+      results[i] = fill.error;
+    } else if (closed_) {
+      results[i] = ClosedError();
+    } else if (Packable(fill)) {
+      packed.push_back(&fill);
+      packed_results.push_back(&results[i]);
+    } else {
+      flush_packed();  // earlier fills first: a later fill of the same key must win
+      results[i] = Publish(fill);
+    }
+  }
+  flush_packed();
+  // Every row above is committed (or failed): only now are the fills acknowledged.
+  std::weak_ptr<int> alive = alive_;
+  for (std::size_t i = 0; i < group.size(); ++i) {
+    auto done = std::move(group[i].commit_done);
+    done(results[i]);  // may begin, commit or abort fills, or destroy the store
+    if (alive.expired()) return;
+  }
+}
+
+void CacheStore::PublishPackedGroup(std::vector<Fill*>& fills,
+                                    std::vector<ghost::Status*>& results) {
+  struct Item {
+    Fill* fill;
+    ghost::Status* result;
+    std::string bytes;
+    CacheEntry stored;
+    std::int64_t tick = 0;
+    bool replacing = false;
+    std::vector<std::string> evicted;
+  };
+  std::vector<Item> items;
+  items.reserve(fills.size());
+  for (std::size_t i = 0; i < fills.size(); ++i) {
+    Fill& fill = *fills[i];
+    fill.fd.reset();
+    std::string bytes(fill.written, '\0');
+    UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
+    ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
+    if (n != static_cast<ssize_t>(bytes.size())) {
+      *results[i] = ghost::Status::FromErrno(n < 0 ? errno : EIO,
+                                             "reading back the fill of " + Quote(fill.key));
+      Discard(fill);
+      continue;
+    }
+    items.push_back(Item{&fill, results[i], std::move(bytes), {}, 0, false, {}});
+  }
+  if (items.empty()) return;
+  for (Item& item : items) {
+    Fill& fill = *item.fill;
+    std::uint64_t h = KeyHash(fill.key);
+    item.replacing = table_.Contains(h);
+    item.stored = std::move(fill.meta);
+    item.stored.size = fill.written;
+    item.stored.where = Residence::kDisk;
+    Unindex(fill.key);
+    item.evicted = EvictFor(item.stored.size, h);
+    item.tick = NextTick();
+    table_.Put(h, item.stored.size, item.tick);
+    item.stored.fetched = clock_.Now();
+  }
+  // Bodies and rows in one transaction: each key's old object (file or packed) until it
+  // commits, the new one after; no intermediate state to recover.
+  ghost::Status st = Batch([&]() -> ghost::Status {
+    for (Item& item : items) {
+      const std::string& key = item.fill->key;
+      Stmt& s = db_->upsert_complete;
+      db_->BindObject(s, key, item.stored, ToStored(item.stored.fetched), item.tick,
+                      item.stored.expires
+                          ? std::optional<std::int64_t>(ToStored(*item.stored.expires))
+                          : std::nullopt);
+      s.BindBlob(11, item.bytes);
+      if (ghost::Status r = db_->Run(s, "committing " + Quote(key)); !r.ok()) return r;
+      for (const std::string& k : item.evicted) {
+        db_->delete_key.Bind(1, k);
+        if (ghost::Status r = db_->Run(db_->delete_key, "evicting " + Quote(k)); !r.ok()) return r;
+      }
+    }
+    return ghost::Status::Ok();
+  });
+  for (Item& item : items) {
+    const std::string& key = item.fill->key;
+    RemoveFile(item.fill->temp_path);
+    for (const std::string& k : item.evicted) RemoveFile(BodyPath(k));
+    if (st.ok() && item.replacing) RemoveFile(BodyPath(key));  // a body file it may have had
+    for (const std::string& k : item.evicted) Changed(k);
+    if (item.replacing) Changed(key);
+    *item.result = st;
+  }
+  if (!st.ok()) {
+    for (Item& item : items) Unindex(item.fill->key);  // old rows stay in sqlite, back at Open
+  }
 }
 
 ghost::Status CacheStore::Publish(Fill& fill) {

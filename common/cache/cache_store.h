@@ -33,6 +33,11 @@
 // transaction with the row complete=1 and the rows of the evicted objects deleted; then the
 // evicted bodies are unlinked. A crash between any two steps leaves either the old object, no
 // object, or the new one. Fills are not fsynced (a cache fill is not user data).
+// Group commit: fills whose appends complete in one loop turn are published together on the
+// next turn, consecutive packed ones (body under the pack limit: the row and its body are the
+// whole commit) in one transaction; CommitFill's callback runs only after that transaction
+// has committed. A fill announced packed (BeginFill with a size under the limit) writes no
+// pending row: until its commit it is only a temp file, which crash recovery removes.
 //
 // Byte cap: `capacity` bytes of bodies (0 = unlimited) is a hard cap on committed objects.
 // Eviction (least recently used first: exact below ObjectTable::kExactLimit objects, sampled
@@ -230,6 +235,9 @@ class CacheStore {
   // The first 64 bits of ObjectName(key): the object's slot in the in-memory table.
   static std::uint64_t KeyHash(std::string_view key);
   std::size_t open_fills() const { return fills_.size(); }
+  // sqlite transactions committed since Open (the misses path's cost: a group of packed fills
+  // shares one).
+  std::uint64_t transactions() const { return transactions_; }
 
  private:
   friend class StoreIndex;
@@ -276,7 +284,16 @@ class CacheStore {
   void RemoveFile(const std::string& path);
 
   void OnAppendDone(FillId id, ghost::Status st, const std::function<void(ghost::Status)>& done);
+  // Queues a fill whose appends are done for the next group commit (CommitReady).
   void FinishCommit(FillId id);
+  // The group commit: publishes every fill queued by FinishCommit since the last one, in
+  // order; consecutive packed fills share one transaction. Each fill's commit_done runs after
+  // the transaction holding its row has committed, never before.
+  void CommitReady();
+  // Whether `fill` will be published packed (its body under the pack limit, no error).
+  bool Packable(const Fill& fill) const;
+  // Publishes packed fills in one transaction; results[i] is fills[i]'s outcome.
+  void PublishPackedGroup(std::vector<Fill*>& fills, std::vector<ghost::Status*>& results);
   ghost::Status Publish(Fill& fill);
   // Publish of a body under the pack limit (CacheStoreOptions): read back from its temp file into the row.
   ghost::Status PublishPacked(Fill& fill, bool replacing);
@@ -320,6 +337,9 @@ class CacheStore {
   mutable std::deque<std::string> found_order_;
   std::vector<std::string> warnings_;
   std::map<FillId, Fill> fills_;
+  std::vector<FillId> ready_;     // fills waiting for the next group commit, in order
+  bool group_scheduled_ = false;  // CommitReady is deferred to the loop's next turn
+  std::uint64_t transactions_ = 0;
   FillId next_fill_id_ = 1;
   std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).

@@ -1,5 +1,6 @@
 #include "common/cache/object_table.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,7 +14,10 @@ std::uint64_t ObjectTable::HashOf(const unsigned char* digest8) {
 
 std::size_t ObjectTable::Probe(std::uint64_t hash) const {
   std::size_t i = Home(hash);
-  while (slots_[i].hash != 0 && slots_[i].hash != hash) i = Next(i);
+  while (slots_[i].hash != 0 && slots_[i].hash != hash) {
+    i = Next(i);
+    ++probe_steps_;
+  }
   return i;
 }
 
@@ -103,6 +107,17 @@ void ObjectTable::ForEach(const std::function<void(const Slot&)>& fn) const {
   for (const Slot& s : slots_) {
     if (s.hash != 0) fn(s);
   }
+}
+
+std::size_t ObjectTable::LongestProbe() const {
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].hash == 0) continue;
+    std::size_t home = Home(slots_[i].hash);
+    std::size_t d = i >= home ? i - home : i + slots_.size() - home;
+    longest = std::max(longest, d);
+  }
+  return longest;
 }
 
 void ObjectTable::AssertInvariants() const {

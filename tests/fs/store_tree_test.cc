@@ -71,7 +71,8 @@ class StoreTreeTest : public ::testing::Test {
                     .baseline_fetch = [](Bytes) {},
                     .imap_outcome = [](const std::string&, bool, const Status&) {},
                     .loop = base_,
-                    .mount_path = mount_path_};
+                    .mount_path = mount_path_,
+                    .invalidate_inode = {}};
     origin_ = std::make_unique<OriginTree>(ctx);
     tree_ = std::make_unique<StoreTree>(ctx, *origin_);
     Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
