@@ -65,9 +65,12 @@
 #ifndef GHOST_FS_FLASH_LOCAL_H_
 #define GHOST_FS_FLASH_LOCAL_H_
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +101,29 @@ struct LocalMetaArgs {
 };
 std::string EncodeLocalMetaArgs(const LocalMetaArgs& args);
 [[nodiscard]] Result<LocalMetaArgs> DecodeLocalMetaArgs(const std::string& text);
+
+// The value of kMetaSerialXattr: which logged metadata changes the backing tree holds. Every
+// serial up to `through`, and the ranges in `above` (applied past a gap). A gap is a record a
+// recovery replay could not apply (kept in the log): the marker never passes it, so every later
+// flush tries it again until it applies. Live changes go in at once (the tree has them), past
+// any gap. Stored as "THROUGH" or "THROUGH A-B C ..." (ranges, or single serials, past a gap);
+// a marker written before the gaps existed ("N") reads as through = N.
+struct MetaSerialMarker {
+  std::uint64_t through = 0;
+  std::map<std::uint64_t, std::uint64_t> above;  // first -> last, disjoint, first > through + 1
+  // Whether the backing tree holds `serial`.
+  bool Holds(std::uint64_t serial) const;
+  // The backing tree holds `serial` (every serial in [first, last]) now: adds it, merging
+  // ranges (and into `through`).
+  void Add(std::uint64_t serial) { Add(serial, serial); }
+  void Add(std::uint64_t first, std::uint64_t last);
+  // The highest serial the backing tree holds.
+  std::uint64_t Highest() const { return above.empty() ? through : above.rbegin()->second; }
+  std::string Encode() const;
+  bool operator==(const MetaSerialMarker&) const = default;
+};
+// nullopt for a value that is not a marker.
+std::optional<MetaSerialMarker> ParseMetaSerialMarker(const std::string& text);
 
 // --flash-log DIR[:SIZE]: the directory and the log's capacity (default 16M; SIZE with K, M,
 // G suffixes). A ':' is read as the size separator only when what follows parses as a size.
