@@ -47,7 +47,10 @@
 // having been applied already (the one change the marker may lag behind); a recreated file's
 // old handle is mapped to the new file, so its logged bytes land there. A record that cannot
 // be applied (e.g. rmdir of a directory that is not empty) is kept and reported, as a data
-// record the disk refuses. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
+// record the disk refuses; the marker never passes it (MetaSerialMarker: serials applied past
+// it are stored as ranges above the gap), so every later flush and replay retries it until it
+// applies. The flush's syncfs goes through the FileIo (FlushTarget::SyncFlush); if it fails,
+// every record of the flush (data and metadata) stays in the log. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
 // logged: they go to the backing tree only (durable at its next sync). While a recovery replay
 // runs, metadata is not logged either (TakesMeta): the serials must stay ordered.
 //
@@ -55,8 +58,9 @@
 // write queue's. At mount the log is recovered (torn tail cut) and replayed (flushed, reason
 // recovery); reads see its records until then.
 //
-// Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write and
-// fsync the log makes to the disk (a flush's writes into local/ files, a write-through) fails
+// Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
+// fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
+// of local/, a write-through) fails
 // with EIO while the file PATH exists; the log's own file is untouched. It drives the "disk
 // fails mid-flush" integration test (ghostfs_flash_faults) through the same FaultyFileIo the
 // unit tests use; nothing else reads it and it is not a user option.
