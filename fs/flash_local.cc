@@ -14,9 +14,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <utility>
 
 #include "common/config/config.h"
@@ -95,6 +97,66 @@ Result<LocalMetaArgs> DecodeLocalMetaArgs(const std::string& text) {
   return out;
 }
 
+bool MetaSerialMarker::Holds(std::uint64_t serial) const {
+  if (serial <= through) return true;
+  auto it = above.upper_bound(serial);  // the first range starting past `serial`
+  if (it == above.begin()) return false;
+  --it;
+  return serial <= it->second;
+}
+
+void MetaSerialMarker::Add(std::uint64_t first, std::uint64_t last) {
+  if (last <= through) return;
+  first = std::max(first, through + 1);
+  // Merge with every range that overlaps [first, last] or touches it.
+  auto it = above.upper_bound(first);
+  if (it != above.begin() && std::prev(it)->second + 1 >= first) --it;
+  while (it != above.end() && it->first <= last + 1) {
+    first = std::min(first, it->first);
+    last = std::max(last, it->second);
+    it = above.erase(it);
+  }
+  if (first == through + 1) {
+    through = last;
+  } else {
+    above[first] = last;
+  }
+}
+
+std::string MetaSerialMarker::Encode() const {
+  std::string out = std::to_string(through);
+  for (const auto& [first, last] : above) {
+    out += ' ' + std::to_string(first);
+    if (last != first) out += '-' + std::to_string(last);
+  }
+  return out;
+}
+
+std::optional<MetaSerialMarker> ParseMetaSerialMarker(const std::string& text) {
+  auto number = [](const std::string& t, std::uint64_t* out) {
+    if (t.empty() || t.size() > 19 || t.find_first_not_of("0123456789") != std::string::npos) return false;
+    *out = std::stoull(t);
+    return true;
+  };
+  std::istringstream in(text);
+  std::string word;
+  MetaSerialMarker out;
+  if (!(in >> word) || !number(word, &out.through)) return std::nullopt;
+  while (in >> word) {
+    std::size_t dash = word.find('-');
+    std::uint64_t first = 0, last = 0;
+    if (!number(word.substr(0, dash), &first)) return std::nullopt;
+    if (dash == std::string::npos) {
+      last = first;
+    } else if (!number(word.substr(dash + 1), &last)) {
+      return std::nullopt;
+    }
+    if (last < first) return std::nullopt;
+    out.Add(first, last);
+  }
+  return out;
+}
+
 Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   FlashLogSpec spec;
   spec.dir = text;
@@ -120,11 +182,18 @@ class LocalFlashLog::Target final : public FlushTarget {
   // `root`: the local/ backing directory; `marker_dir`: where kMetaSerialXattr lives (its parent,
   // same file system, out of the user's sight).
   Target(UniqueFd root, UniqueFd marker_dir) : root_(std::move(root)), marker_dir_(std::move(marker_dir)) {
-    char buf[32] = {};
-    ssize_t n = fgetxattr(marker_dir_.get(), kMetaSerialXattr, buf, sizeof(buf) - 1);
+    std::string buf(4096, '\0');
+    ssize_t n = fgetxattr(marker_dir_.get(), kMetaSerialXattr, buf.data(), buf.size());
+    if (n < 0 && errno == ERANGE) {
+      n = fgetxattr(marker_dir_.get(), kMetaSerialXattr, nullptr, 0);
+      if (n > 0) {
+        buf.assign(static_cast<std::size_t>(n), '\0');
+        n = fgetxattr(marker_dir_.get(), kMetaSerialXattr, buf.data(), buf.size());
+      }
+    }
     if (n > 0) {
-      buf[n] = '\0';
-      applied_ = std::strtoull(buf, nullptr, 10);
+      buf.resize(static_cast<std::size_t>(n));
+      if (std::optional<MetaSerialMarker> m = ParseMetaSerialMarker(buf)) marker_ = std::move(*m);
     }
   }
 
@@ -168,8 +237,8 @@ class LocalFlashLog::Target final : public FlushTarget {
     Result<LocalMetaArgs> a = DecodeLocalMetaArgs(arg2);
     if (!a.ok()) return a.status();
     // Already in the backing tree (made there before it was logged): the flush's syncfs makes
-    // it durable.
-    if (a->serial <= applied_) return Status::Ok();
+    // it durable. A record an earlier replay kept is not in the marker: it is tried again.
+    if (marker_.Holds(a->serial)) return Status::Ok();
     if (Status s = Replay(op, path, static_cast<mode_t>(arg), *a); !s.ok()) {
       return s.WithContext(std::string("replaying local/ ") + MetaOpName(op) + " of " + path);
     }
@@ -177,28 +246,45 @@ class LocalFlashLog::Target final : public FlushTarget {
     return Status::Ok();
   }
 
+  // The metadata changes the flush covered go to the disk before the log forgets them: a syncfs
+  // of local/ through the log's FileIo (the test-only fault switch fails it too). If it fails,
+  // the log keeps every record of the flush and the next flush syncs again.
+  void SyncFlush(FileIo& io, std::function<void(Status)> done) override {
+    if (meta_records_ == 0) return done(Status::Ok());
+    // The FileIo outlives this target: its callback must not touch a destroyed one.
+    std::weak_ptr<bool> alive = alive_;
+    io.Syncfs(root_.get(), [this, alive, done = std::move(done)](Status st) {
+      if (alive.expired()) return;
+      if (st.ok()) {
+        meta_charged_ += meta_records_;
+      } else {
+        std::fprintf(stderr, "ghostfs: flash log flush: syncfs of local/ failed: %s; every record stays in the "
+                     "log\n", st.ToString().c_str());
+      }
+      meta_records_ = 0;
+      done(st.WithContext("syncfs of local/"));
+    });
+  }
+
   void EndFlush() override {
     fds_.clear();
     remap_.clear();
-    // The metadata changes the flush covered go to the disk before the log forgets them.
-    if (meta_records_ > 0 && syncfs(root_.get()) != 0) {
-      std::fprintf(stderr, "ghostfs: flash log flush: syncfs of local/ failed: %s\n", std::strerror(errno));
-    }
-    meta_charged_ += meta_records_;
     meta_records_ = 0;
   }
 
-  // The serial of the last metadata change the backing tree holds; stores it in the marker.
+  // Records that the backing tree holds the metadata change `serial`; stores the marker.
   void SetApplied(std::uint64_t serial) {
-    applied_ = std::max(applied_, serial);
-    std::string v = std::to_string(applied_);
+    marker_.Add(serial);
+    std::string v = marker_.Encode();
     if (fsetxattr(marker_dir_.get(), kMetaSerialXattr, v.data(), v.size(), 0) != 0 && !warned_) {
       warned_ = true;
       std::fprintf(stderr, "ghostfs: flash log: cannot store %s (%s): after a power cut the log's metadata "
                    "records are taken as applied\n", kMetaSerialXattr, std::strerror(errno));
     }
   }
-  std::uint64_t applied() const { return applied_; }
+  // The highest serial the backing tree holds (kept records below it may be missing).
+  std::uint64_t applied() const { return marker_.Highest(); }
+  const MetaSerialMarker& marker() const { return marker_; }
   // Metadata records flushed since the last call (each one a block the disk writes).
   std::uint64_t TakeMetaCharge() { return std::exchange(meta_charged_, 0); }
 
@@ -252,12 +338,13 @@ class LocalFlashLog::Target final : public FlushTarget {
 
   UniqueFd root_;        // the local/ backing directory: the mount for open_by_handle_at
   UniqueFd marker_dir_;  // holds kMetaSerialXattr
-  std::uint64_t applied_ = 0;
+  MetaSerialMarker marker_;
   std::uint64_t meta_records_ = 0;  // metadata records this flush went through
   std::uint64_t meta_charged_ = 0;
   bool warned_ = false;
   std::map<std::string, UniqueFd> fds_;
   std::map<std::string, UniqueFd> remap_;  // logged handle -> the file a replayed create made
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // SyncFlush's callback checks it
 };
 
 LocalFlashLog::LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Device& disk)
@@ -555,6 +642,7 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"meta_logged", meta_logged_},
           {"meta_failures", meta_failures_},
           {"meta_serial_applied", target_->applied()},
+          {"meta_serial_marker", target_->marker().Encode()},
           {"write_throughs", write_throughs_},
           {"write_through_failures", write_through_failures_},
           {"last_flush_errors", last_flush_errors_}};

@@ -47,7 +47,10 @@
 // having been applied already (the one change the marker may lag behind); a recreated file's
 // old handle is mapped to the new file, so its logged bytes land there. A record that cannot
 // be applied (e.g. rmdir of a directory that is not empty) is kept and reported, as a data
-// record the disk refuses. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
+// record the disk refuses; the marker never passes it (MetaSerialMarker: serials applied past
+// it are stored as ranges above the gap), so every later flush and replay retries it until it
+// applies. The flush's syncfs goes through the FileIo (FlushTarget::SyncFlush); if it fails,
+// every record of the flush (data and metadata) stays in the log. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
 // logged: they go to the backing tree only (durable at its next sync). While a recovery replay
 // runs, metadata is not logged either (TakesMeta): the serials must stay ordered.
 //
@@ -55,8 +58,9 @@
 // write queue's. At mount the log is recovered (torn tail cut) and replayed (flushed, reason
 // recovery); reads see its records until then.
 //
-// Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write and
-// fsync the log makes to the disk (a flush's writes into local/ files, a write-through) fails
+// Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
+// fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
+// of local/, a write-through) fails
 // with EIO while the file PATH exists; the log's own file is untouched. It drives the "disk
 // fails mid-flush" integration test (ghostfs_flash_faults) through the same FaultyFileIo the
 // unit tests use; nothing else reads it and it is not a user option.
@@ -65,9 +69,12 @@
 #ifndef GHOST_FS_FLASH_LOCAL_H_
 #define GHOST_FS_FLASH_LOCAL_H_
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +105,29 @@ struct LocalMetaArgs {
 };
 std::string EncodeLocalMetaArgs(const LocalMetaArgs& args);
 [[nodiscard]] Result<LocalMetaArgs> DecodeLocalMetaArgs(const std::string& text);
+
+// The value of kMetaSerialXattr: which logged metadata changes the backing tree holds. Every
+// serial up to `through`, and the ranges in `above` (applied past a gap). A gap is a record a
+// recovery replay could not apply (kept in the log): the marker never passes it, so every later
+// flush tries it again until it applies. Live changes go in at once (the tree has them), past
+// any gap. Stored as "THROUGH" or "THROUGH A-B C ..." (ranges, or single serials, past a gap);
+// a marker written before the gaps existed ("N") reads as through = N.
+struct MetaSerialMarker {
+  std::uint64_t through = 0;
+  std::map<std::uint64_t, std::uint64_t> above;  // first -> last, disjoint, first > through + 1
+  // Whether the backing tree holds `serial`.
+  bool Holds(std::uint64_t serial) const;
+  // The backing tree holds `serial` (every serial in [first, last]) now: adds it, merging
+  // ranges (and into `through`).
+  void Add(std::uint64_t serial) { Add(serial, serial); }
+  void Add(std::uint64_t first, std::uint64_t last);
+  // The highest serial the backing tree holds.
+  std::uint64_t Highest() const { return above.empty() ? through : above.rbegin()->second; }
+  std::string Encode() const;
+  bool operator==(const MetaSerialMarker&) const = default;
+};
+// nullopt for a value that is not a marker.
+std::optional<MetaSerialMarker> ParseMetaSerialMarker(const std::string& text);
 
 // --flash-log DIR[:SIZE]: the directory and the log's capacity (default 16M; SIZE with K, M,
 // G suffixes). A ':' is read as the size separator only when what follows parses as a size.

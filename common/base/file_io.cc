@@ -39,14 +39,26 @@ const char* FileOpName(FileOp op) {
       return "write";
     case FileOp::kFsync:
       return "fsync";
+    case FileOp::kSyncfs:
+      return "syncfs";
   }
   return "unknown";
 }
 
 std::string DescribeFileCall(FileOp op, int fd, std::uint64_t offset, std::size_t size) {
-  if (op == FileOp::kFsync) return "fsync of fd " + std::to_string(fd);
+  if (op == FileOp::kFsync || op == FileOp::kSyncfs) {
+    return std::string(FileOpName(op)) + " of fd " + std::to_string(fd);
+  }
   return std::string(FileOpName(op)) + " of " + std::to_string(size) + " bytes at offset " +
          std::to_string(offset) + " of fd " + std::to_string(fd);
+}
+
+// ---- FileIo ----
+
+void FileIo::Syncfs(int fd, std::function<void(Status)> done) {
+  Status st = ::syncfs(fd) < 0 ? Status::FromErrno(errno, DescribeFileCall(FileOp::kSyncfs, fd, 0, 0))
+                               : Status::Ok();
+  Fsync(fd, [done = std::move(done), st = std::move(st)](Status fsync) { done(st.ok() ? std::move(fsync) : st); });
 }
 
 // ---- SyncFileIo ----
@@ -134,6 +146,12 @@ void SyncFileIo::Fsync(int fd, std::function<void(Status)> done) {
   Complete([done = std::move(done), st = std::move(st)] { done(st); });
 }
 
+void SyncFileIo::Syncfs(int fd, std::function<void(Status)> done) {
+  Status st = ::syncfs(fd) < 0 ? Status::FromErrno(errno, DescribeFileCall(FileOp::kSyncfs, fd, 0, 0))
+                               : Status::Ok();
+  Complete([done = std::move(done), st = std::move(st)] { done(st); });
+}
+
 // ---- FaultyFileIo ----
 
 void FaultyFileIo::FailNthCall(std::uint64_t n, int err) {
@@ -189,6 +207,14 @@ void FaultyFileIo::Write(int fd, std::uint64_t offset, std::string data, Done do
     return;
   }
   base_.Write(fd, offset, std::move(data), std::move(done));
+}
+
+void FaultyFileIo::Syncfs(int fd, std::function<void(Status)> done) {
+  if (int err = Decide(FileOp::kSyncfs, fd, 0, 0); err != 0) {
+    FailLater({FileOp::kSyncfs, fd, 0, 0, calls_}, err, std::move(done));
+    return;
+  }
+  base_.Syncfs(fd, std::move(done));
 }
 
 void FaultyFileIo::Fsync(int fd, std::function<void(Status)> done) {

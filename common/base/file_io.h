@@ -49,6 +49,10 @@ class FileIo {
   virtual void Write(int fd, std::uint64_t offset, std::string data, Done done) = 0;
   // Makes the data written to `fd` durable.
   virtual void Fsync(int fd, std::function<void(Status)> done) = 0;
+  // Makes the whole file system holding `fd` durable (syncfs(2): e.g. the name changes a flush
+  // made). io_uring has no syncfs: this default does the system call at once (blocking the
+  // loop) and delivers its result through an Fsync of `fd`, so it still arrives on the loop.
+  virtual void Syncfs(int fd, std::function<void(Status)> done);
 };
 
 // An owned file descriptor: closes it on destruction. Move-only.
@@ -88,6 +92,7 @@ class SyncFileIo final : public FileIo {
   void Read(int fd, std::uint64_t offset, std::span<char> buf, Done done) override;
   void Write(int fd, std::uint64_t offset, std::string data, Done done) override;
   void Fsync(int fd, std::function<void(Status)> done) override;
+  void Syncfs(int fd, std::function<void(Status)> done) override;
 
  private:
   static void OnReady(int fd, short what, void* arg);
@@ -98,12 +103,12 @@ class SyncFileIo final : public FileIo {
 };
 
 // What a FaultyFileIo predicate sees of each call.
-enum class FileOp { kRead, kWrite, kFsync };
+enum class FileOp { kRead, kWrite, kFsync, kSyncfs };
 struct FileCall {
   FileOp op;
   int fd;
-  std::uint64_t offset;   // 0 for kFsync
-  std::size_t size;       // bytes asked for; 0 for kFsync
+  std::uint64_t offset;   // 0 for kFsync, kSyncfs
+  std::size_t size;       // bytes asked for; 0 for kFsync, kSyncfs
   std::uint64_t ordinal;  // 1 for the first call made through this FaultyFileIo
 };
 const char* FileOpName(FileOp op);
@@ -138,6 +143,7 @@ class FaultyFileIo final : public FileIo {
   void Read(int fd, std::uint64_t offset, std::span<char> buf, Done done) override;
   void Write(int fd, std::uint64_t offset, std::string data, Done done) override;
   void Fsync(int fd, std::function<void(Status)> done) override;
+  void Syncfs(int fd, std::function<void(Status)> done) override;
 
  private:
   // Counts the call; returns the errno to fail it with, or 0 to pass it through.

@@ -209,6 +209,7 @@ bool UringFileIo::Prepare(std::unique_ptr<Request>& req) {
       io_uring_prep_write(sqe, req->fd, req->buf + req->moved, chunk, req->offset + req->moved);
       break;
     case FileOp::kFsync:
+    case FileOp::kSyncfs:  // never queued: Syncfs is FileIo's default
       io_uring_prep_fsync(sqe, req->fd, 0);
       break;
   }

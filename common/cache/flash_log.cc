@@ -554,7 +554,7 @@ class FlashLog::Flusher {
     if (syncing_) return;
     syncing_ = true;
     if (fds_.empty()) {
-      Done();
+      SyncTarget();
       return;
     }
     syncs_left_ = fds_.size();
@@ -567,15 +567,28 @@ class FlashLog::Flusher {
           report_.errors.push_back(st.WithContext("fsync " + path).ToString());
           failed_paths_.insert(path);
         }
-        if (--syncs_left_ == 0) Done();
+        if (--syncs_left_ == 0) SyncTarget();
       });
     }
+  }
+
+  // After the fsyncs: the target's own sync (SyncFlush); its failure keeps every record.
+  void SyncTarget() {
+    std::weak_ptr<bool> alive = alive_;
+    log_.target_.SyncFlush(log_.io_, [this, alive](Status st) {
+      if (alive.expired()) return;
+      if (!st.ok()) {
+        report_.errors.push_back(st.WithContext("sync the flush (every record kept)").ToString());
+        sync_failed_ = true;
+      }
+      Done();
+    });
   }
 
   void Done() {
     log_.target_.EndFlush();
     for (std::size_t i = 0; i < plan_records_.size(); ++i) {
-      if (failed_paths_.count(plan_records_[i].path) != 0) kept_[i] = true;
+      if (sync_failed_ || failed_paths_.count(plan_records_[i].path) != 0) kept_[i] = true;
       if (kept_[i]) {
         ++report_.records_kept;
       } else {
@@ -603,6 +616,7 @@ class FlashLog::Flusher {
   std::set<std::string> failed_paths_;
   std::size_t syncs_left_ = 0;
   bool syncing_ = false;
+  bool sync_failed_ = false;  // SyncFlush failed: every record is kept
 };
 
 void FlashLog::StartFlush(LogFlushReason reason) {

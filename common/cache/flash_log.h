@@ -33,7 +33,8 @@
 // error and leaves the log as it was (the partial bytes are truncated away). A record the flush
 // cannot apply (the disk fails mid-flush, a target that refuses) is kept in the log, with every
 // other record of the same path (replaying them in order stays correct), and reported in the
-// FlushReport; it is never dropped.
+// FlushReport; it is never dropped. If the target's SyncFlush fails (the disk failed syncing
+// the flush's name changes), every record of the flush is kept.
 //
 // Appends are group-committed: those arriving while a write is in flight go together in the
 // next write + fsync. While a flush runs, appends wait and start after it.
@@ -99,7 +100,15 @@ class FlushTarget {
   // place (replay after a crash applies records again).
   virtual Status ApplyMeta(MetaOp op, const std::string& path, Bytes arg,
                            const std::string& arg2) = 0;
-  // The flush is over (every fd it was given has been fsynced or failed): close them.
+  // Every fd the flush was given has been fsynced (or failed): makes the rest of the flush
+  // durable (e.g. the name changes ApplyMeta made: a syncfs through `io`, the log's FileIo, so
+  // its fault injection reaches it). An error keeps every record of the flush in the log (data
+  // and metadata: none of it is known to be on the disk). Default: nothing more to sync.
+  virtual void SyncFlush(FileIo& io, std::function<void(Status)> done) {
+    (void)io;
+    done(Status::Ok());
+  }
+  // The flush is over (after SyncFlush): close the fds it was given.
   virtual void EndFlush() = 0;
 };
 

@@ -500,5 +500,141 @@ TEST_F(LocalFlashLogTest, AMetadataRecordReplayCannotApplyIsKeptAndReported) {
   EXPECT_EQ(log_->StatsJson()["last_flush_errors"].size(), 1u);
 }
 
+
+TEST(MetaSerialMarkerTest, NeverPassesAGapAndReadsTheFormerPlainForm) {
+  MetaSerialMarker m;
+  m.Add(1);
+  m.Add(3);  // 2 is missing (a record a replay kept)
+  m.Add(4);
+  m.Add(6);
+  EXPECT_EQ(m.through, 1u);
+  EXPECT_EQ(m.Highest(), 6u);
+  EXPECT_FALSE(m.Holds(2));
+  EXPECT_TRUE(m.Holds(3));
+  EXPECT_FALSE(m.Holds(5));
+  EXPECT_EQ(m.Encode(), "1 3-4 6");
+  std::optional<MetaSerialMarker> back = ParseMetaSerialMarker(m.Encode());
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(*back, m);
+  m.Add(5);
+  EXPECT_EQ(m.Encode(), "1 3-6");
+  m.Add(2);  // the kept record applied at last: the gap closes
+  EXPECT_EQ(m.Encode(), "6");
+  EXPECT_TRUE(m.above.empty());
+  std::optional<MetaSerialMarker> plain = ParseMetaSerialMarker("17");
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(plain->through, 17u);
+  EXPECT_TRUE(plain->Holds(17));
+  EXPECT_FALSE(plain->Holds(18));
+  EXPECT_FALSE(ParseMetaSerialMarker("").has_value());
+  EXPECT_FALSE(ParseMetaSerialMarker("x").has_value());
+  EXPECT_FALSE(ParseMetaSerialMarker("3 9-5").has_value());
+  EXPECT_FALSE(ParseMetaSerialMarker("3 -5").has_value());
+}
+
+// A power cut, then a recovery that keeps a record (it cannot be applied yet) and applies a
+// later one: the marker must not pass the kept record, so every later replay and flush (after
+// another remount too) tries it again and reports it until it applies; it is never taken as
+// applied and dropped.
+TEST_F(LocalFlashLogTest, ARecordReplayKeptIsRetriedAfterLaterRecordsWereApplied) {
+  const fs::path local = root_ / "local";
+  fs::create_directory(local / "d");
+  ASSERT_TRUE(Meta(MetaOp::kRmdir, "d").ok());  // serial 1: as if "d" had been removed
+  fs::create_directory(local / "e");
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "e", -1, 0755).ok());  // serial 2
+  std::ofstream(local / "d" / "stranger") << "x";
+  // The power cut took both changes: "e" is gone and the marker is back at 0.
+  log_.reset();
+  fs::remove(local / "e");
+  LoseMetadataSince(0);
+  Reopen();
+  FlushReport first = ReplayAll();
+  EXPECT_EQ(first.records_kept, 1u);
+  EXPECT_EQ(first.records_applied, 1u);
+  EXPECT_TRUE(fs::is_directory(local / "e"));
+  EXPECT_EQ(log_->StatsJson()["meta_serial_marker"], "0 2");
+  // A live change while the kept record waits goes past the gap.
+  fs::create_directory(local / "f");
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "f", -1, 0755).ok());
+  EXPECT_EQ(log_->applied_meta_serial(), 3u);
+  // Another remount: the record is still in the log, still not applicable, still reported.
+  log_.reset();
+  Reopen();
+  FlushReport second = ReplayAll();
+  EXPECT_EQ(second.records_kept, 1u);
+  ASSERT_EQ(second.errors.size(), 1u);
+  EXPECT_NE(second.errors[0].find("rmdir"), std::string::npos) << second.errors[0];
+  EXPECT_TRUE(fs::exists(local / "d" / "stranger"));
+  // Once it can be applied, the next flush applies it and the gap closes.
+  fs::remove(local / "d" / "stranger");
+  FlushReport third = Flush();
+  EXPECT_TRUE(third.errors.empty()) << third.errors.front();
+  EXPECT_EQ(third.records_kept, 0u);
+  EXPECT_FALSE(fs::exists(local / "d"));
+  EXPECT_TRUE(log_->log().records().empty());
+  EXPECT_EQ(log_->StatsJson()["meta_serial_marker"], "3");
+  EXPECT_EQ(log_->applied_meta_serial(), 3u);
+}
+
+// The disk fails the flush's syncfs (the one step that makes its name changes durable): every
+// record of the flush, data and metadata, stays in the log and is counted kept; the next flush
+// applies them all.
+TEST_F(LocalFlashLogTest, AFailedSyncfsKeepsEveryRecordAndTheNextFlushAppliesThem) {
+  const fs::path local = root_ / "local";
+  int fd = Create("draft");
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "draft", fd, 0644).ok());
+  ASSERT_TRUE(Append(fd, 0, "body").ok());
+  fs::rename(local / "draft", local / "final");
+  ASSERT_TRUE(Meta(MetaOp::kRename, "draft", -1, 0, "final").ok());
+  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kSyncfs; }, EIO);
+  FlushReport failed = Flush();
+  faulty_->Heal();
+  EXPECT_EQ(failed.records_kept, 3u);
+  EXPECT_EQ(failed.records_applied, 0u);
+  ASSERT_EQ(failed.errors.size(), 1u);
+  EXPECT_NE(failed.errors[0].find("syncfs"), std::string::npos) << failed.errors[0];
+  EXPECT_EQ(log_->log().records().size(), 3u);
+  EXPECT_EQ(log_->StatsJson()["records_kept"], 3);
+  EXPECT_EQ(log_->StatsJson()["last_flush_errors"].size(), 1u);
+  EXPECT_TRUE(log_->Holds(fd));
+  FlushReport again = Flush();
+  EXPECT_TRUE(again.errors.empty()) << again.errors.front();
+  EXPECT_EQ(again.records_applied, 3u);
+  EXPECT_TRUE(log_->log().records().empty());
+  EXPECT_EQ(ReadFile(local / "final"), "body");
+  close(fd);
+}
+
+// The test-only switch fails the flush's syncfs too: a flush of metadata records alone (no
+// data write to fail) keeps them while the switch's file exists.
+TEST_F(LocalFlashLogTest, TheTestOnlyDiskFaultSwitchFailsTheFlushesSyncfs) {
+  log_.reset();
+  fs::path fault = root_ / "disk-fails";
+  ASSERT_EQ(setenv(kDiskFaultEnv, fault.c_str(), 1), 0);
+  FlashLogOptions o;
+  o.dir = root_ / "flash2";
+  Result<std::unique_ptr<LocalFlashLog>> log =
+      LocalFlashLog::Open(o, *faulty_, (root_ / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+  unsetenv(kDiskFaultEnv);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  log_ = std::move(log).value();
+  const fs::path local = root_ / "local";
+  int fd = Create("a");
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "a", fd, 0644).ok());
+  close(fd);
+  std::ofstream(fault).put('x');
+  fs::rename(local / "a", local / "b");
+  ASSERT_TRUE(Meta(MetaOp::kRename, "a", -1, 0, "b").ok());
+  FlushReport failed = Flush();
+  EXPECT_EQ(failed.records_kept, 2u);
+  ASSERT_FALSE(failed.errors.empty());
+  EXPECT_NE(failed.errors[0].find("injected fault"), std::string::npos) << failed.errors[0];
+  EXPECT_EQ(log_->log().records().size(), 2u);
+  fs::remove(fault);
+  FlushReport again = Flush();
+  EXPECT_EQ(again.records_applied, 2u);
+  EXPECT_TRUE(log_->log().records().empty());
+}
+
 }  // namespace
 }  // namespace ghost

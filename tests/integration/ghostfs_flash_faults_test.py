@@ -10,9 +10,10 @@
    corrupt-region counter in `ghostctl stats`).
 
 3. The disk failing mid-flush (EIO through the fault-injecting FileIo, switched on by the
-   test-only GHOST_TEST_DISK_FAULT=PATH while PATH exists): the flush keeps the records in the
-   log, `ghostctl stats` reports them and the error, reads still see the bytes, the next flush
-   (fault gone) applies them, and after a remount nothing is lost.
+   test-only GHOST_TEST_DISK_FAULT=PATH while PATH exists; it fails the flush's syncfs too): a
+   create and a rename made during the fault, and the earlier files' bytes, all stay in the log
+   (data and metadata records), `ghostctl stats` reports them and the error, reads still see the
+   bytes, the next flush (fault gone) applies them, and after a remount nothing is lost.
 
 (The read-only log directory is refused at start: ghostfs_flash_test. The unit-level versions
 of 3: flash_log_test and flash_local_test.)
@@ -27,7 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 20
+PLAN = 21
 
 
 def ghostctl(ctl, *args):
@@ -187,24 +188,36 @@ def disk_fails_mid_flush(t, work):
     want = {"one.txt": b"first file, fsync'd into the log\n" * 40,
             "two.txt": bytes((i * 13) % 251 for i in range(20000))}
     errs = [write_fsync(os.path.join(local, n), d) for n, d in sorted(want.items())]
-    before = jctl(ctl, "stats")["flash_log"]
     with open(fault, "w"):
-        pass  # from now on the disk fails every write and fsync of a flush
+        pass  # from now on the disk fails every write, fsync and syncfs of a flush
+    # A create and a rename while the disk fails: metadata records in the log (the backing tree
+    # holds the names already, in the page cache; the flush's syncfs makes them durable).
+    want["three.txt"] = b"created while the disk fails\n" * 20
+    made = write_fsync(os.path.join(local, "three.txt"), want["three.txt"])
+    try:
+        os.rename(os.path.join(local, "one.txt"), os.path.join(local, "uno.txt"))
+        renamed = None
+    except OSError as e:
+        renamed = str(e)
+    want["uno.txt"] = want.pop("one.txt")
+    before = jctl(ctl, "stats")["flash_log"]
     flushed = ghostctl(ctl, "flush")
     fl = jctl(ctl, "stats")["flash_log"]
     backing = os.path.join(cache, "local")
-    # The files' creates are metadata records too (fs/flash_local.h): the backing tree holds them
-    # already, so the flush passes them (the fault switch fails data writes and fsyncs only).
-    data_records = before["records"] - before.get("meta_logged", 0)
-    t.check(errs == [None, None] and data_records >= 2 and fl["records"] == data_records
-            and fl["records_kept"] >= data_records,
-            "EIO during the flush: every data record stays in the log and is counted as kept",
-            (errs, before, fl, flushed.stdout, flushed.stderr))
+    # Every record stays, the metadata ones too: the flush's syncfs failed (fs/flash_local.h).
+    t.check(errs == [None, None] and made is None and renamed is None
+            and before.get("meta_logged", 0) >= 4 and before["records"] > before["meta_logged"]
+            and fl["records"] == before["records"] and fl["records_kept"] >= before["records"],
+            "EIO during the flush: every record, data and metadata (a create and a rename made during "
+            "the fault), stays in the log and is counted as kept",
+            (errs, made, renamed, before, fl, flushed.stdout, flushed.stderr))
     errors = " ".join(fl.get("last_flush_errors", []))
     out = ghostctl(ctl, "stats").stdout
     t.check("Input/output error" in errors and "injected fault" in errors
             and "refused (kept in the log)" in out,
             "ghostctl stats reports the refused records and the disk's error", (errors, out))
+    t.check("syncfs" in errors and "every record kept" in errors,
+            "the flush's syncfs failed too, and the stats say every record was kept for it", errors)
     t.check("kept in the log" in fs.output() and "Input/output error" in fs.output(),
             "ghostfs logs what the disk refused", fs.output()[-1500:])
     t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),
@@ -213,16 +226,18 @@ def disk_fails_mid_flush(t, work):
     ghostctl(ctl, "flush")
     fl = jctl(ctl, "stats")["flash_log"]
     got = {n: read(os.path.join(backing, n)) for n in want}
-    t.check(fl["records"] == 0 and got == want and fl.get("last_flush_errors") == [],
-            "the next flush (disk healthy) applies them all to the disk",
+    t.check(fl["records"] == 0 and got == want and fl.get("last_flush_errors") == []
+            and not os.path.exists(os.path.join(backing, "one.txt")),
+            "the next flush (disk healthy) applies them all to the disk, the new and the renamed names too",
             (fl, {n: len(b) for n, b in got.items()}))
     fs.stop()
     fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=args)
     if not fs.start(timeout=20):
         t.check(False, "remounts", fs.output()[-2000:])
         return
-    t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),
-            "after a remount every acknowledged byte is there")
+    t.check(all(read(os.path.join(local, n)) == d for n, d in want.items())
+            and not os.path.exists(os.path.join(local, "one.txt")),
+            "after a remount every acknowledged byte and name is there")
     fs.stop()
 
 

@@ -330,5 +330,36 @@ TYPED_TEST(FileIoTest, FaultyFileIoDeliversFailuresOnTheLoop) {
   EXPECT_FALSE(ran_inside);
 }
 
+// Syncfs (the flash log's flush makes its name changes durable with it) completes on the loop
+// on every backend, and FaultyFileIo can fail it like any other call (FileOp::kSyncfs).
+TYPED_TEST(FileIoTest, SyncfsCompletesOnTheLoopAndFaultyFileIoCanFailIt) {
+  FileIo& io = *this->io_;
+  bool returned = false;
+  bool ran_inside = false;
+  bool done = false;
+  Status result = Status::Internal("not run");
+  io.Syncfs(this->fd_, [&](Status st) {
+    ran_inside = !returned;
+    result = std::move(st);
+    done = true;
+  });
+  returned = true;
+  this->RunUntil(done);
+  EXPECT_FALSE(ran_inside);
+  EXPECT_TRUE(result.ok()) << result.ToString();
+  FaultyFileIo faulty(io);
+  faulty.FailWhen([](const FileCall& c) { return c.op == FileOp::kSyncfs; }, EIO);
+  EXPECT_TRUE(this->FsyncAndWait(faulty, this->fd_).ok());  // other calls pass
+  done = false;
+  faulty.Syncfs(this->fd_, [&](Status st) {
+    result = std::move(st);
+    done = true;
+  });
+  this->RunUntil(done);
+  EXPECT_EQ(result.ToErrno(), EIO);
+  EXPECT_NE(result.message().find("syncfs of fd"), std::string::npos) << result.ToString();
+  EXPECT_EQ(faulty.failures(), 1u);
+}
+
 }  // namespace
 }  // namespace ghost
