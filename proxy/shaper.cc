@@ -375,8 +375,8 @@ void UpstreamShaper::ForceOpen(TimePoint now, const char* why) {
 Duration UpstreamShaper::WatchdogBound() const {
   // Longer than any wait of the shaper with the window closed: a burst's end (≤ half a min
   // RTT after its last arrival), a straggler's window up to the lost-open deadline (two min
-  // RTTs and a slack after the open).
-  return 4 * shaper_->min_rtt() + Millis(100);
+  // RTTs and 200 ms after the open).
+  return 4 * shaper_->min_rtt() + Millis(300);
 }
 
 void UpstreamShaper::SetReading(bool on) {

@@ -28,7 +28,7 @@
 // full buffer, so nothing more could come), or a burst judged a straggler followed by a lost
 // open (kRecovery with nothing pending). Step opens such a window at once (drain, OnOpened).
 // A watchdog bounds every closed window besides: no arrival, open or close for
-// WatchdogBound() (4 min RTTs + 100 ms) while closed and not paused, it logs and opens.
+// WatchdogBound() (4 min RTTs + 300 ms) while closed and not paused, it logs and opens.
 //
 // GHOST_SHAPER_TRACE=1 in the environment prints each step (state, queue, card) to stderr.
 //
