@@ -162,6 +162,8 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
+    # Closed windows the proxy had to open itself (proxy/shaper.cc ForceOpen): why and where.
+    priced["forced_open_log"] = [l for l in r.stderr.splitlines() if "opening a closed window" in l]
     if r.returncode != 0:  # the driver's own checks failed: keep why, for the table's "NO"
         priced["driver_failure"] = (r.stdout[-3000:] + r.stderr[-2000:])
     return priced
@@ -224,6 +226,7 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
                     "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
                     "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+                    "forced_open_log": shaped.get("forced_open_log", []),
                     "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
                     "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
                     # Plain TCP's mean card power (the bound of the docstring), both plains.
