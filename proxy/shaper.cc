@@ -380,9 +380,8 @@ Duration UpstreamShaper::WatchdogBound() const {
 }
 
 void UpstreamShaper::SetReading(bool on) {
-  if (on && !reading_) progress_at_ = std::max(progress_at_, clock_->Now());
-  if (!on && reading_) progress_at_ = std::max(progress_at_, clock_->Now());
   if (on == reading_) return;
+  progress_at_ = std::max(progress_at_, clock_->Now());  // the watchdog counts from a close
   reading_ = on;
   if (on) {
     bufferevent_enable(bev_, EV_READ);
