@@ -38,6 +38,7 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"missed_packets", s.missed_packets},
       {"lost_opens", s.lost_opens},
       {"bad_bursts", s.bad_bursts},
+      {"forced_opens", s.forced_opens},
       {"declined", s.declined},
       {"saturated", s.saturated},
       {"sleep_s", ToSeconds(s.sleep)},
@@ -118,6 +119,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (so.mss < 536) so.mss = 1448;
   start_ = clock_->Now();
   last_arrival_ = start_;
+  progress_at_ = start_;
   shaper_ = std::make_unique<DownloadShaper>(so, start_);
   if (ReadTcpInfo(fd_, &info)) {
     UpdateRtt(info);
@@ -276,6 +278,7 @@ void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg)
     self->shaper_->OnTimer(now);
     self->shaper_->OnArrival(now, info->n_added, self->MissingData());
     self->last_arrival_ = now;
+    self->progress_at_ = now;
   } else if (self->Queued() == 0) {
     // The window is open again: everything queued has been read.
     self->draining_ = false;
@@ -294,6 +297,7 @@ void UpstreamShaper::DrainTap() {
       shaper_->OnTimer(at);
       shaper_->OnArrival(at, seg.payload, seg.missing);
       last_arrival_ = at;
+      progress_at_ = std::max(progress_at_, at);
       if (!draining_) awaiting_burst_ = false;  // the burst began: the window closes
     }
     if (seg.closing) peer_closing_ = true;
@@ -325,6 +329,7 @@ bool UpstreamShaper::Observe(TimePoint now, bool woke_readable) {
     shaper_->OnTimer(at);
     shaper_->OnArrival(at, added, MissingData());
     last_arrival_ = at;
+    progress_at_ = std::max(progress_at_, at);
     return true;
   }
   return !woke_readable;
@@ -350,8 +355,33 @@ void UpstreamShaper::OnTimerEvent(int, short, void* arg) {
   self->Step();
 }
 
+void UpstreamShaper::ForceOpen(TimePoint now, const char* why) {
+  ++stats_->forced_opens;
+  if (std::getenv("GHOST_SHAPER_TRACE") || card_log_ != nullptr) {
+    std::fprintf(stderr, "ghostproxy: shaper: opening a closed window (%s; state %s, %zu bytes queued)\n",
+                 why, ShaperStateName(shaper_->state()), Queued());
+  }
+  Observe(now, /*woke_readable=*/false);
+  progress_at_ = now;
+  if (Queued() == 0) {
+    seen_ = 0;
+    awaiting_burst_ = true;
+    shaper_->OnOpened(std::max(now, last_arrival_));
+  } else {
+    draining_ = true;
+  }
+}
+
+Duration UpstreamShaper::WatchdogBound() const {
+  // Longer than any wait of the shaper with the window closed: a burst's end (≤ half a min
+  // RTT after its last arrival), a straggler's window up to the lost-open deadline (two min
+  // RTTs and 200 ms after the open).
+  return 4 * shaper_->min_rtt() + Millis(300);
+}
+
 void UpstreamShaper::SetReading(bool on) {
   if (on == reading_) return;
+  progress_at_ = std::max(progress_at_, clock_->Now());  // the watchdog counts from a close
   reading_ = on;
   if (on) {
     bufferevent_enable(bev_, EV_READ);
@@ -423,17 +453,40 @@ void UpstreamShaper::Step() {
   was_freely_ = freely;
   // Waiting for a burst with the socket empty, the bufferevent reads: its first read ends the
   // wait (and its read timeout still catches an origin that stalls between bursts).
-  const bool read = freely || draining_ || awaiting_burst_ || peer_closing_;
+  bool read = freely || draining_ || awaiting_burst_ || peer_closing_;
+  if (!read && !paused_) {
+    // The window is closed. The shaper must be waiting for something that comes whether or
+    // not the origin can send: a deadline (the burst's end, a wake-up, a lost open) or the
+    // open. Waiting for an arrival alone can last forever (a full buffer: zero window).
+    const char* why = nullptr;
+    if (!shaper_->wants_open() && !shaper_->NextDeadline()) {
+      // What is queued but not yet counted may start a burst (and so its deadline).
+      Observe(now, /*woke_readable=*/false);
+      if (!shaper_->NextDeadline()) why = "nothing pending";
+    } else if (reading_ ? false : now - progress_at_ >= WatchdogBound()) {
+      why = "watchdog";
+    }
+    if (why != nullptr) {
+      ForceOpen(now, why);
+      read = true;
+    }
+  }
   SetReading(!paused_ && read);
   Watch(!tap_ && !paused_ && !read);
   event_del(timer_);
-  if (std::optional<TimePoint> next = shaper_->NextDeadline()) {
+  std::optional<TimePoint> next = shaper_->NextDeadline();
+  if (!next && !tap_ && !read && !paused_ && !watching_) {
+    // Window closed and past the SO_RCVLOWAT cap with no deadline: look again soon.
+    next = now + Millis(3);
+  }
+  if (!read && !paused_) {
+    // The watchdog: a closed window is looked at again by its bound at the latest.
+    const TimePoint bound = progress_at_ + WatchdogBound();
+    if (!next || bound < *next) next = bound;
+  }
+  if (next) {
     const Duration in = std::max(Duration::zero(), *next - now) + Duration(100);
     timeval tv{static_cast<time_t>(in.count() / 1000000), static_cast<suseconds_t>(in.count() % 1000000)};
-    event_add(timer_, &tv);
-  } else if (!tap_ && !read && !paused_ && !watching_) {
-    // Window closed and past the SO_RCVLOWAT cap with no deadline: look again soon.
-    timeval tv{0, 3000};
     event_add(timer_, &tv);
   }
 }

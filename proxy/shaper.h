@@ -17,8 +17,18 @@
 // that closes or resets while the window is closed makes the socket readable with nothing
 // new queued: the adapter then reads, so the bufferevent sees the end.
 //
-// Timers: one libevent timer, armed only while a deadline of the shaper is pending; a
-// proxy with no shaped download arms none.
+// Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
+// window is closed (the watchdog); a proxy with no shaped download arms none.
+//
+// No closed window without a way out (the round-5/6 stall: a shaped body cut short, the
+// shaper still active): while the shaper saves, the window is closed only while it waits for
+// the burst's end (a deadline) or for the open (wants_open). The shaper could also be left
+// waiting for an arrival with nothing pending: entering kSaving from a flight read freely
+// whose last bytes the capture saw before the socket was read (the window then closed on a
+// full buffer, so nothing more could come), or a burst judged a straggler followed by a lost
+// open (kRecovery with nothing pending). Step opens such a window at once (drain, OnOpened).
+// A watchdog bounds every closed window besides: no arrival, open or close for
+// WatchdogBound() (4 min RTTs + 300 ms) while closed and not paused, it logs and opens.
 //
 // GHOST_SHAPER_TRACE=1 in the environment prints each step (state, queue, card) to stderr.
 //
@@ -119,6 +129,9 @@ struct ShapingStats {
   std::uint64_t missed_packets = 0;  // arrived while the card model slept
   std::uint64_t lost_opens = 0;
   std::uint64_t bad_bursts = 0;
+  // Closed windows the adapter opened itself: the shaper waited for an arrival with nothing
+  // pending (a stall), or the watchdog's bound passed (proxy/shaper.cc Step).
+  std::uint64_t forced_opens = 0;
   std::uint64_t declined = 0;   // the eq. 4 cost said plain TCP
   std::uint64_t saturated = 0;  // left for plain TCP: window ≥ 90% of the BDP
   Duration sleep{};             // estimated card sleep time
@@ -179,6 +192,10 @@ class UpstreamShaper {
   void Step();
   void SetReading(bool on);
   void Watch(bool on);
+  // Opens the window now: drains what is queued (or, with nothing queued, tells the shaper it
+  // is open and waits for the burst). For a closed window the shaper waits on with nothing
+  // that could end the wait (see Step).
+  void ForceOpen(TimePoint now, const char* why);
   std::size_t Queued() const;
   bool MissingData();
   void UpdateRtt(const struct tcp_info& info);
@@ -203,6 +220,10 @@ class UpstreamShaper {
   std::optional<Duration> rcv_rtt_min_;  // smallest tcpi_rcv_rtt seen
   TimePoint start_{};
   TimePoint last_arrival_{};
+  // The watchdog (Step): when the window last closed or anything last arrived or opened; a
+  // closed window with no progress past WatchdogBound() is opened.
+  TimePoint progress_at_{};
+  Duration WatchdogBound() const;
   Bytes bytes_ = 0;
   std::unique_ptr<ArrivalTap> tap_;  // per-packet arrivals; null: the socket's view
   event* tap_event_ = nullptr;

@@ -162,6 +162,8 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
+    # Closed windows the proxy had to open itself (proxy/shaper.cc ForceOpen): why and where.
+    priced["forced_open_log"] = [l for l in r.stderr.splitlines() if "opening a closed window" in l]
     if r.returncode != 0:  # the driver's own checks failed: keep why, for the table's "NO"
         priced["driver_failure"] = (r.stdout[-3000:] + r.stderr[-2000:])
     return priced
@@ -221,6 +223,10 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     "per_packet": shaped["driver"]["shaping"].get("per_packet", 0),
                     "declined": shaped["driver"]["shaping"].get("declined", 0),
                     "saturated": shaped["driver"]["shaping"].get("saturated", 0),
+                    # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
+                    "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
+                    "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+                    "forced_open_log": shaped.get("forced_open_log", []),
                     "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
                     "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
                     # Plain TCP's mean card power (the bound of the docstring), both plains.
@@ -243,7 +249,7 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     f"E×D {row['ed_fixed']:.2f}× time {row['time_fixed']:.2f}× energy "
                     f"{row['energy_fixed']:.2f}× (PSM E×D {row['psm_fixed']:.2f}×); vs autotuned "
                     f"plain: E×D {row['ed_auto']:.2f}× time {row['time_auto']:.2f}×; missed "
-                    f"{s['missed']}, bursts {row['bursts']}, secs auto/fixed/shaped "
+                    f"{s['missed']}, bursts {row['bursts']}, forced opens {row['forced_opens']}, secs auto/fixed/shaped "
                     f"{a['delay_s']:.2f}/{f['delay_s']:.2f}/{s['delay_s']:.2f}")
         finally:
             link.close()
