@@ -632,6 +632,9 @@ std::optional<CopyCommand> ParseCopy(std::string_view rest, const std::vector<st
 }
 
 std::optional<AppendCommand> ParseAppend(std::string_view rest) {
+  // The announcement is the last thing in `rest` (which has no line end): a stray CR after
+  // it ("{5}\r\r\n" on the wire) is no announcement for the framer, so none here either.
+  if (rest.empty() || rest.back() != '}') return std::nullopt;
   AppendCommand out;
   bool bad = false;
   std::optional<std::uint64_t> n = AnnouncedLiteral(rest, &out.nonsync, &bad);

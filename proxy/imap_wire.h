@@ -205,7 +205,8 @@ std::optional<CopyCommand> ParseCopy(std::string_view rest, const std::vector<st
                                      std::size_t max_uids = 1000);
 
 // An APPEND command's first segment, "APPEND mailbox [(flags)] ["date-time"] {n}" or {n+}
-// (`rest` after the name, the line end included): one message, the mailbox an atom or a quoted
+// (`rest` after the name as ParseCommand gives it, the line end gone; the announcement
+// must be its last character): one message, the mailbox an atom or a quoted
 // string. The date-time is returned as given (unchecked). nullopt for anything else (a literal
 // mailbox, CATENATE, extensions), which then goes to the server.
 struct AppendCommand {

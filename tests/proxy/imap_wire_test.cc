@@ -317,25 +317,30 @@ TEST(ImapWireTest, ParsesACopyToAnotherMailbox) {
 }
 
 TEST(ImapWireTest, ParsesAnAppendOfOneMessage) {
-  auto a = ParseAppend("Sent (\\Seen $Ghost) \"26-Nov-2026 04:00:00 +0000\" {310}\r\n");
+  auto a = ParseAppend("Sent (\\Seen $Ghost) \"26-Nov-2026 04:00:00 +0000\" {310}");
   ASSERT_TRUE(a);
   EXPECT_EQ(a->mailbox, "Sent");
   EXPECT_EQ(a->flags, (std::vector<std::string>{"\\Seen", "$Ghost"}));
   EXPECT_EQ(a->date, "26-Nov-2026 04:00:00 +0000");
   EXPECT_EQ(a->size, 310u);
   EXPECT_FALSE(a->nonsync);
-  a = ParseAppend("\"My Drafts\" {12+}\r\n");
+  a = ParseAppend("\"My Drafts\" {12+}");
   ASSERT_TRUE(a);
   EXPECT_EQ(a->mailbox, "My Drafts");
   EXPECT_TRUE(a->flags.empty());
   EXPECT_TRUE(a->date.empty());
   EXPECT_TRUE(a->nonsync);
   EXPECT_EQ(a->size, 12u);
-  EXPECT_FALSE(ParseAppend("Sent (\\Seen {12}\r\n"));            // unbalanced
-  EXPECT_FALSE(ParseAppend("Sent CATENATE (TEXT {12}\r\n"));     // an extension
-  EXPECT_FALSE(ParseAppend("Sent\r\n"));                         // no literal
-  EXPECT_FALSE(ParseAppend("{4}\r\n"));                          // a literal mailbox
-  EXPECT_FALSE(ParseAppend("Sent {x}\r\n"));
+  EXPECT_FALSE(ParseAppend("Sent (\\Seen {12}"));  // unbalanced
+  EXPECT_FALSE(ParseAppend("Sent CATENATE (TEXT {12}"));  // an extension
+  EXPECT_FALSE(ParseAppend("Sent"));  // no literal
+  EXPECT_FALSE(ParseAppend("{4}"));  // a literal mailbox
+  EXPECT_FALSE(ParseAppend("Sent {x}"));
+  // "{5+}\r\r\n" on the wire: ParseCommand takes the CRLF, and the CR left is no literal
+  // announcement for the framer (AnnouncedLiteral of the whole line), so none here.
+  EXPECT_FALSE(ParseAppend("Sent {5+}\r"));
+  bool nonsync = false, bad = false;
+  EXPECT_FALSE(AnnouncedLiteral("a APPEND Sent {5+}\r\r\n", &nonsync, &bad));
 }
 
 }  // namespace
