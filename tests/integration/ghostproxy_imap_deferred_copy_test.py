@@ -35,61 +35,11 @@ def main():
         dc.seed("", m)
     t = h.Tap(PLAN)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    www = os.path.join(work, "www")
-    os.makedirs(www)
-    nginx = h.Nginx(www)
-    if not nginx.start():
-        t.skip_rest(PLAN, "nginx did not start")
-        t.done()
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004"], control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
-    journal = os.path.join(work, "imap-journal")
-    iport = h.free_port()
-    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
-    log = os.path.join(work, "ghostproxy.log")
+    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
+    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
+    iport, start, tail = imap.port, imap.start, imap.tail
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
-
-    def start():
-        conf = os.path.join(work, "proxy.toml")
-        with open(conf, "w") as f:
-            f.write("imap_deadline = 300\n")
-        p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
-                              "--config", conf, "--imap-listen", f"127.0.0.1:{iport}",
-                              "--imap-origin", f"imap://127.0.0.1:{dc.port}/", "--imap-journal", journal],
-                             stdout=open(log, "a"), stderr=subprocess.STDOUT)
-        h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
-        return p
-
-    def direct():
-        d = imaplib.IMAP4("127.0.0.1", dc.port)
-        d.login(dc.user, dc.password)
-        return d
-
-    def server_messages(folder):
-        """[(flags, body)] of `folder` as dovecot has them, in UID order."""
-        d = direct()
-        d.select(folder, readonly=True)
-        out = []
-        typ, data = d.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")
-        for item in data:
-            if isinstance(item, tuple):
-                head = item[0].decode()
-                flags = head.split("FLAGS (")[1].split(")")[0].split()
-                out.append((flags, item[1]))
-        d.logout()
-        return out
-
-    def bodies(folder):
-        return sorted(b for _, b in server_messages(folder))
-
-    def tail():
-        return open(log).read()[-600:]
+    direct, server_messages, bodies = dc.login, dc.messages, dc.bodies
 
     d = direct()
     for box in ("Archive", "Sent"):

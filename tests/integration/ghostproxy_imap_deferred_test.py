@@ -36,43 +36,15 @@ def main():
         dc.seed("", message(f"m{i}", i))
     t = h.Tap(PLAN)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    www = os.path.join(work, "www")
-    os.makedirs(www)
-    nginx = h.Nginx(www)
-    if not nginx.start():
-        t.skip_rest(PLAN, "nginx did not start")
-        t.done()
-    ctl = os.path.join(work, "control.sock")
-    # Emulated devices whose card sleeps in PSM and wakes to CAM for transfers.
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004"], control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
-    journal = os.path.join(work, "imap-journal")
+    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
+    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
+    iport, start, log, journal = imap.port, imap.start, imap.log, imap.journal
     unapplied = journal + ".unapplied"
-    iport = h.free_port()
-    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
-    log = os.path.join(work, "ghostproxy.log")
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
-
-    def start(deadline):
-        conf = os.path.join(work, f"proxy-{deadline}.toml")
-        with open(conf, "w") as f:
-            f.write(f"imap_deadline = {deadline}\n")
-        p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
-                              "--config", conf, "--imap-listen", f"127.0.0.1:{iport}",
-                              "--imap-origin", f"imap://127.0.0.1:{dc.port}/", "--imap-journal", journal],
-                             stdout=open(log, "a"), stderr=subprocess.STDOUT)
-        h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
-        return p
 
     def server_flags():
         """{uid: flags} as dovecot has them."""
-        d = imaplib.IMAP4("127.0.0.1", dc.port)
-        d.login(dc.user, dc.password)
+        d = dc.login()
         d.select("INBOX", readonly=True)
         out = {}
         for item in d.uid("FETCH", "1:*", "(FLAGS)")[1]:
@@ -121,8 +93,7 @@ def main():
 
     # A conflict: the message is expunged upstream while its change waits.
     typ, _ = c.uid("STORE", str(uids[2]), "+FLAGS.SILENT", "($Ghost)")
-    d = imaplib.IMAP4("127.0.0.1", dc.port)
-    d.login(dc.user, dc.password)
+    d = dc.login()
     d.select("INBOX")
     d.uid("STORE", str(uids[2]), "+FLAGS.SILENT", "(\\Deleted)")
     d.expunge()

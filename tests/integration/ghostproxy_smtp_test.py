@@ -85,23 +85,7 @@ def main():
     if not h.wait_port(sink_port, 15):
         h.skip_all("the aiosmtpd sink did not start: " + (sink.stdout.read() if sink.poll() is not None else ""))
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    www = os.path.join(work, "www")
-    os.makedirs(www)
-    with open(os.path.join(www, "big.bin"), "wb") as f:
-        f.write(os.urandom(4 << 20))
-    nginx = h.Nginx(www)
-    if not nginx.start():
-        t.skip_rest(PLAN, "nginx did not start")
-        t.done()
-    ctl = os.path.join(work, "control.sock")
-    # Emulated devices whose card sleeps in PSM and wakes to CAM for transfers.
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004"], control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
     box = os.path.join(work, "outbox")
     conf = os.path.join(work, "proxy.toml")
     with open(conf, "w") as f:

@@ -392,16 +392,38 @@ service imap-login {{
         os.rename(tmp, dest)
         return dest
 
-    def uid_flags(self, uid, folder="INBOX"):
-        """The FLAGS dovecot itself holds for message `uid` (str or bytes), read-only."""
+    def login(self):
+        """An imaplib session straight to dovecot, logged in: the server's own view."""
         import imaplib
         c = imaplib.IMAP4("127.0.0.1", self.port)
+        c.login(self.user, self.password)
+        return c
+
+    def uid_flags(self, uid, folder="INBOX"):
+        """The FLAGS dovecot itself holds for message `uid` (str or bytes), read-only."""
+        c = self.login()
         try:
-            c.login(self.user, self.password)
             c.select(folder, readonly=True)
             return c.uid("FETCH", uid, "(FLAGS)")[1][0]
         finally:
             c.logout()
+
+    def messages(self, folder="INBOX"):
+        """[(flags, body)] of `folder` as dovecot holds them, in UID order, read-only."""
+        c = self.login()
+        try:
+            c.select(folder, readonly=True)
+            out = []
+            for item in c.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")[1]:
+                if isinstance(item, tuple):
+                    out.append((item[0].decode().split("FLAGS (")[1].split(")")[0].split(), item[1]))
+            return out
+        finally:
+            c.logout()
+
+    def bodies(self, folder="INBOX"):
+        """The bodies of `folder` as dovecot holds them, sorted."""
+        return sorted(b for _, b in self.messages(folder))
 
     def log(self):
         try:
@@ -437,6 +459,61 @@ def started_dovecot(**kwargs):
     if not dc.start():
         skip_all("dovecot did not start: " + dc.log()[-500:])
     return dc
+
+
+def sleeping_card_mount(t, plan, work):
+    """nginx on an empty site in `work`/www and a ghostfs on it with the ipaq-2004's emulated
+    devices, whose card sleeps in PSM and wakes to CAM for transfers, and a control socket:
+    what the tests of the mail the proxy holds back stand beside. (mnt, ctl); the rest of the
+    plan skipped when nginx or ghostfs does not start."""
+    mnt = os.path.join(work, "mnt")
+    www = os.path.join(work, "www")
+    os.makedirs(mnt)
+    os.makedirs(www)
+    nginx = Nginx(www)
+    if not nginx.start():
+        t.skip_rest(plan, "nginx did not start")
+        t.done()
+    ctl = os.path.join(work, "control.sock")
+    fs = Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
+                 args=["--profile", "ipaq-2004"], control=ctl)
+    if not fs.start():
+        t.skip_rest(plan, "ghostfs did not mount")
+        t.done()
+    return mnt, ctl
+
+
+class ImapJournalProxy:
+    """ghostproxy as an IMAP proxy with a journal (`work`/imap-journal) in front of dovecot
+    `dc`, beside the mount `mnt` (control socket `ctl`). Each start() is a new process on the
+    same IMAP port and journal, stopped when the test exits; the output of all of them goes to
+    one log."""
+
+    def __init__(self, work, mnt, ctl, dc):
+        self.work, self.mnt, self.ctl, self.dc = work, mnt, ctl, dc
+        self.journal = os.path.join(work, "imap-journal")
+        self.port = free_port()
+        self.log = os.path.join(work, "ghostproxy.log")
+
+    def start(self, deadline=300):
+        """A started ghostproxy (Popen) holding changes back for up to `deadline` seconds."""
+        conf = os.path.join(self.work, f"proxy-{deadline}.toml")
+        with open(conf, "w") as f:
+            f.write(f"imap_deadline = {deadline}\n")
+        p = subprocess.Popen([os.path.join(build_dir(), "proxy", "ghostproxy"),
+                              "--listen", f"127.0.0.1:{free_port()}", "--mount", self.mnt,
+                              "--control", self.ctl, "--config", conf,
+                              "--imap-listen", f"127.0.0.1:{self.port}",
+                              "--imap-origin", f"imap://127.0.0.1:{self.dc.port}/",
+                              "--imap-journal", self.journal],
+                             stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
+        return p
+
+    def tail(self, n=600):
+        """The last `n` characters of the proxies' log."""
+        with open(self.log) as f:
+            return f.read()[-n:]
 
 
 class Tmux:
