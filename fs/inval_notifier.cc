@@ -9,7 +9,9 @@ InvalNotifier::InvalNotifier(fuse_session* se) : se_(se), thread_([this] { Run()
 void InvalNotifier::Invalidate(fuse_ino_t ino) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
+    // One pending notification per inode: it is sent after this change, so it covers it, and
+    // the queue stays bounded by the inodes however many fills arrive while the thread waits.
+    if (stopping_ || !queued_.insert(ino).second) return;
     queue_.push_back(ino);
   }
   cv_.notify_one();
@@ -42,6 +44,7 @@ void InvalNotifier::Run() {
     if (queue_.empty()) return;  // stopping, and everything queued was sent
     fuse_ino_t ino = queue_.front();
     queue_.pop_front();
+    queued_.erase(ino);  // a change from now on queues a notification of its own
     lock.unlock();
     // Attributes and every cached page (offset 0, length 0 = to the end). -ENOENT: the kernel
     // has no such inode cached (forgotten meanwhile), nothing to drop.

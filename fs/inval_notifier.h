@@ -20,6 +20,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 
 namespace ghost {
 
@@ -49,6 +50,7 @@ class InvalNotifier {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<fuse_ino_t> queue_;
+  std::unordered_set<fuse_ino_t> queued_;  // the inodes in queue_
   bool stopping_ = false;
   std::uint64_t sent_ = 0;
   std::uint64_t refused_ = 0;
