@@ -95,6 +95,9 @@ class ImapProxy::Impl {
   // With imap_journal: the deferred changes, on a clock of the loop.
   std::unique_ptr<RealClock> clock;
   std::unique_ptr<ImapDeferred> deferred;
+  // For the backend's answers that outlive the session that asked (a fill): expires first thing
+  // in ~Impl.
+  std::shared_ptr<bool> alive = std::make_shared<bool>(true);
 
   // Offline service (the server unreachable): what sessions knew, in RAM only. Logins the
   // server accepted, as salted SHA-256 digests (never the password), and each (user, mailbox)'s
@@ -1679,12 +1682,18 @@ void ImapSession::EndFill() {
   fill_data_.clear();
   std::string key = fill_key_;
   ImapProxy::Impl* owner = owner_;
-  std::weak_ptr<ImapSession> weak = weak_from_this();
+  // The fill belongs to the proxy, not to the session: a client that leaves as soon as it has
+  // its body (mbsync, curl) must not take the fill with it.
+  std::weak_ptr<bool> alive = owner_->alive;
   // Stored only when not cached yet: a body the cost model sent to the network is already on
   // the disk, and writing it again would wake the disk for nothing.
-  owner_->backend->Lookup(key, [owner, weak, key, data](Result<CacheLookup> r) {
-    if (weak.expired()) return;  // the backend may be going away with the proxy
-    if (!r.ok() || r->cached) return;
+  owner_->backend->Lookup(key, [owner, alive, key, data](Result<CacheLookup> r) {
+    if (alive.expired()) return;  // the backend may be going away with the proxy
+    if (!r.ok()) {
+      std::fprintf(stderr, "ghostproxy: imap: not storing %s: %s\n", key.c_str(), r.status().ToString().c_str());
+      return;
+    }
+    if (r->cached) return;
     StoredResponse head;
     head.status = 200;
     head.headers = {{"Content-Type", "message/rfc822"}};
@@ -1694,7 +1703,8 @@ void ImapSession::EndFill() {
     if (!w) return;
     w->Write(std::move(*data));
     // The fill outlives its writer once committed (CacheWriter::Commit).
-    w->Commit([owner, key](Status s) {
+    w->Commit([owner, alive, key](Status s) {
+      if (alive.expired()) return;
       if (s.ok()) {
         ++owner->stats.fills;
       } else {
@@ -1881,6 +1891,7 @@ void ImapSession::HandleOffline(std::string_view line) {
 // ---- the listener ----
 
 ImapProxy::Impl::~Impl() {
+  alive.reset();
   if (listener) evconnlistener_free(listener);
   if (tls_listener) evconnlistener_free(tls_listener);
   sessions.clear();

@@ -176,7 +176,7 @@ def main():
     ctlc = h.Control(ctl)
     stored = h.wait_for(lambda: ctlc.call("lookup", key=key).get("result", {}).get("cached") or None, timeout=15)
     ctlc.close()
-    t.check(stored, "a body fetched through the proxy is stored in the cache", key)
+    t.check(stored, "a body fetched through the proxy is stored in the cache", key + "; " + open(log).read()[-500:])
 
     # Offline: dovecot gone. The proxy greets, takes a login dovecot accepted before, serves
     # the cached body and says NO [UNAVAILABLE] at once to what needs the server.

@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 22
+PLAN = 23
 
 
 def message(subject, size, seed):
@@ -210,6 +210,36 @@ def main():
     def seen_on_server():
         return b"\\Seen" in dc.uid_flags(u_seen)
     t.check(h.wait_for(seen_on_server, timeout=10), "and the message is \\Seen on the server")
+
+    # A client that leaves as soon as it has its body (no LOGOUT: mbsync and curl end their
+    # sessions right after the last FETCH) still leaves the body in the cache: the fill does not
+    # depend on the session outliving the daemon's answer to the proxy's lookup.
+    quick = [dc.seed("", message(f"quick{i}", 20 * 1024, 40 + i)) for i in range(12)]
+    d = imaplib.IMAP4("127.0.0.1", dc.port)
+    d.login(dc.user, dc.password)
+    d.select("INBOX", readonly=True)
+    validity = d.response("UIDVALIDITY")[1][0].decode()
+    new_uids = [u for u in d.uid("SEARCH", None, "ALL")[1][0].split() if u not in uids]
+    d.logout()
+    for u in new_uids:
+        s, f = raw_session(iport, dc.user, dc.password)
+        s.sendall(b"s1 SELECT INBOX\r\n")
+        h.imap_read_until(f, b"s1 ")
+        s.sendall(b"f1 UID FETCH " + u + b" BODY.PEEK[]\r\n")
+        h.imap_read_until(f, b"f1 ")
+        s.close()
+    ctlc = h.Control(ctl)
+
+    def uncached():
+        return [u for u in new_uids if not ctlc.call(
+            "lookup", key=f"imap://{dc.user}@127.0.0.1:{dc.port}/INBOX;UIDVALIDITY={validity};UID={u.decode()}"
+        ).get("result", {}).get("cached")]
+    h.wait_for(lambda: not uncached(), timeout=10)
+    left = uncached()
+    ctlc.close()
+    t.check(len(new_uids) == len(quick) and not left,
+            "a body fetched by a client that closes at once is still stored in the cache",
+            f"{len(new_uids)} fetched, not stored: {left}")
 
     # AUTHENTICATE PLAIN.
     c = imaplib.IMAP4("127.0.0.1", iport)
