@@ -928,6 +928,11 @@ bool ImapSession::HandleWithHidden(const imapwire::Command& cmd, const std::stri
         i = j + 1;
       }
       std::string translated = cmd.tag + " FETCH " + set + std::string(rest.substr(sp)) + "\r\n";
+      // A cached body is answered from the cache under the client's number, as without hidden
+      // messages; whatever has to go to the server after all goes with the server's numbers.
+      if (std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(cmd.rest)) {
+        if (TryCacheFetch(cmd, *f, translated)) return true;
+      }
       HandleClientCommand(translated, /*allow_cache=*/false);
       ForwardLine(translated);
       return true;

@@ -9,6 +9,7 @@ remaining messages (and the moved one in the destination), and the server's own 
 shown to the client again. A deferred CLOSE expunges on the server only at the flush.
 TAP; skipped without root, /dev/fuse, dovecot or nginx."""
 import imaplib
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 12
+PLAN = 13
 
 
 def message(subject, seed):
@@ -44,7 +45,16 @@ def main():
         d.create(box)
     d.select("INBOX", readonly=True)
     uids = [int(x) for x in d.uid("SEARCH", None, "ALL")[1][0].split()]
+    validity = d.response("UIDVALIDITY")[1][0].decode()
     d.logout()
+    # The last message's body is in the cache (as a fetch through the proxy or the mount leaves
+    # it), so a FETCH of it while others are hidden can be answered without the server.
+    ctlc = h.Control(ctl)
+    fill = ctlc.ok("store", key=f"imap://{dc.user}@127.0.0.1:{dc.port}/INBOX;UIDVALIDITY={validity};UID={uids[4]}",
+                   response=json.dumps({"status": 200, "headers": [["Content-Type", "message/rfc822"]]}))["path"]
+    with open(fill, "wb") as f:
+        f.write(originals[4])
+    ctlc.close()
 
     proxy = start()
     if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-journal", tail()):
@@ -96,11 +106,18 @@ def main():
     t.check(typ == "OK" and bodies("Archive") == [] and len(bodies("INBOX")) == 5,
             "UID MOVE is answered at once; nothing reaches dovecot", f"{typ} {data} " + tail())
     typ, view = fetch_view()
-    # (A body from the server wakes the card: last.)
-    typ2, body = c.fetch("2", "(BODY.PEEK[])")
-    t.check(typ == "OK" and view == [(1, uids[2]), (2, uids[4])] and typ2 == "OK" and body[0][1] == originals[4],
+    # FETCH by sequence number of a cached body while messages are hidden: from the cache, under
+    # the client's number (the server would have answered for its message 5, and its transfer
+    # would have woken the card and sent the queue).
+    typ2, tagged = c._simple_command("FETCH", "2", "(BODY.PEEK[])")
+    fetched = [x for x in c.untagged_responses.pop("FETCH", []) if isinstance(x, tuple)]
+    t.check(typ == "OK" and view == [(1, uids[2]), (2, uids[4])] and typ2 == "OK" and
+            [x[1] for x in fetched] == [originals[4]] and fetched[0][0].startswith(b"2 ("),
             "after the MOVE the client sees 2 messages; FETCH 2 BODY.PEEK[] is its second one",
-            f"{view} {body[0][:1]} " + tail())
+            f"{view} {[x[0] for x in fetched]} " + tail())
+    t.check(b"from the cache" in tagged[0] and len(bodies("INBOX")) == 5,
+            "a FETCH by sequence number of a cached body is answered from the cache while others are hidden",
+            f"{tagged} {len(bodies('INBOX'))} " + tail())
 
     subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
     h.wait_for(lambda: len(bodies("INBOX")) == 2 or None, timeout=10)
