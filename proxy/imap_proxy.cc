@@ -781,7 +781,8 @@ std::uint32_t ImapSession::ClientSeqOfUid(std::uint32_t uid) const {
 }
 
 bool ImapSession::TryDeferExpunge(const imapwire::Command& cmd, const std::string& line) {
-  if (!Defers() || offline_ || !pending_.empty() || await_ != Await::kNone || busy_) return false;
+  // Offline too: the map and flags are the snapshot's, and the changes wait in the journal.
+  if (!Defers() || !pending_.empty() || await_ != Await::kNone || busy_) return false;
   if (!map_valid_) return RefreshMapFirst(line);
   const std::string& n = cmd.name;
   const bool move = n == "MOVE" || n == "UID MOVE";
@@ -841,18 +842,6 @@ bool ImapSession::TryDeferExpunge(const imapwire::Command& cmd, const std::strin
     }
   }
   ++owner_->stats.deferred_expunges;
-  if (n == "CLOSE") {
-    // No untagged EXPUNGE after CLOSE (RFC 3501 §6.4.2); the mailbox is no longer selected.
-    SaveSnapshot();
-    selected_.clear();
-    map_valid_ = false;
-    flags_.clear();
-    hidden_.clear();
-    // The server leaves the mailbox too, without expunging (so its EXISTS/EXPUNGE stop).
-    SendOwn(Own::kQuiet, "UNSELECT");
-    ToClient(cmd.tag + " OK CLOSE completed (Ghost: expunge deferred until the network is up)\r\n");
-    return true;
-  }
   std::string untagged;
   // Highest first: each EXPUNGE leaves the numbers below it as they were.
   for (auto it = targets.rbegin(); it != targets.rend(); ++it) {
@@ -866,6 +855,19 @@ bool ImapSession::TryDeferExpunge(const imapwire::Command& cmd, const std::strin
     flags_.erase(uid);
   }
   std::sort(hidden_.begin(), hidden_.end());
+  if (n == "CLOSE") {
+    // No untagged EXPUNGE after CLOSE (RFC 3501 §6.4.2); the mailbox is no longer selected, and
+    // the next session's view (the snapshot) is without the messages.
+    SaveSnapshot();
+    selected_.clear();
+    map_valid_ = false;
+    flags_.clear();
+    hidden_.clear();
+    // The server leaves the mailbox too, without expunging (so its EXISTS/EXPUNGE stop).
+    if (!offline_) SendOwn(Own::kQuiet, "UNSELECT");
+    ToClient(cmd.tag + " OK CLOSE completed (Ghost: expunge deferred until the network is up)\r\n");
+    return true;
+  }
   ToClient(untagged + cmd.tag + " OK " + n + " completed (Ghost: deferred until the network is up)\r\n");
   return true;
 }
@@ -1804,10 +1806,12 @@ void ImapSession::Unavailable(const std::string& tag, const std::string& what) {
 }
 
 void ImapSession::SaveSnapshot() {
-  if (offline_ || user_.empty() || !Selected() || !map_valid_) return;
+  if (user_.empty() || !Selected() || !map_valid_) return;
   ImapProxy::Impl::Snapshot& snap = owner_->snapshots[user_ + "\n" + selected_];
   snap.uidvalidity = uidvalidity_;
-  snap.uids = uids_;
+  // What the client was told: a message whose expunge waits in the journal is gone for the next
+  // session too (online, the queue goes first; offline, it is not shown again).
+  snap.uids = hidden_.empty() ? uids_ : ClientView();
   snap.flags = flags_;
 }
 
@@ -1864,6 +1868,8 @@ void ImapSession::HandleOffline(std::string_view line) {
     Unavailable(tag, "log in first");
   } else if (n == "SELECT" || n == "EXAMINE") {
     std::optional<std::string> box = imapwire::ReadAstring(&rest);
+    SaveSnapshot();
+    hidden_.clear();
     selected_.clear();
     map_valid_ = false;
     flags_.clear();
@@ -1877,10 +1883,16 @@ void ImapSession::HandleOffline(std::string_view line) {
     ToClient("* FLAGS (\\Answered \\Flagged \\Deleted \\Seen \\Draft)\r\n* " + std::to_string(uids_.size()) +
              " EXISTS\r\n* 0 RECENT\r\n* OK [UIDVALIDITY " + std::to_string(uidvalidity_) + "] UIDs valid\r\n" + tag +
              (n == "SELECT" ? " OK [READ-WRITE] " : " OK [READ-ONLY] ") + n + " completed (Ghost: offline)\r\n");
+  } else if (n == "CLOSE" && TryDeferExpunge(*c, std::string(line))) {
+    // \Deleted messages the proxy knows of: expunged on the server when the queue is sent.
   } else if (n == "CLOSE" || n == "UNSELECT") {
+    SaveSnapshot();
+    hidden_.clear();
     selected_.clear();
     map_valid_ = false;
     ToClient(tag + " OK " + n + " completed\r\n");
+  } else if (n == "EXPUNGE" || n == "UID EXPUNGE" || n == "MOVE" || n == "UID MOVE") {
+    if (!TryDeferExpunge(*c, std::string(line))) Unavailable(tag, n + " of these messages needs the server");
   } else if (n == "FETCH" || n == "UID FETCH") {
     std::optional<imapwire::BodyFetch> f = imapwire::ParseBodyFetch(c->rest);
     if (!f || !TryCacheFetch(*c, *f, std::string(line))) Unavailable(tag, "only whole bodies of cached messages");

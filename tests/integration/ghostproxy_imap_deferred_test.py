@@ -21,7 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 17
+PLAN = 19
 
 
 def message(subject, seed):
@@ -210,6 +210,41 @@ def main():
     except imaplib.IMAP4.error as e:
         wrong = str(e)
     t.check("UNAVAILABLE" in wrong, "offline: a login never accepted before is refused", wrong)
+
+    # Offline, a deletion waits too: the flag change and the EXPUNGE are answered from what the
+    # proxy knew, the message is gone from the next offline session's view, and once the server
+    # is back `ghostctl flush` expunges it there.
+    gone = uids[4]  # (uids[2] was expunged upstream above)
+    expunged = {}
+    try:
+        o = imaplib.IMAP4("127.0.0.1", iport)
+        o.login(dc.user, dc.password)
+        typ, data = o.select("INBOX")
+        before = int(data[0])
+        typ, data = o.uid("STORE", str(gone), "+FLAGS.SILENT", "(\\Deleted)")
+        expunged["store"] = typ if typ == "OK" else (typ, data)
+        typ, data = o.expunge()
+        expunged["expunge"] = (typ, data)
+        typ, first = o.fetch("1", "(BODY.PEEK[])")  # the first message, cached: numbers unchanged below it
+        expunged["first"] = typ == "OK" and first[0][1] == body
+        o.logout()
+        o = imaplib.IMAP4("127.0.0.1", iport)
+        o.login(dc.user, dc.password)
+        typ, data = o.select("INBOX")
+        expunged["exists"] = (before, int(data[0]))
+        o.logout()
+    except Exception as e:  # noqa: BLE001 - reported below
+        expunged["error"] = repr(e)
+    ex = expunged.get("expunge", ("", [None]))
+    t.check(expunged.get("store") == "OK" and ex[0] == "OK" and len(ex[1]) == 1 and ex[1][0] is not None and
+            expunged.get("first") is True and expunged.get("exists", (0, 0))[1] == expunged.get("exists", (0, 0))[0] - 1,
+            "offline: UID STORE \\Deleted and EXPUNGE are deferred, and the next session sees one message fewer",
+            f"{expunged} " + open(log).read()[-300:])
+    on_server_before = gone in server_flags() if dc.start() else None
+    subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+    t.check(on_server_before is True and h.wait_for(lambda: gone not in server_flags(), timeout=15),
+            "offline: the deferred EXPUNGE reaches the server once it is back and the queue is sent",
+            f"before {on_server_before}; " + open(log).read()[-300:])
 
     # Nothing was left behind: the queue is empty and the proxy is alive.
     t.check(proxy.poll() is None and "deferred" in open(log).read(),
