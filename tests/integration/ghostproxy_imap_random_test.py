@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Random operations through ghostproxy's deferring IMAP proxy (imap_journal, ghostfs's emulated
+card sleeping in PSM and woken by transfers), checked against a model of what the client was
+told. A seeded sequence of UID STORE, STORE \\Deleted + EXPUNGE, UID MOVE, FETCH of bodies by
+sequence number and by UID, SEARCH, FETCH 1:* (UID FLAGS), NOOP, `ghostctl flush` and new
+sessions: whether a change is deferred or sent at once (the card's mode decides, and body
+fetches from the server wake it) must not change what the client sees. After every command
+the client's view (sequence numbers, UIDs, flags, bodies, EXISTS, untagged EXPUNGEs) must be
+the model's; after a final flush dovecot itself must hold exactly the model's messages and
+flags, and the moved bodies in the other mailbox. GHOST_RANDOM_SEED picks the sequence (printed
+on failure); GHOST_RANDOM_OPS its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
+import imaplib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+PLAN = 4
+FLAGS = ["\\Flagged", "\\Answered", "$Label1"]
+COUNT = 40
+
+
+def message(i):
+    return (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: random {i}\r\n"
+            f"Message-ID: <random.{i}@ghost>\r\n\r\n" + f"body {i} " * (40 + 53 * i) + "\r\n").encode()
+
+
+def main():
+    h.require_root_and_fuse()
+    seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
+    ops = int(os.environ.get("GHOST_RANDOM_OPS", "160"))
+    rng = random.Random(seed)
+    dc = h.started_dovecot()
+    originals = [message(i) for i in range(COUNT)]
+    for m in originals:
+        dc.seed("", m)
+    t = h.Tap(PLAN)
+    work = h.tempdir()
+    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
+    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
+    ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+
+    d = dc.login()
+    d.create("Archive")
+    d.select("INBOX", readonly=True)
+    view = [int(x) for x in d.uid("SEARCH", None, "ALL")[1][0].split()]
+    body_of = {u: d.uid("FETCH", str(u), "(BODY.PEEK[])")[1][0][1] for u in view}
+    d.logout()
+    flags = {u: set() for u in view}
+    archived = []
+
+    proxy = imap.start()
+    if not t.check(h.wait_port(imap.port, 15), "ghostproxy listens for IMAP with --imap-journal", imap.tail()):
+        t.skip_rest(PLAN, "no IMAP proxy")
+        t.done()
+    time.sleep(1)  # subscribed to ghostfs's modes
+
+    log, wrong = [], []
+    told = {"deferred": 0, "at once": 0}
+
+    def command(c, *args):
+        """A command's tagged (type, text), counting the changes the proxy said it deferred."""
+        typ, data = c._simple_command(*args)
+        text = (data[0] or b"") if data else b""
+        if typ == "OK" and args[0] in ("UID", "EXPUNGE"):
+            told["deferred" if b"deferred" in text else "at once"] += 1
+        return typ, text
+
+    def expect(ok, what):
+        if not ok and len(wrong) < 5:
+            wrong.append(f"op {len(log)} ({log[-1] if log else '-'}): {what}")
+
+    def session():
+        c = imaplib.IMAP4("127.0.0.1", imap.port)
+        c.login(dc.user, dc.password)
+        typ, data = c.select("INBOX")
+        expect(typ == "OK" and int(data[0]) == len(view), f"SELECT says {data} EXISTS, the model {len(view)}")
+        c.uid("FETCH", "1:*", "(FLAGS)")  # the proxy learns the flags (a deletion needs them)
+        c.untagged_responses.clear()
+        return c
+
+    def unsolicited(c, allowed_expunges=()):
+        """The untagged EXPUNGE and EXISTS the last command brought: only those expected."""
+        ex = [int(x) for x in c.untagged_responses.pop("EXPUNGE", [])]
+        expect(ex == list(allowed_expunges), f"untagged EXPUNGE {ex}, expected {list(allowed_expunges)}")
+        exists = c.untagged_responses.pop("EXISTS", [])
+        expect(all(int(x) == len(view) for x in exists), f"EXISTS {exists}, the model has {len(view)}")
+        c.untagged_responses.clear()
+
+    def fetch_body(c, by_uid):
+        seq = rng.randrange(len(view)) + 1
+        uid = view[seq - 1]
+        log.append(f"{'UID ' if by_uid else ''}FETCH {uid if by_uid else seq} BODY.PEEK[] (uid {uid})")
+        typ, data = c.uid("FETCH", str(uid), "(BODY.PEEK[])") if by_uid else c.fetch(str(seq), "(BODY.PEEK[])")
+        got = [x for x in data if isinstance(x, tuple)]
+        expect(typ == "OK" and len(got) == 1 and got[0][1] == body_of[uid] and got[0][0].startswith(b"%d (" % seq),
+               f"{typ} {[x[0][:40] for x in got]} (expected seq {seq}, {len(body_of[uid])} bytes)")
+        unsolicited(c)
+
+    def wake():
+        # Ghost hints count as transfers (DESIGN §3.3): bursts of them switch the card to CAM (as in
+        # ghostproxy_imap_deferred_test.py), where it stays while transfers go on, so the changes
+        # after it go to the server at once. Once forced halfway, and at random.
+        log.append("the card woken by ghost hints")
+        ctlc = h.Control(ctl)
+        for _ in range(12):
+            for i in range(20):
+                ctlc.f.write(json.dumps({"id": 1000 + i, "op": "hint", "kind": "ghost", "device": "cisco-350",
+                                         "time_s": 0.5, "energy_j": 0.5}) + "\n")
+            ctlc.f.flush()
+            for i in range(20):
+                ctlc.f.readline()
+            card = [d for d in ctlc.call("devices").get("result", []) if d.get("name") == "cisco-350"]
+            if card and card[0].get("mode") == "CAM":
+                break
+            time.sleep(1.0)
+        ctlc.close()
+
+    c = session()
+    for step in range(ops):
+        if not view:
+            break
+        r = rng.random()
+        if step == ops // 2:
+            wake()
+        elif r < 0.25:
+            uid, flag, add = rng.choice(view), rng.choice(FLAGS), rng.random() < 0.6
+            log.append(f"UID STORE {uid} {'+' if add else '-'}FLAGS.SILENT ({flag})")
+            typ, text = command(c, "UID", "STORE", str(uid), ("+" if add else "-") + "FLAGS.SILENT", f"({flag})")
+            expect(typ == "OK", f"{typ} {text}")
+            c.untagged_responses.pop("FETCH", None)
+            (flags[uid].add if add else flags[uid].discard)(flag)
+            unsolicited(c)
+        elif r < 0.35:
+            uid = rng.choice(view)
+            seq = view.index(uid) + 1
+            log.append(f"STORE \\Deleted + EXPUNGE of {uid} (seq {seq})")
+            typ, text = command(c, "UID", "STORE", str(uid), "+FLAGS.SILENT", "(\\Deleted)")
+            expect(typ == "OK", f"STORE {typ} {text}")
+            c.untagged_responses.pop("FETCH", None)
+            unsolicited(c)
+            typ, text = command(c, "EXPUNGE")
+            ex = [int(x) for x in c.untagged_responses.pop("EXPUNGE", [])]
+            expect(typ == "OK" and ex == [seq], f"EXPUNGE {typ} {text} {ex}")
+            view.remove(uid)
+            flags.pop(uid)
+            unsolicited(c)
+        elif r < 0.42:
+            uid = rng.choice(view)
+            seq = view.index(uid) + 1
+            log.append(f"UID MOVE {uid} Archive (seq {seq})")
+            typ, text = command(c, "UID", "MOVE", str(uid), "Archive")
+            expect(typ == "OK", f"MOVE {typ} {text}")
+            ex = [int(x) for x in c.untagged_responses.pop("EXPUNGE", [])]
+            expect(ex == [seq], f"MOVE's untagged EXPUNGE {ex}, expected [{seq}]")
+            view.remove(uid)
+            flags.pop(uid)
+            archived.append(body_of[uid])
+            unsolicited(c)
+        elif r < 0.57:
+            fetch_body(c, by_uid=False)
+        elif r < 0.67:
+            fetch_body(c, by_uid=True)
+        elif r < 0.75:
+            log.append("SEARCH ALL, UID SEARCH ALL")
+            typ, data = c.search(None, "ALL")
+            typ2, data2 = c.uid("SEARCH", None, "ALL")
+            expect(typ == "OK" and [int(x) for x in data[0].split()] == list(range(1, len(view) + 1)),
+                   f"SEARCH ALL {data}, the model has {len(view)}")
+            expect(typ2 == "OK" and [int(x) for x in data2[0].split()] == view, f"UID SEARCH ALL {data2}, the model {view}")
+            unsolicited(c)
+        elif r < 0.87:
+            log.append("FETCH 1:* (UID FLAGS)")
+            typ, data = c.fetch("1:*", "(UID FLAGS)")
+            seen = []
+            for item in data:
+                text = (item if isinstance(item, bytes) else item[0]).decode()
+                m = re.match(r"(\d+) \(.*UID (\d+)", text)
+                if not m:
+                    continue
+                f = set(re.search(r"FLAGS \(([^)]*)\)", text).group(1).split()) if "FLAGS (" in text else set()
+                seen.append((int(m.group(1)), int(m.group(2)), f & set(FLAGS)))
+            expect(typ == "OK" and [(s, u) for s, u, _ in seen] == list(enumerate(view, 1)),
+                   f"FETCH 1:* {[(s, u) for s, u, _ in seen]}, the model {view}")
+            bad = [(u, f, flags.get(u)) for _, u, f in seen if f != flags.get(u)]
+            expect(not bad, f"flags (uid, seen, model): {bad[:4]}")
+            unsolicited(c)
+        elif r < 0.89:
+            wake()
+        elif r < 0.92:
+            log.append("NOOP")
+            typ, _ = c.noop()
+            expect(typ == "OK", typ)
+            unsolicited(c)
+        elif r < 0.96:
+            log.append("ghostctl flush")
+            subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+        else:
+            log.append("LOGOUT, a new session")
+            c.logout()
+            c = session()
+    c.logout()
+    # Vacuous unless some changes waited in the journal (the card in PSM); those sent at once (after
+    # the card was woken) are counted too.
+    t.check(not wrong and told["deferred"] > 0,
+            f"{len(log)} random operations, changes deferred {told['deferred']}, sent at once {told['at once']}: "
+            f"the client's view was always the model's (seed {seed})", "\n".join(wrong) + "\n" + imap.tail())
+
+    subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+
+    def server():
+        d = dc.login()
+        d.select("INBOX", readonly=True)
+        out = {}
+        for item in d.uid("FETCH", "1:*", "(FLAGS)")[1]:
+            if not item:
+                continue
+            text = item.decode()
+            uid = int(text.split("UID ")[1].split()[0].rstrip(")"))
+            out[uid] = set(text.split("FLAGS (")[1].split(")")[0].split()) & set(FLAGS)
+        d.logout()
+        return out
+    model = {u: flags[u] for u in view}
+    landed = h.wait_for(lambda: server() == model or None, timeout=20)
+    t.check(bool(landed), f"after the flush dovecot has exactly the model's messages and flags (seed {seed})",
+            f"server {server()} model {model}\n" + "\n".join(log[-12:]) + "\n" + imap.tail())
+    t.check(sorted(dc.bodies("Archive")) == sorted(archived) and proxy.poll() is None,
+            f"the moved messages are in Archive, byte-identical, and the proxy lives on (seed {seed})",
+            f"{len(dc.bodies('Archive'))} in Archive, {len(archived)} moved\n" + imap.tail())
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
