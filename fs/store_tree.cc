@@ -372,6 +372,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
     out.choice = LookupChoice::kDisk;
     out.source = ReadSourceName(d.source);
     out.ghost_hint = false;
+    // A small one goes with the answer, as a packed body does: the reader needs no FUSE open
+    // and read of its version. Reading the queued copy costs no device either way (OriginRead
+    // answers it from memory, uncharged), so the accounting is the same.
+    if (state.size <= kMaxInlineStoreBytes) out.packed_body = *queued_body->data;
     ++ctx_.reads.requests_by_source[d.source];
     ++store_stats_.hits;
     return reply(out.ToJson());
