@@ -8,6 +8,7 @@ Through ghostproxy (--memory-cache 0): a small response is stored inline (no fil
 and its hits come back byte-identical; a large one still takes the fill file. TAP; skipped
 without root, /dev/fuse or nginx."""
 import base64
+import gzip
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 8
+PLAN = 9
 LIMIT = 16 * 1024
 
 
@@ -35,14 +36,16 @@ def read_version(got):
         return f.read()
 
 
-def proxy_get(port, url):
+def proxy_get(port, url, headers=None):
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
-    with opener.open(url, timeout=20) as r:
+    with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=20) as r:
         return r.read()
 
 
 def main():
-    work, root, _sums, nginx = h.serve_tree()
+    # /gz/: gzip'd on the fly, so chunked, of no declared length.
+    work, root, _sums, nginx = h.serve_tree(
+        extra_location="location /gz/ { gzip on; gzip_types *; gzip_min_length 0; gzip_proxied any; }")
     t = h.Tap(PLAN)
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)
@@ -149,6 +152,25 @@ def main():
             "through ghostproxy a small response is stored inline and its hits are byte-identical; "
             "a large one takes the fill file",
             {"s0": s0, "s1": s1, "s2": s2, "s3": s3})
+
+    # A chunked body of no declared length grows past the inline limit while it arrives: what was
+    # collected goes to a fill file, then the rest; a hit gives the same bytes.
+    os.makedirs(os.path.join(root, "gz"))
+    with open(os.path.join(root, "gz", "grows.bin"), "wb") as f:
+        f.write(os.urandom(40_000))  # random: gzip leaves it larger than 16 KiB
+    with open(os.path.join(root, "gz", "grows.bin"), "rb") as f:
+        grows = f.read()
+    gz = {"Accept-Encoding": "gzip"}
+    s4 = ctl.ok("stats")["proxy"]
+    miss = proxy_get(port, base + "gz/grows.bin", gz)
+    wait_for(lambda: ctl.ok("stats")["proxy"]["fills"] > s4["fills"], timeout=10)
+    hit = proxy_get(port, base + "gz/grows.bin", gz)
+    s5 = ctl.ok("stats")["proxy"]
+    by_file = (s5["fills"] - s5["inline_fills"]) - (s4["fills"] - s4["inline_fills"])
+    t.check(len(miss) > LIMIT and gzip.decompress(miss) == grows and hit == miss and by_file == 1
+            and s5["hits"] > s4["hits"],
+            "a chunked body that grows past 16 KiB while it arrives is stored through the fill file and hits "
+            "byte-identical", {"len": len(miss), "by_file": by_file, "s4": s4, "s5": s5})
     proxy.terminate()
     proxy.wait(10)
     ctl.close()
