@@ -251,14 +251,19 @@ void StoreTree::StoreHandOver(Handle& h) {
   if (f == store_fills_.end() || f->second.handed_over) return;
   StoreFill& fill = f->second;
   fill.handed_over = true;
-  CacheEntry meta = fill.meta;
-  meta.size = fill.data.size();
-  ctx_.manager.Remember(fill.key, fill.data.size());
-  ctx_.baseline_write(fill.data.size());
-  ctx_.write_back.QueueFill(fill.key, std::move(meta), std::move(fill.data));
-  reads_.DropKernelCopy(fill.key);  // the mount reads the queued version from now on
-  ++store_stats_.fills;
+  QueueStoreFill(fill.key, std::move(fill.meta), std::move(fill.data));
   store_fills_.erase(f);
+}
+
+// One body of the proxy's into the write queue: the fill file's close and an inline "store"
+// both end here, so they are queued, committed and announced alike.
+void StoreTree::QueueStoreFill(const std::string& key, CacheEntry meta, std::string data) {
+  meta.size = data.size();
+  ctx_.manager.Remember(key, data.size());
+  ctx_.baseline_write(data.size());
+  ctx_.write_back.QueueFill(key, std::move(meta), std::move(data));
+  reads_.DropKernelCopy(key);  // the mount reads the queued version from now on
+  ++store_stats_.fills;
 }
 
 // ---- control operations ----
@@ -367,6 +372,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
     out.choice = LookupChoice::kDisk;
     out.source = ReadSourceName(d.source);
     out.ghost_hint = false;
+    // A small one goes with the answer, as a packed body does: the reader needs no FUSE open
+    // and read of its version. Reading the queued copy costs no device either way (OriginRead
+    // answers it from memory, uncharged), so the accounting is the same.
+    if (state.size <= kMaxInlineStoreBytes) out.packed_body = *queued_body->data;
     ++ctx_.reads.requests_by_source[d.source];
     ++store_stats_.hits;
     return reply(out.ToJson());
@@ -407,10 +416,18 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
 
 void StoreTree::ControlStore(const ControlRequest& request_args, ControlServer::Reply reply) {
   const nlohmann::json& request = request_args.json;
-  const std::string& key = std::get<ObjectArgs>(request_args.args).key;
+  const ObjectArgs& args = std::get<ObjectArgs>(request_args.args);
+  const std::string& key = args.key;
   CacheEntry meta;
   ReadStoredFields(request, ctx_.clock, &meta);
   meta.fetched = ctx_.clock.Now();
+  if (args.body) {
+    // A small body inline: queued now, as the fill file's close would queue it.
+    const Bytes size = args.body->size();
+    QueueStoreFill(key, std::move(meta), *args.body);
+    ++store_stats_.inline_fills;
+    return reply({{"stored", size}});
+  }
   std::uint64_t r = std::random_device{}();
   char token[40];
   std::snprintf(token, sizeof token, "%llu-%016llx", static_cast<unsigned long long>(next_store_token_++),
@@ -536,6 +553,7 @@ nlohmann::json StoreTree::StatsJson() const {
           {"hits", store_stats_.hits},
           {"network_preferred", store_stats_.network_preferred},
           {"fills", store_stats_.fills},
+          {"inline_fills", store_stats_.inline_fills},
           {"refreshes", store_stats_.refreshes},
           {"memory_hits", store_stats_.memory_hits},
           {"open_fills", store_fills_.size()}};

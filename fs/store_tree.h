@@ -47,6 +47,7 @@ struct ProxyTransfer {
 struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
   std::uint64_t memory_hits = 0;  // reads a client served from its own RAM copy ("served")
+  std::uint64_t inline_fills = 0;  // of `fills`, those whose body came in the "store" request
 };
 
 class StoreTree final : public Tree {
@@ -85,6 +86,7 @@ class StoreTree final : public Tree {
   const std::string* StoreKey(const std::string& name) const;
   std::string StoreVersion(const std::string& key) const;
   void StoreHandOver(Handle& h);
+  void QueueStoreFill(const std::string& key, CacheEntry meta, std::string data);
   // The control ops, one handler each (Control's table).
   void ControlLookup(const ControlRequest& request, ControlServer::Reply reply);
   void ControlStore(const ControlRequest& request, ControlServer::Reply reply);

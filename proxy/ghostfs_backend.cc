@@ -34,6 +34,9 @@ using nlohmann::json;
 
 // Bodies are read and written in pieces of this size (one io_uring request each).
 constexpr std::size_t kPiece = 256 * 1024;
+// A "store" request's other fields may take this much of its line (the control server's
+// limit is 64 KiB; an inline body's base64 takes up to 21848 bytes).
+constexpr std::size_t kMaxInlineHeadBytes = 32 * 1024;
 
 std::int64_t UnixNow() { return static_cast<std::int64_t>(std::time(nullptr)); }
 
@@ -68,12 +71,34 @@ StoredResponse HeadFromIndex(const LookupResult& r) {
   return head;
 }
 
-// One body being handed to the daemon through .ghost/fill/<token>. Shared with the
-// callbacks of its control request and writes, so it outlives an early-destroyed writer.
+// One body being handed to the daemon. A small one (at most kMaxInlineStoreBytes, with a head
+// that leaves its base64 room in one control line) is collected here and sent in the "store"
+// request itself when it is committed: one round trip, no FUSE traffic. A larger one — or one
+// whose declared length is larger — goes through .ghost/fill/<token>: "store" is sent as soon
+// as the body is known not to fit, and the bytes are written to the path it answers. Shared
+// with the callbacks of its control request and writes, so it outlives an early-destroyed
+// writer.
 struct FillState : std::enable_shared_from_this<FillState> {
   event_base* base = nullptr;
   FileIo* io = nullptr;
   std::weak_ptr<bool> backend_alive;
+  // Still collecting a body that may go inline (`small`); false once the fill file is asked
+  // for (open_file has run) or the inline store was sent.
+  bool collecting = true;
+  std::string small;
+  // Both set by the backend, and both check that it is alive: ask for the fill file (its
+  // answer calls Start), or send `small` inline (the answer runs the commit's `done`).
+  std::function<void()> open_file;
+  std::function<void(std::string body, std::function<void(Status)> done)> store_inline;
+  // The body goes to the fill file from now on: what was collected is written first.
+  void SwitchToFile() {
+    collecting = false;
+    if (!small.empty()) waiting.push_back(std::move(small));
+    small.clear();
+    auto open = std::move(open_file);
+    open_file = nullptr;
+    if (open) open();
+  }
   bool answered = false;  // "store" answered (with `path`, or an error in `status`)
   std::string path;
   int fd = -1;
@@ -153,6 +178,13 @@ class GhostfsWriter final : public CacheWriter {
   void Write(std::string data) override {
     FillState& s = *state_;
     if (s.abandoned || !s.status.ok() || data.empty()) return;
+    if (s.collecting) {
+      if (s.small.size() + data.size() <= kMaxInlineStoreBytes) {
+        s.small += data;
+        return;
+      }
+      s.SwitchToFile();
+    }
     if (s.fd < 0) {
       s.waiting.push_back(std::move(data));
       return;
@@ -167,6 +199,15 @@ class GhostfsWriter final : public CacheWriter {
       RunSoon(s.base, [done = std::move(done)] { done(Status::Internal("commit of an aborted fill")); });
       return;
     }
+    if (s.collecting) {
+      // The whole body fits in the request: the daemon queues it on receipt.
+      s.collecting = false;
+      s.open_file = nullptr;
+      auto send = std::move(s.store_inline);
+      s.store_inline = nullptr;
+      send(std::move(s.small), [keep = state_, done = std::move(done)](Status st) { done(st); });
+      return;
+    }
     // Keep the state alive until the commit is through.
     s.commit_done = [keep = state_, done = std::move(done)](Status st) { done(st); };
     event_base* base = s.base;
@@ -178,6 +219,10 @@ class GhostfsWriter final : public CacheWriter {
 
   void Abort() override {
     committed_ = true;
+    state_->collecting = false;  // nothing was sent for a body still collected
+    state_->small.clear();
+    state_->open_file = nullptr;
+    state_->store_inline = nullptr;
     state_->Abandon();
   }
 
@@ -350,20 +395,36 @@ class GhostfsBackend final : public CacheBackend {
     state->backend_alive = alive_;
     std::weak_ptr<FillState> weak = state;
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call(ControlOp::kStore, StoreArgs(key, head), [weak, alive, key](Result<json> r) {
+    auto args = std::make_shared<json>(StoreArgs(key, head));
+    state->open_file = [this, alive, weak, args, key] {
       if (alive.expired()) return;
-      auto st = weak.lock();
-      if (!st) return;  // the writer went away before the daemon answered: nothing to hand over
-      Result<std::string> path = r.ok() ? StorePathFromJson(*r) : Result<std::string>(r.status());
-      if (!path.ok()) {
-        st->status = path.status();
-        LogError("not storing " + key, st->status);
-        st->answered = true;
-        st->MaybeFinish();
-        return;
-      }
-      st->Start(*path);
-    });
+      ctl_->Call(ControlOp::kStore, *args, [weak, alive, key](Result<json> r) {
+        if (alive.expired()) return;
+        auto st = weak.lock();
+        if (!st) return;  // the writer went away before the daemon answered: nothing to hand over
+        Result<std::string> path = r.ok() ? StorePathFromJson(*r) : Result<std::string>(r.status());
+        if (!path.ok()) {
+          st->status = path.status();
+          LogError("not storing " + key, st->status);
+          st->answered = true;
+          st->MaybeFinish();
+          return;
+        }
+        st->Start(*path);
+      });
+    };
+    state->store_inline = [this, alive, args, key](std::string body, std::function<void(Status)> done) {
+      if (alive.expired()) return;
+      (*args)["body_base64"] = EncodeBase64(body);
+      ctl_->Call(ControlOp::kStore, *args, [alive, key, done = std::move(done)](Result<json> r) {
+        if (alive.expired()) return;
+        if (!r.ok()) LogError("not storing " + key, r.status());
+        done(r.ok() ? Status::Ok() : r.status());
+      });
+    };
+    // A body declared larger than an inline store takes, or a head that leaves its base64 no
+    // room in one request line: the fill file from the start.
+    if (head.size > kMaxInlineStoreBytes || args->dump().size() > kMaxInlineHeadBytes) state->SwitchToFile();
     return std::make_unique<GhostfsWriter>(state);
   }
 

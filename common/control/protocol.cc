@@ -71,6 +71,40 @@ std::optional<double> NonNegative(const json& r, const char* key, double max) {
   return d;
 }
 
+std::string Base64(std::string_view bytes) {
+  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
+  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(bytes.data()),
+                          static_cast<int>(bytes.size()));
+  out.resize(static_cast<std::size_t>(n));
+  return out;
+}
+
+// nullopt unless `text` is padded base64.
+std::optional<std::string> FromBase64(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  // EVP_DecodeBlock skips surrounding white space and takes '=' anywhere: only the alphabet,
+  // with at most two '=' at the end, is base64 here.
+  std::size_t end = text.size();
+  for (int i = 0; i < 2 && end > 0 && text[end - 1] == '='; ++i) --end;
+  for (std::size_t i = 0; i < end; ++i) {
+    const char c = text[i];
+    const bool alphabet = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                          c == '+' || c == '/';
+    if (!alphabet) return std::nullopt;
+  }
+  std::string out(text.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                          reinterpret_cast<const unsigned char*>(text.data()),
+                          static_cast<int>(text.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t pad = 0;  // EVP_DecodeBlock counts the padding as zero bytes
+  for (std::size_t i = text.size(); i > 0 && pad < 2 && text[i - 1] == '='; --i) ++pad;
+  out.resize(static_cast<std::size_t>(n) - pad);
+  return out;
+}
+
+
 Result<ControlArgs> NoArguments(const json&) { return ControlArgs(NoArgs{}); }
 
 Result<ControlArgs> ParseStatus(const json& r) {
@@ -174,6 +208,28 @@ Result<ControlArgs> ParseObject(const json& r) {
   return ControlArgs(out);
 }
 
+// store: ParseObject's fields, and the body inline (protocol.h). The text's length is checked
+// before it is decoded, so an over-long body costs no decoding.
+Result<ControlArgs> ParseStore(const json& r) {
+  Result<ControlArgs> parsed = ParseObject(r);
+  if (!parsed.ok()) return parsed;
+  const json* b = Field(r, "body_base64");
+  if (b == nullptr) return parsed;
+  static constexpr std::size_t kMaxText = 4 * ((kMaxInlineStoreBytes + 2) / 3);
+  if (!b->is_string()) return Bad("\"body_base64\" must be a string (the body in padded base64)");
+  const std::string& text = b->get_ref<const std::string&>();
+  auto too_long = [] {
+    return Bad("\"body_base64\" holds more than " + std::to_string(kMaxInlineStoreBytes) +
+               " bytes: write a larger body to the fill file (a store without it)");
+  };
+  if (text.size() > kMaxText) return too_long();
+  std::optional<std::string> body = FromBase64(text);
+  if (!body) return Bad("\"body_base64\" is not padded base64");
+  if (body->size() > kMaxInlineStoreBytes) return too_long();  // the last group's few bytes
+  std::get<ObjectArgs>(*parsed).body = std::move(body);
+  return parsed;
+}
+
 Result<ControlArgs> ParseTransfer(const json& r) {
   TransferArgs out;
   const json* phase = Field(r, "phase");
@@ -257,7 +313,7 @@ constexpr std::array<OpSpec, kControlOpCount> kOps = {{
     {ControlOp::kDropCaches, "drop_caches", &NoArguments},
     {ControlOp::kSubscribe, "subscribe", &ParseSubscribe},
     {ControlOp::kLookup, "lookup", &ParseObject},
-    {ControlOp::kStore, "store", &ParseObject},
+    {ControlOp::kStore, "store", &ParseStore},
     {ControlOp::kRefresh, "refresh", &ParseObject},
     {ControlOp::kInvalidate, "invalidate", &ParseObject},
     {ControlOp::kTransfer, "transfer", &ParseTransfer},
@@ -364,32 +420,6 @@ Result<KnobResult> KnobResult::FromJson(const json& j) {
   return out;
 }
 
-namespace {
-
-std::string Base64(std::string_view bytes) {
-  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(bytes.data()),
-                          static_cast<int>(bytes.size()));
-  out.resize(static_cast<std::size_t>(n));
-  return out;
-}
-
-// nullopt unless `text` is padded base64.
-std::optional<std::string> FromBase64(std::string_view text) {
-  if (text.size() % 4 != 0) return std::nullopt;
-  std::string out(text.size() / 4 * 3, '\0');
-  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(text.data()),
-                          static_cast<int>(text.size()));
-  if (n < 0) return std::nullopt;
-  std::size_t pad = 0;  // EVP_DecodeBlock counts the padding as zero bytes
-  for (std::size_t i = text.size(); i > 0 && pad < 2 && text[i - 1] == '='; --i) ++pad;
-  out.resize(static_cast<std::size_t>(n) - pad);
-  return out;
-}
-
-}  // namespace
 
 json LookupResult::ToJson() const {
   if (!cached) return {{"cached", false}};
@@ -453,6 +483,8 @@ Result<std::uint64_t> TransferIdFromJson(const json& result) {
   if (!id) return Status::Internal("no transfer id in the reply");
   return *id;
 }
+
+std::string EncodeBase64(std::string_view bytes) { return Base64(bytes); }
 
 Result<std::string> ObjectsEventKey(const json& data) {
   const std::string* key = data.is_object() ? NonEmptyString(data, "key") : nullptr;

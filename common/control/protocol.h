@@ -66,6 +66,16 @@
 //       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
 //       body there; closing the file hands it to the write queue, replacing any object at K;
 //       unlinking it first abandons the fill.
+//     With "body_base64": B (padded base64 of at most kMaxInlineStoreBytes bytes) the body
+//       comes in the request itself, and the daemon hands it to the write queue at once, as
+//       the fill file's close does (same queue, same commit, same "objects" events): no FUSE
+//       traffic. Result: {"stored": N} (the body's bytes), sent once it is queued — when a
+//       fill file's close() would have returned. Larger bodies take the fill file. (Why base64
+//       in the JSON line rather than a binary frame after it: every reader of the socket —
+//       the server's line framer, ghostctl, the Python harness, the fuzz target — speaks
+//       JSON lines; a frame would need a second framing state in each. Base64 costs a third
+//       more bytes of a body under 16 KiB, well below one FUSE round trip, and the lookup
+//       result already sends packed bodies the same way.)
 //   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
 //       keeps the body. Result: {}; an error if K is not cached.
 //   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
@@ -167,6 +177,10 @@ inline constexpr double kMaxHintJoules = 1e9;                   // a ghost hint'
 inline constexpr std::uint64_t kMaxTransferBytes = 1ull << 40;  // transfer data "bytes"
 inline constexpr std::uint64_t kMaxServedReads = 1000000;       // served: reads of one key
 inline constexpr std::int64_t kMaxUnixSeconds = 100'000'000'000;  // |expires_unix|
+// store "body_base64": the largest body sent inline (the cache's pack limit, so every body
+// packed in the index can come this way; its base64, 21848 bytes, leaves room for the head in
+// a request line of at most 64 KiB).
+inline constexpr std::size_t kMaxInlineStoreBytes = 16 * 1024;
 
 // The performance/energy knob's range (0 saves energy, 100 favours performance).
 inline constexpr int kKnobMin = 0;
@@ -200,6 +214,8 @@ struct ObjectArgs {
   std::optional<std::string> response, etag, last_modified, content_type;
   // Outer nullopt: not given; inner nullopt: given as null (no expiry). |X| <= kMaxUnixSeconds.
   std::optional<std::optional<std::int64_t>> expires_unix;
+  // store only: the body sent inline ("body_base64", decoded; at most kMaxInlineStoreBytes).
+  std::optional<std::string> body;
 };
 enum class TransferPhase { kBegin, kData, kEnd };
 struct TransferArgs {
@@ -274,6 +290,9 @@ struct LookupResult {
 Result<std::string> StorePathFromJson(const nlohmann::json& result);
 Result<std::uint64_t> TransferIdFromJson(const nlohmann::json& result);
 Result<std::string> ObjectsEventKey(const nlohmann::json& data);
+
+// Padded base64 of `bytes`, as "body_base64" carries a body (store's request, lookup's result).
+std::string EncodeBase64(std::string_view bytes);
 
 }  // namespace ghost
 

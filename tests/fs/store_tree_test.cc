@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -225,6 +226,50 @@ TEST_F(StoreTreeTest, StoreHandsOutAFillPathUnderTheMount) {
   ASSERT_TRUE(path.ok());
   EXPECT_TRUE(path->starts_with(mount_path_ + "/.ghost/fill/")) << *path;
   EXPECT_EQ(tree_->StatsJson()["open_fills"], 1);
+}
+
+TEST_F(StoreTreeTest, InlineStoreQueuesTheBodyWithNoFillFile) {
+  const std::string body = std::string("inline \0 bytes\xff", 16) + std::string(500, 'i');
+  Result<nlohmann::json> r = Call(ControlOp::kStore, {{"key", "http://o/inline"},
+                                                      {"etag", "\"i1\""},
+                                                      {"body_base64", EncodeBase64(body)}});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, nlohmann::json({{"stored", body.size()}}));
+  nlohmann::json stats = tree_->StatsJson();
+  EXPECT_EQ(stats["fills"], 1);
+  EXPECT_EQ(stats["inline_fills"], 1);
+  EXPECT_EQ(stats["open_fills"], 0);  // no .ghost/fill token was handed out
+  // Committed like a fill file's body (packed in the index), with its fields, read and charged
+  // as any packed body.
+  Result<LookupResult> got = Lookup("http://o/inline");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_TRUE(got->cached);
+  EXPECT_EQ(got->etag, "\"i1\"");
+  EXPECT_EQ(got->version, CacheStore::PackedVersion(body));
+  EXPECT_EQ(got->packed_body, body);
+  EXPECT_EQ(reads_.bytes_from_cache, body.size());
+  EXPECT_EQ(store_->PackedBody("http://o/inline") ? *store_->PackedBody("http://o/inline") : "", body);
+}
+
+TEST_F(StoreTreeTest, InlineStoreReplacingAnObjectAnnouncesTheChange) {
+  write_back_->QueueFill("http://o/r", CacheEntry{}, "old");
+  ASSERT_TRUE(Lookup("http://o/r").ok());  // from the first lookup on, changes are announced
+  changed_.clear();
+  ASSERT_TRUE(Call(ControlOp::kStore, {{"key", "http://o/r"}, {"body_base64", EncodeBase64("new!")}}).ok());
+  Result<LookupResult> got = Lookup("http://o/r");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->packed_body, "new!");
+  EXPECT_NE(std::find(changed_.begin(), changed_.end(), "http://o/r"), changed_.end());
+}
+
+TEST_F(StoreTreeTest, InlineStoreOfAMalformedBodyIsRefusedAndStoresNothing) {
+  Result<nlohmann::json> r = Call(ControlOp::kStore, {{"key", "http://o/bad"}, {"body_base64", "@@@@"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("body_base64"), std::string::npos) << r.status().ToString();
+  EXPECT_EQ(tree_->StatsJson()["fills"], 0);
+  Result<LookupResult> got = Lookup("http://o/bad");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->cached);
 }
 
 TEST_F(StoreTreeTest, OpsOfTheDaemonAreNotTheStoresOps) {

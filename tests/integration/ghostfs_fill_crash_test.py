@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Group commit of the misses path (common/cache/cache_store.h): SIGKILL of ghostfs during a storm
-of fills through the shared store (the proxy's path: "store" on the control socket, the body
-written to .ghost/fill/<token>), then a restart on the same cache directory. A fill counts as
+of fills through the shared store (the proxy's paths: "store" on the control socket with the
+body written to .ghost/fill/<token>, or a small body inline in the "store" request as
+"body_base64"), then a restart on the same cache directory. A fill counts as
 acknowledged once a "lookup" names its committed version (d<inode>-<size> of a body file or
 p<hash>-<size> of a packed body, not q<n> of the write queue's copy): the store answers that only
 after the transaction holding the row has committed. Every acknowledged fill must be readable and
 byte-identical after the restart, and the index must pass sqlite's integrity check. TAP; skipped
 without root, /dev/fuse or nginx."""
+import base64
 import os
 import random
 import sqlite3
@@ -37,6 +39,7 @@ def main():
     lock = threading.Lock()
     stop = threading.Event()
     issued = [0]
+    acked_inline = [0]  # of acked, the fills sent inline
 
     def storm(tid):
         rng = random.Random(tid)
@@ -48,16 +51,21 @@ def main():
                 batch = []
                 for _ in range(8):
                     key = f"http://fill.test/{tid}/{i}"
-                    # Mostly packed bodies (under 16 KiB), every 10th a body file.
+                    # Mostly packed bodies (under 16 KiB), every 10th a body file; every other
+                    # small one inline in the request (no fill file).
                     body = rng.randbytes(20_000 if i % 10 == 9 else 512)
+                    inline = i % 2 == 0 and len(body) <= 16 * 1024
                     i += 1
-                    path = ctl.ok("store", key=key, response="{}")["path"]
-                    with open(path, "wb") as w:
-                        w.write(body)
-                    batch.append((key, body))
+                    if inline:
+                        ctl.ok("store", key=key, response="{}", body_base64=base64.b64encode(body).decode())
+                    else:
+                        path = ctl.ok("store", key=key, response="{}")["path"]
+                        with open(path, "wb") as w:
+                            w.write(body)
+                    batch.append((key, body, inline))
                     with lock:
                         issued[0] += 1
-                for key, body in batch:
+                for key, body, inline in batch:
                     deadline = time.monotonic() + 5
                     while time.monotonic() < deadline:
                         got = ctl.ok("lookup", key=key)
@@ -65,6 +73,8 @@ def main():
                         if got.get("cached") and version[:1] in ("d", "p") and got.get("size") == len(body):
                             with lock:
                                 acked[key] = body
+                                if inline:
+                                    acked_inline[0] += 1
                             break
                         time.sleep(0.002)
         except (OSError, RuntimeError, ValueError):
@@ -86,7 +96,9 @@ def main():
     with lock:
         acked_now = dict(acked)
         sent = issued[0]
-    t.check(len(acked_now) >= 150, f"{len(acked_now)} fills acknowledged ({sent} written) before the SIGKILL",
+        inline_now = acked_inline[0]
+    t.check(len(acked_now) >= 150 and inline_now > 0,
+            f"{len(acked_now)} fills acknowledged ({inline_now} of them inline; {sent} written) before the SIGKILL",
             fs.output()[-2000:])
 
     db = sqlite3.connect(os.path.join(cache, "objects-db", "index.sqlite"))

@@ -5,6 +5,7 @@ the deferred write queue (a sleeping disk stays asleep, reads see the queued cop
 model's choice with ghost hints, the "objects" topic (changes pushed to clients that keep
 copies in RAM) and the "served" op (their memory reads counted), persistence across a remount, and bad requests. TAP; skipped
 without root, /dev/fuse or nginx."""
+import base64
 import errno
 import json
 import os
@@ -16,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 22
+PLAN = 23
 
 
 def store(ctl, key, body, **fields):
@@ -93,9 +94,25 @@ def main():
     with open(got["path"], "rb") as f:
         read = f.read()
     queued = ctl.ok("stats")["write_queue"]["queued_bytes"]
-    t.check(got["source"] == "memory" and read == small and queued >= len(small) and disk_mode(ctl) == "standby",
-            "a fill made while the disk sleeps is queued and read from memory; the disk stays in standby",
+    t.check(got["source"] == "memory" and read == small and queued >= len(small) and disk_mode(ctl) == "standby"
+            and got["version"].startswith("q") and base64.b64decode(got.get("body_base64", "")) == small,
+            "a fill made while the disk sleeps is queued and read from memory (its small body in the lookup's "
+            "answer); the disk stays in standby",
             (got["source"], queued, disk_mode(ctl)))
+    # The same for a small body sent inline in the "store" request: queued, not written.
+    inline_body = b"inline while asleep\n" * 40
+    before_q = ctl.ok("stats")["write_queue"]["queued_bytes"]
+    ctl.ok("store", key="http://example.test/inline", response="{}",
+           body_base64=base64.b64encode(inline_body).decode())
+    got = ctl.ok("lookup", key="http://example.test/inline")
+    with open(got["path"], "rb") as f:
+        read = f.read()
+    t.check(got["version"].startswith("q") and read == inline_body
+            and base64.b64decode(got.get("body_base64", "")) == inline_body
+            and ctl.ok("stats")["write_queue"]["queued_bytes"] >= before_q + len(inline_body)
+            and disk_mode(ctl) == "standby",
+            "an inline fill made while the disk sleeps waits in the write queue like a fill file's; the disk "
+            "stays in standby", (got.get("version"), disk_mode(ctl)))
 
     # A committed body and a queued replacement of another size: the lookup describes one
     # version (its size, head and path all the queued one's), never the disk's size and head

@@ -376,6 +376,8 @@ TEST_F(ControlTest, BadArgumentsAreRefusedBeforeReachingTheHandler) {
       {"hint", {{"kind", "ghost"}, {"device", 0}, {"energy_j", -1}}},
       {"subscribe", {{"topics", {"weather"}}}},
       {"subscribe", json::object()},
+      {"store", {{"key", "k"}, {"body_base64", "not base64"}}},
+      {"store", {{"key", "k"}, {"body_base64", std::string(30000, 'A')}}},
   };
   for (const auto& [op, args] : bad) {
     auto r = client.Call(op, args);
@@ -850,6 +852,42 @@ TEST(ControlProtocolTest, LookupResultCarriesAPackedBodyAsBase64) {
   LookupResult file;
   file.cached = true;
   EXPECT_FALSE(file.ToJson().contains("body_base64"));
+}
+
+TEST(ControlProtocolTest, StoreCarriesASmallBodyInlineAsBase64) {
+  for (std::string body : {std::string(""), std::string("a"), std::string("ab"), std::string("abc"),
+                           std::string("\0\xff binary\n", 10), std::string(kMaxInlineStoreBytes, 'z')}) {
+    auto parsed = ParseControlArgs(ControlOp::kStore,
+                                   json::parse(json{{"key", "k"}, {"body_base64", EncodeBase64(body)}}.dump()));
+    ASSERT_TRUE(parsed.ok()) << body.size() << ": " << parsed.status().ToString();
+    const ObjectArgs& o = std::get<ObjectArgs>(*parsed);
+    ASSERT_TRUE(o.body.has_value());
+    EXPECT_EQ(*o.body, body);
+  }
+  // Without it (or null): no inline body, the fill file is asked for.
+  EXPECT_FALSE(std::get<ObjectArgs>(*ParseControlArgs(ControlOp::kStore, json{{"key", "k"}})).body);
+  EXPECT_FALSE(
+      std::get<ObjectArgs>(*ParseControlArgs(ControlOp::kStore, json{{"key", "k"}, {"body_base64", nullptr}})).body);
+  // Only store takes a body.
+  EXPECT_FALSE(
+      std::get<ObjectArgs>(*ParseControlArgs(ControlOp::kRefresh, json{{"key", "k"}, {"body_base64", "YWJj"}})).body);
+}
+
+TEST(ControlProtocolTest, StoreRefusesABadOrOversizedInlineBody) {
+  auto refused = [](const json& body_base64) {
+    auto r = ParseControlArgs(ControlOp::kStore, json{{"key", "k"}, {"body_base64", body_base64}});
+    return r.ok() ? std::string() : r.status().message();
+  };
+  // Truncated (not a multiple of 4), not the alphabet, padding inside, white space, not a string.
+  for (const json& bad : {json("YWJ"), json("YW"), json("Y"), json("YW!j"), json("YW=j"), json("=YWJ"),
+                          json("YWJj===="), json(" YWJ"), json("YWJj\n"), json("YW\nJj"), json(5),
+                          json::array({"YWJj"}), json("A===")}) {
+    EXPECT_NE(refused(bad).find("body_base64"), std::string::npos) << bad.dump();
+  }
+  // One byte over the limit: refused by its length, with the way out named.
+  const std::string over = EncodeBase64(std::string(kMaxInlineStoreBytes + 1, 'z'));
+  EXPECT_NE(refused(over).find("fill file"), std::string::npos);
+  EXPECT_NE(refused(std::string(1 << 20, 'A')).find("more than"), std::string::npos);
 }
 
 TEST(ControlProtocolTest, LookupResultRefusesWrongTypesWithoutThrowing) {
