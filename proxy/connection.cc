@@ -787,11 +787,6 @@ void ClientConnection::OnTunnelOrigin(OriginEvent event) {
       state_ = State::kTunnel;
       // Idleness is the tunnel timer's business; the far end may be silent for long.
       bufferevent_set_timeouts(tunnel_->bev(), nullptr, nullptr);
-      // The shaping buffer before the tunnel's first byte, after the handshake as for HTTP:
-      // fixed before the SYN, the window (~2/3 of the buffer) stayed below the full flight
-      // the shaper waits for, and a tunnel never left slow start (0 bursts on the emulated
-      // link, scripts/bench-shaping.sh's https arm).
-      if (proxy_->options.shaping.mode != ShapeMode::kOff) tunnel_->FixShapingBuffer();
       bufferevent_setwatermark(tunnel_->bev(), EV_WRITE, proxy_->options.high_watermark / 2, 0);
       bufferevent_enable(tunnel_->bev(), EV_READ | EV_WRITE);
       tunnel_start_ = tunnel_last_activity_ = proxy_->clock->Now();
@@ -856,7 +851,11 @@ void ClientConnection::RelayTunnel() {
   } else {
     bufferevent_enable(bev_.get(), EV_READ);
   }
-  // Download shaping of the server-to-client direction once it is large (proxy/shaper.h).
+  // Download shaping of the server-to-client direction once it is large (proxy/shaper.h). The
+  // shaper fixes the buffer then, as for HTTP: fixed before the SYN (so until round 8), the
+  // window (~2/3 of the buffer) stayed below the full flight that ends the shaper's slow start
+  // and HTTPS was not shaped (0 bursts on scripts/bench-shaping.sh's https arm); small tunnels
+  // keep an autotuned window.
   if (!tunnel_->shaping() && tunnel_bytes_down_ >= proxy_->options.shaping.threshold) {
     tunnel_->StartShaping(0);
   }

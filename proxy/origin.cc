@@ -97,12 +97,6 @@ void OriginConn::StartShaping(Bytes size) {
   if (read_paused_) shaper_->SetPaused(true);
 }
 
-void OriginConn::FixShapingBuffer() {
-  if (bev_ && state_ == State::kOpen) {
-    SetShapingBuffer(bufferevent_getfd(bev_.get()), proxy_->options.shaping.buffer);
-  }
-}
-
 void OriginConn::StopShaping() { shaper_.reset(); }  // reads again unless paused
 
 void OriginConn::PauseReading(bool paused) {

@@ -159,13 +159,10 @@ class OriginConn {
   bool reused = false;  // has carried an earlier exchange (a failure may be a stale socket)
   ClientConnection* owner() const { return owner_; }
 
-  // Download shaping (proxy/shaper.h). FixShapingBuffer, once connected: the shaping receive
-  // buffer from now on (a tunnel, before its first byte; the window scale stays an autotuned
-  // socket's, as for HTTP, whose buffer StartShaping fixes). StartShaping shapes what this connection reads from now on
+  // Download shaping (proxy/shaper.h). StartShaping shapes what this connection reads from now on
   // (`size`: the declared length, 0 unknown; nothing with --shape off); StopShaping (also on
   // SetOwner(nullptr)) ends it. PauseReading is the owner's back-pressure: while paused nothing
   // is read, resumed the shaper decides.
-  void FixShapingBuffer();
   void StartShaping(Bytes size);
   void StopShaping();
   void PauseReading(bool paused);

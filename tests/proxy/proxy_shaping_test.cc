@@ -660,9 +660,9 @@ TEST_F(ProxyShapingTest, TunnelDownloadIsShapedAndByteIdentical) {
   EXPECT_EQ(Stats().shaped_downloads, 1u);
 }
 
-// A shaped tunnel's buffer is fixed after the handshake, as HTTP's: fixed before the SYN the
+// A shaped tunnel's buffer is fixed when its shaping starts, as HTTP's: fixed before the SYN the
 // window (~2/3 of the buffer) stayed below the full flight the shaper waits for in slow start,
-// and on the emulated link an HTTPS download never left it (0 bursts). The SYN then offers an
+// and on the emulated link an HTTPS download never left it (0 bursts). The SYN now offers an
 // autotuned socket's window scale, not the small buffer's 0.
 TEST_F(ProxyShapingTest, TunnelFixesItsShapingBufferAfterTheHandshake) {
   ProxyOptions o = Options(ShapeMode::kAlways);
