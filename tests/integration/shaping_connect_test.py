@@ -49,8 +49,10 @@ def main():
         if shutil.which(tool) is None:
             harness.skip_all(f"{tool} is missing")
     nfq = os.path.join(build, "tests", "linkemu", "nfq_delay")
+    # --name: the probe namespace is NAME-probe; with the default name a check running at the
+    # same time in another test (shaping, shaping_naps) removes this one's probe.
     check = subprocess.run([os.path.join(bench_shaping.ROOT, "scripts", "linkemu.sh"), "check",
-                            "--nfq-delay", nfq], capture_output=True, text=True)
+                            "--name", "shcon", "--nfq-delay", nfq], capture_output=True, text=True)
     if check.returncode != 0:
         harness.skip_all(f"the link emulator cannot run here: {check.stderr.strip()[:200]}")
     t = harness.Tap(PLANNED)
