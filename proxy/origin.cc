@@ -89,8 +89,8 @@ void OriginConn::StartShaping(Bytes size) {
   if (!o.knob_fixed) {
     if (std::optional<int> k = proxy_->backend->DaemonKnob()) o.knob = *k;
   }
-  // A buffer fixed before connect (a tunnel's, or --plain-rcvbuf) holds plain TCP to its window.
-  const bool fixed = fixed_buffer_ || o.plain_buffer > 0;
+  // A buffer fixed before connect (--plain-rcvbuf) holds plain TCP to its window.
+  const bool fixed = o.plain_buffer > 0;
   shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed,
                                              &proxy_->stats.shaping);
   shaper_->SetCardBackend(proxy_->backend);
@@ -185,11 +185,7 @@ void OriginConn::TryNextAddress() {
   while (next_address_ < addresses_.size()) {
     const sockaddr_storage& ss = addresses_[next_address_++];
     evutil_socket_t fd = -1;
-    if (fixed_buffer_) {
-      // Download shaping: the receive buffer must be fixed before the SYN (TESTING.md).
-      fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-      if (fd >= 0) SetShapingBuffer(fd, proxy_->options.shaping.buffer);
-    } else if (proxy_->options.shaping.plain_buffer > 0) {
+    if (proxy_->options.shaping.plain_buffer > 0) {
       // --plain-rcvbuf: the paper's plain TCP, a fixed window from the SYN on (a measurement aid).
       fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (fd >= 0) SetShapingBuffer(fd, proxy_->options.shaping.plain_buffer);

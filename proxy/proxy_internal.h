@@ -159,12 +159,10 @@ class OriginConn {
   bool reused = false;  // has carried an earlier exchange (a failure may be a stale socket)
   ClientConnection* owner() const { return owner_; }
 
-  // Download shaping (proxy/shaper.h). Before Connect: fix the receive buffer at connect
-  // (tunnels, --shape always). StartShaping shapes what this connection reads from now on
+  // Download shaping (proxy/shaper.h). StartShaping shapes what this connection reads from now on
   // (`size`: the declared length, 0 unknown; nothing with --shape off); StopShaping (also on
   // SetOwner(nullptr)) ends it. PauseReading is the owner's back-pressure: while paused nothing
   // is read, resumed the shaper decides.
-  void FixBufferAtConnect() { fixed_buffer_ = true; }
   void StartShaping(Bytes size);
   void StopShaping();
   void PauseReading(bool paused);
@@ -197,7 +195,6 @@ class OriginConn {
   std::vector<sockaddr_storage> addresses_;
   std::size_t next_address_ = 0;
   ClientConnection* owner_ = nullptr;
-  bool fixed_buffer_ = false;
   bool read_paused_ = false;
   std::unique_ptr<UpstreamShaper> shaper_;  // declared after bev_: destroyed before it
 };

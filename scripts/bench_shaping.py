@@ -67,7 +67,7 @@ class Link:
     """One emulated link with nginx behind it; removed on exit."""
 
     def __init__(self, build, name, subnet, rtt_ms, loss_pct, jitter_ms, rate_mbit, workdir,
-                 origin_cc=None):
+                 origin_cc=None, tls=False):
         self.build, self.name, self.subnet, self.workdir = build, name, subnet, workdir
         self.script = os.path.join(ROOT, "scripts", "linkemu.sh")
         self.env = dict(os.environ, GHOST_BUILD=build)
@@ -91,14 +91,28 @@ class Link:
                                  capture_output=True, text=True).stdout.strip()
         self.ip = subnet + ".2"
         self.port = 8081
+        # `tls`: the same files over HTTPS on tls_port too, with a self-signed certificate for
+        # the namespace's address made now (the bench's HTTPS arm goes through CONNECT).
+        self.tls_port = 8443 if tls else None
         ngx = os.path.join(workdir, "nginx")
         os.makedirs(os.path.join(ngx, "logs"), exist_ok=True)
+        tls_server = ""
+        if tls:
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                            "-keyout", os.path.join(ngx, "server.key"),
+                            "-out", os.path.join(ngx, "server.pem"), "-subj", f"/CN={self.ip}",
+                            "-addext", f"subjectAltName=IP:{self.ip}"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            tls_server = (f"server {{ listen {self.ip}:{self.tls_port} ssl sndbuf=4m; "
+                          f"ssl_certificate {ngx}/server.pem; ssl_certificate_key {ngx}/server.key; "
+                          f"root {workdir}/www; }}")
         with open(os.path.join(ngx, "nginx.conf"), "w") as f:
             f.write(f"""daemon off; worker_processes 1; pid {ngx}/nginx.pid;
 error_log {ngx}/logs/error.log;
 events {{ worker_connections 64; }}
 http {{ access_log off; sendfile on;
-  server {{ listen {self.ip}:{self.port} sndbuf=4m; root {workdir}/www; }} }}
+  server {{ listen {self.ip}:{self.port} sndbuf=4m; root {workdir}/www; }}
+  {tls_server} }}
 """)
         self.nginx = subprocess.Popen([self.script, "exec", "--name", name, "nginx", "-c",
                                        os.path.join(ngx, "nginx.conf"), "-p", ngx],
@@ -120,10 +134,14 @@ http {{ access_log off; sendfile on;
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None):
+def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None,
+             scheme="http"):
     """One download through the proxy with a capture; returns the priced runs. `buffer`: the
     shaper's SO_RCVBUF; `plain_rcvbuf`: with mode off, SO_RCVBUF fixed before connect (the
-    paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes)."""
+    paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes). `scheme` https:
+    from the link's TLS server through a CONNECT tunnel (the proxy fixes a shaped tunnel's
+    buffer before connect)."""
+    port = link.tls_port if scheme == "https" else link.port
     pcap = os.path.join(workdir, f"{tag}.pcap")
     log = os.path.join(workdir, f"{tag}.card")
     out = os.path.join(workdir, f"{tag}.body")
@@ -131,11 +149,11 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
         if os.path.exists(p):
             os.unlink(p)
     td = subprocess.Popen(["tcpdump", "-i", link.name, "-w", pcap, "-s", "128", "-B", "8192",
-                           "--immediate-mode", f"host {link.ip} and port {link.port}"],
+                           "--immediate-mode", f"host {link.ip} and port {port}"],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     # tcpdump says "listening on" once the capture is open.
     line = td.stderr.readline()
-    env = dict(os.environ, GHOST_SHAPING_URL=f"http://{link.ip}:{link.port}/data",
+    env = dict(os.environ, GHOST_SHAPING_URL=f"{scheme}://{link.ip}:{port}/data",
                GHOST_SHAPING_MODE=mode, GHOST_SHAPING_OUT=out)
     if mode != "off":
         env["GHOST_SHAPER_CARD_LOG"] = log
@@ -156,7 +174,7 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     if result is None:
         raise RuntimeError(f"{tag}: no RESULT from the driver:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     cmd = [os.path.join(build, "tests", "linkemu", "wnic_energy"), "--pcap", pcap,
-           "--origin-port", str(link.port), "--profile", profile]
+           "--origin-port", str(port), "--profile", profile]
     if mode != "off" and os.path.exists(log):
         cmd += ["--card-log", log]
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -169,16 +187,69 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     return priced
 
 
+def ratios(auto, fixed, shaped, want):
+    """One round's row: the shaped arm against both plains (see run_link)."""
+    a, s = auto["plain"], shaped.get("shaped", shaped["plain"])
+    # Without the fixed arm its ratios are NaN (JSON null after the dump).
+    nan = {"ed": float("nan"), "delay_s": float("nan"), "energy_j": float("nan")}
+    f = fixed["plain"] if fixed else nan
+    if fixed is None:
+        fixed = {"psm": nan, "sha256": want}
+    row = {
+        "auto_ed": a["ed"], "fixed_ed": f["ed"], "shaped_ed": s["ed"],
+        # against the paper's baseline: plain TCP with the same fixed window
+        "ed_fixed": s["ed"] / f["ed"], "time_fixed": s["delay_s"] / f["delay_s"],
+        "energy_fixed": s["energy_j"] / f["energy_j"],
+        "psm_fixed": fixed["psm"]["ed"] / f["ed"],
+        # against plain TCP as Linux runs it: autotuned past the BDP
+        "ed_auto": s["ed"] / a["ed"], "time_auto": s["delay_s"] / a["delay_s"],
+        "energy_auto": s["energy_j"] / a["energy_j"],
+        "psm_auto": auto["psm"]["ed"] / a["ed"],
+        # fixed-window plain against autotuned plain (what the fixed window costs)
+        "fixed_time_auto": f["delay_s"] / a["delay_s"],
+        "missed": s["missed"], "bursts": shaped["driver"]["shaping"]["bursts"],
+        "shaped_downloads": shaped["driver"]["shaping"].get("shaped_downloads", 0),
+        "mean_burst_bytes": shaped["driver"]["shaping"].get("mean_burst_bytes", 0),
+        "per_packet": shaped["driver"]["shaping"].get("per_packet", 0),
+        "declined": shaped["driver"]["shaping"].get("declined", 0),
+        "saturated": shaped["driver"]["shaping"].get("saturated", 0),
+        # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
+        "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
+        "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+        "forced_open_log": shaped.get("forced_open_log", []),
+        "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
+        "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
+        # Plain TCP's mean card power (the bound of the docstring), both plains.
+        "plain_power_w": a["energy_j"] / a["delay_s"],
+        "fixed_power_w": f["energy_j"] / f["delay_s"],
+        "identical": all(x["sha256"] == want for x in (auto, fixed, shaped)),
+        "bytes_ok": {k: x["sha256"] == want
+                     for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
+        "body_bytes": {k: x.get("driver", {}).get("body_bytes")
+                       for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
+        "driver_failure": {k: x["driver_failure"]
+                           for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))
+                           if "driver_failure" in x},
+    }
+    # The names the callers used before the fixed-window arm: against autotuned.
+    row.update(ed=row["ed_auto"], time=row["time_auto"], energy=row["energy_auto"],
+               psm=row["psm_auto"])
+    return row
+
+
 def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print,
-             origin_cc=None, buffer=DEFAULT_BUFFER, fixed_arm=True, at_connect=False):
+             origin_cc=None, buffer=DEFAULT_BUFFER, fixed_arm=True, at_connect=False,
+             schemes=("http",)):
     """All rounds on one link; returns a dict of the per-round ratios and checks.
 
-    Each round runs, in this order: plain TCP autotuned (the proxy's default), plain TCP with the
-    paper's fixed window (--plain-rcvbuf = `buffer`, fixed before connect, shaping off) and
-    shaped (SO_RCVBUF = `buffer`); ideal PSM is priced from the fixed-window plain capture (the
-    paper's PSM ran over the same fixed-window TCP) and from the autotuned one. Ratios:
-    `*_fixed` against fixed-window plain (None without `fixed_arm`), `*_auto` against
-    autotuned plain. `buffer` None: the proxy's default shaping buffer."""
+    Each round runs, for each of `schemes` in turn (http: a GET through the proxy; https: TLS
+    through a CONNECT tunnel to the link's TLS server), in this order: plain TCP autotuned (the
+    proxy's default), plain TCP with the paper's fixed window (--plain-rcvbuf = `buffer`, fixed
+    before connect, shaping off) and shaped (SO_RCVBUF = `buffer`); ideal PSM is priced from the
+    fixed-window plain capture (the paper's PSM ran over the same fixed-window TCP) and from the
+    autotuned one. Ratios: `*_fixed` against fixed-window plain (None without `fixed_arm`),
+    `*_auto` against autotuned plain, each against the same scheme's plains. `buffer` None: the
+    proxy's default shaping buffer. The http rows are "rounds", the https rows "https_rounds"."""
     workdir = tempfile.mkdtemp(prefix="ghost-shaping-")
     os.chmod(workdir, 0o755)  # nginx's workers are not root
     try:
@@ -187,74 +258,44 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
         with open(data, "wb") as f:
             f.write(os.urandom(size))
         want = sha256(data)
-        link = Link(build, name, subnet, rtt, loss, jitter, rate, workdir, origin_cc)
-        rows = []
+        link = Link(build, name, subnet, rtt, loss, jitter, rate, workdir, origin_cc,
+                    tls="https" in schemes)
+        out = {scheme: [] for scheme in schemes}
         try:
             for i in range(rounds):
-                auto = download(build, link, "off", workdir, f"plain{i}", profile)
-                fixed = download(build, link, "off", workdir, f"fixed{i}", profile,
-                                 plain_rcvbuf=buffer or DEFAULT_BUFFER) if fixed_arm else None
-                # As the proxy shapes HTTP: the buffer is fixed after the handshake, with the
-                # window scale of an autotuned socket. `at_connect`: fixed before connect, as
-                # the plain arm's (measured at 60 ms: bursts ~22 KB instead of ~26 KB, more
-                # missed packets, E×D 0.67–0.69× instead of 0.32–0.52×).
-                shaped = download(build, link, mode, workdir, f"shaped{i}", profile, buffer=buffer,
-                                  plain_rcvbuf=buffer if at_connect else None)
-                a, s = auto["plain"], shaped.get("shaped", shaped["plain"])
-                # Without the fixed arm its ratios are NaN (JSON null after the dump).
-                nan = {"ed": float("nan"), "delay_s": float("nan"), "energy_j": float("nan")}
-                f = fixed["plain"] if fixed else nan
-                if fixed is None:
-                    fixed = {"psm": nan, "sha256": want}
-                row = {
-                    "auto_ed": a["ed"], "fixed_ed": f["ed"], "shaped_ed": s["ed"],
-                    # against the paper's baseline: plain TCP with the same fixed window
-                    "ed_fixed": s["ed"] / f["ed"], "time_fixed": s["delay_s"] / f["delay_s"],
-                    "energy_fixed": s["energy_j"] / f["energy_j"],
-                    "psm_fixed": fixed["psm"]["ed"] / f["ed"],
-                    # against plain TCP as Linux runs it: autotuned past the BDP
-                    "ed_auto": s["ed"] / a["ed"], "time_auto": s["delay_s"] / a["delay_s"],
-                    "energy_auto": s["energy_j"] / a["energy_j"],
-                    "psm_auto": auto["psm"]["ed"] / a["ed"],
-                    # fixed-window plain against autotuned plain (what the fixed window costs)
-                    "fixed_time_auto": f["delay_s"] / a["delay_s"],
-                    "missed": s["missed"], "bursts": shaped["driver"]["shaping"]["bursts"],
-                    "mean_burst_bytes": shaped["driver"]["shaping"].get("mean_burst_bytes", 0),
-                    "per_packet": shaped["driver"]["shaping"].get("per_packet", 0),
-                    "declined": shaped["driver"]["shaping"].get("declined", 0),
-                    "saturated": shaped["driver"]["shaping"].get("saturated", 0),
-                    # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
-                    "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
-                    "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
-                    "forced_open_log": shaped.get("forced_open_log", []),
-                    "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
-                    "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
-                    # Plain TCP's mean card power (the bound of the docstring), both plains.
-                    "plain_power_w": a["energy_j"] / a["delay_s"],
-                    "fixed_power_w": f["energy_j"] / f["delay_s"],
-                    "identical": all(x["sha256"] == want for x in (auto, fixed, shaped)),
-                    "bytes_ok": {k: x["sha256"] == want
-                                 for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
-                    "body_bytes": {k: x.get("driver", {}).get("body_bytes")
-                                   for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))},
-                    "driver_failure": {k: x["driver_failure"]
-                                       for k, x in (("auto", auto), ("fixed", fixed), ("shaped", shaped))
-                                       if "driver_failure" in x},
-                }
-                # The names the callers used before the fixed-window arm: against autotuned.
-                row.update(ed=row["ed_auto"], time=row["time_auto"], energy=row["energy_auto"],
-                           psm=row["psm_auto"])
-                rows.append(row)
-                log(f"# rtt {rtt} ms loss {loss}% round {i + 1}: shaped vs fixed-window plain: "
-                    f"E×D {row['ed_fixed']:.2f}× time {row['time_fixed']:.2f}× energy "
-                    f"{row['energy_fixed']:.2f}× (PSM E×D {row['psm_fixed']:.2f}×); vs autotuned "
-                    f"plain: E×D {row['ed_auto']:.2f}× time {row['time_auto']:.2f}×; missed "
-                    f"{s['missed']}, bursts {row['bursts']}, forced opens {row['forced_opens']}, secs auto/fixed/shaped "
-                    f"{a['delay_s']:.2f}/{f['delay_s']:.2f}/{s['delay_s']:.2f}")
+                for scheme in schemes:
+                    t = "" if scheme == "http" else scheme
+                    auto = download(build, link, "off", workdir, f"plain{t}{i}", profile,
+                                    scheme=scheme)
+                    fixed = download(build, link, "off", workdir, f"fixed{t}{i}", profile,
+                                     plain_rcvbuf=buffer or DEFAULT_BUFFER,
+                                     scheme=scheme) if fixed_arm else None
+                    # As the proxy shapes HTTP: the buffer is fixed after the handshake, with
+                    # the window scale of an autotuned socket (a tunnel's before connect, by the
+                    # proxy itself). `at_connect`: fixed before connect, as the plain arm's
+                    # (measured at 60 ms: bursts ~22 KB instead of ~26 KB, more missed
+                    # packets, E×D 0.67–0.69× instead of 0.32–0.52×).
+                    shaped = download(build, link, mode, workdir, f"shaped{t}{i}", profile,
+                                      buffer=buffer, plain_rcvbuf=buffer if at_connect else None,
+                                      scheme=scheme)
+                    row = ratios(auto, fixed, shaped, want)
+                    out[scheme].append(row)
+                    s = row["secs"]
+                    log(f"# {scheme} rtt {rtt} ms loss {loss}% {size / 1e6:g} MB round {i + 1}: "
+                        f"shaped vs fixed-window plain: E×D {row['ed_fixed']:.2f}× time "
+                        f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
+                        f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
+                        f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
+                        f"{row['bursts']}, forced opens {row['forced_opens']}, secs "
+                        f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
+                        f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
         finally:
             link.close()
-        return {"rtt_ms": rtt, "loss_pct": loss, "size": size, "buffer": buffer,
-                "origin_cc": link.cc, "rounds": rows}
+        r = {"rtt_ms": rtt, "loss_pct": loss, "size": size, "buffer": buffer,
+             "origin_cc": link.cc, "rounds": out.get("http", [])}
+        if "https" in out:
+            r["https_rounds"] = out["https"]
+        return r
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -276,30 +317,65 @@ def summary(values):
     return f"{m:5.2f} [{min(values):.2f}–{max(values):.2f}]"
 
 
+# The paper's PSM comparison where it gave one (issue 13): shaping won at 60 ms, PSM at 90 ms.
+PAPER_VS_PSM = {60: "won", 90: "lost"}
+
+
+def scheme_rows(r):
+    """(scheme, rounds) of one link's result, http first."""
+    out = [("http", r["rounds"])] if r.get("rounds") else []
+    if r.get("https_rounds"):
+        out.append(("https", r["https_rounds"]))
+    return out
+
+
 def print_table(results, a, out=sys.stdout):
-    """The sweep's table: per link and size, medians [min–max] over the rounds."""
+    """The sweep's table: per link, size and scheme, medians [min–max] over the rounds, with the
+    paper's figures beside them; then the means per scheme and size, and HTTPS against HTTP."""
     w = lambda *x: print(*x, file=out)
     w(f"\nshaping at {a.rate_mbit:g} Mb/s, {a.rounds} round(s), card {a.profile}, mode {a.mode}, "
       f"SO_RCVBUF {a.buffer} (shaped and fixed-window plain), origin "
       f"{results[0]['origin_cc']} without slow start after idle; medians [min–max]")
     w("fixed = plain TCP with the same fixed window (the paper's baseline); auto = plain TCP "
-      "autotuned (Linux's default)")
-    w(f"{'RTT':>4} {'loss':>4} {'MB':>3} | {'E×D /fixed':>17} | {'time /fixed':>17} | "
+      "autotuned (Linux's default); https = TLS through a CONNECT tunnel, against https plains; "
+      "vs PSM: shaped E×D below ideal PSM's (the paper's verdict where it gave one)")
+    w(f"{'RTT':>4} {'loss':>4} {'MB':>3} {'proto':>5} | {'E×D /fixed':>17} | {'time /fixed':>17} | "
       f"{'energy /fixed':>17} | {'PSM E×D /fixed':>17} | {'E×D /auto':>17} | {'time /auto':>17} | "
-      f"missed/dl | ok | paper E×D")
-    for r in results:
-        rows = r["rounds"]
-        col = lambda k: summary([x[k] for x in rows])  # noqa: E731
-        w(f"{r['rtt_ms']:4g} {r['loss_pct']:4g} {r['size'] / 1e6:3g} | {col('ed_fixed'):>17} | "
-          f"{col('time_fixed'):>17} | {col('energy_fixed'):>17} | {col('psm_fixed'):>17} | "
-          f"{col('ed_auto'):>17} | {col('time_auto'):>17} | "
-          f"{statistics.median(x['missed'] for x in rows):9g} | "
-          f"{'yes' if all(x['identical'] for x in rows) else 'NO':>2} | {PAPER_ED_MEAN} mean")
-    eds = [x["ed_fixed"] for r in results for x in r["rounds"]]
-    auto = [x["ed_auto"] for r in results for x in r["rounds"]]
-    w(f"mean E×D shaped / fixed-window plain over the sweep: {statistics.mean(eds):.2f}× "
-      f"(paper: {PAPER_ED_MEAN}× mean, best 0.27×, against its fixed-window plain TCP); "
-      f"shaped / autotuned plain: {statistics.mean(auto):.2f}×")
+      f"missed/dl | bursts | ok | vs PSM (paper) | paper E×D")
+    for r in sorted(results, key=lambda r: (r["size"], r["rtt_ms"], r["loss_pct"])):
+        for scheme, rows in scheme_rows(r):
+            col = lambda k: summary([x[k] for x in rows])  # noqa: E731
+            wins = statistics.median(x["ed_fixed"] for x in rows) < \
+                statistics.median(x["psm_fixed"] for x in rows)
+            paper_psm = PAPER_VS_PSM.get(int(r["rtt_ms"]), "–") if r["loss_pct"] == 0 else "–"
+            w(f"{r['rtt_ms']:4g} {r['loss_pct']:4g} {r['size'] / 1e6:3g} {scheme:>5} | "
+              f"{col('ed_fixed'):>17} | {col('time_fixed'):>17} | {col('energy_fixed'):>17} | "
+              f"{col('psm_fixed'):>17} | {col('ed_auto'):>17} | {col('time_auto'):>17} | "
+              f"{statistics.median(x['missed'] for x in rows):9g} | "
+              f"{statistics.median(x['bursts'] for x in rows):6g} | "
+              f"{'yes' if all(x['identical'] for x in rows) else 'NO':>2} | "
+              f"{'won' if wins else 'lost':>4} ({paper_psm:>4})    | {PAPER_ED_MEAN} mean, 0.27 best")
+    for scheme in ("http", "https"):
+        rs = [(r, rows) for r in results for s, rows in scheme_rows(r) if s == scheme]
+        if not rs:
+            continue
+        eds = [x["ed_fixed"] for _, rows in rs for x in rows]
+        auto = [x["ed_auto"] for _, rows in rs for x in rows]
+        per_size = ", ".join(
+            f"{size / 1e6:g} MB {statistics.mean(x['ed_fixed'] for r, rows in rs if r['size'] == size for x in rows):.2f}×"
+            for size in sorted({r["size"] for r, _ in rs}))
+        w(f"{scheme}: mean E×D shaped / fixed-window plain over the sweep: "
+          f"{statistics.mean(eds):.2f}× ({per_size}; paper: {PAPER_ED_MEAN}× mean, best 0.27×, "
+          f"against its fixed-window plain TCP); shaped / autotuned plain: "
+          f"{statistics.mean(auto):.2f}×; bodies identical in "
+          f"{sum(x['identical'] for _, rows in rs for x in rows)} of {len(eds)} rounds")
+    pairs = [(statistics.median(x["ed_fixed"] for x in r["https_rounds"]),
+              statistics.median(x["ed_fixed"] for x in r["rounds"]))
+             for r in results if r.get("https_rounds") and r.get("rounds")]
+    if pairs:
+        q = [h / p for h, p in pairs]
+        w(f"https against http, shaped E×D /fixed per link (medians): {statistics.median(q):.2f}× "
+          f"median [{min(q):.2f}–{max(q):.2f}] over {len(q)} links (1 = shaped as well)")
 
 
 def main():
@@ -325,9 +401,26 @@ def main():
     ap.add_argument("--shaped-at-connect", action="store_true",
                     help="fix the shaped arm's buffer before connect too (the proxy fixes it "
                          "after the handshake for HTTP)")
+    ap.add_argument("--schemes", default="http,https",
+                    help="http (a GET through the proxy), https (TLS through a CONNECT tunnel) or "
+                         "both (default), measured in the same rounds")
+    ap.add_argument("--quick", action="store_true",
+                    help="CI-sized: one link (60 ms, no loss), 1 MB, one round, both schemes "
+                         "(the other link options still apply when given after it)")
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--plot", help="draw the sweep into this PNG (scripts/plots.py --shaping)")
     a = ap.parse_args()
+    if a.quick:
+        given = set(sys.argv[1:])
+        for opt, key, value in (("--rtts", "rtts", "60"), ("--losses", "losses", "0"),
+                                ("--sizes-mb", "sizes_mb", "1"), ("--rounds", "rounds", 1)):
+            if opt not in given:
+                setattr(a, key, value)
+    schemes = tuple(x for x in a.schemes.split(",") if x)
+    if not schemes or any(x not in ("http", "https") for x in schemes):
+        ap.error("--schemes: http, https or both")
+    if "https" in schemes and shutil.which("openssl") is None:
+        ap.error("the https arm needs openssl (the origin's certificate); --schemes http runs without")
     sizes = [a.size_mb] if a.size_mb else [float(x) for x in a.sizes_mb.split(",")]
     cc = None if a.origin_cc == "default" else a.origin_cc
     results = []
@@ -337,17 +430,22 @@ def main():
                 results.append(run_link(a.build, rtt, loss, a.jitter_ms, int(size * 1e6), a.rounds,
                                         a.rate_mbit, a.profile, a.mode, a.name, a.subnet,
                                         origin_cc=cc, buffer=a.buffer,
-                                        at_connect=a.shaped_at_connect))
+                                        at_connect=a.shaped_at_connect, schemes=schemes))
                 if a.json:  # after every link, so an interrupted sweep keeps what it measured
                     with open(a.json, "w") as f:
                         json.dump(results, f, indent=1)
     print_table(results, a)
     if a.plot:
         py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+        if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode != 0:
+            print(f"no plot: matplotlib is missing for {py} (apt-get install python3-matplotlib); "
+                  f"the table above has every figure", file=sys.stderr)
+            return 0 if all(x["identical"] for r in results for _, rows in scheme_rows(r)
+                            for x in rows) else 1
         subprocess.run([py, os.path.join(ROOT, "scripts", "plots.py"),
                         "--shaping", a.json or "-", "--shaping-out", a.plot], check=False,
                        input=json.dumps(results), text=True)
-    return 0 if all(x["identical"] for r in results for x in r["rounds"]) else 1
+    return 0 if all(x["identical"] for r in results for _, rows in scheme_rows(r) for x in rows) else 1
 
 
 if __name__ == "__main__":

@@ -17,8 +17,9 @@ shaping.png (--shaping: the JSON of scripts/bench_shaping.py --json, "-" for std
                                 shaped energy×delay against RTT, one line per loss rate and
                                 size, normalised to plain TCP with the same fixed window (the
                                 paper's baseline, solid) and to autotuned plain TCP (dashed);
-                                ideal PSM over the fixed-window plain as crosses; the paper's
-                                0.46× mean as a horizontal line
+                                ideal PSM over the fixed-window plain as crosses; HTTPS through
+                                a CONNECT tunnel as triangles (dotted); the paper's 0.46× mean
+                                as a horizontal line
 
 --live takes files of JSON objects, one per line, as printed by scripts/replay (or
 scripts/bench-energy.sh's results file); each live run is drawn as a marker at its knob
@@ -192,7 +193,7 @@ def device_figure(binary, traces, profile, live, out):
 
 def shaping_figure(results, name):
     """scripts/bench_shaping.py's sweep: E×D of shaped against both plains, and PSM's."""
-    med = lambda rows, k: sorted(x[k] for x in rows)[len(rows) // 2]  # noqa: E731
+    med = lambda rows, k: sorted(x[k] for x in rows)[len(rows) // 2] if rows else float("nan")  # noqa: E731
     fig, (ax_f, ax_a) = plt.subplots(1, 2, figsize=(11, 4.2))
     links = {}
     for r in results:
@@ -205,7 +206,15 @@ def shaping_figure(results, name):
         ax_f.plot(rtts, [med(r["rounds"], "psm_fixed") for r in rs], "x", color=line.get_color())
         ax_a.plot(rtts, [med(r["rounds"], "ed_auto") for r in rs], "o--", color=line.get_color(),
                   label=label)
-    for ax, title in ((ax_f, "against plain TCP with the same fixed window (× = ideal PSM)"),
+        # HTTPS through a CONNECT tunnel, where the sweep ran it: triangles, same colour.
+        tls = [r for r in rs if r.get("https_rounds")]
+        if tls:
+            ax_f.plot([r["rtt_ms"] for r in tls], [med(r["https_rounds"], "ed_fixed") for r in tls],
+                      "^:", color=line.get_color(), label=label + " https")
+            ax_a.plot([r["rtt_ms"] for r in tls], [med(r["https_rounds"], "ed_auto") for r in tls],
+                      "^:", color=line.get_color())
+    for ax, title in ((ax_f, "against plain TCP with the same fixed window (× = ideal PSM, "
+                             "▲ = https via CONNECT)"),
                       (ax_a, "against autotuned plain TCP")):
         ax.axhline(0.46, color="grey", linestyle=":", label="paper: 0.46× mean")
         ax.axhline(1.0, color="black", linewidth=0.6)
