@@ -28,7 +28,8 @@
 // is served from memory and costs the disk nothing, as the simulator counts it. A proxy fetch
 // from an origin is a "transfer": "begin" discloses it to the network module and starts the
 // card's round trips; "data" (once the reply head gives the body's size) has the card carry
-// the body and answers when it has, so the proxy holds the response's last byte until both the
+// the body ("upload": true: bytes the proxy sent, an IMAP APPEND's message, carried at the
+// link's upload rate) and answers when it has, so the proxy holds the response's last byte until both the
 // real bytes and the card's modelled transfer are through (they overlap, as in the mount's
 // read path); "end" closes it. The proxy's fills go through the write queue: deferred while
 // the disk sleeps under adaptive, written at once under static (the disk's policy decides).
@@ -511,12 +512,15 @@ void StoreTree::StoreTransfer(const nlohmann::json& request, ControlServer::Repl
     if (!b.is_number_unsigned()) return reply.Error("transfer: \"bytes\" must be a byte count");
     if (it->second.data_sent)
       return reply.Error("transfer: data already given for transfer " + std::to_string(id));
+    const nlohmann::json& up = request.contains("upload") ? request["upload"] : nlohmann::json(false);
+    if (!up.is_boolean()) return reply.Error("transfer: \"upload\" must be true or false");
     it->second.data_sent = true;
     ctx_.baseline_fetch(b.get<Bytes>());
     if (!emulated) return reply(nlohmann::json::object());
     ++it->second.data_pending;
     IoRequest io;
     io.size = b.get<Bytes>();
+    io.write = up.get<bool>();  // an upload (an IMAP APPEND's message): the link's upload rate
     io.continuation = true;
     ctx_.machine.network().Submit(io, [this, id, reply = std::move(reply)]() mutable {
       auto t = proxy_transfers_.find(id);

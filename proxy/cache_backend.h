@@ -142,6 +142,11 @@ class CacheBackend {
   virtual void TransferData(std::uint64_t transfer, Bytes body_bytes,
                             std::function<void()> done) = 0;
   virtual void TransferEnd(std::uint64_t transfer, Bytes bytes) = 0;
+  // TransferData for bytes sent to the origin (an IMAP APPEND's message): the card carries them
+  // at the link's upload rate. A backend without an upload direction charges them as a download.
+  virtual void TransferUpload(std::uint64_t transfer, Bytes bytes, std::function<void()> done) {
+    TransferData(transfer, bytes, std::move(done));
+  }
 };
 
 }  // namespace ghost

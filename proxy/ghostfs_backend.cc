@@ -467,12 +467,21 @@ class GhostfsBackend final : public CacheBackend {
   }
 
   void TransferData(std::uint64_t transfer, Bytes body_bytes, std::function<void()> done) override {
-    WhenTransferKnown(transfer, [this, transfer, body_bytes, done = std::move(done)]() mutable {
+    Charge(transfer, body_bytes, /*upload=*/false, std::move(done));
+  }
+
+  void TransferUpload(std::uint64_t transfer, Bytes bytes, std::function<void()> done) override {
+    Charge(transfer, bytes, /*upload=*/true, std::move(done));
+  }
+
+  void Charge(std::uint64_t transfer, Bytes body_bytes, bool upload, std::function<void()> done) {
+    WhenTransferKnown(transfer, [this, transfer, body_bytes, upload, done = std::move(done)]() mutable {
       auto it = transfers_.find(transfer);
       if (it == transfers_.end() || !it->second.id) return RunSoon(base_, std::move(done));
       std::weak_ptr<bool> alive = alive_;
-      ctl_->Call(ControlOp::kTransfer,
-                 {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}},
+      nlohmann::json args = {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}};
+      if (upload) args["upload"] = true;
+      ctl_->Call(ControlOp::kTransfer, std::move(args),
                  [alive, done = std::move(done)](Result<json> r) {
                    if (alive.expired()) return;
                    if (!r.ok()) LogError("charging a transfer", r.status());

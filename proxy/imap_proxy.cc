@@ -169,13 +169,18 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
 
  private:
   enum class Await { kNone, kAuthData, kIdleDone };
-  enum class Kind { kOther, kLogin, kAuth, kSelect, kClose, kIdle, kFetch };
+  enum class Kind { kOther, kLogin, kAuth, kSelect, kClose, kIdle, kFetch, kAppend };
   struct Pending {
     Kind kind = Kind::kOther;
     std::string arg;  // kLogin/kAuth: the user; kSelect: the mailbox
     std::string secret;  // kLogin/kAuth: the password, for the deferred changes (RAM only)
     std::uint64_t transfer = 0;
     Bytes bytes = 0;
+    // kFetch forwarded to the server: the emulated card has been given the body's size
+    // (TransferData, at the first literal of the answer) and is still carrying it; kAppend
+    // sent to the server: the message's size (TransferUpload, as the command goes out).
+    bool charged = false;
+    bool charging = false;
     int search = 0;  // SEARCH 1, UID SEARCH 2: its untagged SEARCH is translated (hidden_)
   };
   enum class Own { kMapRefresh, kSeen, kSync, kQuiet };
@@ -294,6 +299,14 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   void ForwardLine(std::string_view line);
   void SendOwn(Own what, const std::string& command);
   void ServerTagged(std::string_view line);
+  // A forwarded body FETCH's answer announced a literal of `bytes`: the emulated card carries
+  // them (CacheBackend::TransferData), and the FETCH's tagged answer waits until it has, so the
+  // client's last byte waits for both the real bytes and the card's modelled transfer, as an
+  // HTTP fetch's does (DESIGN §4.3, §7.2).
+  void ChargeFetch(std::uint64_t bytes);
+  // Has the card carry `bytes` for the pending command `tag` (its transfer, once).
+  void ChargeTransfer(const std::string& tag, std::uint64_t bytes, bool upload);
+  void Charged(const std::string& tag);
   // Remembers what the server can do (ESEARCH: the map refresh) from a capability list.
   void NoteCapabilities(std::string_view line);
   void StartFill(const imapwire::BodyPrefix& p);
@@ -310,6 +323,12 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   void Close(const std::string& why);
   void Linger();
   bool Selected() const { return !selected_.empty() && uidvalidity_ != 0; }
+  // A tagged answer held until the card has carried its FETCH's body (ChargeFetch); the
+  // server's input is not read meanwhile, so nothing after it reaches the client first.
+  std::string held_tagged_, held_tag_;
+  bool holding_ = false;
+  // The key of a body fetch forwarded although cached (the cost model chose the network).
+  std::string forwarded_cached_key_;
   std::string KeyFor(std::uint32_t uid) const {
     return owner_->KeyPrefix(user_) + selected_ + ";UIDVALIDITY=" + std::to_string(uidvalidity_) +
            ";UID=" + std::to_string(uid);
@@ -631,7 +650,15 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
         map_valid_ = false;
       }
       if (c->name == "LOGIN") p.arg.clear();
+      const bool append = c->name == "APPEND";
+      if (append) {
+        // Sent to the server (not deferred): an upload, disclosed and carried by the card like
+        // a body fetch, its tagged answer held until the card has sent the (first) message.
+        p.kind = Kind::kAppend;
+        p.transfer = owner_->backend->TransferBegin();
+      }
       pending_[c->tag] = p;
+      if (append) ChargeTransfer(c->tag, *ev.literal, /*upload=*/true);
     }
     ToServer(ev.text);
     return;
@@ -1244,12 +1271,19 @@ void ImapSession::ServeFromCache(std::string tag, std::string name, imapwire::Bo
   auto on_lookup = [this, weak, tag, name, f, uid, seq, key, line](Result<CacheLookup> r) {
     if (weak.expired() || closing_) return;
     bool from_cache = r.ok() && r->cached && (r->choice != CacheChoice::kNetwork || offline_);
+    forwarded_cached_key_.clear();
     if (!from_cache && offline_) {
       busy_ = false;
       Unavailable(tag, "the message is not in the cache");
       return ProcessClient();
     }
-    if (!from_cache) return ForwardFetch(line);
+    if (!from_cache) {
+      // Cached, but the cost model chose the network: the body the server sends is not stored
+      // again, and EndFill need not ask (a second lookup would run the cost model again and
+      // count as a second read of the message).
+      if (r.ok() && r->cached) forwarded_cached_key_ = key;
+      return ForwardFetch(line);
+    }
     CacheAnswer a;
     a.tag = tag;
     a.name = name;
@@ -1445,7 +1479,7 @@ void ImapSession::ProcessServer() {
   if (!server_ || closing_) return;
   evbuffer* in = bufferevent_get_input(server_);
   const std::size_t high = owner_->options.high_watermark;
-  while (!closing_ && server_) {
+  while (!closing_ && server_ && !holding_) {
     if (client_ && evbuffer_get_length(bufferevent_get_output(client_)) > high) break;
     std::size_t len = evbuffer_get_length(in);
     evbuffer_iovec v{};
@@ -1494,6 +1528,7 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
   }
   server_dropping_ = false;
   std::string_view line = ev.text;
+  if (ev.literal && line.starts_with("* ")) ChargeFetch(*ev.literal);
   if (line.starts_with("* ")) {
     if (!map_tag_.empty()) {
       if (auto uids = imapwire::EsearchUids(line, map_tag_, kMaxMapUids)) {
@@ -1561,6 +1596,12 @@ void ImapSession::ServerTagged(std::string_view line) {
   std::string tag(s.substr(0, sp));
   std::string_view rest = sp == std::string_view::npos ? std::string_view() : s.substr(sp + 1);
   bool ok = rest.size() >= 2 && strncasecmp(rest.data(), "OK", 2) == 0;
+  if (auto p = pending_.find(tag); p != pending_.end() && p->second.charging && !holding_) {
+    held_tagged_ = std::string(line);
+    held_tag_ = tag;
+    holding_ = true;
+    return;
+  }
   if (auto own = own_.find(tag); own != own_.end()) {
     Own what = own->second;
     own_.erase(own);
@@ -1651,6 +1692,7 @@ void ImapSession::ServerTagged(std::string_view line) {
         if (await_ == Await::kIdleDone) await_ = Await::kNone;
         break;
       case Kind::kFetch:
+      case Kind::kAppend:
         owner_->backend->TransferEnd(done.transfer, done.bytes);
         break;
       case Kind::kOther:
@@ -1660,6 +1702,41 @@ void ImapSession::ServerTagged(std::string_view line) {
   }
   NoteCapabilities(line);
   ToClient(Caps(line));
+}
+
+void ImapSession::ChargeFetch(std::uint64_t bytes) {
+  for (auto& [tag, p] : pending_) {
+    if (p.kind != Kind::kFetch || !p.transfer || p.charged) continue;
+    return ChargeTransfer(tag, bytes, /*upload=*/false);
+  }
+}
+
+void ImapSession::ChargeTransfer(const std::string& tag, std::uint64_t bytes, bool upload) {
+  auto it = pending_.find(tag);
+  if (it == pending_.end() || !it->second.transfer || it->second.charged) return;
+  Pending& p = it->second;
+  p.charged = true;  // TransferData at most once per transfer: the first body it carries
+  p.charging = true;
+  std::weak_ptr<ImapSession> weak = weak_from_this();
+  auto done = [weak, tag] {
+    if (std::shared_ptr<ImapSession> self = weak.lock()) self->Charged(tag);
+  };
+  if (upload) {
+    owner_->backend->TransferUpload(p.transfer, bytes, std::move(done));
+  } else {
+    owner_->backend->TransferData(p.transfer, bytes, std::move(done));
+  }
+}
+
+void ImapSession::Charged(const std::string& tag) {
+  if (auto p = pending_.find(tag); p != pending_.end()) p->second.charging = false;
+  if (!holding_ || held_tag_ != tag) return;
+  holding_ = false;
+  std::string line = std::move(held_tagged_);
+  held_tagged_.clear();
+  if (closing_ || !server_) return;
+  ServerTagged(line);
+  ProcessServer();
 }
 
 void ImapSession::NoteCapabilities(std::string_view line) {
@@ -1684,6 +1761,11 @@ void ImapSession::StartFill(const imapwire::BodyPrefix& p) {
 
 void ImapSession::EndFill() {
   filling_ = false;
+  if (fill_key_ == forwarded_cached_key_) {
+    forwarded_cached_key_.clear();
+    fill_data_.clear();
+    return;
+  }
   if (fill_data_.size() != fill_expected_) return;
   auto data = std::make_shared<std::string>(std::move(fill_data_));
   fill_data_.clear();

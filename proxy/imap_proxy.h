@@ -36,7 +36,13 @@
 //   - Whole bodies the server sends (BODY[] or RFC822 literals, any FETCH) are stored in the
 //     cache under that key when not cached yet (bodies up to `max_fill` bytes).
 //   - Body fetches forwarded to the server are disclosed to the power manager
-//     (TransferBegin/TransferEnd).
+//     (TransferBegin/TransferEnd) and carried by ghostfs's emulated card: at the answer's first
+//     literal the card is given its size (TransferData), and the FETCH's tagged answer waits
+//     until the card has carried it, so the client's last byte waits for both the real bytes
+//     and the modelled transfer (as an HTTP fetch's, DESIGN §4.3). An APPEND sent to the server
+//     (not deferred) is an upload the same way (TransferUpload of its first message). A body
+//     fetch forwarded although cached (the cost model chose the network) is not looked up again
+//     to decide whether to store it.
 //   - SELECT/EXAMINE, EXISTS, EXPUNGE: the selected mailbox, its UIDVALIDITY and its
 //     sequence-number -> UID map (read with "UID SEARCH RETURN (ALL) ALL", ESEARCH, under the
 //     proxy's own tag when a body fetch needs it, and kept with EXPUNGE; EXISTS growth or

@@ -64,6 +64,11 @@ def label(r):
     return f"adaptive K={r.get('knob', 50)}" + ("" if r.get("ghost_hints", True) else " no hints")
 
 
+def trace_name(r):
+    """The trace's file name; a mail trace replayed through ghostproxy's IMAP proxy says so."""
+    return os.path.basename(r["trace"]) + (" via IMAP proxy" if r.get("via") == "imap-proxy" else "")
+
+
 def ratio(live, sim):
     return live / sim if sim else float("nan")
 
@@ -81,14 +86,14 @@ def main():
         sim = simulate(a.ghostsim, live)
         pairs.append((live, sim))
         rt, en = ratio(live["mean_response_ms"], sim["mean_response_ms"]), ratio(live["energy_j"], sim["energy_j"])
-        rows.append([os.path.basename(live["trace"]), label(live), live["requests"],
+        rows.append([trace_name(live), label(live), live["requests"],
                      f'{live["mean_response_ms"]:.0f}', f'{sim["mean_response_ms"]:.0f}', f"{rt:.2f}",
                      f'{live["p95_response_ms"]:.0f}', f'{sim["p95_response_ms"]:.0f}',
                      f'{live["energy_j"]:.1f}', f'{sim["energy_j"]:.1f}', f"{en:.2f}",
                      f'{live.get("lower_bound_j", float("nan")):.1f}', f'{sim["lower_bound_j"]:.1f}'])
         for what, r in (("mean response time", rt), ("energy", en)):
             ok = abs(r - 1) <= a.tolerance
-            verdicts.append((ok, f"{os.path.basename(live['trace'])} {label(live)}: live {what} within "
+            verdicts.append((ok, f"{trace_name(live)} {label(live)}: live {what} within "
                                  f"±{a.tolerance * 100:.0f}% of ghostsim: {'yes' if ok else 'no'} ({r:.2f}×"
                                  f"{', goal ±10% met' if abs(r - 1) <= 0.10 else ''})"))
     print(table(["trace", "policy", "requests", "mean ms live", "sim", "live/sim", "p95 ms live", "sim",
@@ -96,7 +101,7 @@ def main():
     print()
     by_trace = {}
     for live, _ in pairs:  # runs of one trace (and prefix) compared with each other
-        name = os.path.basename(live["trace"]) + (f" (first {live['prefix_s']:g} s)" if live.get("prefix_s") else "")
+        name = trace_name(live) + (f" (first {live['prefix_s']:g} s)" if live.get("prefix_s") else "")
         by_trace.setdefault(name, {})[label(live)] = live
     for trace, runs_of in by_trace.items():
         s, d = runs_of.get("static"), runs_of.get("adaptive K=50")

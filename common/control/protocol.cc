@@ -252,6 +252,10 @@ Result<ControlArgs> ParseTransfer(const json& r) {
     std::optional<std::uint64_t> bytes = Unsigned(Field(r, "bytes"));
     if (!bytes || *bytes > kMaxTransferBytes) return Bad("needs \"bytes\", a byte count up to 2^40");
     out.bytes = *bytes;
+    if (const json* up = Field(r, "upload")) {
+      if (!up->is_boolean()) return Bad("\"upload\" must be true or false");
+      out.upload = up->get<bool>();
+    }
   }
   return ControlArgs(out);
 }

@@ -83,7 +83,8 @@
 //       (fs/store_tree.cc): disclosed to the network module, the card's round trips start.
 //       Result: {"transfer": T}.
 //     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
-//       B bytes; answered ({}) once it has (once per transfer).
+//       B bytes; answered ({}) once it has (once per transfer). "upload": true (optional): B
+//       bytes sent to the origin (an IMAP APPEND's message), at the link's upload rate.
 //     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
 //   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
 //       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
@@ -222,6 +223,7 @@ struct TransferArgs {
   TransferPhase phase = TransferPhase::kBegin;
   std::uint64_t transfer = 0;  // data, end: the id "begin" returned
   std::uint64_t bytes = 0;     // data: the body's size, <= kMaxTransferBytes
+  bool upload = false;         // data: bytes sent to the origin (at the link's upload rate)
 };
 struct ServedArgs {
   // key (non-empty), reads (1..kMaxServedReads)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The live experiment, CI-sized (DESIGN §7.2): scripts/replay replays the first REPLAY_PREFIX
 seconds (default 75) of the shipped web and mail traces live — ghostfs with the ipaq-2004
-emulated devices, ghostproxy, nginx and dovecot behind the link emulator — with adaptive K=50
-and with static, runs ghostsim on exactly the same requests, and checks live against simulated
+emulated devices, ghostproxy, nginx and dovecot behind the link emulator; the mail trace twice,
+through the Maildir view and through ghostproxy's IMAP proxy (--via imap-proxy) — with adaptive
+K=50 and with static, runs ghostsim on exactly the same requests, and checks live against simulated
 (±15% on mean response time and on energy; both figures and the ratio are printed) and
 adaptive against static live. TAP; skips when the machine cannot run the link emulator or
 lacks root, /dev/fuse, nginx or dovecot."""
@@ -18,13 +19,15 @@ import harness as h  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = float(os.environ.get("REPLAY_PREFIX", "75"))
 TOLERANCE = 0.15
-PLAN = 15
+PLAN = 22
+# name -> (trace, extra replay options)
+KINDS = {"web": ("web", []), "mail": ("mail", []), "mail via imap-proxy": ("mail", ["--via", "imap-proxy"])}
 
 
-def replay(trace, policy, out_trace):
+def replay(trace, policy, out_trace, extra=()):
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace", trace, "--profile", "ipaq-2004",
            "--policy", policy, "--knob", "50", "--prefix", str(PREFIX), "--write-trace", out_trace,
-           "--build", h.build_dir()]
+           "--build", h.build_dir(), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     return r
 
@@ -53,11 +56,11 @@ def main():
     t = h.Tap(PLAN)
     work = h.tempdir("ghost-replay-test-")
     results = {}
-    for kind in ("web", "mail"):
-        trace = os.path.join(ROOT, "common", "traces", f"{kind}.trace")
+    for kind, (name, extra) in KINDS.items():
+        trace = os.path.join(ROOT, "common", "traces", f"{name}.trace")
         for policy in ("adaptive", "static"):
-            prefix_trace = os.path.join(work, f"{kind}-{policy}.trace")
-            r = replay(trace, policy, prefix_trace)
+            prefix_trace = os.path.join(work, f"{kind.replace(' ', '-')}-{policy}.trace")
+            r = replay(trace, policy, prefix_trace, extra)
             live = None
             try:
                 live = json.loads(r.stdout)
@@ -79,7 +82,12 @@ def main():
                     f"{kind} {policy}: live within ±15% of ghostsim on mean response time and energy",
                     json.dumps({"live": {k: live[k] for k in ("mean_response_ms", "energy_j", "duration_s", "sources")},
                                 "sim": {k: sim[k] for k in ("mean_response_ms", "energy_j", "duration_s", "sources")}}))
-    for kind in ("web", "mail"):
+    imap = results.get(("mail via imap-proxy", "adaptive"))
+    t.check(imap is not None and imap.get("via") == "imap-proxy" and imap["client_sources"].get("cache", 0) > 0
+            and imap["client_sources"].get("server", 0) > 0,
+            "mail via imap-proxy: the IMAP client got bodies from the cache and from the server",
+            imap and imap.get("client_sources"))
+    for kind in KINDS:
         a, s = results.get((kind, "adaptive")), results.get((kind, "static"))
         if not a or not s:
             t.check(False, f"{kind}: adaptive beats static on response time live", "a run failed")

@@ -827,6 +827,20 @@ TEST(ControlProtocolTest, TypedArgumentsOfTheStoreOps) {
             (std::vector<std::pair<std::string, std::uint64_t>>{{"k", 2}}));
 }
 
+TEST(ControlProtocolTest, TransferDataMayBeAnUpload) {
+  auto down = ParseControlArgs(ControlOp::kTransfer, json{{"phase", "data"}, {"transfer", 1}, {"bytes", 10}});
+  ASSERT_TRUE(down.ok());
+  EXPECT_FALSE(std::get<TransferArgs>(*down).upload);
+  auto up = ParseControlArgs(ControlOp::kTransfer,
+                             json{{"phase", "data"}, {"transfer", 1}, {"bytes", 10}, {"upload", true}});
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(std::get<TransferArgs>(*up).upload);
+  EXPECT_EQ(std::get<TransferArgs>(*up).bytes, 10u);
+  EXPECT_FALSE(ParseControlArgs(ControlOp::kTransfer,
+                                json{{"phase", "data"}, {"transfer", 1}, {"bytes", 10}, {"upload", "yes"}})
+                   .ok());
+}
+
 TEST(ControlProtocolTest, LookupResultCarriesAPackedBodyAsBase64) {
   for (std::string body : {std::string(""), std::string("a"), std::string("ab"),
                            std::string("abc"), std::string("\0\xff binary\n", 10)}) {
