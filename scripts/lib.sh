@@ -27,6 +27,7 @@ GHOST_PACKAGES=(
   python3-websocket  # tests/integration/ghostproxy_dashboard_test.py: Chromium DevTools protocol
   libpcap-dev tcpdump  # proxy/arrival_tap.cc (per-packet arrivals), scripts/bench-shaping.sh captures
   isync offlineimap3  # tests/integration/ghostproxy_imap_clients_test.py: real IMAP sync clients through the proxy
+  zlib1g-dev  # common/cache/cache_store.cc: the stored response heads, deflated
 )
 
 ghost_log() { printf '== %s\n' "$*" >&2; }

@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
@@ -113,7 +114,9 @@ class Stmt {
   // Binds 1-based parameters; the text is copied (SQLITE_TRANSIENT), so keys with NUL bytes
   // keep their full length.
   void Bind(int i, std::string_view text) {
-    sqlite3_bind_text(s_, i, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+    // (An empty view may have no data: still the empty text, not NULL.)
+    sqlite3_bind_text(s_, i, text.data() ? text.data() : "", static_cast<int>(text.size()),
+                      SQLITE_TRANSIENT);
   }
   void Bind(int i, std::int64_t v) { sqlite3_bind_int64(s_, i, v); }
   void BindBlob(int i, std::string_view bytes) {
@@ -139,6 +142,7 @@ class Stmt {
   }
   std::int64_t Int(int col) const { return sqlite3_column_int64(s_, col); }
   bool IsNull(int col) const { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
+  bool IsBlob(int col) const { return sqlite3_column_type(s_, col) == SQLITE_BLOB; }
 
  private:
   sqlite3_stmt* s_ = nullptr;
@@ -154,12 +158,166 @@ struct DbCloser {
 // whose bodies reached the disk, so the next Open may skip checking every body file). Older
 // indexes are upgraded in place; an older ghost refuses version 4, so it can never run on the
 // cache without clearing the mark that this one trusts.
-constexpr int kSchemaVersion = 4;
+// Version 5 (the disk per small object, DESIGN §4.5): objects is a rowid table with no index
+// on key (lookups go by h, then compare the key; a trigger keeps one row per key), its one
+// index objects_by_h(h, complete, size, accessed_us) covers Open and every lookup, a partial
+// index finds the few incomplete rows, pages are 16 KiB, and a response head is stored
+// deflated (kHeadDeflate1). Older indexes are rebuilt into it once, at their first Open.
+constexpr int kSchemaVersion = 5;
+
+// Page size of a new index: a packed 512-byte object's row is about 700 bytes; rows are
+// appended in rowid order, so a page wastes on average half a row (88 bytes a row at 4 KiB,
+// 15 at 16 KiB). An index created with another page size keeps it.
+constexpr int kPageSize = 16384;
 
 std::int64_t StoredHash(std::uint64_t h) { return static_cast<std::int64_t>(h); }
 
+// ghost_h(key): the key's 64-bit hash as stored in objects.h (the SQL side of KeyHash), so a
+// statement looks a key up as `h = ghost_h(?1) AND key = ?1` through the index on h.
+void SqlKeyHash(sqlite3_context* ctx, int /*argc*/, sqlite3_value** argv) {
+  const void* p = sqlite3_value_blob(argv[0]);
+  auto n = static_cast<std::size_t>(sqlite3_value_bytes(argv[0]));
+  std::string_view key(p ? static_cast<const char*>(p) : "", p ? n : 0);
+  sqlite3_result_int64(ctx, StoredHash(CacheStore::KeyHash(key)));
+}
+
+// ---- Stored response heads ----
+//
+// objects.response holds the proxy's response head, opaque to the store (ghostproxy's JSON).
+// Stored as TEXT it was most of a small object's row (369 of its 1028 bytes for nginx's 512-byte
+// objects), and it repeats the etag, last_modified and content_type columns. So a row with a
+// head stores those four together as one BLOB and leaves the three columns empty: the byte
+// kHeadDeflate1, then raw deflate (zlib) with the preset dictionary kHeadDictionary of
+//   [LEB128 length][etag] [LEB128 length][last_modified] [LEB128 length][content_type] [head]
+// (the head's copies of the three then cost ~3 bytes each). A row with no head (an object
+// ghostfs fetched itself), with one that does not shrink, or written before version 5 has the
+// three columns and the head as TEXT. The dictionary is part of the format: a change needs a
+// new format byte, with the old one still read.
+constexpr unsigned char kHeadDeflate1 = 1;
+constexpr char kHeadDictionary[] =
+    R"(Vary","Accept-Encoding"],["Age","0"],["Pragma","no-cache"],["Access-Control-Allow-Origin","*"],)"
+    R"(["X-Content-Type-Options","nosniff"],["Content-Encoding","gzip"],["Strict-Transport-Security",)"
+    R"("max-age=31536000"],["Transfer-Encoding","chunked"],["Set-Cookie","; path=/; HttpOnly"],)"
+    R"(["Via","1.1 "],["Location","https://text/html; charset=utf-8image/jpegimage/png)"
+    R"(application/jsonapplication/javascripttext/cssMon, Tue, Wed, Fri, Sat, Sun, Jan Feb Mar Apr )"
+    R"(May Jun Jul Aug Sep Oct Dec {"expires_unix":null,"headers":[["Server","Apache"],["Server",)"
+    R"("nginx/1.2{"expires_unix":17,"headers":[["Server","nginx/1.22.1"],["Date","Thu, 01 Nov 2026 )"
+    R"(00:00:00 GMT"],["Content-Type","application/octet-stream"],["Content-Length","0"],)"
+    R"(["Last-Modified","Thu, 01 Nov 2026 00:00:00 GMT"],["Connection","keep-alive"],["ETag",)"
+    R"("\"0-0\""],["Expires","Thu, 01 Nov 2026 00:00:00 GMT"],["Cache-Control","public, )"
+    R"(max-age=3600"],["Accept-Ranges","bytes"]],"status":200,"stored_unix":17)";
+
+// Deflates and inflates heads with one z_stream each, reset per head (an init allocates the
+// window, ~270 KB for deflate).
+class HeadCodec {
+ public:
+  HeadCodec() {
+    ok_ = deflateInit2(&def_, Z_BEST_COMPRESSION, Z_DEFLATED, -15, 9, Z_DEFAULT_STRATEGY) == Z_OK;
+    ok_ = inflateInit2(&inf_, -15) == Z_OK && ok_;
+  }
+  ~HeadCodec() {
+    deflateEnd(&def_);
+    inflateEnd(&inf_);
+  }
+  HeadCodec(const HeadCodec&) = delete;
+  HeadCodec& operator=(const HeadCodec&) = delete;
+
+  // The BLOB holding `e`'s validators, content type and head; false if it should be stored as
+  // columns and TEXT instead (no head, or deflating does not pay).
+  bool Encode(const CacheEntry& e, std::string* out) {
+    out->clear();
+    if (e.response.empty() || !ok_) return false;
+    std::string plain;
+    for (const std::string* field : {&e.etag, &e.last_modified, &e.content_type}) {
+      for (std::size_t n = field->size(); ; n >>= 7) {
+        plain += static_cast<char>((n & 0x7f) | (n >= 0x80 ? 0x80 : 0));
+        if (n < 0x80) break;
+      }
+      plain += *field;
+    }
+    plain += e.response;
+    if (deflateReset(&def_) != Z_OK ||
+        deflateSetDictionary(&def_, reinterpret_cast<const Bytef*>(kHeadDictionary),
+                             sizeof kHeadDictionary - 1) != Z_OK) {
+      return false;
+    }
+    out->resize(1 + deflateBound(&def_, plain.size()));
+    (*out)[0] = static_cast<char>(kHeadDeflate1);
+    def_.next_in = reinterpret_cast<Bytef*>(plain.data());
+    def_.avail_in = static_cast<uInt>(plain.size());
+    def_.next_out = reinterpret_cast<Bytef*>(out->data() + 1);
+    def_.avail_out = static_cast<uInt>(out->size() - 1);
+    if (deflate(&def_, Z_FINISH) != Z_STREAM_END) return false;
+    out->resize(out->size() - def_.avail_out);
+    return out->size() < plain.size();
+  }
+
+  // Sets `e`'s etag, last_modified, content_type and response from a BLOB Encode made; false
+  // (and `e` unchanged) if it does not decode.
+  bool Decode(std::string_view stored, CacheEntry* e) {
+    if (!ok_ || stored.empty() || static_cast<unsigned char>(stored[0]) != kHeadDeflate1) {
+      return false;
+    }
+    if (inflateReset(&inf_) != Z_OK ||
+        inflateSetDictionary(&inf_, reinterpret_cast<const Bytef*>(kHeadDictionary),
+                             sizeof kHeadDictionary - 1) != Z_OK) {
+      return false;
+    }
+    std::string out;
+    inf_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(stored.data() + 1));
+    inf_.avail_in = static_cast<uInt>(stored.size() - 1);
+    std::size_t used = 0;
+    int rc = Z_OK;
+    while (rc == Z_OK) {
+      std::size_t chunk = std::max<std::size_t>(1024, 4 * stored.size());
+      out.resize(used + chunk);
+      inf_.next_out = reinterpret_cast<Bytef*>(out.data() + used);
+      inf_.avail_out = static_cast<uInt>(chunk);
+      rc = inflate(&inf_, Z_NO_FLUSH);
+      used = out.size() - inf_.avail_out;
+      // Room left but no end: the input ran out (a cut blob).
+      if (rc == Z_OK && inf_.avail_out != 0) rc = Z_DATA_ERROR;
+    }
+    if (rc != Z_STREAM_END) return false;
+    out.resize(used);
+    std::string_view rest = out;
+    std::string fields[3];
+    for (std::string& field : fields) {
+      std::size_t n = 0;
+      for (int shift = 0;; shift += 7) {
+        if (rest.empty() || shift > 56) return false;
+        auto b = static_cast<unsigned char>(rest[0]);
+        rest.remove_prefix(1);
+        n |= static_cast<std::size_t>(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) break;
+      }
+      if (n > rest.size()) return false;
+      field = rest.substr(0, n);
+      rest.remove_prefix(n);
+    }
+    e->etag = std::move(fields[0]);
+    e->last_modified = std::move(fields[1]);
+    e->content_type = std::move(fields[2]);
+    e->response = rest;
+    return true;
+  }
+
+ private:
+  z_stream def_{};
+  z_stream inf_{};
+  bool ok_ = false;
+};
+
 constexpr char kObjectColumns[] =
     "key, size, etag, last_modified, content_type, expires_us, fetched_us, accessed_us, response";
+
+// The objects table (version 5): a rowid table, rows appended in commit order (so its pages
+// fill up), no index on key. response: TEXT, or a BLOB in the HeadCodec's format.
+constexpr char kObjectsTable[] =
+    "key TEXT NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL DEFAULT '', "
+    "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
+    "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
+    "complete INTEGER NOT NULL, response NOT NULL DEFAULT '', h INTEGER, body BLOB";
 
 }  // namespace
 
@@ -183,6 +341,7 @@ struct CacheStore::Db {
   Stmt select_key;       // the key of a complete row, by hash
   Stmt set_clean;        // ?1: 1 after a clean Close, 0 while the store is open
   Stmt select_packed;    // the packed body of a complete row, by key (no row: a body file)
+  HeadCodec heads;       // objects.response's stored form
 
   ghost::Status Error(const std::string& what, int rc) {
     last_rc = rc;
@@ -228,23 +387,44 @@ struct CacheStore::Db {
     // Exclusive: one store per directory; WAL: a commit appends, no rollback journal;
     // NORMAL: no fsync per commit (a cache may lose its last fills in a power cut, and Open
     // drops any row whose body does not match).
-    for (const char* pragma : {"PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
-                               "PRAGMA synchronous=NORMAL"}) {
+    // page_size: only a new file takes it (before WAL mode writes the header). The WAL is
+    // checkpointed every 4 MiB and cut back to 4 MiB after a checkpoint, so it does not keep
+    // its largest size on the disk (1000 pages of 16 KiB by default).
+    std::string page_size = "PRAGMA page_size=" + std::to_string(kPageSize);
+    std::string checkpoint = "PRAGMA wal_autocheckpoint=" + std::to_string((4 << 20) / kPageSize);
+    for (const char* pragma :
+         {page_size.c_str(), "PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
+          "PRAGMA synchronous=NORMAL", checkpoint.c_str(), "PRAGMA journal_size_limit=4194304"}) {
       if (ghost::Status st = Exec(pragma); !st.ok()) return st;
     }
+    rc = sqlite3_create_function_v2(raw, "ghost_h", 1,
+                                    SQLITE_UTF8 | SQLITE_DETERMINISTIC | SQLITE_INNOCUOUS,
+                                    nullptr, SqlKeyHash, nullptr, nullptr, nullptr);
+    if (rc != SQLITE_OK) return Error("registering ghost_h", rc);
     // No quick_check here: it reads every page, seconds for a million objects. Load scans
     // every row of the table anyway, and a corrupt page it meets sets the index aside the
     // same way (CacheStore::Open).
 
     if (ghost::Status st = Exec("BEGIN IMMEDIATE"); !st.ok()) return st;
-    ghost::Status st = CreateSchema();
+    bool rebuilt = false;
+    ghost::Status st = CreateSchema(&rebuilt);
     if (st.ok()) st = Exec("COMMIT");
     if (!st.ok()) {
       Exec("ROLLBACK").ok();  // best effort; the error that matters is `st`
       return st;
     }
+    if (rebuilt) {
+      // The old table's pages are free now: give them back to the file system and take the
+      // new page size (which WAL mode cannot change), once.
+      for (const char* sql : {"PRAGMA journal_mode=DELETE", page_size.c_str(), "VACUUM",
+                              "PRAGMA journal_mode=WAL"}) {
+        if (ghost::Status v = Exec(sql); !v.ok()) return v;
+      }
+    }
 
     std::string cols = kObjectColumns;
+    // A key's row, through the index on h (there is none on key).
+    const std::string by_key = "h = ghost_h(?1) AND key = ?1";
     struct {
       Stmt* stmt;
       std::string sql;
@@ -252,30 +432,27 @@ struct CacheStore::Db {
         {&begin, "BEGIN IMMEDIATE"},
         {&commit, "COMMIT"},
         {&rollback, "ROLLBACK"},
+        // Nothing if a row of the key exists (complete or not).
         {&insert_pending, "INSERT INTO objects(" + cols +
-                              ", h, complete) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0) "
-                              "ON CONFLICT(key) DO NOTHING"},
-        {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE key = ?1"},
-        {&mark_complete, "UPDATE objects SET complete = 1 WHERE key = ?1"},
+                              ", h, complete) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 0 "
+                              "WHERE NOT EXISTS (SELECT 1 FROM objects WHERE h = ?10 AND key = ?1)"},
+        {&mark_incomplete, "UPDATE objects SET complete = 0 WHERE " + by_key},
+        {&mark_complete, "UPDATE objects SET complete = 1 WHERE " + by_key},
+        // Replaces the key's row (the trigger objects_one_per_key deletes it first).
         {&upsert_complete,  // ?11: the packed body, or NULL for a body file
          "INSERT INTO objects(" + cols +
-             ", h, complete, body) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11) "
-             "ON CONFLICT(key) DO UPDATE SET size = excluded.size, etag = excluded.etag, "
-             "last_modified = excluded.last_modified, content_type = excluded.content_type, "
-             "expires_us = excluded.expires_us, fetched_us = excluded.fetched_us, "
-             "accessed_us = excluded.accessed_us, response = excluded.response, h = excluded.h, "
-             "body = excluded.body, complete = 1"},
-        {&delete_key, "DELETE FROM objects WHERE key = ?1"},
-        {&delete_pending, "DELETE FROM objects WHERE key = ?1 AND complete = 0"},
+             ", h, complete, body) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11)"},
+        {&delete_key, "DELETE FROM objects WHERE " + by_key},
+        {&delete_pending, "DELETE FROM objects WHERE " + by_key + " AND complete = 0"},
         {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE h = ?1 AND complete = 1"},
         {&update_meta,
          "UPDATE objects SET etag = ?2, last_modified = ?3, content_type = ?4, expires_us = ?5, "
-         "fetched_us = ?6, response = ?7 WHERE key = ?1 AND complete = 1"},
-        {&select_entry, "SELECT " + cols + " FROM objects WHERE key = ?1 AND complete = 1"},
+         "fetched_us = ?6, response = ?7 WHERE " + by_key + " AND complete = 1"},
+        {&select_entry, "SELECT " + cols + " FROM objects WHERE " + by_key + " AND complete = 1"},
         {&select_key, "SELECT key FROM objects WHERE h = ?1 AND complete = 1"},
         {&set_clean, "UPDATE shutdown SET clean = ?1"},
-        {&select_packed,
-         "SELECT body FROM objects WHERE key = ?1 AND complete = 1 AND body IS NOT NULL"},
+        {&select_packed, "SELECT body FROM objects WHERE " + by_key +
+                             " AND complete = 1 AND body IS NOT NULL"},
     };
     for (auto& s : statements) {
       if (ghost::Status prep = Prepare(s.sql.c_str(), s.stmt); !prep.ok()) {
@@ -288,7 +465,9 @@ struct CacheStore::Db {
     return ghost::Status::Ok();
   }
 
-  ghost::Status CreateSchema() {
+  // Creates the tables of a new index, or upgrades an older one in place; `rebuilt` is set
+  // when the objects table was copied into the version-5 layout (the caller then vacuums).
+  ghost::Status CreateSchema(bool* rebuilt) {
     if (ghost::Status st =
             Exec("CREATE TABLE IF NOT EXISTS schema_version(version INTEGER NOT NULL)");
         !st.ok()) {
@@ -304,14 +483,7 @@ struct CacheStore::Db {
       std::string sql =
           "INSERT INTO schema_version(version) VALUES(" + std::to_string(kSchemaVersion) + ")";
       if (ghost::Status st = Exec(sql.c_str()); !st.ok()) return st;
-    } else if (std::int64_t v = q.Int(0); v == 3) {
-      q = Stmt();
-      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
-                                  "UPDATE schema_version SET version = 4");
-          !st.ok()) {
-        return st;
-      }
-    } else if (v == 1 || v == 2) {
+    } else if (std::int64_t v = q.Int(0); v >= 1 && v <= 4) {
       q = Stmt();
       if (v == 1 && !HasColumn("response")) {
         if (ghost::Status st =
@@ -320,12 +492,11 @@ struct CacheStore::Db {
           return st;
         }
       }
-      if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
-      if (ghost::Status st = Exec("DROP INDEX IF EXISTS objects_h; "
-                                  "UPDATE schema_version SET version = 4");
-          !st.ok()) {
-        return st;
+      if (v <= 2) {
+        if (ghost::Status st = UpgradeToHashes(); !st.ok()) return st;
       }
+      if (ghost::Status st = RebuildObjects(); !st.ok()) return st;
+      *rebuilt = true;
     } else if (v != kSchemaVersion) {
       return ghost::Status::NotSupported(
           "cache index " + path + " has schema version " + std::to_string(v) +
@@ -333,16 +504,34 @@ struct CacheStore::Db {
           "; run the ghost that wrote it, or remove the cache directory to start afresh");
     }
     return Exec(
-        "CREATE TABLE IF NOT EXISTS objects("
-        "key TEXT PRIMARY KEY NOT NULL, size INTEGER NOT NULL, etag TEXT NOT NULL DEFAULT '', "
-        "last_modified TEXT NOT NULL DEFAULT '', content_type TEXT NOT NULL DEFAULT '', "
-        "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
-        "complete INTEGER NOT NULL, response TEXT NOT NULL DEFAULT '', h INTEGER, body BLOB); "
-        // Covers what Open loads into the table (so a clean Open reads this index, not the
-        // rows with their response heads and packed bodies) and the lookups by hash.
-        "CREATE INDEX IF NOT EXISTS objects_table ON objects(complete, h, size, accessed_us); "
-        "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
-        "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)");
+        ("CREATE TABLE IF NOT EXISTS objects(" + std::string(kObjectsTable) + "); " +
+         // Covers what Open loads into the table (so a clean Open reads this index, not the
+         // rows with their response heads and packed bodies) and every lookup (by h, then key).
+         "CREATE INDEX IF NOT EXISTS objects_by_h ON objects(h, complete, size, accessed_us); "
+         // The rows of fills cut short, which Open deletes: few, so a small partial index.
+         "CREATE INDEX IF NOT EXISTS objects_pending ON objects(h) WHERE complete = 0; "
+         // One row per key, as the primary key on key did before version 5: an insert replaces
+         // the key's row (upsert_complete).
+         "CREATE TRIGGER IF NOT EXISTS objects_one_per_key BEFORE INSERT ON objects BEGIN "
+         "DELETE FROM objects WHERE h = NEW.h AND key = NEW.key; END; "
+         "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
+         "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)")
+            .c_str());
+  }
+
+  // Versions 1-4 -> 5: the rows copied into a table without the primary key on key (and its
+  // index), in rowid order; the old table and its indexes are dropped. Heads stay as they were
+  // (TEXT) until their object is stored again.
+  ghost::Status RebuildObjects() {
+    const std::string all = std::string(kObjectColumns) + ", complete, h, body";
+    return Exec(("DROP TABLE IF EXISTS objects_v5; "
+                 "CREATE TABLE objects_v5(" + std::string(kObjectsTable) + "); "
+                 "INSERT INTO objects_v5(" + all + ") SELECT " + all +
+                 " FROM objects ORDER BY rowid; "
+                 "DROP TABLE objects; "
+                 "ALTER TABLE objects_v5 RENAME TO objects; "
+                 "UPDATE schema_version SET version = " + std::to_string(kSchemaVersion))
+                    .c_str());
   }
 
   // Whether the last Close was clean (see kSchemaVersion).
@@ -397,14 +586,42 @@ struct CacheStore::Db {
                   std::int64_t accessed_us, std::optional<std::int64_t> expires_us) {
     s.Bind(1, key);
     s.Bind(2, static_cast<std::int64_t>(e.size));
-    s.Bind(3, e.etag);
-    s.Bind(4, e.last_modified);
-    s.Bind(5, e.content_type);
+    BindHead(s, 3, 9, e);
     s.Bind(6, expires_us);
     s.Bind(7, fetched_us);
     s.Bind(8, accessed_us);
-    s.Bind(9, e.response);
     s.Bind(10, StoredHash(CacheStore::KeyHash(key)));
+  }
+
+  // Binds etag, last_modified and content_type at etag_at.. etag_at + 2, and the head at
+  // head_at, in their stored form (HeadCodec).
+  void BindHead(Stmt& s, int etag_at, int head_at, const CacheEntry& e) {
+    std::string stored;
+    bool packed = heads.Encode(e, &stored);
+    s.Bind(etag_at, packed ? std::string_view() : std::string_view(e.etag));
+    s.Bind(etag_at + 1, packed ? std::string_view() : std::string_view(e.last_modified));
+    s.Bind(etag_at + 2, packed ? std::string_view() : std::string_view(e.content_type));
+    if (packed) {
+      s.BindBlob(head_at, stored);
+    } else {
+      s.Bind(head_at, std::string_view(e.response));
+    }
+  }
+
+  // Reads etag, last_modified and content_type from columns etag_col.. etag_col + 2 and the
+  // head from head_col into `e`. A BLOB that does not decode reads as no head (the object is
+  // then served with the head its columns give, as one ghostfs fetched itself).
+  void ReadHead(const Stmt& q, int etag_col, int head_col, CacheEntry* e) {
+    e->etag = q.Text(etag_col);
+    e->last_modified = q.Text(etag_col + 1);
+    e->content_type = q.Text(etag_col + 2);
+    if (!q.IsBlob(head_col)) {
+      e->response = q.Text(head_col);
+    } else if (!heads.Decode(q.Text(head_col), e)) {
+      std::fprintf(stderr, "ghost: cache store: an unreadable stored response head in %s\n",
+                   path.c_str());
+      e->response.clear();
+    }
   }
 };
 
@@ -509,7 +726,7 @@ ghost::Status CacheStore::Load() {
     q = Stmt();
     if (ghost::Status s = db_->Exec("DELETE FROM objects WHERE complete = 0"); !s.ok()) return s;
 
-    // Only what the table holds (from the covering index objects_table after a clean Close);
+    // Only what the table holds (from the covering index objects_by_h after a clean Close);
     // the key and whether the body is packed only to check body files after a crash.
     if (ghost::Status s = db_->Prepare(
             clean_open_ ? "SELECT h, size, accessed_us, rowid FROM objects WHERE complete = 1"
@@ -689,12 +906,9 @@ std::optional<CacheEntry> CacheStore::LoadEntry(const std::string& key,
       q.Reset();
       return std::nullopt;  // a colliding hash: another key holds the slot
     }
-    e.etag = q.Text(2);
-    e.last_modified = q.Text(3);
-    e.content_type = q.Text(4);
+    db_->ReadHead(q, 2, 8, &e);
     if (!q.IsNull(5)) e.expires = FromStored(q.Int(5));
     e.fetched = FromStored(q.Int(6));
-    e.response = q.Text(8);
     q.Reset();
   }
   e.size = slot.size;
@@ -827,12 +1041,9 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     const CacheEntry* e = &meta;
     Stmt& s = db_->update_meta;
     s.Bind(1, key);
-    s.Bind(2, e->etag);
-    s.Bind(3, e->last_modified);
-    s.Bind(4, e->content_type);
+    db_->BindHead(s, 2, 7, *e);
     s.Bind(5, e->expires ? std::optional<std::int64_t>(ToStored(*e->expires)) : std::nullopt);
     s.Bind(6, ToStored(e->fetched));
-    s.Bind(7, e->response);
     st = db_->Run(s, "updating the metadata of " + Quote(key));
   }
   if (st.ok()) st = changes();

@@ -2,10 +2,14 @@
 // index of the objects plus one file per object body, read and written through FileIo.
 //
 // Layout of `dir`:
-//   index.sqlite                    WAL mode; tables schema_version and
-//                                   objects(key PRIMARY KEY, size, etag, last_modified,
-//                                   content_type, expires_us, fetched_us, accessed_us, complete,
-//                                   response, h, body), an index on h
+//   index.sqlite                    WAL mode, 16 KiB pages; tables schema_version, shutdown and
+//                                   objects(key, size, etag, last_modified, content_type,
+//                                   expires_us, fetched_us, accessed_us, complete, response, h,
+//                                   body): a rowid table with one covering index on (h, complete,
+//                                   size, accessed_us) and none on key (a key is looked up by its
+//                                   h; a trigger keeps one row per key); a row with a response
+//                                   head keeps it with its validators and type as one deflated
+//                                   BLOB (schema 5, cache_store.cc)
 //   objects/<h[0..2]>/<h>           a body; h = hex SHA-256 of the key, so the key's text never
 //                                   reaches a path ("..", "/", NUL in a key are harmless)
 //   objects/<h[0..2]>/<h>.fill-<n>  a fill in progress, renamed to <h> when it commits
