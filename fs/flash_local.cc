@@ -666,10 +666,14 @@ void LocalFlashLog::AppendMeta(MetaOp op, const std::string& path, int fd, Bytes
                                   "to the disk (it spins up); check the flash device\n", log_->options().dir.c_str(),
                                   MetaOpName(op), path.c_str(), r.status().ToString().c_str());
                      disk_.Submit({kMetaRecordBytes, true}, [] {});
-                     Status st = syncfs(target_->root()) == 0 ? r.status().WithContext("synced to the disk instead")
-                                                              : r.status().WithContext("and syncing the disk failed: " +
-                                                                                       std::string(std::strerror(errno)));
-                     done(st);
+                     // Through the FileIo, so the disk fault switch (and tests' faults) reach it.
+                     Status cause = r.status();
+                     std::weak_ptr<bool> alive = alive_;
+                     io_.Syncfs(target_->root(), [alive, cause, done](Status st) {
+                       if (alive.expired()) return;
+                       done(st.ok() ? cause.WithContext("synced to the disk instead")
+                                    : cause.WithContext("and syncing the disk failed: " + st.ToString()));
+                     });
                    });
 }
 

@@ -636,6 +636,28 @@ TEST_F(LocalFlashLogTest, TheTestOnlyDiskFaultSwitchFailsTheFlushesSyncfs) {
   EXPECT_TRUE(log_->log().records().empty());
 }
 
+// AppendMeta's fallback (the log cannot take the record) syncs the change to the disk through
+// the FileIo: a failing disk is reported, not taken for a success.
+TEST_F(LocalFlashLogTest, AMetadataChangeTheLogCannotTakeIsSyncedThroughTheFileIo) {
+  int fd = Create("a");
+  const int log_fd = log_->log().log_fd();
+  // The flash device fails every write of the log: the record cannot be appended.
+  faulty_->FailWhen([log_fd](const FileCall& c) { return c.fd == log_fd && c.op != FileOp::kRead; }, EIO);
+  Status synced = Meta(MetaOp::kCreate, "a", fd, 0644);
+  ASSERT_FALSE(synced.ok());
+  EXPECT_NE(synced.message().find("synced to the disk instead"), std::string::npos) << synced.message();
+  // Now the disk's syncfs fails too: the caller hears it.
+  faulty_->FailWhen([log_fd](const FileCall& c) {
+    return (c.fd == log_fd && c.op != FileOp::kRead) || c.op == FileOp::kSyncfs;
+  }, EIO);
+  Status failed = Meta(MetaOp::kChmod, "a", fd, 0600);
+  faulty_->Heal();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("syncing the disk failed"), std::string::npos) << failed.message();
+  EXPECT_EQ(log_->StatsJson()["meta_failures"], 2);
+  close(fd);
+}
+
 // Fills spilled to the log (flash_local.h "Fills"): one append group each, read back from the
 // log, applied whole by the flush through the fill applier, never torn.
 class LocalFlashLogFillTest : public LocalFlashLogTest {
