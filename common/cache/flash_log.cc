@@ -529,11 +529,22 @@ class FlashLog::Flusher {
                   });
   }
 
+  // Does the current step's ops in order. Algorithm 4's writes between two metadata records
+  // are disjoint (merged by address), so they go to the FileIo together (io_uring keeps them
+  // in flight at once, as a disk queue would); every other algorithm writes one at a time
+  // (their records may overlap: the later must land last). Either way the flush fsyncs each
+  // target once at the end (SyncTargets): the same durability for every algorithm.
   void DoOps() {
     const std::size_t s = writes_done_;
     const FlushStep& step = plan_.steps[s];
+    const bool together = log_.options_.algorithm == FlushAlgorithm::kSortMerge;
+    // While issuing together, a write the FileIo answers at once does not re-enter: this loop
+    // goes on and the end of the step is decided below.
+    issuing_ = together;
     while (next_op_ < step.ops.size()) {
-      const PlannedOp& op = step.ops[next_op_++];
+      const PlannedOp& op = step.ops[next_op_];
+      if (op.type == PlannedOp::Type::kMeta && writes_in_flight_ > 0) break;  // a barrier
+      ++next_op_;
       if (failed_paths_.count(op.path) != 0) {
         for (std::size_t i : op.records) kept_[i] = true;
         continue;
@@ -564,9 +575,11 @@ class FlashLog::Flusher {
       }
       std::weak_ptr<bool> alive = alive_;
       const PlannedOp* opp = &op;
+      ++writes_in_flight_;
       log_.io_.Write(*fd, op.offset, std::move(data),
                      [this, alive, opp](Result<std::size_t> r) {
                        if (alive.expired()) return;
+                       --writes_in_flight_;
                        if (!r.ok()) {
                          Fail(*opp, r.status().WithContext(std::string("flush ") +
                                                            LogRecordKindName(opp->kind) + " " +
@@ -575,10 +588,13 @@ class FlashLog::Flusher {
                          report_.bytes_written += *r;
                          ++report_.writes;
                        }
-                       DoOps();
+                       if (!issuing_) DoOps();
                      });
-      return;  // one write at a time; the callback continues
+      if (!together) return;  // one write at a time; the callback continues
     }
+    issuing_ = false;
+    if (writes_in_flight_ > 0) return;  // the last write's callback continues
+    if (next_op_ < step.ops.size()) return DoOps();  // the barrier's writes were answered at once
     writing_ = false;
     writes_done_ = s + 1;
     Advance();
@@ -658,6 +674,8 @@ class FlashLog::Flusher {
   std::size_t reads_done_ = 0;   // steps 0 .. reads_done_-1 are in their buffers
   std::size_t writes_done_ = 0;  // steps whose ops are done
   std::size_t next_op_ = 0;
+  std::size_t writes_in_flight_ = 0;  // this step's writes the FileIo has not answered
+  bool issuing_ = false;              // DoOps is issuing (a write answered at once waits for it)
   bool reading_ = false;
   bool writing_ = false;
   std::size_t aborted_from_ = SIZE_MAX;
