@@ -107,7 +107,9 @@ struct PlannedOp {
 struct FlushStep {
   Bytes read_offset = 0;  // one read of the log
   Bytes read_length = 0;
-  std::vector<PlannedOp> ops;  // done in order, one at a time
+  // Done in order, one at a time; the live flusher issues alg 4's writes between two kMeta ops
+  // together (they are disjoint after merging), see FlashLog::Flusher.
+  std::vector<PlannedOp> ops;
 };
 
 struct FlushPlan {
