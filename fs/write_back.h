@@ -119,9 +119,12 @@ class WriteBack {
   bool FillPending(const std::string& key) const {
     return queue_->Contains(FillKey(key)) || logged_fills_.contains(key);
   }
-  // Whether the fill of `key` readers get (QueuedBodyOf) is in the flash log: read from flash.
+  // Whether the fill of `key` readers get (QueuedBodyOf) is durable in the flash log: read
+  // from flash. (While its append runs it is still read from RAM, and not yet durable.)
   bool Logged(const std::string& key) const {
-    return !queued_bodies_.contains(key) && logged_fills_.contains(key);
+    if (queued_bodies_.contains(key)) return false;
+    auto l = logged_fills_.find(key);
+    return l != logged_fills_.end() && !l->second.path.empty();
   }
   // Fills now in the flash log (or on their way into it).
   std::size_t logged_fills() const { return logged_fills_.size(); }

@@ -115,11 +115,12 @@ def main():
         t.skip_rest(PLAN - 6, "not remounted")
         t.done()
     ctl = h.Control(sock)
-    h.wait_for(lambda: jctl(sock, "stats").get("flash_log", {}).get("records", -1) == 0, 20)
+    h.wait_for(lambda: jctl(sock, "stats").get("flash_log", {}).get("records", -1) == 0, 60)
     replayed = {k: read_lookup(ctl, k) for k in acked}
-    bad = [k for k, (_s, v, d) in replayed.items() if not (v[:1] in ("d", "p") and d == second[k])]
+    bad = [(k, v[0], v[1], v[2] == second[k]) for k, v in replayed.items()
+           if not (v[1][:1] in ("d", "p") and v[2] == second[k])]
     t.check(not bad, f"every fill the log acknowledged ({len(acked)}) is in the store after the replay, byte-identical",
-            bad)
+            f"{bad} {jctl(sock, 'stats').get('flash_log')} {fs.output()[-3000:]}")
     # Fills that were only in RAM are absent or whole, never torn.
     others = [k for k in second if k not in acked]
     torn = [k for k in others if (r := read_lookup(ctl, k))[2] is not None and r[2] != second[k]]
