@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -175,6 +176,30 @@ Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   return spec;
 }
 
+namespace {
+
+constexpr char kFillPathPrefix[] = "fill:";
+
+std::string FillPath(std::uint64_t n, const std::string& key) {
+  return kFillPathPrefix + std::to_string(n) + ":" + key;
+}
+
+}  // namespace
+
+// "fill:N:KEY" -> (N, KEY).
+std::optional<std::pair<std::uint64_t, std::string>> ParseFillPath(const std::string& path) {
+  if (!path.starts_with(kFillPathPrefix)) return std::nullopt;
+  std::size_t start = sizeof(kFillPathPrefix) - 1;
+  std::size_t colon = path.find(':', start);
+  if (colon == std::string::npos || colon == start) return std::nullopt;
+  std::uint64_t n = 0;
+  for (std::size_t i = start; i < colon; ++i) {
+    if (path[i] < '0' || path[i] > '9') return std::nullopt;
+    n = n * 10 + static_cast<std::uint64_t>(path[i] - '0');
+  }
+  return std::make_pair(n, path.substr(colon + 1));
+}
+
 // Applies records to the local/ tree's files, found by their handles, and its metadata records
 // (flash_local.h).
 class LocalFlashLog::Target final : public FlushTarget {
@@ -218,7 +243,14 @@ class LocalFlashLog::Target final : public FlushTarget {
     return UniqueFd(fd);
   }
 
-  Result<int> OpenForFlush(LogRecordKind, const std::string& path) override {
+  Result<int> OpenForFlush(LogRecordKind kind, const std::string& path) override {
+    if (kind == LogRecordKind::kFill) {
+      // A spilled fill's body goes to RAM first: the store writes it (ApplyFills).
+      int fd = memfd_create("ghost-fill", MFD_CLOEXEC);
+      if (fd < 0) return Status::FromErrno(errno, "memfd_create for the logged fill " + path);
+      fill_fds_[path] = UniqueFd(fd);
+      return fd;
+    }
     Result<UniqueFd> fd = OpenFile(path, O_RDWR);
     if (!fd.ok()) return fd.status();
     int raw = fd->get();
@@ -227,6 +259,10 @@ class LocalFlashLog::Target final : public FlushTarget {
   }
 
   Status ApplyMeta(MetaOp op, const std::string& path, Bytes arg, const std::string& arg2) override {
+    if (op == MetaOp::kFill) {
+      CheckFill(path, arg, arg2);
+      return Status::Ok();
+    }
     ++meta_records_;
     if (op == MetaOp::kTruncate) {
       Result<UniqueFd> fd = OpenFile(path, O_WRONLY);
@@ -250,6 +286,19 @@ class LocalFlashLog::Target final : public FlushTarget {
   // of local/ through the log's FileIo (the test-only fault switch fails it too). If it fails,
   // the log keeps every record of the flush and the next flush syncs again.
   void SyncFlush(FileIo& io, std::function<void(Status)> done) override {
+    std::weak_ptr<bool> alive = alive_;
+    SyncLocal(io, [this, alive, done = std::move(done)](Status st) {
+      if (alive.expired()) return;
+      if (!st.ok() || ready_fills_.empty()) return done(st);
+      if (!applier_) return done(Status::Unavailable("the flash log holds fills and nothing applies them"));
+      applier_(std::exchange(ready_fills_, {}), [alive, done](Status f) {
+        if (alive.expired()) return;
+        done(f.WithContext("apply the logged fills to the store"));
+      });
+    });
+  }
+
+  void SyncLocal(FileIo& io, std::function<void(Status)> done) {
     if (meta_records_ == 0) return done(Status::Ok());
     // The FileIo outlives this target: its callback must not touch a destroyed one.
     std::weak_ptr<bool> alive = alive_;
@@ -268,6 +317,8 @@ class LocalFlashLog::Target final : public FlushTarget {
 
   void EndFlush() override {
     fds_.clear();
+    fill_fds_.clear();
+    ready_fills_.clear();
     remap_.clear();
     meta_records_ = 0;
   }
@@ -289,8 +340,37 @@ class LocalFlashLog::Target final : public FlushTarget {
   std::uint64_t TakeMetaCharge() { return std::exchange(meta_charged_, 0); }
 
   int root() const { return root_.get(); }
+  void SetFillApplier(FillApplier applier) { applier_ = std::move(applier); }
 
  private:
+  // The commit record of the fill `path`: its body (in the memfd the flush wrote) must have the
+  // committed size and CRC32C; then it is applied at SyncFlush, else dropped (never torn).
+  void CheckFill(const std::string& path, Bytes size, const std::string& arg2) {
+    auto drop = [&](const std::string& why) {
+      std::fprintf(stderr, "ghostfs: flash log: dropping the logged fill %s: %s (it is fetched again)\n",
+                   path.c_str(), why.c_str());
+    };
+    std::optional<std::pair<std::uint64_t, std::string>> parsed = ParseFillPath(path);
+    std::size_t nl = arg2.find('\n');
+    if (!parsed || nl == std::string::npos) return drop("a malformed commit record");
+    std::string body;
+    if (auto it = fill_fds_.find(path); it != fill_fds_.end()) {
+      struct stat st;
+      if (fstat(it->second.get(), &st) != 0) return drop(std::string("fstat: ") + std::strerror(errno));
+      body.resize(static_cast<std::size_t>(st.st_size));
+      if (!body.empty() && pread(it->second.get(), body.data(), body.size(), 0) != static_cast<ssize_t>(body.size())) {
+        return drop("reading its body back failed");
+      }
+    }
+    if (body.size() != size) {
+      return drop("its body has " + std::to_string(body.size()) + " of " + std::to_string(size) + " bytes");
+    }
+    char crc[16];
+    std::snprintf(crc, sizeof crc, "%08x", Crc32c(body));
+    if (arg2.compare(0, nl, crc) != 0) return drop("its body's CRC32C is not the committed one");
+    ready_fills_.push_back(LoggedFill{path, parsed->second, arg2.substr(nl + 1), std::move(body)});
+  }
+
   // Makes a logged change the backing tree lost (a power cut). Each step accepts finding it
   // made already: the marker may lag the tree by the one change made just before it.
   Status Replay(MetaOp op, const std::string& path, mode_t mode, const LocalMetaArgs& a) {
@@ -344,6 +424,9 @@ class LocalFlashLog::Target final : public FlushTarget {
   bool warned_ = false;
   std::map<std::string, UniqueFd> fds_;
   std::map<std::string, UniqueFd> remap_;  // logged handle -> the file a replayed create made
+  std::map<std::string, UniqueFd> fill_fds_;  // this flush's fill bodies (memfd), by path
+  std::vector<LoggedFill> ready_fills_;       // checked by their commit, in log order
+  FillApplier applier_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // SyncFlush's callback checks it
 };
 
@@ -407,6 +490,9 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   for (const LogRecordInfo& r : self->log_->records()) {
     if (r.kind == LogRecordKind::kMeta && r.op != MetaOp::kTruncate) ++self->meta_serial_;
   }
+  for (const LogRecordInfo& r : self->log_->records()) {
+    if (auto f = ParseFillPath(r.path)) self->fill_serial_ = std::max(self->fill_serial_, f->first);
+  }
   LocalFlashLog* raw = self.get();
   self->log_->SetFlushObserver([raw](const FlushReport& r) { raw->OnFlushed(r); });
   int high = disk.profile().HighPowerMode();
@@ -431,6 +517,38 @@ bool LocalFlashLog::TakesWrites() const {
   if (!policy || !policy->DefersBackgroundWrites()) return false;
   int high = disk_.profile().HighPowerMode();
   return !(disk_.mode() == high && disk_.target_mode() == high);
+}
+
+bool LocalFlashLog::TakesFills() const {
+  const DevicePolicy* policy = pm_.policy(disk_id_);
+  if (!policy || !policy->DefersBackgroundWrites()) return false;
+  int high = disk_.profile().HighPowerMode();
+  return disk_.mode() != high && disk_.target_mode() != high;
+}
+
+void LocalFlashLog::SetFillApplier(FillApplier applier) { target_->SetFillApplier(std::move(applier)); }
+
+void LocalFlashLog::AppendFill(const std::string& key, std::shared_ptr<const std::string> body, std::string meta,
+                               std::function<void(Result<std::string>)> done) {
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", Crc32c(*body));
+  std::string path = FillPath(++fill_serial_, key);
+  log_->AppendFill(path, *body, std::string(crc) + "\n" + meta,
+                   [this, path, done = std::move(done)](Result<std::uint64_t> r) {
+                     // Runs only while the log (owned by this) lives.
+                     if (!r.ok()) return done(r.status());
+                     ++fills_logged_;
+                     done(path);
+                   });
+}
+
+Status LocalFlashLog::ReadFill(const std::string& path, Bytes offset, std::span<char> buf) {
+  Result<std::vector<std::pair<Bytes, Bytes>>> r = log_->ReadOverlay(LogRecordKind::kFill, path, offset, buf);
+  if (!r.ok()) return r.status();
+  Bytes covered = 0;
+  for (const auto& [a, b] : *r) covered += b - a;  // the records of one fill do not overlap
+  if (covered < buf.size()) return Status::NotFound("the flash log no longer holds all of " + path);
+  return Status::Ok();
 }
 
 void LocalFlashLog::AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done) {
@@ -548,10 +666,14 @@ void LocalFlashLog::AppendMeta(MetaOp op, const std::string& path, int fd, Bytes
                                   "to the disk (it spins up); check the flash device\n", log_->options().dir.c_str(),
                                   MetaOpName(op), path.c_str(), r.status().ToString().c_str());
                      disk_.Submit({kMetaRecordBytes, true}, [] {});
-                     Status st = syncfs(target_->root()) == 0 ? r.status().WithContext("synced to the disk instead")
-                                                              : r.status().WithContext("and syncing the disk failed: " +
-                                                                                       std::string(std::strerror(errno)));
-                     done(st);
+                     // Through the FileIo, so the disk fault switch (and tests' faults) reach it.
+                     Status cause = r.status();
+                     std::weak_ptr<bool> alive = alive_;
+                     io_.Syncfs(target_->root(), [alive, cause, done](Status st) {
+                       if (alive.expired()) return;
+                       done(st.ok() ? cause.WithContext("synced to the disk instead")
+                                    : cause.WithContext("and syncing the disk failed: " + st.ToString()));
+                     });
                    });
 }
 
@@ -640,6 +762,7 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"records_kept", s.records_kept},
           {"corrupt_regions", s.corrupt_regions},
           {"meta_logged", meta_logged_},
+          {"fills_logged", fills_logged_},
           {"meta_failures", meta_failures_},
           {"meta_serial_applied", target_->applied()},
           {"meta_serial_marker", target_->marker().Encode()},

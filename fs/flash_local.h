@@ -58,6 +58,17 @@
 // write queue's. At mount the log is recovered (torn tail cut) and replayed (flushed, reason
 // recovery); reads see its records until then.
 //
+// Fills (DESIGN §3.5 *Fills*). A batch of the write queue that would wake the sleeping disk
+// (its cap passed, an fsync, a flush) spills its cache fills here instead (WriteBack asks
+// TakesFills). A fill is one append group (FlashLog::AppendFill): its body as kFill data records
+// of the path "fill:N:KEY" (N a per-log serial, so two fills of a key never merge), then its
+// commit record (MetaOp::kFill: the body's size, CRC32C and cache metadata). Acknowledged once
+// durable. A flush writes the body into an anonymous memory file (memfd: nothing on the disk),
+// checks it against the commit record and hands it to the fill applier (WriteBack: the store's
+// BeginFill, AppendFill, CommitFill, i.e. a normal fill with its crash safety) before the log is
+// cut; a body without its commit or with another CRC (a torn tail, a corrupt region) is dropped,
+// never applied torn. Reads see the body in the log (ReadFill) until it is in the store.
+//
 // Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
 // fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
 // of local/, a write-through) fails
@@ -75,6 +86,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -128,6 +140,9 @@ struct MetaSerialMarker {
 };
 // nullopt for a value that is not a marker.
 std::optional<MetaSerialMarker> ParseMetaSerialMarker(const std::string& text);
+
+// The record path of a spilled fill, "fill:N:KEY" -> (N, KEY); nullopt for other paths.
+std::optional<std::pair<std::uint64_t, std::string>> ParseFillPath(const std::string& path);
 
 // --flash-log DIR[:SIZE]: the directory and the log's capacity (default 16M; SIZE with K, M,
 // G suffixes). A ':' is read as the size separator only when what follows parses as a size.
@@ -199,6 +214,28 @@ class LocalFlashLog {
   // size (SizeOver).
   Status Overlay(int fd, Bytes offset, std::size_t size, std::string* buf);
 
+  // Whether cache fills go to the log now: the disk is asleep (not in, nor heading to, its
+  // high-power mode) under a policy that defers background writes.
+  bool TakesFills() const;
+  // A fill read back from the log by a flush, checked against its commit record.
+  struct LoggedFill {
+    std::string path;  // "fill:N:KEY"
+    std::string key;
+    std::string meta;  // the commit record's metadata text (the caller's, opaque here)
+    std::string body;
+  };
+  // Applies the checked fills of a flush (in log order) and calls `done`: OK once they are
+  // durable in the store (the log then forgets them), an error to keep every record of the
+  // flush in the log (applied again by the next flush: a fill must be idempotent).
+  using FillApplier = std::function<void(std::vector<LoggedFill>, std::function<void(Status)>)>;
+  void SetFillApplier(FillApplier applier);
+  // Appends the fill of `key` (`meta`: the caller's text for its metadata); `done` gets the
+  // record path ("fill:N:KEY") once durable, or the error (the caller writes it to the disk).
+  void AppendFill(const std::string& key, std::shared_ptr<const std::string> body, std::string meta,
+                  std::function<void(Result<std::string>)> done);
+  // Reads `buf.size()` bytes of the logged fill `path` from `offset` (from the flash log).
+  Status ReadFill(const std::string& path, Bytes offset, std::span<char> buf);
+
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
 
@@ -236,6 +273,8 @@ class LocalFlashLog {
   std::function<void(const FlushReport&)> listener_;
   std::string root_path_;                     // the local/ backing directory, resolved
   std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
+  std::uint64_t fill_serial_ = 0;             // the last N of a "fill:N:KEY" path
+  std::uint64_t fills_logged_ = 0;            // fills spilled to the log
   bool replaying_ = false;                    // Replay's flush runs
   std::uint64_t meta_logged_ = 0;             // metadata changes logged
   std::uint64_t meta_failures_ = 0;           // ... that the log could not take

@@ -203,7 +203,8 @@ void StoreTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     const std::string version = SplitVersion(name).second;
     const QueuedBody* q = ctx_.write_back.QueuedBodyOf(*key);
     if (q && (version.empty() || version == "q" + std::to_string(q->version))) {
-      h.source = ReadSource::kWriteQueue;  // its fill still waits in the write queue
+      // Its fill still waits in the write queue, or in the flash log (read back from there).
+      h.source = ctx_.write_back.Logged(*key) ? ReadSource::kFlash : ReadSource::kWriteQueue;
       h.body = q->data;
     } else if (std::shared_ptr<const std::string> packed = ctx_.store.PackedBody(*key);
                packed && (version.empty() || version == CacheStore::PackedVersion(*packed))) {
@@ -365,8 +366,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The same decision an open of an origin file makes (common/cache/cache_manager.h), with
   // the page cache as a holder as in ghostsim.
   ReadDecision d = ctx_.manager.DecideRead(state);
-  if (d.source == ReadSource::kWriteQueue) {
-    // Its fill still waits in the write queue: read from memory, nothing to choose.
+  // A fill spilled to the flash log is read from there (fs/write_back.h).
+  if (d.source == ReadSource::kWriteQueue && ctx_.write_back.Logged(key)) d.source = ReadSource::kFlash;
+  if (d.source == ReadSource::kWriteQueue || d.source == ReadSource::kFlash) {
+    // Its fill still waits in the write queue (or the flash log): nothing to choose.
     const CacheEntry& meta = *pending;
     out.size = state.size;
     out.response = meta.response;

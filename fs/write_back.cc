@@ -1,18 +1,34 @@
 // The mount's write-back: the write queue's writer and the fills waiting in it (write_back.h).
 #include "fs/write_back.h"
 
+#include <chrono>
 #include <cstdio>
-
-#include "fs/flash_local.h"
+#include <nlohmann/json.hpp>
+#include <span>
 
 namespace ghost {
 
 WriteBack::WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store,
                      WriteQueueOptions options)
-    : store_(store), disk_(disk) {
+    : pm_(pm), store_(store), disk_(disk) {
   queue_ = std::make_unique<WriteQueue>(
       pm, disk_id, options,
       [this](std::vector<WriteRecord> batch, std::function<void()> done) { WriteBatch(std::move(batch), std::move(done)); });
+}
+
+WriteBack::~WriteBack() {
+  if (flash_) flash_->SetFillApplier(nullptr);
+}
+
+void WriteBack::SetFlashLog(LocalFlashLog* flash) {
+  if (flash_) flash_->SetFillApplier(nullptr);
+  flash_ = flash;
+  if (!flash_) return;
+  std::weak_ptr<bool> alive = alive_;
+  flash_->SetFillApplier([this, alive](std::vector<LocalFlashLog::LoggedFill> fills, std::function<void(Status)> done) {
+    if (alive.expired()) return done(Status::Unavailable("the write-back is gone"));
+    ApplyLoggedFills(std::move(fills), std::move(done));
+  });
 }
 
 void WriteBack::QueueWholeFill(const std::string& key, std::string body,
@@ -47,17 +63,40 @@ void WriteBack::QueueIndexUpdate(const std::string& key) {
 
 const CacheEntry* WriteBack::QueuedMeta(const std::string& key) const {
   auto it = pending_fills_.find(key);
-  return it == pending_fills_.end() ? nullptr : &it->second;
+  if (it != pending_fills_.end()) return &it->second;
+  auto l = logged_fills_.find(key);
+  return l == logged_fills_.end() ? nullptr : &l->second.meta;
 }
 
 const QueuedBody* WriteBack::QueuedBodyOf(const std::string& key) const {
   auto it = queued_bodies_.find(key);
-  return it == queued_bodies_.end() ? nullptr : &it->second;
+  if (it != queued_bodies_.end()) return &it->second;
+  auto l = logged_fills_.find(key);
+  if (l == logged_fills_.end()) return nullptr;
+  const LoggedFillEntry& e = l->second;
+  if (e.body.data) return &e.body;  // still being appended: its bytes are here
+  if (logged_view_path_ == e.path && logged_view_.data) return &logged_view_;
+  // Read back from the flash log; the reader shares this copy (the last one read is kept).
+  auto body = std::make_shared<std::string>(e.meta.size, '\0');
+  if (Status s = flash_->ReadFill(e.path, 0, std::span<char>(body->data(), body->size())); !s.ok()) {
+    std::fprintf(stderr, "ghostfs: reading the fill of %s from the flash log: %s\n", key.c_str(), s.ToString().c_str());
+    return nullptr;
+  }
+  logged_view_ = QueuedBody{std::move(body), e.body.version};
+  logged_view_path_ = e.path;
+  return &logged_view_;
 }
 
 bool WriteBack::DropQueuedFill(const std::string& key) {
   bool queued = pending_fills_.erase(key) > 0;
   queued_bodies_.erase(key);
+  if (auto l = logged_fills_.find(key); l != logged_fills_.end()) {
+    queued = true;
+    // Its record stays in the log until the next flush, which skips it. One being appended
+    // now (no path yet) is skipped when its append completes.
+    if (!l->second.path.empty()) skip_logged_.insert(l->second.path);
+    logged_fills_.erase(l);
+  }
   return queued;
 }
 
@@ -108,16 +147,31 @@ void WriteBack::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()>
   // local/ records go to the flash log while it takes them (one answer per batch, so a
   // batch is never split between the log and the disk); the disk is charged for the rest.
   const bool to_log = flash_ != nullptr && hooks_.local_file_to_log && flash_->TakesWrites();
+  // Fills go to the log when the batch would wake the sleeping disk for them: not when it
+  // writes an index row anyway (the disk spins up for that).
+  bool fills_to_log = flash_ != nullptr && flash_->TakesFills();
+  for (const WriteRecord& r : batch) fills_to_log = fills_to_log && r.kind != WriteKind::kIndex;
+  // A key with a fill in the log: its later fills go there too (the log's flush would put the
+  // older over them).
+  auto spills = [&](const WriteRecord& r) {
+    return r.kind == WriteKind::kFill && flash_ != nullptr &&
+           (fills_to_log || logged_fills_.contains(r.key.substr(FillKey("").size())));
+  };
   Bytes total = 0;
+  bool spilled = false;
   for (const WriteRecord& r : batch) {
-    if (!(to_log && r.kind == WriteKind::kLocalFile)) total += r.length;
+    if (spills(r)) {
+      spilled = true;
+    } else if (!(to_log && r.kind == WriteKind::kLocalFile)) {
+      total += r.length;
+    }
   }
   auto pending = std::make_shared<int>(1);
   std::function<void()> finish = [pending, done] {
     if (--*pending == 0) done();
   };
   // The emulated disk does the same amount of work (it may need to spin up first).
-  if (total > 0 || !to_log) {
+  if (total > 0 || !(to_log || spilled)) {
     ++*pending;
     disk_.Submit({total, true}, finish);
   }
@@ -140,7 +194,7 @@ void WriteBack::ApplyBatch(std::vector<WriteRecord> batch, std::function<void()>
         break;
       case WriteKind::kFill:
         ++*pending;
-        if (!ApplyFill(r, finish)) --*pending;
+        if (!(spills(r) ? SpillFill(r, finish) : ApplyFill(r, finish))) --*pending;
         break;
       case WriteKind::kCache:  // sized only (ghostsim): nothing to write here
         break;
@@ -164,28 +218,158 @@ bool WriteBack::ApplyFill(WriteRecord& r, const std::function<void()>& finish) {
     body = std::move(q->second.data);
     queued_bodies_.erase(q);
   }
+  StoreFill(url, std::move(entry), body ? body : std::make_shared<const std::string>(std::move(r.data)),
+            [finish](Status) { finish(); });
+  return true;
+}
+
+void WriteBack::StoreFill(const std::string& url, CacheEntry entry, std::shared_ptr<const std::string> body,
+                          std::function<void(Status)> finish) {
   Result<FillId> fill = store_.BeginFill(url, entry);
   if (!fill.ok()) {
     std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), fill.status().ToString().c_str());
-    return false;
+    return finish(Status::Ok());  // refused, as a fill the store would not cache: nothing to retry
   }
   FillId id = *fill;
   FillStarted(url);
-  store_.AppendFill(id, body ? std::string(*body) : std::move(r.data), [this, id, url, finish](Status s) {
+  store_.AppendFill(id, std::string(*body), [this, id, url, finish](Status s) {
     if (!s.ok()) {
       std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), s.ToString().c_str());
       store_.AbortFill(id);
       FillSettled(url);
-      return finish();
+      return finish(s);
     }
     store_.CommitFill(id, [this, url, finish](Status c) {
       if (!c.ok()) std::fprintf(stderr, "ghostfs: not caching %s: %s\n", url.c_str(), c.ToString().c_str());
       else FillCommitted(url);
       FillSettled(url);
-      finish();
+      finish(c);
     });
   });
+}
+
+bool WriteBack::SpillFill(WriteRecord& r, const std::function<void()>& finish) {
+  std::string url = r.key.substr(FillKey("").size());
+  auto meta = pending_fills_.find(url);
+  if (meta == pending_fills_.end()) return false;
+  CacheEntry entry = meta->second;
+  pending_fills_.erase(meta);
+  auto q = queued_bodies_.find(url);
+  if (q == queued_bodies_.end()) return false;
+  QueuedBody body = std::move(q->second);
+  queued_bodies_.erase(q);
+  LoggedFillEntry& e = logged_fills_[url];
+  if (!e.path.empty()) skip_logged_.insert(e.path);  // superseded by this one
+  e = LoggedFillEntry{entry, body, ""};
+  std::weak_ptr<bool> alive = alive_;
+  const std::uint64_t version = body.version;
+  flash_->AppendFill(url, body.data, EncodeFillMeta(entry),
+                     [this, alive, url, version, entry, data = body.data, finish](Result<std::string> path) {
+                       if (alive.expired()) return;
+                       auto l = logged_fills_.find(url);
+                       const bool current = l != logged_fills_.end() && l->second.body.version == version;
+                       if (path.ok()) {
+                         if (current) {
+                           l->second.path = *path;
+                           l->second.body.data.reset();  // read back from the log from now on
+                         } else {
+                           skip_logged_.insert(*path);  // dropped or superseded meanwhile
+                         }
+                         return finish();
+                       }
+                       // The log could not take it: the disk does (it spins up).
+                       std::fprintf(stderr, "ghostfs: the flash log could not take the fill of %s (%s); writing it "
+                                    "to the disk\n", url.c_str(), path.status().ToString().c_str());
+                       if (!current) return finish();
+                       logged_fills_.erase(l);
+                       disk_.Submit({data->size(), true}, [] {});
+                       StoreFill(url, entry, data, [finish](Status) { finish(); });
+                     });
   return true;
+}
+
+void WriteBack::ApplyLoggedFills(std::vector<LocalFlashLog::LoggedFill> fills, std::function<void(Status)> done) {
+  struct Run {
+    std::vector<LocalFlashLog::LoggedFill> fills;
+    std::size_t next = 0;
+    Status error;
+    std::function<void(Status)> done;
+    std::function<void()> step;
+  };
+  auto run = std::make_shared<Run>();
+  run->fills = std::move(fills);
+  run->done = std::move(done);
+  std::weak_ptr<bool> alive = alive_;
+  // One fill at a time, in log order (two fills of a key: the later wins). The step holds the
+  // run only weakly; each store callback holds it until it has started the next step.
+  run->step = [this, alive, weak = std::weak_ptr<Run>(run)] {
+    std::shared_ptr<Run> run = weak.lock();
+    if (!run) return;
+    while (run->next < run->fills.size()) {
+      LocalFlashLog::LoggedFill& f = run->fills[run->next++];
+      if (skip_logged_.erase(f.path) > 0) continue;  // dropped or superseded in this run
+      auto l = logged_fills_.find(f.key);
+      if (l != logged_fills_.end() && l->second.path != f.path) continue;  // a newer one is logged
+      CacheEntry meta;
+      if (l != logged_fills_.end()) {
+        meta = l->second.meta;
+      } else if (Result<CacheEntry> m = DecodeFillMeta(f.meta); m.ok()) {
+        meta = *m;  // logged by an earlier run: replayed
+      } else {
+        std::fprintf(stderr, "ghostfs: dropping the logged fill %s: %s\n", f.path.c_str(), m.status().ToString().c_str());
+        continue;
+      }
+      meta.size = f.body.size();
+      auto body = std::make_shared<const std::string>(std::move(f.body));
+      StoreFill(f.key, meta, body, [this, alive, run, path = f.path, key = f.key](Status s) {
+        if (alive.expired()) return;
+        if (s.ok()) {
+          auto l = logged_fills_.find(key);
+          if (l != logged_fills_.end() && l->second.path == path) logged_fills_.erase(l);
+          if (logged_view_path_ == path) logged_view_ = QueuedBody{};
+        } else if (run->error.ok()) {
+          run->error = s;
+        }
+        run->step();
+      });
+      return;
+    }
+    auto finish = std::move(run->done);
+    finish(run->error);
+  };
+  run->step();
+}
+
+std::string WriteBack::EncodeFillMeta(const CacheEntry& meta) const {
+  // Wall-clock microseconds: the model clock of a later process starts elsewhere.
+  const auto wall_now = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const TimePoint now = pm_.clock().Now();
+  auto wall = [&](TimePoint t) { return wall_now + (t - now).count(); };
+  nlohmann::json j = {{"etag", meta.etag},
+                      {"last_modified", meta.last_modified},
+                      {"content_type", meta.content_type},
+                      {"response", meta.response},
+                      {"fetched_us", wall(meta.fetched)}};
+  if (meta.expires) j["expires_us"] = wall(*meta.expires);
+  return j.dump();
+}
+
+Result<CacheEntry> WriteBack::DecodeFillMeta(const std::string& text) const {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return Status::Corruption("a fill commit record with no metadata");
+  const auto wall_now = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const TimePoint now = pm_.clock().Now();
+  auto model = [&](std::int64_t us) { return now + Duration(us - wall_now); };
+  CacheEntry e;
+  e.etag = j.value("etag", "");
+  e.last_modified = j.value("last_modified", "");
+  e.content_type = j.value("content_type", "");
+  e.response = j.value("response", "");
+  e.fetched = model(j.value("fetched_us", wall_now));
+  if (j.contains("expires_us") && j["expires_us"].is_number_integer()) e.expires = model(j["expires_us"].get<std::int64_t>());
+  return e;
 }
 
 }  // namespace ghost

@@ -26,6 +26,19 @@
 // now (LocalFlashLog::TakesWrites); those records are then neither written to the disk nor
 // charged to it: the log's flushes are.
 //
+// Fills spilled to the flash log (DESIGN §3.5 *Fills*). A batch that would wake the sleeping
+// disk (LocalFlashLog::TakesFills: its cap passed, an fsync, a flush) and holds no index row
+// sends its fills to the flash log instead of the store: each is one append group there,
+// acknowledged once durable; the disk is neither written nor charged. A key with a fill in the
+// log sends every later fill of it to the log too (applied in log order, the later wins). While
+// in the log, the fill is readable: QueuedBodyOf reads its body back from the log (the reader
+// shares that copy; the write-back keeps only the last one read), QueuedMeta and FillPending
+// see it, and Logged says the source is the flash. The log's flush hands the fills back
+// (ApplyLoggedFills) and they are written to the store as any fill (BeginFill, AppendFill,
+// CommitFill); the log forgets them only once they are committed. A fill dropped meanwhile
+// (DropQueuedFill, a newer fill of its key) is skipped then. If the log cannot take a fill, it
+// goes to the store (the disk spins up).
+//
 // Thread-safety: not thread-safe; the daemon's one event-loop thread.
 #ifndef GHOST_FS_WRITE_BACK_H_
 #define GHOST_FS_WRITE_BACK_H_
@@ -35,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,10 +57,9 @@
 #include "common/cache/write_queue.h"
 #include "common/power/device.h"
 #include "common/power/power_manager.h"
+#include "fs/flash_local.h"
 
 namespace ghost {
-
-class LocalFlashLog;  // fs/flash_local.h
 
 // What one index row update costs the disk in the write queue: one sqlite page.
 constexpr Bytes kIndexRowBytes = 4096;
@@ -73,6 +86,7 @@ class WriteBack {
   // The queue defers writes for the disk `disk_id` of `pm` (`disk` is that device: it does
   // each batch's work). Borrows everything; it must outlive the write-back.
   WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store, WriteQueueOptions options);
+  ~WriteBack();
   WriteBack(const WriteBack&) = delete;
   WriteBack& operator=(const WriteBack&) = delete;
 
@@ -80,7 +94,8 @@ class WriteBack {
   void SetHooks(Hooks hooks) { hooks_ = std::move(hooks); }
   // The flash log local/ records go to while it takes writes (null: none). Borrowed; set
   // before the first write, and it must outlive the write-back or be unset first.
-  void SetFlashLog(LocalFlashLog* flash) { flash_ = flash; }
+  // Also the log's fill applier (fills spilled to it come back through ApplyLoggedFills).
+  void SetFlashLog(LocalFlashLog* flash);
   WriteQueue& queue() { return *queue_; }
   const WriteQueue& queue() const { return *queue_; }
 
@@ -99,13 +114,26 @@ class WriteBack {
   // the next batch.
   void QueueIndexUpdate(const std::string& key);
 
-  // Whether a fill of `key` is queued or with the writer (not yet durable).
-  bool FillPending(const std::string& key) const { return queue_->Contains(FillKey(key)); }
+  // Whether a fill of `key` is queued or with the writer (not yet in the store), or in the
+  // flash log.
+  bool FillPending(const std::string& key) const {
+    return queue_->Contains(FillKey(key)) || logged_fills_.contains(key);
+  }
+  // Whether the fill of `key` readers get (QueuedBodyOf) is durable in the flash log: read
+  // from flash. (While its append runs it is still read from RAM, and not yet durable.)
+  bool Logged(const std::string& key) const {
+    if (queued_bodies_.contains(key)) return false;
+    auto l = logged_fills_.find(key);
+    return l != logged_fills_.end() && !l->second.path.empty();
+  }
+  // Fills now in the flash log (or on their way into it).
+  std::size_t logged_fills() const { return logged_fills_.size(); }
   // The metadata and body of the fill of `key` waiting in the queue (not yet handed to the
   // store), or nullptr.
   const CacheEntry* QueuedMeta(const std::string& key) const;
   const QueuedBody* QueuedBodyOf(const std::string& key) const;
-  // Drops the queued fill of `key` (the writer then skips its record). Whether there was one.
+  // Drops the queued fill of `key` (the writer then skips its record), and one in the flash log
+  // (its flush skips it). Whether there was one.
   bool DropQueuedFill(const std::string& key);
 
   // Fills handed to the cache store and not yet committed (or abandoned): a reader of `key`
@@ -122,13 +150,36 @@ class WriteBack {
   // The queue's writer: applies `batch` after every batch handed over before it.
   void WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done);
 
+  // The flash log's fill applier (LocalFlashLog::SetFillApplier): writes its checked fills to
+  // the store, one after another in log order, skipping those dropped or superseded since;
+  // `done` gets OK once all are committed (or refused by the store, as a fill it would not
+  // cache), else the first write error (the log then keeps them for its next flush).
+  void ApplyLoggedFills(std::vector<LocalFlashLog::LoggedFill> fills, std::function<void(Status)> done);
+  // The text of a fill's metadata in its commit record (JSON; times as wall-clock microseconds,
+  // so a replay by a later process with another clock keeps them), and back.
+  std::string EncodeFillMeta(const CacheEntry& meta) const;
+  Result<CacheEntry> DecodeFillMeta(const std::string& text) const;
+
  private:
   // Applies a sorted, merged batch: each record by its kind (the table in the file comment).
   void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
   // A kFill record: commits the queued body of its key to the store; calls `finish` once
   // settled (false if there was nothing to write, and `finish` is not called).
   bool ApplyFill(WriteRecord& r, const std::function<void()>& finish);
+  // A kFill record of a batch that would wake the disk: appends its fill to the flash log;
+  // `finish` once durable there (or, if the log failed, in the store). False as ApplyFill.
+  bool SpillFill(WriteRecord& r, const std::function<void()>& finish);
+  // Writes `body` to the store as the fill of `url` and calls `finish` with the outcome.
+  void StoreFill(const std::string& url, CacheEntry entry, std::shared_ptr<const std::string> body,
+                 std::function<void(Status)> finish);
 
+  // A fill in the flash log (or being appended to it: path empty, body held here till then).
+  struct LoggedFillEntry {
+    CacheEntry meta;
+    QueuedBody body;   // data set only while appending
+    std::string path;  // its record path in the log, once durable
+  };
+  PowerManager& pm_;
   CacheStore& store_;
   Device& disk_;
   Hooks hooks_;
@@ -141,6 +192,11 @@ class WriteBack {
   std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
+  std::map<std::string, LoggedFillEntry> logged_fills_;  // by cache key
+  std::set<std::string> skip_logged_;  // record paths of logged fills dropped or superseded
+  mutable QueuedBody logged_view_;     // the last logged body QueuedBodyOf read back
+  mutable std::string logged_view_path_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // the log's callbacks check it
 };
 
 }  // namespace ghost

@@ -45,6 +45,7 @@ Status DirFlushTarget::ApplyMeta(MetaOp op, const std::string& path, Bytes arg,
   const std::string& f = *file;
   switch (op) {
     case MetaOp::kNone:
+    case MetaOp::kFill:  // a fill's commit: its bytes are in the file already
       return Status::Ok();
     case MetaOp::kTruncate:
       if (truncate(f.c_str(), static_cast<off_t>(arg)) != 0) {

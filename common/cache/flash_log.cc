@@ -161,6 +161,7 @@ struct FlashLog::Pending {
   std::string data;
   AppendDone done;
   LogRecordInfo info;  // filled when written
+  bool with_next = false;  // one group with the next pending record (AppendFill)
 };
 
 std::string FlashLog::log_path() const { return options_.dir + "/" + std::string(kLogName); }
@@ -275,7 +276,7 @@ void FlashLog::AppendWrite(LogRecordKind kind, std::string path, Bytes offset,
     Bytes at = i * max_data;
     std::string part(data.substr(at, max_data));
     auto p = std::make_unique<Pending>(Pending{kind, MetaOp::kNone, path, offset + at,
-                                               std::move(part), nullptr, {}});
+                                               std::move(part), nullptr, {}, false});
     p->done = [join](Result<std::uint64_t> r) {
       if (!r.ok() && join->error.ok()) join->error = r.status();
       if (r.ok()) join->last_seq = std::max(join->last_seq, *r);
@@ -300,7 +301,41 @@ void FlashLog::AppendMeta(MetaOp op, std::string path, Bytes arg, std::string ar
   }
   pending_.push_back(std::make_unique<Pending>(Pending{LogRecordKind::kMeta, op, std::move(path),
                                                        arg, std::move(arg2), std::move(done),
-                                                       {}}));
+                                                       {}, false}));
+  Pump();
+}
+
+void FlashLog::AppendFill(std::string path, std::string_view body, std::string commit_arg2,
+                          AppendDone done) {
+  const Bytes max_data = options_.buffer > kHeaderSize + path.size()
+                             ? options_.buffer - kHeaderSize - path.size() : 0;
+  if (path.size() > 0xffff || max_data == 0 ||
+      kHeaderSize + path.size() + commit_arg2.size() > options_.buffer) {
+    done(Status::InvalidArgument("flash log: fill record too large for " + path));
+    return;
+  }
+  const std::size_t pieces = (body.size() + max_data - 1) / max_data;
+  const Bytes group = pieces * (kHeaderSize + path.size()) + body.size() + kHeaderSize +
+                      path.size() + commit_arg2.size();
+  if (group > options_.capacity) {
+    done(Status::InvalidArgument("flash log: a fill of " + std::to_string(body.size()) +
+                                 " bytes does not fit in the log (" +
+                                 std::to_string(options_.capacity) + " bytes)"));
+    return;
+  }
+  // The data pieces' callbacks do nothing: the group is written (or fails) as one, and the
+  // commit record's callback reports it.
+  for (std::size_t i = 0; i < pieces; ++i) {
+    Bytes at = i * max_data;
+    auto p = std::make_unique<Pending>(Pending{LogRecordKind::kFill, MetaOp::kNone, path, at,
+                                               std::string(body.substr(at, max_data)),
+                                               [](Result<std::uint64_t>) {}, {}, true});
+    pending_.push_back(std::move(p));
+  }
+  pending_.push_back(std::make_unique<Pending>(Pending{LogRecordKind::kMeta, MetaOp::kFill,
+                                                       std::move(path), body.size(),
+                                                       std::move(commit_arg2), std::move(done),
+                                                       {}, false}));
   Pump();
 }
 
@@ -328,27 +363,41 @@ void FlashLog::Pump() {
   std::vector<std::unique_ptr<Pending>> taken;
   Bytes at = tail_;
   while (!pending_.empty()) {
-    Pending& p = *pending_.front();
-    Bytes size = kHeaderSize + p.path.size() + p.data.size();
+    // A group (AppendFill) goes whole or waits: it is never split by a flush.
+    Bytes size = 0;
+    for (const auto& q : pending_) {
+      size += kHeaderSize + q->path.size() + q->data.size();
+      if (!q->with_next) break;
+    }
     if (at + size > options_.capacity) break;
-    std::string rec = Encode(next_seq_, p.kind, p.op, p.path, p.offset, p.data);
-    p.info = LogRecordInfo{next_seq_, p.kind, p.op, p.path, p.offset, p.data.size(), at, size};
-    ++next_seq_;
-    batch += rec;
-    at += size;
-    taken.push_back(std::move(pending_.front()));
-    pending_.pop_front();
+    bool with_next = true;
+    while (with_next) {
+      Pending& p = *pending_.front();
+      size = kHeaderSize + p.path.size() + p.data.size();
+      std::string rec = Encode(next_seq_, p.kind, p.op, p.path, p.offset, p.data);
+      p.info = LogRecordInfo{next_seq_, p.kind, p.op, p.path, p.offset, p.data.size(), at, size};
+      ++next_seq_;
+      batch += rec;
+      at += size;
+      with_next = p.with_next;
+      taken.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    }
   }
   if (taken.empty()) {
     if (full_flush_done_) {
-      // A kFull flush just ran and the record still does not fit (records were kept: the
-      // disk refused them). Fail this append rather than flushing in a loop.
+      // A kFull flush just ran and the record (or group) still does not fit (records were
+      // kept: the disk refused them). Fail this append rather than flushing in a loop.
       full_flush_done_ = false;
-      std::unique_ptr<Pending> p = std::move(pending_.front());
-      pending_.pop_front();
-      ++stats_.append_failures;
-      p->done(Status::IoError("flash log " + log_path() + " is full and its flush could not "
-                              "free space (see the flush errors); write to the disk instead"));
+      bool more = true;
+      while (more && !pending_.empty()) {
+        std::unique_ptr<Pending> p = std::move(pending_.front());
+        pending_.pop_front();
+        more = p->with_next;
+        ++stats_.append_failures;
+        p->done(Status::IoError("flash log " + log_path() + " is full and its flush could not "
+                                "free space (see the flush errors); write to the disk instead"));
+      }
       Pump();
       return;
     }
@@ -480,11 +529,22 @@ class FlashLog::Flusher {
                   });
   }
 
+  // Does the current step's ops in order. Algorithm 4's writes between two metadata records
+  // are disjoint (merged by address), so they go to the FileIo together (io_uring keeps them
+  // in flight at once, as a disk queue would); every other algorithm writes one at a time
+  // (their records may overlap: the later must land last). Either way the flush fsyncs each
+  // target once at the end (SyncTargets): the same durability for every algorithm.
   void DoOps() {
     const std::size_t s = writes_done_;
     const FlushStep& step = plan_.steps[s];
+    const bool together = log_.options_.algorithm == FlushAlgorithm::kSortMerge;
+    // While issuing together, a write the FileIo answers at once does not re-enter: this loop
+    // goes on and the end of the step is decided below.
+    issuing_ = together;
     while (next_op_ < step.ops.size()) {
-      const PlannedOp& op = step.ops[next_op_++];
+      const PlannedOp& op = step.ops[next_op_];
+      if (op.type == PlannedOp::Type::kMeta && writes_in_flight_ > 0) break;  // a barrier
+      ++next_op_;
       if (failed_paths_.count(op.path) != 0) {
         for (std::size_t i : op.records) kept_[i] = true;
         continue;
@@ -515,9 +575,11 @@ class FlashLog::Flusher {
       }
       std::weak_ptr<bool> alive = alive_;
       const PlannedOp* opp = &op;
+      ++writes_in_flight_;
       log_.io_.Write(*fd, op.offset, std::move(data),
                      [this, alive, opp](Result<std::size_t> r) {
                        if (alive.expired()) return;
+                       --writes_in_flight_;
                        if (!r.ok()) {
                          Fail(*opp, r.status().WithContext(std::string("flush ") +
                                                            LogRecordKindName(opp->kind) + " " +
@@ -526,10 +588,13 @@ class FlashLog::Flusher {
                          report_.bytes_written += *r;
                          ++report_.writes;
                        }
-                       DoOps();
+                       if (!issuing_) DoOps();
                      });
-      return;  // one write at a time; the callback continues
+      if (!together) return;  // one write at a time; the callback continues
     }
+    issuing_ = false;
+    if (writes_in_flight_ > 0) return;  // the last write's callback continues
+    if (next_op_ < step.ops.size()) return DoOps();  // the barrier's writes were answered at once
     writing_ = false;
     writes_done_ = s + 1;
     Advance();
@@ -609,6 +674,8 @@ class FlashLog::Flusher {
   std::size_t reads_done_ = 0;   // steps 0 .. reads_done_-1 are in their buffers
   std::size_t writes_done_ = 0;  // steps whose ops are done
   std::size_t next_op_ = 0;
+  std::size_t writes_in_flight_ = 0;  // this step's writes the FileIo has not answered
+  bool issuing_ = false;              // DoOps is issuing (a write answered at once waits for it)
   bool reading_ = false;
   bool writing_ = false;
   std::size_t aborted_from_ = SIZE_MAX;

@@ -187,6 +187,13 @@ class FlashLog {
                    AppendDone done);
   // Appends a metadata change.
   void AppendMeta(MetaOp op, std::string path, Bytes arg, std::string arg2, AppendDone done);
+  // Appends a spilled fill as one group: `body` as kFill data records of `path` (from offset
+  // 0, in pieces as AppendWrite), then its commit record (kMeta, MetaOp::kFill, arg = the
+  // body's size, `commit_arg2`). A group is written in one write + fsync and never split by a
+  // flush, so a flush sees the commit with all its data or none of it; after a crash a torn
+  // tail can only cut the commit with (some of) the data, which a flush then drops (a fill
+  // without its commit). Fails at once if the group is larger than the log.
+  void AppendFill(std::string path, std::string_view body, std::string commit_arg2, AppendDone done);
 
   // Flushes every record now in the log; `done` runs when the flush is over. A flush asked for
   // while one runs runs after it.

@@ -28,6 +28,7 @@ const char* MetaOpName(MetaOp op) {
     case MetaOp::kRmdir: return "rmdir";
     case MetaOp::kChmod: return "chmod";
     case MetaOp::kCreate: return "create";
+    case MetaOp::kFill: return "fill";
   }
   return "?";
 }

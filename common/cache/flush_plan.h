@@ -55,6 +55,10 @@ enum class MetaOp : std::uint8_t {
   kRmdir = 5,
   kChmod = 6,     // arg = the mode
   kCreate = 7,    // arg = the mode
+  // The commit record of a fill spilled to the log (fs/write_back.h): it follows the fill's
+  // kFill data records (same path) in the same append group; arg = the body's size, arg2 = the
+  // body's CRC32C and its cache metadata. Data records without it are a fill never committed.
+  kFill = 8,
 };
 const char* MetaOpName(MetaOp op);
 
@@ -103,7 +107,9 @@ struct PlannedOp {
 struct FlushStep {
   Bytes read_offset = 0;  // one read of the log
   Bytes read_length = 0;
-  std::vector<PlannedOp> ops;  // done in order, one at a time
+  // Done in order, one at a time; the live flusher issues alg 4's writes between two kMeta ops
+  // together (they are disjoint after merging), see FlashLog::Flusher.
+  std::vector<PlannedOp> ops;
 };
 
 struct FlushPlan {

@@ -636,5 +636,138 @@ TEST_F(LocalFlashLogTest, TheTestOnlyDiskFaultSwitchFailsTheFlushesSyncfs) {
   EXPECT_TRUE(log_->log().records().empty());
 }
 
+// AppendMeta's fallback (the log cannot take the record) syncs the change to the disk through
+// the FileIo: a failing disk is reported, not taken for a success.
+TEST_F(LocalFlashLogTest, AMetadataChangeTheLogCannotTakeIsSyncedThroughTheFileIo) {
+  int fd = Create("a");
+  const int log_fd = log_->log().log_fd();
+  // The flash device fails every write of the log: the record cannot be appended.
+  faulty_->FailWhen([log_fd](const FileCall& c) { return c.fd == log_fd && c.op != FileOp::kRead; }, EIO);
+  Status synced = Meta(MetaOp::kCreate, "a", fd, 0644);
+  ASSERT_FALSE(synced.ok());
+  EXPECT_NE(synced.message().find("synced to the disk instead"), std::string::npos) << synced.message();
+  // Now the disk's syncfs fails too: the caller hears it.
+  faulty_->FailWhen([log_fd](const FileCall& c) {
+    return (c.fd == log_fd && c.op != FileOp::kRead) || c.op == FileOp::kSyncfs;
+  }, EIO);
+  Status failed = Meta(MetaOp::kChmod, "a", fd, 0600);
+  faulty_->Heal();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find("syncing the disk failed"), std::string::npos) << failed.message();
+  EXPECT_EQ(log_->StatsJson()["meta_failures"], 2);
+  close(fd);
+}
+
+// Fills spilled to the log (flash_local.h "Fills"): one append group each, read back from the
+// log, applied whole by the flush through the fill applier, never torn.
+class LocalFlashLogFillTest : public LocalFlashLogTest {
+ protected:
+  Result<std::string> AppendFill(const std::string& key, const std::string& body, const std::string& meta) {
+    bool done = false;
+    Result<std::string> out = Status::Internal("not run");
+    log_->AppendFill(key, std::make_shared<const std::string>(body), meta, [&](Result<std::string> r) {
+      out = std::move(r);
+      done = true;
+    });
+    Run(done);
+    return out;
+  }
+  // The applier records what it got and answers `answer`.
+  void Apply(Status answer) {
+    log_->SetFillApplier([this, answer](std::vector<LocalFlashLog::LoggedFill> fills, std::function<void(Status)> done) {
+      for (auto& f : fills) applied_.push_back(std::move(f));
+      done(answer);
+    });
+  }
+  static std::string Body(std::size_t n, char seed) {
+    std::string b(n, '\0');
+    for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<char>(seed + i * 7 % 251);
+    return b;
+  }
+  std::vector<LocalFlashLog::LoggedFill> applied_;
+};
+
+TEST_F(LocalFlashLogFillTest, AFillIsReadFromTheLogAndTheFlushAppliesItWhole) {
+  const std::string body = Body(150 << 10, 'a');  // three records of a 64K buffer
+  Result<std::string> path = AppendFill("http://o/x", body, "{\"etag\":\"e1\"}");
+  ASSERT_TRUE(path.ok()) << path.status().ToString();
+  ASSERT_TRUE(ParseFillPath(*path).has_value());
+  EXPECT_EQ(ParseFillPath(*path)->second, "http://o/x");
+  EXPECT_EQ(log_->log().records().size(), 4u);  // 3 data records and the commit
+  EXPECT_EQ(log_->log().records().back().op, MetaOp::kFill);
+  std::string back(body.size(), '\0');
+  ASSERT_TRUE(log_->ReadFill(*path, 0, std::span<char>(back.data(), back.size())).ok());
+  EXPECT_TRUE(back == body);
+  std::string tail(10, '\0');
+  EXPECT_FALSE(log_->ReadFill(*path, body.size() - 5, std::span<char>(tail.data(), tail.size())).ok());
+  EXPECT_EQ(log_->StatsJson()["fills_logged"], 1);
+  Apply(Status::Ok());
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  ASSERT_EQ(applied_.size(), 1u);
+  EXPECT_EQ(applied_[0].key, "http://o/x");
+  EXPECT_EQ(applied_[0].path, *path);
+  EXPECT_EQ(applied_[0].meta, "{\"etag\":\"e1\"}");
+  EXPECT_TRUE(applied_[0].body == body);
+  EXPECT_TRUE(log_->log().records().empty());
+}
+
+TEST_F(LocalFlashLogFillTest, AFillTheApplierRefusesStaysInTheLogForTheNextFlush) {
+  const std::string body = Body(1000, 'b');
+  ASSERT_TRUE(AppendFill("k", body, "{}").ok());
+  Apply(Status::IoError("the store's disk failed"));
+  FlushReport failed = Flush();
+  EXPECT_EQ(failed.records_kept, 2u);
+  EXPECT_EQ(log_->log().records().size(), 2u);
+  Apply(Status::Ok());
+  FlushReport again = Flush();
+  EXPECT_EQ(again.records_applied, 2u);
+  ASSERT_EQ(applied_.size(), 2u);  // once refused, once applied
+  EXPECT_TRUE(applied_[1].body == body);
+  EXPECT_TRUE(log_->log().records().empty());
+}
+
+// A crash cut the log's tail inside the group: the fill's data without its commit record is
+// dropped by the replay, not applied torn; a whole fill before it is applied.
+TEST_F(LocalFlashLogFillTest, AFillWhoseCommitATornTailCutIsDroppedNotAppliedTorn) {
+  const std::string whole = Body(3000, 'c');
+  const std::string torn = Body(100 << 10, 'd');
+  ASSERT_TRUE(AppendFill("whole", whole, "{}").ok());
+  ASSERT_TRUE(AppendFill("torn", torn, "{}").ok());
+  const LogRecordInfo commit = log_->log().records().back();
+  ASSERT_EQ(commit.op, MetaOp::kFill);
+  const std::string log_file = log_->log().log_path();
+  ASSERT_EQ(::truncate(log_file.c_str(), static_cast<off_t>(commit.log_offset + 10)), 0);
+  Reopen();
+  Apply(Status::Ok());
+  FlushReport r = ReplayAll();
+  ASSERT_EQ(applied_.size(), 1u);
+  EXPECT_EQ(applied_[0].key, "whole");
+  EXPECT_TRUE(applied_[0].body == whole);
+  EXPECT_TRUE(log_->log().records().empty());
+  // Serials of fill paths go on past the replayed ones: no path is reused.
+  Result<std::string> next = AppendFill("whole", whole, "{}");
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(ParseFillPath(*next)->first, ParseFillPath(applied_[0].path)->first);
+}
+
+// A group is never split by a kFull flush: a fill that does not fit waits for the flush of what
+// is there, then goes in whole.
+TEST_F(LocalFlashLogFillTest, AFillThatDoesNotFitGoesWholeAfterAFullFlush) {
+  const std::string a = Body(600 << 10, 'e');
+  const std::string b = Body(600 << 10, 'f');
+  Apply(Status::Ok());
+  ASSERT_TRUE(AppendFill("a", a, "{}").ok());
+  ASSERT_TRUE(AppendFill("b", b, "{}").ok());  // 1 MiB log: "a" is flushed first
+  ASSERT_EQ(applied_.size(), 1u);
+  EXPECT_TRUE(applied_[0].body == a);
+  EXPECT_EQ(log_->log().stats().flushes[static_cast<std::size_t>(LogFlushReason::kFull)], 1u);
+  FlushReport r = Flush();
+  ASSERT_EQ(applied_.size(), 2u);
+  EXPECT_TRUE(applied_[1].body == b);
+  Result<std::string> huge = AppendFill("huge", Body(2 << 20, 'g'), "{}");
+  EXPECT_FALSE(huge.ok());  // larger than the log: refused at once (the caller writes it to the disk)
+}
+
 }  // namespace
 }  // namespace ghost

@@ -11,6 +11,7 @@
 
 #include "common/base/clock.h"
 #include "common/base/file_io.h"
+#include "common/power/adaptive_spindown.h"
 #include "common/power/device.h"
 #include "common/power/power_manager.h"
 #include "common/power/profile.h"
@@ -211,6 +212,68 @@ TEST_F(WriteBackTest, RoutesLocalFileRecordsToTheFlashLogWhileItTakesWrites) {
   EXPECT_EQ(local_.size(), 1u);  // nothing more went to the disk
   wb_->SetFlashLog(nullptr);
   wb_.reset();  // before the log it borrowed
+}
+
+// Fills spilled to the flash log (write_back.h): with the disk asleep under a deferring policy,
+// a fill past the queue's cap goes to the log (the disk does nothing), reads back from there,
+// and the log's flush commits it to the store.
+TEST_F(WriteBackTest, AFillPastTheCapWithTheDiskAsleepGoesToTheFlashLogAndItsFlushCommitsIt) {
+  constexpr int kStandby = 2;  // microdrive-1gb: performance-idle, low-power-idle, standby
+  Result<DeviceProfile> profile = LoadDeviceProfile("microdrive-1gb", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(profile.ok());
+  Device asleep(clock_, *profile, nullptr, kStandby);
+  DeviceId id = pm_->Register(&asleep, std::make_unique<ExpertsDiskPolicy>());
+  WriteQueueOptions small;
+  small.cap = 64 << 10;
+  auto wbp = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, small);
+  WriteBack& wb = *wbp;
+  FlashLogOptions o;
+  o.dir = root_ + "/flash";
+  o.capacity = 4 << 20;
+  o.buffer = 64 << 10;
+  Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
+  ASSERT_TRUE(flash.ok()) << flash.status().ToString();
+  wb.SetFlashLog(flash->get());
+  ASSERT_TRUE((*flash)->TakesFills());
+  std::string body(200 << 10, '\0');
+  for (std::size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>(i * 13 % 253);
+  CacheEntry meta;
+  meta.etag = "\"v1\"";
+  meta.content_type = "application/x-test";
+  wb.QueueFill("http://o/big", meta, body);  // past the 64K cap: a batch that would wake the disk
+  for (int i = 0; i < 100 && !(wb.queue().idle() && (*flash)->log().records().size() > 0); ++i) {
+    clock_.RunUntilIdle();
+    event_base_loop(base_, EVLOOP_NONBLOCK);
+  }
+  EXPECT_EQ(asleep.mode(), kStandby);
+  EXPECT_EQ(asleep.target_mode(), kStandby);
+  EXPECT_EQ(store_->index().Find("http://o/big"), nullptr);
+  EXPECT_TRUE(wb.Logged("http://o/big"));
+  EXPECT_TRUE(wb.FillPending("http://o/big"));
+  ASSERT_NE(wb.QueuedMeta("http://o/big"), nullptr);
+  EXPECT_EQ(wb.QueuedMeta("http://o/big")->etag, "\"v1\"");
+  const QueuedBody* q = wb.QueuedBodyOf("http://o/big");
+  ASSERT_NE(q, nullptr);
+  EXPECT_TRUE(*q->data == body);  // read back from the log
+  bool flushed = false;
+  (*flash)->log().Flush(LogFlushReason::kExplicit, [&](const FlushReport&) { flushed = true; });
+  for (int i = 0; i < 1000 && !flushed; ++i) {
+    clock_.RunUntilIdle();
+    event_base_loop(base_, EVLOOP_NONBLOCK);
+  }
+  ASSERT_TRUE(flushed);
+  EXPECT_TRUE((*flash)->log().records().empty());
+  const CacheEntry* e = store_->index().Find("http://o/big");
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->size, body.size());
+  EXPECT_EQ(e->etag, "\"v1\"");
+  EXPECT_EQ(e->content_type, "application/x-test");
+  EXPECT_FALSE(wb.Logged("http://o/big"));
+  EXPECT_FALSE(wb.FillPending("http://o/big"));
+  wb.SetFlashLog(nullptr);
+  flash->reset();  // both unsubscribe from the disk before it is deregistered
+  wbp.reset();
+  pm_->Deregister(id);
 }
 
 }  // namespace
