@@ -211,7 +211,17 @@ class UpstreamShaper {
   bool reading_ = true;
   bool paused_ = false;
   bool draining_ = false;  // opening the window: read until the socket is empty
-  bool awaiting_burst_ = false;  // window open, socket empty: the next read starts a burst
+  bool awaiting_burst_ = false;  // window open, socket empty: the next data starts a burst
+  // Awaiting a burst after a forced open: read (with a capture, awaiting does not read).
+  bool forced_await_read_ = false;
+  // The drain's first read (the window update goes out then): the open's time.
+  std::optional<TimePoint> drain_first_read_;
+  void StartDrain();
+  // Tells the shaper the window opened at `at`; while shaping, quiets the ACKs of the burst.
+  void Opened(TimePoint at);
+  // When the window opened, for a drain that emptied the socket at `now`; clears the record.
+  TimePoint OpenedAt(TimePoint now);
+
   bool was_freely_ = true;
   std::size_t seen_ = 0;   // bytes queued in the socket at the last look, window closed
   std::uint32_t ooo_seen_ = 0;
