@@ -17,6 +17,13 @@
 // that closes or resets while the window is closed makes the socket readable with nothing
 // new queued: the adapter then reads, so the bufferevent sees the end.
 //
+// One open, one burst (round 8, from bench_shaping.py --diagnose): with a capture the adapter
+// reads nothing while it waits for a burst, and after each open it turns TCP_QUICKACK off, so
+// no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
+// byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
+// open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
+// window update, so the burst can come one RTT after the first.
+//
 // Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
 // window is closed (the watchdog); a proxy with no shaped download arms none.
 //
