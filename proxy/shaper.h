@@ -17,8 +17,11 @@
 // that closes or resets while the window is closed makes the socket readable with nothing
 // new queued: the adapter then reads, so the bufferevent sees the end.
 //
-// One open, one burst (round 8, from bench_shaping.py --diagnose): with a capture the adapter
-// reads nothing while it waits for a burst, and after each open it turns TCP_QUICKACK off, so
+// One open, one burst (round 8, from bench_shaping.py --diagnose; only with
+// GHOST_SHAPER_QUIET_BURSTS=1 in the environment: one round per link at load ~20 measured it
+// better at 60 ms (0%, 0.1%) and 90 ms, worse at 30 and 120 ms, see RESULTS.md): with a
+// capture the adapter reads nothing while it waits for a burst, and after each open it turns
+// TCP_QUICKACK off, so
 // no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
 // byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
 // open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
@@ -221,6 +224,7 @@ class UpstreamShaper {
   bool awaiting_burst_ = false;  // window open, socket empty: the next data starts a burst
   // Awaiting a burst after a forced open: read (with a capture, awaiting does not read).
   bool forced_await_read_ = false;
+  bool quiet_bursts_ = false;  // GHOST_SHAPER_QUIET_BURSTS=1: one open, one burst (above)
   // The drain's first read (the window update goes out then): the open's time.
   std::optional<TimePoint> drain_first_read_;
   void StartDrain();

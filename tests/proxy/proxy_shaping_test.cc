@@ -545,7 +545,9 @@ TEST(UpstreamShaperTest, AwaitingABurstReadsNothingAndQuietsAcks) {
     ShapingOptions o;
     o.mode = ShapeMode::kAlways;  // 64 KiB: a ~123 KB window
     ShapingStats stats;
+    ::setenv("GHOST_SHAPER_QUIET_BURSTS", "1", 1);  // the behaviour is opt-in (proxy/shaper.h)
     auto shaper = std::make_unique<UpstreamShaper>(&clock, bev, o, kSize, /*fixed_at_connect=*/false, &stats);
+    ::unsetenv("GHOST_SHAPER_QUIET_BURSTS");
     if (!shaper->per_packet()) {
       shaper.reset();
       bufferevent_free(bev);
