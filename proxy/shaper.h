@@ -17,6 +17,16 @@
 // that closes or resets while the window is closed makes the socket readable with nothing
 // new queued: the adapter then reads, so the bufferevent sees the end.
 //
+// One open, one burst (round 8, from bench_shaping.py --diagnose; only with
+// GHOST_SHAPER_QUIET_BURSTS=1 in the environment: one round per link at load ~20 measured it
+// better at 60 ms (0%, 0.1%) and 90 ms, worse at 30 and 120 ms, see RESULTS.md): with a
+// capture the adapter reads nothing while it waits for a burst, and after each open it turns
+// TCP_QUICKACK off, so
+// no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
+// byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
+// open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
+// window update, so the burst can come one RTT after the first.
+//
 // Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
 // window is closed (the watchdog); a proxy with no shaped download arms none.
 //
@@ -211,7 +221,18 @@ class UpstreamShaper {
   bool reading_ = true;
   bool paused_ = false;
   bool draining_ = false;  // opening the window: read until the socket is empty
-  bool awaiting_burst_ = false;  // window open, socket empty: the next read starts a burst
+  bool awaiting_burst_ = false;  // window open, socket empty: the next data starts a burst
+  // Awaiting a burst after a forced open: read (with a capture, awaiting does not read).
+  bool forced_await_read_ = false;
+  bool quiet_bursts_ = false;  // GHOST_SHAPER_QUIET_BURSTS=1: one open, one burst (above)
+  // The drain's first read (the window update goes out then): the open's time.
+  std::optional<TimePoint> drain_first_read_;
+  void StartDrain();
+  // Tells the shaper the window opened at `at`; while shaping, quiets the ACKs of the burst.
+  void Opened(TimePoint at);
+  // When the window opened, for a drain that emptied the socket at `now`; clears the record.
+  TimePoint OpenedAt(TimePoint now);
+
   bool was_freely_ = true;
   std::size_t seen_ = 0;   // bytes queued in the socket at the last look, window closed
   std::uint32_t ooo_seen_ = 0;

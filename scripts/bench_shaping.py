@@ -34,6 +34,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -134,8 +135,98 @@ http {{ access_log off; sendfile on;
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def read_capture(pcap, port):
+    """The capture as (t, from_origin, seq, end, raw_window) tuples, times in seconds (tcpdump
+    -tt -S: absolute sequence numbers; windows as sent, unscaled)."""
+    out = subprocess.run(["tcpdump", "-r", pcap, "-tt", "-n", "-S"], capture_output=True,
+                         text=True).stdout
+    pkts = []
+    pat = re.compile(r"^(\d+\.\d+) IP [\d.]+\.(\d+) > [\d.]+\.(\d+): Flags \[([^\]]*)\]"
+                     r"(?:, seq (\d+)(?::(\d+))?)?(?:, ack \d+)?, win (\d+)", re.M)
+    for m in pat.finditer(out):
+        t, sport, _, _, seq, end, win = m.groups()
+        seq = int(seq) if seq else 0
+        pkts.append((float(t), int(sport) == port, seq, int(end) if end else seq, int(win)))
+    return pkts
+
+
+def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
+    """Why each missed packet was missed (the bench's --diagnose): replays the card log against
+    the capture as wnic_energy does (a packet inside a nap, or inside the wake-up transition,
+    is missed) and sorts each missed packet by what the client had done before it:
+      retransmission  its bytes were below the highest byte already seen;
+      straggler       it came within half a min RTT of the last open (a window update the
+                      client sent) or before any open since the nap began: data of the burst
+                      the shaper judged ended (the end was judged too early);
+      early burst     it came later than that after an open but before the card listened
+                      again: the next burst, sooner than the wake-up (woke too late);
+      waking          as early burst, but inside the wake-up transition itself.
+    Also returns, per open, the delay to the first new data after it (open→data), to compare
+    the shaper's expected min RTT with."""
+    pkts = read_capture(pcap, port)
+    sched = []
+    with open(card_log) as f:
+        for line in f:
+            w = line.split()
+            if len(w) == 2 and w[0] in ("sleep", "wake"):
+                sched.append((int(w[1]) / 1e9, w[0] == "wake"))
+    data = [p for p in pkts if p[1] and p[3] > p[2]]
+    if rtt_s is None:  # the handshake's RTT is not captured on this side: use open→data
+        rtt_s = 0.06
+    # Opens: a client segment whose window grew by a quarter or more over the previous one.
+    opens, prev_win = [], None
+    for p in pkts:
+        if not p[1]:
+            if prev_win is not None and p[4] > prev_win * 1.25 and p[4] - prev_win > 2:
+                opens.append(p[0])
+            prev_win = p[4]
+    counts = {"retransmission": 0, "straggler": 0, "early burst": 0, "waking": 0}
+    detail = []
+    awake, s, nap_start, top = True, 0, None, 0
+    oi = 0
+    for t, _, seq, end, _ in data:
+        while s < len(sched) and sched[s][0] + (wake_s if sched[s][1] else 0) <= t:
+            awake = sched[s][1]
+            nap_start = None if awake else sched[s][0]
+            s += 1
+        if not awake:
+            while oi + 1 < len(opens) and opens[oi + 1] <= t:
+                oi += 1
+            last_open = opens[oi] if opens and opens[oi] <= t else None
+            waking = s < len(sched) and sched[s][1] and sched[s][0] <= t
+            if end <= top:
+                kind = "retransmission"
+            elif last_open is None or last_open < nap_start or t - last_open < rtt_s / 2:
+                kind = "straggler"
+            else:
+                kind = "waking" if waking else "early burst"
+            counts[kind] += 1
+            # What the link and the card did in the 150 ms before it (ms before, D data seq end
+            # or A ack window, S/W the card), for reading one by hand.
+            ctx = [(round((p[0] - t) * 1e3, 2), ("D%d" % (p[3] - top)) if p[1] else ("A%d" % p[4]))
+                   for p in pkts if t - 0.15 <= p[0] <= t + 0.002 and (p[1] and p[3] > p[2] or not p[1])]
+            ctx += [(round((x[0] - t) * 1e3, 2), "W" if x[1] else "S") for x in sched
+                    if t - 0.15 <= x[0] <= t + 0.01]
+            detail.append({"t": t, "kind": kind, "since_nap_ms": (t - nap_start) * 1e3,
+                           "since_open_ms": (t - last_open) * 1e3 if last_open else None,
+                           "context": sorted(ctx)})
+            awake = True  # the card wakes for the rest (as wnic_energy)
+        top = max(top, end)
+    # open → first new data after it
+    delays, di = [], 0
+    for o in opens:
+        while di < len(data) and data[di][0] <= o:
+            di += 1
+        if di < len(data):
+            delays.append((data[di][0] - o) * 1e3)
+    delays.sort()
+    return {"counts": counts, "missed": sum(counts.values()), "detail": detail,
+            "open_data_ms": [delays[int(q * (len(delays) - 1))] for q in (0, 0.05, 0.1, 0.5, 0.9)]
+            if delays else []}
+
+
 def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None,
-             scheme="http"):
+             scheme="http", diagnose=False):
     """One download through the proxy with a capture; returns the priced runs. `buffer`: the
     shaper's SO_RCVBUF; `plain_rcvbuf`: with mode off, SO_RCVBUF fixed before connect (the
     paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes). `scheme` https:
@@ -179,6 +270,8 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
         cmd += ["--card-log", log]
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
+    if diagnose and mode != "off" and os.path.exists(log):
+        priced["diagnosis"] = classify_missed(pcap, log, port)
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
     # Closed windows the proxy had to open itself (proxy/shaper.cc ForceOpen): why and where.
     priced["forced_open_log"] = [l for l in r.stderr.splitlines() if "opening a closed window" in l]
@@ -239,7 +332,7 @@ def ratios(auto, fixed, shaped, want):
 
 def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print,
              origin_cc=None, buffer=DEFAULT_BUFFER, fixed_arm=True, at_connect=False,
-             schemes=("http",)):
+             schemes=("http",), diagnose=False):
     """All rounds on one link; returns a dict of the per-round ratios and checks.
 
     Each round runs, for each of `schemes` in turn (http: a GET through the proxy; https: TLS
@@ -277,8 +370,13 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     # packets, E×D 0.67–0.69× instead of 0.32–0.52×).
                     shaped = download(build, link, mode, workdir, f"shaped{t}{i}", profile,
                                       buffer=buffer, plain_rcvbuf=buffer if at_connect else None,
-                                      scheme=scheme)
+                                      scheme=scheme, diagnose=diagnose)
                     row = ratios(auto, fixed, shaped, want)
+                    if "diagnosis" in shaped:
+                        d = shaped["diagnosis"]
+                        row["diagnosis"] = d
+                        log(f"# missed packets by cause (--diagnose): {d['counts']}; open→data ms "
+                            f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
                     out[scheme].append(row)
                     s = row["secs"]
                     log(f"# {scheme} rtt {rtt} ms loss {loss}% {size / 1e6:g} MB round {i + 1}: "
@@ -407,6 +505,9 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="CI-sized: one link (60 ms, no loss), 1 MB, one round, both schemes "
                          "(the other link options still apply when given after it)")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="classify each missed packet (straggler, early burst, waking, "
+                         "retransmission) from the capture and the card log")
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--plot", help="draw the sweep into this PNG (scripts/plots.py --shaping)")
     a = ap.parse_args()
@@ -430,7 +531,8 @@ def main():
                 results.append(run_link(a.build, rtt, loss, a.jitter_ms, int(size * 1e6), a.rounds,
                                         a.rate_mbit, a.profile, a.mode, a.name, a.subnet,
                                         origin_cc=cc, buffer=a.buffer,
-                                        at_connect=a.shaped_at_connect, schemes=schemes))
+                                        at_connect=a.shaped_at_connect, schemes=schemes,
+                                        diagnose=a.diagnose))
                 if a.json:  # after every link, so an interrupted sweep keeps what it measured
                     with open(a.json, "w") as f:
                         json.dump(results, f, indent=1)

@@ -112,8 +112,15 @@ void DownloadShaper::SetMinRtt(Duration rtt) {
 
 Duration DownloadShaper::BurstEndThreshold() const {
   // DESIGN §3.6: Td(P) = (W − P)·IA + 4·ID, clamped to [3 ms, one-way delay].
-  const Duration low = options_.td_min;
-  const Duration high = std::max(low, min_rtt() / 2);
+  // A whole window has come (P ≥ W − 1): more data needs an ACK that moves the window's
+  // right edge, so the 3 ms floor (for jitter inside a window) only costs awake time: ~1 ms
+  // per cycle, ~220 cycles in a 5 MB download at 60 ms (round 8).
+  // Only with W from a burst judged clean: W from a slow-start flight cut at the window's worth
+  // is no measure of a window (measured: the first burst after slow start ended 1 ms after
+  // its 20th packet, more of the flight still coming).
+  const bool complete = have_ia_ && w_measured_ && burst_packets_ >= std::floor(w_) - 1;
+  const Duration low = complete ? std::min(options_.td_full, options_.td_min) : options_.td_min;
+  const Duration high = std::max(options_.td_min, min_rtt() / 2);
   if (!have_ia_) return high;  // no interarrival seen yet: wait as long as allowed
   double td = std::max(0.0, w_ - burst_packets_) * ia_ + 4 * id_;
   // Past the paper: while the window is not complete (P < W − 1) more data must still come,
@@ -186,8 +193,9 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   }
   if (missed) {
     // The last burst was judged ended too early: it was bigger than its count, so W must not
-    // shrink to it.
+    // shrink to it, and it is no measure of a whole window until a clean burst is.
     w_ = std::max(w_, w_before_);
+    w_measured_ = false;
   }
   if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
@@ -329,6 +337,7 @@ void DownloadShaper::Judge(bool missing, bool mistaken, bool saturated, double p
     // next one early too (a cascade of missed packets), and a W too large only keeps the card
     // awake a little longer after a short burst.
     w_before_ = w_;
+    w_measured_ = true;
     if (packets + 1 >= w_) {
       w_ = packets + 1;
     } else {

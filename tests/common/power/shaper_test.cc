@@ -195,7 +195,8 @@ TEST_F(DownloadShaperTest, InterarrivalAverageFollowsTheArrivals) {
     t += Millis(1);
     s.OnArrival(t, kMss);
   }
-  // Steady 1 ms gaps: IA → 1 ms, ID → 0, so with P = 200 past W the threshold is the floor.
+  // Steady 1 ms gaps: IA → 1 ms, ID → 0, so with P = 200 past W the threshold is the floor
+  // (td_min: W is the first guess, not a measured window).
   EXPECT_EQ(s.BurstEndThreshold(), Millis(3));
   // Early in a burst (P small against W) the (W − P)·IA term dominates, capped at RTT / 2.
   DownloadShaper fresh(Options(), TimePoint{});
@@ -209,6 +210,53 @@ TEST_F(DownloadShaperTest, InterarrivalAverageFollowsTheArrivals) {
   const double expected_ms = (w - 20) * 1.0;  // ID ≈ 0 after 19 equal gaps... plus 4·ID
   EXPECT_GE(ToMillis(fresh.BurstEndThreshold()), expected_ms);
   EXPECT_LE(ToMillis(fresh.BurstEndThreshold()), 100.0);
+}
+
+TEST_F(DownloadShaperTest, CompleteWindowEndsBelowTheJitterFloor) {
+  // Round 8: once a burst holds the whole window (P ≥ W − 1, W from a clean burst), the sender
+  // can send nothing more before the next open, so the 3 ms floor meant for gaps inside a
+  // window is not waited.
+  ShaperOptions o = Options();
+  o.mode = ShapeMode::kAlways;
+  o.window = 16 * kMss;
+  o.td_full = Millis(1);
+  DownloadShaper s(o, TimePoint{});
+  s.SetMinRtt(Millis(60));
+  TimePoint t{};
+  auto burst = [&](int packets) {
+    for (int i = 0; i < packets; ++i) {
+      t += Millis(0.58);  // 20 Mb/s
+      s.OnArrival(t, kMss);
+    }
+  };
+  auto settle = [&]() {  // run the deadlines until the shaper asks for an open, then open
+    for (int i = 0; i < 10 && !s.wants_open(); ++i) {
+      const std::optional<TimePoint> d = s.NextDeadline();
+      if (!d) break;  // nothing pending: the adapter opens the window itself (a forced open)
+      t = std::max(t, *d);
+      s.OnTimer(t);
+    }
+    s.OnOpened(t);
+    t += Millis(60);
+  };
+  burst(16);  // slow start's flight, cut at the window: saving begins
+  ASSERT_EQ(s.state(), ShaperState::kSaving);
+  settle();
+  // W is the flight's guess: a burst of a whole window still waits the jitter floor.
+  burst(16);
+  EXPECT_GE(s.BurstEndThreshold(), o.td_min);
+  settle();
+  // Now W is measured (a clean burst of 16): three packets still owed wait the floor...
+  burst(13);
+  EXPECT_GE(s.BurstEndThreshold(), o.td_min);
+  burst(3);
+  // ...a complete window waits (W − P)·IA + 4·ID ≈ 0.6 ms, floored at td_full, not td_min.
+  EXPECT_LT(s.BurstEndThreshold(), o.td_min);
+  EXPECT_GE(s.BurstEndThreshold(), o.td_full);
+  const std::optional<TimePoint> end = s.NextDeadline();
+  ASSERT_TRUE(end);
+  EXPECT_LT(*end - t, o.td_min);
+  EXPECT_EQ(s.stats().missed_packets, 0u);
 }
 
 TEST_F(DownloadShaperTest, ThresholdIsClampedToOneWayDelay) {
