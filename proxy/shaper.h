@@ -64,7 +64,8 @@
 // closes adds at least one RTT to the delay T and saves at most (P_idle − P_sleep)·RTT of
 // energy E, changing E×D by at least RTT·(E − (P_idle − P_sleep)·T): positive whenever plain's
 // mean card power exceeds P_idle − P_sleep (1.14 W on the WaveLAN card), whatever the window,
-// Td or wake time. Fixing the buffer before the SYN (HTTP fixes it after, tunnels before) made
+// Td or wake time. Fixing the buffer before the SYN (HTTP fixed it after; tunnels, then, before;
+// both now fix it when their shaping starts) made
 // it worse (E×D 2.7-3.2×: the whole download held to the 128 KiB window); the sender's BBR or
 // CUBIC and tcp_slow_start_after_idle=0 changed nothing measurable. The paper's plain TCP had
 // a fixed window below the BDP, which idles between windows; that idle is what shaping turns
