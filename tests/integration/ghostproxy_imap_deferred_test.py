@@ -148,12 +148,7 @@ def main():
     for _ in range(10):
         # Ghost hints count as transfers (DESIGN §3.3): a first run teaches the STPM module, a
         # later run switches the card to CAM (as in ghostproxy_smtp_test.py).
-        for i in range(20):
-            ctlc.f.write(json.dumps({"id": 1000 + i, "op": "hint", "kind": "ghost", "device": "cisco-350",
-                                     "time_s": 0.5, "energy_j": 0.5}) + "\n")
-        ctlc.f.flush()
-        for i in range(20):
-            ctlc.f.readline()
+        ctlc.ghost_hints()
         sent = h.wait_for(lambda: "\\Answered" in server_flags()[uids[5]], timeout=1.5)
         if sent:
             break

@@ -10,7 +10,6 @@ the model's; after a final flush dovecot itself must hold exactly the model's me
 flags, and the moved bodies in the other mailbox. GHOST_RANDOM_SEED picks the sequence (printed
 on failure); GHOST_RANDOM_OPS its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
 import imaplib
-import json
 import os
 import random
 import re
@@ -110,12 +109,7 @@ def main():
         log.append("the card woken by ghost hints")
         ctlc = h.Control(ctl)
         for _ in range(12):
-            for i in range(20):
-                ctlc.f.write(json.dumps({"id": 1000 + i, "op": "hint", "kind": "ghost", "device": "cisco-350",
-                                         "time_s": 0.5, "energy_j": 0.5}) + "\n")
-            ctlc.f.flush()
-            for i in range(20):
-                ctlc.f.readline()
+            ctlc.ghost_hints()
             card = [d for d in ctlc.call("devices").get("result", []) if d.get("name") == "cisco-350"]
             if card and card[0].get("mode") == "CAM":
                 break

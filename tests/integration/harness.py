@@ -647,6 +647,18 @@ class Control:
             raise RuntimeError(f"{op}: {r['error']}")
         return r["result"]
 
+    def ghost_hints(self, device="cisco-350", n=20):
+        """Sends `n` ghost hints for `device` pipelined (so they come well within the card's
+        break-even time even on a loaded machine) and reads their replies. Hints count as
+        transfers (DESIGN §3.3): a first burst teaches the STPM module, a later one switches the
+        card to CAM, which is how the tests wake ghostfs's emulated card."""
+        for i in range(n):
+            self.f.write(json.dumps({"id": 1000 + i, "op": "hint", "kind": "ghost", "device": device,
+                                     "time_s": 0.5, "energy_j": 0.5}) + "\n")
+        self.f.flush()
+        for i in range(n):
+            self.f.readline()
+
     def close(self):
         self.f.close()
         self.sock.close()
