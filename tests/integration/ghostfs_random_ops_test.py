@@ -28,7 +28,10 @@ SLOTS = 6
 MAX_SIZE = 300_000
 OPEN_FLAGS = [os.O_RDWR | os.O_CREAT, os.O_RDONLY, os.O_WRONLY | os.O_CREAT, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
               os.O_RDWR | os.O_TRUNC, os.O_RDWR | os.O_CREAT | os.O_EXCL, os.O_RDONLY | os.O_TRUNC]
-MODES = (("plain", []), ("profile", ["--profile", "ipaq-2004", "--knob", "50"]))
+# label → extra ghostfs arguments; "{work}" is the test's scratch directory. The flash mode's
+# log is small so that it fills and flushes to the sleeping disk in the middle of the sequence.
+MODES = (("plain", []), ("profile", ["--profile", "ipaq-2004", "--knob", "50"]),
+         ("flash", ["--profile", "ipaq-2004", "--knob", "50", "--flash-log", "{work}/flash:256K"]))
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -235,6 +238,7 @@ def run_sequence(t, label, local_box, plain_box, seed, ops):
     ta, tb = tree(local_box), tree(plain_box)
     diff = {k: (ta.get(k), tb.get(k)) for k in set(ta) | set(tb) if ta.get(k) != tb.get(k)}
     t.check(not diff, f"[{label}] the final trees are the same (types, sizes, contents, links)", short(diff))
+    return tb
 
 
 def main():
@@ -243,16 +247,17 @@ def main():
     ap.add_argument("--ops", type=int, default=4000)
     opts = ap.parse_args()
     h.require_root_and_fuse()
-    plan = 3 * len(MODES)
+    plan = 4 * len(MODES) + sum(1 for label, _ in MODES if label == "flash")
     t = h.Tap(plan)
     work = h.tempdir()
     for label, args in MODES:
         mnt = os.path.join(work, f"mnt-{label}")
         os.makedirs(mnt)
         ctl = os.path.join(work, f"ctl-{label}.sock") if args else None
+        args = [a.replace("{work}", work) for a in args]
         fs = h.Ghostfs(mnt, os.path.join(work, f"cache-{label}"), {}, args=args, control=ctl)
         if not t.check(fs.start(), f"[{label}] mounts", fs.output()):
-            t.skip_rest(t.n + 2, "not mounted")
+            t.skip_rest(t.n + 3 + (label == "flash"), "not mounted")
             continue
         if ctl:
             # Start with the emulated disk asleep: writes wait in the queue until an fsync or a
@@ -265,7 +270,25 @@ def main():
         plain_box = os.path.join(work, f"plain-{label}")
         for box in (local_box, plain_box):
             os.makedirs(os.path.join(box, "top"))
-        run_sequence(t, label, local_box, plain_box, opts.seed, opts.ops)
+        expected = run_sequence(t, label, local_box, plain_box, opts.seed, opts.ops)
+        if label == "flash":
+            # The mode tests the log only if the writes went through it and it filled and was
+            # flushed to the disk in the middle of the sequence.
+            fl = h.Control(ctl).ok("stats").get("flash_log") or {}
+            flushes = sum((fl.get("flushes") or {}).values())
+            t.check(fl.get("appends", 0) > 0 and flushes > 0 and fl.get("append_failures") == 0
+                    and fl.get("records_kept") == 0 and fl.get("corrupt_regions") == 0,
+                    f"[{label}] the writes went through the flash log, which filled and was flushed "
+                    f"({fl.get('appends')} appends, flushes {fl.get('flushes')})", short(fl))
+        # What was written must survive a clean unmount: the write queue (and the flash log)
+        # is flushed or replayed, and the next mount shows the same tree.
+        fs.stop()
+        if not fs.start():
+            t.check(False, f"[{label}] after an unmount and a mount the tree is the same", fs.output())
+        else:
+            ta = tree(local_box)
+            diff = {k: (ta.get(k), expected.get(k)) for k in set(ta) | set(expected) if ta.get(k) != expected.get(k)}
+            t.check(not diff, f"[{label}] after an unmount and a mount the tree is the same", short(diff))
         fs.stop()
     t.done()
 
