@@ -4,7 +4,8 @@ ghostfs under `--profile ipaq-2004 --knob 0` with `--flash-log`, the emulated di
 storm of fills through the shared store (the proxy's path: "store" on the control socket, the
 body written to .ghost/fill/<token>) larger than the 4 MiB RAM write queue. Checks: 0 disk mode
 changes while the log takes the overflow; the spilled fills are looked up with source "flash" and
-read back byte-identical through .ghost/objects/; after `ghostctl flush` (the log's flush applies
+read back byte-identical through .ghost/objects/, those reads charged to the flash log's device
+(--flash-device, default sd-card: its energy moves, the sleeping disk does not change mode); after `ghostctl flush` (the log's flush applies
 them to the store) every body is committed (a d/p version) and identical; a second storm, then
 SIGKILL and a remount on the same cache and log: every fill the log had acknowledged (its lookup
 said "flash") is replayed into the store, byte-identical, and the index passes sqlite's
