@@ -233,6 +233,12 @@ Status Daemon::OpenFlashLog() {
       fo, *io_, options_.cache_dir + "/local", *pm_, disk_id_, machine_->storage(), &report);
   if (!flash.ok()) return flash.status();
   flash_ = std::move(flash).value();
+  // Reads served from the log are charged to its device (Machine::AddFlash).
+  if (!options_.profile.empty() && !options_.flash_device.empty()) {
+    Result<DeviceProfile> device = LoadDeviceProfile(options_.flash_device);
+    if (!device.ok()) return device.status();
+    if (Result<DeviceId> id = machine_->AddFlash(*clock_, *device); !id.ok()) return id.status();
+  }
   if (report.torn_tail_cut > 0 || !report.corrupt.empty()) {
     std::fprintf(stderr, "ghostfs: flash log %s: %zu records recovered, a torn tail of %llu bytes cut, %zu corrupt "
                  "regions skipped (saved beside the log)\n", fo.dir.c_str(), report.records,

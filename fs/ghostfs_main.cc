@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
                  "down and up; without it the disk is only read");
   app.add_flag("--force-manage-disk", force_manage_disk,
                "allow --manage-disk on the disk that holds / (its spin-ups stall the whole system)");
-  std::string flash_log, flash_policy, flash_alg;
+  std::string flash_log, flash_policy, flash_alg, flash_device;
   app.add_option("--flash-log", flash_log,
                  "DIR[:SIZE]: a durable log on a flash device (SD card, USB stick, NVMe) in front "
                  "of the disk: while the disk sleeps, local/ writes and their fsyncs go there instead "
@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
   app.add_option("--flash-alg", flash_alg,
                  "the flash log's flush algorithm (NVCache): 1 one record at a time, 2 chunked reads, "
                  "3 two buffers, 4 two buffers + sort and merge (default)");
+  app.add_option("--flash-device", flash_device,
+                 "the flash log's device profile (default sd-card): with --profile, reads served from "
+                 "the log are charged to it, and the stats show its energy");
   bool no_passthrough = false;
   app.add_flag(
       "--no-passthrough", no_passthrough,
@@ -179,7 +182,9 @@ int main(int argc, char** argv) {
     if (flash_log.empty()) o.flash_log = file.flash_log;
     if (flash_policy.empty()) o.flash_policy = file.flash_policy;
     if (flash_alg.empty()) o.flash_alg = file.flash_alg;
+    if (flash_device.empty()) o.flash_device = file.flash_device;
   }
+  if (!flash_device.empty()) o.flash_device = flash_device;
   if (!flash_log.empty()) o.flash_log = flash_log;
   if (!flash_policy.empty()) {
     if (flash_policy != "each-spinup" && flash_policy != "when-full") {

@@ -686,6 +686,17 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     const std::string& body = *h.body;
     std::size_t from = static_cast<std::size_t>(std::min<Bytes>(offset, body.size()));
     std::size_t n = std::min<std::size_t>(size, body.size() - from);
+    // A fill spilled to the flash log, read back from there (the store's handles say so; an
+    // origin file's handle opened its queued fill, which may have gone to the log since): the
+    // log's device does the read (Machine::AddFlash), not the disk.
+    if (n > 0 && (h.source == ReadSource::kFlash ||
+                  (h.source == ReadSource::kWriteQueue && ctx_.write_back.Logged(h.key)))) {
+      ctx_.reads.bytes_from_cache += n;
+      Device* flash = ctx_.machine.flash();
+      if (flash == nullptr) return (void)fuse_reply_buf(req, body.data() + from, n);
+      flash->Submit({n, false}, [req, keep = h.body, from, n] { fuse_reply_buf(req, keep->data() + from, n); });
+      return;
+    }
     if (h.source == ReadSource::kWriteQueue || n == 0) {
       return (void)fuse_reply_buf(req, body.data() + from, n);
     }

@@ -378,10 +378,18 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
     out.ghost_hint = false;
     // A small one goes with the answer, as a packed body does: the reader needs no FUSE open
     // and read of its version. Reading the queued copy costs no device either way (OriginRead
-    // answers it from memory, uncharged), so the accounting is the same.
+    // answers it from memory, uncharged), so the accounting is the same; a copy in the flash
+    // log costs its device's read either way.
     if (state.size <= kMaxInlineStoreBytes) out.packed_body = *queued_body->data;
     ++ctx_.reads.requests_by_source[d.source];
     ++store_stats_.hits;
+    // One spilled to the flash log and sent with the answer was read from the log: its
+    // device does that read (Machine::AddFlash); a larger one is charged when it is read.
+    Device* flash = ctx_.machine.flash();
+    if (d.source == ReadSource::kFlash && flash != nullptr && out.packed_body && !out.packed_body->empty()) {
+      return flash->Submit({out.packed_body->size(), false},
+                           [reply = std::move(reply), out = out.ToJson()]() mutable { reply(out); });
+    }
     return reply(out.ToJson());
   }
   const Choice& c = d.choice;

@@ -81,7 +81,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
       "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
       "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout",
       "log_file",  "log_level",           "devices",         "manage_disk", "force_manage_disk",
-      "flash_log", "flash_policy", "flash_alg"};
+      "flash_log", "flash_policy", "flash_alg", "flash_device"};
   for (auto&& [k, v] : t) {
     if (!kKeys.count(std::string(k.str()))) {
       return Status::InvalidArgument(TomlWhere(path, v.source()) + ": unknown key \"" + std::string(k.str()) + "\"");
@@ -164,6 +164,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   if (!(s = str("manage_disk", &o->manage_disk)).ok()) return s;
   if (!(s = str("flash_log", &o->flash_log)).ok()) return s;
   if (!(s = str("flash_policy", &o->flash_policy)).ok()) return s;
+  if (!(s = str("flash_device", &o->flash_device)).ok()) return s;
   if (const toml::node* n = t.get("flash_policy"); n && o->flash_policy != "each-spinup" && o->flash_policy != "when-full") {
     return Status::InvalidArgument(TomlWhere(path, n->source()) +
                                    ": flash_policy must be \"each-spinup\" or \"when-full\"");

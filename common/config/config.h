@@ -102,6 +102,9 @@ struct GhostfsOptions {
   std::string flash_log;
   std::string flash_policy = "when-full";
   int flash_alg = 4;
+  // The flash log's device profile (common/profiles/): reads served from the log are charged
+  // to it (Machine::AddFlash) when a machine profile is given.
+  std::string flash_device = "sd-card";
 };
 
 // "NAME=URL" → Origin, validated (name and URL rules above).

@@ -76,6 +76,25 @@ Result<std::unique_ptr<Machine>> Machine::Build(Clock& clock, MachineProfile pro
   return m;
 }
 
+Result<DeviceId> Machine::AddFlash(Clock& clock, const DeviceProfile& profile) {
+  if (profile.kind != DeviceKind::kFlash) {
+    return Status::InvalidArgument("profile " + profile.name + " is not a flash device");
+  }
+  if (flash_) return Status::InvalidArgument("the machine has a flash device already");
+  if (profile.modes.empty() || !profile.modes[0].serves_io) {
+    return Status::InvalidArgument("profile " + profile.name + " has no mode 0 serving I/O");
+  }
+  const bool managed = options_.power_management && profile.LowestMode() != 0;
+  flash_ = std::make_unique<Device>(clock, profile, nullptr, managed ? profile.LowestMode() : 0);
+  std::unique_ptr<DevicePolicy> policy;
+  if (managed) {
+    policy = std::make_unique<DefaultDiskPolicy>(
+        DefaultDiskOptions{.low_power_after = Duration::zero(), .deepest_after = Duration::zero()});
+  }
+  flash_id_ = pm_->Register(flash_.get(), std::move(policy));
+  return flash_id_;
+}
+
 const char* Machine::DiskPolicyName() const {
   switch (options_.policy) {
     case Policy::kAdaptive: return options_.disk_policy == DiskPolicyKind::kExperts ? "experts" : "stpm";

@@ -83,6 +83,16 @@ class Machine {
   CostModel& cost() { return *cost_; }
   const CostModel& cost() const { return *cost_; }
 
+  // The flash log's device (ghostfs --flash-log, DESIGN §3.5): reads of what the log holds
+  // (source "flash") are charged to it, so its time and energy come from its own profile and
+  // the meter shows it beside the disk. Null until AddFlash. With power management it starts
+  // in its lowest mode and goes back there as soon as it is idle (DefaultDiskPolicy with no
+  // delay: a card's high-current tail after an access is its profile's transition down).
+  // Fails (InvalidArgument) if `profile` is not a flash device or one was added already.
+  [[nodiscard]] Result<DeviceId> AddFlash(Clock& clock, const DeviceProfile& profile);
+  Device* flash() { return flash_.get(); }
+  DeviceId flash_id() const { return flash_id_; }
+
   // Transfer hints to the network module (DESIGN §3.3): only kAdaptive discloses its
   // transfers; under the others the card's policy sees only its I/O.
   void TransferBegin();
@@ -99,8 +109,9 @@ class Machine {
   // Destroyed in reverse order: the cost model, then the power manager (which deregisters
   // the devices), then the devices.
   std::unique_ptr<Device> storage_, network_;
+  std::unique_ptr<Device> flash_;  // AddFlash; null without
   std::unique_ptr<PowerManager> pm_;
-  DeviceId storage_id_ = -1, network_id_ = -1;
+  DeviceId storage_id_ = -1, network_id_ = -1, flash_id_ = -1;
   std::unique_ptr<CostModel> cost_;
 };
 

@@ -41,9 +41,20 @@ class DiskTimeline {
     free_ += d;
   }
   // Head positioning from byte `from` to byte `to` of a disk whose data spans `span` bytes.
-  Duration Position(Bytes from, Bytes to, Bytes span, const FlashSimOptions& o) const {
-    if (from == to) return Duration::zero();
+  // `idle`: how long the disk waited (for a read of the log) since its last write ended. A
+  // write that starts where the last one ended costs nothing if it follows at once, but after
+  // a wait its first sector has passed under the head: it waits for the platter to come round
+  // (a full rotation less the wait, modulo a rotation; C. Ruemmler, J. Wilkes, "An introduction
+  // to disk drive modeling", IEEE Computer 1994, on rotational position). This is what
+  // algorithm 1 pays between two adjacent records: the flash read of the second one.
+  Duration Position(Bytes from, Bytes to, Bytes span, const FlashSimOptions& o,
+                    Duration idle = Duration::zero()) const {
     Duration rot = std::min(o.half_rotation, io_.latency);
+    if (from == to) {
+      if (idle <= Duration::zero() || rot <= Duration::zero()) return Duration::zero();
+      const Duration turn = 2 * rot;
+      return turn - Duration(idle.count() % turn.count());
+    }
     Duration seek_avg = io_.latency - rot;
     Duration min_seek = std::min(o.min_seek, seek_avg);
     double k = ToSeconds(seek_avg - min_seek) / (8.0 / 15.0);
@@ -87,10 +98,19 @@ Duration PriceFlush(const std::vector<PlanRecord>& records, const FlashSimOption
   std::vector<Duration> reads, writes;
   for (const FlushStep& s : plan.steps) {
     reads.push_back(log_io.latency + log_io.read_bandwidth.TimeFor(s.read_length));
+  }
+  for (std::size_t k = 0; k < plan.steps.size(); ++k) {
+    // How long the disk waits for this step's read after the last step's writes: all of the
+    // read without overlap (algorithms 1 and 2), what the writes did not hide with it (3, 4).
+    Duration idle = reads[k];
+    if (plan.overlap) idle = k == 0 ? reads[0] : std::max(Duration::zero(), reads[k] - writes[k - 1]);
     Duration w{0};
-    for (const PlannedOp& op : s.ops) {
+    bool first = true;
+    for (const PlannedOp& op : plan.steps[k].ops) {
       if (op.type != PlannedOp::Type::kWrite) continue;
-      w += disk->Position(*head, op.offset, span, o) + disk->IoTime(op.length, true, false);
+      w += disk->Position(*head, op.offset, span, o, first ? idle : Duration::zero()) +
+           disk->IoTime(op.length, true, false);
+      first = false;
       *head = op.offset + op.length;
     }
     writes.push_back(w);

@@ -13,7 +13,9 @@
 // same FlushPlan the live flusher executes (common/cache/flush_plan.h): each step reads its
 // range of the log (latency + bytes / read bandwidth) and writes its ops to the disk, a write
 // paying a positioning time by seek distance (see FlashSimOptions) unless it starts where the
-// previous one ended; with the
+// previous one ended (and then, if the disk waited for a read of the log in between, the rest of
+// a rotation: the sector passed under the head meanwhile; what algorithm 1 pays between two
+// adjacent records); with the
 // double-buffer algorithms a step's writes overlap the next step's read.
 //
 // Without a flash log every request goes to `storage`: a disk (rule above) or a flash device

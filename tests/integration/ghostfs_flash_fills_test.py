@@ -4,7 +4,8 @@ ghostfs under `--profile ipaq-2004 --knob 0` with `--flash-log`, the emulated di
 storm of fills through the shared store (the proxy's path: "store" on the control socket, the
 body written to .ghost/fill/<token>) larger than the 4 MiB RAM write queue. Checks: 0 disk mode
 changes while the log takes the overflow; the spilled fills are looked up with source "flash" and
-read back byte-identical through .ghost/objects/; after `ghostctl flush` (the log's flush applies
+read back byte-identical through .ghost/objects/, those reads charged to the flash log's device
+(--flash-device, default sd-card: its energy moves, the sleeping disk does not change mode); after `ghostctl flush` (the log's flush applies
 them to the store) every body is committed (a d/p version) and identical; a second storm, then
 SIGKILL and a remount on the same cache and log: every fill the log had acknowledged (its lookup
 said "flash") is replayed into the store, byte-identical, and the index passes sqlite's
@@ -19,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 10
+PLAN = 11
 BODY = 256 << 10
 FILLS = 28  # 7 MiB: past the 4 MiB queue cap, inside the 16 MiB log
 
@@ -32,6 +33,11 @@ def jctl(ctl, *args):
 
 def disk(ctl):
     return [d for d in jctl(ctl, "stats")["devices"] if d["kind"] == "disk"][0]
+
+
+def flash_device(ctl):
+    """The flash log's device in the stats (--flash-device, default sd-card), or {}."""
+    return next((d for d in jctl(ctl, "stats")["devices"] if d["kind"] == "flash"), {})
 
 
 def storm(ctl, prefix, seed):
@@ -92,8 +98,18 @@ def main():
     t.check(disk(sock)["transitions"] - before == 0 and fl.get("fills_logged", 0) >= FILLS // 2,
             f"{FILLS} fills of {BODY >> 10} KiB with the disk asleep: 0 disk mode changes, "
             f"{fl.get('fills_logged')} fills spilled to the flash log", fl)
+    card0, disk0 = flash_device(sock), disk(sock)
     seen = {k: read_lookup(ctl, k) for k in first}
+    card1, disk1 = flash_device(sock), disk(sock)
     flash_keys = [k for k, (src, _v, _d) in seen.items() if src == "flash"]
+    # Reading the spilled fills back is the flash device's work (its profile: 25 MB/s at 0.66 W,
+    # so at least 6.9 mJ per 256 KiB read), not the sleeping disk's.
+    card_j = card1.get("energy_j", 0) - card0.get("energy_j", 0)
+    least = len(flash_keys) * BODY / 25e6 * 0.66
+    t.check(card0 and flash_keys and card_j >= least and disk1["transitions"] == disk0["transitions"],
+            f"reading {len(flash_keys)} spilled fills back charges the flash device "
+            f"({card0.get('name')}: +{card_j:.3f} J, at least {least:.3f} J) and wakes no disk",
+            {"flash": [card0, card1], "disk": [disk0, disk1]})
     t.check(len(flash_keys) == fl.get("fills_logged"), f"{len(flash_keys)} spilled fills are looked up with source flash",
             {k: s[0] for k, s in seen.items()})
     t.check(all(seen[k][2] == first[k] for k in first), "every fill reads back byte-identical (queue and flash log)")

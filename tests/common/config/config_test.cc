@@ -112,6 +112,10 @@ TEST_F(ConfigFileTest, ReadsTheFlashLogKeys) {
   EXPECT_EQ(o.flash_log, "/mnt/sd/ghost:8M");
   EXPECT_EQ(o.flash_policy, "each-spinup");
   EXPECT_EQ(o.flash_alg, 2);
+  // The log's device profile (Machine::AddFlash): sd-card unless the file says otherwise.
+  EXPECT_EQ(o.flash_device, "sd-card");
+  ASSERT_TRUE(Load("flash_device = \"intel-flash\"\n", &o).ok());
+  EXPECT_EQ(o.flash_device, "intel-flash");
 }
 
 TEST_F(ConfigFileTest, BadFlashLogValuesAreRefusedWithTheKey) {

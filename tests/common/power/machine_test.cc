@@ -160,5 +160,45 @@ TEST(PolicyTest, ParsesWhatAUserMayChoose) {
   EXPECT_STREQ(PolicyName(Policy::kNone), "none");
 }
 
+// The flash log's device (ghostfs --flash-log): a read from the log is charged to it, from its
+// own profile, and it is back in its lowest mode once idle.
+TEST_F(MachineTest, AReadChargedToTheFlashDeviceMovesItsEnergyNotTheDisks) {
+  auto m = Build(With(Policy::kAdaptive));
+  auto twin = Build(With(Policy::kAdaptive));  // the same machine on the same clock, no read
+  ASSERT_TRUE(m && twin);
+  Result<DeviceProfile> sd = LoadDeviceProfile("sd-card", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(sd.ok()) << sd.status().ToString();
+  Result<DeviceId> id = m->AddFlash(clock_, *sd);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_NE(m->flash(), nullptr);
+  EXPECT_EQ(m->flash_id(), *id);
+  EXPECT_EQ(m->flash()->mode(), sd->LowestMode());
+  EXPECT_FALSE(m->AddFlash(clock_, *sd).ok());  // one flash device
+  clock_.AdvanceBy(Seconds(1));
+  const EnergyReport before = m->pm().meter().Read();
+  bool done = false;
+  const TimePoint start = clock_.Now();
+  m->flash()->Submit({Bytes{1} << 20, false}, [&] { done = true; });
+  clock_.AdvanceBy(Seconds(2));
+  ASSERT_TRUE(done);
+  const EnergyReport after = m->pm().meter().Read();
+  // 1 MiB at the card's 25 MB/s and 0.66 W, a 1 ms wake-up and the 250 ms tail back to sleep:
+  // about 40 + 0.3 + 82.5 mJ, against 2 mJ asleep for the same 2 s.
+  const Energy flash = after.devices[*id].energy - before.devices[*id].energy;
+  EXPECT_GT(flash.joules(), 0.1);
+  EXPECT_LT(flash.joules(), 0.2);
+  // The disk drew what it draws without the read.
+  const EnergyReport twin_now = twin->pm().meter().Read();
+  EXPECT_NEAR(after.devices[m->storage_id()].energy.joules(),
+              twin_now.devices[twin->storage_id()].energy.joules(), 1e-6);
+  EXPECT_EQ(m->flash()->mode(), sd->LowestMode());
+  EXPECT_GE(clock_.Now() - start, Seconds(2));
+  // Not a flash device: refused.
+  auto m2 = Build(With(Policy::kAdaptive));
+  Result<DeviceProfile> disk_profile = LoadDeviceProfile("cu140", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(disk_profile.ok());
+  EXPECT_FALSE(m2->AddFlash(clock_, *disk_profile).ok());
+}
+
 }  // namespace
 }  // namespace ghost
