@@ -398,6 +398,10 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool esearch_ = false;
   // UID -> flags as the client was last told (server's, with the queued changes applied).
   std::map<std::uint32_t, std::vector<std::string>> flags_;
+  // flags_ of the mailbox a SELECT/EXAMINE of the same mailbox left, until its answer.
+  std::map<std::uint32_t, std::vector<std::string>> reselect_flags_;
+  std::string reselect_mailbox_;
+  std::uint32_t reselect_uidvalidity_ = 0;
   // Messages the client was told are expunged whose removal waits in the queue (deferred
   // EXPUNGE/MOVE): (server sequence number, UID), ascending. Each leaves when the server reports
   // its EXPUNGE; until then sequence numbers differ between the client's view and the server's.
@@ -761,6 +765,15 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
     p.kind = Kind::kSelect;
     if (std::optional<std::string> box = imapwire::ReadAstring(&rest)) p.arg = NormalizeMailbox(*box);
     SaveSnapshot();
+    // The flags the client was told stay what it knows if it selects the same mailbox again
+    // (offlineimap3 EXAMINEs, FETCHes every message's FLAGS, then SELECTs it read-write to
+    // change them): kept aside, and taken back when the server confirms the same UIDVALIDITY.
+    reselect_flags_.clear();
+    if (Selected() && p.arg == selected_) {
+      reselect_mailbox_ = selected_;
+      reselect_uidvalidity_ = uidvalidity_;
+      reselect_flags_ = std::move(flags_);
+    }
     selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
     map_valid_ = false;
     flags_.clear();
@@ -1750,7 +1763,11 @@ void ImapSession::ServerTagged(std::string_view line) {
         if (ok && !done.arg.empty()) {
           selected_ = done.arg;
           uidvalidity_ = pending_uidvalidity_;
+          if (!reselect_flags_.empty() && selected_ == reselect_mailbox_ && uidvalidity_ != 0 &&
+              uidvalidity_ == reselect_uidvalidity_)
+            flags_ = std::move(reselect_flags_);
         }
+        reselect_flags_.clear();
         map_valid_ = false;
         break;
       case Kind::kClose:

@@ -395,7 +395,10 @@ def main():
             with open(journal, "rb") as jf:
                 journal_before = len(jf.read())
             time.sleep(1.5)  # the card back in PSM after the first sync's body transfers
-            r = run([oi, "-c", rc, "-o", "-u", "basic"], env=env, timeout=60)
+            dbg = ["-d", "imap"] if os.environ.get("GHOST_OI_DEBUG") else []
+            r = run([oi, "-c", rc, "-o", "-u", "basic", *dbg], env=env, timeout=60)
+            if dbg:
+                open("/tmp/imap8-oi-debug.txt", "wb").write(r.stdout + r.stderr)
             waiting = server.state()
             with open(journal, "rb") as jf:
                 queued = jf.read()[journal_before:]
