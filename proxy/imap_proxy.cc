@@ -560,6 +560,12 @@ void ImapSession::ServerEvent(short what) {
                                : ""));
   }
   if (!connected_) return GoOffline();  // refused, unreachable, or silent for `timeout`
+  if (!(what & BEV_EVENT_TIMEOUT) && server_ && evbuffer_get_length(bufferevent_get_input(server_)) > 0) {
+    // The server's last words (a LOGOUT's BYE and OK) may still wait in the input when its
+    // close is reported (a TLS filter reports it before its reader has run): relay them first.
+    ProcessServer();
+    if (closing_ || !server_) return;
+  }
   if (what & BEV_EVENT_TIMEOUT) {
     ++owner_->stats.server_errors;
     why = "* BYE Ghost: the IMAP server " + owner_->origin_text + " stopped answering\r\n";
@@ -2017,6 +2023,10 @@ void ImapSession::NegotiateUpstream() {
           SSL_free(ssl);
           return UpstreamFailed("cannot start TLS (out of memory)");
         }
+        bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);  // (servers close without close_notify)
+        // The socket's own timeouts (the greeting's) would fire under the filter, whose own
+        // timeouts ArmTimeouts sets from now on.
+        bufferevent_set_timeouts(server_, nullptr, nullptr);
         server_ = tls;  // the filter owns the socket's bufferevent now
         upstream_ = Upstream::kTlsHandshake;
         bufferevent_setcb(server_, &OnServerRead, &OnServerWrite, &OnServerEvent, this);
