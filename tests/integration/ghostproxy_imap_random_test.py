@@ -67,6 +67,7 @@ def main():
 
     log, wrong = [], []
     told = {"deferred": 0, "at once": 0}
+    appends = {"INBOX": 0, "INBOX deferred": 0, "shown later": 0, "Archive": 0}
 
     def command(c, *args):
         """A command's tagged (type, text), counting the changes the proxy said it deferred."""
@@ -113,6 +114,7 @@ def main():
                f"appended and not shown {sorted(appended)}")
         for _, uid, mid, body in new:
             if mid in appended:
+                appends["shown later"] += 1
                 view.append(uid)
                 body_of[uid] = body
                 flags[uid] = set()
@@ -209,7 +211,7 @@ def main():
                    f"SEARCH ALL {data}, the model has {len(view)}")
             expect(typ2 == "OK" and [int(x) for x in data2[0].split()] == view, f"UID SEARCH ALL {data2}, the model {view}")
             unsolicited(c)
-        elif r < 0.87:
+        elif r < 0.83:
             log.append("FETCH 1:* (UID FLAGS)")
             before = len(view)
             typ, data = c.fetch("1:*", "(UID FLAGS)")
@@ -227,9 +229,7 @@ def main():
             bad = [(u, f, flags.get(u)) for _, u, f in seen if f != flags.get(u)]
             expect(not bad, f"flags (uid, seen, model): {bad[:4]}")
             unsolicited(c)
-        elif r < 0.89:
-            wake()
-        elif r < 0.905:
+        elif r < 0.87:
             into = "INBOX" if rng.random() < 0.6 else "Archive"
             n_app = len(log)
             body = (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: appended {n_app}\r\n"
@@ -240,11 +240,15 @@ def main():
             text = b" ".join(x for x in data if isinstance(x, bytes))
             expect(typ == "OK", f"APPEND {typ} {data}")
             told["deferred" if b"deferred" in text else "at once"] += 1
+            appends[into] += 1
+            appends["INBOX deferred"] += into == "INBOX" and b"deferred" in text
             if into == "Archive":
                 archived.append(body)
             else:
                 appended[f"<appended.{seed}.{n_app}@ghost>".encode()] = body
             unsolicited(c)
+        elif r < 0.89:
+            wake()
         elif r < 0.92:
             log.append("NOOP")
             typ, _ = c.noop()
@@ -262,7 +266,7 @@ def main():
     # the card was woken) are counted too.
     t.check(not wrong and told["deferred"] > 0,
             f"{len(log)} random operations, changes deferred {told['deferred']}, sent at once {told['at once']}: "
-            f"the client's view was always the model's (seed {seed})", "\n".join(wrong) + "\n" + imap.tail())
+            f"the client's view was always the model's (seed {seed}; APPENDs {appends})", "\n".join(wrong) + "\n" + imap.tail())
 
     subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
 
