@@ -539,11 +539,13 @@ void ImapSession::ServerEvent(short what) {
     if (!owner_->origin.implicit_tls &&
         owner_->options.origin_starttls != MailProxyOptions::OriginStartTls::kNever) {
       upstream_ = Upstream::kGreeting;  // the client waits until the server side is settled
-      return;
+      // (The greeting may have been read before the connection was reported.)
+      return NegotiateUpstream();
     }
     upstream_ = Upstream::kRelay;
     connected_ = true;
     bufferevent_enable(client_, EV_READ | EV_WRITE);
+    if (evbuffer_get_length(bufferevent_get_input(server_)) > 0) ProcessServer();
     ArmTimeouts();
     return;
   }
@@ -1963,6 +1965,8 @@ void ImapSession::SwitchToTls() {
 // else, and an uncached body, gets "NO [UNAVAILABLE]" at once.
 
 void ImapSession::NegotiateUpstream() {
+  // Before the connection is reported nothing is read: ServerEvent comes back here.
+  if (upstream_ == Upstream::kTcp || !server_) return;
   evbuffer* in = bufferevent_get_input(server_);
   while (!closing_ && server_ && upstream_ != Upstream::kRelay && upstream_ != Upstream::kTlsHandshake) {
     std::size_t n = 0;
