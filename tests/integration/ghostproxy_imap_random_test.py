@@ -262,6 +262,9 @@ def main():
             c.logout()
             c = session()
     c.logout()
+    if os.environ.get("GHOST_RANDOM_LOG"):
+        with open(os.environ["GHOST_RANDOM_LOG"], "w") as lf:
+            lf.write("\n".join(log) + "\n")
     # Vacuous unless some changes waited in the journal (the card in PSM); those sent at once (after
     # the card was woken) are counted too.
     t.check(not wrong and told["deferred"] > 0,
