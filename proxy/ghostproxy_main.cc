@@ -23,6 +23,7 @@
 #include "proxy/imap_proxy.h"
 #include "proxy/smtp_proxy.h"
 #include "proxy/proxy.h"
+#include "proxy/mail_proxy_config.h"
 #include "proxy/proxy_config.h"
 #include "proxy/socket_activation.h"
 
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   std::string imap_listen, imap_origin, smtp_listen, smtp_origin, smtp_outbox;
   std::string imap_journal;
   std::string imap_tls_cert, imap_tls_key, imaps_listen;
+  std::string imap_origin_starttls;
+  bool imap_origin_plain_login = false;
   std::size_t max_connections = 0;
   std::size_t max_per_client = 0;
   double preempt_after = 0, request_timeout = 0;
@@ -131,6 +134,10 @@ int main(int argc, char** argv) {
   app.add_option("--imaps-listen", imaps_listen,
                  "HOST:PORT where mail clients connect with implicit TLS (IMAPS, e.g. "
                  "127.0.0.1:1993); needs --imap-tls-cert and --imap-tls-key");
+  app.add_option("--imap-origin-starttls", imap_origin_starttls,
+                 "STARTTLS toward an imap:// origin: if-offered (default), required, never");
+  app.add_flag("--imap-origin-plain-login", imap_origin_plain_login,
+               "let logins go in clear to an imap:// origin off this machine that has no STARTTLS");
   app.add_option("--smtp-listen", smtp_listen,
                  "HOST:PORT where mail clients submit mail (e.g. 127.0.0.1:1587): journaled, "
                  "answered at once, sent when the radio is up (SIGUSR1 sends now)");
@@ -231,6 +238,12 @@ int main(int argc, char** argv) {
     if (!la.ok()) return fail("--imaps-listen: " + la.status().message(), 2);
     o.mail.imaps_listen = *la;
   }
+  if (!imap_origin_starttls.empty()) {
+    ghost::Result<ghost::MailProxyOptions::OriginStartTls> v = ghost::ParseOriginStartTls(imap_origin_starttls);
+    if (!v.ok()) return fail("--imap-origin-starttls: " + v.status().message(), 2);
+    o.mail.origin_starttls = *v;
+  }
+  if (imap_origin_plain_login) o.mail.origin_plain_login = true;
   if (!smtp_listen.empty()) {
     ghost::Result<ghost::ListenAddress> la = ghost::ListenAddress::Parse(smtp_listen);
     if (!la.ok()) return fail("--smtp-listen: " + la.status().message(), 2);

@@ -183,7 +183,11 @@ void ImapDeferred::Send(const ImapOp& op, std::function<void(SendOutcome)> done)
   std::unique_ptr<Upstream>& slot = upstream_[op.origin];
   if (!slot) {
     slot = std::make_unique<Upstream>();
-    slot->client = std::make_unique<ImapClient>(base_, ImapClientOptions{});
+    ImapClientOptions co;
+    co.starttls = options_.starttls == 1   ? ImapClientOptions::StartTls::kRequired
+                  : options_.starttls == 2 ? ImapClientOptions::StartTls::kNever
+                                           : ImapClientOptions::StartTls::kIfAvailable;
+    slot->client = std::make_unique<ImapClient>(base_, co);
   }
   Upstream* u = slot.get();
   ImapClient* c = u->client.get();
@@ -217,7 +221,11 @@ void ImapDeferred::Send(const ImapOp& op, std::function<void(SendOutcome)> done)
   if (op.kind == ImapOp::Kind::kAppend) {
     std::optional<std::int64_t> date;
     if (op.internaldate) date = op.internaldate;
-    return c->Append(op.mailbox, op.flags, date, op.body, [result](Result<AppendResult> r) { result(r.status()); });
+    return c->Append(op.mailbox, op.flags, date, op.body, [this, alive, op, result](Result<AppendResult> r) {
+      if (alive.expired()) return;
+      if (r.ok() && r->uid != 0 && on_appended_) on_appended_(op, r->uidvalidity, r->uid);
+      result(r.status());
+    });
   }
   if (u->mailbox == op.mailbox && u->uidvalidity == op.uidvalidity && c->selected() == op.mailbox) return apply();
   c->Select(op.mailbox, [this, alive, u, op, result, apply, done](Result<MailboxStatus> st) {

@@ -65,6 +65,9 @@ struct ImapDeferredOptions {
   Duration deadline = Seconds(60);  // [imap_deadline] at K=50
   std::size_t cap_ops = 64;
   Bytes cap_bytes = 4 * 1024 * 1024;
+  // STARTTLS on an imap:// origin (the proxy's imap_origin_starttls): 0 when offered, 1
+  // required, 2 never (ImapClientOptions::StartTls's kIfAvailable, kRequired, kNever).
+  int starttls = 0;
 };
 
 struct ImapDeferredStats {
@@ -101,6 +104,13 @@ class ImapDeferred {
   void Overlay(const std::string& user, const std::string& mailbox, std::uint32_t uidvalidity,
                std::uint32_t uid, std::vector<std::string>* flags) const;
 
+  // Called when a deferred APPEND has been made on the server with the UID it assigned
+  // (APPENDUID; not called without one): the proxy stores the message in the cache under that
+  // UID, so the next session reads it from the disk. `op` is the journaled operation.
+  void set_on_appended(std::function<void(const ImapOp& op, std::uint32_t uidvalidity, std::uint32_t uid)> fn) {
+    on_appended_ = std::move(fn);
+  }
+
   const ImapQueue& queue() const { return *queue_; }
   const ImapDeferredStats& stats() const { return stats_; }
   std::string unapplied_path() const { return options_.journal_path + ".unapplied"; }
@@ -127,6 +137,7 @@ class ImapDeferred {
   std::map<std::string, std::string> passwords_;            // by user, RAM only
   std::map<std::string, std::unique_ptr<Upstream>> upstream_;  // by user
   ImapDeferredStats stats_;
+  std::function<void(const ImapOp&, std::uint32_t, std::uint32_t)> on_appended_;
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 

@@ -123,6 +123,10 @@ class ImapProxy::Impl {
     return std::string(reinterpret_cast<char*>(md), len);
   }
 
+  // Stores a whole message under `key` unless it is cached already (a fill from the server, or
+  // a deferred APPEND once the server gave its UID).
+  void StoreBody(const std::string& key, std::shared_ptr<std::string> data);
+
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnAcceptTls(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
@@ -345,6 +349,29 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool tls_up_ = false;            // ... and its handshake is done
   bool starttls_pending_ = false;  // STARTTLS answered; the socket turns TLS once that is out
   bool logged_in_ = false;         // a login succeeded (STARTTLS is no longer possible)
+  // The server side before the client is served (an imap:// origin with STARTTLS possible):
+  //   kTcp ──connected──▶ kGreeting ──caps without STARTTLS──▶ kRelay (plain)
+  //                          │ no caps: CAPABILITY ▶ kCapability ─┘  │ STARTTLS offered
+  //                          ▼                                        ▼
+  //                        kRelay ◀──handshake done── kTlsHandshake ◀── kStartTls (OK)
+  // kRelay: the normal relay (imaps:// and "never" go straight there at connect).
+  enum class Upstream { kTcp, kGreeting, kCapability, kStartTls, kTlsHandshake, kRelay };
+  Upstream upstream_ = Upstream::kTcp;
+  std::string upstream_greeting_;  // the server's greeting line, for the client after TLS
+  std::string upstream_caps_;      // the server's CAPABILITY lines (kCapability)
+  bool upstream_clear_ = true;     // the server connection is not encrypted
+  bool upstream_loopback_ = false; // ... and its peer is a loopback address
+  // Reads the server's lines during negotiation (kGreeting .. kStartTls).
+  void NegotiateUpstream();
+  void UpstreamCaps(std::string_view caps);
+  // The server connection is ready for the client (after STARTTLS, or plain): the client is
+  // served, its greeting first (`greeting`, prepended to the server's input).
+  void UpstreamReady(const std::string& greeting);
+  void UpstreamFailed(const std::string& why);
+  // LOGIN/AUTHENTICATE would send a password in clear to a server off this machine.
+  bool ClearLoginRefused() const {
+    return upstream_clear_ && !upstream_loopback_ && !owner_->options.origin_plain_login;
+  }
 
   // Client side.
   Await await_ = Await::kNone;
@@ -371,6 +398,10 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   bool esearch_ = false;
   // UID -> flags as the client was last told (server's, with the queued changes applied).
   std::map<std::uint32_t, std::vector<std::string>> flags_;
+  // flags_ of the mailbox a SELECT/EXAMINE of the same mailbox left, until its answer.
+  std::map<std::uint32_t, std::vector<std::string>> reselect_flags_;
+  std::string reselect_mailbox_;
+  std::uint32_t reselect_uidvalidity_ = 0;
   // Messages the client was told are expunged whose removal waits in the queue (deferred
   // EXPUNGE/MOVE): (server sequence number, UID), ascending. Each leaves when the server reports
   // its EXPUNGE; until then sequence numbers differ between the client's view and the server's.
@@ -430,6 +461,7 @@ void ImapSession::Start() {
                                           o->origin.port) != 0) {
     return Close("* BYE Ghost: cannot connect to the IMAP server " + o->origin_text + "\r\n");
   }
+  upstream_clear_ = !o->origin.implicit_tls;
   // The client's bytes wait in the kernel until the server is there.
   bufferevent_enable(server_, EV_READ | EV_WRITE);
 }
@@ -487,16 +519,55 @@ void ImapSession::ClientEvent(short what) {
 }
 
 void ImapSession::ServerEvent(short what) {
+  if ((what & BEV_EVENT_CONNECTED) && upstream_ == Upstream::kTlsHandshake) {
+    // STARTTLS's handshake is done: the client is served, greeted without the capabilities
+    // the server had before TLS (RFC 3501 §6.2.1: they are forgotten).
+    upstream_clear_ = false;
+    ++owner_->stats.origin_tls;
+    return UpstreamReady(imapwire::GreetingWithoutCapabilities(upstream_greeting_));
+  }
   if (what & BEV_EVENT_CONNECTED) {
-    connected_ = true;
     int one = 1;
-    setsockopt(bufferevent_getfd(server_), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    evutil_socket_t fd = bufferevent_getfd(server_);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    sockaddr_storage peer{};
+    socklen_t plen = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0) {
+      Result<IpAddress> a = IpAddress::FromSockaddr(reinterpret_cast<sockaddr*>(&peer), plen);
+      upstream_loopback_ = a.ok() && a->IsLoopback();
+    }
+    if (!owner_->origin.implicit_tls &&
+        owner_->options.origin_starttls != MailProxyOptions::OriginStartTls::kNever) {
+      upstream_ = Upstream::kGreeting;  // the client waits until the server side is settled
+      // (The greeting may have been read before the connection was reported.)
+      return NegotiateUpstream();
+    }
+    upstream_ = Upstream::kRelay;
+    connected_ = true;
     bufferevent_enable(client_, EV_READ | EV_WRITE);
+    if (evbuffer_get_length(bufferevent_get_input(server_)) > 0) ProcessServer();
     ArmTimeouts();
     return;
   }
   std::string why;
+  if (upstream_ == Upstream::kStartTls || upstream_ == Upstream::kTlsHandshake) {
+    unsigned long e = bufferevent_get_openssl_error(server_);
+    const char* reason = e ? ERR_reason_error_string(e) : nullptr;
+    return UpstreamFailed(std::string("STARTTLS failed: ") +
+                          (reason ? reason : (what & BEV_EVENT_TIMEOUT) ? "the server stopped answering"
+                                             : (what & BEV_EVENT_EOF) ? "the server closed the connection"
+                                                                      : "connection error") +
+                          (reason && std::string_view(reason).find("certificate") != std::string_view::npos
+                               ? " (trust the CA that signed the server's certificate: SSL_CERT_FILE)"
+                               : ""));
+  }
   if (!connected_) return GoOffline();  // refused, unreachable, or silent for `timeout`
+  if (!(what & BEV_EVENT_TIMEOUT) && server_ && evbuffer_get_length(bufferevent_get_input(server_)) > 0) {
+    // The server's last words (a LOGOUT's BYE and OK) may still wait in the input when its
+    // close is reported (a TLS filter reports it before its reader has run): relay them first.
+    ProcessServer();
+    if (closing_ || !server_) return;
+  }
   if (what & BEV_EVENT_TIMEOUT) {
     ++owner_->stats.server_errors;
     why = "* BYE Ghost: the IMAP server " + owner_->origin_text + " stopped answering\r\n";
@@ -613,6 +684,13 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
         client_dropping_ = true;  // a literal after it (there should be none) is not sent on
         return StartTls(c->tag);
       }
+      if ((c->name == "LOGIN" || c->name == "AUTHENTICATE") && !offline_ && ClearLoginRefused()) {
+        client_dropping_ = true;
+        ToClient(c->tag + " NO [PRIVACYREQUIRED] Ghost: the IMAP server " + owner_->origin_text +
+                 " offers no STARTTLS and is not on this machine; the proxy does not send a "
+                 "password to it in clear (imap_origin_plain_login = true allows it)\r\n");
+        return;
+      }
       if ((c->name == "LOGIN" || c->name == "AUTHENTICATE") && LoginDisabled()) {
         client_dropping_ = true;
         ToClient(c->tag + " NO [PRIVACYREQUIRED] Ghost: log in after STARTTLS (this listener "
@@ -695,6 +773,15 @@ bool ImapSession::HandleClientCommand(std::string_view line, bool allow_cache) {
     p.kind = Kind::kSelect;
     if (std::optional<std::string> box = imapwire::ReadAstring(&rest)) p.arg = NormalizeMailbox(*box);
     SaveSnapshot();
+    // The flags the client was told stay what it knows if it selects the same mailbox again
+    // (offlineimap3 EXAMINEs, FETCHes every message's FLAGS, then SELECTs it read-write to
+    // change them): kept aside, and taken back when the server confirms the same UIDVALIDITY.
+    reselect_flags_.clear();
+    if (Selected() && p.arg == selected_) {
+      reselect_mailbox_ = selected_;
+      reselect_uidvalidity_ = uidvalidity_;
+      reselect_flags_ = std::move(flags_);
+    }
     selected_.clear();  // a SELECT attempt leaves the old mailbox (RFC 3501 §6.3.1)
     map_valid_ = false;
     flags_.clear();
@@ -1131,9 +1218,10 @@ bool ImapSession::TryDeferAppend(const imapwire::Command& cmd) {
   std::optional<imapwire::AppendCommand> a = imapwire::ParseAppend(cmd.rest);
   if (!a || a->size > owner_->options.max_deferred_append) return false;
   std::string mailbox = NormalizeMailbox(a->mailbox);
-  // APPEND to the selected mailbox goes to the server: its EXISTS and the new UID come from
-  // there (a deferred one would leave the client's view without the message it was told of).
-  if (Selected() && mailbox == selected_) return false;
+  // APPEND to the selected mailbox is deferred too (DESIGN §4.4): answered OK without
+  // APPENDUID and without an untagged EXISTS; the message joins the client's view when the
+  // server reports it after the flush, with the UID the server gave it (never a provisional
+  // one). A SEARCH in the mailbox, or a SELECT or STATUS of it, sends the queue first.
   AppendCapture c;
   if (!a->date.empty()) {
     std::optional<std::int64_t> date = imap::ParseInternalDate(a->date);
@@ -1477,6 +1565,7 @@ void ImapSession::SendOwn(Own what, const std::string& command) {
 
 void ImapSession::ProcessServer() {
   if (!server_ || closing_) return;
+  if (upstream_ != Upstream::kRelay) return NegotiateUpstream();
   evbuffer* in = bufferevent_get_input(server_);
   const std::size_t high = owner_->options.high_watermark;
   while (!closing_ && server_ && !holding_) {
@@ -1682,7 +1771,11 @@ void ImapSession::ServerTagged(std::string_view line) {
         if (ok && !done.arg.empty()) {
           selected_ = done.arg;
           uidvalidity_ = pending_uidvalidity_;
+          if (!reselect_flags_.empty() && selected_ == reselect_mailbox_ && uidvalidity_ != 0 &&
+              uidvalidity_ == reselect_uidvalidity_)
+            flags_ = std::move(reselect_flags_);
         }
+        reselect_flags_.clear();
         map_valid_ = false;
         break;
       case Kind::kClose:
@@ -1769,14 +1862,17 @@ void ImapSession::EndFill() {
   if (fill_data_.size() != fill_expected_) return;
   auto data = std::make_shared<std::string>(std::move(fill_data_));
   fill_data_.clear();
-  std::string key = fill_key_;
-  ImapProxy::Impl* owner = owner_;
+  owner_->StoreBody(fill_key_, std::move(data));
+}
+
+void ImapProxy::Impl::StoreBody(const std::string& key, std::shared_ptr<std::string> data) {
+  ImapProxy::Impl* owner = this;
   // The fill belongs to the proxy, not to the session: a client that leaves as soon as it has
   // its body (mbsync, curl) must not take the fill with it.
-  std::weak_ptr<bool> alive = owner_->alive;
+  std::weak_ptr<bool> alive = owner->alive;
   // Stored only when not cached yet: a body the cost model sent to the network is already on
   // the disk, and writing it again would wake the disk for nothing.
-  owner_->backend->Lookup(key, [owner, alive, key, data](Result<CacheLookup> r) {
+  owner->backend->Lookup(key, [owner, alive, key, data](Result<CacheLookup> r) {
     if (alive.expired()) return;  // the backend may be going away with the proxy
     if (!r.ok()) {
       std::fprintf(stderr, "ghostproxy: imap: not storing %s: %s\n", key.c_str(), r.status().ToString().c_str());
@@ -1867,6 +1963,121 @@ void ImapSession::SwitchToTls() {
 // (whatever the cost model says: the network is not there); UID STORE is deferred (with
 // imap_journal); NOOP, CHECK, CAPABILITY, CLOSE, UNSELECT and LOGOUT are answered; everything
 // else, and an uncached body, gets "NO [UNAVAILABLE]" at once.
+
+void ImapSession::NegotiateUpstream() {
+  // Before the connection is reported nothing is read: ServerEvent comes back here.
+  if (upstream_ == Upstream::kTcp || !server_) return;
+  evbuffer* in = bufferevent_get_input(server_);
+  while (!closing_ && server_ && upstream_ != Upstream::kRelay && upstream_ != Upstream::kTlsHandshake) {
+    std::size_t n = 0;
+    char* raw = evbuffer_readln(in, &n, EVBUFFER_EOL_CRLF);
+    if (!raw) {
+      if (evbuffer_get_length(in) > owner_->options.client_max_line) {
+        ++owner_->stats.server_errors;
+        return UpstreamFailed("the server sent an over-long line before login");
+      }
+      return;
+    }
+    std::string line(raw, n);
+    std::free(raw);
+    auto starts = [&line](std::string_view p) {
+      return line.size() >= p.size() && strncasecmp(line.data(), p.data(), p.size()) == 0;
+    };
+    if (upstream_ == Upstream::kGreeting) {
+      if (starts("* BYE")) return Close(line + "\r\n");
+      if (starts("* PREAUTH")) {
+        // Logged in already: STARTTLS is no longer possible (RFC 3501 §6.2.1).
+        if (owner_->options.origin_starttls == MailProxyOptions::OriginStartTls::kRequired)
+          return UpstreamFailed("the server pre-authenticated the connection, so STARTTLS is impossible");
+        return UpstreamReady(line + "\r\n");
+      }
+      if (!starts("* OK")) {
+        ++owner_->stats.server_errors;
+        return UpstreamFailed("the server sent no IMAP greeting (\"" + line.substr(0, 60) + "\")");
+      }
+      upstream_greeting_ = line + "\r\n";
+      if (std::optional<std::string> caps = imapwire::GreetingCapabilities(line)) {
+        UpstreamCaps(*caps);
+      } else {
+        upstream_ = Upstream::kCapability;
+        ToServer("ghost-cap CAPABILITY\r\n");
+      }
+    } else if (upstream_ == Upstream::kCapability) {
+      if (starts("* CAPABILITY ")) {
+        upstream_caps_ += " " + line.substr(13);
+      } else if (starts("ghost-cap ")) {
+        UpstreamCaps(upstream_caps_);  // (NO/BAD or no CAPABILITY line: no STARTTLS)
+      } else if (!starts("* ")) {
+        ++owner_->stats.server_errors;
+        return UpstreamFailed("the server answered CAPABILITY with \"" + line.substr(0, 60) + "\"");
+      }
+    } else if (upstream_ == Upstream::kStartTls) {
+      if (starts("ghost-tls OK")) {
+        // Anything after the OK came before TLS: an injection attempt (CVE-2011-0411 and kin).
+        if (evbuffer_get_length(in) > 0) {
+          ++owner_->stats.server_errors;
+          return UpstreamFailed("the server sent data after STARTTLS's OK, before TLS; refusing it");
+        }
+        SSL* ssl = SSL_new(owner_->ssl_ctx);
+        SSL_set_tlsext_host_name(ssl, owner_->origin.host.c_str());
+        SSL_set1_host(ssl, owner_->origin.host.c_str());
+        bufferevent* tls = bufferevent_openssl_filter_new(owner_->base, server_, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                          BEV_OPT_CLOSE_ON_FREE);
+        if (!tls) {
+          SSL_free(ssl);
+          return UpstreamFailed("cannot start TLS (out of memory)");
+        }
+        bufferevent_openssl_set_allow_dirty_shutdown(tls, 1);  // (servers close without close_notify)
+        // The socket's own timeouts (the greeting's) would fire under the filter, whose own
+        // timeouts ArmTimeouts sets from now on.
+        bufferevent_set_timeouts(server_, nullptr, nullptr);
+        server_ = tls;  // the filter owns the socket's bufferevent now
+        upstream_ = Upstream::kTlsHandshake;
+        bufferevent_setcb(server_, &OnServerRead, &OnServerWrite, &OnServerEvent, this);
+        bufferevent_setwatermark(server_, EV_WRITE, owner_->options.high_watermark / 2, 0);
+        timeval tv = ToTimeval(owner_->options.timeout);
+        bufferevent_set_timeouts(server_, &tv, nullptr);
+        bufferevent_enable(server_, EV_READ | EV_WRITE);
+        return;
+      }
+      if (starts("ghost-tls ")) {
+        ++owner_->stats.server_errors;
+        return UpstreamFailed("the server refused STARTTLS (\"" + line.substr(0, 80) + "\")");
+      }
+      if (!starts("* ")) {
+        ++owner_->stats.server_errors;
+        return UpstreamFailed("the server answered STARTTLS with \"" + line.substr(0, 60) + "\"");
+      }
+    }
+  }
+}
+
+void ImapSession::UpstreamCaps(std::string_view caps) {
+  if (upstream_ != Upstream::kGreeting && upstream_ != Upstream::kCapability) return;
+  if (imapwire::HasCapability(caps, "STARTTLS")) {
+    upstream_ = Upstream::kStartTls;
+    ToServer("ghost-tls STARTTLS\r\n");
+    return;
+  }
+  if (owner_->options.origin_starttls == MailProxyOptions::OriginStartTls::kRequired)
+    return UpstreamFailed("the server does not offer STARTTLS, which imap_origin_starttls = \"required\" demands "
+                          "(use imaps:// if it has it)");
+  UpstreamReady(upstream_greeting_);  // plain text; logins as ClearLoginRefused says
+}
+
+void ImapSession::UpstreamReady(const std::string& greeting) {
+  upstream_ = Upstream::kRelay;
+  connected_ = true;
+  evbuffer_prepend(bufferevent_get_input(server_), greeting.data(), greeting.size());
+  bufferevent_enable(client_, EV_READ | EV_WRITE);
+  ProcessServer();
+}
+
+void ImapSession::UpstreamFailed(const std::string& why) {
+  ++owner_->stats.origin_tls_failures;
+  std::fprintf(stderr, "ghostproxy: imap: %s: %s\n", owner_->origin_text.c_str(), why.c_str());
+  Close("* BYE Ghost: the IMAP server " + owner_->origin_text + ": " + why + "\r\n");
+}
 
 void ImapSession::GoOffline() {
   if (server_) {
@@ -2083,11 +2294,23 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
     d.origin_url = options.imap_origin;
     d.control_path = options.control_path;
     d.deadline = options.imap_deadline;
+    d.starttls = options.origin_starttls == MailProxyOptions::OriginStartTls::kRequired ? 1
+                 : options.origin_starttls == MailProxyOptions::OriginStartTls::kNever  ? 2
+                                                                                        : 0;
     Result<std::unique_ptr<ImapDeferred>> opened = ImapDeferred::Open(base, impl->clock.get(), backend, d);
     if (!opened.ok()) return opened.status();
     impl->deferred = std::move(opened).value();
+    // A deferred APPEND made on the server: its message goes into the cache under the UID the
+    // server gave it (the Maildir view's key), so the next session reads it from the disk.
+    ImapProxy::Impl* owner = impl.get();
+    impl->deferred->set_on_appended([owner](const ImapOp& op, std::uint32_t uidvalidity, std::uint32_t uid) {
+      if (op.body.empty() || op.body.size() > owner->options.max_fill) return;
+      owner->StoreBody(owner->KeyPrefix(op.origin) + op.mailbox + ";UIDVALIDITY=" + std::to_string(uidvalidity) +
+                           ";UID=" + std::to_string(uid),
+                       std::make_shared<std::string>(op.body));
+    });
   }
-  if (url->implicit_tls) {
+  if (url->implicit_tls || options.origin_starttls != MailProxyOptions::OriginStartTls::kNever) {
     impl->ssl_ctx = SSL_CTX_new(TLS_client_method());
     if (!impl->ssl_ctx) return Status::Internal("cannot create a TLS context");
     SSL_CTX_set_verify(impl->ssl_ctx, SSL_VERIFY_PEER, nullptr);

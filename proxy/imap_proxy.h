@@ -72,11 +72,14 @@
 //     "COPY/UID COPY set MAILBOX" to a mailbox other than the selected one (the set resolved
 //     through the map) is queued the same way, one operation per message, and answered OK
 //     without COPYUID. "APPEND MAILBOX [(flags)] [date] {n}" (or {n+}) of one message of at most
-//     max_deferred_append bytes to a mailbox other than the selected one: the proxy says "+"
+//     max_deferred_append bytes (to any mailbox, the selected one too): the proxy says "+"
 //     itself to a synchronizing literal, reads the message, journals it whole and answers OK
 //     without APPENDUID; a MULTIAPPEND's second message gets NO [CANNOT] and nothing is queued.
-//     A COPY or APPEND into the selected mailbox goes to the server (its EXISTS and UID can only
-//     come from there). A queued copy or append counts as a queued change of its destination
+//     Into the selected mailbox no EXISTS is told: the message joins the client's view when the
+//     server reports it after the flush, under the server's UID (DESIGN §4.4 says why no
+//     provisional UID). When the server answers a deferred APPEND with APPENDUID, the message
+//     is stored in the cache under that UID. A COPY into the selected mailbox goes to the
+//     server (its EXISTS and UID can only come from there). A queued copy or append counts as a queued change of its destination
 //     (STATUS, SELECT of it send the queue first), and a queued copy as one that touches
 //     \Deleted in its source (EXPUNGE, CLOSE send the queue first, so the copy is made before
 //     the original goes).
@@ -105,7 +108,17 @@
 //     "NO [UNAVAILABLE]" at once. A server lost in the middle of a session still closes it
 //     with a BYE.
 //
-// Not yet: STARTTLS toward an imap:// server (imaps:// is supported); BINARY[] of the whole
+//   - TLS toward the server: imaps:// origins start with the handshake. On an imap:// origin
+//     (origin_starttls not "never") the session reads the greeting (and CAPABILITY if the
+//     greeting has none) itself before the client is served; when STARTTLS is offered it is
+//     sent, and the connection continues on a TLS filter over the socket (server certificate
+//     and name verified, as for imaps://). Bytes after the server's STARTTLS OK are refused
+//     (injection). The client then gets the greeting without its pre-TLS capabilities. A
+//     server without STARTTLS with "required", a refused STARTTLS, or a failed handshake ends
+//     the session with a BYE naming the cause. Without TLS, LOGIN/AUTHENTICATE toward a server
+//     that is not on a loopback address get NO [PRIVACYREQUIRED] unless origin_plain_login.
+//
+// Not yet: BINARY[] of the whole
 // message from the cache (it passes through; BINARY[n] is answered, imap_section.h); deferred
 // EXPUNGE/MOVE offline (NO [UNAVAILABLE]); a user name given as a
 // literal (no caching then).
@@ -166,6 +179,16 @@ struct MailProxyOptions {
   // [imaps_listen] Where mail clients connect with implicit TLS (IMAPS, RFC 8314); needs the
   // certificate. nullopt: no implicit-TLS listener.
   std::optional<ListenAddress> imaps_listen;
+  // [imap_origin_starttls] STARTTLS toward an imap:// origin: "if-offered" (the default: TLS
+  // whenever the server offers it, its certificate verified as for imaps://), "required" (a
+  // server without it, or whose STARTTLS fails, ends the session with a BYE saying so), or
+  // "never". Used by the sessions and by the deferred changes' own connections.
+  enum class OriginStartTls { kIfOffered, kRequired, kNever };
+  OriginStartTls origin_starttls = OriginStartTls::kIfOffered;
+  // [imap_origin_plain_login] Whether a client's LOGIN/AUTHENTICATE may go in clear to an
+  // imap:// origin that is not on a loopback address (no STARTTLS). Off: it gets
+  // NO [PRIVACYREQUIRED] and the password never leaves the machine in clear.
+  bool origin_plain_login = false;
 };
 
 struct ImapProxyStats {
@@ -184,6 +207,8 @@ struct ImapProxyStats {
   std::uint64_t section_hits = 0;      // of cache_hits: sections (BODY[HEADER], BODY[1] ...)
   std::uint64_t tls_sessions = 0;      // sessions that started TLS (implicit or STARTTLS)
   std::uint64_t tls_failures = 0;      // TLS handshakes toward clients that failed
+  std::uint64_t origin_tls = 0;        // sessions whose server connection went TLS by STARTTLS
+  std::uint64_t origin_tls_failures = 0;  // ... that ended because STARTTLS could not be had
 };
 
 class ImapProxy {

@@ -458,6 +458,37 @@ std::string FilterCapabilities(std::string_view line) {
       {});
 }
 
+std::optional<std::string> GreetingCapabilities(std::string_view greeting) {
+  greeting = StripEol(greeting);
+  const std::string upper = Upper(greeting);
+  std::size_t at = upper.find("[CAPABILITY ");
+  if (at == std::string::npos || !upper.starts_with("* ")) return std::nullopt;
+  std::size_t end = greeting.find(']', at);
+  if (end == std::string_view::npos) return std::nullopt;
+  return std::string(greeting.substr(at + 12, end - at - 12));
+}
+
+std::string GreetingWithoutCapabilities(std::string_view greeting) {
+  const std::string upper = Upper(greeting);
+  std::size_t at = upper.find("[CAPABILITY ");
+  std::size_t end = at == std::string::npos ? at : greeting.find(']', at);
+  if (end == std::string_view::npos) return std::string(greeting);
+  std::size_t after = end + 1;
+  if (after < greeting.size() && greeting[after] == ' ') ++after;
+  return std::string(greeting.substr(0, at)) + std::string(greeting.substr(after));
+}
+
+bool HasCapability(std::string_view caps, std::string_view name) {
+  while (!caps.empty()) {
+    std::size_t sp = caps.find(' ');
+    std::string_view word = caps.substr(0, sp);
+    if (word.size() == name.size() && strncasecmp(word.data(), name.data(), name.size()) == 0) return true;
+    if (sp == std::string_view::npos) break;
+    caps.remove_prefix(sp + 1);
+  }
+  return false;
+}
+
 std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled) {
   std::vector<std::string> extra;
   if (offer_starttls) extra.push_back("STARTTLS");

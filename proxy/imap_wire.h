@@ -165,6 +165,15 @@ std::string FilterCapabilities(std::string_view line);
 // removed when its flag is false. Other lines come back unchanged.
 std::string TlsCapabilities(std::string_view line, bool offer_starttls, bool login_disabled);
 
+// The capability list of a greeting's "[CAPABILITY ...]" response code ("* OK [CAPABILITY
+// IMAP4rev1 STARTTLS] ready" -> "IMAP4rev1 STARTTLS"); nullopt when it has none.
+std::optional<std::string> GreetingCapabilities(std::string_view greeting);
+// The greeting with its "[CAPABILITY ...]" code removed (the capabilities a server announced
+// before STARTTLS are forgotten after it, RFC 3501 §6.2.1); other greetings unchanged.
+std::string GreetingWithoutCapabilities(std::string_view greeting);
+// Whether the space-separated capability list `caps` has `name` (case-insensitive).
+bool HasCapability(std::string_view caps, std::string_view name);
+
 // The user a SASL PLAIN initial response (base64 of authzid NUL authcid NUL password) logs
 // in as: authzid when given, else authcid. The password is not kept. nullopt when malformed.
 std::optional<std::string> PlainUser(std::string_view base64);

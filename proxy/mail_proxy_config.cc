@@ -14,8 +14,18 @@ bool IsMailProxyKey(std::string_view key) {
   static const std::set<std::string, std::less<>> kKeys = {
       "imap_listen", "imap_origin", "imap_max_line", "imap_max_literal", "imap_timeout",
       "smtp_listen", "smtp_origin", "smtp_outbox", "smtp_deadline", "smtp_outbox_cap",
-      "imap_journal", "imap_deadline", "imap_tls_cert", "imap_tls_key", "imaps_listen"};
+      "imap_journal", "imap_deadline", "imap_tls_cert", "imap_tls_key", "imaps_listen",
+      "imap_origin_starttls", "imap_origin_plain_login"};
   return kKeys.count(key) > 0;
+}
+
+Result<MailProxyOptions::OriginStartTls> ParseOriginStartTls(std::string_view text) {
+  using S = MailProxyOptions::OriginStartTls;
+  if (text == "if-offered") return S::kIfOffered;
+  if (text == "required") return S::kRequired;
+  if (text == "never") return S::kNever;
+  return Status::InvalidArgument("STARTTLS toward the IMAP server must be \"if-offered\", \"required\" or "
+                                 "\"never\", not \"" + std::string(text) + "\"");
 }
 
 Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailProxyOptions* o,
@@ -77,6 +87,18 @@ Status LoadMailProxyConfig(const toml::table& t, const std::string& path, MailPr
     Result<ListenAddress> la = ListenAddress::Parse(*s);
     if (!la.ok()) return bad(*n, "\"imaps_listen\": " + la.status().message());
     o->imaps_listen = *la;
+  }
+  if (const toml::node* n = t.get("imap_origin_starttls")) {
+    auto s = n->value<std::string>();
+    if (!s) return bad(*n, "\"imap_origin_starttls\" must be \"if-offered\", \"required\" or \"never\"");
+    Result<MailProxyOptions::OriginStartTls> v = ParseOriginStartTls(*s);
+    if (!v.ok()) return bad(*n, "\"imap_origin_starttls\": " + v.status().message());
+    o->origin_starttls = *v;
+  }
+  if (const toml::node* n = t.get("imap_origin_plain_login")) {
+    auto b = n->value<bool>();
+    if (!b) return bad(*n, "\"imap_origin_plain_login\" must be true or false");
+    o->origin_plain_login = *b;
   }
   if (const toml::node* n = t.get("smtp_listen")) {
     auto s = n->value<std::string>();

@@ -11,6 +11,8 @@
 //   imap_tls_cert = "/etc/ghost/imap.pem"  # certificate chain (PEM) for TLS toward clients
 //   imap_tls_key = "/etc/ghost/imap.key"   # its private key (PEM); both or neither
 //   imaps_listen = "127.0.0.1:1993"       # implicit TLS (IMAPS) listener; needs the certificate
+//   imap_origin_starttls = "if-offered"   # STARTTLS toward an imap:// origin: or "required", "never"
+//   imap_origin_plain_login = false       # allow logins in clear to a non-loopback imap:// origin
 //   smtp_listen = "127.0.0.1:1587"        # SMTP submission (proxy/smtp_proxy.h)
 //   smtp_origin = "smtps://mail.example:465/"   # or smtp://HOST:587/ (STARTTLS when offered)
 //   smtp_outbox = "/var/spool/ghostproxy/outbox"  # the durable outbox (common/imap/outbox.h)
@@ -33,6 +35,9 @@
 namespace ghost {
 
 bool IsMailProxyKey(std::string_view key);
+// "if-offered", "required" or "never" (imap_origin_starttls, --imap-origin-starttls); fails
+// naming the three otherwise.
+[[nodiscard]] Result<MailProxyOptions::OriginStartTls> ParseOriginStartTls(std::string_view text);
 // Reads the keys above from `t` (the file `path`); errors name the file, the line and the key.
 [[nodiscard]] Status LoadMailProxyConfig(const toml::table& t, const std::string& path,
                                          MailProxyOptions* o, SmtpProxyOptions* smtp);

@@ -201,7 +201,9 @@ class Bench:
         plog = os.path.join(work, "ghostproxy.log")
         p = subprocess.Popen([os.path.join(self.build, "proxy", "ghostproxy"), "--listen", f"127.0.0.1:{h.free_port()}",
                               "--mount", mnt, "--control", ctl, "--imap-listen", f"127.0.0.1:{iport}",
-                              "--imap-origin", f"imap://{host}:{dc.port}/"],
+                              "--imap-origin", f"imap://{host}:{dc.port}/",
+                              # (the emulated origin is not loopback and its dovecot has no TLS)
+                              "--imap-origin-plain-login"],
                              stdout=open(plog, "w"), stderr=subprocess.STDOUT)
         h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
         if not h.wait_port(iport, 15):

@@ -6,7 +6,9 @@ for CRLF stored as LF, as both sync clients write a Maildir, and mbsync's own X-
 flag change and a deletion made in that Maildir land on the server after the next sync;
 offlineimap3 the same; through a second proxy that defers changes (imap_journal, ghostfs's card
 in PSM), mbsync's flag change waits in the journal until `ghostctl flush` (its CLOSE does not send it),
-and so does a local deletion (its \\Deleted and expunge), while a deferred \\Deleted is sent
+and so does a local deletion (its \\Deleted and expunge), and offlineimap3's mark-read, flag
+and deletion wait the same way until the flush, after which its next run agrees with dovecot
+without downloading again; while a deferred \\Deleted is sent
 before a CLOSE whose messages' flags the proxy does not all know; curl imap:// fetches a body; a body once read whole from the cache is
 answered from the proxy's RAM without asking ghostfs; neomutt with imap:// (in tmux) lists and
 displays a message. Each client missing is a skip with its name. TAP; skipped without root,
@@ -24,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 19
+PLAN = 23
 SUBJECTS = ["Alpha lunch", "Bravo report", "Charlie hints", "Delta notes", "Echo plans", "Foxtrot end"]
 
 
@@ -366,6 +368,76 @@ def main():
         t.check(held and gone_id not in server.state(),
                 "a deferred \\Deleted is sent before CLOSE, which expunges the message on the server",
                 f"{typ} {data} deferred {held}\n" + open(jlog).read()[-600:])
+
+    # offlineimap3 through the deferring proxy (card in PSM): marking a message read, flagging
+    # one and deleting one locally are answered at once and wait in the journal; the flush
+    # takes them to dovecot; a third run sees a consistent state (no download again, no copy).
+    oi = shutil.which("offlineimap3") or shutil.which("offlineimap")
+    if not oi:
+        skip(t, 4, "offlineimap3 is not installed")
+    elif not h.wait_port(jport, 15):
+        skip(t, 4, "no deferring proxy")
+    else:
+        ids = [f"<oi.{k}@ghost.test>".encode() for k in ("seen", "flag", "del")]
+        for mid, k in zip(ids, ("seen", "flag", "del")):
+            dc.seed("", b"From: a@ghost.test\r\nTo: b@ghost.test\r\nSubject: offlineimap " + k.encode() +
+                    b"\r\nMessage-ID: " + mid + b"\r\n\r\nA message offlineimap3 changes.\r\n")
+        rc = offlineimaprc(work, "offlineimap-deferred", jport, dc)
+        local = os.path.join(work, "offlineimap-deferred", "INBOX")
+        r = run([oi, "-c", rc, "-o", "-u", "basic"], env=env, timeout=60)
+        got = maildir_messages(local)
+        if t.check(r.returncode == 0 and all(m in got for m in ids), "offlineimap3 syncs through the deferring proxy",
+                   f"rc {r.returncode} {sorted(got)} {r.stdout[-400:]!r} {r.stderr[-600:]!r}\n" + open(jlog).read()[-600:]):
+            seen_id, flag_id, del_id = ids
+            set_maildir_flags(got[seen_id][0], "S")
+            set_maildir_flags(got[flag_id][0], "F")
+            os.unlink(got[del_id][0])
+            with open(journal, "rb") as jf:
+                journal_before = len(jf.read())
+            time.sleep(1.5)  # the card back in PSM after the first sync's body transfers
+            dbg = ["-d", "imap"] if os.environ.get("GHOST_OI_DEBUG") else []
+            r = run([oi, "-c", rc, "-o", "-u", "basic", *dbg], env=env, timeout=60)
+            if dbg:
+                open("/tmp/imap8-oi-debug.txt", "wb").write(r.stdout + r.stderr)
+            waiting = server.state()
+            with open(journal, "rb") as jf:
+                queued = jf.read()[journal_before:]
+            t.check(r.returncode == 0 and b"\\Seen" not in waiting[seen_id][0]
+                    and b"\\Flagged" not in waiting[flag_id][0] and del_id in waiting
+                    and b"Seen" in queued and b"Flagged" in queued and b"Deleted" in queued,
+                    "offlineimap3: mark read, flag and delete are answered at once and wait in the proxy's journal",
+                    f"rc {r.returncode} server {[(m, waiting.get(m, (b'-',))[0]) for m in ids]} journal "
+                    f"{queued[-400:]!r} {r.stderr[-400:]!r}\n" + open(jlog).read()[-600:])
+            ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+            subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
+
+            def landed():
+                st = server.state()
+                ok = (seen_id in st and b"\\Seen" in st[seen_id][0] and flag_id in st
+                      and b"\\Flagged" in st[flag_id][0] and del_id not in st)
+                return st if ok else None
+            after = h.wait_for(landed, timeout=15)
+            t.check(after is not None, "offlineimap3: after ghostctl flush dovecot has the read, the flag and the deletion",
+                    open(jlog).read()[-800:])
+            files_before = sorted(os.path.basename(p).split(":2,")[0] for p, _ in maildir_messages(local).values())
+            r = run([oi, "-c", rc, "-o", "-u", "basic"], env=env, timeout=60)
+            mine = maildir_messages(local)
+            nfiles = sum(len(os.listdir(os.path.join(local, sub))) for sub in ("cur", "new")
+                         if os.path.isdir(os.path.join(local, sub)))
+            files_after = sorted(os.path.basename(p).split(":2,")[0] for p, _ in mine.values())
+            final = server.state()
+
+            def local_flags(mid):
+                return os.path.basename(mine[mid][0]).split(":2,")[-1] if mid in mine else None
+            t.check(r.returncode == 0 and sorted(mine) == sorted(final) and nfiles == len(final)
+                    and files_after == files_before and local_flags(seen_id) == "S" and local_flags(flag_id) == "F",
+                    "offlineimap3: the next run sees a consistent state (same messages as dovecot, nothing "
+                    "downloaded again, no copy, the flags kept)",
+                    f"rc {r.returncode} local {sorted(mine)} ({nfiles} files) server {sorted(final)} "
+                    f"renamed {set(files_after) ^ set(files_before)} flags {local_flags(seen_id)} {local_flags(flag_id)} "
+                    f"{r.stderr[-400:]!r}\n" + open(jlog).read()[-600:])
+        else:
+            skip(t, 3, "the first offlineimap3 run through the deferring proxy failed")
 
     # curl imap:// FETCH of a body by UID, through the proxy.
     d = imaplib.IMAP4("127.0.0.1", dc.port)

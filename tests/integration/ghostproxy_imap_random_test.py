@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Random operations through ghostproxy's deferring IMAP proxy (imap_journal, ghostfs's emulated
 card sleeping in PSM and woken by transfers), checked against a model of what the client was
-told. A seeded sequence of UID STORE, STORE \\Deleted + EXPUNGE, UID MOVE, FETCH of bodies by
+told. A seeded sequence of UID STORE, STORE \\Deleted + EXPUNGE, UID MOVE, APPEND (into the
+selected INBOX, whose message the client is shown only once the server reports it after a flush,
+under the server's UID; and into Archive), FETCH of bodies by
 sequence number and by UID, SEARCH, FETCH 1:* (UID FLAGS), NOOP, `ghostctl flush` and new
 sessions: whether a change is deferred or sent at once (the card's mode decides, and body
 fetches from the server wake it) must not change what the client sees. After every command
@@ -53,6 +55,9 @@ def main():
     d.logout()
     flags = {u: set() for u in view}
     archived = []
+    # Messages APPENDed into INBOX that the client has not been shown yet (their EXISTS comes
+    # from the server once the queue is sent), by Message-ID.
+    appended = {}
 
     proxy = imap.start()
     if not t.check(h.wait_port(imap.port, 15), "ghostproxy listens for IMAP with --imap-journal", imap.tail()):
@@ -62,6 +67,7 @@ def main():
 
     log, wrong = [], []
     told = {"deferred": 0, "at once": 0}
+    appends = {"INBOX": 0, "INBOX deferred": 0, "shown later": 0, "Archive": 0}
 
     def command(c, *args):
         """A command's tagged (type, text), counting the changes the proxy said it deferred."""
@@ -79,17 +85,52 @@ def main():
         c = imaplib.IMAP4("127.0.0.1", imap.port)
         c.login(dc.user, dc.password)
         typ, data = c.select("INBOX")
+        absorb(c)  # a SELECT sends queued APPENDs into INBOX first: the new session sees them
         expect(typ == "OK" and int(data[0]) == len(view), f"SELECT says {data} EXISTS, the model {len(view)}")
         c.uid("FETCH", "1:*", "(FLAGS)")  # the proxy learns the flags (a deletion needs them)
         c.untagged_responses.clear()
         return c
 
+    def absorb(c):
+        """An EXISTS above the model's count may only announce appended messages (after a
+        flush): they join the model's view, checked by their Message-IDs and bodies. Returns the
+        untagged EXISTS values the last command brought (left in place)."""
+        exists = [int(x) for x in c.untagged_responses.get("EXISTS", [])]
+        n = max(exists, default=0)
+        if n <= len(view):
+            return exists
+        saved = dict(c.untagged_responses)
+        c.untagged_responses.clear()
+        typ, data = c.fetch(f"{len(view) + 1}:{n}", "(UID BODY.PEEK[])")
+        got = [x for x in data if isinstance(x, tuple)]
+        new = []
+        for head, body in got:
+            m = re.match(rb"(\d+) \(.*UID (\d+)", head)
+            mid = re.search(rb"Message-ID: (<[^>]+>)", body)
+            new.append((int(m.group(1)) if m else 0, int(m.group(2)) if m else 0, mid.group(1) if mid else b"", body))
+        expect(typ == "OK" and len(new) == n - len(view) and
+               all(mid in appended and appended[mid] == body for _, _, mid, body in new),
+               f"EXISTS {n} over the model's {len(view)}: {[(s, u, mid) for s, u, mid, _ in new]}, "
+               f"appended and not shown {sorted(appended)}")
+        for _, uid, mid, body in new:
+            if mid in appended:
+                appends["shown later"] += 1
+                view.append(uid)
+                body_of[uid] = body
+                flags[uid] = set()
+                appended.pop(mid)
+        c.untagged_responses.clear()
+        c.untagged_responses.update(saved)
+        return exists
+
     def unsolicited(c, allowed_expunges=()):
         """The untagged EXPUNGE and EXISTS the last command brought: only those expected."""
+        absorb(c)
         ex = [int(x) for x in c.untagged_responses.pop("EXPUNGE", [])]
         expect(ex == list(allowed_expunges), f"untagged EXPUNGE {ex}, expected {list(allowed_expunges)}")
         exists = c.untagged_responses.pop("EXISTS", [])
-        expect(all(int(x) == len(view) for x in exists), f"EXISTS {exists}, the model has {len(view)}")
+        expect(all(int(x) <= len(view) for x in exists) and (not exists or int(exists[-1]) == len(view)),
+               f"EXISTS {exists}, the model has {len(view)}")
         c.untagged_responses.clear()
 
     def fetch_body(c, by_uid):
@@ -164,14 +205,17 @@ def main():
         elif r < 0.75:
             log.append("SEARCH ALL, UID SEARCH ALL")
             typ, data = c.search(None, "ALL")
+            absorb(c)  # the SEARCH may have sent queued APPENDs first: their EXISTS came with it
             typ2, data2 = c.uid("SEARCH", None, "ALL")
             expect(typ == "OK" and [int(x) for x in data[0].split()] == list(range(1, len(view) + 1)),
                    f"SEARCH ALL {data}, the model has {len(view)}")
             expect(typ2 == "OK" and [int(x) for x in data2[0].split()] == view, f"UID SEARCH ALL {data2}, the model {view}")
             unsolicited(c)
-        elif r < 0.87:
+        elif r < 0.83:
             log.append("FETCH 1:* (UID FLAGS)")
+            before = len(view)
             typ, data = c.fetch("1:*", "(UID FLAGS)")
+            absorb(c)  # (an EXISTS may come with it: the queue sent at a deadline meanwhile)
             seen = []
             for item in data:
                 text = (item if isinstance(item, bytes) else item[0]).decode()
@@ -180,10 +224,28 @@ def main():
                     continue
                 f = set(re.search(r"FLAGS \(([^)]*)\)", text).group(1).split()) if "FLAGS (" in text else set()
                 seen.append((int(m.group(1)), int(m.group(2)), f & set(FLAGS)))
-            expect(typ == "OK" and [(s, u) for s, u, _ in seen] == list(enumerate(view, 1)),
+            expect(typ == "OK" and [(s, u) for s, u, _ in seen] == list(enumerate(view, 1))[:max(before, len(seen))],
                    f"FETCH 1:* {[(s, u) for s, u, _ in seen]}, the model {view}")
             bad = [(u, f, flags.get(u)) for _, u, f in seen if f != flags.get(u)]
             expect(not bad, f"flags (uid, seen, model): {bad[:4]}")
+            unsolicited(c)
+        elif r < 0.87:
+            into = "INBOX" if rng.random() < 0.6 else "Archive"
+            n_app = len(log)
+            body = (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: appended {n_app}\r\n"
+                    f"Message-ID: <appended.{seed}.{n_app}@ghost>\r\n\r\n" + f"appended {n_app} " * (30 + n_app) +
+                    "\r\n").encode()
+            log.append(f"APPEND into {into} (<appended.{seed}.{n_app}@ghost>)")
+            typ, data = c.append(into, None, None, body)
+            text = b" ".join(x for x in data if isinstance(x, bytes))
+            expect(typ == "OK", f"APPEND {typ} {data}")
+            told["deferred" if b"deferred" in text else "at once"] += 1
+            appends[into] += 1
+            appends["INBOX deferred"] += into == "INBOX" and b"deferred" in text
+            if into == "Archive":
+                archived.append(body)
+            else:
+                appended[f"<appended.{seed}.{n_app}@ghost>".encode()] = body
             unsolicited(c)
         elif r < 0.89:
             wake()
@@ -200,11 +262,14 @@ def main():
             c.logout()
             c = session()
     c.logout()
+    if os.environ.get("GHOST_RANDOM_LOG"):
+        with open(os.environ["GHOST_RANDOM_LOG"], "w") as lf:
+            lf.write("\n".join(log) + "\n")
     # Vacuous unless some changes waited in the journal (the card in PSM); those sent at once (after
     # the card was woken) are counted too.
     t.check(not wrong and told["deferred"] > 0,
             f"{len(log)} random operations, changes deferred {told['deferred']}, sent at once {told['at once']}: "
-            f"the client's view was always the model's (seed {seed})", "\n".join(wrong) + "\n" + imap.tail())
+            f"the client's view was always the model's (seed {seed}; APPENDs {appends})", "\n".join(wrong) + "\n" + imap.tail())
 
     subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
 
@@ -221,9 +286,18 @@ def main():
         d.logout()
         return out
     model = {u: flags[u] for u in view}
-    landed = h.wait_for(lambda: server() == model or None, timeout=20)
+
+    def matches():
+        # The model's messages and flags, plus each APPEND never shown to the client, once.
+        srv = server()
+        extra = {u: f for u, f in srv.items() if u not in model}
+        return ({u: srv.get(u) for u in model} == model and len(extra) == len(appended)
+                and all(not f for f in extra.values()) and
+                dc.bodies("INBOX") == sorted([body_of[u] for u in view] + list(appended.values())))
+    landed = h.wait_for(lambda: matches() or None, timeout=20)
     t.check(bool(landed), f"after the flush dovecot has exactly the model's messages and flags (seed {seed})",
-            f"server {server()} model {model}\n" + "\n".join(log[-12:]) + "\n" + imap.tail())
+            f"server {server()} model {model} appended, never shown {sorted(appended)}\n" + "\n".join(log[-12:])
+            + "\n" + imap.tail())
     t.check(sorted(dc.bodies("Archive")) == sorted(archived) and proxy.poll() is None,
             f"the moved messages are in Archive, byte-identical, and the proxy lives on (seed {seed})",
             f"{len(dc.bodies('Archive'))} in Archive, {len(archived)} moved\n" + imap.tail())

@@ -137,7 +137,9 @@ def main():
     conf0 = os.path.join(work, "proxy0.toml")
     with open(conf0, "w") as cf:
         cf.write("imap_timeout = 2\nimap_max_line = \"64K\"\n")
-    proxy, iport, plog = start_proxy(mnt, ctl, origin, config=conf0)
+    # dovecot offers STARTTLS on its plain port: the proxy takes it (if-offered, the default),
+    # trusting the test CA.
+    proxy, iport, plog = start_proxy(mnt, ctl, origin, config=conf0, env=dict(os.environ, SSL_CERT_FILE=dc.ca_file))
     if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-listen",
                    open(plog).read()):
         t.skip_rest(PLAN, "no IMAP proxy")

@@ -343,5 +343,24 @@ TEST(ImapWireTest, ParsesAnAppendOfOneMessage) {
   EXPECT_FALSE(AnnouncedLiteral("a APPEND Sent {5+}\r\r\n", &nonsync, &bad));
 }
 
+TEST(ImapWireTest, ReadsAGreetingsCapabilitiesForStartTlsTowardTheServer) {
+  EXPECT_EQ(GreetingCapabilities("* OK [CAPABILITY IMAP4rev1 STARTTLS AUTH=PLAIN] Dovecot ready.\r\n"),
+            "IMAP4rev1 STARTTLS AUTH=PLAIN");
+  EXPECT_EQ(GreetingCapabilities("* OK [capability imap4rev1] hi"), "imap4rev1");
+  EXPECT_FALSE(GreetingCapabilities("* OK Dovecot ready.\r\n"));
+  EXPECT_FALSE(GreetingCapabilities("* OK [CAPABILITY IMAP4rev1 unterminated\r\n"));
+  EXPECT_TRUE(HasCapability("IMAP4rev1 starttls AUTH=PLAIN", "STARTTLS"));
+  EXPECT_FALSE(HasCapability("IMAP4rev1 STARTTLSX AUTH=PLAIN", "STARTTLS"));
+  EXPECT_FALSE(HasCapability("", "STARTTLS"));
+  EXPECT_TRUE(HasCapability(" IMAP4rev1  STARTTLS", "STARTTLS"));
+}
+
+TEST(ImapWireTest, ForgetsThePreTlsCapabilitiesOfAGreeting) {
+  EXPECT_EQ(GreetingWithoutCapabilities("* OK [CAPABILITY IMAP4rev1 STARTTLS LOGINDISABLED] Dovecot ready.\r\n"),
+            "* OK Dovecot ready.\r\n");
+  EXPECT_EQ(GreetingWithoutCapabilities("* OK Dovecot ready.\r\n"), "* OK Dovecot ready.\r\n");
+  EXPECT_EQ(GreetingWithoutCapabilities("* OK [CAPABILITY IMAP4rev1\r\n"), "* OK [CAPABILITY IMAP4rev1\r\n");
+}
+
 }  // namespace
 }  // namespace ghost::imapwire

@@ -164,6 +164,25 @@ TEST_F(ProxyConfigTest, ReadsTheImapTlsKeysAndChecksTheirCombination) {
   }
 }
 
+TEST_F(ProxyConfigTest, ReadsTheOriginStartTlsKeysAndRejectsBadOnes) {
+  GhostproxyOptions o;
+  EXPECT_EQ(o.mail.origin_starttls, MailProxyOptions::OriginStartTls::kIfOffered);
+  EXPECT_FALSE(o.mail.origin_plain_login);
+  const Status s = Load("imap_origin_starttls = \"required\"\nimap_origin_plain_login = true\n", &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(o.mail.origin_starttls, MailProxyOptions::OriginStartTls::kRequired);
+  EXPECT_TRUE(o.mail.origin_plain_login);
+  EXPECT_EQ(*ParseOriginStartTls("never"), MailProxyOptions::OriginStartTls::kNever);
+  EXPECT_EQ(*ParseOriginStartTls("if-offered"), MailProxyOptions::OriginStartTls::kIfOffered);
+  for (const char* bad : {"imap_origin_starttls = \"maybe\"\n", "imap_origin_starttls = 1\n",
+                          "imap_origin_plain_login = \"yes\"\n"}) {
+    GhostproxyOptions other;
+    const Status e = Load(bad, &other);
+    EXPECT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.message().find("imap_origin_"), std::string::npos) << e.message();
+  }
+}
+
 TEST_F(ProxyConfigTest, ReadsTheDeferredImapChangesKeysAndRejectsBadOnes) {
   GhostproxyOptions o;
   const Status s = Load("imap_journal = \"/var/spool/g/imap-journal\"\nimap_deadline = 30\n", &o);
