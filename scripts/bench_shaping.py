@@ -309,6 +309,9 @@ def ratios(auto, fixed, shaped, want):
         # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
         "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
         "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+        # The minimum RTT the shaper ended with and the connection's handshake RTT (round 9).
+        "min_rtt_ms": shaped["driver"]["shaping"].get("last_min_rtt_ms"),
+        "handshake_rtt_ms": shaped["driver"]["shaping"].get("last_handshake_rtt_ms"),
         "forced_open_log": shaped.get("forced_open_log", []),
         "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
         "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
@@ -384,7 +387,8 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                         f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
                         f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
                         f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
-                        f"{row['bursts']}, forced opens {row['forced_opens']}, secs "
+                        f"{row['bursts']}, forced opens {row['forced_opens']}, min RTT "
+                        f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
                         f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
                         f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
         finally:
