@@ -83,6 +83,14 @@ std::string ShapingMetricsText(const ShapingStats& s) {
   return out;
 }
 
+Bytes TunnelShapingThreshold(const ShapingOptions& options) {
+  static const long long env = [] {
+    const char* v = std::getenv("GHOST_SHAPER_TUNNEL_THRESHOLD");
+    return v != nullptr ? std::atoll(v) : -1LL;
+  }();
+  return env >= 0 ? static_cast<Bytes>(env) : options.threshold;
+}
+
 bool SetShapingBuffer(int fd, int bytes) {
   return fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes) == 0;
 }

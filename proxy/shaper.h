@@ -161,6 +161,11 @@ struct ShapingStats {
 std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats& stats);
 std::string ShapingMetricsText(const ShapingStats& stats);
 
+// Bytes a CONNECT tunnel sends toward the client before its shaping starts: `threshold`, or
+// GHOST_SHAPER_TUNNEL_THRESHOLD (bytes) from the environment, a measurement aid for
+// bench_shaping.py (round 9).
+Bytes TunnelShapingThreshold(const ShapingOptions& options);
+
 // Sets SO_RCVBUF on a socket about to connect (or connected). Returns false on failure.
 bool SetShapingBuffer(int fd, int bytes);
 
