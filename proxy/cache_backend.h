@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "common/base/status.h"
 #include "common/base/units.h"
 
@@ -100,6 +102,30 @@ class CacheBackend {
     (void)due_in, (void)min_rtt, (void)wake_lead, (void)done;
   }
   virtual void NapEnd() {}
+
+  // What the daemon pushes, from the backend's one subscription on its control connection
+  // ("stats", "modes", "events"): the knob for download shaping (DaemonKnob) and for the mail
+  // proxies' NetworkWatch, the network card's modes and `ghostctl flush` for the latter. One
+  // subscription for the whole proxy, so every part sees a knob change from the same event.
+  struct DaemonListener {
+    // The knob when first known (at WatchDaemon if it is known then) and at every change.
+    std::function<void(int knob)> on_knob;
+    // The "devices" array: baseline (true) as read at subscription (also given at WatchDaemon
+    // if known), then each "modes" event's data (false).
+    std::function<void(const nlohmann::json& devices, bool baseline)> on_modes;
+    // An "events" event's data ({"type":"flush"} from `ghostctl flush`).
+    std::function<void(const nlohmann::json& data)> on_event;
+    // The control connection dropped: subscriptions are gone, events may have been missed.
+    std::function<void()> on_lost;
+  };
+  // Adds a listener; returns its id for UnwatchDaemon, or 0 when this backend has no daemon
+  // (the default). The callbacks run on the loop, never inside WatchDaemon except for the
+  // state already known (on_knob, on_modes with baseline true).
+  virtual std::uint64_t WatchDaemon(DaemonListener listener) {
+    (void)listener;
+    return 0;
+  }
+  virtual void UnwatchDaemon(std::uint64_t id) { (void)id; }
 
   // The copy of `key` this process holds in RAM, if any (synchronous: a memory hit costs no
   // round trip). Its freshness is the caller's to judge, as for any stored response. The

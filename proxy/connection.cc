@@ -856,7 +856,7 @@ void ClientConnection::RelayTunnel() {
   // window (~2/3 of the buffer) stayed below the full flight that ends the shaper's slow start
   // and HTTPS was not shaped (0 bursts on scripts/bench-shaping.sh's https arm); small tunnels
   // keep an autotuned window.
-  if (!tunnel_->shaping() && tunnel_bytes_down_ >= proxy_->options.shaping.threshold) {
+  if (!tunnel_->shaping() && tunnel_bytes_down_ >= TunnelShapingThreshold(proxy_->options.shaping)) {
     tunnel_->StartShaping(0);
   }
   tunnel_->PauseReading(evbuffer_get_length(output()) > high);

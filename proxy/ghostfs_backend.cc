@@ -250,6 +250,10 @@ class GhostfsBackend final : public CacheBackend {
       subscribing_ = false;
       ++changes_;
       memory_.Clear();
+      devices_.reset();
+      ForEachListener([](const DaemonListener& l) {
+        if (l.on_lost) l.on_lost();
+      });
     });
     Subscribe();
     WatchKnob();
@@ -258,6 +262,16 @@ class GhostfsBackend final : public CacheBackend {
   ~GhostfsBackend() override { ReportServed(); }
 
   std::optional<int> DaemonKnob() const override { return knob_; }
+
+  std::uint64_t WatchDaemon(DaemonListener listener) override {
+    const std::uint64_t id = next_listener_++;
+    if (knob_ && listener.on_knob) listener.on_knob(*knob_);
+    if (devices_ && listener.on_modes) listener.on_modes(*devices_, /*baseline=*/true);
+    listeners_.emplace(id, std::move(listener));
+    if (knob_serial_ != ctl_->connection_serial() && !knob_asking_) WatchKnob();
+    return id;
+  }
+  void UnwatchDaemon(std::uint64_t id) override { listeners_.erase(id); }
 
   void NapBegin(Duration due_in, Duration min_rtt, Duration wake_lead,
                 std::function<void(bool napping, bool slow_wake)> done) override {
@@ -647,12 +661,15 @@ class GhostfsBackend final : public CacheBackend {
     });
   }
 
-  // The daemon's knob: asked once per connection, then followed through its "stats" events
-  // (published when the knob, a mode or the cache changes; never on a timer).
+  // The daemon's knob, its network card's modes and its "events": the proxy's one
+  // subscription for them (shaping's knob and the mail proxies' NetworkWatch, DaemonListener).
+  // Subscribed once per connection, the knob and the devices read then, then followed through
+  // the events ("stats" and "modes" are published when the knob or a mode changes, "stats" also
+  // when the cache does; never on a timer).
   void WatchKnob() {
     knob_asking_ = true;
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call(ControlOp::kSubscribe, {{"topics", {"stats"}}}, [this, alive](Result<json> r) {
+    ctl_->Call(ControlOp::kSubscribe, {{"topics", {"stats", "modes", "events"}}}, [this, alive](Result<json> r) {
       if (alive.expired() || !r.ok()) {
         if (!alive.expired()) knob_asking_ = false;
         return;
@@ -664,6 +681,13 @@ class GhostfsBackend final : public CacheBackend {
         TakeKnob(*k);
         knob_serial_ = ctl_->connection_serial();
       });
+      ctl_->Call(ControlOp::kDevices, json::object(), [this, alive](Result<json> d) {
+        if (alive.expired() || !d.ok() || !d->is_array()) return;
+        devices_ = *d;
+        ForEachListener([&d](const DaemonListener& l) {
+          if (l.on_modes) l.on_modes(*d, /*baseline=*/true);
+        });
+      });
     });
   }
 
@@ -671,7 +695,28 @@ class GhostfsBackend final : public CacheBackend {
     auto k = j.find("knob");
     if (k != j.end() && k->is_number_integer()) {
       const auto v = k->get<std::int64_t>();
-      if (v >= 0 && v <= 100) knob_ = static_cast<int>(v);
+      if (v >= 0 && v <= 100 && knob_ != static_cast<int>(v)) {
+        knob_ = static_cast<int>(v);
+        ForEachListener([this](const DaemonListener& l) {
+          if (l.on_knob) l.on_knob(*knob_);
+        });
+      }
+    }
+  }
+
+  // Calls `fn` for each listener; a listener added or removed meanwhile is safe.
+  template <typename Fn>
+  void ForEachListener(Fn fn) {
+    std::vector<std::uint64_t> ids;
+    ids.reserve(listeners_.size());
+    for (const auto& [id, l] : listeners_) ids.push_back(id);
+    std::weak_ptr<bool> alive = alive_;
+    for (std::uint64_t id : ids) {
+      auto it = listeners_.find(id);
+      if (it == listeners_.end()) continue;
+      DaemonListener l = it->second;  // a copy: the listener may remove itself
+      fn(l);
+      if (alive.expired()) return;
     }
   }
 
@@ -681,6 +726,19 @@ class GhostfsBackend final : public CacheBackend {
     auto data = event.find("data");
     if (data == event.end()) return;
     if (*topic == "stats" && data->is_object()) return TakeKnob(*data);
+    if (*topic == "modes" && data->is_array()) {
+      devices_ = *data;
+      ForEachListener([&data](const DaemonListener& l) {
+        if (l.on_modes) l.on_modes(*data, /*baseline=*/false);
+      });
+      return;
+    }
+    if (*topic == "events") {
+      ForEachListener([&data](const DaemonListener& l) {
+        if (l.on_event) l.on_event(*data);
+      });
+      return;
+    }
     if (*topic != "objects") return;
     Result<std::string> key = ObjectsEventKey(*data);
     if (key.ok()) Changed(*key);
@@ -739,6 +797,9 @@ class GhostfsBackend final : public CacheBackend {
   std::optional<int> knob_;         // the daemon's knob, once it said
   std::uint64_t knob_serial_ = 0;   // the connection the knob is followed on
   bool knob_asking_ = false;
+  std::optional<json> devices_;  // the daemon's devices as last pushed (modes), while connected
+  std::map<std::uint64_t, DaemonListener> listeners_;  // WatchDaemon's, by id
+  std::uint64_t next_listener_ = 1;
   // Counts changes seen (events, our own writes, lost connections): a body read that spans
   // one is not kept, as it may be older than the change.
   std::uint64_t changes_ = 0;

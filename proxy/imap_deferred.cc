@@ -97,7 +97,7 @@ Result<std::unique_ptr<ImapDeferred>> ImapDeferred::Open(event_base* base, Clock
     self->SetMirror(true);
   };
   h.on_flush = [self] { self->Flush("ghostctl flush"); };
-  d->watch_ = std::make_unique<NetworkWatch>(base, options.control_path, "imap", std::move(h));
+  d->watch_ = std::make_unique<NetworkWatch>(base, backend, options.control_path, "imap", std::move(h));
   return d;
 }
 

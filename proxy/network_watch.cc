@@ -4,12 +4,43 @@
 #include <cstdio>
 
 #include "common/control/control.h"
+#include "proxy/cache_backend.h"
 
 namespace ghost {
 
 NetworkWatch::NetworkWatch(event_base* base, const std::string& control_path, std::string who,
                            Handlers handlers)
     : who_(std::move(who)), handlers_(std::move(handlers)) {
+  Connect(base, control_path);
+}
+
+NetworkWatch::NetworkWatch(event_base* base, CacheBackend* backend, const std::string& control_path,
+                           std::string who, Handlers handlers)
+    : who_(std::move(who)), handlers_(std::move(handlers)) {
+  if (backend != nullptr && !control_path.empty()) {
+    // The callbacks run only while registered: the destructor unregisters them.
+    CacheBackend::DaemonListener l;
+    l.on_knob = [this](int knob) { knob_ = std::clamp(knob, kKnobMin, kKnobMax); };
+    l.on_modes = [this](const nlohmann::json& devices, bool baseline) { OnModes(devices, baseline); };
+    l.on_event = [this](const nlohmann::json& data) { OnEvent(data); };
+    l.on_lost = [this] {
+      high_ = false;
+      known_ = false;
+    };
+    listener_ = backend->WatchDaemon(std::move(l));
+    if (listener_ != 0) {
+      backend_ = backend;
+      return;
+    }
+  }
+  Connect(base, control_path);
+}
+
+void NetworkWatch::OnEvent(const nlohmann::json& data) {
+  if (data.is_object() && data.value("type", "") == "flush" && handlers_.on_flush) handlers_.on_flush();
+}
+
+void NetworkWatch::Connect(event_base* base, const std::string& control_path) {
   if (control_path.empty()) return;
   Result<std::unique_ptr<AsyncControlClient>> c = AsyncControlClient::Connect(base, control_path);
   if (!c.ok()) {
@@ -24,9 +55,8 @@ NetworkWatch::NetworkWatch(event_base* base, const std::string& control_path, st
     if (topic == "modes" && e.contains("data")) {
       OnModes(e["data"], /*baseline=*/false);
       ReadKnob();
-    } else if (topic == "events" && e.contains("data") && e["data"].is_object() &&
-               e["data"].value("type", "") == "flush") {
-      if (handlers_.on_flush) handlers_.on_flush();
+    } else if (topic == "events" && e.contains("data")) {
+      OnEvent(e["data"]);
     }
   });
   control_->SetDisconnectHandler([this] {
@@ -45,7 +75,9 @@ NetworkWatch::NetworkWatch(event_base* base, const std::string& control_path, st
   });
 }
 
-NetworkWatch::~NetworkWatch() = default;
+NetworkWatch::~NetworkWatch() {
+  if (backend_ != nullptr) backend_->UnwatchDaemon(listener_);
+}
 
 void NetworkWatch::ReadKnob() {
   if (!control_) return;

@@ -13,12 +13,20 @@
 // Without a control socket (or when ghostfs cannot be reached) nothing is ever reported: the
 // owners' caps and deadlines still send.
 //
+// One subscription (round 9): given the proxy's CacheBackend, the watch listens on the
+// backend's own subscription (CacheBackend::WatchDaemon: the ghostfs backend's control
+// connection, which also carries download shaping's knob), so a knob change reaches shaping,
+// the IMAP proxy and the SMTP outbox from the same "stats" event, at once rather than at the
+// card's next mode change. Only a backend without a daemon (the tests' in-memory one) leaves
+// the watch to connect to `control_path` itself, as before.
+//
 // Event model: the proxy's loop; push only, no timer. Thread-safety: loop thread only.
 #ifndef GHOST_PROXY_NETWORK_WATCH_H_
 #define GHOST_PROXY_NETWORK_WATCH_H_
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -28,6 +36,7 @@ struct event_base;
 namespace ghost {
 
 class AsyncControlClient;
+class CacheBackend;
 
 class NetworkWatch {
  public:
@@ -38,11 +47,17 @@ class NetworkWatch {
   // `base` is borrowed and must outlive the watch. `who` names the owner in messages. An empty
   // `control_path`, or one that cannot be reached, gives a watch that reports nothing.
   NetworkWatch(event_base* base, const std::string& control_path, std::string who, Handlers handlers);
+  // Listens on `backend`'s subscription when it has one (borrowed; must outlive the watch),
+  // else as above.
+  NetworkWatch(event_base* base, CacheBackend* backend, const std::string& control_path,
+               std::string who, Handlers handlers);
   ~NetworkWatch();
   NetworkWatch(const NetworkWatch&) = delete;
   NetworkWatch& operator=(const NetworkWatch&) = delete;
 
-  bool connected() const { return control_ != nullptr; }
+  bool connected() const { return control_ != nullptr || listener_ != 0; }
+  // Whether the watch listens on the backend's subscription (no connection of its own).
+  bool shared() const { return listener_ != 0; }
   // Whether mode events are known (subscribed and the baseline read).
   bool known() const { return known_; }
   bool high() const { return high_; }
@@ -53,7 +68,11 @@ class NetworkWatch {
 
  private:
   void ReadKnob();
+  void Connect(event_base* base, const std::string& control_path);
+  void OnEvent(const nlohmann::json& data);
   std::string who_;
+  CacheBackend* backend_ = nullptr;
+  std::uint64_t listener_ = 0;  // the backend's listener id (0: none)
   Handlers handlers_;
   std::unique_ptr<AsyncControlClient> control_;
   bool known_ = false;

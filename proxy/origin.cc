@@ -92,7 +92,7 @@ void OriginConn::StartShaping(Bytes size) {
   // A buffer fixed before connect (--plain-rcvbuf) holds plain TCP to its window.
   const bool fixed = o.plain_buffer > 0;
   shaper_ = std::make_unique<UpstreamShaper>(proxy_->clock, bev_.get(), o, size, fixed,
-                                             &proxy_->stats.shaping);
+                                             &proxy_->stats.shaping, handshake_rtt_);
   shaper_->SetCardBackend(proxy_->backend);
   if (read_paused_) shaper_->SetPaused(true);
 }
@@ -251,6 +251,9 @@ void OriginConn::OnEvent(bufferevent*, short what, void* arg) {
   if (self->state_ == State::kConnecting) {
     if (what & BEV_EVENT_CONNECTED) {
       self->state_ = State::kOpen;
+      // The path's round trip before any data (a shaper started later, as a tunnel's is at
+      // 256 KiB with the bottleneck queue full, must not take its minimum RTT from then).
+      self->handshake_rtt_ = HandshakeRtt(bufferevent_getfd(self->bev_.get()));
       // A request head and its body go out as separate writes: no Nagle wait between them.
       int one = 1;
       setsockopt(bufferevent_getfd(self->bev_.get()), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

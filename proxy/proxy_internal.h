@@ -197,6 +197,7 @@ class OriginConn {
   ClientConnection* owner_ = nullptr;
   bool read_paused_ = false;
   std::unique_ptr<UpstreamShaper> shaper_;  // declared after bev_: destroyed before it
+  std::optional<Duration> handshake_rtt_;   // tcpi_min_rtt when the connect completed
 };
 
 // The server state shared by every connection.

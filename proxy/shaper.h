@@ -147,6 +147,9 @@ struct ShapingStats {
   std::uint64_t saturated = 0;  // left for plain TCP: window ≥ 90% of the BDP
   Duration sleep{};             // estimated card sleep time
   Duration elapsed{};           // time shaped downloads ran
+  // The minimum RTT the latest shaped download ended with, and its handshake RTT (0: none).
+  Duration last_min_rtt{};
+  Duration last_handshake_rtt{};
   Bytes bytes = 0;              // bytes of shaped downloads
   double slowdown_sum = 0;      // Σ (elapsed / the plain-TCP estimate), one per download
   std::uint64_t slowdown_count = 0;
@@ -158,10 +161,47 @@ struct ShapingStats {
 std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats& stats);
 std::string ShapingMetricsText(const ShapingStats& stats);
 
+// Bytes a CONNECT tunnel sends toward the client before its shaping starts: `threshold`, or
+// GHOST_SHAPER_TUNNEL_THRESHOLD (bytes) from the environment, a measurement aid for
+// bench_shaping.py (round 9).
+Bytes TunnelShapingThreshold(const ShapingOptions& options);
+
 // Sets SO_RCVBUF on a socket about to connect (or connected). Returns false on failure.
 bool SetShapingBuffer(int fd, int bytes);
 
 class CacheBackend;
+
+// The minimum round trip a shaper times its wake-ups with (the next burst is due one minimum
+// RTT after an open), from samples that cannot include a queue the download itself built.
+//   - The handshake's RTT: TCP_INFO's tcpi_min_rtt read when connect() completes, before any
+//     data. On the connecting side the kernel's first RTT sample is the SYN → SYN-ACK time
+//     (tcp_ack_update_rtt), so this is the path's round trip with nothing of ours queued.
+//   - Later receive-side samples, tcpi_rcv_rtt: the time from one of our ACKs (its TSval) to
+//     data echoing it (tcp_rcv_rtt_measure_ts; ms resolution with timestamps, the kernel
+//     keeps a falling sample at once and smooths a rising one by 1/8). While the bottleneck
+//     queue holds our data this includes the queue (41.5 ms measured on a 30 ms link 256 KiB
+//     into an autotuned tunnel), so samples only ever lower the value.
+// tcpi_min_rtt later in the download is the sender-side minimum over the few segments this
+// side sent (requests, TLS records of the client), and tcpi_rtt their smoothed RTT: neither
+// times the downstream, so neither is used after the handshake. Without a handshake RTT the
+// smallest receive sample is the value (as before round 9).
+class PathMinRtt {
+ public:
+  // The handshake's RTT (> 0; others ignored). Sets the value unless a sample is lower.
+  void SetHandshake(Duration rtt);
+  // A receive-side sample (tcpi_rcv_rtt; > 0, others ignored): lowers the value, never raises.
+  void Sample(Duration rtt);
+  std::optional<Duration> value() const;
+  std::optional<Duration> handshake() const { return handshake_; }
+
+ private:
+  std::optional<Duration> handshake_;
+  std::optional<Duration> lowest_sample_;
+};
+
+// tcpi_min_rtt of a connected socket whose handshake just completed (before any data), or
+// nothing when the kernel has no sample (a SYN that was retransmitted gives none).
+std::optional<Duration> HandshakeRtt(int fd);
 
 class UpstreamShaper {
  public:
@@ -169,9 +209,13 @@ class UpstreamShaper {
   // borrowed too. `size` is the declared length (0 unknown). Starts reading freely.
   // `fixed_at_connect`: the buffer was fixed before connect, so plain TCP on this socket is
   // limited to the same window (the eq. 4 decision compares with that, else with plain TCP at
-  // the link rate).
+  // the link rate). `handshake_rtt`: the connection's RTT measured when it connected
+  // (HandshakeRtt), the minimum RTT's starting value; later receive samples only lower it
+  // (PathMinRtt). A shaper that starts late (a tunnel, 256 KiB in, the bottleneck queue full)
+  // would otherwise start from a queued estimate.
   UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOptions& options, Bytes size,
-                 bool fixed_at_connect, ShapingStats* stats);
+                 bool fixed_at_connect, ShapingStats* stats,
+                 std::optional<Duration> handshake_rtt = std::nullopt);
   // Stops shaping: counts the download, and leaves the bufferevent reading unless paused.
   ~UpstreamShaper();
   UpstreamShaper(const UpstreamShaper&) = delete;
@@ -239,7 +283,8 @@ class UpstreamShaper {
   std::uint32_t ooo_seen_ = 0;
   int lowat_cap_ = 0;
   int lowat_ = 1;  // SO_RCVLOWAT now
-  std::optional<Duration> rcv_rtt_min_;  // smallest tcpi_rcv_rtt seen
+  PathMinRtt rtt_;  // the handshake's RTT, lowered by receive samples
+  bool legacy_rtt_ = false;  // GHOST_SHAPER_HANDSHAKE_RTT=0 (proxy/shaper.cc)
   TimePoint start_{};
   TimePoint last_arrival_{};
   // The watchdog (Step): when the window last closed or anything last arrived or opened; a

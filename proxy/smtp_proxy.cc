@@ -475,7 +475,7 @@ void SmtpProxy::Impl::SubscribeModes() {
   h.on_flush = [this] {
     if (!outbox->waiting().empty()) Flush("ghostctl flush");
   };
-  watch = std::make_unique<NetworkWatch>(base, options.control_path, "smtp", std::move(h));
+  watch = std::make_unique<NetworkWatch>(base, backend, options.control_path, "smtp", std::move(h));
 }
 
 // ---- the listener ----

@@ -226,7 +226,7 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
 
 
 def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None,
-             scheme="http", diagnose=False):
+             scheme="http", diagnose=False, limit_s=300):
     """One download through the proxy with a capture; returns the priced runs. `buffer`: the
     shaper's SO_RCVBUF; `plain_rcvbuf`: with mode off, SO_RCVBUF fixed before connect (the
     paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes). `scheme` https:
@@ -254,7 +254,7 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
         env["GHOST_SHAPING_PLAIN_RCVBUF"] = str(plain_rcvbuf)
     r = subprocess.run([os.path.join(build, "tests", "proxy_shaping_test"),
                         "--gtest_filter=*EmulatedLink*"], env=env, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=limit_s)
     time.sleep(0.3)
     td.send_signal(signal.SIGTERM)
     td.wait(timeout=10)
@@ -309,6 +309,9 @@ def ratios(auto, fixed, shaped, want):
         # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
         "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
         "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+        # The minimum RTT the shaper ended with and the connection's handshake RTT (round 9).
+        "min_rtt_ms": shaped["driver"]["shaping"].get("last_min_rtt_ms"),
+        "handshake_rtt_ms": shaped["driver"]["shaping"].get("last_handshake_rtt_ms"),
         "forced_open_log": shaped.get("forced_open_log", []),
         "secs": {"auto": a["delay_s"], "fixed": f["delay_s"], "shaped": s["delay_s"]},
         "joules": {"auto": a["energy_j"], "fixed": f["energy_j"], "shaped": s["energy_j"]},
@@ -354,15 +357,19 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
         link = Link(build, name, subnet, rtt, loss, jitter, rate, workdir, origin_cc,
                     tls="https" in schemes)
         out = {scheme: [] for scheme in schemes}
+        # One download's time limit: 300 s, or four times what the paper's fixed window
+        # (~22 KB per round trip) needs for `size` (20 MB at 120 ms: ~110 s at that window,
+        # 1.3–1.8× that shaped or with 1% loss; the limit is then 436 s).
+        limit_s = max(300.0, 4 * size * (rtt / 1e3) / 22e3)
         try:
             for i in range(rounds):
                 for scheme in schemes:
                     t = "" if scheme == "http" else scheme
                     auto = download(build, link, "off", workdir, f"plain{t}{i}", profile,
-                                    scheme=scheme)
+                                    scheme=scheme, limit_s=limit_s)
                     fixed = download(build, link, "off", workdir, f"fixed{t}{i}", profile,
                                      plain_rcvbuf=buffer or DEFAULT_BUFFER,
-                                     scheme=scheme) if fixed_arm else None
+                                     scheme=scheme, limit_s=limit_s) if fixed_arm else None
                     # As the proxy shapes HTTP: the buffer is fixed after the handshake, with
                     # the window scale of an autotuned socket (a tunnel's before connect, by the
                     # proxy itself). `at_connect`: fixed before connect, as the plain arm's
@@ -370,7 +377,7 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     # packets, E×D 0.67–0.69× instead of 0.32–0.52×).
                     shaped = download(build, link, mode, workdir, f"shaped{t}{i}", profile,
                                       buffer=buffer, plain_rcvbuf=buffer if at_connect else None,
-                                      scheme=scheme, diagnose=diagnose)
+                                      scheme=scheme, diagnose=diagnose, limit_s=limit_s)
                     row = ratios(auto, fixed, shaped, want)
                     if "diagnosis" in shaped:
                         d = shaped["diagnosis"]
@@ -384,7 +391,8 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                         f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
                         f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
                         f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
-                        f"{row['bursts']}, forced opens {row['forced_opens']}, secs "
+                        f"{row['bursts']}, forced opens {row['forced_opens']}, min RTT "
+                        f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
                         f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
                         f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
         finally:

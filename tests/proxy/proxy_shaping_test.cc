@@ -835,5 +835,111 @@ TEST_F(ProxyShapingTest, EmulatedLinkDownloadGoesInBursts) {
   EXPECT_GT(ToSeconds(s.sleep), 0.2 * secs);
 }
 
+// The shaper's minimum RTT starts from the handshake's and is only ever lowered (round 9, issue
+// 13: a tunnel's shaper starts 256 KiB in with the bottleneck queue full, and took its minimum
+// RTT from the kernel's receive estimate then, 41.5 ms on a 30 ms link, so wake-ups came late).
+TEST(PathMinRttTest, HandshakeRttIsLoweredBySamplesNeverRaised) {
+  PathMinRtt rtt;
+  EXPECT_FALSE(rtt.value().has_value());
+  rtt.SetHandshake(60ms);
+  EXPECT_EQ(rtt.value(), Duration(60ms));
+  rtt.Sample(101ms);  // a queued estimate: ignored
+  EXPECT_EQ(rtt.value(), Duration(60ms));
+  rtt.Sample(59ms);  // a lower sample lowers it
+  EXPECT_EQ(rtt.value(), Duration(59ms));
+  rtt.Sample(75ms);  // and a later rise does not raise it again
+  EXPECT_EQ(rtt.value(), Duration(59ms));
+  rtt.Sample(Duration::zero());  // no sample (tcpi_rcv_rtt 0)
+  EXPECT_EQ(rtt.value(), Duration(59ms));
+  EXPECT_EQ(rtt.handshake(), Duration(60ms));
+}
+
+TEST(PathMinRttTest, WithoutAHandshakeTheLowestSampleIsTheValue) {
+  PathMinRtt rtt;
+  rtt.SetHandshake(Duration::zero());  // no sample at connect: ignored
+  rtt.Sample(42ms);
+  rtt.Sample(50ms);
+  EXPECT_EQ(rtt.value(), Duration(42ms));
+  EXPECT_FALSE(rtt.handshake().has_value());
+}
+
+// The adapter on a real socket: given a handshake RTT, its shaper starts from it rather than
+// from the kernel's estimate when shaping starts, and the receive samples of the download can
+// only lower it (loopback's are microseconds, far below the 80 ms given).
+TEST(UpstreamShaperTest, StartsFromTheHandshakeRttAndSamplesOnlyLowerIt) {
+  event_base* base = event_base_new();
+  ASSERT_NE(base, nullptr);
+  {
+    RealClock clock(base);
+    int port = 0;
+    const int listener = ListenOn(&port);
+    const int client = ConnectTo(port);
+    const int server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    ASSERT_GE(server, 0);
+    const std::optional<Duration> handshake = HandshakeRtt(client);
+    ASSERT_TRUE(handshake.has_value()) << "no tcpi_min_rtt after a loopback connect";
+    EXPECT_LT(*handshake, 20ms) << "loopback";
+    evutil_make_socket_nonblocking(client);
+    bufferevent* bev = bufferevent_socket_new(base, client, BEV_OPT_CLOSE_ON_FREE);
+    ASSERT_NE(bev, nullptr);
+    ShapingOptions o;
+    o.mode = ShapeMode::kAlways;
+    ShapingStats stats;
+    auto shaper = std::make_unique<UpstreamShaper>(&clock, bev, o, 0, /*fixed_at_connect=*/false,
+                                                   &stats, Duration(80ms));
+    EXPECT_EQ(shaper->shaper().min_rtt(), Duration(80ms)) << "nothing received yet";
+    constexpr std::size_t kSize = 2'000'000;
+    struct Reader {
+      std::size_t got = 0;
+      event_base* base;
+    } reader{0, base};
+    bufferevent_setcb(
+        bev,
+        [](bufferevent* b, void* arg) {
+          auto* r = static_cast<Reader*>(arg);
+          evbuffer* in = bufferevent_get_input(b);
+          r->got += evbuffer_get_length(in);
+          evbuffer_drain(in, evbuffer_get_length(in));
+          if (r->got >= kSize) event_base_loopbreak(r->base);
+        },
+        nullptr, nullptr, &reader);
+    bufferevent_enable(bev, EV_READ);
+    std::thread sender([server] { SendAll(server, RandomBytes(kSize, 12)); });
+    const timeval limit{20, 0};
+    event_base_loopexit(base, &limit);
+    event_base_dispatch(base);
+    sender.join();
+    EXPECT_EQ(reader.got, kSize);
+    EXPECT_LE(shaper->shaper().min_rtt(), Duration(80ms)) << "raised above the handshake's";
+    shaper.reset();
+    EXPECT_EQ(stats.last_handshake_rtt, Duration(80ms));
+    EXPECT_LE(stats.last_min_rtt, Duration(80ms));
+    bufferevent_free(bev);
+    ::close(server);
+    ::close(listener);
+  }
+  event_base_free(base);
+}
+
+// A tunnel's origin connection measures the handshake's RTT when it connects and hands it to
+// the shaper it starts 256 KiB in (proxy/origin.cc).
+TEST_F(ProxyShapingTest, TunnelShaperGetsTheHandshakeRtt) {
+  ProxyOptions o = Options(ShapeMode::kAlways);
+  const std::string body = RandomBytes(1'000'000, 13);
+  Script script{"", body};
+  script.wait_request = false;
+  StreamingOrigin origin(script);
+  o.connect_ports = {static_cast<std::uint16_t>(origin.port())};
+  StartProxy(o);
+  const std::string got = BodyOf(Exchange("CONNECT 127.0.0.1:" + std::to_string(origin.port()) +
+                                          " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"));
+  EXPECT_TRUE(got == body) << got.size() << " bytes of " << body.size();
+  for (int i = 0; i < 500 && Stats().active > 0; ++i) std::this_thread::sleep_for(10ms);
+  const ShapingStats s = Stats();
+  EXPECT_EQ(s.shaped_downloads, 1u);
+  EXPECT_GT(s.last_handshake_rtt, Duration::zero()) << "the shaper was given no handshake RTT";
+  EXPECT_LE(s.last_min_rtt, s.last_handshake_rtt);
+}
+
 }  // namespace
 }  // namespace ghost
