@@ -887,9 +887,18 @@ std::string CacheStore::ObjectName(std::string_view key) {
 }
 
 std::uint64_t CacheStore::KeyHash(std::string_view key) {
+  // One request asks for the same key's hash several times in a row (find, touch, the packed
+  // body, the table): the last one is remembered, per thread.
+  thread_local std::string last_key;
+  thread_local std::uint64_t last_hash = 0;
+  thread_local bool have_last = false;
+  if (have_last && key == last_key) return last_hash;
   unsigned char digest[SHA256_DIGEST_LENGTH];
   Sha256(key, digest);
-  return ObjectTable::HashOf(digest);
+  last_hash = ObjectTable::HashOf(digest);
+  last_key.assign(key);
+  have_last = true;
+  return last_hash;
 }
 
 std::int64_t CacheStore::NextTick() {
