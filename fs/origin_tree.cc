@@ -631,7 +631,12 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   state.fresh = cached && cached->expires && *cached->expires + ctx_.options.max_stale > now;
   state.size = cached ? cached->size : listed_size;  // a miss: what the fetch should carry
   ReadDecision d = ctx_.manager.DecideRead(state);
-  if (d.costed) ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
+  if (d.costed) {
+    Decision& dec = ctx_.reads.decisions[ino];
+    dec.choice = d.choice;
+    dec.knob = ctx_.machine.pm().knob();
+    dec.cost = nullptr;
+  }
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
@@ -649,12 +654,14 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   }
 }
 
-nlohmann::json CostJson(const Choice& c, const PowerManager& pm) {
+nlohmann::json CostJson(const Choice& c, const PowerManager& pm) { return CostJson(c, pm.knob()); }
+
+nlohmann::json CostJson(const Choice& c, int knob) {
   nlohmann::json cost = nlohmann::json::object();
   for (const SourceEstimate& e : c.candidates) {
     cost[SourceName(e.holder.source)] = {{"time_ms", ToMillis(e.time)}, {"energy_j", e.energy.joules()}, {"cost", e.cost}};
   }
-  cost["knob"] = pm.knob();
+  cost["knob"] = knob;
   cost["chosen"] = SourceName(c.chosen.holder.source);
   cost["ideal"] = SourceName(c.ideal.holder.source);
   cost["ghost_hint"] = c.hinted;
@@ -1031,7 +1038,9 @@ std::optional<std::string> OriginTree::OriginXattr(Node* n, const std::string& n
   if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
   if (name == "user.ghost.source") return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : SourceLabel(*d->second.source);
   if (name == "user.ghost.cost") {
-    if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;
+    if (d == ctx_.reads.decisions.end()) return std::nullopt;
+    if (d->second.choice) return CostJson(*d->second.choice, d->second.knob).dump();
+    if (d->second.cost.is_null()) return std::nullopt;
     return d->second.cost.dump();
   }
   if (name == "user.http.etag") {
