@@ -29,7 +29,8 @@
 //     backing id (JoinBacking): its reads and writes still go to the daemon; only an mmap of it
 //     maps the backing file, i.e. the body the passthrough opens read.
 //   - All passthrough opens of one inode must share one backing file (else EBUSY), so the
-//     backing id is per inode, reused while its opens last, closed with the last release.
+//     inode's opens share one backing id while they last; the id is closed once neither an
+//     inode's opens nor the kept backings (below) refer to it.
 //   - The kernel looks the id up when the opener processes the reply, after our writev has
 //     returned; closing the id right after the reply could race with that. It takes its own
 //     reference then (the backing file outlives the id), so closing at the last release is safe.
@@ -123,8 +124,8 @@ class FusePassthrough {
   // inode's backing id, for an open sent with direct_io (reads through the daemon), counted
   // like a passthrough open until Released. nullopt: no passthrough open of `ino` is active.
   std::optional<int> JoinBacking(fuse_ino_t ino);
-  // An open that Acquired or Joined was released (or its reply failed); the last one closes
-  // the id.
+  // An open that Acquired or Joined was released (or its reply failed); the inode's last one
+  // lets go of the id (closed unless it is kept).
   void ReleasePassthrough(fuse_ino_t ino);
   // A cached-mode (not direct_io) open of `ino` was replied / released.
   void CachedOpened(fuse_ino_t ino);
