@@ -187,7 +187,7 @@ ssize_t FusePassthrough::Writev(int fd, const iovec* iov, int count) {
   return ::writev(fd, iov, count);
 }
 
-std::optional<int> FusePassthrough::Acquire(fuse_ino_t ino, int body_fd) {
+std::optional<int> FusePassthrough::Acquire(fuse_ino_t ino, int body_fd, const std::string& key) {
   if (!enabled()) return std::nullopt;
   struct stat st;
   if (fstat(body_fd, &st) != 0) return std::nullopt;
@@ -206,7 +206,12 @@ std::optional<int> FusePassthrough::Acquire(fuse_ino_t ino, int body_fd) {
     ++opens_;
     return io.backing_id;
   }
-  BackingMap map{body_fd, 0, 0};
+  return Register(ino, io, body_fd, st, key, 0);
+}
+
+std::optional<int> FusePassthrough::Register(fuse_ino_t ino, InodeIo& io, int fd, const struct stat& st,
+                                             const std::string& key, std::size_t bytes) {
+  BackingMap map{fd, 0, 0};
   int id = ioctl(fuse_fd_, kIocBackingOpen, &map);
   if (id < 0) {
     int e = errno;
@@ -221,11 +226,26 @@ std::optional<int> FusePassthrough::Acquire(fuse_ino_t ino, int body_fd) {
   io.backing_id = id;
   io.dev = st.st_dev;
   io.body_ino = st.st_ino;
+  Backing& b = backings_[id];
+  b.refs = 1;  // the inode's
+  b.dev = st.st_dev;
+  b.body_ino = st.st_ino;
   ++opens_;
+  if (!key.empty()) {
+    DropKept(key);  // an older body of the key: its opens keep their reference
+    b.refs += 1;
+    b.key = key;
+    b.bytes = bytes;
+    kept_lru_.push_front(id);
+    b.lru = kept_lru_.begin();
+    kept_[key] = id;
+    kept_bytes_ += bytes;
+    TrimKept();
+  }
   return id;
 }
 
-std::optional<int> FusePassthrough::AcquireBytes(fuse_ino_t ino, std::string_view body) {
+std::optional<int> FusePassthrough::AcquireBytes(fuse_ino_t ino, std::string_view body, const std::string& key) {
   if (!enabled()) return std::nullopt;
   if (auto it = inodes_.find(ino); it != inodes_.end() && (it->second.cached > 0 || it->second.passthrough > 0)) {
     return std::nullopt;  // the daemon serves it, as before (no fallback counted: no body file)
@@ -241,7 +261,61 @@ std::optional<int> FusePassthrough::AcquireBytes(fuse_ino_t ino, std::string_vie
   // Nothing may change the bytes the kernel reads for this open (the daemon closes its fd
   // right after; the kernel keeps its own reference until the last open is released).
   (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
-  return Acquire(ino, fd.get());
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return std::nullopt;
+  return Register(ino, inodes_[ino], fd.get(), st, key, body.size());
+}
+
+std::optional<int> FusePassthrough::AcquireKept(fuse_ino_t ino, const std::string& key) {
+  if (!enabled()) return std::nullopt;
+  auto k = kept_.find(key);
+  if (k == kept_.end()) return std::nullopt;
+  int id = k->second;
+  Backing& b = backings_[id];
+  InodeIo& io = inodes_[ino];
+  if (io.cached > 0 || (io.passthrough > 0 && io.backing_id != id)) {
+    ++fallbacks_;
+    Forget(ino);
+    return std::nullopt;
+  }
+  if (io.passthrough++ == 0) {
+    io.backing_id = id;
+    io.dev = b.dev;
+    io.body_ino = b.body_ino;
+    ++b.refs;
+  }
+  kept_lru_.splice(kept_lru_.begin(), kept_lru_, b.lru);
+  ++opens_;
+  ++kept_hits_;
+  return id;
+}
+
+void FusePassthrough::DropKept(const std::string& key) {
+  auto k = kept_.find(key);
+  if (k == kept_.end()) return;
+  int id = k->second;
+  kept_.erase(k);
+  Backing& b = backings_[id];
+  kept_lru_.erase(b.lru);
+  kept_bytes_ -= b.bytes;
+  b.key.clear();
+  Unref(id);
+}
+
+void FusePassthrough::TrimKept() {
+  while (!kept_lru_.empty() && (kept_.size() > kMaxKept || kept_bytes_ > kMaxKeptBytes)) {
+    DropKept(std::string(backings_[kept_lru_.back()].key));
+  }
+}
+
+void FusePassthrough::Unref(int id) {
+  auto it = backings_.find(id);
+  if (it == backings_.end() || --it->second.refs > 0) return;
+  backings_.erase(it);
+  std::uint32_t uid = static_cast<std::uint32_t>(id);
+  if (ioctl(fuse_fd_, kIocBackingClose, &uid) != 0) {
+    std::fprintf(stderr, "ghostfs: FUSE_DEV_IOC_BACKING_CLOSE %u: %s\n", uid, std::strerror(errno));
+  }
 }
 
 void FusePassthrough::ReleasePassthrough(fuse_ino_t ino) {
@@ -249,11 +323,7 @@ void FusePassthrough::ReleasePassthrough(fuse_ino_t ino) {
   if (it == inodes_.end() || it->second.passthrough <= 0) return;
   InodeIo& io = it->second;
   if (--io.passthrough == 0) {
-    std::uint32_t id = static_cast<std::uint32_t>(io.backing_id);
-    if (ioctl(fuse_fd_, kIocBackingClose, &id) != 0) {
-      std::fprintf(stderr, "ghostfs: FUSE_DEV_IOC_BACKING_CLOSE %u: %s\n", id,
-                   std::strerror(errno));
-    }
+    Unref(io.backing_id);
     io.backing_id = -1;
   }
   Forget(ino);
@@ -304,7 +374,9 @@ nlohmann::json FusePassthrough::StatsJson() const {
   return {{"state", StateName(state_)},
           {"opens", opens_},
           {"fallbacks", fallbacks_},
-          {"joined", joined_}};
+          {"joined", joined_},
+          {"kept", kept_.size()},
+          {"kept_hits", kept_hits_}};
 }
 
 }  // namespace ghost

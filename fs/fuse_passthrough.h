@@ -29,7 +29,8 @@
 //     backing id (JoinBacking): its reads and writes still go to the daemon; only an mmap of it
 //     maps the backing file, i.e. the body the passthrough opens read.
 //   - All passthrough opens of one inode must share one backing file (else EBUSY), so the
-//     backing id is per inode, reused while its opens last, closed with the last release.
+//     inode's opens share one backing id while they last; the id is closed once neither an
+//     inode's opens nor the kept backings (below) refer to it.
 //   - The kernel looks the id up when the opener processes the reply, after our writev has
 //     returned; closing the id right after the reply could race with that. It takes its own
 //     reference then (the backing file outlives the id), so closing at the last release is safe.
@@ -39,16 +40,28 @@
 // If the kernel does not offer passthrough, or the first registration fails, passthrough stays
 // off for the mount with one log line, and every open takes the daemon's normal read path.
 //
+// Kept backings: a backing id registered for an object (the caller's key: its URL) stays
+// registered after the last release of its opens, so the next open of the same object is
+// answered with it at once (AcquireKept): no registration, and for a packed body no index
+// read, memfd or copy. A backing id is not tied to an inode in the kernel (it is a reference to
+// the backing file), so a new inode of the same object (after the kernel forgot the old one)
+// reuses it. The caller drops a key's kept backing (DropKept) the moment its object changes
+// (replaced, evicted, new metadata), so a kept backing never serves a version the index no
+// longer has, nor holds an evicted file's space. Bounded: kMaxKept ids and kMaxKeptBytes of
+// memfd copies, the least recently acquired idle ones out first.
+//
 // Thread-safety: not thread-safe; the daemon's one event-loop thread calls everything
 // (libfuse calls Read and Writev from fuse_session_receive_buf and fuse_reply_* on that thread).
 #ifndef GHOST_FS_FUSE_PASSTHROUGH_H_
 #define GHOST_FS_FUSE_PASSTHROUGH_H_
 
 #include <fuse_lowlevel.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -92,18 +105,27 @@ class FusePassthrough {
   // passthrough open of `ino` until Released. nullopt: open it the normal way — cached-mode
   // opens of `ino` are active, or passthrough opens of an older body of it, or passthrough is
   // not available (the first refusal is logged once and turns it off).
-  std::optional<int> Acquire(fuse_ino_t ino, int body_fd);
+  // With a non-empty `key`, the backing id is kept for the next open of `key` (AcquireKept).
+  std::optional<int> Acquire(fuse_ino_t ino, int body_fd, const std::string& key = {});
   // Acquire for a body held in memory (a small body packed in the index): the bytes are
   // copied into a sealed memfd that the kernel reads instead (the READ round trip of a small
   // file is most of its cost). Only tried while no other open of `ino` is active, so a
   // passthrough open never refuses a later one for being of another backing file.
-  std::optional<int> AcquireBytes(fuse_ino_t ino, std::string_view body);
+  std::optional<int> AcquireBytes(fuse_ino_t ino, std::string_view body, const std::string& key = {});
+  // The kept backing id of `key` for a passthrough open of `ino`, counted as one passthrough
+  // open of `ino` until Released. nullopt: none kept (or dropped), cached-mode opens of `ino`
+  // are active, or passthrough opens of `ino` on another backing are; open it the normal way.
+  std::optional<int> AcquireKept(fuse_ino_t ino, const std::string& key);
+  // `key`'s object changed: its kept backing id is closed now, or at the last release of the
+  // opens still reading it; later AcquireKept calls for it fail until a new Acquire keeps one.
+  void DropKept(const std::string& key);
+  std::size_t kept() const { return kept_.size(); }
   // While passthrough opens of `ino` are active, any other open of it must join them: the
   // inode's backing id, for an open sent with direct_io (reads through the daemon), counted
   // like a passthrough open until Released. nullopt: no passthrough open of `ino` is active.
   std::optional<int> JoinBacking(fuse_ino_t ino);
-  // An open that Acquired or Joined was released (or its reply failed); the last one closes
-  // the id.
+  // An open that Acquired or Joined was released (or its reply failed); the inode's last one
+  // lets go of the id (closed unless it is kept).
   void ReleasePassthrough(fuse_ino_t ino);
   // A cached-mode (not direct_io) open of `ino` was replied / released.
   void CachedOpened(fuse_ino_t ino);
@@ -116,7 +138,8 @@ class FusePassthrough {
 
   // {"state": "on"|..., "opens": passthrough opens so far, "fallbacks": opens that could
   // have been passthrough but were not (another io mode, or an older body, was active),
-  // "joined": opens sent with direct_io on a backing id because passthrough opens were active}.
+  // "joined": opens sent with direct_io on a backing id because passthrough opens were active,
+  // "kept": backing ids kept now, "kept_hits": opens answered with a kept one}.
   nlohmann::json StatsJson() const;
 
  private:
@@ -124,12 +147,35 @@ class FusePassthrough {
   struct InodeIo {
     int cached = 0;       // cached-mode opens replied and not released
     int passthrough = 0;  // opens replied with FOPEN_PASSTHROUGH and not released
-    int backing_id = -1;  // while passthrough > 0
+    int backing_id = -1;  // while passthrough > 0 (holds one reference of it)
     dev_t dev = 0;        // the body file the backing id refers to
     ino_t body_ino = 0;
   };
+  // A registered backing id: one reference per inode whose passthrough opens use it, one
+  // more while it is kept under a key; closed when none is left.
+  struct Backing {
+    int refs = 0;
+    dev_t dev = 0;  // the file it refers to
+    ino_t body_ino = 0;
+    std::size_t bytes = 0;  // of a memfd copy (0: a body file)
+    std::string key;        // kept under this key (empty: not kept)
+    std::list<int>::iterator lru;
+  };
+  static constexpr std::size_t kMaxKept = 512;
+  static constexpr std::size_t kMaxKeptBytes = 4 << 20;
   void TurnOff(const std::string& why);
   void Forget(fuse_ino_t ino);  // drops the entry once nothing is open
+  // Registers `fd` for a first passthrough open of `ino` (nothing of it open), kept under `key`
+  // unless empty. nullopt: the kernel refused (passthrough is turned off).
+  std::optional<int> Register(fuse_ino_t ino, InodeIo& io, int fd, const struct stat& st,
+                              const std::string& key, std::size_t bytes);
+  void Unref(int id);  // the last reference closes the id
+  void TrimKept();     // drops kept ids beyond the bounds, least recently acquired first
+  std::unordered_map<int, Backing> backings_;
+  std::unordered_map<std::string, int> kept_;  // key -> backing id
+  std::list<int> kept_lru_;                    // kept ids, most recently acquired first
+  std::size_t kept_bytes_ = 0;
+  std::uint64_t kept_hits_ = 0;
 
   std::string cache_dir_;
   State state_ = State::kOff;

@@ -460,7 +460,12 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
   t.Lookup(req, p, name);
 }
 
-void Daemon::OpForget(fuse_ino_t ino, uint64_t nlookup) { inodes_.Forget(ino, nlookup); }
+void Daemon::OpForget(fuse_ino_t ino, uint64_t nlookup) {
+  inodes_.Forget(ino, nlookup);
+  // A forgotten inode number is never handed out again: what its reads did goes with it (else
+  // the map grows by one entry each time the kernel drops and looks up a file again).
+  if (!inodes_.Find(ino)) reads_.decisions.erase(ino);
+}
 
 void Daemon::OpGetattr(fuse_req_t req, fuse_ino_t ino) {
   Node* n = inodes_.Find(ino);

@@ -74,6 +74,7 @@ OriginTree::OriginTree(TreeContext ctx) : ctx_(std::move(ctx)), bodies_(BodyFdCa
   // The store outlives the tree (TreeContext); the listener goes with the tree.
   ctx_.store.SetInternalChangeListener([this](const std::string& key) {
     bodies_.Forget(key);
+    ctx_.passthrough.DropKept(key);
     DropKernelCopy(key);
   });
 }
@@ -412,15 +413,22 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     std::optional<int> backing;
     // Which version of the body this handle reads (one, from open to release).
     std::string version;
+    // The same object opened recently: its backing id is still registered (the store's change
+    // listener drops it the moment the object changes), so the kernel reads it at once.
+    if (source == ReadSource::kDisk) {
+      ctx_.store.Touch(url);
+      backing = ctx_.passthrough.AcquireKept(ino, url);
+    }
     std::shared_ptr<const std::string> packed =
-        source == ReadSource::kDisk ? ctx_.store.PackedBody(url) : nullptr;
-    if (packed) {
+        source == ReadSource::kDisk && !backing ? ctx_.store.PackedBody(url) : nullptr;
+    if (backing) {
+      // Nothing to read here: passthrough reads never reach the daemon.
+    } else if (packed) {
       // A small body packed in the index: this handle keeps the bytes it read.
       version = CacheStore::PackedVersion(*packed);
       // The kernel reads it from a memfd copy (no READ round trip), else the daemon serves it.
-      backing = ctx_.passthrough.AcquireBytes(ino, *packed);
+      backing = ctx_.passthrough.AcquireBytes(ino, *packed, url);
       h.body = std::move(packed);
-      ctx_.store.Touch(url);
     } else if (source == ReadSource::kDisk) {
       // Opened once per open file, not per read; stays readable even if evicted meanwhile.
       // A body opened recently is still open (no path walk on the disk).
@@ -430,13 +438,12 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);
       }
       h.file = std::move(file).value();
-      ctx_.store.Touch(url);
       // The cost model chose the disk for this open: the kernel may read the body file itself
       // (a committed body is complete and never rewritten: a replacement is a new file).
       const CacheEntry* e = MountEntry(url);
       if (h.file.size_known()) version = h.file.version();
       if (e && h.file.size_known() && h.file.size() == e->size) {
-        backing = ctx_.passthrough.Acquire(ino, h.file.fd());
+        backing = ctx_.passthrough.Acquire(ino, h.file.fd(), url);
       }
       if (!backing && h.file.size_known()) StartPrefetch(h, h.file.size());
     } else if (source == ReadSource::kWriteQueue) {
@@ -624,7 +631,12 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   state.fresh = cached && cached->expires && *cached->expires + ctx_.options.max_stale > now;
   state.size = cached ? cached->size : listed_size;  // a miss: what the fetch should carry
   ReadDecision d = ctx_.manager.DecideRead(state);
-  if (d.costed) ctx_.reads.decisions[ino].cost = CostJson(d.choice, ctx_.machine.pm());
+  if (d.costed) {
+    Decision& dec = ctx_.reads.decisions[ino];
+    dec.choice = d.choice;
+    dec.knob = ctx_.machine.pm().knob();
+    dec.cost = nullptr;
+  }
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
@@ -635,7 +647,6 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     case ReadSource::kDisk:
     case ReadSource::kFlash:
       ctx_.reads.decisions[ino].source = ReadSource::kDisk;
-      ctx_.store.Touch(url);
       return open_handle(ReadSource::kDisk, nullptr);
     case ReadSource::kNetwork:
     case ReadSource::kStale:  // not a decision (see cache_manager.h)
@@ -643,12 +654,14 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   }
 }
 
-nlohmann::json CostJson(const Choice& c, const PowerManager& pm) {
+nlohmann::json CostJson(const Choice& c, const PowerManager& pm) { return CostJson(c, pm.knob()); }
+
+nlohmann::json CostJson(const Choice& c, int knob) {
   nlohmann::json cost = nlohmann::json::object();
   for (const SourceEstimate& e : c.candidates) {
     cost[SourceName(e.holder.source)] = {{"time_ms", ToMillis(e.time)}, {"energy_j", e.energy.joules()}, {"cost", e.cost}};
   }
-  cost["knob"] = pm.knob();
+  cost["knob"] = knob;
   cost["chosen"] = SourceName(c.chosen.holder.source);
   cost["ideal"] = SourceName(c.ideal.holder.source);
   cost["ghost_hint"] = c.hinted;
@@ -1036,7 +1049,9 @@ std::optional<std::string> OriginTree::OriginXattr(Node* n, const std::string& n
   if (name == "user.ghost.cached") return std::string(e ? "1" : "0");
   if (name == "user.ghost.source") return d == ctx_.reads.decisions.end() || !d->second.source ? std::string("none") : SourceLabel(*d->second.source);
   if (name == "user.ghost.cost") {
-    if (d == ctx_.reads.decisions.end() || d->second.cost.is_null()) return std::nullopt;
+    if (d == ctx_.reads.decisions.end()) return std::nullopt;
+    if (d->second.choice) return CostJson(*d->second.choice, d->second.knob).dump();
+    if (d->second.cost.is_null()) return std::nullopt;
     return d->second.cost.dump();
   }
   if (name == "user.http.etag") {

@@ -41,6 +41,10 @@ void Tree::Removexattr(fuse_req_t req, Node*, const char*) { fuse_reply_err(req,
 
 namespace {
 const std::int64_t kStartedUnix = static_cast<std::int64_t>(std::time(nullptr));
+// The daemon's owner, once: every entry and attribute reply carries it, and getuid/getgid are
+// system calls (the daemon never changes its ids).
+const uid_t kOwnerUid = getuid();
+const gid_t kOwnerGid = getgid();
 }  // namespace
 
 std::int64_t MountedUnix() { return kStartedUnix; }
@@ -51,8 +55,8 @@ struct stat DirStat(fuse_ino_t ino, mode_t perm) {
   st.st_ino = ino;
   st.st_mode = S_IFDIR | perm;
   st.st_nlink = 2;
-  st.st_uid = getuid();
-  st.st_gid = getgid();
+  st.st_uid = kOwnerUid;
+  st.st_gid = kOwnerGid;
   return st;
 }
 
@@ -63,8 +67,8 @@ struct stat FileStat(fuse_ino_t ino, Bytes size, mode_t perm, std::optional<std:
   st.st_nlink = 1;
   st.st_size = static_cast<off_t>(size);
   st.st_blocks = static_cast<blkcnt_t>((size + 511) / 512);
-  st.st_uid = getuid();
-  st.st_gid = getgid();
+  st.st_uid = kOwnerUid;
+  st.st_gid = kOwnerGid;
   if (mtime) st.st_mtim.tv_sec = st.st_ctim.tv_sec = *mtime;
   return st;
 }
