@@ -718,7 +718,12 @@ TEST_F(CacheStoreTest, Version4IndexIsRebuiltAndKeepsItsObjects) {
   };
   insert("http://origin/packed", 6, "\"p\"", head, "CAST('packed' AS BLOB)", 3);
   insert(file_key, file_body.size(), "\"f\"", "", "NULL", 2);
+  {
+    // A partial copy left by an upgrade cut short: never opened, replaced by a whole one.
+    std::ofstream(dir_ + "/index.sqlite.v5") << "half a copy";
+  }
   Reopen();
+  EXPECT_FALSE(fs::exists(dir_ + "/index.sqlite.v5"));
   ASSERT_EQ(store_->index().size(), 2u);
   EXPECT_EQ(LruOrder(), (Keys{file_key, "http://origin/packed"}));  // access times kept
   EXPECT_EQ(*ReadAll("http://origin/packed"), "packed");
