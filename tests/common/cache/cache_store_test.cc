@@ -1084,6 +1084,42 @@ TEST_F(CacheStoreTest, SmallObjectsTakeAtMostOneAndAHalfTimesTheirBodiesOnDisk) 
                                    << " at 3000";
 }
 
+TEST_F(CacheStoreTest, RowsFreedByEvictionAreReusedSoACacheAtItsCapStopsGrowing) {
+  // Fill -> evict -> fill: a cache at its cap keeps the same number of packed objects, so
+  // the index must reuse the space evicted rows leave (sqlite's free pages), not grow.
+  pack_limit_ = 16 * 1024;
+  constexpr int kAtCap = 1000;
+  std::mt19937 random(4);
+  std::string body(512, '\0');
+  for (char& c : body) c = static_cast<char>(random());
+  auto disk = [&] {
+    Bytes total = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(dir_)) {
+      struct stat sb;
+      if (::lstat(entry.path().c_str(), &sb) == 0) total += static_cast<Bytes>(sb.st_blocks) * 512;
+    }
+    return total;
+  };
+  int next = 0;
+  auto fill = [&](int n) {
+    Reopen(kAtCap * body.size());
+    for (int i = 0; i < n; ++i, ++next) {
+      CacheEntry meta = Meta("\"" + std::to_string(next) + "\"");
+      meta.size = body.size();
+      meta.response = R"({"status":200,"headers":[["ETag","\")" + std::to_string(next) + R"(\""]]})";
+      ASSERT_TRUE(Fill("http://127.0.0.1:50031/o/" + std::to_string(next), body, meta).ok());
+    }
+    EXPECT_EQ(store_->index().size(), static_cast<std::size_t>(std::min(next, kAtCap)));
+    store_.reset();
+  };
+  fill(kAtCap);
+  Bytes full = disk();
+  for (int round = 0; round < 3; ++round) fill(kAtCap);  // each round evicts the whole cache
+  Bytes after = disk();
+  EXPECT_LE(static_cast<double>(after), 1.1 * static_cast<double>(full))
+      << full << " bytes at the cap, " << after << " after evicting it three times over";
+}
+
 TEST_F(CacheStoreTest, ObjectBiggerThanALoweredCapIsDroppedAtACleanOpen) {
   Reopen();
   ASSERT_TRUE(Fill("big", std::string(100, 'b')).ok());
