@@ -5,7 +5,9 @@
 #
 #   scripts/bench-scale.sh            N = 100k (CI size)
 #   scripts/bench-scale.sh --full     N = 1M
-#   scripts/bench-scale.sh --objects N [--no-squid] [--hit-seconds S]
+#   scripts/bench-scale.sh --objects N [--no-squid] [--hit-seconds S] [--crash] [--proxy-fill K]
+#     --crash: SIGKILL ghostfs after the hits and time its next mount (crash recovery)
+#     --proxy-fill K: fill K through the proxy, write the rest straight into the index
 #
 # Installs what is missing (wrk squid), builds into GHOST_BUILD (default build/). Every process
 # and mount it starts is removed on exit, also on failure or Ctrl-C.

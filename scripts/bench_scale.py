@@ -161,6 +161,37 @@ def write_lua(path, body, **consts):
         f.write(body)
 
 
+def write_rest(index, threads, share, total):
+    """Brings the stopped ghostfs's index to `total` objects of the fill's URLs (thread t's
+    o/t/0, o/t/1, ...), each row a copy of the last packed one the proxy stored (its head,
+    validators, expiry and 512-byte body) under its own key."""
+    import sqlite3
+    db = sqlite3.connect(index)
+    try:
+        cols = ("key, size, etag, last_modified, content_type, expires_us, fetched_us, "
+                "accessed_us, response, body")
+        tmpl = db.execute(f"SELECT {cols} FROM objects WHERE complete = 1 AND body IS NOT NULL "
+                          "ORDER BY rowid DESC LIMIT 1").fetchone()
+        have = {k for (k,) in db.execute("SELECT key FROM objects")}
+        tick = db.execute("SELECT max(accessed_us) FROM objects").fetchone()[0]
+    finally:
+        db.close()
+    prefix = re.match(r"^(.*/o/)\d+/\d+$", tmpl[0]).group(1)
+
+    def rows():
+        n = len(have)
+        for i in range(share):
+            for t in range(threads):
+                if n >= total:
+                    return
+                key = f"{prefix}{t}/{i}"
+                if key in have:
+                    continue
+                n += 1
+                yield (key,) + tuple(tmpl[1:7]) + (tick + n,) + tuple(tmpl[8:])
+    return h.add_cached_objects(index, rows())
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True)
@@ -172,6 +203,14 @@ def main():
     ap.add_argument("--no-squid", action="store_true")
     ap.add_argument("--remounts", type=int, default=1,
                     help="unmount and mount again this many times; ready time is their median")
+    ap.add_argument("--proxy-fill", type=int, default=0, metavar="K",
+                    help="fill only K objects through the proxy (the fill rate is theirs), then "
+                         "write the rest of --objects straight into the stopped ghostfs's index "
+                         "with the head of a proxy-filled one (harness.add_cached_objects): "
+                         "for sizes whose fill takes hours on a loaded machine")
+    ap.add_argument("--crash", action="store_true",
+                    help="after the hits, SIGKILL ghostfs and time the next mount to ready "
+                         "(crash recovery at this size)")
     a = ap.parse_args()
     os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
     threads, conns, slack = 2, 16, 64
@@ -210,9 +249,10 @@ def main():
     if not gp.start():
         raise SystemExit("bench-scale: ghostproxy did not start")
 
-    log(f"filling ghostproxy with {a.objects} unique 512-byte objects")
+    proxy_fill = a.proxy_fill if 0 < a.proxy_fill < a.objects else a.objects
+    log(f"filling ghostproxy with {proxy_fill} unique 512-byte objects")
     t0 = time.monotonic()
-    fill = wrk_until(gp.port, fill_lua, conns, threads, gp.access_log, a.objects)
+    fill = wrk_until(gp.port, fill_lua, conns, threads, gp.access_log, proxy_fill)
     objects = None
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:  # the write queue reaches the index
@@ -228,6 +268,13 @@ def main():
         f"{objects} objects indexed after {fill_s:.1f} s")
 
     gp.stop()
+    if proxy_fill < a.objects:
+        fs.stop()
+        t0 = time.monotonic()
+        g["written"] = write_rest(os.path.join(cache, "objects-db", "index.sqlite"), threads, share,
+                                  a.objects)
+        log(f"wrote {g['written']} more objects straight into the index in "
+            f"{time.monotonic() - t0:.1f} s")
     readies, mounts = [], []
     for _ in range(max(1, a.remounts)):
         fs.stop()
@@ -254,7 +301,20 @@ def main():
     g.update(hit_p50=hit["p50_us"], hit_p99=hit["p99_us"], hits=hits, other=other,
              rss_after_hits_kb=rss_kb(fs.proc.pid))
     gp.stop()
+    if a.crash:
+        fs.kill9()
+        t0 = time.monotonic()
+        if not fs.start(timeout=600):
+            raise SystemExit(f"bench-scale: ghostfs did not mount after SIGKILL:\n{fs.output()}")
+        st = None
+        while st is None and time.monotonic() - t0 < 600:
+            st = ghost_stats(a.ghostctl, control)
+        g["crash_ready_s"] = time.monotonic() - t0
+        g["objects_after_crash"] = cached_objects(st)
+        log(f"ghostfs ready {g['crash_ready_s']:.2f} s after a SIGKILL, "
+            f"{g['objects_after_crash']} objects")
     fs.stop()
+    log("ghostproxy figures: " + json.dumps(g))
 
     s = None
     if not a.no_squid and shutil.which("squid"):
@@ -309,6 +369,9 @@ def main():
         print(f"{'squid':11} {s['fill_rate']:8.0f} {s['ready_s']:8.2f} {s['rss_kb'] / 1024:7.1f} "
               f"{s['disk'] / sn:8.0f}B {s['hits'] / max(1, s['hits'] + s['other']):9.3f} "
               f"{s['hit_p50']:11.0f} {s['hit_p99']:11.0f}")
+    if "written" in g:
+        print(f"ghostfs: {g['objects']} objects filled through the proxy (the fill rate is "
+              f"theirs), {g['written']} more written straight into the index")
     print(f"ghostfs: {g['objects']} objects indexed after the fill, {g['objects_after']} after the "
           f"remount (mount {g['mount_s']:.2f} s); RSS empty {g['empty_rss_kb'] / 1024:.1f} MB, filled "
           f"{g['filled_rss_kb'] / 1024:.1f} MB, after remount {g['rss_kb'] / 1024:.1f} MB, after hits "
@@ -317,6 +380,9 @@ def main():
           f"({g['disk'] / (n * 512):.2f}× the bodies)")
     print(f"ghostfs ready after each of {len(g['ready_all'])} remounts (s): "
           + " ".join(f"{t:.2f}" for t in g["ready_all"]))
+    if "crash_ready_s" in g:
+        print(f"ghostfs after a SIGKILL: ready {g['crash_ready_s']:.2f} s, "
+              f"{g['objects_after_crash']} objects")
     if s:
         print(f"squid: ready = restart until a hit; RSS filled {s['filled_rss_kb'] / 1024:.1f} MB")
     print(f"machine: {os.cpu_count()} CPUs, load average {load0:.1f} at start, "
