@@ -149,7 +149,7 @@ void Daemon::PublishModes() {
   if (!control_) return;
   if (control_->Subscribed("modes")) control_->Publish("modes", DevicesJson());
   // The stats are the dearer half: built only for a subscriber.
-  if (control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
+  if (control_->Subscribed("stats")) PublishStatsNow();
 }
 
 namespace {

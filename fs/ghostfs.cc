@@ -42,6 +42,7 @@ Daemon* Self(fuse_req_t req) { return static_cast<Daemon*>(fuse_req_userdata(req
 Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
 
 Daemon::~Daemon() {
+  if (stats_timer_ != kNoTimer && clock_) clock_->Cancel(stats_timer_);
   hardware_.reset();  // the card's power save back as found (SIGTERM ends here too)
   local_.reset();
   root_.reset();
@@ -286,6 +287,18 @@ Status Daemon::MakeTrees() {
 }
 
 void Daemon::PublishStats() {
+  if (!control_ || !control_->Subscribed("stats")) return;
+  if (stats_timer_ != kNoTimer) return;  // the publish already due will carry this change
+  const TimePoint now = clock_->Now();
+  if (!stats_published_ || now >= *stats_published_ + kStatsEventInterval) return PublishStatsNow();
+  stats_timer_ = clock_->ScheduleAt(*stats_published_ + kStatsEventInterval, [this] {
+    stats_timer_ = kNoTimer;
+    PublishStatsNow();
+  });
+}
+
+void Daemon::PublishStatsNow() {
+  stats_published_ = clock_->Now();
   if (control_ && control_->Subscribed("stats")) control_->Publish("stats", StatsJson());
 }
 

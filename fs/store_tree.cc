@@ -311,10 +311,20 @@ void StoreTree::Control(const ControlRequest& request, ControlServer::Reply repl
 }
 
 void StoreTree::ControlLookup(const ControlRequest& request, ControlServer::Reply reply) {
-  LookupObject(std::get<ObjectArgs>(request.args).key, std::move(reply));
+  const ObjectArgs& args = std::get<ObjectArgs>(request.args);
+  LookupObject(args.key, std::move(reply), args.begin_transfer);
 }
 
-void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply) {
+nlohmann::json StoreTree::MissJson(bool begin_transfer) {
+  LookupResult out;
+  if (begin_transfer) {
+    out.transfer = BeginProxyTransfer();
+    out.card = !ctx_.options.profile.empty();
+  }
+  return out.ToJson();
+}
+
+void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer) {
   if (!objects_published_) {
     // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
     // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
@@ -326,9 +336,9 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // A fill queued and not yet being written (one being written shows up when it commits).
   if (!e && ctx_.write_back.Writing(key)) {
     // Being written right now: answer once it is in the index.
-    return ctx_.write_back.WhenFillSettles(key, [this, key, reply = std::move(reply)]() mutable {
+    return ctx_.write_back.WhenFillSettles(key, [this, key, begin_transfer, reply = std::move(reply)]() mutable {
       --store_stats_.lookups;
-      LookupObject(key, std::move(reply));
+      LookupObject(key, std::move(reply), begin_transfer);
     });
   }
   const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
@@ -343,7 +353,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The page-cache model: a copy read or written lately is still in RAM.
   state.in_memory = ctx_.manager.InMemory(key);
   LookupResult out;
-  if (!state.on_disk && !state.in_write_queue) return reply(out.ToJson());
+  if (!state.on_disk && !state.in_write_queue) return reply(MissJson(begin_transfer));
   state.size = state.in_write_queue ? queued_body->data->size() : e->size;
   ctx_.manager.Remember(key, state.size);
   std::string name = StoreName(key);
@@ -351,7 +361,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The version this answer describes: its size and head go with exactly these bytes, and
   // the path (and body_path's inode) open only them.
   const std::string version = StoreVersion(key);
-  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(out.ToJson());
+  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(MissJson(begin_transfer));
   out.cached = true;
   out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
   out.version = version;
@@ -397,7 +407,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply)
   // The body file's version names its size: it must be the index's (a body is renamed into
   // place and indexed in one turn of the loop, so they never differ; if they did, the answer
   // would pair one size with another's bytes).
-  if (!version.ends_with("-" + std::to_string(e->size))) return reply(LookupResult{}.ToJson());
+  if (!version.ends_with("-" + std::to_string(e->size))) return reply(MissJson(begin_transfer));
   out.size = e->size;
   out.response = e->response;
   out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;
@@ -438,6 +448,13 @@ void StoreTree::ControlStore(const ControlRequest& request_args, ControlServer::
     const Bytes size = args.body->size();
     QueueStoreFill(key, std::move(meta), *args.body);
     ++store_stats_.inline_fills;
+    if (args.transfer_end) {
+      // The fetch that brought it is over (the transfer op's "end", folded in).
+      std::string error;
+      if (args.transfer_bytes) error = ProxyTransferData(*args.transfer_end, *args.transfer_bytes, false, [] {});
+      if (error.empty()) error = EndProxyTransfer(*args.transfer_end);
+      if (!error.empty()) return reply.Error("store: stored, but " + error);
+    }
     return reply({{"stored", size}});
   }
   std::uint64_t r = std::random_device{}();
@@ -465,7 +482,7 @@ void StoreTree::ControlRefresh(const ControlRequest& request_args, ControlServer
 }
 
 void StoreTree::ControlTransfer(const ControlRequest& request, ControlServer::Reply reply) {
-  StoreTransfer(request.json, std::move(reply));
+  StoreTransfer(std::get<TransferArgs>(request.args), std::move(reply));
 }
 
 void StoreTree::ControlInvalidate(const ControlRequest& request, ControlServer::Reply reply) {
@@ -497,61 +514,74 @@ void StoreTree::ControlServed(const ControlRequest& request_args, ControlServer:
 // The proxy's fetch from an origin, on the emulated card (see the file comment). The card's
 // policy sees one disclosed transfer, as ghostsim's card sees one I/O: under static the
 // default policy counts the transfer's begin as ghostsim counts its I/O's begin.
-void StoreTree::StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply) {
-  const std::string phase = request.value("phase", "");
-  const bool emulated = !ctx_.options.profile.empty();
-  if (phase == "begin") {
-    std::uint64_t id = next_transfer_id_++;
-    proxy_transfers_[id] = ProxyTransfer{};
-    ctx_.machine.pm().TransferBegin(ctx_.machine.network_id());
-    if (emulated) {
-      IoRequest io;
-      io.round_trips_only = true;
-      ctx_.machine.network().Submit(io, [] {});
+void StoreTree::StoreTransfer(const TransferArgs& args, ControlServer::Reply reply) {
+  switch (args.phase) {
+    case TransferPhase::kBegin:
+      return reply({{"transfer", BeginProxyTransfer()}, {"card", !ctx_.options.profile.empty()}});
+    case TransferPhase::kData: {
+      auto answer = std::make_shared<ControlServer::Reply>(reply);
+      std::string error = ProxyTransferData(args.transfer, args.bytes, args.upload,
+                                            [answer] { (*answer)(nlohmann::json::object()); });
+      if (!error.empty()) reply.Error("transfer: " + error);
+      return;
     }
-    return reply({{"transfer", id}});
+    case TransferPhase::kEnd: {
+      std::string error;
+      if (args.end_bytes) error = ProxyTransferData(args.transfer, *args.end_bytes, false, [] {});
+      if (error.empty()) error = EndProxyTransfer(args.transfer);
+      if (!error.empty()) return reply.Error("transfer: " + error);
+      return reply(nlohmann::json::object());
+    }
   }
-  if (!request.contains("transfer") || !request["transfer"].is_number_unsigned()) {
-    return reply.Error("transfer: \"transfer\" must be the number \"begin\" returned");
-  }
-  std::uint64_t id = request["transfer"].get<std::uint64_t>();
-  auto it = proxy_transfers_.find(id);
-  if (it == proxy_transfers_.end())
-    return reply.Error("transfer: no open transfer " + std::to_string(id));
-  if (phase == "data") {
-    const nlohmann::json& b = request.contains("bytes") ? request["bytes"] : nlohmann::json();
-    if (!b.is_number_unsigned()) return reply.Error("transfer: \"bytes\" must be a byte count");
-    if (it->second.data_sent)
-      return reply.Error("transfer: data already given for transfer " + std::to_string(id));
-    const nlohmann::json& up = request.contains("upload") ? request["upload"] : nlohmann::json(false);
-    if (!up.is_boolean()) return reply.Error("transfer: \"upload\" must be true or false");
-    it->second.data_sent = true;
-    ctx_.baseline_fetch(b.get<Bytes>());
-    if (!emulated) return reply(nlohmann::json::object());
-    ++it->second.data_pending;
+}
+
+std::uint64_t StoreTree::BeginProxyTransfer() {
+  std::uint64_t id = next_transfer_id_++;
+  proxy_transfers_[id] = ProxyTransfer{};
+  ctx_.machine.pm().TransferBegin(ctx_.machine.network_id());
+  if (!ctx_.options.profile.empty()) {
     IoRequest io;
-    io.size = b.get<Bytes>();
-    io.write = up.get<bool>();  // an upload (an IMAP APPEND's message): the link's upload rate
-    io.continuation = true;
-    ctx_.machine.network().Submit(io, [this, id, reply = std::move(reply)]() mutable {
-      auto t = proxy_transfers_.find(id);
-      if (t != proxy_transfers_.end() && --t->second.data_pending == 0 && t->second.ended) {
-        proxy_transfers_.erase(t);
-        ctx_.machine.pm().TransferEnd(ctx_.machine.network_id());
-      }
-      reply(nlohmann::json::object());
-    });
-    return;
+    io.round_trips_only = true;
+    ctx_.machine.network().Submit(io, [] {});
   }
-  if (phase == "end") {
-    it->second.ended = true;
-    if (it->second.data_pending == 0) {
-      proxy_transfers_.erase(it);
+  return id;
+}
+
+std::string StoreTree::ProxyTransferData(std::uint64_t id, Bytes bytes, bool upload, std::function<void()> done) {
+  auto it = proxy_transfers_.find(id);
+  if (it == proxy_transfers_.end()) return "no open transfer " + std::to_string(id);
+  if (it->second.data_sent) return "data already given for transfer " + std::to_string(id);
+  it->second.data_sent = true;
+  ctx_.baseline_fetch(bytes);
+  if (ctx_.options.profile.empty()) {
+    done();
+    return "";
+  }
+  ++it->second.data_pending;
+  IoRequest io;
+  io.size = bytes;
+  io.write = upload;  // an upload (an IMAP APPEND's message): the link's upload rate
+  io.continuation = true;
+  ctx_.machine.network().Submit(io, [this, id, done = std::move(done)] {
+    auto t = proxy_transfers_.find(id);
+    if (t != proxy_transfers_.end() && --t->second.data_pending == 0 && t->second.ended) {
+      proxy_transfers_.erase(t);
       ctx_.machine.pm().TransferEnd(ctx_.machine.network_id());
     }
-    return reply(nlohmann::json::object());
+    done();
+  });
+  return "";
+}
+
+std::string StoreTree::EndProxyTransfer(std::uint64_t id) {
+  auto it = proxy_transfers_.find(id);
+  if (it == proxy_transfers_.end()) return "no open transfer " + std::to_string(id);
+  it->second.ended = true;
+  if (it->second.data_pending == 0) {
+    proxy_transfers_.erase(it);
+    ctx_.machine.pm().TransferEnd(ctx_.machine.network_id());
   }
-  reply.Error("transfer: phase must be begin, data or end");
+  return "";
 }
 
 // Unlinking .ghost/fill/<token> before closing it abandons the fill.
@@ -571,7 +601,8 @@ nlohmann::json StoreTree::StatsJson() const {
           {"inline_fills", store_stats_.inline_fills},
           {"refreshes", store_stats_.refreshes},
           {"memory_hits", store_stats_.memory_hits},
-          {"open_fills", store_fills_.size()}};
+          {"open_fills", store_fills_.size()},
+          {"open_transfers", proxy_transfers_.size()}};
 }
 
 void StoreTree::LookupRoot(fuse_req_t req) {

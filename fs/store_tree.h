@@ -95,8 +95,19 @@ class StoreTree final : public Tree {
   void ControlTransfer(const ControlRequest& request, ControlServer::Reply reply);
   void ControlServed(const ControlRequest& request, ControlServer::Reply reply);
   // Answers a lookup of `key` with a LookupResult (waits for a fill of it being written).
-  void LookupObject(const std::string& key, ControlServer::Reply reply);
-  void StoreTransfer(const nlohmann::json& request, ControlServer::Reply reply);
+  // `begin_transfer`: a miss begins the fetch's transfer and answers its id (lookup's
+  // "begin_transfer").
+  void LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer = false);
+  // A miss's answer; with `begin_transfer`, the transfer begun for its fetch in it.
+  nlohmann::json MissJson(bool begin_transfer);
+  void StoreTransfer(const TransferArgs& args, ControlServer::Reply reply);
+  // The phases of a proxy's transfer (the "transfer" op; lookup and store fold begin and end
+  // in). Begin returns the id. Data: the card carries `bytes`, then `done` (at once without
+  // an emulated card). End: closes after its data. Both return an error text for an unknown
+  // id or a second data phase, empty when done.
+  std::uint64_t BeginProxyTransfer();
+  std::string ProxyTransferData(std::uint64_t id, Bytes bytes, bool upload, std::function<void()> done);
+  std::string EndProxyTransfer(std::uint64_t id);
 
   TreeContext ctx_;
   OriginTree& reads_;

@@ -66,6 +66,9 @@ struct CacheLookup {
   // (opaque to the proxy). Passed to every ReadBody of the exchange, it keeps the slices to
   // that version, even when the object is replaced or evicted meanwhile. May be empty.
   std::shared_ptr<const void> body;
+  // LookupForFetch's miss: the transfer begun for the fetch that follows (TransferBegin's id).
+  // The caller owns it: it fetches with it, or ends it (TransferEnd).
+  std::optional<std::uint64_t> transfer;
 };
 
 // Receives one body being stored. Write calls are ordered; Commit makes the object visible
@@ -77,6 +80,13 @@ class CacheWriter {
   virtual void Write(std::string data) = 0;
   virtual void Commit(std::function<void(Status)> done) = 0;
   virtual void Abort() = 0;
+  // The fetch that brought this body is over: instead of the caller's TransferEnd, a writer
+  // that can end `transfer` together with its commit takes it (true) and ends it then (or at
+  // Abort, or when destroyed uncommitted). False: the caller ends it.
+  virtual bool TakeTransferEnd(std::uint64_t transfer) {
+    (void)transfer;
+    return false;
+  }
 };
 
 class CacheBackend {
@@ -86,6 +96,15 @@ class CacheBackend {
   // Looks `key` up and, if it is cached, asks the cost model where to read it from (sending
   // the disk a ghost hint when the network wins although its ideal mode would not have).
   virtual void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) = 0;
+  // Lookup for a request that is fetched from the origin if it misses: a miss also begins that
+  // fetch's transfer (CacheLookup::transfer), which a backend may fold into the lookup's own
+  // round trip.
+  virtual void LookupForFetch(const std::string& key, std::function<void(Result<CacheLookup>)> done) {
+    Lookup(key, [this, done = std::move(done)](Result<CacheLookup> r) {
+      if (r.ok() && !r->cached) r->transfer = TransferBegin();
+      done(std::move(r));
+    });
+  }
 
   // The knob K of the daemon whose cache this is, as it last said (download shaping decides
   // with it, proxy/shaper.h); nullopt while unknown. The default backend has no daemon.

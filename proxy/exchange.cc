@@ -150,10 +150,14 @@ void ClientConnection::StartLookup(const std::string& key, bool second_level) {
   }
   std::weak_ptr<ClientConnection> weak = weak_from_this();
   const std::uint64_t serial = ex_->serial;
-  proxy_->backend->Lookup(key, [weak, serial, key, second_level](Result<CacheLookup> lookup) {
+  // The backend runs this only while it lives, and the proxy (Impl) owns no backend: a
+  // transfer begun for an exchange that is gone is ended through the backend itself.
+  CacheBackend* backend = proxy_->backend;
+  backend->LookupForFetch(key, [weak, serial, key, second_level, backend](Result<CacheLookup> lookup) {
     std::shared_ptr<ClientConnection> self = weak.lock();
     if (!self || self->state_ != State::kExchange || !self->ex_ || self->ex_->serial != serial ||
         self->ex_->step != Exchange::Step::kLookup) {
+      if (lookup.ok() && lookup->transfer) backend->TransferEnd(*lookup->transfer, 0);
       return;
     }
     self->OnLookup(key, std::move(lookup), second_level);
@@ -164,6 +168,16 @@ void ClientConnection::StartLookup(const std::string& key, bool second_level) {
 void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> lookup,
                                 bool second_level) {
   Exchange& ex = *ex_;
+  if (lookup.ok() && lookup->transfer) {
+    // The miss began the fetch's transfer (LookupForFetch): the fetch below uses it.
+    if (ex.transfer_open) {
+      proxy_->backend->TransferEnd(*lookup->transfer, 0);
+    } else {
+      ex.transfer = *lookup->transfer;
+      ex.transfer_open = true;
+      ++proxy_->transfers_in_progress;
+    }
+  }
   auto miss = [&] {
     ex.result = ResultCode::kMiss;
     if (ex.req_cc.only_if_cached) {
@@ -637,6 +651,8 @@ void ClientConnection::EndTransfer() {
   ex_->transfer_open = false;
   --proxy_->transfers_in_progress;
   proxy_->stats.bytes_from_origins += ex_->origin_bytes;
+  // A body being stored may carry the end with its commit (one control round trip less).
+  if (ex_->writer && ex_->writer->TakeTransferEnd(ex_->transfer)) return;
   proxy_->backend->TransferEnd(ex_->transfer, ex_->origin_bytes);
 }
 

@@ -89,9 +89,20 @@ struct FillState : std::enable_shared_from_this<FillState> {
   // Both set by the backend, and both check that it is alive: ask for the fill file (its
   // answer calls Start), or send `small` inline (the answer runs the commit's `done`).
   std::function<void()> open_file;
-  std::function<void(std::string body, std::function<void(Status)> done)> store_inline;
+  std::function<void(std::string body, std::uint64_t transfer, std::function<void(Status)> done)>
+      store_inline;
+  // The fetch's transfer, taken to end with the inline store (0: none); `end_transfer` ends
+  // it otherwise (set by the backend, checks that it is alive).
+  std::uint64_t transfer_end = 0;
+  std::function<void(std::uint64_t)> end_transfer;
+  void ReleaseTransfer() {
+    const std::uint64_t t = transfer_end;
+    transfer_end = 0;
+    if (t != 0 && end_transfer) end_transfer(t);
+  }
   // The body goes to the fill file from now on: what was collected is written first.
   void SwitchToFile() {
+    ReleaseTransfer();
     collecting = false;
     if (!small.empty()) waiting.push_back(std::move(small));
     small.clear();
@@ -196,16 +207,20 @@ class GhostfsWriter final : public CacheWriter {
     committed_ = true;
     FillState& s = *state_;
     if (s.abandoned) {
+      s.ReleaseTransfer();
       RunSoon(s.base, [done = std::move(done)] { done(Status::Internal("commit of an aborted fill")); });
       return;
     }
     if (s.collecting) {
-      // The whole body fits in the request: the daemon queues it on receipt.
+      // The whole body fits in the request: the daemon queues it on receipt (and ends the
+      // fetch's transfer, if this writer took it).
       s.collecting = false;
       s.open_file = nullptr;
       auto send = std::move(s.store_inline);
       s.store_inline = nullptr;
-      send(std::move(s.small), [keep = state_, done = std::move(done)](Status st) { done(st); });
+      const std::uint64_t transfer = s.transfer_end;
+      s.transfer_end = 0;
+      send(std::move(s.small), transfer, [keep = state_, done = std::move(done)](Status st) { done(st); });
       return;
     }
     // Keep the state alive until the commit is through.
@@ -219,11 +234,22 @@ class GhostfsWriter final : public CacheWriter {
 
   void Abort() override {
     committed_ = true;
+    state_->ReleaseTransfer();
     state_->collecting = false;  // nothing was sent for a body still collected
     state_->small.clear();
     state_->open_file = nullptr;
     state_->store_inline = nullptr;
     state_->Abandon();
+  }
+
+  bool TakeTransferEnd(std::uint64_t transfer) override {
+    FillState& s = *state_;
+    if (committed_ || !s.collecting || s.abandoned || !s.status.ok() || s.transfer_end != 0 ||
+        !s.end_transfer) {
+      return false;
+    }
+    s.transfer_end = transfer;
+    return true;
   }
 
  private:
@@ -318,25 +344,45 @@ class GhostfsBackend final : public CacheBackend {
   void Lookup(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
     if (!MemoryUsable() && !subscribing_) Subscribe();
     if (knob_serial_ != ctl_->connection_serial() && !knob_asking_) WatchKnob();
-    LookupAttempt(key, 1, std::move(done));
+    LookupAttempt(key, 1, /*for_fetch=*/false, std::move(done));
   }
 
-  void LookupAttempt(const std::string& key, int attempt, std::function<void(Result<CacheLookup>)> done) {
+  // The miss begins the fetch's transfer in the same round trip ("begin_transfer"); a daemon
+  // that does not know it answers a plain miss, and the transfer is begun on its own.
+  void LookupForFetch(const std::string& key, std::function<void(Result<CacheLookup>)> done) override {
+    if (!MemoryUsable() && !subscribing_) Subscribe();
+    if (knob_serial_ != ctl_->connection_serial() && !knob_asking_) WatchKnob();
+    LookupAttempt(key, 1, /*for_fetch=*/true, std::move(done));
+  }
+
+  void LookupAttempt(const std::string& key, int attempt, bool for_fetch,
+                     std::function<void(Result<CacheLookup>)> done) {
     std::weak_ptr<bool> alive = alive_;
-    ctl_->Call(ControlOp::kLookup, {{"key", key}}, [this, alive, key, attempt, done = std::move(done)](Result<json> r) mutable {
+    json args = {{"key", key}};
+    if (for_fetch) args["begin_transfer"] = true;
+    ctl_->Call(ControlOp::kLookup, std::move(args), [this, alive, key, attempt, for_fetch, done = std::move(done)](Result<json> r) mutable {
       if (alive.expired()) return;
       if (!r.ok()) return done(r.status());
       Result<LookupResult> found = LookupResult::FromJson(*r);
       if (!found.ok()) return done(found.status());
       CacheLookup out;
-      if (!found->cached) return done(out);
+      if (!found->cached) {
+        if (found->transfer) {
+          out.transfer = OpenedTransfer(*found->transfer, found->card);
+        } else if (for_fetch) {
+          out.transfer = TransferBegin();
+        }
+        return done(out);
+      }
       if (found->response.empty()) {
         out.response = HeadFromIndex(*found);
       } else {
         Result<StoredResponse> head = ParseStoredResponse(found->response);
         if (!head.ok()) {
           LogError("the stored head of " + key + " is unreadable; treating it as not cached", head.status());
-          return done(CacheLookup{});
+          CacheLookup miss;
+          if (for_fetch) miss.transfer = TransferBegin();
+          return done(miss);
         }
         out.response = std::move(*head);
       }
@@ -349,9 +395,11 @@ class GhostfsBackend final : public CacheBackend {
       // one over the name). Replaced between the answer and the open: ask again.
       Result<std::shared_ptr<OpenedBody>> body = OpenVersion(*found);
       if (!body.ok()) {
-        if (attempt < kLookupAttempts) return LookupAttempt(key, attempt + 1, std::move(done));
+        if (attempt < kLookupAttempts) return LookupAttempt(key, attempt + 1, for_fetch, std::move(done));
         LogError("the cached body of " + key + " keeps changing; fetching it", body.status());
-        return done(CacheLookup{});
+        CacheLookup miss;
+        if (for_fetch) miss.transfer = TransferBegin();
+        return done(miss);
       }
       // A whole body read after this answer may be kept in RAM, unless anything changes
       // before the read completes (the answer and the events come in order on one socket).
@@ -427,14 +475,34 @@ class GhostfsBackend final : public CacheBackend {
         st->Start(*path);
       });
     };
-    state->store_inline = [this, alive, args, key](std::string body, std::function<void(Status)> done) {
+    state->store_inline = [this, alive, args, key](std::string body, std::uint64_t transfer,
+                                                   std::function<void(Status)> done) {
       if (alive.expired()) return;
       (*args)["body_base64"] = EncodeBase64(body);
-      ctl_->Call(ControlOp::kStore, *args, [alive, key, done = std::move(done)](Result<json> r) {
-        if (alive.expired()) return;
-        if (!r.ok()) LogError("not storing " + key, r.status());
-        done(r.ok() ? Status::Ok() : r.status());
+      auto send = [this, alive, args, key, done = std::move(done)]() mutable {
+        ctl_->Call(ControlOp::kStore, std::move(*args), [alive, key, done = std::move(done)](Result<json> r) {
+          if (alive.expired()) return;
+          if (!r.ok()) LogError("not storing " + key, r.status());
+          done(r.ok() ? Status::Ok() : r.status());
+        });
+      };
+      if (transfer == 0) return send();
+      // The fetch's transfer ends with the store, on a daemon that folds it (it said "card").
+      WhenTransferKnown(transfer, [this, transfer, args, send = std::move(send)]() mutable {
+        auto it = transfers_.find(transfer);
+        if (it == transfers_.end()) return send();
+        if (!it->second.id || !it->second.folds) {
+          send();
+          return TransferEnd(transfer, 0);
+        }
+        (*args)["transfer_end"] = *it->second.id;
+        if (it->second.folded) (*args)["transfer_bytes"] = *it->second.folded;
+        transfers_.erase(it);
+        send();
       });
+    };
+    state->end_transfer = [this, alive](std::uint64_t transfer) {
+      if (!alive.expired()) TransferEnd(transfer, 0);
     };
     // A body declared larger than an inline store takes, or a head that leaves its base64 no
     // room in one request line: the fill file from the start.
@@ -470,6 +538,9 @@ class GhostfsBackend final : public CacheBackend {
       Result<std::uint64_t> id = r.ok() ? TransferIdFromJson(*r) : Result<std::uint64_t>(r.status());
       if (id.ok()) {
         it->second.id = *id;
+        const std::optional<bool> card = TransferCardFromJson(*r);
+        it->second.card = card.value_or(true);
+        it->second.folds = card.has_value();
       } else {
         LogError("starting a transfer", id.status());
       }
@@ -492,6 +563,11 @@ class GhostfsBackend final : public CacheBackend {
     WhenTransferKnown(transfer, [this, transfer, body_bytes, upload, done = std::move(done)]() mutable {
       auto it = transfers_.find(transfer);
       if (it == transfers_.end() || !it->second.id) return RunSoon(base_, std::move(done));
+      if (!it->second.card && !upload && !it->second.folded) {
+        // No emulated card: nothing to wait for; the bytes go with the end (or the store).
+        it->second.folded = body_bytes;
+        return RunSoon(base_, std::move(done));
+      }
       std::weak_ptr<bool> alive = alive_;
       nlohmann::json args = {{"phase", "data"}, {"transfer", *it->second.id}, {"bytes", body_bytes}};
       if (upload) args["upload"] = true;
@@ -509,9 +585,12 @@ class GhostfsBackend final : public CacheBackend {
       auto it = transfers_.find(transfer);
       if (it == transfers_.end()) return;
       std::optional<std::uint64_t> id = it->second.id;
+      std::optional<Bytes> folded = it->second.folded;
       transfers_.erase(it);
       if (!id) return;
-      ctl_->Call(ControlOp::kTransfer, {{"phase", "end"}, {"transfer", *id}}, [](Result<json> r) {
+      json args = {{"phase", "end"}, {"transfer", *id}};
+      if (folded) args["bytes"] = *folded;
+      ctl_->Call(ControlOp::kTransfer, std::move(args), [](Result<json> r) {
         if (!r.ok()) LogError("ending a transfer", r.status());
       });
     });
@@ -786,8 +865,24 @@ class GhostfsBackend final : public CacheBackend {
   struct Transfer {
     bool known = false;               // "begin" answered
     std::optional<std::uint64_t> id;  // the daemon's id, if it answered with one
+    // The daemon emulates a card (or did not say): "data" is sent and waited for.
+    bool card = true;
+    // The daemon said "card": it takes "bytes" with "end" and the end with an inline store.
+    bool folds = false;
+    std::optional<Bytes> folded;  // no card: the data phase's bytes, sent with the end
     std::vector<std::function<void()>> waiting;
   };
+
+  // A transfer the daemon began with a lookup's miss: known at once.
+  std::uint64_t OpenedTransfer(std::uint64_t id, std::optional<bool> card) {
+    std::uint64_t local = next_transfer_++;
+    Transfer& t = transfers_[local];
+    t.known = true;
+    t.id = id;
+    t.card = card.value_or(true);
+    t.folds = card.has_value();
+    return local;
+  }
   std::map<std::uint64_t, Transfer> transfers_;  // by our id, until TransferEnd
   std::uint64_t next_transfer_ = 1;
   MemoryCache memory_;

@@ -106,6 +106,16 @@ def wrk(port, lua, connections, threads, seconds):
             "bad": int(bad.group(1)) if bad else 0}
 
 
+def cpu_s(pid):
+    """User + system CPU seconds of process `pid` (all its threads; 0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
 def log_lines(path):
     try:
         with open(path, "rb") as f:
@@ -251,6 +261,7 @@ def main():
 
     proxy_fill = a.proxy_fill if 0 < a.proxy_fill < a.objects else a.objects
     log(f"filling ghostproxy with {proxy_fill} unique 512-byte objects")
+    cpu0 = cpu_s(fs.proc.pid) + cpu_s(gp.proc.pid)
     t0 = time.monotonic()
     fill = wrk_until(gp.port, fill_lua, conns, threads, gp.access_log, proxy_fill)
     objects = None
@@ -261,7 +272,10 @@ def main():
             break
         time.sleep(0.2)
     fill_s = time.monotonic() - t0
+    # CPU per miss of both processes (moves far less with the machine's load than the rate).
+    fill_cpu = cpu_s(fs.proc.pid) + cpu_s(gp.proc.pid) - cpu0
     g = {"requests": fill["requests"], "bad": fill["bad"], "fill_s": fill_s, "objects": objects,
+         "cpu_us": fill_cpu * 1e6 / max(1, fill["requests"]),
          "fill_rate": objects / fill_s if objects else 0.0, "empty_rss_kb": empty_rss,
          "filled_rss_kb": rss_kb(fs.proc.pid)}
     log(f"ghostproxy: {fill['requests']} requests ({fill['bad']} not 2xx) in {fill['elapsed']:.1f} s, "
@@ -326,9 +340,17 @@ def main():
         if not squid.start():
             raise SystemExit("bench-scale: squid did not start")
         log(f"filling squid with the same {a.objects} URLs")
+        squid_pids = [squid.proc.pid]
+        try:
+            with open(f"/proc/{squid.proc.pid}/task/{squid.proc.pid}/children") as f:
+                squid_pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+        cpu0 = sum(cpu_s(p) for p in squid_pids)
         t0 = time.monotonic()
         sfill = wrk_until(squid.port, fill_lua, conns, threads, squid.access_log, a.objects)
-        s = {"requests": sfill["requests"], "bad": sfill["bad"], "fill_s": time.monotonic() - t0}
+        s = {"requests": sfill["requests"], "bad": sfill["bad"], "fill_s": time.monotonic() - t0,
+             "cpu_us": (sum(cpu_s(p) for p in squid_pids) - cpu0) * 1e6 / max(1, sfill["requests"])}
         s["fill_rate"] = (sfill["requests"] - sfill["bad"]) / s["fill_s"]
         s["filled_rss_kb"] = rss_kb(squid.proc.pid)
         squid.stop()
@@ -385,6 +407,8 @@ def main():
               f"{g['objects_after_crash']} objects")
     if s:
         print(f"squid: ready = restart until a hit; RSS filled {s['filled_rss_kb'] / 1024:.1f} MB")
+    print(f"fill CPU per miss (user+system): ghostfs+ghostproxy {g['cpu_us']:.0f} µs"
+          + (f", squid {s['cpu_us']:.0f} µs" if s else ""))
     print(f"machine: {os.cpu_count()} CPUs, load average {load0:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end")
 

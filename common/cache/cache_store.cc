@@ -1305,10 +1305,24 @@ Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
     // with this body in flight.
     if (ghost::Status st = DropObjects(EvictFor(meta.size, 0)); !st.ok()) return st;
   }
+  // A fill announced under the pack limit is published by one transaction holding its row and
+  // body (or not at all: a size mismatch is refused), so it needs no pending row and no temp
+  // file: its bytes wait in RAM (at most the announced size; more fails the fill), and a crash
+  // before the commit leaves nothing. (The temp file's create, write, read-back and unlink were
+  // a third of the daemon's CPU per small miss.)
+  const bool packed_ahead = meta.size != 0 && meta.size < pack_limit_;
+  FillId id = next_fill_id_++;
+  if (packed_ahead) {
+    Fill fill;
+    fill.key = key;
+    fill.meta = std::move(meta);
+    fill.in_memory = true;
+    fills_.emplace(id, std::move(fill));
+    return id;
+  }
   std::string body = BodyPath(key);
   std::string subdir = body.substr(0, body.rfind('/'));
   if (ghost::Status st = MakeDir(subdir, "cache object directory"); !st.ok()) return st;
-  FillId id = next_fill_id_++;
   std::string temp = body + ".fill-" + std::to_string(id);
   auto fd = std::make_shared<UniqueFd>(
       ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
@@ -1316,11 +1330,7 @@ Result<FillId> CacheStore::BeginFill(const std::string& key, CacheEntry meta) {
     return ghost::Status::FromErrno(errno, "creating " + temp + " to cache " + Quote(key));
   }
   TimePoint now = clock_.Now();
-  // A fill announced under the pack limit is published by one transaction holding its row and
-  // body (or not at all: a size mismatch is refused), so it needs no pending row: a crash
-  // before that leaves only the temp file, which crash recovery removes.
-  bool packed_ahead = meta.size != 0 && meta.size < pack_limit_;
-  ghost::Status st = packed_ahead ? ghost::Status::Ok() : Batch([&]() -> ghost::Status {
+  ghost::Status st = Batch([&]() -> ghost::Status {
     db_->BindObject(db_->insert_pending, key, meta, ToStored(now), ToStored(now), std::nullopt);
     return db_->Run(db_->insert_pending, "recording the fill of " + Quote(key));
   });
@@ -1357,8 +1367,26 @@ void CacheStore::AppendFill(FillId id, std::string data, std::function<void(ghos
     Fail(fill,
          ghost::Status::InvalidArgument(TooBig(fill.key, fill.written + data.size(), capacity_)));
   }
+  if (fill.error.ok() && fill.in_memory && fill.written + data.size() > fill.meta.size) {
+    Fail(fill, ghost::Status::InvalidArgument(
+                   "the cache fill of " + Quote(fill.key) + " grew past the " +
+                   std::to_string(fill.meta.size) +
+                   " bytes announced; a body of another size is not cached"));
+  }
   if (!fill.error.ok()) {
     Defer([done = std::move(done), st = fill.error] { done(st); });
+    return;
+  }
+  if (fill.in_memory) {
+    // Kept in RAM until the commit; the completion comes on the loop, as a write's would.
+    fill.memory += data;
+    fill.written += data.size();
+    ++fill.in_flight;
+    std::weak_ptr<int> alive = alive_;
+    Defer([this, alive, id, done = std::move(done)] {
+      if (alive.expired()) return;
+      OnAppendDone(id, ghost::Status::Ok(), done);
+    });
     return;
   }
   std::uint64_t offset = fill.written;
@@ -1488,17 +1516,13 @@ void CacheStore::PublishPackedGroup(std::vector<Fill*>& fills,
   items.reserve(fills.size());
   for (std::size_t i = 0; i < fills.size(); ++i) {
     Fill& fill = *fills[i];
-    fill.fd.reset();
-    std::string bytes(fill.written, '\0');
-    UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
-    ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
-    if (n != static_cast<ssize_t>(bytes.size())) {
-      *results[i] = ghost::Status::FromErrno(n < 0 ? errno : EIO,
-                                             "reading back the fill of " + Quote(fill.key));
+    Result<std::string> bytes = TakeFillBytes(fill);
+    if (!bytes.ok()) {
+      *results[i] = bytes.status();
       Discard(fill);
       continue;
     }
-    items.push_back(Item{&fill, results[i], std::move(bytes), {}, 0, false, {}});
+    items.push_back(Item{&fill, results[i], std::move(*bytes), {}, 0, false, {}});
   }
   if (items.empty()) return;
   for (Item& item : items) {
@@ -1535,7 +1559,7 @@ void CacheStore::PublishPackedGroup(std::vector<Fill*>& fills,
   });
   for (Item& item : items) {
     const std::string& key = item.fill->key;
-    RemoveFile(item.fill->temp_path);
+    if (!item.fill->in_memory) RemoveFile(item.fill->temp_path);
     for (const std::string& k : item.evicted) RemoveFile(BodyPath(k));
     if (st.ok() && item.replacing) RemoveFile(BodyPath(key));  // a body file it may have had
     for (const std::string& k : item.evicted) Changed(k);
@@ -1625,17 +1649,12 @@ ghost::Status CacheStore::Publish(Fill& fill) {
 
 ghost::Status CacheStore::PublishPacked(Fill& fill, bool replacing) {
   const std::string& key = fill.key;
-  std::string bytes(fill.written, '\0');
-  {
-    UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
-    ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
-    if (n != static_cast<ssize_t>(bytes.size())) {
-      ghost::Status st = ghost::Status::FromErrno(n < 0 ? errno : EIO,
-                                                  "reading back the fill of " + Quote(key));
-      Discard(fill);
-      return st;
-    }
+  Result<std::string> taken = TakeFillBytes(fill);
+  if (!taken.ok()) {
+    Discard(fill);
+    return taken.status();
   }
+  std::string bytes = std::move(*taken);
   std::uint64_t h = KeyHash(key);
   CacheEntry stored = std::move(fill.meta);
   stored.size = fill.written;
@@ -1660,7 +1679,7 @@ ghost::Status CacheStore::PublishPacked(Fill& fill, bool replacing) {
     }
     return ghost::Status::Ok();
   });
-  RemoveFile(fill.temp_path);
+  if (!fill.in_memory) RemoveFile(fill.temp_path);
   for (const std::string& k : evicted) RemoveFile(BodyPath(k));
   if (st.ok() && replacing) RemoveFile(BodyPath(key));  // a body file it may have had
   for (const std::string& k : evicted) Changed(k);
@@ -1678,7 +1697,24 @@ void CacheStore::Fail(Fill& fill, ghost::Status st) {
   Discard(fill);
 }
 
+Result<std::string> CacheStore::TakeFillBytes(Fill& fill) {
+  if (fill.in_memory) return std::move(fill.memory);
+  fill.fd.reset();
+  std::string bytes(fill.written, '\0');
+  UniqueFd fd(::open(fill.temp_path.c_str(), O_RDONLY | O_CLOEXEC));
+  ssize_t n = fd.valid() ? ::pread(fd.get(), bytes.data(), bytes.size(), 0) : -1;
+  if (n != static_cast<ssize_t>(bytes.size())) {
+    return ghost::Status::FromErrno(n < 0 ? errno : EIO, "reading back the fill of " + Quote(fill.key));
+  }
+  return bytes;
+}
+
 void CacheStore::Discard(Fill& fill) {
+  if (fill.in_memory) {
+    fill.memory.clear();
+    fill.memory.shrink_to_fit();
+    return;  // no temp file, no pending row
+  }
   fill.fd.reset();  // in-flight writes hold their own reference; they land in an unlinked file
   RemoveFile(fill.temp_path);
   if (!db_) return;

@@ -41,7 +41,8 @@
 // next turn, consecutive packed ones (body under the pack limit: the row and its body are the
 // whole commit) in one transaction; CommitFill's callback runs only after that transaction
 // has committed. A fill announced packed (BeginFill with a size under the limit) writes no
-// pending row: until its commit it is only a temp file, which crash recovery removes.
+// pending row and no temp file: until its commit its bytes are only in RAM (appends past the
+// announced size fail it), so a crash before the commit leaves nothing to recover.
 //
 // Byte cap: `capacity` bytes of bodies (0 = unlimited) is a hard cap on committed objects.
 // Eviction (least recently used first: exact below ObjectTable::kExactLimit objects, sampled
@@ -251,6 +252,9 @@ class CacheStore {
     CacheEntry meta;
     std::string temp_path;
     std::shared_ptr<UniqueFd> fd;  // shared with in-flight writes, so it outlives them
+    // Announced under the pack limit: the bytes wait in `memory` (no temp file, no fd).
+    bool in_memory = false;
+    std::string memory;
     Bytes written = 0;             // bytes handed to FileIo so far (the next append's offset)
     int in_flight = 0;             // appends not yet completed
     bool committing = false;
@@ -296,6 +300,8 @@ class CacheStore {
   void CommitReady();
   // Whether `fill` will be published packed (its body under the pack limit, no error).
   bool Packable(const Fill& fill) const;
+  // The fill's whole body: its RAM copy, or read back from its temp file.
+  Result<std::string> TakeFillBytes(Fill& fill);
   // Publishes packed fills in one transaction; results[i] is fills[i]'s outcome.
   void PublishPackedGroup(std::vector<Fill*>& fills, std::vector<ghost::Status*>& results);
   ghost::Status Publish(Fill& fill);

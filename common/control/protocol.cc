@@ -208,13 +208,30 @@ Result<ControlArgs> ParseObject(const json& r) {
   return ControlArgs(out);
 }
 
+// lookup: ParseObject's fields and "begin_transfer" (protocol.h).
+Result<ControlArgs> ParseLookup(const json& r) {
+  Result<ControlArgs> parsed = ParseObject(r);
+  if (!parsed.ok()) return parsed;
+  if (const json* b = Field(r, "begin_transfer")) {
+    if (!b->is_boolean()) return Bad("\"begin_transfer\" must be true or false");
+    std::get<ObjectArgs>(*parsed).begin_transfer = b->get<bool>();
+  }
+  return parsed;
+}
+
 // store: ParseObject's fields, and the body inline (protocol.h). The text's length is checked
 // before it is decoded, so an over-long body costs no decoding.
 Result<ControlArgs> ParseStore(const json& r) {
   Result<ControlArgs> parsed = ParseObject(r);
   if (!parsed.ok()) return parsed;
   const json* b = Field(r, "body_base64");
-  if (b == nullptr) return parsed;
+  if (b == nullptr) {
+    if (Field(r, "transfer_end") != nullptr || Field(r, "transfer_bytes") != nullptr) {
+      return Bad("\"transfer_end\" comes only with an inline body (\"body_base64\"); end the "
+                 "transfer of a fill file with transfer {\"phase\":\"end\"}");
+    }
+    return parsed;
+  }
   static constexpr std::size_t kMaxText = 4 * ((kMaxInlineStoreBytes + 2) / 3);
   if (!b->is_string()) return Bad("\"body_base64\" must be a string (the body in padded base64)");
   const std::string& text = b->get_ref<const std::string&>();
@@ -226,7 +243,19 @@ Result<ControlArgs> ParseStore(const json& r) {
   std::optional<std::string> body = FromBase64(text);
   if (!body) return Bad("\"body_base64\" is not padded base64");
   if (body->size() > kMaxInlineStoreBytes) return too_long();  // the last group's few bytes
-  std::get<ObjectArgs>(*parsed).body = std::move(body);
+  ObjectArgs& args = std::get<ObjectArgs>(*parsed);
+  args.body = std::move(body);
+  if (const json* t = Field(r, "transfer_end")) {
+    std::optional<std::uint64_t> id = Unsigned(t);
+    if (!id) return Bad("\"transfer_end\" must be the number transfer \"begin\" returned");
+    args.transfer_end = id;
+  }
+  if (const json* n = Field(r, "transfer_bytes")) {
+    std::optional<std::uint64_t> bytes = Unsigned(n);
+    if (!bytes || *bytes > kMaxTransferBytes) return Bad("\"transfer_bytes\" must be a byte count up to 2^40");
+    if (!args.transfer_end) return Bad("\"transfer_bytes\" needs \"transfer_end\"");
+    args.transfer_bytes = bytes;
+  }
   return parsed;
 }
 
@@ -256,6 +285,10 @@ Result<ControlArgs> ParseTransfer(const json& r) {
       if (!up->is_boolean()) return Bad("\"upload\" must be true or false");
       out.upload = up->get<bool>();
     }
+  } else if (const json* b = Field(r, "bytes")) {
+    std::optional<std::uint64_t> bytes = Unsigned(b);
+    if (!bytes || *bytes > kMaxTransferBytes) return Bad("\"bytes\" must be a byte count up to 2^40");
+    out.end_bytes = bytes;
   }
   return ControlArgs(out);
 }
@@ -316,7 +349,7 @@ constexpr std::array<OpSpec, kControlOpCount> kOps = {{
     {ControlOp::kFlush, "flush", &NoArguments},
     {ControlOp::kDropCaches, "drop_caches", &NoArguments},
     {ControlOp::kSubscribe, "subscribe", &ParseSubscribe},
-    {ControlOp::kLookup, "lookup", &ParseObject},
+    {ControlOp::kLookup, "lookup", &ParseLookup},
     {ControlOp::kStore, "store", &ParseStore},
     {ControlOp::kRefresh, "refresh", &ParseObject},
     {ControlOp::kInvalidate, "invalidate", &ParseObject},
@@ -426,7 +459,12 @@ Result<KnobResult> KnobResult::FromJson(const json& j) {
 
 
 json LookupResult::ToJson() const {
-  if (!cached) return {{"cached", false}};
+  if (!cached) {
+    json miss = {{"cached", false}};
+    if (transfer) miss["transfer"] = *transfer;
+    if (card) miss["card"] = *card;
+    return miss;
+  }
   json out = {{"cached", true},
               {"path", path},
               {"version", version},
@@ -472,6 +510,14 @@ Result<LookupResult> LookupResult::FromJson(const json& j) {
     (void)x;
     out.expires_unix = expires;
   }
+  if (const json* t = Field(j, "transfer")) {
+    out.transfer = Unsigned(t);
+    if (!out.transfer) return Bad("the lookup result's transfer is not a transfer id");
+  }
+  if (const json* c = Field(j, "card")) {
+    if (!c->is_boolean()) return Bad("the lookup result's card is not true or false");
+    out.card = c->get<bool>();
+  }
   return out;
 }
 
@@ -486,6 +532,12 @@ Result<std::uint64_t> TransferIdFromJson(const json& result) {
       result.is_object() ? Unsigned(Field(result, "transfer")) : std::nullopt;
   if (!id) return Status::Internal("no transfer id in the reply");
   return *id;
+}
+
+std::optional<bool> TransferCardFromJson(const json& result) {
+  const json* c = result.is_object() ? Field(result, "card") : nullptr;
+  if (c == nullptr || !c->is_boolean()) return std::nullopt;
+  return c->get<bool>();
 }
 
 std::string EncodeBase64(std::string_view bytes) { return Base64(bytes); }

@@ -61,6 +61,11 @@
 //       file itself, which a reader on this machine may read instead of "path"; the daemon
 //       has charged the emulated disk for that read already; or, for a small body packed in
 //       the index, which has no file of its own, "body_base64":"<the body>" instead)
+//     With "begin_transfer": true, a miss also begins the fetch that follows it, as transfer
+//       {"phase":"begin"} would at that moment: {"cached":false,"transfer":T,"card":C} (T and
+//       C as that op answers them). One round trip instead of two per miss. A daemon without
+//       this field answers {"cached":false} (it ignores fields it does not know): the client
+//       then sends "begin" itself. A hit begins nothing.
 //   store {"key": K, "response": R, "etag": E, "last_modified": L, "content_type": T,
 //          "expires_unix": X}  (all but "key" optional; R is stored verbatim, X is an integer
 //       or null) opens a fill. Result: {"path":"/mnt/ghost/.ghost/fill/<token>"}: write the
@@ -76,16 +81,25 @@
 //       JSON lines; a frame would need a second framing state in each. Base64 costs a third
 //       more bytes of a body under 16 KiB, well below one FUSE round trip, and the lookup
 //       result already sends packed bodies the same way.)
+//     With "transfer_end": T (and "transfer_bytes": B), the fetch that brought the body is over:
+//       after the body is queued, the daemon ends transfer T as {"phase":"end","transfer":T,
+//       "bytes":B} would (B: the data phase, when it was not sent). Only an inline store (with
+//       "body_base64") takes it; a client may send it to a daemon that said "card" in a begin
+//       or lookup answer (older daemons ignore it and would leave T open). "transfer_bytes"
+//       needs "transfer_end".
 //   refresh {"key": K, ...the fields of store...}  a 304 refreshed K: replaces those fields,
 //       keeps the body. Result: {}; an error if K is not cached.
 //   invalidate {"key": K}  drops K. Result: {"removed":true|false}.
 //   transfer {"phase": "begin"}  a proxy's fetch from an origin, carried by the emulated card
 //       (fs/store_tree.cc): disclosed to the network module, the card's round trips start.
-//       Result: {"transfer": T}.
+//       Result: {"transfer": T, "card": C}: C is false when the daemon emulates no card
+//       (no --profile): then "data" is answered at once and carries nothing a client must
+//       wait for, so it may be folded into "end" (below).
 //     {"phase": "data", "transfer": T, "bytes": B}  the body's size is known: the card carries
 //       B bytes; answered ({}) once it has (once per transfer). "upload": true (optional): B
 //       bytes sent to the origin (an IMAP APPEND's message), at the link's upload rate.
 //     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
+//       With "bytes": B, the data phase comes first (a transfer whose data was not given).
 //   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
 //       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
 //       all, since its last report: counted as memory reads in stats, and each K becomes the
@@ -217,6 +231,11 @@ struct ObjectArgs {
   std::optional<std::optional<std::int64_t>> expires_unix;
   // store only: the body sent inline ("body_base64", decoded; at most kMaxInlineStoreBytes).
   std::optional<std::string> body;
+  // lookup only: a miss begins the fetch's transfer ("begin_transfer": true).
+  bool begin_transfer = false;
+  // store only: the transfer the fill's fetch was ("transfer_end"), ended after the store; and
+  // its data phase's bytes ("transfer_bytes", <= kMaxTransferBytes), when not sent before.
+  std::optional<std::uint64_t> transfer_end, transfer_bytes;
 };
 enum class TransferPhase { kBegin, kData, kEnd };
 struct TransferArgs {
@@ -224,6 +243,7 @@ struct TransferArgs {
   std::uint64_t transfer = 0;  // data, end: the id "begin" returned
   std::uint64_t bytes = 0;     // data: the body's size, <= kMaxTransferBytes
   bool upload = false;         // data: bytes sent to the origin (at the link's upload rate)
+  std::optional<std::uint64_t> end_bytes;  // end: "bytes", the data phase folded in
 };
 struct ServedArgs {
   // key (non-empty), reads (1..kMaxServedReads)
@@ -279,8 +299,12 @@ struct LookupResult {
   std::optional<std::string> packed_body;
   std::string version;    // "d<inode>-<size>" (a body file) or "q<n>" (a queued fill)
   nlohmann::json cost;    // the cost model's estimates (null: not costed)
-  // {"cached":false} when not cached; else every field above, "cost" only when costed and
-  // "body_path" and "body_base64" only when set (the daemon's reply).
+  // A miss asked with "begin_transfer": the transfer begun, and whether the daemon has a card.
+  std::optional<std::uint64_t> transfer;
+  std::optional<bool> card;
+  // {"cached":false} when not cached (with "transfer" and "card" when set); else every field
+  // above, "cost" only when costed and "body_path" and "body_base64" only when set (the
+  // daemon's reply).
   nlohmann::json ToJson() const;
   // Tolerant of missing fields (they keep the defaults above); kInvalidArgument unless `j` is
   // an object whose fields, where present, have the types documented above.
@@ -291,6 +315,9 @@ struct LookupResult {
 // objects event: kInvalidArgument when missing or of another type.
 Result<std::string> StorePathFromJson(const nlohmann::json& result);
 Result<std::uint64_t> TransferIdFromJson(const nlohmann::json& result);
+// The "card" of a transfer-begin (or lookup) result: nullopt when absent (an older daemon:
+// assume a card, whose data phase must be waited for).
+std::optional<bool> TransferCardFromJson(const nlohmann::json& result);
 Result<std::string> ObjectsEventKey(const nlohmann::json& data);
 
 // Padded base64 of `bytes`, as "body_base64" carries a body (store's request, lookup's result).

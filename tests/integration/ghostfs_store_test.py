@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 23
+PLAN = 25
 
 
 def store(ctl, key, body, **fields):
@@ -216,6 +216,27 @@ def main():
     t.check(ctl.ok("lookup", key="http://example.test/e") == {"cached": False}
             and ctl.ok("stats")["proxy"]["open_fills"] == 1,  # only d's, never written
             "unlinking a fill before closing it abandons the fill", ctl.ok("stats")["proxy"])
+
+    # The fetch's transfer folded into the miss's lookup and the inline store (one round trip
+    # each instead of three): the lookup begins it, the store ends it, after its data.
+    miss = ctl.ok("lookup", key="http://example.test/folded", begin_transfer=True)
+    open_now = ctl.ok("stats")["proxy"]["open_transfers"]
+    hit = ctl.ok("lookup", key="http://example.test/a", begin_transfer=True)
+    t.check(miss.get("cached") is False and isinstance(miss.get("transfer"), int) and miss.get("card") is True
+            and open_now == 1 and "transfer" not in hit,
+            "a miss looked up with begin_transfer begins the fetch's transfer (a hit begins none)", (miss, open_now))
+    stored = ctl.call("store", key="http://example.test/folded", response="{}",
+                      body_base64=base64.b64encode(b"folded").decode(), transfer_end=miss["transfer"],
+                      transfer_bytes=6)
+    closed = wait_for(lambda: ctl.ok("stats")["proxy"]["open_transfers"] == 0, 10)
+    again = ctl.call("transfer", phase="end", transfer=miss["transfer"])
+    unknown = ctl.call("store", key="http://example.test/folded2", response="{}",
+                       body_base64=base64.b64encode(b"x").decode(), transfer_end=987654)
+    t.check(stored.get("ok") and stored["result"] == {"stored": 6} and closed
+            and not again["ok"] and "no open transfer" in again["error"]
+            and not unknown["ok"] and "stored, but no open transfer 987654" in unknown["error"],
+            "an inline store with transfer_end ends that transfer once the card has carried its bytes",
+            (stored, again, unknown))
 
     ctl.ok("flush")
     ctl.close()

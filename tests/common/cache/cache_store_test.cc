@@ -1689,5 +1689,50 @@ TEST_F(CacheStoreTest, AcknowledgedFillsSurviveACrashDuringAFillStorm) {
   for (const std::string& f : ObjectFiles()) EXPECT_EQ(f.find(".fill-"), std::string::npos) << f;
 }
 
+// A fill announced under the pack limit keeps its bytes in RAM until its commit: no temp file
+// is created, written, read back and removed (a third of the daemon's CPU per small miss).
+TEST_F(CacheStoreTest, AFillAnnouncedUnderThePackLimitMakesNoTempFile) {
+  pack_limit_ = 1024;
+  Reopen();
+  std::string body = RandomBytes(700, 7);
+  CacheEntry meta = Meta("\"m\"");
+  meta.size = body.size();
+  Result<FillId> id = store_->BeginFill("in ram", meta);
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  ASSERT_TRUE(Append(*id, body, 100).ok());
+  EXPECT_TRUE(ObjectFiles().empty()) << "a temp file was made for a fill announced packed";
+  ASSERT_TRUE(Commit(*id).ok());
+  EXPECT_TRUE(ObjectFiles().empty());
+  EXPECT_EQ(*ReadAll("in ram"), body);
+  EXPECT_EQ(store_->index().Find("in ram")->etag, "\"m\"");
+  Reopen();
+  EXPECT_EQ(*ReadAll("in ram"), body);
+}
+
+// Its RAM holds at most the announced size: more fails the fill, nothing of it is cached, and
+// the object it would have replaced stays.
+TEST_F(CacheStoreTest, AFillInRamThatGrowsPastItsAnnouncedSizeFails) {
+  pack_limit_ = 1024;
+  Reopen();
+  ASSERT_TRUE(Fill("k", "old body").ok());
+  CacheEntry meta;
+  meta.size = 10;
+  Result<FillId> id = store_->BeginFill("k", meta);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "0123456789", 10).ok());
+  Status grew = Append(*id, "x", 1);
+  EXPECT_FALSE(grew.ok());
+  EXPECT_TRUE(Contains(grew.message(), "grew past the 10 bytes announced")) << grew.ToString();
+  EXPECT_FALSE(Commit(*id).ok());
+  EXPECT_EQ(*ReadAll("k"), "old body");
+  // Short of the announced size: refused at the commit, as a file body is.
+  id = store_->BeginFill("k", meta);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(Append(*id, "short", 5).ok());
+  EXPECT_FALSE(Commit(*id).ok());
+  EXPECT_EQ(*ReadAll("k"), "old body");
+  EXPECT_EQ(store_->open_fills(), 0u);
+}
+
 }  // namespace
 }  // namespace ghost

@@ -1064,5 +1064,76 @@ TEST(ControlProtocolTest, NapArgumentsAreTypedAndRangeChecked) {
   EXPECT_EQ(ParseControlOp("nap"), ControlOp::kNap);
 }
 
+
+// A miss's lookup may begin the fetch's transfer (one round trip instead of two), and an
+// inline store may end it (another one saved); both are opt-in fields older daemons ignore.
+TEST(ControlProtocolTest, LookupMayBeginTheFetchsTransfer) {
+  auto plain = ParseControlArgs(ControlOp::kLookup, json{{"key", "k"}});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(std::get<ObjectArgs>(*plain).begin_transfer);
+  auto begin = ParseControlArgs(ControlOp::kLookup, json{{"key", "k"}, {"begin_transfer", true}});
+  ASSERT_TRUE(begin.ok());
+  EXPECT_TRUE(std::get<ObjectArgs>(*begin).begin_transfer);
+  auto bad = ParseControlArgs(ControlOp::kLookup, json{{"key", "k"}, {"begin_transfer", 1}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("begin_transfer"), std::string::npos);
+  // The answer: a miss with the transfer and whether there is a card; a plain miss is as before.
+  LookupResult miss;
+  EXPECT_EQ(miss.ToJson(), json({{"cached", false}}));
+  miss.transfer = 7;
+  miss.card = false;
+  EXPECT_EQ(miss.ToJson(), json({{"cached", false}, {"transfer", 7}, {"card", false}}));
+  Result<LookupResult> back = LookupResult::FromJson(miss.ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->transfer, std::optional<std::uint64_t>(7));
+  EXPECT_EQ(back->card, std::optional<bool>(false));
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", false}, {"transfer", -1}}).ok());
+  EXPECT_FALSE(LookupResult::FromJson(json{{"cached", false}, {"card", "no"}}).ok());
+  // transfer begin says whether data must be waited for; an older daemon's answer does not.
+  EXPECT_EQ(TransferCardFromJson(json{{"transfer", 1}, {"card", false}}), std::optional<bool>(false));
+  EXPECT_EQ(TransferCardFromJson(json{{"transfer", 1}}), std::nullopt);
+}
+
+TEST(ControlProtocolTest, AnInlineStoreMayEndTheFetchsTransfer) {
+  const std::string b64 = EncodeBase64("body");
+  auto store = [&](json extra) {
+    json r = {{"key", "k"}, {"body_base64", b64}};
+    r.update(extra);
+    return ParseControlArgs(ControlOp::kStore, r);
+  };
+  auto ended = store({{"transfer_end", 3}, {"transfer_bytes", 4}});
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(std::get<ObjectArgs>(*ended).transfer_end, std::optional<std::uint64_t>(3));
+  EXPECT_EQ(std::get<ObjectArgs>(*ended).transfer_bytes, std::optional<std::uint64_t>(4));
+  auto end_only = store({{"transfer_end", 3}});
+  ASSERT_TRUE(end_only.ok());
+  EXPECT_FALSE(std::get<ObjectArgs>(*end_only).transfer_bytes);
+  EXPECT_FALSE(std::get<ObjectArgs>(*store(json::object())).transfer_end);
+  for (const json& bad : {json{{"transfer_end", "3"}}, json{{"transfer_end", -1}},
+                          json{{"transfer_bytes", 4}},  // bytes without the end
+                          json{{"transfer_end", 3}, {"transfer_bytes", (1ull << 40) + 1}},
+                          json{{"transfer_end", 3}, {"transfer_bytes", 1.5}}}) {
+    auto r = store(bad);
+    ASSERT_FALSE(r.ok()) << bad.dump();
+    EXPECT_NE(r.status().message().find("transfer_"), std::string::npos) << r.status().message();
+  }
+  // Only with an inline body: a fill file's fetch ends with transfer "end".
+  auto file = ParseControlArgs(ControlOp::kStore, json{{"key", "k"}, {"transfer_end", 3}});
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("body_base64"), std::string::npos);
+}
+
+TEST(ControlProtocolTest, TransferEndMayCarryTheDataPhasesBytes) {
+  auto end = ParseControlArgs(ControlOp::kTransfer, json{{"phase", "end"}, {"transfer", 2}});
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(std::get<TransferArgs>(*end).end_bytes);
+  auto folded = ParseControlArgs(ControlOp::kTransfer, json{{"phase", "end"}, {"transfer", 2}, {"bytes", 512}});
+  ASSERT_TRUE(folded.ok());
+  EXPECT_EQ(std::get<TransferArgs>(*folded).end_bytes, std::optional<std::uint64_t>(512));
+  EXPECT_FALSE(ParseControlArgs(ControlOp::kTransfer, json{{"phase", "end"}, {"transfer", 2}, {"bytes", "512"}}).ok());
+  EXPECT_FALSE(
+      ParseControlArgs(ControlOp::kTransfer, json{{"phase", "end"}, {"transfer", 2}, {"bytes", (1ull << 40) + 1}}).ok());
+}
+
 }  // namespace
 }  // namespace ghost
