@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <time.h>
 
@@ -87,6 +88,11 @@ bool SetShapingBuffer(int fd, int bytes) {
 
 namespace {
 
+bool EnvIs(const char* name, std::string_view value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string_view(v) == value;
+}
+
 bool ReadTcpInfo(int fd, tcp_info* info) {
   socklen_t len = sizeof *info;
   *info = {};
@@ -118,8 +124,9 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   tcp_info info;
   if (ReadTcpInfo(fd_, &info) && info.tcpi_rcv_mss > 0) so.mss = info.tcpi_rcv_mss;
   if (so.mss < 536) so.mss = 1448;
-  quiet_bursts_ = std::getenv("GHOST_SHAPER_QUIET_BURSTS") != nullptr &&
-                  std::string_view(std::getenv("GHOST_SHAPER_QUIET_BURSTS")) == "1";
+  if (const char* pct = std::getenv("GHOST_SHAPER_WAKE_PCT")) so.wake_percentile = std::atof(pct);
+  quiet_bursts_ = EnvIs("GHOST_SHAPER_QUIET_BURSTS", "1");
+  one_read_drain_ = !EnvIs("GHOST_SHAPER_STEP_DRAIN", "1");
   start_ = clock_->Now();
   last_arrival_ = start_;
   progress_at_ = start_;
@@ -294,7 +301,7 @@ void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg)
       self->Opened(std::max(self->OpenedAt(now), self->last_arrival_));
     }
   }
-  self->Step();
+  if (!self->reading_direct_) self->Step();  // ReadQueued's caller steps on itself
 }
 
 void UpstreamShaper::DrainTap() {
@@ -382,6 +389,7 @@ void UpstreamShaper::ForceOpen(TimePoint now, const char* why) {
     Opened(std::max(now, last_arrival_));
   } else {
     StartDrain();
+    if (one_read_drain_ && !reading_direct_) ReadQueued(now);
   }
 }
 
@@ -404,6 +412,50 @@ void UpstreamShaper::Opened(TimePoint at) {
 void UpstreamShaper::StartDrain() {
   draining_ = true;
   drain_first_read_.reset();
+}
+
+bool UpstreamShaper::ReadQueued(TimePoint now) {
+  // libevent reads at most 4 KB per read callback (evbuffer_read caps a read at
+  // EVBUFFER_MAX_READ whatever FIONREAD says, and this libevent has no evbuffer_set_max_read),
+  // one callback per loop turn, and each read sends a window update: the window opened in
+  // 4 KB steps, up to 5 ms apart under load, and the origin sent a part-window for each
+  // (round 8). One recvmsg of everything queued frees the whole buffer at once: one update.
+  // Bytes are only moved, in order, into the same evbuffer the bufferevent would have filled.
+  evbuffer* in = bufferevent_get_input(bev_);
+  bool any = false;
+  for (int turn = 0; turn < 4 && draining_; ++turn) {
+    const std::size_t q = Queued();
+    if (q == 0) break;
+    evbuffer_iovec vec[2];
+    const int n = evbuffer_reserve_space(in, static_cast<ev_ssize_t>(q), vec, 2);
+    if (n <= 0) break;
+    iovec iov[2];
+    for (int i = 0; i < n; ++i) iov[i] = {vec[i].iov_base, vec[i].iov_len};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<std::size_t>(n);
+    // With data queued, recvmsg returns data before any pending error or EOF (tcp_recvmsg
+    // reports those only when it copied nothing); if it returns nothing anyway, nothing is
+    // committed and the bufferevent's own read (enabled while draining) sees what happened.
+    const ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
+    if (got <= 0) break;
+    std::size_t left = static_cast<std::size_t>(got);
+    int used = 0;
+    for (int i = 0; i < n && left > 0; ++i) {
+      vec[i].iov_len = std::min(left, vec[i].iov_len);
+      left -= vec[i].iov_len;
+      used = i + 1;
+    }
+    if (!drain_first_read_) drain_first_read_ = now;
+    reading_direct_ = true;
+    evbuffer_commit_space(in, vec, used);  // OnInput counts the bytes and, emptied, opens
+    reading_direct_ = false;
+    any = true;
+  }
+  // The owner's read callback, from the loop (deferred: it may end this download and free
+  // this shaper; libevent holds a reference to the bufferevent until it runs).
+  if (any) bufferevent_trigger(bev_, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+  return any;
 }
 
 TimePoint UpstreamShaper::OpenedAt(TimePoint now) {
@@ -485,6 +537,8 @@ void UpstreamShaper::Step() {
       StartDrain();
     }
   }
+  // Drain in one read (not while paused: back-pressure wins, the drain waits).
+  if (draining_ && !paused_ && one_read_drain_ && !reading_direct_) ReadQueued(now);
   const bool freely = shaper_->reads_freely();
   if (std::getenv("GHOST_SHAPER_TRACE")) {
     std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d rtt=%.1fms rate=%.0f W=%.0f td=%.1fms\n",

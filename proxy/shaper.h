@@ -229,6 +229,14 @@ class UpstreamShaper {
   // The drain's first read (the window update goes out then): the open's time.
   std::optional<TimePoint> drain_first_read_;
   void StartDrain();
+  // The one-read drain (round 9): reads everything the socket holds straight from the fd into
+  // the bufferevent's input (recvmsg into reserved space), so the window opens in one step,
+  // then has libevent run the owner's read callback (deferred). False when nothing was read
+  // (nothing queued, or recvmsg saw EOF or an error first): the bufferevent then reads as before
+  // and sees the end itself. Loops while more arrived meanwhile, at most a few times.
+  bool ReadQueued(TimePoint now);
+  bool one_read_drain_ = true;   // GHOST_SHAPER_STEP_DRAIN=1: libevent's 4 KB reads (measuring)
+  bool reading_direct_ = false;  // inside ReadQueued: OnInput leaves Step to the caller
   // Tells the shaper the window opened at `at`; while shaping, quiets the ACKs of the burst.
   void Opened(TimePoint at);
   // When the window opened, for a drain that emptied the socket at `now`; clears the record.

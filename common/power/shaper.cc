@@ -131,6 +131,17 @@ Duration DownloadShaper::BurstEndThreshold() const {
   return std::clamp(FromSeconds(td), low, high);
 }
 
+Duration DownloadShaper::ExpectedDelay() const {
+  const Duration rtt = min_rtt();
+  if (options_.wake_percentile <= 0 || open_delay_count_ < 2) return rtt;
+  Duration sorted[kOpenDelays];
+  std::copy(open_delays_, open_delays_ + open_delay_count_, sorted);
+  std::sort(sorted, sorted + open_delay_count_);
+  const double p = std::min(options_.wake_percentile, 1.0);
+  const Duration d = sorted[static_cast<int>(p * (open_delay_count_ - 1))];
+  return std::clamp(d, rtt / 2, 2 * rtt);
+}
+
 bool DownloadShaper::reads_freely() const {
   return finished_ || stats_.declined || state_ == ShaperState::kSlowStart ||
          state_ == ShaperState::kPlain;
@@ -188,6 +199,13 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   const bool straggler = expected_ && now < *expected_ - min_rtt() / 4;
   if (in_burst_ && burst_straggler_ && !straggler) EndBurst(burst_last_, burst_last_);
   if (!straggler) {
+    // The first data of the open's burst: how long after the open it came (also when it came
+    // while the card slept: that delay is the one the wake-up must not pass).
+    if (opened_at_ && now >= *opened_at_) {
+      open_delays_[open_delay_next_] = now - *opened_at_;
+      open_delay_next_ = (open_delay_next_ + 1) % kOpenDelays;
+      open_delay_count_ = std::min(open_delay_count_ + 1, kOpenDelays);
+    }
     opened_at_.reset();
     expected_.reset();
   }
@@ -291,9 +309,9 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
       if (state_ == ShaperState::kSaving) {
-        const TimePoint wake = end + min_rtt() - options_.wake_lead - options_.wnic.wake;
+        const TimePoint wake = end + ExpectedDelay() - options_.wake_lead - options_.wnic.wake;
         if (wake > end + options_.wnic.wake) {
-          Sleep(end, end + min_rtt());
+          Sleep(end, end + ExpectedDelay());
           wake_at_ = wake;
         }
       }
@@ -370,10 +388,10 @@ void DownloadShaper::OnOpened(TimePoint now) {
   wants_open_ = false;
   if (reads_freely()) return;
   opened_at_ = now;
-  expected_ = now + min_rtt();
+  expected_ = now + ExpectedDelay();
   if (!awake_) {
     nap_due_ = expected_;
-    const TimePoint wake = now + min_rtt() - options_.wake_lead - options_.wnic.wake;
+    const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
     if (wake <= now) {
       Wake(now);
     } else {

@@ -134,6 +134,11 @@ struct ShaperOptions {
   // at load ~20 (round 8), E×D and missed packets rose (timing jitter under load).
   Duration td_full = Millis(3);
   Duration wake_lead = Millis(2);     // wake this long before the next burst is due
+  // When the next burst is due after an open. 0 (the paper's): one min RTT. Above 0: this
+  // percentile (0..1) of the last 16 open→first-data delays seen on the connection, once 2
+  // are, within [½, 2] min RTT (ExpectedDelay). The card must be awake before data can come,
+  // and data comes one *observed* open→data delay after an open, not one kernel estimate.
+  double wake_percentile = 0;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
@@ -204,6 +209,8 @@ class DownloadShaper {
   ShaperState state() const { return state_; }
   const ShaperStats& stats() const { return stats_; }
   Duration min_rtt() const { return min_rtt_ ? *min_rtt_ : options_.default_rtt; }
+  // How long after an open its burst is expected (ShaperOptions::wake_percentile).
+  Duration ExpectedDelay() const;
   // Td(P) for the current burst (DESIGN §3.6).
   Duration BurstEndThreshold() const;
   double window_packets() const { return w_; }
@@ -252,6 +259,12 @@ class DownloadShaper {
   bool awake_ = true;
   TimePoint since_{};                    // last card transition, for the time totals
   bool finished_ = false;
+
+  // The recent open→first-data delays (a ring), for ExpectedDelay.
+  static constexpr int kOpenDelays = 16;
+  Duration open_delays_[kOpenDelays] = {};
+  int open_delay_count_ = 0;
+  int open_delay_next_ = 0;
 
   double rate_ = 0;
   int bad_run_ = 0, saturated_run_ = 0, unsaturated_run_ = 0;
