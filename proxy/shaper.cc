@@ -125,6 +125,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (ReadTcpInfo(fd_, &info) && info.tcpi_rcv_mss > 0) so.mss = info.tcpi_rcv_mss;
   if (so.mss < 536) so.mss = 1448;
   if (const char* pct = std::getenv("GHOST_SHAPER_WAKE_PCT")) so.wake_percentile = std::atof(pct);
+  if (EnvIs("GHOST_SHAPER_NO_SETTLE", "1")) so.settle_after_slow_start = false;  // measuring
   quiet_bursts_ = EnvIs("GHOST_SHAPER_QUIET_BURSTS", "1");
   one_read_drain_ = !EnvIs("GHOST_SHAPER_STEP_DRAIN", "1");
   start_ = clock_->Now();

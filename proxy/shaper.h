@@ -8,9 +8,12 @@
 // SO_RCVLOWAT one byte above what is queued wakes the loop for each new segment (FIONREAD
 // says how much, TCP_INFO's tcpi_last_data_recv when the last one came and tcpi_rcv_ooopack
 // whether a segment was missing); past SO_RCVLOWAT's cap (half the buffer) the shaper's
-// deadline timer looks instead. When the shaper judges the burst ended, the bufferevent reads
-// again until the socket is empty (the window opens), then stops. Reading freely (slow start,
-// plain TCP) the bufferevent reads as usual and each read is an arrival.
+// deadline timer looks instead. When the shaper judges the burst ended, the adapter reads
+// everything queued in one recvmsg into the bufferevent's input (ReadQueued, round 9: the
+// window opens in one step, one window update) and has libevent run the owner's read callback
+// (deferred); should that read nothing (EOF or an error first), the bufferevent reads until
+// the socket is empty as before. Reading freely (slow start, plain TCP) the bufferevent reads
+// as usual and each read is an arrival.
 //
 // Shaping never changes a byte: it only decides when the bufferevent reads. Back-pressure
 // from a slow client (SetPaused) wins over an open: nothing is read while paused. An origin
@@ -24,8 +27,9 @@
 // TCP_QUICKACK off, so
 // no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
 // byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
-// open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
-// window update, so the burst can come one RTT after the first.
+// open is timed at the drain's first read (with the one-read drain, the only one; with
+// GHOST_SHAPER_STEP_DRAIN=1, libevent's 4 KB reads, kept to measure against, each sends a
+// window update, so the burst can come one RTT after the first).
 //
 // Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
 // window is closed (the watchdog); a proxy with no shaped download arms none.

@@ -142,6 +142,11 @@ Duration DownloadShaper::ExpectedDelay() const {
   return std::clamp(d, rtt / 2, 2 * rtt);
 }
 
+TimePoint DownloadShaper::BurstEnd() const {
+  const TimePoint end = burst_last_ + BurstEndThreshold();
+  return settle_until_ ? std::max(end, *settle_until_) : end;
+}
+
 bool DownloadShaper::reads_freely() const {
   return finished_ || stats_.declined || state_ == ShaperState::kSlowStart ||
          state_ == ShaperState::kPlain;
@@ -153,7 +158,8 @@ std::optional<TimePoint> DownloadShaper::NextDeadline() const {
   auto consider = [&next](TimePoint t) {
     if (!next || t < *next) next = t;
   };
-  if (in_burst_ && !wants_open_) consider(burst_last_ + BurstEndThreshold());
+  if (in_burst_ && !wants_open_) consider(BurstEnd());
+  if (settle_until_ && !in_burst_ && !wants_open_) consider(*settle_until_);
   if (wake_at_) consider(*wake_at_);
   if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
   return next;
@@ -163,8 +169,13 @@ void DownloadShaper::OnTimer(TimePoint now) {
   if (finished_ || stats_.declined) return;
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
-    const TimePoint end = burst_last_ + BurstEndThreshold();
+    const TimePoint end = BurstEnd();
     if (now >= end) EndBurst(end, burst_last_);
+  }
+  if (settle_until_ && now >= *settle_until_ && !in_burst_) {
+    // Settled with nothing more come: the whole flight is queued. Open now.
+    settle_until_.reset();
+    if (!reads_freely() && !wants_open_ && !opened_at_) wants_open_ = true;
   }
   if (opened_at_ && now >= *opened_at_ + 2 * min_rtt() + kLostOpenSlack) {
     // The window update was lost or the server stalled: nothing came. Stay awake for it.
@@ -181,7 +192,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   // A deadline that passed before this arrival happened first.
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
-    const TimePoint end = burst_last_ + BurstEndThreshold();
+    const TimePoint end = BurstEnd();
     if (now > end) EndBurst(end, burst_last_);
   }
   const double packets =
@@ -286,6 +297,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
+        if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
       break;
     case ShaperState::kSaving:
@@ -305,6 +317,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
       wants_open_ = true;
+      settle_until_.reset();
       Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
@@ -376,6 +389,7 @@ void DownloadShaper::Enter(ShaperState next) {
   if (reads_freely()) {
     // Reading freely: no open to wait for, no nap.
     wants_open_ = false;
+    settle_until_.reset();
     opened_at_.reset();
     expected_.reset();
   }
@@ -431,6 +445,7 @@ void DownloadShaper::Finish(TimePoint now) {
   since_ = now;
   finished_ = true;
   wants_open_ = false;
+  settle_until_.reset();
   opened_at_.reset();
   expected_.reset();
   wake_at_.reset();

@@ -139,6 +139,13 @@ struct ShaperOptions {
   // are, within [½, 2] min RTT (ExpectedDelay). The card must be awake before data can come,
   // and data comes one *observed* open→data delay after an open, not one kernel estimate.
   double wake_percentile = 0;
+  // Round 9: the first burst after slow start ends no earlier than one min RTT after reading
+  // stopped. Read freely, the flight is ACK-clocked, spread over the round trip; an open while
+  // part of it is still in flight grants the sender only the window less that part (the grant
+  // counts from the cumulative ACK), so two part-windows circulate from then on, each answered
+  // by its own open, the second arriving mid-nap (the two-half-window regime, see DESIGN §3.6).
+  // One round trip after the last read nothing of the flight can still be on its way.
+  bool settle_after_slow_start = true;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
@@ -220,6 +227,9 @@ class DownloadShaper {
   void AssertInvariants() const;
 
  private:
+  // When the burst in progress ends if nothing more comes: Td(P) after its last packet, not
+  // before the settle time (settle_after_slow_start).
+  TimePoint BurstEnd() const;
   // `cut`: a flight read freely was cut at a window's worth, not ended by a gap.
   void EndBurst(TimePoint now, TimePoint last, bool cut = false);
   void Judge(bool missing, bool mistaken, bool saturated, double packets);
@@ -252,6 +262,9 @@ class DownloadShaper {
   bool burst_straggler_ = false;        // data of the last window, after its open
 
   bool wants_open_ = false;
+  // Slow start ended (reading stopped) at settle_until_ − min RTT: no burst ends, and no open is
+  // asked for, before settle_until_ (ShaperOptions::settle_after_slow_start).
+  std::optional<TimePoint> settle_until_;
   std::optional<TimePoint> opened_at_;   // the open whose burst has not begun
   std::optional<TimePoint> expected_;    // opened_at_ + min RTT: when its burst is due
   std::optional<TimePoint> wake_at_;     // while asleep

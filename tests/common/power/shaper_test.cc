@@ -495,6 +495,58 @@ TEST_F(DownloadShaperTest, WakeUpFollowsTheObservedOpenToDataDelay) {
   }
 }
 
+// Slow start's flight cut at a window, then the rest of what the sender had in flight arriving
+// in ACK-clocked clumps 15, 30 and 45 ms later (gaps far above Td's floor). Returns when the
+// shaper first asked for an open (relative to the cut) and the bytes of its first burst.
+std::pair<Duration, Bytes> FirstOpenAfterSlowStart(bool settle) {
+  ShaperOptions o = Options();
+  o.window = 16 * kMss;
+  o.settle_after_slow_start = settle;
+  DownloadShaper s(o, TimePoint{});
+  s.SetMinRtt(Millis(60));
+  TimePoint t{};
+  for (int i = 0; i < 16; ++i) {
+    t += Millis(0.58);
+    s.OnArrival(t, kMss);
+  }
+  EXPECT_EQ(s.state(), ShaperState::kSaving);
+  const TimePoint cut = t;
+  std::vector<TimePoint> arrivals;
+  for (int clump = 1; clump <= 3; ++clump) {
+    for (int i = 0; i < 3; ++i) arrivals.push_back(cut + Millis(15.0 * clump + 0.58 * i));
+  }
+  for (TimePoint a : arrivals) {
+    for (std::optional<TimePoint> d = s.NextDeadline(); d && *d <= a && !s.wants_open();
+         d = s.NextDeadline()) {
+      t = *d;
+      s.OnTimer(t);
+    }
+    if (s.wants_open()) return {t - cut, s.stats().burst_bytes};
+    t = a;
+    s.OnArrival(t, kMss);
+  }
+  for (int i = 0; i < 10 && !s.wants_open(); ++i) {
+    const std::optional<TimePoint> d = s.NextDeadline();
+    if (!d) break;
+    t = std::max(t, *d);
+    s.OnTimer(t);
+  }
+  EXPECT_TRUE(s.wants_open());
+  return {t - cut, s.stats().burst_bytes};
+}
+
+TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
+  // Round 9, the two-half-window regime: an open while part of the flight is still in transit
+  // grants the sender only the window less that part, and the two parts circulate from then on.
+  const auto [settled_at, settled_bytes] = FirstOpenAfterSlowStart(true);
+  EXPECT_GE(settled_at, Millis(60)) << "opened before one min RTT after reading stopped";
+  EXPECT_EQ(settled_bytes, 9 * kMss) << "the first burst is not the whole rest of the flight";
+  const auto [early_at, early_bytes] = FirstOpenAfterSlowStart(false);
+  EXPECT_LT(early_at, Millis(45)) << "without the settle time the first open waits too: the "
+                                     "test no longer sets up the early open";
+  EXPECT_LT(early_bytes, 9 * kMss);
+}
+
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
   EXPECT_EQ(ParseShapeMode("off"), ShapeMode::kOff);
   EXPECT_EQ(ParseShapeMode("auto"), ShapeMode::kAuto);
