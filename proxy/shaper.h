@@ -8,11 +8,12 @@
 // SO_RCVLOWAT one byte above what is queued wakes the loop for each new segment (FIONREAD
 // says how much, TCP_INFO's tcpi_last_data_recv when the last one came and tcpi_rcv_ooopack
 // whether a segment was missing); past SO_RCVLOWAT's cap (half the buffer) the shaper's
-// deadline timer looks instead. When the shaper judges the burst ended, the adapter reads
-// everything queued in one recvmsg into the bufferevent's input (ReadQueued, round 9: the
-// window opens in one step, one window update) and has libevent run the owner's read callback
-// (deferred); should that read nothing (EOF or an error first), the bufferevent reads until
-// the socket is empty as before. Reading freely (slow start, plain TCP) the bufferevent reads
+// deadline timer looks instead. When the shaper judges the burst ended, the bufferevent reads
+// again until the socket is empty (the window opens), then stops; with
+// GHOST_SHAPER_ONE_READ_DRAIN=1 (round 9, opt-in: not measured better at load ~30) the adapter
+// reads everything queued in one recvmsg into the bufferevent's input (ReadQueued: the window
+// opens in one step, one window update) and runs the owner's read callback from the loop;
+// should that read nothing (EOF or an error first), the bufferevent reads as before. Reading freely (slow start, plain TCP) the bufferevent reads
 // as usual and each read is an arrival.
 //
 // Shaping never changes a byte: it only decides when the bufferevent reads. Back-pressure
@@ -27,9 +28,9 @@
 // TCP_QUICKACK off, so
 // no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
 // byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
-// open is timed at the drain's first read (with the one-read drain, the only one; with
-// GHOST_SHAPER_STEP_DRAIN=1, libevent's 4 KB reads, kept to measure against, each sends a
-// window update, so the burst can come one RTT after the first).
+// open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
+// window update, so the burst can come one RTT after the first (with the one-read drain there
+// is one read).
 //
 // Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
 // window is closed (the watchdog); a proxy with no shaped download arms none.
@@ -239,8 +240,14 @@ class UpstreamShaper {
   // (nothing queued, or recvmsg saw EOF or an error first): the bufferevent then reads as before
   // and sees the end itself. Loops while more arrived meanwhile, at most a few times.
   bool ReadQueued(TimePoint now);
-  bool one_read_drain_ = true;   // GHOST_SHAPER_STEP_DRAIN=1: libevent's 4 KB reads (measuring)
+  bool one_read_drain_ = false;  // GHOST_SHAPER_ONE_READ_DRAIN=1 (opt-in, RESULTS.md round 9)
   bool reading_direct_ = false;  // inside ReadQueued: OnInput leaves Step to the caller
+  // The owner's read callback for what ReadQueued read, run from the loop by this event (owned
+  // here, so it never runs after this is destroyed and never outlives the event base, unlike a
+  // deferred bufferevent callback, which holds a reference to the bufferevent until it runs).
+  static void OnDeliver(int fd, short what, void* arg);
+  event* deliver_ = nullptr;
+  bool deliver_pending_ = false;
   // Tells the shaper the window opened at `at`; while shaping, quiets the ACKs of the burst.
   void Opened(TimePoint at);
   // When the window opened, for a drain that emptied the socket at `now`; clears the record.

@@ -144,8 +144,9 @@ struct ShaperOptions {
   // part of it is still in flight grants the sender only the window less that part (the grant
   // counts from the cumulative ACK), so two part-windows circulate from then on, each answered
   // by its own open, the second arriving mid-nap (the two-half-window regime, see DESIGN §3.6).
-  // One round trip after the last read nothing of the flight can still be on its way.
-  bool settle_after_slow_start = true;
+  // One round trip after the last read nothing of the flight can still be on its way. Off by
+  // default (the proxy: GHOST_SHAPER_SETTLE=1): not measured better yet (RESULTS.md, round 9).
+  bool settle_after_slow_start = false;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP

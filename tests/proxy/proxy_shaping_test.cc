@@ -694,7 +694,9 @@ TEST(UpstreamShaperTest, WindowOpensInOneReadAndTheStreamIsByteIdentical) {
     ShapingOptions o;
     o.mode = ShapeMode::kAlways;  // 64 KiB: a ~123 KB window
     ShapingStats stats;
+    ::setenv("GHOST_SHAPER_ONE_READ_DRAIN", "1", 1);  // opt-in (proxy/shaper.h)
     auto shaper = std::make_unique<UpstreamShaper>(&clock, bev, o, kSize, /*fixed_at_connect=*/false, &stats);
+    ::unsetenv("GHOST_SHAPER_ONE_READ_DRAIN");
     if (!shaper->per_packet()) {
       shaper.reset();
       bufferevent_free(bev);
