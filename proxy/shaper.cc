@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <time.h>
 
@@ -97,6 +98,11 @@ bool SetShapingBuffer(int fd, int bytes) {
 
 namespace {
 
+bool EnvIs(const char* name, std::string_view value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string_view(v) == value;
+}
+
 bool ReadTcpInfo(int fd, tcp_info* info) {
   socklen_t len = sizeof *info;
   *info = {};
@@ -151,8 +157,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   tcp_info info;
   if (ReadTcpInfo(fd_, &info) && info.tcpi_rcv_mss > 0) so.mss = info.tcpi_rcv_mss;
   if (so.mss < 536) so.mss = 1448;
-  quiet_bursts_ = std::getenv("GHOST_SHAPER_QUIET_BURSTS") != nullptr &&
-                  std::string_view(std::getenv("GHOST_SHAPER_QUIET_BURSTS")) == "1";
+  if (const char* pct = std::getenv("GHOST_SHAPER_WAKE_PCT")) so.wake_percentile = std::atof(pct);
+  // Round 9's two changes, opt-in until measured better (scripts/RESULTS.md, round 9).
+  so.settle_after_slow_start = EnvIs("GHOST_SHAPER_SETTLE", "1");
+  quiet_bursts_ = EnvIs("GHOST_SHAPER_QUIET_BURSTS", "1");
+  one_read_drain_ = EnvIs("GHOST_SHAPER_ONE_READ_DRAIN", "1");
   start_ = clock_->Now();
   last_arrival_ = start_;
   progress_at_ = start_;
@@ -174,6 +183,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   event_base* base = bufferevent_get_base(bev_);
   watch_ = event_new(base, fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnWatch, this);
   timer_ = evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
+  deliver_ = event_new(base, -1, 0, &UpstreamShaper::OnDeliver, this);
   evbuffer_add_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
 
   if (const char* path = std::getenv("GHOST_SHAPER_CARD_LOG")) {
@@ -217,11 +227,15 @@ UpstreamShaper::~UpstreamShaper() {
   evbuffer_remove_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
   if (watch_) event_free(watch_);
   if (timer_) event_free(timer_);
+  if (deliver_) event_free(deliver_);
   if (tap_event_) event_free(tap_event_);
   tap_.reset();
   int one = 1;
   setsockopt(fd_, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
   if (!paused_) bufferevent_enable(bev_, EV_READ);
+  // Bytes ReadQueued moved into the input that the owner was not yet told of: tell it from the
+  // loop (deferred: the owner may be destroying this shaper right now).
+  if (deliver_pending_) bufferevent_trigger(bev_, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
 
   const ShaperStats& s = shaper_->stats();
   --stats_->active;
@@ -339,7 +353,7 @@ void UpstreamShaper::OnInput(evbuffer*, const evbuffer_cb_info* info, void* arg)
       self->Opened(std::max(self->OpenedAt(now), self->last_arrival_));
     }
   }
-  self->Step();
+  if (!self->reading_direct_) self->Step();  // ReadQueued's caller steps on itself
 }
 
 void UpstreamShaper::DrainTap() {
@@ -427,6 +441,7 @@ void UpstreamShaper::ForceOpen(TimePoint now, const char* why) {
     Opened(std::max(now, last_arrival_));
   } else {
     StartDrain();
+    if (one_read_drain_ && !reading_direct_) ReadQueued(now);
   }
 }
 
@@ -455,6 +470,59 @@ void UpstreamShaper::Opened(TimePoint at) {
 void UpstreamShaper::StartDrain() {
   draining_ = true;
   drain_first_read_.reset();
+}
+
+bool UpstreamShaper::ReadQueued(TimePoint now) {
+  // libevent reads at most 4 KB per read callback (evbuffer_read caps a read at
+  // EVBUFFER_MAX_READ whatever FIONREAD says, and this libevent has no evbuffer_set_max_read),
+  // one callback per loop turn, and each read sends a window update: the window opened in
+  // 4 KB steps, up to 5 ms apart under load, and the origin sent a part-window for each
+  // (round 8). One recvmsg of everything queued frees the whole buffer at once: one update.
+  // Bytes are only moved, in order, into the same evbuffer the bufferevent would have filled.
+  evbuffer* in = bufferevent_get_input(bev_);
+  bool any = false;
+  for (int turn = 0; turn < 4 && draining_; ++turn) {
+    const std::size_t q = Queued();
+    if (q == 0) break;
+    evbuffer_iovec vec[2];
+    const int n = evbuffer_reserve_space(in, static_cast<ev_ssize_t>(q), vec, 2);
+    if (n <= 0) break;
+    iovec iov[2];
+    for (int i = 0; i < n; ++i) iov[i] = {vec[i].iov_base, vec[i].iov_len};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<std::size_t>(n);
+    // With data queued, recvmsg returns data before any pending error or EOF (tcp_recvmsg
+    // reports those only when it copied nothing); if it returns nothing anyway, nothing is
+    // committed and the bufferevent's own read (enabled while draining) sees what happened.
+    const ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
+    if (got <= 0) break;
+    std::size_t left = static_cast<std::size_t>(got);
+    int used = 0;
+    for (int i = 0; i < n && left > 0; ++i) {
+      vec[i].iov_len = std::min(left, vec[i].iov_len);
+      left -= vec[i].iov_len;
+      used = i + 1;
+    }
+    if (!drain_first_read_) drain_first_read_ = now;
+    reading_direct_ = true;
+    evbuffer_commit_space(in, vec, used);  // OnInput counts the bytes and, emptied, opens
+    reading_direct_ = false;
+    any = true;
+  }
+  // The owner's read callback, from the loop (it may end this download and free this shaper).
+  if (any && !deliver_pending_) {
+    deliver_pending_ = true;
+    event_active(deliver_, EV_TIMEOUT, 0);
+  }
+  return any;
+}
+
+void UpstreamShaper::OnDeliver(int, short, void* arg) {
+  auto* self = static_cast<UpstreamShaper*>(arg);
+  self->deliver_pending_ = false;
+  // Last: the owner's callback may destroy this shaper.
+  bufferevent_trigger(self->bev_, EV_READ, 0);
 }
 
 TimePoint UpstreamShaper::OpenedAt(TimePoint now) {
@@ -536,6 +604,8 @@ void UpstreamShaper::Step() {
       StartDrain();
     }
   }
+  // Drain in one read (not while paused: back-pressure wins, the drain waits).
+  if (draining_ && !paused_ && one_read_drain_ && !reading_direct_) ReadQueued(now);
   const bool freely = shaper_->reads_freely();
   if (std::getenv("GHOST_SHAPER_TRACE")) {
     std::fprintf(stderr, "%.4f %s free=%d drain=%d await=%d wants=%d q=%zu seen=%zu paused=%d awake=%d rtt=%.1fms rate=%.0f W=%.0f td=%.1fms\n",

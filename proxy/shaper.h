@@ -9,8 +9,12 @@
 // says how much, TCP_INFO's tcpi_last_data_recv when the last one came and tcpi_rcv_ooopack
 // whether a segment was missing); past SO_RCVLOWAT's cap (half the buffer) the shaper's
 // deadline timer looks instead. When the shaper judges the burst ended, the bufferevent reads
-// again until the socket is empty (the window opens), then stops. Reading freely (slow start,
-// plain TCP) the bufferevent reads as usual and each read is an arrival.
+// again until the socket is empty (the window opens), then stops; with
+// GHOST_SHAPER_ONE_READ_DRAIN=1 (round 9, opt-in: not measured better at load ~30) the adapter
+// reads everything queued in one recvmsg into the bufferevent's input (ReadQueued: the window
+// opens in one step, one window update) and runs the owner's read callback from the loop;
+// should that read nothing (EOF or an error first), the bufferevent reads as before. Reading freely (slow start, plain TCP) the bufferevent reads
+// as usual and each read is an arrival.
 //
 // Shaping never changes a byte: it only decides when the bufferevent reads. Back-pressure
 // from a slow client (SetPaused) wins over an open: nothing is read while paused. An origin
@@ -25,7 +29,8 @@
 // no ACK during the burst offers the sender room it fills one round trip later, mid-nap (a read
 // byte is room; a quick ACK moves the window's right edge by the window scale's rounding). The
 // open is timed at the drain's first read: libevent reads 4 KB at a time and each read sends a
-// window update, so the burst can come one RTT after the first.
+// window update, so the burst can come one RTT after the first (with the one-read drain there
+// is one read).
 //
 // Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
 // window is closed (the watchdog); a proxy with no shaped download arms none.
@@ -273,6 +278,24 @@ class UpstreamShaper {
   // The drain's first read (the window update goes out then): the open's time.
   std::optional<TimePoint> drain_first_read_;
   void StartDrain();
+  // The one-read drain (round 9): reads everything the socket holds straight from the fd into
+  // the bufferevent's input (recvmsg into reserved space), so the window opens in one step,
+  // then has libevent run the owner's read callback (deferred). False when nothing was read
+  // (nothing queued, or recvmsg saw EOF or an error first): the bufferevent then reads as before
+  // and sees the end itself. Loops while more arrived meanwhile, at most a few times.
+  bool ReadQueued(TimePoint now);
+  bool one_read_drain_ = false;  // GHOST_SHAPER_ONE_READ_DRAIN=1 (opt-in, RESULTS.md round 9)
+  bool reading_direct_ = false;  // inside ReadQueued: OnInput leaves Step to the caller
+  // The owner's read callback for what ReadQueued read, run from the loop by this event (owned
+  // here, so it never runs after this is destroyed and never outlives the event base, unlike a
+  // deferred bufferevent callback, which holds a reference to the bufferevent until it runs).
+  static void OnDeliver(int fd, short what, void* arg);
+  // Known limit (opt-in path only): destroyed with a delivery pending, the destructor defers
+  // the owner's read callback through libevent, which holds a reference to the bufferevent until
+  // the loop runs it; an event base freed before that leaks the bufferevent (ASan: the
+  // UpstreamShaperTest cases Awaiting… and Flight… run with GHOST_SHAPER_ONE_READ_DRAIN=1).
+  event* deliver_ = nullptr;
+  bool deliver_pending_ = false;
   // Tells the shaper the window opened at `at`; while shaping, quiets the ACKs of the burst.
   void Opened(TimePoint at);
   // When the window opened, for a drain that emptied the socket at `now`; clears the record.

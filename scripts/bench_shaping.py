@@ -335,7 +335,7 @@ def ratios(auto, fixed, shaped, want):
 
 def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print,
              origin_cc=None, buffer=DEFAULT_BUFFER, fixed_arm=True, at_connect=False,
-             schemes=("http",), diagnose=False):
+             schemes=("http",), diagnose=False, keep=None):
     """All rounds on one link; returns a dict of the per-round ratios and checks.
 
     Each round runs, for each of `schemes` in turn (http: a GET through the proxy; https: TLS
@@ -403,6 +403,12 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
             r["https_rounds"] = out["https"]
         return r
     finally:
+        if keep:  # the captures and card logs, for reading a round by hand (--keep)
+            dest = os.path.join(keep, f"rtt{rtt:g}-loss{loss:g}-{size // 1000000}mb-{int(time.time())}")
+            os.makedirs(dest, exist_ok=True)
+            for f in os.listdir(workdir):
+                if f.endswith((".pcap", ".card")):
+                    shutil.copy(os.path.join(workdir, f), dest)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -516,6 +522,8 @@ def main():
     ap.add_argument("--diagnose", action="store_true",
                     help="classify each missed packet (straggler, early burst, waking, "
                          "retransmission) from the capture and the card log")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="copy each link's captures (.pcap) and card logs (.card) into DIR")
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--plot", help="draw the sweep into this PNG (scripts/plots.py --shaping)")
     a = ap.parse_args()
@@ -540,7 +548,7 @@ def main():
                                         a.rate_mbit, a.profile, a.mode, a.name, a.subnet,
                                         origin_cc=cc, buffer=a.buffer,
                                         at_connect=a.shaped_at_connect, schemes=schemes,
-                                        diagnose=a.diagnose))
+                                        diagnose=a.diagnose, keep=a.keep))
                 if a.json:  # after every link, so an interrupted sweep keeps what it measured
                     with open(a.json, "w") as f:
                         json.dump(results, f, indent=1)

@@ -131,6 +131,22 @@ Duration DownloadShaper::BurstEndThreshold() const {
   return std::clamp(FromSeconds(td), low, high);
 }
 
+Duration DownloadShaper::ExpectedDelay() const {
+  const Duration rtt = min_rtt();
+  if (options_.wake_percentile <= 0 || open_delay_count_ < 2) return rtt;
+  Duration sorted[kOpenDelays];
+  std::copy(open_delays_, open_delays_ + open_delay_count_, sorted);
+  std::sort(sorted, sorted + open_delay_count_);
+  const double p = std::min(options_.wake_percentile, 1.0);
+  const Duration d = sorted[static_cast<int>(p * (open_delay_count_ - 1))];
+  return std::clamp(d, rtt / 2, 2 * rtt);
+}
+
+TimePoint DownloadShaper::BurstEnd() const {
+  const TimePoint end = burst_last_ + BurstEndThreshold();
+  return settle_until_ ? std::max(end, *settle_until_) : end;
+}
+
 bool DownloadShaper::reads_freely() const {
   return finished_ || stats_.declined || state_ == ShaperState::kSlowStart ||
          state_ == ShaperState::kPlain;
@@ -142,7 +158,8 @@ std::optional<TimePoint> DownloadShaper::NextDeadline() const {
   auto consider = [&next](TimePoint t) {
     if (!next || t < *next) next = t;
   };
-  if (in_burst_ && !wants_open_) consider(burst_last_ + BurstEndThreshold());
+  if (in_burst_ && !wants_open_) consider(BurstEnd());
+  if (settle_until_ && !in_burst_ && !wants_open_) consider(*settle_until_);
   if (wake_at_) consider(*wake_at_);
   if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
   return next;
@@ -152,8 +169,13 @@ void DownloadShaper::OnTimer(TimePoint now) {
   if (finished_ || stats_.declined) return;
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
-    const TimePoint end = burst_last_ + BurstEndThreshold();
+    const TimePoint end = BurstEnd();
     if (now >= end) EndBurst(end, burst_last_);
+  }
+  if (settle_until_ && now >= *settle_until_ && !in_burst_) {
+    // Settled with nothing more come: the whole flight is queued. Open now.
+    settle_until_.reset();
+    if (!reads_freely() && !wants_open_ && !opened_at_) wants_open_ = true;
   }
   if (opened_at_ && now >= *opened_at_ + 2 * min_rtt() + kLostOpenSlack) {
     // The window update was lost or the server stalled: nothing came. Stay awake for it.
@@ -170,7 +192,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   // A deadline that passed before this arrival happened first.
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
-    const TimePoint end = burst_last_ + BurstEndThreshold();
+    const TimePoint end = BurstEnd();
     if (now > end) EndBurst(end, burst_last_);
   }
   const double packets =
@@ -188,6 +210,13 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   const bool straggler = expected_ && now < *expected_ - min_rtt() / 4;
   if (in_burst_ && burst_straggler_ && !straggler) EndBurst(burst_last_, burst_last_);
   if (!straggler) {
+    // The first data of the open's burst: how long after the open it came (also when it came
+    // while the card slept: that delay is the one the wake-up must not pass).
+    if (opened_at_ && now >= *opened_at_) {
+      open_delays_[open_delay_next_] = now - *opened_at_;
+      open_delay_next_ = (open_delay_next_ + 1) % kOpenDelays;
+      open_delay_count_ = std::min(open_delay_count_ + 1, kOpenDelays);
+    }
     opened_at_.reset();
     expected_.reset();
   }
@@ -268,6 +297,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
+        if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
       break;
     case ShaperState::kSaving:
@@ -287,13 +317,14 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
       wants_open_ = true;
+      settle_until_.reset();
       Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
       if (state_ == ShaperState::kSaving) {
-        const TimePoint wake = end + min_rtt() - options_.wake_lead - options_.wnic.wake;
+        const TimePoint wake = end + ExpectedDelay() - options_.wake_lead - options_.wnic.wake;
         if (wake > end + options_.wnic.wake) {
-          Sleep(end, end + min_rtt());
+          Sleep(end, end + ExpectedDelay());
           wake_at_ = wake;
         }
       }
@@ -358,6 +389,7 @@ void DownloadShaper::Enter(ShaperState next) {
   if (reads_freely()) {
     // Reading freely: no open to wait for, no nap.
     wants_open_ = false;
+    settle_until_.reset();
     opened_at_.reset();
     expected_.reset();
   }
@@ -370,10 +402,10 @@ void DownloadShaper::OnOpened(TimePoint now) {
   wants_open_ = false;
   if (reads_freely()) return;
   opened_at_ = now;
-  expected_ = now + min_rtt();
+  expected_ = now + ExpectedDelay();
   if (!awake_) {
     nap_due_ = expected_;
-    const TimePoint wake = now + min_rtt() - options_.wake_lead - options_.wnic.wake;
+    const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
     if (wake <= now) {
       Wake(now);
     } else {
@@ -413,6 +445,7 @@ void DownloadShaper::Finish(TimePoint now) {
   since_ = now;
   finished_ = true;
   wants_open_ = false;
+  settle_until_.reset();
   opened_at_.reset();
   expected_.reset();
   wake_at_.reset();

@@ -134,6 +134,19 @@ struct ShaperOptions {
   // at load ~20 (round 8), E×D and missed packets rose (timing jitter under load).
   Duration td_full = Millis(3);
   Duration wake_lead = Millis(2);     // wake this long before the next burst is due
+  // When the next burst is due after an open. 0 (the paper's): one min RTT. Above 0: this
+  // percentile (0..1) of the last 16 open→first-data delays seen on the connection, once 2
+  // are, within [½, 2] min RTT (ExpectedDelay). The card must be awake before data can come,
+  // and data comes one *observed* open→data delay after an open, not one kernel estimate.
+  double wake_percentile = 0;
+  // Round 9: the first burst after slow start ends no earlier than one min RTT after reading
+  // stopped. Read freely, the flight is ACK-clocked, spread over the round trip; an open while
+  // part of it is still in flight grants the sender only the window less that part (the grant
+  // counts from the cumulative ACK), so two part-windows circulate from then on, each answered
+  // by its own open, the second arriving mid-nap (the two-half-window regime, see DESIGN §3.6).
+  // One round trip after the last read nothing of the flight can still be on its way. Off by
+  // default (the proxy: GHOST_SHAPER_SETTLE=1): not measured better yet (RESULTS.md, round 9).
+  bool settle_after_slow_start = false;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
@@ -204,6 +217,8 @@ class DownloadShaper {
   ShaperState state() const { return state_; }
   const ShaperStats& stats() const { return stats_; }
   Duration min_rtt() const { return min_rtt_ ? *min_rtt_ : options_.default_rtt; }
+  // How long after an open its burst is expected (ShaperOptions::wake_percentile).
+  Duration ExpectedDelay() const;
   // Td(P) for the current burst (DESIGN §3.6).
   Duration BurstEndThreshold() const;
   double window_packets() const { return w_; }
@@ -213,6 +228,9 @@ class DownloadShaper {
   void AssertInvariants() const;
 
  private:
+  // When the burst in progress ends if nothing more comes: Td(P) after its last packet, not
+  // before the settle time (settle_after_slow_start).
+  TimePoint BurstEnd() const;
   // `cut`: a flight read freely was cut at a window's worth, not ended by a gap.
   void EndBurst(TimePoint now, TimePoint last, bool cut = false);
   void Judge(bool missing, bool mistaken, bool saturated, double packets);
@@ -245,6 +263,9 @@ class DownloadShaper {
   bool burst_straggler_ = false;        // data of the last window, after its open
 
   bool wants_open_ = false;
+  // Slow start ended (reading stopped) at settle_until_ − min RTT: no burst ends, and no open is
+  // asked for, before settle_until_ (ShaperOptions::settle_after_slow_start).
+  std::optional<TimePoint> settle_until_;
   std::optional<TimePoint> opened_at_;   // the open whose burst has not begun
   std::optional<TimePoint> expected_;    // opened_at_ + min RTT: when its burst is due
   std::optional<TimePoint> wake_at_;     // while asleep
@@ -252,6 +273,12 @@ class DownloadShaper {
   bool awake_ = true;
   TimePoint since_{};                    // last card transition, for the time totals
   bool finished_ = false;
+
+  // The recent open→first-data delays (a ring), for ExpectedDelay.
+  static constexpr int kOpenDelays = 16;
+  Duration open_delays_[kOpenDelays] = {};
+  int open_delay_count_ = 0;
+  int open_delay_next_ = 0;
 
   double rate_ = 0;
   int bad_run_ = 0, saturated_run_ = 0, unsaturated_run_ = 0;

@@ -644,6 +644,111 @@ TEST(UpstreamShaperTest, AwaitingABurstReadsNothingAndQuietsAcks) {
   event_base_free(base);
 }
 
+// Round 9: the window opens in one read. libevent reads at most 4 KB per read callback, one
+// callback per loop turn, and each read sent a window update: the window opened in steps and
+// the origin answered each with a part-window. The adapter now reads all that is queued with one
+// recvmsg into the bufferevent's input. Every byte still arrives once, in order.
+TEST(UpstreamShaperTest, WindowOpensInOneReadAndTheStreamIsByteIdentical) {
+  event_base* base = event_base_new();
+  ASSERT_NE(base, nullptr);
+  {
+    RealClock clock(base);
+    int port = 0;
+    const int listener = ListenOn(&port);
+    const int client = ConnectTo(port);
+    const int server = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    ASSERT_GE(server, 0);
+    evutil_make_socket_nonblocking(client);
+    bufferevent* bev = bufferevent_socket_new(base, client, BEV_OPT_CLOSE_ON_FREE);
+    ASSERT_NE(bev, nullptr);
+    constexpr std::size_t kSize = 1'000'000;
+    constexpr std::size_t kFlight = 100'000;  // between ¾ of the shaping window and all of it
+    constexpr std::size_t kBurst = 60'000;
+    struct Reader {
+      std::string got;
+      event_base* base;
+      std::size_t max_added = 0;  // the largest single addition to the input (one read)
+      int reads = 0;              // the owner's read callbacks
+    } reader{{}, base};
+    bufferevent_setcb(
+        bev,
+        [](bufferevent* b, void* arg) {
+          auto* r = static_cast<Reader*>(arg);
+          evbuffer* in = bufferevent_get_input(b);
+          const std::size_t n = evbuffer_get_length(in);
+          const std::size_t at = r->got.size();
+          r->got.resize(at + n);
+          evbuffer_remove(in, r->got.data() + at, n);
+          ++r->reads;
+          if (r->got.size() >= kSize) event_base_loopbreak(r->base);
+        },
+        nullptr, nullptr, &reader);
+    evbuffer_add_cb(
+        bufferevent_get_input(bev),
+        [](evbuffer*, const evbuffer_cb_info* info, void* arg) {
+          auto* r = static_cast<Reader*>(arg);
+          r->max_added = std::max(r->max_added, info->n_added);
+        },
+        &reader);
+    bufferevent_enable(bev, EV_READ);
+    ShapingOptions o;
+    o.mode = ShapeMode::kAlways;  // 64 KiB: a ~123 KB window
+    ShapingStats stats;
+    ::setenv("GHOST_SHAPER_ONE_READ_DRAIN", "1", 1);  // opt-in (proxy/shaper.h)
+    auto shaper = std::make_unique<UpstreamShaper>(&clock, bev, o, kSize, /*fixed_at_connect=*/false, &stats);
+    ::unsetenv("GHOST_SHAPER_ONE_READ_DRAIN");
+    if (!shaper->per_packet()) {
+      shaper.reset();
+      bufferevent_free(bev);
+      ::close(server);
+      ::close(listener);
+      event_base_free(base);
+      GTEST_SKIP() << "no per-packet capture here (needs CAP_NET_RAW and libpcap)";
+    }
+    const std::string data = RandomBytes(kSize, 14);
+    std::promise<void> burst, rest;
+    std::thread sender([server, &data, b = burst.get_future(), r = rest.get_future()]() mutable {
+      SendAll(server, std::string_view(data).substr(0, kFlight));
+      b.wait();
+      SendAll(server, std::string_view(data).substr(kFlight, kBurst));
+      r.wait();
+      SendAll(server, std::string_view(data).substr(kFlight + kBurst));
+    });
+    auto run_for = [base](long ms) {
+      const timeval tv{0, ms * 1000};
+      event_base_loopexit(base, &tv);
+      event_base_dispatch(base);
+    };
+    run_for(500);  // the flight ends slow start; the window is opened for the first burst
+    EXPECT_EQ(reader.got.size(), kFlight);
+    ASSERT_FALSE(shaper->shaper().reads_freely())
+        << "the flight did not start the bursts: the test no longer sets up the drain ("
+        << ShaperStateName(shaper->shaper().state()) << ")";
+    reader.max_added = 0;
+    const int reads_before = reader.reads;
+    burst.set_value();
+    run_for(100);  // the burst comes, is judged ended and drained
+    EXPECT_EQ(reader.got.size(), kFlight + kBurst);
+    // Most of the burst came in one read (a few segments may be read as it begins, before the
+    // capture reports it, unless the awaited burst is read quietly).
+    EXPECT_GE(reader.max_added, kBurst * 2 / 3) << "the window opened in libevent's 4 KB steps";
+    EXPECT_LE(reader.reads - reads_before, 4) << "the owner was called once per small read";
+    rest.set_value();
+    const timeval limit{5, 0};
+    event_base_loopexit(base, &limit);
+    event_base_dispatch(base);
+    ASSERT_EQ(reader.got.size(), kSize);
+    EXPECT_TRUE(reader.got == data) << "shaping changed a byte";
+    ::shutdown(server, SHUT_RDWR);
+    sender.join();
+    shaper.reset();
+    bufferevent_free(bev);
+    ::close(server);
+    ::close(listener);
+  }
+  event_base_free(base);
+}
+
 TEST_F(ProxyShapingTest, SmallResponseIsNotShaped) {
   StartProxy(Options(ShapeMode::kAlways));
   const std::string body = RandomBytes(100'000, 2);
