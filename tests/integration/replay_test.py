@@ -40,6 +40,30 @@ def ghostsim(trace, policy):
     return json.loads(r.stdout)
 
 
+def workdir_of(pid):
+    """The work directory of the replay with this pid (its ghostfs child's --cache is in it), or
+    None: the checks below look at this replay's mounts and daemons only, not at those of other
+    replays running on the machine (a broad pkill killed them)."""
+    r = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    for child in r.stdout.split():
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "--cache" in args[:-1]:
+            return os.path.dirname(args[args.index("--cache") + 1])
+    return None
+
+
+def replay_mounts(workdir, before):
+    """Mounts of that replay (under its work directory), or, when it is unknown, replay mounts
+    that were not there before it started."""
+    with open("/proc/mounts") as f:
+        lines = [l for l in f if "ghost-replay-" in l]
+    return [l for l in lines if workdir in l] if workdir else [l for l in lines if l not in before]
+
+
 def within(live, sim):
     return sim > 0 and abs(live / sim - 1) <= TOLERANCE
 
@@ -144,6 +168,7 @@ def main():
         t.check(a["energy_j"] <= s["energy_j"] * 1.01, f"{kind}: adaptive uses no more energy than static live (1%)",
                 (a["energy_j"], s["energy_j"]))
     # Interrupting a replay cleans everything up (namespaces, mounts, processes).
+    before = replay_mounts(None, [])
     p = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace",
                           os.path.join(ROOT, "common", "traces", "web.trace"), "--prefix", "30",
                           "--build", h.build_dir()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -155,6 +180,7 @@ def main():
             time.sleep(4)
             break
         time.sleep(0.2)
+    wd = workdir_of(p.pid)
     p.send_signal(2)
     try:
         _, err = p.communicate(timeout=90)
@@ -162,8 +188,7 @@ def main():
         p.kill()
         _, err = p.communicate()
     left_ns = "rplay" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    with open("/proc/mounts") as f:
-        left_mounts = [l for l in f if "ghost-replay-" in l]
+    left_mounts = replay_mounts(wd, before)
     t.check(started and p.returncode == 130 and not left_ns and not left_mounts,
             "Ctrl-C during a replay removes its namespaces, mounts and processes",
             (started, p.returncode, left_ns, left_mounts, err[-600:]))
@@ -173,12 +198,15 @@ def main():
                           os.path.join(ROOT, "common", "traces", "web.trace"), "--prefix", "60",
                           "--build", h.build_dir()], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = False
+    wd = None
     deadline = time.time() + 90
     while time.time() < deadline and p.poll() is None and not killed:
-        with open("/proc/mounts") as f:
-            if any("ghost-replay-" in line for line in f):
-                # the run's ghostfs (after the pre-fill's, which has no --profile)
-                killed = subprocess.run(["pkill", "-9", "-f", "ghostfs .*ghost-replay-.*--profile"]).returncode == 0
+        wd = wd or workdir_of(p.pid)
+        if wd and replay_mounts(wd, []):
+            # this run's ghostfs (after the pre-fill's, which has no --profile): a child of
+            # this replay only
+            killed = subprocess.run(["pkill", "-9", "-P", str(p.pid), "-f",
+                                     "ghostfs .*--profile"]).returncode == 0
         time.sleep(0.2)
     try:
         _, err = p.communicate(timeout=60)
@@ -186,8 +214,7 @@ def main():
         p.kill()
         _, err = p.communicate()
     left_ns = "rplay" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    with open("/proc/mounts") as f:
-        left_mounts = [line for line in f if "ghost-replay-" in line]
+    left_mounts = replay_mounts(wd, before)
     t.check(killed and p.returncode == 1 and "ghostfs exited (status -9)" in err
             and not left_ns and not left_mounts,
             "ghostfs killed mid-run: the replay stops with a message naming it and cleans up",
