@@ -157,7 +157,27 @@ def main():
             time.sleep(1.0)
         ctlc.close()
 
+    def card_mode():
+        ctlc = h.Control(ctl)
+        try:
+            card = [d for d in ctlc.call("devices").get("result", []) if d.get("name") == "cisco-350"]
+            return card[0].get("mode") if card else None
+        finally:
+            ctlc.close()
+
     c = session()
+    # One change with the card in PSM before the random part, so that every run defers at least
+    # one change whatever its seed does later: a seed whose fetches and APPENDs keep the card in
+    # CAM would otherwise defer none, and the check below would say nothing about the journal.
+    psm = h.wait_for(lambda: card_mode() == "PSM", 30)
+    uid = view[0]
+    log.append(f"UID STORE {uid} +FLAGS.SILENT (\\Flagged) with the card in PSM ({card_mode()})")
+    typ, text = command(c, "UID", "STORE", str(uid), "+FLAGS.SILENT", "(\\Flagged)")
+    expect(typ == "OK" and (b"deferred" in text or not psm),
+           f"the first change, with the card in PSM, was not deferred: {typ} {text}")
+    c.untagged_responses.pop("FETCH", None)
+    flags[uid].add("\\Flagged")
+    unsolicited(c)
     for step in range(ops):
         if not view:
             break
