@@ -317,6 +317,20 @@ class Client:
                 self.hangs.append(f"{op.__name__} {name}: took {time.time() - t0:.1f} s")
 
 
+def not_whole_in_mount(mnt, origin):
+    """Each file read through the mount must be one whole version: the problems, if any."""
+    problems = []
+    for name in FILES:
+        try:
+            data = h.read_bytes(os.path.join(mnt, "www", name))
+        except OSError as e:
+            problems.append(f"{name}: {e}")
+            continue
+        if data not in origin.known(name):
+            problems.append(f"{name}: {len(data)} bytes through the mount that are no version")
+    return problems
+
+
 def main():
     h.require_root_and_fuse()
     seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
@@ -401,15 +415,7 @@ def main():
 
     # The same through the mount: ghostfs serves what the proxy filled (or fetches it again),
     # and a read through it is one whole version too.
-    mixed = []
-    for name in FILES:
-        try:
-            data = h.read_bytes(os.path.join(mnt, "www", name))
-        except OSError as e:
-            mixed.append(f"{name}: {e}")
-            continue
-        if data not in origin.known(name):
-            mixed.append(f"{name}: {len(data)} bytes through the mount that are no version")
+    mixed = not_whole_in_mount(mnt, origin)
     t.check(not mixed, "reads through the mount are whole versions too", "\n".join(mixed))
 
     s, f = probe.conn()
@@ -446,14 +452,7 @@ def main():
             th.join(ops * OP_TIMEOUT)
         crash_errors += [f"round {rnd}: {e}" for c in batch for e in c.errors]
         crash_hangs += [f"round {rnd}: {e}" for c in batch for e in c.hangs]
-        for name in FILES:
-            try:
-                data = h.read_bytes(os.path.join(mnt, "www", name))
-            except OSError as e:
-                torn.append(f"round {rnd}: {name}: {e}")
-                continue
-            if data not in origin.known(name):
-                torn.append(f"round {rnd}: {name}: {len(data)} bytes through the mount that are no version")
+        torn += [f"round {rnd}: {e}" for e in not_whole_in_mount(mnt, origin)]
     stop.set()
     writer_thread.join()
     t.check(not crash_hangs and not crash_errors,
