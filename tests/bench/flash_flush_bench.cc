@@ -23,6 +23,7 @@
 #include <random>
 #include <string>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/base/file_io.h"
@@ -62,22 +63,24 @@ int Die(const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Die("usage: flash_flush_bench DIR [--records N] [--file-mib M] [--seed S] [--profile DEVICE]");
-  fs::path dir = argv[1];
+  CLI::App app{"flash_flush_bench: the live flush of one flash-log content, algorithm 1 against 4"};
+  std::string dir_arg;
   int records = 2000;
   Bytes file_mib = 64;
   unsigned seed = 1;
   std::string profile = "nvme-ssd";
-  Bytes buffer = 256 << 10;
-  for (int i = 2; i + 1 < argc; i += 2) {
-    std::string k = argv[i];
-    if (k == "--records") records = std::atoi(argv[i + 1]);
-    else if (k == "--file-mib") file_mib = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (k == "--seed") seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
-    else if (k == "--profile") profile = argv[i + 1];
-    else if (k == "--buffer-kib") buffer = std::strtoull(argv[i + 1], nullptr, 10) << 10;
-    else return Die("unknown option " + k);
-  }
+  Bytes buffer_kib = 256;
+  app.add_option("DIR", dir_arg, "scratch directory: the log goes to DIR/flash, the data file to DIR/disk")
+      ->required();
+  app.add_option("--records", records, "random overwrites written into the log")->check(CLI::Range(1, 10'000'000));
+  app.add_option("--file-mib", file_mib, "size of the data file the log is flushed to")
+      ->check(CLI::Range(Bytes{1}, Bytes{1} << 20));
+  app.add_option("--seed", seed, "seed of the overwrites");
+  app.add_option("--profile", profile, "device profile of ghostsim's prediction");
+  app.add_option("--buffer-kib", buffer_kib, "the DRAM flush buffer")->check(CLI::Range(Bytes{4}, Bytes{1} << 20));
+  CLI11_PARSE(app, argc, argv);
+  const fs::path dir = dir_arg;
+  const Bytes buffer = buffer_kib << 10;
   fs::create_directories(dir / "flash");
   fs::create_directories(dir / "disk");
   const std::string data_path = (dir / "disk" / "data").string();
