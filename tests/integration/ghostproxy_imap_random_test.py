@@ -224,11 +224,16 @@ def main():
             fetch_body(c, by_uid=True)
         elif r < 0.75:
             log.append("SEARCH ALL, UID SEARCH ALL")
+            before = len(view)
             typ, data = c.search(None, "ALL")
             absorb(c)  # the SEARCH may have sent queued APPENDs first: their EXISTS came with it
             typ2, data2 = c.uid("SEARCH", None, "ALL")
-            expect(typ == "OK" and [int(x) for x in data[0].split()] == list(range(1, len(view) + 1)),
-                   f"SEARCH ALL {data}, the model has {len(view)}")
+            # The messages those APPENDs added are announced by the EXISTS that ends the command;
+            # the server may have computed the SEARCH before it saw them (dovecot does), so its
+            # result may stop at the count before them. The UID SEARCH after it must see them all.
+            got = [int(x) for x in data[0].split()] if typ == "OK" else None
+            expect(got in (list(range(1, len(view) + 1)), list(range(1, before + 1))),
+                   f"SEARCH ALL {data}, the model has {len(view)} ({before} before the command)")
             expect(typ2 == "OK" and [int(x) for x in data2[0].split()] == view, f"UID SEARCH ALL {data2}, the model {view}")
             unsolicited(c)
         elif r < 0.83:
