@@ -686,6 +686,10 @@ void ImapSession::HandleClientEvent(const imapwire::Event& ev) {
       }
       if ((c->name == "LOGIN" || c->name == "AUTHENTICATE") && !offline_ && ClearLoginRefused()) {
         client_dropping_ = true;
+        std::fprintf(stderr,
+                     "ghostproxy: imap: %s: a login refused: the server offers no STARTTLS and is not "
+                     "on this machine (imap_origin_plain_login = true allows a login in clear)\n",
+                     owner_->origin_text.c_str());
         ToClient(c->tag + " NO [PRIVACYREQUIRED] Ghost: the IMAP server " + owner_->origin_text +
                  " offers no STARTTLS and is not on this machine; the proxy does not send a "
                  "password to it in clear (imap_origin_plain_login = true allows it)\r\n");
