@@ -495,6 +495,7 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   }
   LocalFlashLog* raw = self.get();
   self->log_->SetFlushObserver([raw](const FlushReport& r) { raw->OnFlushed(r); });
+  self->log_->SetAppendObserver([raw](Bytes n) { raw->ChargeFlash(n, true); });
   int high = disk.profile().HighPowerMode();
   self->spin_up_ = pm.Subscribe(disk_id, high, [raw](DeviceId, int) { raw->log_->OnDiskSpinUp(); });
   return self;
@@ -711,6 +712,11 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   Result<std::vector<std::pair<Bytes, Bytes>>> r =
       log_->ReadOverlay(LogRecordKind::kLocalWrite, *path, offset, std::span<char>(buf->data(), buf->size()));
   if (!r.ok()) return r.status();
+  // The bytes the log supplied were read from its device (a later record over an earlier one
+  // is read twice, as ReadOverlay does).
+  Bytes from_log = 0;
+  for (const auto& [a, b] : *r) from_log += b - a;
+  if (from_log > 0) ChargeFlash(from_log, false);
   if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
     buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
   }
@@ -730,7 +736,14 @@ void LocalFlashLog::Replay() {
   });
 }
 
+void LocalFlashLog::ChargeFlash(Bytes bytes, bool write) {
+  (write ? flash_bytes_written_ : flash_bytes_read_) += bytes;
+  if (flash_ != nullptr) flash_->Submit({bytes, write}, [] {});
+}
+
 void LocalFlashLog::OnFlushed(const FlushReport& report) {
+  // The flush read the log from its device.
+  if (report.bytes_read > 0) ChargeFlash(report.bytes_read, false);
   // The disk does the flush's writes (it may have to spin up for a kFull flush: that is the
   // one spin-up the log costs).
   Bytes bytes = report.bytes_written + target_->TakeMetaCharge() * kMetaRecordBytes;
@@ -768,6 +781,8 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"meta_serial_marker", target_->marker().Encode()},
           {"write_throughs", write_throughs_},
           {"write_through_failures", write_through_failures_},
+          {"device_bytes_written", flash_bytes_written_},
+          {"device_bytes_read", flash_bytes_read_},
           {"last_flush_errors", last_flush_errors_}};
 }
 

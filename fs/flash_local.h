@@ -236,6 +236,14 @@ class LocalFlashLog {
   // Reads `buf.size()` bytes of the logged fill `path` from `offset` (from the flash log).
   Status ReadFill(const std::string& path, Bytes offset, std::span<char> buf);
 
+  // The flash log's own device (Machine::flash(), ghostfs --flash-device with --profile), or
+  // null: the log's appends (records with their headers), a flush's reads of the log and the
+  // reads of local/ bytes served from the log (Overlay) are its I/O, submitted to it so its
+  // energy and mode follow them and the disk is not charged for them. Reads of spilled fills
+  // are charged by their readers (the mount, the store), which hold the body. The counts in
+  // StatsJson ("device_bytes_written", "device_bytes_read") are kept with or without one.
+  void SetFlashDevice(Device* flash) { flash_ = flash; }
+
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
 
@@ -259,6 +267,8 @@ class LocalFlashLog {
   // The record path of the file `fd`: "fh:TYPE:HEX" of its file handle.
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
+  // `bytes` of I/O on the log's device: counted, and submitted to it if there is one.
+  void ChargeFlash(Bytes bytes, bool write);
 
   // GHOST_TEST_DISK_FAULT only: wraps the daemon's FileIo (io_ is then this). Declared first so
   // that it is destroyed last.
@@ -267,6 +277,9 @@ class LocalFlashLog {
   PowerManager& pm_;
   DeviceId disk_id_;
   Device& disk_;
+  Device* flash_ = nullptr;                   // SetFlashDevice
+  Bytes flash_bytes_written_ = 0;             // appends to the log, headers included
+  Bytes flash_bytes_read_ = 0;                // flushes' and Overlay's reads of the log
   std::unique_ptr<Target> target_;
   std::unique_ptr<FlashLog> log_;
   SubscriptionId spin_up_ = 0;
