@@ -101,10 +101,12 @@ def main():
             f"{fl.get('fills_logged')} fills spilled to the flash log", fl)
     # The log's appends are the flash device's writes (sd-card: 10 MB/s at 0.66 W, so at least
     # 66 mJ per MB appended), counted in the log's stats and moving the device's energy.
-    card_after = flash_device(sock)
+    # The emulated card does the writes in (emulated) real time: wait until it has.
     appended = fl.get("device_bytes_written", 0)
-    card_w = card_after.get("energy_j", 0) - card_before.get("energy_j", 0)
     least_w = appended / (9766 * 1024) * 0.66
+    h.wait_for(lambda: flash_device(sock).get("energy_j", 0) - card_before.get("energy_j", 0) >= least_w, 10)
+    card_after = flash_device(sock)
+    card_w = card_after.get("energy_j", 0) - card_before.get("energy_j", 0)
     t.check(card_before and appended >= fl.get("fills_logged", 0) * BODY > 0 and card_w >= least_w,
             f"the log's appends ({appended} bytes) charge the flash device: +{card_w:.3f} J, at least {least_w:.3f} J",
             {"flash_log": fl, "flash": [card_before, card_after]})
