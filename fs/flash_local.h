@@ -67,7 +67,10 @@
 // checks it against the commit record and hands it to the fill applier (WriteBack: the store's
 // BeginFill, AppendFill, CommitFill, i.e. a normal fill with its crash safety) before the log is
 // cut; a body without its commit or with another CRC (a torn tail, a corrupt region) is dropped,
-// never applied torn. Reads see the body in the log (ReadFill) until it is in the store.
+// never applied torn. Reads see the body in the log (ReadFill) until it is in the store; after a
+restart too: WriteBack indexes the fills the log held at open (RecoveredFills) before the replay.
+The log's appends, its flushes' reads and Overlay's reads are charged to its device
+(SetFlashDevice).
 //
 // Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
 // fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
@@ -223,7 +226,13 @@ class LocalFlashLog {
     std::string key;
     std::string meta;  // the commit record's metadata text (the caller's, opaque here)
     std::string body;
+    Bytes size = 0;  // RecoveredFills: the committed size (the body is left in the log)
   };
+  // The whole fills the log held when it was opened (a former run spilled them), in log order:
+  // path, key, metadata and size, each body checked against its commit record (size, CRC32C)
+  // and left in the log (ReadFill reads it). Readers see them there until the replay's flush
+  // applies them to the store.
+  std::vector<LoggedFill> RecoveredFills();
   // Applies the checked fills of a flush (in log order) and calls `done`: OK once they are
   // durable in the store (the log then forgets them), an error to keep every record of the
   // flush in the log (applied again by the next flush: a fill must be idempotent).
