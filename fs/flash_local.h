@@ -68,9 +68,9 @@
 // BeginFill, AppendFill, CommitFill, i.e. a normal fill with its crash safety) before the log is
 // cut; a body without its commit or with another CRC (a torn tail, a corrupt region) is dropped,
 // never applied torn. Reads see the body in the log (ReadFill) until it is in the store; after a
-restart too: WriteBack indexes the fills the log held at open (RecoveredFills) before the replay.
-The log's appends, its flushes' reads and Overlay's reads are charged to its device
-(SetFlashDevice).
+// restart too: WriteBack indexes the fills the log held at open (RecoveredFills) before the replay.
+// The log's appends, its flushes' reads and Overlay's reads are charged to its device
+// (SetFlashDevice).
 //
 // Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
 // fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
