@@ -35,6 +35,12 @@ class WriteBackTest : public ::testing::Test {
     EXPECT_TRUE(profile.ok());
     return std::make_unique<Device>(clock_, *profile, nullptr, kStandby);
   }
+  // A 64 KiB queue cap: a 100 KiB fill is past it (a batch that would wake the disk).
+  static WriteQueueOptions SmallQueue() {
+    WriteQueueOptions q;
+    q.cap = 64 << 10;
+    return q;
+  }
   FlashLogOptions SpillLogOptions() const {
     FlashLogOptions o;
     o.dir = root_ + "/flash";
@@ -238,9 +244,7 @@ TEST_F(WriteBackTest, AFillPastTheCapWithTheDiskAsleepGoesToTheFlashLogAndItsFlu
   std::unique_ptr<Device> drive = AsleepMicrodrive();
   Device& asleep = *drive;
   DeviceId id = pm_->Register(&asleep, std::make_unique<ExpertsDiskPolicy>());
-  WriteQueueOptions small;
-  small.cap = 64 << 10;
-  auto wbp = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, small);
+  auto wbp = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
   WriteBack& wb = *wbp;
   const FlashLogOptions o = SpillLogOptions();
   Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
@@ -295,8 +299,6 @@ TEST_F(WriteBackTest, AFillLeftInTheLogByAFormerRunIsReadableUntilTheReplayAppli
   std::unique_ptr<Device> drive = AsleepMicrodrive();
   Device& asleep = *drive;
   DeviceId id = pm_->Register(&asleep, std::make_unique<ExpertsDiskPolicy>());
-  WriteQueueOptions small;
-  small.cap = 64 << 10;
   const FlashLogOptions o = SpillLogOptions();
   std::string body(200 << 10, '\0');
   for (std::size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>(i * 13 % 253);
@@ -308,7 +310,7 @@ TEST_F(WriteBackTest, AFillLeftInTheLogByAFormerRunIsReadableUntilTheReplayAppli
   };
   {
     // The former run: both fills spill to the log, then the daemon is gone.
-    auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, small);
+    auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
     Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
     ASSERT_TRUE(flash.ok()) << flash.status().ToString();
     wb->SetFlashLog(flash->get());
@@ -326,7 +328,7 @@ TEST_F(WriteBackTest, AFillLeftInTheLogByAFormerRunIsReadableUntilTheReplayAppli
   // The last fill's commit record torn off by the crash.
   const std::string log_file = o.dir + "/flash.log";
   ASSERT_EQ(::truncate(log_file.c_str(), static_cast<off_t>(std::filesystem::file_size(log_file) - 3)), 0);
-  auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, small);
+  auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
   Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
   ASSERT_TRUE(flash.ok()) << flash.status().ToString();
   wb->SetFlashLog(flash->get());
