@@ -184,6 +184,14 @@ std::string FillPath(std::uint64_t n, const std::string& key) {
   return kFillPathPrefix + std::to_string(n) + ":" + key;
 }
 
+// Whether `body` has the CRC32C that its commit record's `arg2` ("CRC\nMETA") names.
+bool FillCrcMatches(const std::string& body, const std::string& arg2) {
+  char crc[16];
+  std::snprintf(crc, sizeof crc, "%08x", Crc32c(body));
+  std::size_t nl = arg2.find('\n');
+  return nl != std::string::npos && arg2.compare(0, nl, crc) == 0;
+}
+
 }  // namespace
 
 // "fill:N:KEY" -> (N, KEY).
@@ -365,9 +373,7 @@ class LocalFlashLog::Target final : public FlushTarget {
     if (body.size() != size) {
       return drop("its body has " + std::to_string(body.size()) + " of " + std::to_string(size) + " bytes");
     }
-    char crc[16];
-    std::snprintf(crc, sizeof crc, "%08x", Crc32c(body));
-    if (arg2.compare(0, nl, crc) != 0) return drop("its body's CRC32C is not the committed one");
+    if (!FillCrcMatches(body, arg2)) return drop("its body's CRC32C is not the committed one");
     ready_fills_.push_back(LoggedFill{path, parsed->second, arg2.substr(nl + 1), std::move(body)});
   }
 
@@ -495,6 +501,7 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   }
   LocalFlashLog* raw = self.get();
   self->log_->SetFlushObserver([raw](const FlushReport& r) { raw->OnFlushed(r); });
+  self->log_->SetAppendObserver([raw](Bytes n) { raw->ChargeFlash(n, true); });
   int high = disk.profile().HighPowerMode();
   self->spin_up_ = pm.Subscribe(disk_id, high, [raw](DeviceId, int) { raw->log_->OnDiskSpinUp(); });
   return self;
@@ -540,6 +547,28 @@ void LocalFlashLog::AppendFill(const std::string& key, std::shared_ptr<const std
                      ++fills_logged_;
                      done(path);
                    });
+}
+
+std::vector<LocalFlashLog::LoggedFill> LocalFlashLog::RecoveredFills() {
+  std::vector<LoggedFill> out;
+  const std::vector<LogRecordInfo> records = log_->records();  // ReadOverlay reads, not changes
+  for (const LogRecordInfo& r : records) {
+    if (r.kind != LogRecordKind::kMeta || r.op != MetaOp::kFill) continue;
+    std::optional<std::pair<std::uint64_t, std::string>> parsed = ParseFillPath(r.path);
+    if (!parsed) continue;
+    // The commit record's data is its arg2 ("CRC\nMETA"), at its arg (the body's size).
+    std::string arg2(static_cast<std::size_t>(r.length), '\0');
+    Result<std::vector<std::pair<Bytes, Bytes>>> got =
+        log_->ReadOverlay(LogRecordKind::kMeta, r.path, r.offset, std::span<char>(arg2.data(), arg2.size()));
+    std::size_t nl = arg2.find('\n');
+    if (!got.ok() || nl == std::string::npos) continue;
+    // Only a whole body with the committed CRC: the replay drops any other (CheckFill).
+    std::string body(static_cast<std::size_t>(r.offset), '\0');
+    if (!ReadFill(r.path, 0, std::span<char>(body.data(), body.size())).ok()) continue;
+    if (!FillCrcMatches(body, arg2)) continue;
+    out.push_back(LoggedFill{r.path, parsed->second, arg2.substr(nl + 1), "", r.offset});
+  }
+  return out;
 }
 
 Status LocalFlashLog::ReadFill(const std::string& path, Bytes offset, std::span<char> buf) {
@@ -711,6 +740,11 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   Result<std::vector<std::pair<Bytes, Bytes>>> r =
       log_->ReadOverlay(LogRecordKind::kLocalWrite, *path, offset, std::span<char>(buf->data(), buf->size()));
   if (!r.ok()) return r.status();
+  // The bytes the log supplied were read from its device (a later record over an earlier one
+  // is read twice, as ReadOverlay does).
+  Bytes from_log = 0;
+  for (const auto& [a, b] : *r) from_log += b - a;
+  if (from_log > 0) ChargeFlash(from_log, false);
   if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
     buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
   }
@@ -730,7 +764,14 @@ void LocalFlashLog::Replay() {
   });
 }
 
+void LocalFlashLog::ChargeFlash(Bytes bytes, bool write) {
+  (write ? flash_bytes_written_ : flash_bytes_read_) += bytes;
+  if (flash_ != nullptr) flash_->Submit({bytes, write}, [] {});
+}
+
 void LocalFlashLog::OnFlushed(const FlushReport& report) {
+  // The flush read the log from its device.
+  if (report.bytes_read > 0) ChargeFlash(report.bytes_read, false);
   // The disk does the flush's writes (it may have to spin up for a kFull flush: that is the
   // one spin-up the log costs).
   Bytes bytes = report.bytes_written + target_->TakeMetaCharge() * kMetaRecordBytes;
@@ -768,6 +809,8 @@ nlohmann::json LocalFlashLog::StatsJson() const {
           {"meta_serial_marker", target_->marker().Encode()},
           {"write_throughs", write_throughs_},
           {"write_through_failures", write_through_failures_},
+          {"device_bytes_written", flash_bytes_written_},
+          {"device_bytes_read", flash_bytes_read_},
           {"last_flush_errors", last_flush_errors_}};
 }
 

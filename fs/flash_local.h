@@ -67,7 +67,10 @@
 // checks it against the commit record and hands it to the fill applier (WriteBack: the store's
 // BeginFill, AppendFill, CommitFill, i.e. a normal fill with its crash safety) before the log is
 // cut; a body without its commit or with another CRC (a torn tail, a corrupt region) is dropped,
-// never applied torn. Reads see the body in the log (ReadFill) until it is in the store.
+// never applied torn. Reads see the body in the log (ReadFill) until it is in the store; after a
+// restart too: WriteBack indexes the fills the log held at open (RecoveredFills) before the replay.
+// The log's appends, its flushes' reads and Overlay's reads are charged to its device
+// (SetFlashDevice).
 //
 // Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
 // fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
@@ -223,7 +226,13 @@ class LocalFlashLog {
     std::string key;
     std::string meta;  // the commit record's metadata text (the caller's, opaque here)
     std::string body;
+    Bytes size = 0;  // RecoveredFills: the committed size (the body is left in the log)
   };
+  // The whole fills the log held when it was opened (a former run spilled them), in log order:
+  // path, key, metadata and size, each body checked against its commit record (size, CRC32C)
+  // and left in the log (ReadFill reads it). Readers see them there until the replay's flush
+  // applies them to the store.
+  std::vector<LoggedFill> RecoveredFills();
   // Applies the checked fills of a flush (in log order) and calls `done`: OK once they are
   // durable in the store (the log then forgets them), an error to keep every record of the
   // flush in the log (applied again by the next flush: a fill must be idempotent).
@@ -235,6 +244,14 @@ class LocalFlashLog {
                   std::function<void(Result<std::string>)> done);
   // Reads `buf.size()` bytes of the logged fill `path` from `offset` (from the flash log).
   Status ReadFill(const std::string& path, Bytes offset, std::span<char> buf);
+
+  // The flash log's own device (Machine::flash(), ghostfs --flash-device with --profile), or
+  // null: the log's appends (records with their headers), a flush's reads of the log and the
+  // reads of local/ bytes served from the log (Overlay) are its I/O, submitted to it so its
+  // energy and mode follow them and the disk is not charged for them. Reads of spilled fills
+  // are charged by their readers (the mount, the store), which hold the body. The counts in
+  // StatsJson ("device_bytes_written", "device_bytes_read") are kept with or without one.
+  void SetFlashDevice(Device* flash) { flash_ = flash; }
 
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
@@ -259,6 +276,8 @@ class LocalFlashLog {
   // The record path of the file `fd`: "fh:TYPE:HEX" of its file handle.
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
+  // `bytes` of I/O on the log's device: counted, and submitted to it if there is one.
+  void ChargeFlash(Bytes bytes, bool write);
 
   // GHOST_TEST_DISK_FAULT only: wraps the daemon's FileIo (io_ is then this). Declared first so
   // that it is destroyed last.
@@ -267,6 +286,9 @@ class LocalFlashLog {
   PowerManager& pm_;
   DeviceId disk_id_;
   Device& disk_;
+  Device* flash_ = nullptr;                   // SetFlashDevice
+  Bytes flash_bytes_written_ = 0;             // appends to the log, headers included
+  Bytes flash_bytes_read_ = 0;                // flushes' and Overlay's reads of the log
   std::unique_ptr<Target> target_;
   std::unique_ptr<FlashLog> log_;
   SubscriptionId spin_up_ = 0;

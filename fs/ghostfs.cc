@@ -239,6 +239,8 @@ Status Daemon::OpenFlashLog() {
     Result<DeviceProfile> device = LoadDeviceProfile(options_.flash_device);
     if (!device.ok()) return device.status();
     if (Result<DeviceId> id = machine_->AddFlash(*clock_, *device); !id.ok()) return id.status();
+    // So are its appends and its flushes' reads of the log.
+    flash_->SetFlashDevice(machine_->flash());
   }
   if (report.torn_tail_cut > 0 || !report.corrupt.empty()) {
     std::fprintf(stderr, "ghostfs: flash log %s: %zu records recovered, a torn tail of %llu bytes cut, %zu corrupt "

@@ -29,6 +29,14 @@ void WriteBack::SetFlashLog(LocalFlashLog* flash) {
     if (alive.expired()) return done(Status::Unavailable("the write-back is gone"));
     ApplyLoggedFills(std::move(fills), std::move(done));
   });
+  // Fills a former run spilled to the log stay readable from it (source flash) while the
+  // mount's replay applies them: indexed as this run's spilled fills are.
+  for (LocalFlashLog::LoggedFill& f : flash_->RecoveredFills()) {
+    Result<CacheEntry> meta = DecodeFillMeta(f.meta);
+    if (!meta.ok()) continue;
+    meta->size = f.size;
+    logged_fills_[f.key] = LoggedFillEntry{*meta, QueuedBody{nullptr, next_body_version_++}, f.path};
+  }
 }
 
 void WriteBack::QueueWholeFill(const std::string& key, std::string body,

@@ -133,6 +133,9 @@ print(f"    energy        {a['energy_j']:8.1f} J -> {b['energy_j']:8.1f} J  ({mo
 print(f"    write resp.   {a['mean_write_ms']:8.1f} ms -> {b['mean_write_ms']:8.1f} ms ({more('mean_write_ms'):+.0%})")
 lost = 1 - a['erasures'] / b['erasures'] if b.get('erasures') else float('nan')
 print(f"    erasures      {a.get('erasures',0):8d} -> {b.get('erasures',0):8d}   (lifetime lost: {lost:.0%})")
+print(f"    copied        {a.get('copied_bytes',0)/1e6:8.2f} MB -> {b.get('copied_bytes',0)/1e6:8.2f} MB (live data moved by the cleaner)")
+if b.get('erasures'):
+    print(f"    energy bound  +{a['erasures'] and b['erasures']/a['erasures']-1:.0%} (erasure growth: an erasure costs more than a segment's copy, DESIGN §3.7)")
 PY
 done
 

@@ -425,12 +425,14 @@ void FlashLog::Pump() {
         p->done(st.WithContext("flash log append to " + log_path()));
       }
     } else {
+      const Bytes before = tail_;
       for (auto& p : *batch_state) {
         tail_ = p->info.log_offset + p->info.log_length;
         records_.push_back(p->info);
         ++stats_.appends;
       }
       stats_.used = tail_;
+      if (append_observer_) append_observer_(tail_ - before);
       stats_.records = records_.size();
       for (auto& p : *batch_state) p->done(p->info.seq);
     }

@@ -225,6 +225,11 @@ class FlashLog {
   // `done`: e.g. to charge the disk for the flush's writes. The observer may destroy the log.
   void SetFlushObserver(FlushDone observer) { observer_ = std::move(observer); }
 
+  // Runs after every append batch made durable, with its bytes (headers included): what the
+  // log's device wrote (ghostfs charges its flash device for it). A flush's reads of the log
+  // are FlushReport::bytes_read.
+  void SetAppendObserver(std::function<void(Bytes)> observer) { append_observer_ = std::move(observer); }
+
   const FlashLogStats& stats() const { return stats_; }
   const std::vector<LogRecordInfo>& records() const { return records_; }
   bool flushing() const { return flushing_; }
@@ -261,6 +266,7 @@ class FlashLog {
   std::unique_ptr<Flusher> flusher_;
   FlushDone observer_;
   FlashLogStats stats_;
+  std::function<void(Bytes)> append_observer_;
   std::shared_ptr<bool> alive_;  // callbacks check it: the log may be destroyed first
 };
 

@@ -49,6 +49,7 @@ FlashModel::FlashModel(const DeviceProfile& device, CleaningPolicy policy, Bytes
   owner_.assign(blocks_, -1);
   live_.assign(segments, 0);
   erase_counts_.assign(segments, 0);
+  ready_at_.assign(segments, TimePoint{});
   for (std::uint64_t s = segments; s-- > 0;) erased_.push_back(s);
 }
 
@@ -72,7 +73,8 @@ void FlashModel::Preload(double fraction) {
   std::uint64_t n = std::min<std::uint64_t>(
       logical, static_cast<std::uint64_t>(fraction * static_cast<double>(blocks_)));
   FlashCost ignored;
-  for (std::uint64_t lb = 0; lb < n; ++lb) Place(lb, &ignored, false);
+  TimePoint t{};
+  for (std::uint64_t lb = 0; lb < n; ++lb) Place(lb, &t, &ignored, false);
   // "After a long life": the cold data sits packed in full segments (above), and the rest of
   // the card has been written and overwritten, so it holds dead blocks, not erased segments:
   // only the cleaner's reserve is erased. A card in use erases at any utilisation (Douglis et
@@ -82,31 +84,56 @@ void FlashModel::Preload(double fraction) {
   while (erased_.size() > 1) erased_.pop_back();
   stats_ = FlashStats{};
   std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
+  bus_free_ = eraser_free_ = TimePoint{};
 }
 
-FlashCost FlashModel::Read(Bytes, Bytes size) const {
+FlashCost FlashModel::Read(TimePoint arrival, Bytes, Bytes size) {
+  // An erasure in flight does not hold a read up: the chip suspends it (28F008SA erase-suspend
+  // to read) or another chip serves the read.
   FlashCost cost;
-  cost.time = TransferTime(size, false);
-  cost.energy = io_.active_power * cost.time;
+  TimePoint start = std::max(arrival, bus_free_);
+  Duration transfer = TransferTime(size, false);
+  bus_free_ = start + transfer;
+  cost.time = bus_free_ - arrival;
+  cost.energy = io_.active_power * transfer;
   return cost;
 }
 
-FlashCost FlashModel::Write(Bytes address, Bytes size) {
+FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   FlashCost cost;
-  cost.time = TransferTime(size, true);
-  cost.energy = io_.active_power * cost.time;
+  TimePoint t = std::max(arrival, bus_free_);
   stats_.written += size;
-  if (segment_blocks_ == 0 || size == 0) return cost;
+  if (segment_blocks_ == 0 || size == 0) {
+    Duration transfer = TransferTime(size, true);
+    bus_free_ = t + transfer;
+    cost.time = bus_free_ - arrival;
+    cost.energy = io_.active_power * transfer;
+    return cost;
+  }
   const std::uint64_t logical = blocks_ - 2 * segment_blocks_;
   std::uint64_t first = address / block_;
   std::uint64_t count = (size + block_ - 1) / block_;
-  for (std::uint64_t i = 0; i < count; ++i) Place((first + i) % logical, &cost, true);
+  t += io_.latency;
+  Duration transfer = io_.latency;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    Place((first + i) % logical, &t, &cost, true);
+    // The block's transfer; the last one may be partial.
+    Duration d = io_.write_bandwidth.TimeFor(i + 1 < count ? block_ : size - i * block_);
+    t += d;
+    transfer += d;
+  }
+  cost.energy += io_.active_power * transfer;
+  bus_free_ = t;
+  cost.time = t - arrival;
   if (policy_ == CleaningPolicy::kAsynchronous) {
-    // Keep one segment erased beyond the cleaner's reserve, in the background.
+    // Keep one segment erased (or being erased) beyond the cleaner's reserve, in the
+    // background: the copies hold the bus, the erasure runs on its chip.
+    TimePoint bt = bus_free_;
     FlashCost bg;
     int guard = 0;
-    while (erased_.size() < 2 && guard++ < 1000) Clean(&bg, true);
-    cost.background += bg.time;
+    while (erased_.size() < 2 && guard++ < 1000) Clean(&bt, &bg, false);
+    cost.background += bt - bus_free_;
+    bus_free_ = bt;
     cost.energy += bg.energy;
     cost.copied += bg.copied;
     cost.erasures += bg.erasures;
@@ -114,8 +141,15 @@ FlashCost FlashModel::Write(Bytes address, Bytes size) {
   return cost;
 }
 
-void FlashModel::Place(std::uint64_t lb, FlashCost* cost, bool charge_time) {
-  if (active_ < 0 || write_point_ == segment_blocks_) TakeErasedSegment(cost, charge_time);
+void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool foreground) {
+  if (active_ < 0 || write_point_ == segment_blocks_) {
+    if (foreground) {
+      TakeErasedSegment(t, cost);
+    } else {
+      // A copy (or the preload) takes the next erased segment directly, the reserve included.
+      OpenErased(t);
+    }
+  }
   std::int64_t phys = active_ * static_cast<std::int64_t>(segment_blocks_) +
                       static_cast<std::int64_t>(write_point_++);
   std::int64_t old = where_[lb];
@@ -128,11 +162,7 @@ void FlashModel::Place(std::uint64_t lb, FlashCost* cost, bool charge_time) {
   ++live_[static_cast<std::uint64_t>(active_)];
 }
 
-void FlashModel::TakeErasedSegment(FlashCost* cost, bool charge_time) {
-  // The last erased segment is the cleaner's reserve: a user write that would take it cleans
-  // first (on demand: the write waits).
-  int guard = 0;
-  while (erased_.size() <= 1 && guard++ < 1000) Clean(cost, charge_time);
+void FlashModel::OpenErased(TimePoint* t) {
   if (erased_.empty()) {
     std::fprintf(stderr, "flash model: no erased segment left (cleaning made no progress)\n");
     std::abort();
@@ -140,9 +170,23 @@ void FlashModel::TakeErasedSegment(FlashCost* cost, bool charge_time) {
   active_ = static_cast<std::int64_t>(erased_.back());
   erased_.pop_back();
   write_point_ = 0;
+  *t = std::max(*t, ready_at_[static_cast<std::size_t>(active_)]);
 }
 
-void FlashModel::Clean(FlashCost* cost, bool charge_time) {
+void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
+  // The last erased segment is the cleaner's reserve: a user write that would take it cleans
+  // first and waits for the cleaning (on demand; asynchronously, only when the background
+  // cleaner has no segment erased or being erased beyond the reserve).
+  int guard = 0;
+  while (erased_.size() <= 1 && guard++ < 1000) {
+    Clean(t, cost, true);
+    // The copies went to a fresh segment with room left: the write goes on in it.
+    if (active_ >= 0 && write_point_ < segment_blocks_) return;
+  }
+  OpenErased(t);
+}
+
+void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
   std::int64_t victim = -1;
   for (std::size_t s = 0; s < live_.size(); ++s) {
     if (static_cast<std::int64_t>(s) == active_) continue;
@@ -157,32 +201,32 @@ void FlashModel::Clean(FlashCost* cost, bool charge_time) {
   const std::uint64_t base = static_cast<std::uint64_t>(victim) * segment_blocks_;
   for (std::uint64_t b = base; b < base + segment_blocks_; ++b) {
     if (owner_[b] < 0) continue;
-    std::uint64_t lb = static_cast<std::uint64_t>(owner_[b]);
-    // The copy goes to the write point; a full active segment takes the reserve directly.
-    if (write_point_ == segment_blocks_) {
-      active_ = static_cast<std::int64_t>(erased_.back());
-      erased_.pop_back();
-      write_point_ = 0;
-    }
     FlashCost unused;
-    Place(lb, &unused, false);
+    Place(static_cast<std::uint64_t>(owner_[b]), t, &unused, false);
     moved += block_;
   }
-  Duration t = geometry_.erase_time;
-  Energy e = geometry_.erase_power * geometry_.erase_time;
   if (moved > 0) {
     Duration copy = TransferTime(moved, false) + TransferTime(moved, true);
-    t += copy;
-    e += io_.active_power * copy;
+    *t += copy;
+    cost->energy += io_.active_power * copy;
   }
+  // The erasure: the caller waits for it (on demand), or it runs on its chip after the one in
+  // flight.
+  TimePoint erase_start = wait_erase ? *t : std::max(*t, eraser_free_);
+  TimePoint erased_at = erase_start + geometry_.erase_time;
+  if (wait_erase) {
+    *t = erased_at;
+  } else {
+    eraser_free_ = erased_at;
+  }
+  ready_at_[static_cast<std::size_t>(victim)] = erased_at;
+  cost->energy += geometry_.erase_power * geometry_.erase_time;
   ++erase_counts_[static_cast<std::size_t>(victim)];
   stats_.max_segment_erasures =
       std::max(stats_.max_segment_erasures, erase_counts_[static_cast<std::size_t>(victim)]);
   ++stats_.erasures;
   stats_.copied += moved;
   erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));
-  if (charge_time) cost->time += t;
-  cost->energy += e;
   cost->copied += moved;
   ++cost->erasures;
 }

@@ -7,11 +7,22 @@
 //     block's old copy; a full active segment is replaced by an erased one;
 //   - when no erased segment is left, the cleaner picks the segment with the fewest live blocks
 //     (not the active one), copies its live blocks to the write point (a read and a write of
-//     each), and erases it (erase time, erase energy, one more erasure of that segment);
-//   - kOnDemand cleans inside the write that needs space (the write waits for it);
-//     kAsynchronous cleans after each write until one segment is erased again, so the cost is
-//     energy and erasures but not the next write's response time (unless one write needs more
-//     than the one erased segment holds; then it waits like kOnDemand).
+//     each), and erases it (erase time, erase energy, one more erasure of that segment). The
+//     segment that received the copies is written on until it is full: its free blocks are
+//     not abandoned.
+// Time: the card serves one request at a time in arrival order over its one interface (its
+// "bus": reads, writes, the cleaner's copies). An erasure is not bus work: the host issues a
+// block-erase command and the chip's own write state machine erases, while the other chips of
+// the card serve reads and writes (Intel 28F008SA datasheet, the chip of the Series 2 card:
+// 16 blocks of 64 KB per chip, 1.6 s typical block erase, erase-suspend to read).
+//   - kOnDemand cleans inside the write that needs space: the write waits for the copies and
+//     for the erasure, and the card serves nothing else meanwhile (the flash file system waits
+//     for its erase command);
+//   - kAsynchronous cleans after each write until one segment beyond the reserve is erased (or
+//     being erased): the copies hold the bus, the erasure runs on its chip (one at a time) while
+//     the card serves requests. A write waits only when it needs a fresh segment whose erasure
+//     has not finished (or, if no segment is erased or being erased, for a whole cleaning, as on
+//     demand). Its cost is energy and erasures, not response time, while the card has idle time.
 // As utilisation (live bytes / capacity) grows, victims hold more live data: each cleaning
 // copies more and frees less, so energy, time and erasures per byte written grow.
 //
@@ -22,6 +33,7 @@
 #ifndef GHOST_COMMON_POWER_FLASH_MODEL_H_
 #define GHOST_COMMON_POWER_FLASH_MODEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -40,9 +52,9 @@ const char* CleaningPolicyName(CleaningPolicy policy);
 
 // What one operation cost the device.
 struct FlashCost {
-  Duration time{0};    // added to the request's response time
+  Duration time{0};    // the request's response time (queueing behind the card included)
   Energy energy;       // the device's energy above its idle power (I/O, copies, erasures)
-  Duration background{0};  // time spent cleaning after the request (kAsynchronous)
+  Duration background{0};  // bus time the cleaner's copies took after the request (kAsynchronous)
   Bytes copied = 0;    // live bytes moved by cleaning
   int erasures = 0;
 };
@@ -68,9 +80,17 @@ class FlashModel {
   void Preload(double fraction);
 
   // Reads / writes `size` bytes at byte `address` of the device's logical space (wrapped into
-  // it); returns the cost. Addresses are block-aligned inward.
-  FlashCost Read(Bytes address, Bytes size) const;
-  FlashCost Write(Bytes address, Bytes size);
+  // it), the request arriving at `arrival` (not before the previous one's); returns the cost.
+  // Addresses are block-aligned inward. The forms without `arrival` issue the request when the
+  // card's interface is next free (back to back): their time has no queueing in it.
+  FlashCost Read(TimePoint arrival, Bytes address, Bytes size);
+  FlashCost Write(TimePoint arrival, Bytes address, Bytes size);
+  FlashCost Read(Bytes address, Bytes size) { return Read(bus_free_, address, size); }
+  FlashCost Write(Bytes address, Bytes size) { return Write(bus_free_, address, size); }
+
+  // When the card's interface is free and when its last erasure ends.
+  TimePoint bus_free() const { return bus_free_; }
+  TimePoint busy_until() const { return std::max(bus_free_, eraser_free_); }
 
   double utilisation() const;
   const FlashStats& stats() const { return stats_; }
@@ -81,10 +101,16 @@ class FlashModel {
 
  private:
   FlashModel(const DeviceProfile& device, CleaningPolicy policy, Bytes block);
-  // Puts logical block `lb` at the write point; may need an erased segment.
-  void Place(std::uint64_t lb, FlashCost* cost, bool charge_time);
-  void TakeErasedSegment(FlashCost* cost, bool charge_time);
-  void Clean(FlashCost* cost, bool charge_time);
+  // Puts logical block `lb` at the write point; may need an erased segment. `*t` is the time
+  // on the bus: it moves on by any wait for a segment (an erasure in flight, an on-demand
+  // cleaning). `foreground`: a user write (it may clean); false: a copy or the preload.
+  void Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool foreground);
+  void TakeErasedSegment(TimePoint* t, FlashCost* cost);
+  // Opens erased segment `erased_.back()` as the active one, waiting at `*t` for its erasure.
+  void OpenErased(TimePoint* t);
+  // One cleaning from bus time `*t`: the copies move `*t` on; the erasure too if `wait_erase`
+  // (on demand), else it runs on the chip (one erasure at a time) and marks the segment ready.
+  void Clean(TimePoint* t, FlashCost* cost, bool wait_erase);
   Duration TransferTime(Bytes size, bool write) const;
 
   IoModel io_;
@@ -100,6 +126,9 @@ class FlashModel {
   std::vector<std::uint64_t> erased_;  // erased segments
   std::int64_t active_ = -1;          // segment being written
   std::uint64_t write_point_ = 0;     // next block within the active segment
+  std::vector<TimePoint> ready_at_;   // per segment: when its last erasure ends
+  TimePoint bus_free_{};              // the card's interface is busy until then
+  TimePoint eraser_free_{};           // the background erasure in flight ends then
   FlashStats stats_;
 };
 

@@ -236,24 +236,22 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     if (!m.ok()) return m.status();
     FlashModel model = std::move(m).value();
     model.Preload(o.utilisation);
-    TimePoint free{};
     Energy active;
     for (const BlockEvent& e : trace.block) {
       const Bytes size = Bytes{e.sectors} * kSectorSize;
-      TimePoint start = std::max(e.time, free);
-      FlashCost c = e.write ? model.Write(e.sector * kSectorSize, size)
-                            : model.Read(e.sector * kSectorSize, size);
-      free = start + c.time;
+      // The model queues the request behind the card's interface and prices any wait for an
+      // erased segment or a cleaning; its time is the response.
+      FlashCost c = e.write ? model.Write(e.time, e.sector * kSectorSize, size)
+                            : model.Read(e.time, e.sector * kSectorSize, size);
       active += c.energy;
-      Duration resp = free - e.time;
-      (e.write ? write_total : read_total) += resp;
+      (e.write ? write_total : read_total) += c.time;
       ++(e.write ? r.writes : r.reads);
-      free += c.background;  // asynchronous cleaning keeps the device busy afterwards
-      end = std::max(end, free);
+      end = std::max(end, model.busy_until());
     }
     r.duration = end.time_since_epoch();
     r.energy = active + storage.modes[0].power * r.duration;
     r.erasures = model.stats().erasures;
+    r.copied = model.stats().copied;
     r.max_segment_erasures = model.stats().max_segment_erasures;
     r.final_utilisation = model.utilisation();
   }
@@ -301,6 +299,7 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["cleaning"] = CleaningPolicyName(o.cleaning);
     j["utilisation"] = r.final_utilisation;
     j["erasures"] = r.erasures;
+    j["copied_bytes"] = r.copied;
     j["max_segment_erasures"] = r.max_segment_erasures;
   }
   return j;

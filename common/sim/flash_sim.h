@@ -68,6 +68,7 @@ struct FlashSimResult {
   Bytes bytes_logged = 0, bytes_flushed = 0, bytes_merged_away = 0;
   // Flash storage
   std::uint64_t erasures = 0;
+  Bytes copied = 0;  // live bytes the cleaner moved
   std::uint32_t max_segment_erasures = 0;
   double final_utilisation = 0;
 };

@@ -112,6 +112,7 @@ class LocalFlashLogTest : public ::testing::Test {
   void TearDown() override {
     log_.reset();
     pm_.reset();
+    flash_dev_.reset();
     disk_.reset();
     faulty_.reset();
     io_.reset();
@@ -156,6 +157,7 @@ class LocalFlashLogTest : public ::testing::Test {
   std::unique_ptr<PowerManager> pm_;
   DeviceId disk_id_ = -1;
   std::unique_ptr<LocalFlashLog> log_;
+  std::unique_ptr<Device> flash_dev_;  // the log's own device, when a test gives it one
 };
 
 TEST_F(LocalFlashLogTest, RecordsFollowTheirFileAcrossARename) {
@@ -207,6 +209,47 @@ TEST_F(LocalFlashLogTest, ReadsOverlayTheLogAndALoggedTruncateCutsWhatCameBefore
   EXPECT_TRUE(r.errors.empty()) << r.errors.front();
   EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello!");
   EXPECT_FALSE(log_->Holds(fd));
+  close(fd);
+}
+
+// The log's appends, a local/ read served from the log and a flush's reads of the log are the
+// flash device's I/O (SetFlashDevice): counted, and its energy moves by them, not the disk's.
+TEST_F(LocalFlashLogTest, AppendsReadsAndFlushReadsAreChargedToTheFlashDevice) {
+  Result<DeviceProfile> sd = LoadDeviceProfile("sd-card", GHOST_PROFILE_DIR);
+  ASSERT_TRUE(sd.ok()) << sd.status().ToString();
+  flash_dev_ = std::make_unique<Device>(clock_, *sd, nullptr, 0);
+  const DeviceId flash_id = pm_->Register(flash_dev_.get(), nullptr);
+  log_->SetFlashDevice(flash_dev_.get());
+  const Power disk_idle = disk_->profile().modes[static_cast<std::size_t>(disk_->mode())].power;
+  const Power card_idle = sd->modes[0].power;
+  const Power card_extra = sd->modes[0].io.active_power - card_idle;
+  const EnergyReport e0 = pm_->meter().Read();
+  const TimePoint t0 = clock_.Now();
+  int fd = Create("f");
+  const std::string data(200000, 'x');
+  ASSERT_TRUE(Append(fd, 0, data).ok());
+  const Bytes written = log_->StatsJson()["device_bytes_written"].get<Bytes>();
+  EXPECT_GE(written, data.size() + FlashLog::kHeaderSize);
+  EXPECT_EQ(written, log_->log().stats().used);  // every byte of the log, headers included
+  std::string buf;  // the disk holds nothing of the file yet
+  ASSERT_TRUE(log_->Overlay(fd, 0, 50000, &buf).ok());
+  EXPECT_EQ(buf, data.substr(0, 50000));
+  EXPECT_EQ(log_->StatsJson()["device_bytes_read"].get<Bytes>(), 50000u);
+  clock_.AdvanceBy(Seconds(1));
+  const EnergyReport e1 = pm_->meter().Read();
+  const Duration span = clock_.Now() - t0;
+  // 200 KB written at 10 MB/s and 50 KB read at 25 MB/s, above the card's idle draw: ≥ 7 mJ.
+  const Energy least = card_extra * (sd->modes[0].io.write_bandwidth.TimeFor(written) +
+                                     sd->modes[0].io.read_bandwidth.TimeFor(50000));
+  EXPECT_GE((e1.devices[flash_id].energy - e0.devices[flash_id].energy).joules(),
+            (card_idle * span + least).joules() * 0.999);
+  // The disk drew its idle power only: the log's I/O is not the disk's.
+  EXPECT_NEAR((e1.devices[disk_id_].energy - e0.devices[disk_id_].energy).joules(),
+              (disk_idle * span).joules(), 1e-3);
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty());
+  EXPECT_GE(r.bytes_read, data.size());
+  EXPECT_EQ(log_->StatsJson()["device_bytes_read"].get<Bytes>(), 50000u + r.bytes_read);
   close(fd);
 }
 

@@ -15,9 +15,10 @@ DeviceProfile Card(Bytes capacity = 2 << 20) {
   return p;
 }
 
-// Random 4 KiB overwrites over a hot region of `hot` bytes; returns the model after them.
+// Random 4 KiB overwrites over a hot region of `hot` bytes, back to back or one every `gap`;
+// returns the model after them.
 FlashModel RunOverwrites(double utilisation, CleaningPolicy policy, Energy* energy,
-                         Duration* time, int writes = 2000) {
+                         Duration* time, int writes = 2000, Duration gap = Duration::zero()) {
   auto m = FlashModel::Create(Card(), policy);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   FlashModel model = std::move(m).value();
@@ -25,7 +26,9 @@ FlashModel RunOverwrites(double utilisation, CleaningPolicy policy, Energy* ener
   std::mt19937 rng(1);
   const Bytes hot = 256 << 10;
   for (int i = 0; i < writes; ++i) {
-    FlashCost c = model.Write((rng() % (hot / 4096)) * 4096, 4096);
+    const Bytes at = (rng() % (hot / 4096)) * 4096;
+    FlashCost c = gap > Duration::zero() ? model.Write(TimePoint{} + gap * i, at, 4096)
+                                         : model.Write(at, 4096);
     *energy += c.energy;
     *time += c.time;
   }
@@ -73,13 +76,78 @@ TEST(FlashModelTest, CleaningCostGrowsWithUtilisation) {
   EXPECT_GT(high.stats().copied, low.stats().copied);
 }
 
+// With idle time between writes (one 4 KiB write every 2 s: more than a cleaning takes) the
+// background cleaner keeps a segment erased and writes do not wait for it. (Back to back, with
+// no idle time, the card is erase-bound either way: AWriteWaitsForAnErasureOnly... below.)
 TEST(FlashModelTest, AsynchronousCleaningKeepsASegmentErasedAndOffTheResponseTime) {
   Energy e_sync, e_async;
   Duration t_sync{0}, t_async{0};
-  RunOverwrites(0.8, CleaningPolicy::kOnDemand, &e_sync, &t_sync);
-  RunOverwrites(0.8, CleaningPolicy::kAsynchronous, &e_async, &t_async);
+  RunOverwrites(0.8, CleaningPolicy::kOnDemand, &e_sync, &t_sync, 2000, Seconds(2));
+  RunOverwrites(0.8, CleaningPolicy::kAsynchronous, &e_async, &t_async, 2000, Seconds(2));
   EXPECT_LT(t_async, t_sync / 2);
   EXPECT_GT(e_async, Energy());
+}
+
+// Every erased segment is filled, by user writes or by the cleaner's copies, before another is
+// taken: erasures never outrun what was written into the card (a cleaning on demand used to
+// leave the segment it copied into part-empty and open a fresh one for the write).
+TEST(FlashModelTest, ErasedSegmentsAreFilledBeforeAnotherIsTaken) {
+  for (CleaningPolicy policy : {CleaningPolicy::kOnDemand, CleaningPolicy::kAsynchronous}) {
+    for (double u : {0.4, 0.8, 0.95}) {
+      Energy e;
+      Duration t{0};
+      FlashModel m = RunOverwrites(u, policy, &e, &t, 4000);
+      const Bytes segment = 64 << 10;
+      const std::uint64_t filled = (m.stats().written + m.stats().copied) / segment;
+      EXPECT_LE(m.stats().erasures, filled + 3) << CleaningPolicyName(policy) << " at " << u;
+    }
+  }
+}
+
+// Greedy cleaning on a fuller card finds fuller victims: more live data copied per erasure.
+TEST(FlashModelTest, AFullerCardCopiesMoreLiveDataPerErasure) {
+  Energy e40, e95;
+  Duration t40{0}, t95{0};
+  FlashModel low = RunOverwrites(0.40, CleaningPolicy::kAsynchronous, &e40, &t40, 4000);
+  FlashModel high = RunOverwrites(0.95, CleaningPolicy::kAsynchronous, &e95, &t95, 4000);
+  ASSERT_GT(low.stats().erasures, 0u);
+  ASSERT_GT(high.stats().erasures, 0u);
+  const double per40 = static_cast<double>(low.stats().copied) / low.stats().erasures;
+  const double per95 = static_cast<double>(high.stats().copied) / high.stats().erasures;
+  EXPECT_GT(per95, per40 + 4096);
+}
+
+// Asynchronously, a write waits only for an erased segment that is not ready. Segment-sized
+// writes every 2 s leave the eraser (1.6 s a segment) time to keep up: after the first (which
+// finds only the reserve erased and waits for a cleaning) each takes its transfer time. Back to
+// back they outrun it (0.3 s of writing per 1.6 s erasure) and wait for the erasure in flight.
+TEST(FlashModelTest, AWriteWaitsForAnErasureOnlyWhenNoErasedSegmentIsReady) {
+  const Bytes segment = 64 << 10;
+  const Duration whole = Seconds(static_cast<double>(segment) / (209.0 * 1024));
+  auto spaced = FlashModel::Create(Card(), CleaningPolicy::kAsynchronous);
+  auto b2b = FlashModel::Create(Card(), CleaningPolicy::kAsynchronous);
+  ASSERT_TRUE(spaced.ok() && b2b.ok());
+  spaced->Preload(0.4);
+  b2b->Preload(0.4);
+  Duration spaced_late{0}, b2b_late{0};
+  for (int i = 0; i < 20; ++i) {
+    FlashCost s = spaced->Write(TimePoint{} + Seconds(2) * i, i * segment, segment);
+    FlashCost b = b2b->Write(i * segment, segment);
+    if (i == 0) {
+      EXPECT_GE(s.time, Millis(1600));
+    }
+    if (i >= 2) {
+      EXPECT_NEAR(ToMillis(s.time), ToMillis(whole), 1.0) << i;
+    }
+    if (i >= 10) {
+      spaced_late += s.time;
+      b2b_late += b.time;
+    }
+  }
+  EXPECT_GT(b2b_late / 10, Millis(1500));
+  EXPECT_GT(spaced->stats().erasures, 15u);
+  spaced->AssertInvariants();
+  b2b->AssertInvariants();
 }
 
 TEST(FlashModelTest, ErasureCountsAreKeptPerSegment) {
