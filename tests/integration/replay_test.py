@@ -6,7 +6,7 @@ through the Maildir view and through ghostproxy's IMAP proxy (--via imap-proxy) 
 K=50 and with static, runs ghostsim on exactly the same requests, and checks live against simulated
 (±15% on mean response time and on energy; both figures and the ratio are printed) and
 adaptive against static live. TAP; skips when the machine cannot run the link emulator or
-lacks root, /dev/fuse, nginx or dovecot. The two policies of a kind run side by side on two links.
+lacks root, /dev/fuse, nginx or dovecot. The two policies of a kind run side by side on two links."""
 import json
 import os
 import shutil
