@@ -63,12 +63,18 @@ for s in ${spec%%|*}; do
 done
 set +f
 packages=(${spec#*|})
+# Every source is compiled with the compile flags of all the targets' packages (only toml++'s
+# say anything: its shared library, not header-only, as in the meson build), so that a source
+# several targets list compiles to the same object for each; each target links its own.
+all_packages=()
+for t in "${!TARGETS[@]}"; do
+  all_packages+=(${TARGETS[$t]#*|})
+done
 pkgcflags=()
 pkglibs=()
-if [ ${#packages[@]} -gt 0 ]; then
-  # The same flags as the meson build (e.g. toml++ as its shared library, not header-only).
-  if ! pkgcflags=($(pkg-config --cflags "${packages[@]}" 2>"$work/build.log")) ||
-     ! pkglibs=($(pkg-config --libs "${packages[@]}" 2>>"$work/build.log")); then
+if [ ${#all_packages[@]} -gt 0 ]; then
+  if ! pkgcflags=($(pkg-config --cflags "${all_packages[@]}" 2>"$work/build.log")) ||
+     { [ ${#packages[@]} -gt 0 ] && ! pkglibs=($(pkg-config --libs "${packages[@]}" 2>>"$work/build.log")); }; then
     echo "1..1"
     echo "not ok 1 - ${target}_fuzz: pkg-config ${packages[*]}"
     sed 's/^/# /' "$work/build.log"
@@ -77,7 +83,7 @@ if [ ${#packages[@]} -gt 0 ]; then
 fi
 exe="$work/${target}_fuzz"
 # Objects are shared by the targets (beside WORK_DIR, in fuzz-objects/): a source compiled with
-# the same compiler and flags for one target (common/base/status.cc for nine of them) is not
+# the same compiler and flags for one target (common/base/status.cc for eight of them) is not
 # compiled again for the next; each object is named by a hash of its source path, compiler and
 # flags, and is rebuilt when a file in its dependency list is newer.
 objdir="$(dirname "$work")/fuzz-objects"
