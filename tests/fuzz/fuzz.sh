@@ -99,10 +99,10 @@ if cmp -s "$objdir/include/common/build_info.h.$$" "$objdir/include/common/build
 else
   mv "$objdir/include/common/build_info.h.$$" "$objdir/include/common/build_info.h"
 fi
+# -gline-tables-only: all a crash report needs (file:line, inlined frames), 11% less CPU than -g.
 flags=(-std=c++20 -gline-tables-only -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I "$root" -I "$objdir/include"
        -DGHOST_PROFILE_DIR="\"$root/common/profiles\"")
-# -gline-tables-only: all a crash report needs (file:line, inlined frames), 11% less CPU than -g.
 # Compiles run side by side, up to $GHOST_FUZZ_JOBS (the number of CPUs by default).
 jobs=${GHOST_FUZZ_JOBS:-$(nproc 2>/dev/null || echo 1)}
 compiler_id=$("$cxx" --version 2>/dev/null | head -n 1)
