@@ -6,7 +6,7 @@ through the Maildir view and through ghostproxy's IMAP proxy (--via imap-proxy) 
 K=50 and with static, runs ghostsim on exactly the same requests, and checks live against simulated
 (±15% on mean response time and on energy; both figures and the ratio are printed) and
 adaptive against static live. TAP; skips when the machine cannot run the link emulator or
-lacks root, /dev/fuse, nginx or dovecot. The two policies of a kind run side by side on two links."""
+lacks root, /dev/fuse, nginx or dovecot."""
 import json
 import os
 import shutil
@@ -25,35 +25,12 @@ PLAN = 26
 KINDS = {"web": ("web", []), "mail": ("mail", []), "mail via imap-proxy": ("mail", ["--via", "imap-proxy"])}
 
 
-# The two policies of a kind replay side by side, each on its own emulated link (the runs share
-# nothing else: each has its own namespaces, servers, mount and work directory), so the test
-# takes three prefixes of wall time instead of six. Live-vs-ghostsim held at the same margins
-# with both policies side by side on two links, and with four whole-trace runs on four links
-# (scripts/RESULTS.md, "First 75 s after the fixes").
-LINKS = {"adaptive": ("rplaya", "10.79.1"), "static": ("rplays", "10.79.2")}
-
-
-def start_replay(trace, policy, out_trace, extra=()):
-    name, subnet = LINKS[policy]
+def replay(trace, policy, out_trace, extra=()):
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "replay"), "--trace", trace, "--profile", "ipaq-2004",
            "--policy", policy, "--knob", "50", "--prefix", str(PREFIX), "--write-trace", out_trace,
-           "--link-name", name, "--subnet", subnet, "--build", h.build_dir(), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish_replay(p):
-    """Waits for a replay started by start_replay; a CompletedProcess as subprocess.run returns."""
-    try:
-        out, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        p.send_signal(2)  # the replay cleans up on SIGINT
-        try:
-            out, err = p.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        err += "\n(timed out after 240 s)"
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+           "--build", h.build_dir(), *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    return r
 
 
 def ghostsim(trace, policy):
@@ -106,7 +83,6 @@ def main():
     results = {}
     for kind, (name, extra) in KINDS.items():
         trace = os.path.join(ROOT, "common", "traces", f"{name}.trace")
-        started = {}
         for policy in ("adaptive", "static"):
             prefix_trace = os.path.join(work, f"{kind.replace(' ', '-')}-{policy}.trace")
             requests_csv = os.path.join(work, f"{kind.replace(' ', '-')}-{policy}.csv")
@@ -114,11 +90,7 @@ def main():
             timeline = kind == "mail via imap-proxy" and policy == "adaptive" and shutil.which("tcpdump")
             if timeline:
                 run_extra.append("--send-timeline")
-            started[policy] = (start_replay(trace, policy, prefix_trace, run_extra), prefix_trace, requests_csv,
-                               timeline)
-        for policy in ("adaptive", "static"):
-            p, prefix_trace, requests_csv, timeline = started[policy]
-            r = finish_replay(p)
+            r = replay(trace, policy, prefix_trace, run_extra)
             live = None
             try:
                 live = json.loads(r.stdout)
