@@ -904,9 +904,75 @@ class GhostfsBackend final : public CacheBackend {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
+// Appends `v` as a JSON string, escaped as nlohmann's dump() escapes it. Only for ASCII text
+// (nlohmann's rules for other bytes — UTF-8 checks — are left to it).
+void AppendJsonAscii(std::string& out, std::string_view v) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (const char ch : v) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 0xf];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+bool IsAscii(std::string_view v) {
+  for (const char ch : v) {
+    if (static_cast<unsigned char>(ch) >= 0x80) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
+// Written by hand for the usual all-ASCII head (every miss stores one: building and dumping a
+// json tree was a sixth of ghostproxy's CPU per miss); byte for byte what the json path below
+// writes, which takes any other head.
 std::string SerializeStoredResponse(const StoredResponse& r) {
+  bool ascii = true;
+  std::size_t bytes = 80;
+  for (const auto& [name, value] : r.headers) {
+    ascii = ascii && IsAscii(name) && IsAscii(value);
+    bytes += name.size() + value.size() + 8;
+  }
+  if (ascii) {
+    std::string out;
+    out.reserve(bytes + bytes / 8);
+    out += "{\"expires_unix\":";
+    out += r.expires_unix ? std::to_string(*r.expires_unix) : "null";
+    out += ",\"headers\":[";
+    bool first = true;
+    for (const auto& [name, value] : r.headers) {
+      out += first ? "[" : ",[";
+      first = false;
+      AppendJsonAscii(out, name);
+      out += ',';
+      AppendJsonAscii(out, value);
+      out += ']';
+    }
+    out += "],\"status\":";
+    out += std::to_string(r.status);
+    out += ",\"stored_unix\":";
+    out += std::to_string(r.stored_unix);
+    out += '}';
+    return out;
+  }
   json headers = json::array();
   for (const auto& [name, value] : r.headers) headers.push_back({name, value});
   return json{{"status", r.status},

@@ -26,7 +26,7 @@
 //                                        # copy may answer instead (stale-if-error): then it does
 //   tunnel_idle_timeout = 300            # seconds a CONNECT tunnel may stay silent
 //   origin_idle_timeout = 30             # seconds an idle origin connection is kept
-//   max_idle_per_origin = 4
+//   max_idle_per_origin = 32
 //   heuristic_freshness = 300            # seconds, for responses without freshness info
 //   high_watermark = "256K"              # buffered output per client before pausing origins
 //   memory_cache = "64M"                 # responses kept in the proxy's RAM; 0 keeps none

@@ -301,6 +301,8 @@ struct ControlServer::Connection : std::enable_shared_from_this<Connection> {
   std::unique_ptr<bufferevent, BevDeleter> bev;
   bool reading_paused = false;  // too much output waits: requests stay unread
   bool in_read = false;         // ReadRequests is on the stack
+  // Lines sent while in_read: written together when the batch of requests has been handled.
+  std::string held;
   std::size_t replies_owed = 0;
   std::set<std::string> topics;
 
@@ -568,6 +570,9 @@ void ControlServer::ReadRequests(Connection& c) {
     HandleLine(c, line);
   }
   c.in_read = false;
+  // The answers to this batch (and events pushed while it ran) leave in one write: a client
+  // that sent several requests at once (ghostproxy's misses) is woken once for them all.
+  FlushHeld(c);
 }
 
 void ControlServer::HandleLine(Connection& c, std::string_view line) {
@@ -662,6 +667,27 @@ void ControlServer::Publish(const std::string& topic, const json& data) {
 
 void ControlServer::Send(Connection& c, const std::string& line) {
   if (c.state == ConnState::kClosed) return;
+  if (c.in_read) {
+    // Answered while its batch of requests is being read: held until the batch is done (or
+    // this much is held: then written, and a client that does not read is throttled as before),
+    // so one write carries the batch's answers.
+    c.held += line;
+    if (c.held.size() >= std::min(kMaxHeldBytes, options_.pause_reading_at)) FlushHeld(c);
+    return;
+  }
+  Write(c, line);
+}
+
+void ControlServer::FlushHeld(Connection& c) {
+  if (c.held.empty()) return;
+  std::string out;
+  out.swap(c.held);
+  Write(c, out);
+}
+
+void ControlServer::Write(Connection& c, const std::string& line) {
+  if (c.state == ConnState::kClosed) return;
+  ++writes_;
   // Write through when nothing waits before this line: a pushed event or a reply leaves now,
   // not after the rest of this callback (a handler may go on computing after it publishes)
   // and another trip through the event loop. Whatever the socket does not take now is queued

@@ -176,6 +176,9 @@ class ControlServer {
   const std::string& path() const { return path_; }
   std::size_t connections() const { return connections_.size(); }
   std::size_t subscribers(const std::string& topic) const;
+  // Writes of replies and events to clients so far: the answers to requests that arrived
+  // together (read in one batch) are written together, once the batch has been handled.
+  std::uint64_t writes() const { return writes_; }
 
  private:
   struct Connection;
@@ -198,7 +201,13 @@ class ControlServer {
   void HandleLine(Connection& c, std::string_view line);
   void HandleRequest(Connection& c, std::string_view line);
   void Subscribe(Connection& c, const SubscribeArgs& args, const Reply& reply);
+  // Sends `line` to `c`: held while c's requests are being read (FlushHeld writes them at the
+  // end of the batch), else written now.
   void Send(Connection& c, const std::string& line);
+  void FlushHeld(Connection& c);
+  void Write(Connection& c, const std::string& line);
+  // What one connection may hold before writing: a batch of large answers is not all in RAM.
+  static constexpr std::size_t kMaxHeldBytes = 64 * 1024;
   void Close(Connection& c);
 
   event_base* base_;
@@ -214,6 +223,7 @@ class ControlServer {
   ino_t socket_ino_ = 0;
   std::uint64_t next_conn_ = 1;
   std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
+  std::uint64_t writes_ = 0;
 };
 
 // Blocking client of the control socket: one request at a time, events queued while waiting.

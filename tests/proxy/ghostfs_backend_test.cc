@@ -6,6 +6,10 @@
 #include <event2/event.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
 namespace ghost {
 namespace {
 
@@ -28,6 +32,42 @@ TEST(StoredResponseTest, RoundTripsEveryField) {
   back = ParseStoredResponse(SerializeStoredResponse(r));
   ASSERT_TRUE(back.ok());
   EXPECT_FALSE(back->expires_unix.has_value());
+}
+
+// The head every miss stores is written without a json tree; it must be exactly what the json
+// library writes (the daemon keeps the text, and older heads were written that way), for any
+// header bytes: every control character, quotes, backslashes, DEL, and non-ASCII (which takes
+// the library's path).
+TEST(StoredResponseTest, IsWhatTheJsonLibraryWrites) {
+  auto reference = [](const StoredResponse& r) {
+    nlohmann::json headers = nlohmann::json::array();
+    for (const auto& [name, value] : r.headers) headers.push_back({name, value});
+    return nlohmann::json{{"status", r.status},
+                          {"headers", headers},
+                          {"stored_unix", r.stored_unix},
+                          {"expires_unix", r.expires_unix ? nlohmann::json(*r.expires_unix) : nlohmann::json()}}
+        .dump();
+  };
+  std::string every_ascii;
+  for (int c = 0; c < 0x80; ++c) every_ascii += static_cast<char>(c);
+  std::vector<StoredResponse> heads(5);
+  heads[0].headers = {{"ETag", "\"abc\""}, {"Content-Type", "text/plain"}, {"X-Path", "C:\\dir\\f"}};
+  heads[0].stored_unix = 1795380000;
+  heads[0].expires_unix = 1795383600;
+  heads[1].status = 404;
+  heads[1].headers = {{"X-All", every_ascii}, {every_ascii, ""}};
+  heads[1].stored_unix = -5;
+  heads[1].expires_unix = -1;
+  heads[2].status = 999;  // no headers, no expiry
+  heads[3].headers = {{"X-Latin", "caf\xc3\xa9"}, {"ETag", "\"x\""}};
+  heads[3].expires_unix = 0;
+  heads[4].headers = {{"Last-Modified", "Thu, 26 Nov 2026 12:00:00 GMT"}, {"Vary", ""}};
+  for (const StoredResponse& r : heads) {
+    EXPECT_EQ(SerializeStoredResponse(r), reference(r));
+    Result<StoredResponse> back = ParseStoredResponse(SerializeStoredResponse(r));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->headers, r.headers);
+  }
 }
 
 TEST(StoredResponseTest, RefusesWhatIsNotAStoredHead) {

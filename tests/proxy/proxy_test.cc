@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -745,6 +746,48 @@ TEST_F(ProxyTest, ChunkedOriginBodyIsPassedOnAndStored) {
   EXPECT_EQ(second.body, "hello, world");
   EXPECT_EQ(second.Header("Content-Length"), "12");
   EXPECT_EQ(origin.requests().size(), 1u);
+}
+
+// 16 clients missing on one origin at once, four times over: the origin connections of the
+// first burst are kept and carry the later ones (with 4 kept per origin, each later burst
+// connected 12 times again: every miss beyond the fourth paid a connect and a close).
+TEST_F(ProxyTest, ConcurrentMissesReuseTheOriginConnectionsOfTheLastBurst) {
+  constexpr int kClients = 16, kBursts = 4;
+  std::mutex mu;
+  std::condition_variable cv;
+  int arrived = 0;
+  // Each request is answered only once the whole burst has reached the origin, so the proxy
+  // holds kClients origin connections at once.
+  ScriptedOrigin origin([&](const ScriptedOrigin::Request&) {
+    std::unique_lock lock(mu);
+    const int burst_end = (arrived / kClients + 1) * kClients;
+    ++arrived;
+    cv.notify_all();
+    cv.wait_for(lock, 5s, [&] { return arrived >= burst_end; });
+    return Response(200, "Cache-Control: max-age=600\r\n", "x");
+  });
+  StartProxy();
+  std::vector<Fd> clients;
+  for (int c = 0; c < kClients; ++c) clients.push_back(ConnectTo(port_));
+  for (int b = 0; b < kBursts; ++b) {
+    for (int c = 0; c < kClients; ++c) {
+      const std::string url = origin.url("/u/" + std::to_string(b) + "/" + std::to_string(c));
+      SendAll(clients[c].get(), "GET " + url + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    }
+    for (int c = 0; c < kClients; ++c) {
+      Reply r = Reader(clients[c].get()).Next();
+      ASSERT_TRUE(r.complete) << "burst " << b << " client " << c;
+      EXPECT_EQ(r.body, "x");
+    }
+    // The burst's connections are back in the pool before the next burst asks for them.
+    ASSERT_TRUE(WaitFor([&] {
+      const std::string status = OnLoop([&] { return proxy_->StatusJson(); });
+      return nlohmann::json::parse(status)["origins"]["idle"].get<int>() >= kClients;
+    })) << "burst " << b;
+  }
+  EXPECT_EQ(origin.requests().size(), std::size_t{kClients * kBursts});
+  EXPECT_EQ(origin.connections(), kClients);
+  EXPECT_EQ(OnLoop([&] { return proxy_->stats().origin_reuses; }), std::uint64_t{kClients * (kBursts - 1)});
 }
 
 TEST_F(ProxyTest, UntilCloseBodyReachesAnHttp10ClientAndIsStored) {

@@ -508,6 +508,28 @@ TEST_F(ControlTest, PublishedEventIsOnTheSocketBeforePublishReturns) {
   // SlowSubscriberIsDisconnectedWithoutBlockingOthers).
 }
 
+// Requests that arrive together are answered together: one write for the batch's replies (a
+// client with several requests in flight, ghostproxy's misses, is woken once for them), in
+// order; a reply outside a batch still leaves at once (the test above).
+TEST_F(ControlTest, RequestsReadTogetherAreAnsweredInOneWrite) {
+  Start();
+  RawConnection raw(path_);
+  ASSERT_TRUE(raw.Send("{\"id\":0,\"op\":\"stats\"}\n"));
+  EXPECT_EQ(raw.ReadJson()["id"], 0);
+  const std::uint64_t before = OnLoop([&] { return server_->writes(); });
+  constexpr int kBatch = 8;
+  std::string batch;
+  for (int i = 1; i <= kBatch; ++i) batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
+  // Sent while the loop is held, so the server reads the whole batch at once.
+  OnLoop([&] { EXPECT_TRUE(raw.Send(batch)); });
+  for (int i = 1; i <= kBatch; ++i) {
+    json reply = raw.ReadJson();
+    ASSERT_EQ(reply["id"], i);
+    EXPECT_EQ(reply["ok"], true);
+  }
+  EXPECT_EQ(OnLoop([&] { return server_->writes(); }) - before, 1u);
+}
+
 TEST_F(ControlTest, SubscribingAgainAddsTopics) {
   Start();
   ControlClient client = Connect();
