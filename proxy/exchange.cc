@@ -220,7 +220,7 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
     }
   }
   ex.key = key;
-  ex.stored = lookup->response;
+  ex.stored = std::move(lookup->response);  // DecideFromStored reads only lookup->choice
   ex.memory = lookup->memory;
   ex.body = lookup->body;  // every slice reads this version
   DecideFromStored(*lookup);
@@ -229,7 +229,9 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
 void ClientConnection::DecideFromStored(const CacheLookup& lookup) {
   Exchange& ex = *ex_;
   ex.stored_state =
-      EvaluateStored(*ex.stored, ex.req_cc, proxy_->UnixNow(), proxy_->options.heuristic_freshness);
+      ex.memory ? EvaluateStored(HitMemo().freshness, ex.req_cc, proxy_->UnixNow())
+                : EvaluateStored(*ex.stored, ex.req_cc, proxy_->UnixNow(),
+                                 proxy_->options.heuristic_freshness);
   const StoredState& st = ex.stored_state;
   if (lookup.choice == CacheChoice::kMemory) {
     if (st.usable) {
@@ -658,25 +660,10 @@ void ClientConnection::EndTransfer() {
 
 // ---- Serving a stored response ----
 
-void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode code,
-                                      const char* source) {
-  Exchange& ex = *ex_;
-  ex.result = code;
-  if (ex.memory) {
-    // Every answer made from the RAM copy is a read of the memory source, for the stats.
-    const bool body = ex.req.method != "HEAD" && !IsNotModified(ex.req, stored);
-    proxy_->backend->ServedFromMemory(ex.key, body ? stored.size : 0);
-  }
-  const StoredState st = EvaluateStored(stored, CacheControl{}, proxy_->UnixNow(),
-                                        proxy_->options.heuristic_freshness);
-  const std::string age = std::to_string(std::max<std::int64_t>(0, st.age));
-  if (IsNotModified(ex.req, stored)) {
-    http1::HeaderList fields = NotModifiedFields(stored);
-    fields.Add("Age", age);
-    WriteResponseHead(304, "", std::move(fields), source, Exchange::Framing::kNone, false, false);
-    ex.step = Exchange::Step::kDone;
-    return;
-  }
+namespace {
+
+// The stored fields a cached answer carries (before WriteResponseHead adds the proxy's own).
+http1::HeaderList ServedFields(const StoredResponse& stored) {
   http1::HeaderList fields;
   for (const auto& [name, value] : stored.headers) {
     if (EqualsIgnoreCase(name, "Age") || EqualsIgnoreCase(name, "Content-Length") ||
@@ -685,6 +672,106 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     }
     fields.Add(name, value);
   }
+  return fields;
+}
+
+// A GET that takes the stored response whole and as it is: no conditional, no range.
+bool IsPlainGet(const http1::RequestHead& req) {
+  return req.method == "GET" && !req.headers.Find("If-None-Match") &&
+         !req.headers.Find("If-Modified-Since") && !req.headers.Find("Range");
+}
+
+}  // namespace
+
+const MemoryHitMemo& ClientConnection::HitMemo() {
+  const MemoryObject& m = *ex_->memory;
+  if (m.memo && m.memo->owner == proxy_) return *m.memo;
+  auto memo = std::make_shared<MemoryHitMemo>();
+  memo->owner = proxy_;
+  memo->freshness = PrepareStored(m.head, proxy_->options.heuristic_freshness);
+  // The fields as ServeFromCache and WriteResponseHead arrange them: the stored ones, then Age
+  // and Content-Length (written per hit), then Via and X-Ghost-Source.
+  http1::HeaderList fields = ServedFields(m.head);
+  const std::string via = fields.FindAll("Via");
+  for (const char* name : {"Via", "X-Ghost-Source", "Transfer-Encoding", "Connection"})
+    fields.Remove(name);
+  if (const std::string* ct = fields.Find("Content-Type")) memo->content_type = *ct;
+  const std::string our_via = (via.empty() ? "" : via + ", ") + "1.1 " + proxy_->via_name;
+  http1::ResponseHead head;
+  head.version_minor = 1;
+  head.status = m.head.status;
+  head.headers = fields;
+  // Checked whole (with every field a hit adds) once, as WriteResponseHead checks each head.
+  http1::ResponseHead whole = head;
+  whole.headers.Add("Age", "0");
+  whole.headers.Add("Content-Length", std::to_string(m.head.size));
+  whole.headers.Add("Via", our_via);
+  whole.headers.Add("X-Ghost-Source", "cache");
+  std::string check;
+  if (http1::AppendResponseHead(whole, &check).ok() &&
+      http1::AppendResponseHead(head, &memo->head).ok()) {
+    memo->head.resize(memo->head.size() - 2);  // the empty line ending the head comes later
+    memo->tail = "Via: " + our_via + "\r\nX-Ghost-Source: cache\r\n";
+    memo->head_ok = true;
+  }
+  m.memo = std::move(memo);
+  return *m.memo;
+}
+
+bool ClientConnection::ServePlainMemoryHit(const StoredState& st) {
+  Exchange& ex = *ex_;
+  if (!IsPlainGet(ex.req)) return false;
+  const MemoryHitMemo& memo = HitMemo();
+  if (!memo.head_ok) return false;
+  const Bytes length = ex.memory->head.size;
+  std::string& out = ex.deferred_head;
+  out.reserve(memo.head.size() + memo.tail.size() + 64);
+  out = memo.head;
+  out += "Age: ";
+  out += std::to_string(std::max<std::int64_t>(0, st.age));
+  out += "\r\nContent-Length: ";
+  out += std::to_string(length);
+  out += "\r\n";
+  out += memo.tail;
+  if (!keep_alive_) {
+    out += "Connection: close\r\n";
+  } else if (ex.req.version_minor == 0) {
+    out += "Connection: keep-alive\r\n";
+  }
+  out += "\r\n";
+  ex.status = ex.memory->head.status;
+  ex.response_started = true;
+  ex.framing = Exchange::Framing::kLength;
+  ex.content_type = memo.content_type;
+  WriteMemoryBody(0, length);  // the head, then the body
+  ex.step = Exchange::Step::kDone;
+  return true;
+}
+
+void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode code,
+                                      const char* source) {
+  Exchange& ex = *ex_;
+  ex.result = code;
+  if (ex.memory) {
+    // Every answer made from the RAM copy is a read of the memory source, for the stats.
+    const bool body =
+        ex.req.method != "HEAD" && (IsPlainGet(ex.req) || !IsNotModified(ex.req, stored));
+    proxy_->backend->ServedFromMemory(ex.key, body ? stored.size : 0);
+  }
+  const StoredState st = ex.memory ? EvaluateStored(HitMemo().freshness, CacheControl{},
+                                                    proxy_->UnixNow())
+                                   : EvaluateStored(stored, CacheControl{}, proxy_->UnixNow(),
+                                                    proxy_->options.heuristic_freshness);
+  if (ex.memory && code == ResultCode::kMemHit && ServePlainMemoryHit(st)) return;
+  const std::string age = std::to_string(std::max<std::int64_t>(0, st.age));
+  if (IsNotModified(ex.req, stored)) {
+    http1::HeaderList fields = NotModifiedFields(stored);
+    fields.Add("Age", age);
+    WriteResponseHead(304, "", std::move(fields), source, Exchange::Framing::kNone, false, false);
+    ex.step = Exchange::Step::kDone;
+    return;
+  }
+  http1::HeaderList fields = ServedFields(stored);
   fields.Add("Age", age);
   const RangeDecision range = EvaluateRange(ex.req, stored, stored.size);
   int status = stored.status;
@@ -713,9 +800,10 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     return;
   }
   if (ex.memory) {
-    // The whole body is here: head and body go out together, nothing to wait for.
+    // The whole body is here: head and body go out together (WriteMemoryBody), nothing to
+    // wait for.
     WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, true,
-                      /*defer=*/false);
+                      /*defer=*/true);
     if (ex.result == code) WriteMemoryBody(first, length);  // else the head could not be written
     ex.step = Exchange::Step::kDone;
     return;

@@ -284,6 +284,29 @@ class Impl {
   std::int64_t started_unix_ = 0;
 };
 
+}  // namespace ghost::proxy_internal
+
+namespace ghost {
+
+// What every hit on one RAM copy would derive again from its stored head (exchange.cc,
+// MemoryObject::memo): its freshness fields parsed once, and the head of a whole-body answer
+// to a plain GET written out, but for Age, Content-Length and Connection. Built by one proxy
+// (`owner`: its Via name and heuristic freshness are in it) on the first hit.
+struct MemoryHitMemo {
+  const proxy_internal::Impl* owner = nullptr;
+  StoredFreshness freshness;
+  // `head` and `tail` are usable: every field can be sent (else hits take the general path,
+  // which answers 502 for such a head).
+  bool head_ok = false;
+  std::string head;  // the status line and the stored fields, each with its CRLF
+  std::string tail;  // the Via and X-Ghost-Source lines
+  std::string content_type;
+};
+
+}  // namespace ghost
+
+namespace ghost::proxy_internal {
+
 // One request and its response (see exchange.cc for the cache decisions).
 struct Exchange {
   enum class Step {
@@ -391,6 +414,7 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void AssertInvariants() const;
   void EnterReadingHead();
   void EnterClosing();
+  void ArmHeadTimer(Duration after);
   void OnHeadTimeout();
   bool ParseNextHead();
   void PumpRequestBody();
@@ -429,6 +453,12 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void StartCardData(Bytes body_bytes);
   void OnCardDone();
   void ServeFromCache(const StoredResponse& stored, ResultCode code, const char* source);
+  // The memo of the exchange's RAM copy (MemoryHitMemo), built on its first hit.
+  const MemoryHitMemo& HitMemo();
+  // A whole-body 200-like answer to a plain GET from the RAM copy, its head from the memo:
+  // the same bytes ServeFromCache writes through WriteResponseHead. False (nothing written)
+  // when the request is not a plain GET or the memo's head cannot be used.
+  bool ServePlainMemoryHit(const StoredState& st);
   bool ServeFailure();
   void ReadNextCacheSlice();
   void StartStore(const http1::ResponseHead& head, const StorageDecision& decision);
@@ -442,8 +472,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
                          const char* source, Exchange::Framing framing, bool body_follows,
                          bool defer);
   void WriteBody(std::string_view data);
-  // Bytes [first, first + length) of the exchange's RAM copy, referenced (not copied) by the
-  // output buffer, which keeps the copy alive until they are sent.
+  // The deferred head (if any) and bytes [first, first + length) of the exchange's RAM copy:
+  // written to the socket at once when nothing is queued before them; what it does not take
+  // is referenced (not copied) by the output buffer, which keeps the copy alive until sent.
   void WriteMemoryBody(Bytes first, Bytes length);
   void EndBody();
   bool ClientBackedUp() const;
