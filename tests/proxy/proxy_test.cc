@@ -927,6 +927,48 @@ TEST_F(ProxyTest, FreshRamCopyIsServedWithoutALookup) {
   EXPECT_NE(log[2].find(" MEM_HIT/206 "), std::string::npos) << log[2];
 }
 
+TEST_F(ProxyTest, RamHitToAPlainGetHasTheHeadOfEveryOtherRamHit) {
+  // A plain GET's RAM hit writes its head from the copy's memo; a GET with a validator that
+  // does not match takes the general path (fields through WriteResponseHead) to the same 200.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request&) {
+    return Response(200,
+                    "Cache-Control: max-age=60\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    "Via: 1.1 upstream\r\nETag: \"e1\"\r\nX-Custom: a\r\nx-custom: b\r\n"
+                    "Age: 3\r\nLast-Modified: Tue, 01 Jan 2030 00:00:00 GMT\r\n",
+                    "0123456789");
+  });
+  const std::string url = origin.url("/m");
+  StartProxy();
+  ASSERT_TRUE(Get(url).complete);
+  ASSERT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));
+  backend_->SetMemoryCopies(true);
+  auto fields = [](const Reply& r) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const http1::HeaderField& f : r.headers) out.emplace_back(f.name, f.value);
+    return out;
+  };
+  for (const std::string extra : {"", "Connection: close\r\n"}) {
+    SCOPED_TRACE("request fields: " + extra);
+    const Reply plain = Get(url, extra);
+    const Reply general = Get(url, extra + "If-None-Match: \"other\"\r\n");
+    ASSERT_TRUE(plain.complete);
+    ASSERT_TRUE(general.complete);
+    EXPECT_EQ(plain.status, 200);
+    EXPECT_EQ(plain.body, "0123456789");
+    EXPECT_EQ(general.body, plain.body);
+    EXPECT_EQ(plain.Source(), "cache");
+    EXPECT_EQ(plain.Header("Age"), "3");
+    EXPECT_EQ(fields(plain), fields(general));
+  }
+  EXPECT_EQ(backend_->counters().memory_served, 4);
+  const std::vector<std::string> log = AccessLogLines(5);
+  ASSERT_EQ(log.size(), 5u);
+  for (std::size_t i = 1; i < 5; ++i) {
+    EXPECT_NE(log[i].find(" MEM_HIT/200 "), std::string::npos) << log[i];
+    EXPECT_NE(log[i].find(" text/plain"), std::string::npos) << log[i];
+  }
+}
+
 TEST_F(ProxyTest, StaleRamCopyIsRevalidatedThroughTheBackend) {
   std::atomic<int> conditional{0};
   ScriptedOrigin origin([&](const ScriptedOrigin::Request& r) {
