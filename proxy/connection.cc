@@ -783,6 +783,7 @@ void ClientConnection::OnOrigin(OriginEvent event) {
 // ---- CONNECT tunnels ----
 
 void ClientConnection::StartTunnel() {
+  head_timer_.Cancel();  // a tunnel never reads another head
   Exchange& ex = *ex_;
   Result<http1::HostPort> hp = http1::SplitAuthority(ex.req.target, /*require_port=*/true);
   if (!hp.ok()) {  // the parser checked it already
