@@ -1375,6 +1375,31 @@ TEST_F(ProxyTest, IdleConnectionIsClosedSilentlyAndSlowHeadGets408) {
   EXPECT_EQ(r.status, 408);
 }
 
+// The head deadline of a kept-alive connection counts from the end of its previous response,
+// not from an earlier head (the timer is armed once and re-armed only when it fires early).
+TEST_F(ProxyTest, HeadDeadlineCountsFromThePreviousResponse) {
+  ProxyOptions o = Options();
+  o.request_timeout = 300ms;
+  StartProxy(o);
+  ScriptedOrigin origin([](const ScriptedOrigin::Request&) { return Response(200, "", "x"); });
+  const std::string get = "GET " + origin.url("/a") + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  Fd c = ConnectTo(port_);
+  Reader reader(c.get());
+  std::this_thread::sleep_for(200ms);
+  SendAll(c.get(), get);
+  ASSERT_EQ(reader.Next().status, 200);
+  std::this_thread::sleep_for(200ms);  // 400 ms after the connection's first deadline began
+  SendAll(c.get(), get);
+  const Reply second = reader.Next();
+  ASSERT_TRUE(second.complete);
+  EXPECT_EQ(second.status, 200);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ReadUntilEof(c.get()), "");  // idle after it: closed at its own deadline
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 280ms);
+  EXPECT_LT(waited, 3s);
+}
+
 // ---- Fairness: slow clients cannot shut others out ----
 
 // The head deadline counts from the connection's start: bytes trickling in do not extend it.
