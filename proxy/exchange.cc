@@ -139,9 +139,8 @@ void ClientConnection::StartLookup(const std::string& key, bool second_level) {
     // The backend's copy in RAM answers at once (the memory source: no device, no round trip),
     // judged by the same rules as any stored response.
     if (std::shared_ptr<const MemoryObject> m = proxy_->backend->FindInMemory(key)) {
-      CacheLookup lookup;
+      CacheLookup lookup;  // its response is m->head, not copied (OnLookup)
       lookup.cached = true;
-      lookup.response = m->head;
       lookup.choice = CacheChoice::kMemory;
       lookup.memory = std::move(m);
       OnLookup(key, std::move(lookup), second_level);
@@ -196,12 +195,14 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
     return;
   }
   if (lookup->ghost_hint) ++proxy_->stats.ghost_hints;
+  // A RAM copy's head is read where it is (a hit copies no fields).
+  const StoredResponse& response = lookup->memory ? lookup->memory->head : lookup->response;
   if (!lookup->cached) {
     miss();
     return;
   }
   std::string vary;
-  if (IsVaryIndex(lookup->response, &vary)) {
+  if (IsVaryIndex(response, &vary)) {
     if (second_level || vary.empty()) {
       miss();
       return;
@@ -213,15 +214,17 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
   if (!second_level) {
     // A response with Vary stored under the plain URL (by ghostfs, whose requests carry none of
     // the fields browsers vary on) matches only requests without those fields either.
-    const std::string v = StoredField(lookup->response, "Vary");
+    const std::string v = StoredField(response, "Vary");
     if (!v.empty() && VariantKey(ex.url_key, v, ex.req.headers) != VariantKey(ex.url_key, v, {})) {
       miss();
       return;
     }
   }
   ex.key = key;
-  ex.stored = std::move(lookup->response);  // DecideFromStored reads only lookup->choice
   ex.memory = lookup->memory;
+  // A RAM copy's head stays in ex.memory (DecideFromStored serves it or drops the copy).
+  // DecideFromStored reads only lookup->choice.
+  if (!ex.memory) ex.stored = std::move(lookup->response);
   ex.body = lookup->body;  // every slice reads this version
   DecideFromStored(*lookup);
 }
@@ -235,7 +238,7 @@ void ClientConnection::DecideFromStored(const CacheLookup& lookup) {
   const StoredState& st = ex.stored_state;
   if (lookup.choice == CacheChoice::kMemory) {
     if (st.usable) {
-      ServeFromCache(*ex.stored, ResultCode::kMemHit, "cache");
+      ServeFromCache(ex.memory ? ex.memory->head : *ex.stored, ResultCode::kMemHit, "cache");
       return;
     }
     // Stale, or the client asks for more than this copy gives: the backend decides as for
