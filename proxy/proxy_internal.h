@@ -266,6 +266,9 @@ class Impl {
                        void* arg);
   static void OnAcceptError(evconnlistener* listener, void* arg);
   static void OnFlushAccessLog(evutil_socket_t, short, void* arg);
+  // `n` in decimal, padded with `pad` on the left to `width` characters (printf's "%6lld",
+  // "%03d").
+  static void AppendNumber(std::string* out, long long n, int width, char pad);
   // At the limit: closes the connection that has waited longest (at least preempt_after) for a
   // request head. False when none has.
   bool PreemptWaiting();
@@ -274,6 +277,7 @@ class Impl {
   bool accepting_ = true;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
   std::unique_ptr<std::FILE, FileCloser> access_log_;
+  std::string log_line_;  // LogAccess's line, its capacity kept from one request to the next
   // Lines are flushed once per loop turn (an active event, no timer): a busy turn's requests
   // cost one write(2), and a line is in the file before its client has read the response.
   std::unique_ptr<event, EventDeleter> log_flush_;

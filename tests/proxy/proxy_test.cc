@@ -25,6 +25,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -963,10 +964,10 @@ TEST_F(ProxyTest, RamHitToAPlainGetHasTheHeadOfEveryOtherRamHit) {
   EXPECT_EQ(backend_->counters().memory_served, 4);
   const std::vector<std::string> log = AccessLogLines(5);
   ASSERT_EQ(log.size(), 5u);
-  for (std::size_t i = 1; i < 5; ++i) {
-    EXPECT_NE(log[i].find(" MEM_HIT/200 "), std::string::npos) << log[i];
-    EXPECT_NE(log[i].find(" text/plain"), std::string::npos) << log[i];
-  }
+  // squid's native format, field by field ("%lld.%03lld %6lld %s %s/%03d %llu %s %s - %s %s").
+  const std::regex line("[0-9]+\\.[0-9]{3} [ 0-9]{5}[0-9] 127\\.0\\.0\\.1 MEM_HIT/200 [0-9]+ GET "
+                        "http://127\\.0\\.0\\.1:[0-9]+/m - NONE/- text/plain");
+  for (std::size_t i = 1; i < 5; ++i) EXPECT_TRUE(std::regex_match(log[i], line)) << log[i];
 }
 
 TEST_F(ProxyTest, StaleRamCopyIsRevalidatedThroughTheBackend) {
