@@ -688,10 +688,13 @@ bool IsPlainGet(const http1::RequestHead& req) {
 
 const MemoryHitMemo& ClientConnection::HitMemo() {
   const MemoryObject& m = *ex_->memory;
-  if (m.memo && m.memo->owner == proxy_) return *m.memo;
+  const Duration heuristic = proxy_->options.heuristic_freshness;
+  if (m.memo && m.memo->heuristic == heuristic && m.memo->via_name == proxy_->via_name)
+    return *m.memo;
   auto memo = std::make_shared<MemoryHitMemo>();
-  memo->owner = proxy_;
-  memo->freshness = PrepareStored(m.head, proxy_->options.heuristic_freshness);
+  memo->via_name = proxy_->via_name;
+  memo->heuristic = heuristic;
+  memo->freshness = PrepareStored(m.head, heuristic);
   // The fields as ServeFromCache and WriteResponseHead arrange them: the stored ones, then Age
   // and Content-Length (written per hit), then Via and X-Ghost-Source.
   http1::HeaderList fields = ServedFields(m.head);

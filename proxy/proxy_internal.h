@@ -294,10 +294,12 @@ namespace ghost {
 
 // What every hit on one RAM copy would derive again from its stored head (exchange.cc,
 // MemoryObject::memo): its freshness fields parsed once, and the head of a whole-body answer
-// to a plain GET written out, but for Age, Content-Length and Connection. Built by one proxy
-// (`owner`: its Via name and heuristic freshness are in it) on the first hit.
+// to a plain GET written out, but for Age, Content-Length and Connection. Built on the first
+// hit, for the proxy's Via name and heuristic freshness (another proxy sharing the backend
+// builds its own).
 struct MemoryHitMemo {
-  const proxy_internal::Impl* owner = nullptr;
+  std::string via_name;
+  Duration heuristic{0};
   StoredFreshness freshness;
   // `head` and `tail` are usable: every field can be sent (else hits take the general path,
   // which answers 502 for such a head).
