@@ -51,9 +51,14 @@ enum class CacheChoice { kDisk, kNetwork, kMemory };
 
 // A stored response held in RAM: its head as stored and its whole body (body.size() ==
 // head.size). Immutable once shared.
+struct MemoryHitMemo;  // ghostproxy's (proxy/proxy_internal.h)
 struct MemoryObject {
   StoredResponse head;
   std::string body;
+  // What ghostproxy derives from `head` at every hit, kept by it on the first hit (the parsed
+  // freshness fields, the response head written out). Not part of the value: set only on the
+  // proxy's event-loop thread, never changes `head` or `body`.
+  mutable std::shared_ptr<const MemoryHitMemo> memo;
 };
 
 struct CacheLookup {

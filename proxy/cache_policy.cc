@@ -231,18 +231,34 @@ StoredResponse MakeStoredResponse(const http1::ResponseHead& response,
 
 // ---- Using a stored response ----
 
-StoredState EvaluateStored(const StoredResponse& stored, const CacheControl& request_cc,
-                           std::int64_t now_unix, Duration heuristic_default) {
+StoredFreshness PrepareStored(const StoredResponse& stored, Duration heuristic_default) {
   const HttpResponseHead head = ToHead(stored);
   const FreshnessInfo f =
       ComputeFreshness(head, TimePoint{}, stored.stored_unix, heuristic_default);
+  StoredFreshness p;
+  p.age_when_stored = WholeSeconds(f.age);
+  p.lifetime = WholeSeconds(f.lifetime);
+  p.stored_unix = stored.stored_unix;
+  p.expires_unix = stored.expires_unix;
+  p.must_revalidate = f.must_revalidate;
+  p.has_validators = !head.etag.empty() || !head.last_modified.empty();
+  return p;
+}
+
+StoredState EvaluateStored(const StoredResponse& stored, const CacheControl& request_cc,
+                           std::int64_t now_unix, Duration heuristic_default) {
+  return EvaluateStored(PrepareStored(stored, heuristic_default), request_cc, now_unix);
+}
+
+StoredState EvaluateStored(const StoredFreshness& stored, const CacheControl& request_cc,
+                           std::int64_t now_unix) {
   StoredState s;
-  s.age = WholeSeconds(f.age) + std::max<std::int64_t>(0, now_unix - stored.stored_unix);
+  s.age = stored.age_when_stored + std::max<std::int64_t>(0, now_unix - stored.stored_unix);
   s.remaining =
-      stored.expires_unix ? *stored.expires_unix - now_unix : WholeSeconds(f.lifetime) - s.age;
+      stored.expires_unix ? *stored.expires_unix - now_unix : stored.lifetime - s.age;
   s.fresh = s.remaining > 0;
-  s.may_serve_stale = !f.must_revalidate;
-  s.has_validators = !head.etag.empty() || !head.last_modified.empty();
+  s.may_serve_stale = !stored.must_revalidate;
+  s.has_validators = stored.has_validators;
 
   // The client's limits (RFC 9111 §5.2.1). max-age=0 always revalidates: that is what a
   // browser's reload means by it.
@@ -251,7 +267,7 @@ StoredState EvaluateStored(const StoredResponse& stored, const CacheControl& req
     client_ok = false;
   if (request_cc.min_fresh && s.remaining < *request_cc.min_fresh) client_ok = false;
   bool fresh_enough = s.fresh;
-  if (!s.fresh && request_cc.max_stale && !f.must_revalidate &&
+  if (!s.fresh && request_cc.max_stale && !stored.must_revalidate &&
       -s.remaining <= *request_cc.max_stale) {
     fresh_enough = true;
   }

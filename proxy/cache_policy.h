@@ -110,6 +110,22 @@ struct StoredState {
 StoredState EvaluateStored(const StoredResponse& stored, const CacheControl& request_cc,
                            std::int64_t now_unix, Duration heuristic_default);
 
+// EvaluateStored in two steps, for a copy judged at every hit (ghostproxy's RAM copies): what
+// the stored head says about freshness, parsed once (PrepareStored), then the arithmetic against
+// the time and the request. EvaluateStored(stored, ...) is EvaluateStored(PrepareStored(stored,
+// heuristic_default), ...).
+struct StoredFreshness {
+  std::int64_t age_when_stored = 0;  // whole seconds, from the stored Age and Date fields
+  std::int64_t lifetime = 0;         // whole seconds
+  std::int64_t stored_unix = 0;
+  std::optional<std::int64_t> expires_unix;
+  bool must_revalidate = false;
+  bool has_validators = false;
+};
+StoredFreshness PrepareStored(const StoredResponse& stored, Duration heuristic_default);
+StoredState EvaluateStored(const StoredFreshness& stored, const CacheControl& request_cc,
+                           std::int64_t now_unix);
+
 // Replaces the client's validators in `headers` with the stored response's (If-None-Match
 // from its ETag, If-Modified-Since from its Last-Modified), for a revalidation request.
 // Returns false (headers without validators) when the stored response has none.

@@ -17,8 +17,10 @@
 //
 //   state              event                          action
 //   kReadingHead       input                          parse; head → StartExchange
-//   kReadingHead       head timer                     part of a head: 408, then close;
+//   kReadingHead       head timer, deadline passed    part of a head: 408, then close;
 //                                                     nothing (idle): close
+//   kReadingHead       head timer, time left          re-arm for the rest (armed for an
+//                                                     earlier head)
 //   kReadingHead       client EOF                     answer complete heads, then close
 //   kExchange          input                          request body → origin (when it takes it)
 //   kExchange          client output drained          resume the origin or the next cache slice
@@ -41,6 +43,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cassert>
 
@@ -166,7 +169,8 @@ void ClientConnection::AssertInvariants() const {
   assert(state_ != State::kExchange || ex_ != nullptr);
   assert(state_ != State::kReadingHead || ex_ == nullptr);
   assert((state_ != State::kTunnel && state_ != State::kTunnelConnecting) || tunnel_ != nullptr);
-  assert(!head_timer_.armed() || state_ == State::kReadingHead);
+  // The head timer may stay armed in kExchange (EnterReadingHead): it then does nothing.
+  assert(!head_timer_.armed() || state_ == State::kReadingHead || state_ == State::kExchange);
 }
 
 void ClientConnection::SetReadTimeout(std::optional<Duration> timeout) {
@@ -221,14 +225,26 @@ void ClientConnection::EnterReadingHead() {
   head_started_ = false;
   waiting_since_ = proxy_->clock->Now();
   SetReadTimeout(std::nullopt);
+  // The deadline is waiting_since_ + request_timeout. A timer still armed from an earlier head
+  // of this connection stays (it fires early and re-arms for the rest): re-arming it for every
+  // request of a kept-alive connection cost an allocation and a timer insert and removal each.
+  if (!head_timer_.armed()) ArmHeadTimer(proxy_->options.request_timeout);
+}
+
+void ClientConnection::ArmHeadTimer(Duration after) {
   std::weak_ptr<ClientConnection> weak = weak_from_this();
-  head_timer_.Arm(proxy_->options.request_timeout, [weak] {
+  head_timer_.Arm(after, [weak] {
     if (auto self = weak.lock()) self->OnHeadTimeout();
   });
 }
 
 void ClientConnection::OnHeadTimeout() {
-  if (state_ != State::kReadingHead) return;
+  if (state_ != State::kReadingHead) return;  // an exchange is on: its end arms a new deadline
+  const Duration left = waiting_since_ + proxy_->options.request_timeout - proxy_->clock->Now();
+  if (left > Duration::zero()) {
+    ArmHeadTimer(left);  // armed for an earlier head: this one has time left
+    return;
+  }
   ++proxy_->stats.timeouts;
   if (!head_started_ && evbuffer_get_length(input()) == 0) {
     // An idle connection, not a slow request: close it without an answer (RFC 9112 §9.5). A
@@ -339,8 +355,7 @@ bool ClientConnection::ParseNextHead() {
         continue;
       case http1::EventType::kHead:
         evbuffer_drain(input(), e.consumed);
-        head_timer_.Cancel();
-        StartExchange();
+        StartExchange();  // the head timer stays armed: it ignores every state but kReadingHead
         return true;
       case http1::EventType::kError: {
         evbuffer_drain(input(), e.consumed);
@@ -570,21 +585,50 @@ void ClientConnection::WriteBody(std::string_view data) {
 
 void ClientConnection::WriteMemoryBody(Bytes first, Bytes length) {
   Exchange& ex = *ex_;
-  assert(ex.memory && ex.deferred_head.empty() && ex.framing == Exchange::Framing::kLength);
+  assert(ex.memory && ex.framing == Exchange::Framing::kLength);
   assert(first + length <= ex.memory->body.size());
+  const std::string head = std::move(ex.deferred_head);
+  ex.deferred_head.clear();
+  const char* body = ex.memory->body.data() + first;
+  ex.bytes_sent += head.size() + length;
+  // Nothing queued before it: the response goes to the socket now, in one sendmsg. A hit that
+  // fits the socket's send buffer (the usual one) then never touches the output buffer, so no
+  // write event is armed for it: no epoll_ctl to add it, no loop turn to wait for it, no
+  // epoll_ctl to remove it. What the socket does not take (or all of it, on any error: the
+  // bufferevent's own write then reports the error as for any response) is queued as before.
+  std::size_t sent = 0;
+  if (evbuffer_get_length(output()) == 0) {
+    iovec iov[2] = {{const_cast<char*>(head.data()), head.size()},
+                    {const_cast<char*>(body), static_cast<std::size_t>(length)}};
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    const ssize_t n = ::sendmsg(bufferevent_getfd(bev_.get()), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) sent = static_cast<std::size_t>(n);
+  }
+  if (sent < head.size()) {
+    evbuffer_add(output(), head.data() + sent, head.size() - sent);
+    sent = 0;
+  } else {
+    sent -= head.size();
+  }
+  first += sent;
+  body += sent;
+  length -= sent;
   if (length == 0) return;
+  // The rest is referenced (not copied) by the output buffer, which keeps the copy alive until
+  // it is sent.
   auto* hold = new std::shared_ptr<const MemoryObject>(ex.memory);
   const int r = evbuffer_add_reference(
-      output(), ex.memory->body.data() + first, static_cast<std::size_t>(length),
+      output(), body, static_cast<std::size_t>(length),
       [](const void*, size_t, void* arg) {
         delete static_cast<std::shared_ptr<const MemoryObject>*>(arg);
       },
       hold);
   if (r != 0) {  // libevent could not allocate the chain: copy instead
     delete hold;
-    evbuffer_add(output(), ex.memory->body.data() + first, static_cast<std::size_t>(length));
+    evbuffer_add(output(), body, static_cast<std::size_t>(length));
   }
-  ex.bytes_sent += length;
 }
 
 void ClientConnection::EndBody() {
@@ -739,6 +783,7 @@ void ClientConnection::OnOrigin(OriginEvent event) {
 // ---- CONNECT tunnels ----
 
 void ClientConnection::StartTunnel() {
+  head_timer_.Cancel();  // a tunnel never reads another head
   Exchange& ex = *ex_;
   Result<http1::HostPort> hp = http1::SplitAuthority(ex.req.target, /*require_port=*/true);
   if (!hp.ok()) {  // the parser checked it already

@@ -139,9 +139,8 @@ void ClientConnection::StartLookup(const std::string& key, bool second_level) {
     // The backend's copy in RAM answers at once (the memory source: no device, no round trip),
     // judged by the same rules as any stored response.
     if (std::shared_ptr<const MemoryObject> m = proxy_->backend->FindInMemory(key)) {
-      CacheLookup lookup;
+      CacheLookup lookup;  // its response is m->head, not copied (OnLookup)
       lookup.cached = true;
-      lookup.response = m->head;
       lookup.choice = CacheChoice::kMemory;
       lookup.memory = std::move(m);
       OnLookup(key, std::move(lookup), second_level);
@@ -196,12 +195,14 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
     return;
   }
   if (lookup->ghost_hint) ++proxy_->stats.ghost_hints;
+  // A RAM copy's head is read where it is (a hit copies no fields).
+  const StoredResponse& response = lookup->memory ? lookup->memory->head : lookup->response;
   if (!lookup->cached) {
     miss();
     return;
   }
   std::string vary;
-  if (IsVaryIndex(lookup->response, &vary)) {
+  if (IsVaryIndex(response, &vary)) {
     if (second_level || vary.empty()) {
       miss();
       return;
@@ -213,15 +214,17 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
   if (!second_level) {
     // A response with Vary stored under the plain URL (by ghostfs, whose requests carry none of
     // the fields browsers vary on) matches only requests without those fields either.
-    const std::string v = StoredField(lookup->response, "Vary");
+    const std::string v = StoredField(response, "Vary");
     if (!v.empty() && VariantKey(ex.url_key, v, ex.req.headers) != VariantKey(ex.url_key, v, {})) {
       miss();
       return;
     }
   }
   ex.key = key;
-  ex.stored = lookup->response;
   ex.memory = lookup->memory;
+  // A RAM copy's head stays in ex.memory (DecideFromStored serves it or drops the copy).
+  // DecideFromStored reads only lookup->choice.
+  if (!ex.memory) ex.stored = std::move(lookup->response);
   ex.body = lookup->body;  // every slice reads this version
   DecideFromStored(*lookup);
 }
@@ -229,11 +232,13 @@ void ClientConnection::OnLookup(const std::string& key, Result<CacheLookup> look
 void ClientConnection::DecideFromStored(const CacheLookup& lookup) {
   Exchange& ex = *ex_;
   ex.stored_state =
-      EvaluateStored(*ex.stored, ex.req_cc, proxy_->UnixNow(), proxy_->options.heuristic_freshness);
+      ex.memory ? EvaluateStored(HitMemo().freshness, ex.req_cc, proxy_->UnixNow())
+                : EvaluateStored(*ex.stored, ex.req_cc, proxy_->UnixNow(),
+                                 proxy_->options.heuristic_freshness);
   const StoredState& st = ex.stored_state;
   if (lookup.choice == CacheChoice::kMemory) {
     if (st.usable) {
-      ServeFromCache(*ex.stored, ResultCode::kMemHit, "cache");
+      ServeFromCache(ex.memory ? ex.memory->head : *ex.stored, ResultCode::kMemHit, "cache");
       return;
     }
     // Stale, or the client asks for more than this copy gives: the backend decides as for
@@ -658,25 +663,10 @@ void ClientConnection::EndTransfer() {
 
 // ---- Serving a stored response ----
 
-void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode code,
-                                      const char* source) {
-  Exchange& ex = *ex_;
-  ex.result = code;
-  if (ex.memory) {
-    // Every answer made from the RAM copy is a read of the memory source, for the stats.
-    const bool body = ex.req.method != "HEAD" && !IsNotModified(ex.req, stored);
-    proxy_->backend->ServedFromMemory(ex.key, body ? stored.size : 0);
-  }
-  const StoredState st = EvaluateStored(stored, CacheControl{}, proxy_->UnixNow(),
-                                        proxy_->options.heuristic_freshness);
-  const std::string age = std::to_string(std::max<std::int64_t>(0, st.age));
-  if (IsNotModified(ex.req, stored)) {
-    http1::HeaderList fields = NotModifiedFields(stored);
-    fields.Add("Age", age);
-    WriteResponseHead(304, "", std::move(fields), source, Exchange::Framing::kNone, false, false);
-    ex.step = Exchange::Step::kDone;
-    return;
-  }
+namespace {
+
+// The stored fields a cached answer carries (before WriteResponseHead adds the proxy's own).
+http1::HeaderList ServedFields(const StoredResponse& stored) {
   http1::HeaderList fields;
   for (const auto& [name, value] : stored.headers) {
     if (EqualsIgnoreCase(name, "Age") || EqualsIgnoreCase(name, "Content-Length") ||
@@ -685,6 +675,109 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     }
     fields.Add(name, value);
   }
+  return fields;
+}
+
+// A GET that takes the stored response whole and as it is: no conditional, no range.
+bool IsPlainGet(const http1::RequestHead& req) {
+  return req.method == "GET" && !req.headers.Find("If-None-Match") &&
+         !req.headers.Find("If-Modified-Since") && !req.headers.Find("Range");
+}
+
+}  // namespace
+
+const MemoryHitMemo& ClientConnection::HitMemo() {
+  const MemoryObject& m = *ex_->memory;
+  const Duration heuristic = proxy_->options.heuristic_freshness;
+  if (m.memo && m.memo->heuristic == heuristic && m.memo->via_name == proxy_->via_name)
+    return *m.memo;
+  auto memo = std::make_shared<MemoryHitMemo>();
+  memo->via_name = proxy_->via_name;
+  memo->heuristic = heuristic;
+  memo->freshness = PrepareStored(m.head, heuristic);
+  // The fields as ServeFromCache and WriteResponseHead arrange them: the stored ones, then Age
+  // and Content-Length (written per hit), then Via and X-Ghost-Source.
+  http1::HeaderList fields = ServedFields(m.head);
+  const std::string via = fields.FindAll("Via");
+  for (const char* name : {"Via", "X-Ghost-Source", "Transfer-Encoding", "Connection"})
+    fields.Remove(name);
+  if (const std::string* ct = fields.Find("Content-Type")) memo->content_type = *ct;
+  const std::string our_via = (via.empty() ? "" : via + ", ") + "1.1 " + proxy_->via_name;
+  http1::ResponseHead head;
+  head.version_minor = 1;
+  head.status = m.head.status;
+  head.headers = fields;
+  // Checked whole (with every field a hit adds) once, as WriteResponseHead checks each head.
+  http1::ResponseHead whole = head;
+  whole.headers.Add("Age", "0");
+  whole.headers.Add("Content-Length", std::to_string(m.head.size));
+  whole.headers.Add("Via", our_via);
+  whole.headers.Add("X-Ghost-Source", "cache");
+  std::string check;
+  if (http1::AppendResponseHead(whole, &check).ok() &&
+      http1::AppendResponseHead(head, &memo->head).ok()) {
+    memo->head.resize(memo->head.size() - 2);  // the empty line ending the head comes later
+    memo->tail = "Via: " + our_via + "\r\nX-Ghost-Source: cache\r\n";
+    memo->head_ok = true;
+  }
+  m.memo = std::move(memo);
+  return *m.memo;
+}
+
+bool ClientConnection::ServePlainMemoryHit(const StoredState& st) {
+  Exchange& ex = *ex_;
+  if (!IsPlainGet(ex.req)) return false;
+  const MemoryHitMemo& memo = HitMemo();
+  if (!memo.head_ok) return false;
+  const Bytes length = ex.memory->head.size;
+  std::string& out = ex.deferred_head;
+  out.reserve(memo.head.size() + memo.tail.size() + 64);
+  out = memo.head;
+  out += "Age: ";
+  out += std::to_string(std::max<std::int64_t>(0, st.age));
+  out += "\r\nContent-Length: ";
+  out += std::to_string(length);
+  out += "\r\n";
+  out += memo.tail;
+  if (!keep_alive_) {
+    out += "Connection: close\r\n";
+  } else if (ex.req.version_minor == 0) {
+    out += "Connection: keep-alive\r\n";
+  }
+  out += "\r\n";
+  ex.status = ex.memory->head.status;
+  ex.response_started = true;
+  ex.framing = Exchange::Framing::kLength;
+  ex.content_type = memo.content_type;
+  WriteMemoryBody(0, length);  // the head, then the body
+  ex.step = Exchange::Step::kDone;
+  return true;
+}
+
+void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode code,
+                                      const char* source) {
+  Exchange& ex = *ex_;
+  ex.result = code;
+  if (ex.memory) {
+    // Every answer made from the RAM copy is a read of the memory source, for the stats.
+    const bool body =
+        ex.req.method != "HEAD" && (IsPlainGet(ex.req) || !IsNotModified(ex.req, stored));
+    proxy_->backend->ServedFromMemory(ex.key, body ? stored.size : 0);
+  }
+  const StoredState st = ex.memory ? EvaluateStored(HitMemo().freshness, CacheControl{},
+                                                    proxy_->UnixNow())
+                                   : EvaluateStored(stored, CacheControl{}, proxy_->UnixNow(),
+                                                    proxy_->options.heuristic_freshness);
+  if (ex.memory && code == ResultCode::kMemHit && ServePlainMemoryHit(st)) return;
+  const std::string age = std::to_string(std::max<std::int64_t>(0, st.age));
+  if (IsNotModified(ex.req, stored)) {
+    http1::HeaderList fields = NotModifiedFields(stored);
+    fields.Add("Age", age);
+    WriteResponseHead(304, "", std::move(fields), source, Exchange::Framing::kNone, false, false);
+    ex.step = Exchange::Step::kDone;
+    return;
+  }
+  http1::HeaderList fields = ServedFields(stored);
   fields.Add("Age", age);
   const RangeDecision range = EvaluateRange(ex.req, stored, stored.size);
   int status = stored.status;
@@ -713,9 +806,10 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     return;
   }
   if (ex.memory) {
-    // The whole body is here: head and body go out together, nothing to wait for.
+    // The whole body is here: head and body go out together (WriteMemoryBody), nothing to
+    // wait for.
     WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, true,
-                      /*defer=*/false);
+                      /*defer=*/true);
     if (ex.result == code) WriteMemoryBody(first, length);  // else the head could not be written
     ex.step = Exchange::Step::kDone;
     return;

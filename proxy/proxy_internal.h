@@ -266,6 +266,9 @@ class Impl {
                        void* arg);
   static void OnAcceptError(evconnlistener* listener, void* arg);
   static void OnFlushAccessLog(evutil_socket_t, short, void* arg);
+  // `n` in decimal, padded with `pad` on the left to `width` characters (printf's "%6lld",
+  // "%03d").
+  static void AppendNumber(std::string* out, long long n, int width, char pad);
   // At the limit: closes the connection that has waited longest (at least preempt_after) for a
   // request head. False when none has.
   bool PreemptWaiting();
@@ -274,6 +277,7 @@ class Impl {
   bool accepting_ = true;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
   std::unique_ptr<std::FILE, FileCloser> access_log_;
+  std::string log_line_;  // LogAccess's line, its capacity kept from one request to the next
   // Lines are flushed once per loop turn (an active event, no timer): a busy turn's requests
   // cost one write(2), and a line is in the file before its client has read the response.
   std::unique_ptr<event, EventDeleter> log_flush_;
@@ -283,6 +287,31 @@ class Impl {
   TimePoint started_;
   std::int64_t started_unix_ = 0;
 };
+
+}  // namespace ghost::proxy_internal
+
+namespace ghost {
+
+// What every hit on one RAM copy would derive again from its stored head (exchange.cc,
+// MemoryObject::memo): its freshness fields parsed once, and the head of a whole-body answer
+// to a plain GET written out, but for Age, Content-Length and Connection. Built on the first
+// hit, for the proxy's Via name and heuristic freshness (another proxy sharing the backend
+// builds its own).
+struct MemoryHitMemo {
+  std::string via_name;
+  Duration heuristic{0};
+  StoredFreshness freshness;
+  // `head` and `tail` are usable: every field can be sent (else hits take the general path,
+  // which answers 502 for such a head).
+  bool head_ok = false;
+  std::string head;  // the status line and the stored fields, each with its CRLF
+  std::string tail;  // the Via and X-Ghost-Source lines
+  std::string content_type;
+};
+
+}  // namespace ghost
+
+namespace ghost::proxy_internal {
 
 // One request and its response (see exchange.cc for the cache decisions).
 struct Exchange {
@@ -391,6 +420,7 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void AssertInvariants() const;
   void EnterReadingHead();
   void EnterClosing();
+  void ArmHeadTimer(Duration after);
   void OnHeadTimeout();
   bool ParseNextHead();
   void PumpRequestBody();
@@ -429,6 +459,12 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
   void StartCardData(Bytes body_bytes);
   void OnCardDone();
   void ServeFromCache(const StoredResponse& stored, ResultCode code, const char* source);
+  // The memo of the exchange's RAM copy (MemoryHitMemo), built on its first hit.
+  const MemoryHitMemo& HitMemo();
+  // A whole-body 200-like answer to a plain GET from the RAM copy, its head from the memo:
+  // the same bytes ServeFromCache writes through WriteResponseHead. False (nothing written)
+  // when the request is not a plain GET or the memo's head cannot be used.
+  bool ServePlainMemoryHit(const StoredState& st);
   bool ServeFailure();
   void ReadNextCacheSlice();
   void StartStore(const http1::ResponseHead& head, const StorageDecision& decision);
@@ -442,8 +478,9 @@ class ClientConnection : public std::enable_shared_from_this<ClientConnection> {
                          const char* source, Exchange::Framing framing, bool body_follows,
                          bool defer);
   void WriteBody(std::string_view data);
-  // Bytes [first, first + length) of the exchange's RAM copy, referenced (not copied) by the
-  // output buffer, which keeps the copy alive until they are sent.
+  // The deferred head (if any) and bytes [first, first + length) of the exchange's RAM copy:
+  // written to the socket at once when nothing is queued before them; what it does not take
+  // is referenced (not copied) by the output buffer, which keeps the copy alive until sent.
   void WriteMemoryBody(Bytes first, Bytes length);
   void EndBody();
   bool ClientBackedUp() const;

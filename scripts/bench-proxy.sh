@@ -5,6 +5,8 @@
 # lower p50; ahead of nginx proxy_cache). About 3 minutes.
 #
 #   scripts/bench-proxy.sh [bench_proxy.py options, e.g. --rounds 5 --seconds 10]
+#   scripts/bench-proxy.sh --ghostproxy-base /tmp/main-build/proxy/ghostproxy   # A/B: a fourth
+#       arm runs another ghostproxy build on the same mount, interleaved with the others
 #
 # Installs what is missing (squid wrk nginx-light fuse3), builds into GHOST_BUILD (default
 # build/). Every process and mount it starts is removed on exit, also on failure or Ctrl-C.

@@ -179,11 +179,11 @@ http {{
 
 
 class Ghostproxy(Server):
-    def __init__(self, work, exe, mount, control, extra_args=()):
+    def __init__(self, work, exe, mount, control, extra_args=(), name="ghostproxy"):
         self.exe, self.mount, self.control = exe, mount, control
         self.extra_args = list(extra_args)
         self.port = h.free_port()
-        self.access_log = os.path.join(work, "ghostproxy-access.log")
+        self.access_log = os.path.join(work, f"{name}-access.log")
         self.proc = None
 
     def start(self):
@@ -223,6 +223,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=int, default=8, help="per wrk run")
     ap.add_argument("--memory-cache", help="ghostproxy's --memory-cache (e.g. 0: every hit asks ghostfs)")
+    ap.add_argument("--ghostproxy-base", help="a second ghostproxy binary (e.g. main's), run as a fourth "
+                    "arm 'ghostproxy-base' on the same mount, interleaved round by round with the others")
     a = ap.parse_args()
     os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
 
@@ -248,8 +250,8 @@ def main():
     if not fs.start():
         raise SystemExit(f"bench-proxy: ghostfs did not mount:\n{fs.output()}")
     h.on_exit(fs.stop)
-    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control,
-                    ["--memory-cache", a.memory_cache] if a.memory_cache is not None else [])
+    gp_args = ["--memory-cache", a.memory_cache] if a.memory_cache is not None else []
+    gp = Ghostproxy(a.work, a.ghostproxy, mnt, control, gp_args)
     if not gp.start():
         raise SystemExit("bench-proxy: ghostproxy did not start")
     squid = Squid(a.work)
@@ -257,6 +259,12 @@ def main():
         raise SystemExit("bench-proxy: squid did not start")
     proxies = [("ghostproxy", gp.port), ("squid", squid.port)]
     servers = {"ghostproxy": gp, "squid": squid}
+    if a.ghostproxy_base:
+        base = Ghostproxy(a.work, a.ghostproxy_base, mnt, control, gp_args, name="ghostproxy-base")
+        if not base.start():
+            raise SystemExit(f"bench-proxy: {a.ghostproxy_base} did not start")
+        proxies.append(("ghostproxy-base", base.port))
+        servers["ghostproxy-base"] = base
     ngc = NginxCache(a.work, nginx.url())
     if ngc.start():
         proxies.append(("nginx-cache", ngc.port))
@@ -270,11 +278,12 @@ def main():
             for u in urls:
                 fetch_via(port, u)
     time.sleep(1)  # ghostproxy's fills reach the cache through ghostfs's write queue
-    _, head = fetch_via(gp.port, urls[0])
-    if head.get("X-Ghost-Source") != "cache":
-        raise SystemExit(f"bench-proxy: ghostproxy does not answer from its cache after warming: {head}")
-    for name, port in proxies[1:]:
+    for name, port in proxies:
         _, phead = fetch_via(port, urls[0])
+        if name.startswith("ghostproxy"):
+            if phead.get("X-Ghost-Source") != "cache":
+                raise SystemExit(f"bench-proxy: {name} does not answer from its cache after warming: {phead}")
+            continue
         if "HIT" not in phead.get("X-Cache", ""):
             raise SystemExit(f"bench-proxy: {name} does not answer from its cache after warming: {phead}")
     before = {name: srv.hits_and_misses() for name, srv in servers.items()}
@@ -300,11 +309,11 @@ def main():
     print(f"\nbench-proxy: {a.objects} objects of 16 KiB from nginx on 127.0.0.1, all cache hits; "
           f"{a.rounds} rounds of {a.seconds} s per figure, proxies in turn; medians (min–max over rounds)"
           + (f"; ghostproxy --memory-cache {a.memory_cache}" if a.memory_cache is not None else ""))
-    print(f"{'':12} {'hits/s (16 conn)':>17} {'rounds':>13} {'× squid':>8} {'× nginx':>8} "
+    print(f"{'':15} {'hits/s (16 conn)':>17} {'rounds':>13} {'× squid':>8} {'× nginx':>8} "
           f"{'p50 µs (1 conn)':>16} {'rounds':>9} {'× squid':>8} {'× nginx':>8} {'p99 µs':>8}")
     for name, _ in proxies:
         v, sp = med[name], spread[name]
-        print(f"{name:12} {v['rps']:17.0f} {sp['rps'][0]:6.0f}–{sp['rps'][1]:<6.0f} {v['rps'] / s['rps']:7.2f}× "
+        print(f"{name:15} {v['rps']:17.0f} {sp['rps'][0]:6.0f}–{sp['rps'][1]:<6.0f} {v['rps'] / s['rps']:7.2f}× "
               + (f"{v['rps'] / n['rps']:7.2f}× " if n else f"{'n/a':>8} ")
               + f"{v['p50_us']:16.0f} {sp['p50_us'][0]:4.0f}–{sp['p50_us'][1]:<4.0f} {v['p50_us'] / s['p50_us']:7.2f}× "
               + (f"{v['p50_us'] / n['p50_us']:7.2f}× " if n else f"{'n/a':>8} ")
@@ -323,6 +332,10 @@ def main():
               f"({g['p50_us']:.0f} vs {n['p50_us']:.0f} µs)")
     else:
         print("goal ahead of nginx proxy_cache: n/a (nginx-cache did not run)")
+    if "ghostproxy-base" in med:
+        b = med["ghostproxy-base"]
+        print(f"ghostproxy against ghostproxy-base ({a.ghostproxy_base}): hits/s {g['rps'] / b['rps']:.2f}×, "
+              f"p50 {g['p50_us'] / b['p50_us']:.2f}× ({g['p50_us']:.0f} vs {b['p50_us']:.0f} µs)")
 
 
 if __name__ == "__main__":

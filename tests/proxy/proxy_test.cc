@@ -26,6 +26,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -970,6 +971,48 @@ TEST_F(ProxyTest, FreshRamCopyIsServedWithoutALookup) {
   EXPECT_NE(log[2].find(" MEM_HIT/206 "), std::string::npos) << log[2];
 }
 
+TEST_F(ProxyTest, RamHitToAPlainGetHasTheHeadOfEveryOtherRamHit) {
+  // A plain GET's RAM hit writes its head from the copy's memo; a GET with a validator that
+  // does not match takes the general path (fields through WriteResponseHead) to the same 200.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request&) {
+    return Response(200,
+                    "Cache-Control: max-age=60\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                    "Via: 1.1 upstream\r\nETag: \"e1\"\r\nX-Custom: a\r\nx-custom: b\r\n"
+                    "Age: 3\r\nLast-Modified: Tue, 01 Jan 2030 00:00:00 GMT\r\n",
+                    "0123456789");
+  });
+  const std::string url = origin.url("/m");
+  StartProxy();
+  ASSERT_TRUE(Get(url).complete);
+  ASSERT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));
+  backend_->SetMemoryCopies(true);
+  auto fields = [](const Reply& r) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const http1::HeaderField& f : r.headers) out.emplace_back(f.name, f.value);
+    return out;
+  };
+  for (const std::string extra : {"", "Connection: close\r\n"}) {
+    SCOPED_TRACE("request fields: " + extra);
+    const Reply plain = Get(url, extra);
+    const Reply general = Get(url, extra + "If-None-Match: \"other\"\r\n");
+    ASSERT_TRUE(plain.complete);
+    ASSERT_TRUE(general.complete);
+    EXPECT_EQ(plain.status, 200);
+    EXPECT_EQ(plain.body, "0123456789");
+    EXPECT_EQ(general.body, plain.body);
+    EXPECT_EQ(plain.Source(), "cache");
+    EXPECT_EQ(plain.Header("Age"), "3");
+    EXPECT_EQ(fields(plain), fields(general));
+  }
+  EXPECT_EQ(backend_->counters().memory_served, 4);
+  const std::vector<std::string> log = AccessLogLines(5);
+  ASSERT_EQ(log.size(), 5u);
+  // squid's native format, field by field ("%lld.%03lld %6lld %s %s/%03d %llu %s %s - %s %s").
+  const std::regex line("[0-9]+\\.[0-9]{3} [ 0-9]{5}[0-9] 127\\.0\\.0\\.1 MEM_HIT/200 [0-9]+ GET "
+                        "http://127\\.0\\.0\\.1:[0-9]+/m - NONE/- text/plain");
+  for (std::size_t i = 1; i < 5; ++i) EXPECT_TRUE(std::regex_match(log[i], line)) << log[i];
+}
+
 TEST_F(ProxyTest, StaleRamCopyIsRevalidatedThroughTheBackend) {
   std::atomic<int> conditional{0};
   ScriptedOrigin origin([&](const ScriptedOrigin::Request& r) {
@@ -1374,6 +1417,31 @@ TEST_F(ProxyTest, IdleConnectionIsClosedSilentlyAndSlowHeadGets408) {
   Reply r = slow_reader.Next();
   ASSERT_TRUE(r.complete);
   EXPECT_EQ(r.status, 408);
+}
+
+// The head deadline of a kept-alive connection counts from the end of its previous response,
+// not from an earlier head (the timer is armed once and re-armed only when it fires early).
+TEST_F(ProxyTest, HeadDeadlineCountsFromThePreviousResponse) {
+  ProxyOptions o = Options();
+  o.request_timeout = 300ms;
+  StartProxy(o);
+  ScriptedOrigin origin([](const ScriptedOrigin::Request&) { return Response(200, "", "x"); });
+  const std::string get = "GET " + origin.url("/a") + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  Fd c = ConnectTo(port_);
+  Reader reader(c.get());
+  std::this_thread::sleep_for(200ms);
+  SendAll(c.get(), get);
+  ASSERT_EQ(reader.Next().status, 200);
+  std::this_thread::sleep_for(200ms);  // 400 ms after the connection's first deadline began
+  SendAll(c.get(), get);
+  const Reply second = reader.Next();
+  ASSERT_TRUE(second.complete);
+  EXPECT_EQ(second.status, 200);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ReadUntilEof(c.get()), "");  // idle after it: closed at its own deadline
+  const auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 280ms);
+  EXPECT_LT(waited, 3s);
 }
 
 // ---- Fairness: slow clients cannot shut others out ----
