@@ -147,6 +147,17 @@ struct ShaperOptions {
   // One round trip after the last read nothing of the flight can still be on its way. Off by
   // default (the proxy: GHOST_SHAPER_SETTLE=1): not measured better yet (RESULTS.md, round 9).
   bool settle_after_slow_start = false;
+  // Round 10: no open on a part-window. An open grants the sender one window counted from the
+  // cumulative ACK, so everything that arrives after it, up to a window, is that grant's; a
+  // burst judged ended with clearly less of it arrived (over 2 MSS short of the grant learned
+  // from whole bursts) and no loss is a part-window: the rest is in transit, or comes a round
+  // trip after the part (a sender short of cwnd). Opening then lets the sender send only what
+  // is not in flight, and two part-windows circulate from then on (the two-half-window regime,
+  // DESIGN §3.6). Held, the burst goes on (the card awake) until the rest arrives or one min
+  // RTT has passed since its last packet; a hold that saw nothing more was a whole window, and
+  // the grant is lowered to it at once. `hold_part_windows = false` is the old behaviour (the
+  // proxy: GHOST_SHAPER_HOLD=0).
+  bool hold_part_windows = true;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
@@ -163,6 +174,7 @@ struct ShaperStats {
   Bytes burst_bytes = 0;             // their bytes (mean burst = burst_bytes / bursts)
   std::uint64_t bad_bursts = 0;
   std::uint64_t lost_opens = 0;
+  std::uint64_t held_bursts = 0;     // bursts held past Td as part-windows (hold_part_windows)
   std::uint64_t missed_packets = 0;  // packets that arrived while the card slept
   Duration sleep{};                  // time the card was asleep
   Duration awake{};                  // time the card was awake, from start to Finish
@@ -263,6 +275,18 @@ class DownloadShaper {
   bool burst_straggler_ = false;        // data of the last window, after its open
 
   bool wants_open_ = false;
+  // The part-window hold (ShaperOptions::hold_part_windows). since_open_: bytes arrived since
+  // the last open (or since reading stopped at the end of slow start), stragglers included: all
+  // of it is that open's grant. grant_: what a whole grant delivers, in bytes (from the option's
+  // window at first; rises at once to a bigger one, falls by 1/8 per smaller clean burst, and at
+  // once to a hold's bytes when nothing more came). held_gap_: the hold's gaps inside the burst,
+  // left out of the estimator and the burst's rate.
+  Bytes since_open_ = 0;
+  double grant_ = 0;
+  double held_gap_ = 0;
+  bool held_ = false;  // the burst in progress was held past Td at least once
+  // The burst in progress is a part-window to hold (Td alone would end it early).
+  bool HoldsPart() const;
   // Slow start ended (reading stopped) at settle_until_ − min RTT: no burst ends, and no open is
   // asked for, before settle_until_ (ShaperOptions::settle_after_slow_start).
   std::optional<TimePoint> settle_until_;
