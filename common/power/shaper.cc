@@ -149,6 +149,12 @@ bool DownloadShaper::HoldsPart() const {
     return false;
   }
   if (state_ != ShaperState::kSaving && state_ != ShaperState::kRecovery) return false;
+  // The download's last window is short by nature: with a declared size, the last grant's
+  // worth is not held (the client would wait for its end).
+  if (options_.size > 0 &&
+      static_cast<double>(total_bytes_) + grant_ >= static_cast<double>(options_.size)) {
+    return false;
+  }
   return static_cast<double>(since_open_ + 2 * options_.mss) < grant_;
 }
 

@@ -155,7 +155,10 @@ struct ShaperOptions {
   // is not in flight, and two part-windows circulate from then on (the two-half-window regime,
   // DESIGN §3.6). Held, the burst goes on (the card awake) until the rest arrives or one min
   // RTT has passed since its last packet; a hold that saw nothing more was a whole window, and
-  // the grant is lowered to it at once. `hold_part_windows = false` is the old behaviour (the
+  // the grant is lowered to it at once. With a declared size the last grant's worth of the
+  // download is not held (its last window is short by nature). Without one (a tunnel, an
+  // unknown length) the last window waits up to one min RTT unless the origin's FIN comes
+  // with it (the adapter then reads to the end). `hold_part_windows = false` is the old behaviour (the
   // proxy: GHOST_SHAPER_HOLD=0).
   bool hold_part_windows = true;
   Duration default_rtt = Millis(100); // until the first min RTT sample

@@ -560,9 +560,10 @@ TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
 // transition.
 class Scripted {
  public:
-  explicit Scripted(bool hold, Duration rtt = Millis(60)) {
+  explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0) {
     ShaperOptions o = Options();
     o.window = 16 * kMss;
+    o.size = size;
     o.hold_part_windows = hold;
     shaper_ = std::make_unique<DownloadShaper>(o, TimePoint{});
     shaper_->SetMinRtt(rtt);
@@ -681,6 +682,20 @@ TEST_F(DownloadShaperTest, PartWindowHoldIsBoundedAndLearnsASmallerWindow) {
   ASSERT_EQ(sc.OpensAfter(next_end), 1u);
   EXPECT_LT(sc.opens.back() - next_end, Millis(31)) << "held again";
   EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+}
+
+TEST_F(DownloadShaperTest, LastWindowOfADeclaredSizeIsNotHeld) {
+  // 6 whole windows then the download's last 5 packets, with the size declared: the short
+  // last window is the end of the download, opened (delivered) after Td, not after a hold.
+  Scripted sc(true, Millis(60), 16 * kMss * 6 + 5 * kMss);
+  sc.WholeWindows(5);  // slow start's flight and 5 bursts
+  sc.Packets(sc.opens.back() + Millis(60), 5);
+  const TimePoint end = sc.last;
+  sc.RunTo(end + Millis(100));
+  ASSERT_GE(sc.OpensAfter(end), 1u);
+  EXPECT_LT(*std::find_if(sc.opens.begin(), sc.opens.end(), [end](TimePoint o) { return o > end; }) - end,
+            Millis(31));
+  EXPECT_EQ(sc.s().stats().held_bursts, 0u);
 }
 
 TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
