@@ -46,7 +46,11 @@
 // Past the paper (each measured on the synthetic link of tests/common/power/shaper_test.cc):
 // W rises at once and falls slowly; while P < W − 1, Td is at least twice the longest recent
 // gap inside a burst (jitter bunches packets); data that comes long before an open can be
-// answered (a retransmission, a tail) is a straggler of the last window, not a new burst.
+// answered (a retransmission, a tail) is a straggler of the last window, not a new burst;
+// a burst clearly short of the grant its open gave (the bytes since the open, against what a
+// whole grant delivers) with no loss is a part-window and is held, the card awake, until the
+// rest comes or one min RTT passes (round 10: opening on a part lets the sender send only what
+// is not in flight, the two-half-window regime; ShaperOptions::hold_part_windows).
 //
 // A burst with missing data (the adapter saw out-of-order or retransmitted segments) sends the
 // shaper to kRecovery: the card stays awake for the retransmission, the next clean burst
