@@ -165,6 +165,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   one_read_drain_ = EnvIs("GHOST_SHAPER_ONE_READ_DRAIN", "1");
   // Round 10: part-windows are held (ShaperOptions::hold_part_windows); =0 for side-by-side runs.
   if (EnvIs("GHOST_SHAPER_HOLD", "0")) so.hold_part_windows = false;
+  if (const char* v = std::getenv("GHOST_SHAPER_HOLD_RTTS")) so.hold_rtts = std::atof(v);
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   start_ = clock_->Now();

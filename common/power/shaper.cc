@@ -161,7 +161,9 @@ bool DownloadShaper::HoldsPart() const {
 TimePoint DownloadShaper::BurstEnd() const {
   TimePoint end = burst_last_ + BurstEndThreshold();
   // A part-window is held: the rest of its grant is in transit or a round trip behind it.
-  if (HoldsPart()) end = std::max(end, burst_last_ + min_rtt());
+  if (HoldsPart()) {
+    end = std::max(end, burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts));
+  }
   return settle_until_ ? std::max(end, *settle_until_) : end;
 }
 

@@ -165,6 +165,8 @@ struct ShaperOptions {
   // with it (the adapter then reads to the end). `hold_part_windows = false` is the old behaviour (the
   // proxy: GHOST_SHAPER_HOLD=0).
   bool hold_part_windows = true;
+  // How long a hold lasts after the part's last packet, in min RTTs.
+  double hold_rtts = 1.0;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
