@@ -34,7 +34,7 @@
 //
 // Part-windows are held (round 10, common/power/shaper.h ShaperOptions::hold_part_windows; on
 // by default): a burst clearly short of what a whole grant delivers is not answered by an open
-// until the rest arrives or one min RTT passes. GHOST_SHAPER_HOLD=0 turns it off,
+// until the rest arrives or half a min RTT passes. GHOST_SHAPER_HOLD=0 turns it off,
 // GHOST_SHAPER_HOLD_RTTS sets the bound and GHOST_SHAPER_TD_FULL_MS Td's floor for a whole window
 // (measurement aids for bench_shaping.py --variants). On the quiet machine (RESULTS.md, round 10)
 // the one-read drain, the settle time and quiet bursts made no measurable difference, so they

@@ -660,18 +660,18 @@ TEST_F(DownloadShaperTest, PartWindowIsHeldUntilTheRestOfTheGrantArrives) {
 
 TEST_F(DownloadShaperTest, PartWindowHoldIsBoundedAndLearnsASmallerWindow) {
   // The rest never comes (the window was smaller than thought, or the sender had no more):
-  // the hold ends one min RTT after the part's last packet, awake throughout, and opens; the
+  // the hold ends half a min RTT after the part's last packet, awake throughout, and opens; the
   // grant is lowered to what came, so the next burst of that size is not held again.
   Scripted sc(true);
   sc.WholeWindows(3);
   sc.Packets(sc.opens.back() + Millis(60), 10);
   const TimePoint part_end = sc.last;
   const std::size_t sleeps = sc.sleeps.size();
-  sc.RunTo(part_end + Millis(100));  // the next burst is due 120 ms after the part
+  sc.RunTo(part_end + Millis(80));  // the next burst is due 90 ms after the part
   ASSERT_EQ(sc.OpensAfter(part_end), 1u) << "a hold must end in an open (no hang)";
   const TimePoint open = sc.opens.back();
-  EXPECT_GE(open - part_end, Millis(60));
-  EXPECT_LE(open - part_end, Millis(61));
+  EXPECT_GE(open - part_end, Millis(30));
+  EXPECT_LE(open - part_end, Millis(31));
   // Asleep only after the open (the hold keeps the card awake for the rest).
   ASSERT_EQ(sc.sleeps.size(), sleeps + 1);
   EXPECT_EQ(sc.sleeps.back(), open);
@@ -737,15 +737,15 @@ TEST_F(DownloadShaperTest, LostOpenAfterAHeldWindowIsStillDetected) {
 }
 
 TEST_F(DownloadShaperTest, SplitWindowsAreNeitherMissedNorTakenForSaturation) {
-  // Each window comes in two halves 40 ms apart (a sender short of cwnd sends the rest a round
-  // trip behind): held, every window is one burst, nothing is missed, and the burst's rate
-  // leaves the hold's gap out (with it, 16 packets over ~45 ms would make the 23 KB window look
-  // like 90% of the bandwidth-delay product and send the shaper to plain TCP).
+  // Each window comes in two halves 25 ms apart (the rest in transit behind the part): held,
+  // every window is one burst, nothing is missed, and the burst's rate leaves the hold's gap
+  // out (with it, 16 packets over ~30 ms would make the 23 KB window look like 90% of the
+  // bandwidth-delay product and send the shaper to plain TCP).
   Scripted sc(true);
   sc.WholeWindows(2);
   for (int i = 0; i < 6; ++i) {
     sc.Packets(sc.opens.back() + Millis(60), 8);
-    sc.Packets(sc.last + Millis(40), 8);
+    sc.Packets(sc.last + Millis(25), 8);
     sc.RunTo(sc.last + Millis(30));
   }
   EXPECT_EQ(sc.s().stats().held_bursts, 6u);
@@ -757,14 +757,14 @@ TEST_F(DownloadShaperTest, SplitWindowsAreNeitherMissedNorTakenForSaturation) {
 
 TEST_F(DownloadShaperTest, SaturatedLinkWithSplitWindowsStillRevertsToPlainTcp) {
   // 8 ms RTT: the 16-packet window (23 KB) is above 90% of the 20 KB bandwidth-delay product.
-  // Each window comes in two parts 5 ms apart; held or not, the link is saturated.
+  // Each window comes in two parts 3.5 ms apart; held or not, the link is saturated.
   Scripted sc(true, Millis(8));
   sc.Packets(sc.now + Millis(1), 16);
   sc.RunTo(sc.now + Millis(20));
   if (sc.opens.empty()) sc.Open(sc.now);
   for (int i = 0; i < 6 && sc.s().state() != ShaperState::kPlain; ++i) {
     sc.Packets(sc.opens.back() + Millis(8), 8);
-    sc.Packets(sc.last + Millis(5), 8);
+    sc.Packets(sc.last + Millis(3.5), 8);
     sc.RunTo(sc.last + Millis(8));
   }
   EXPECT_EQ(sc.s().state(), ShaperState::kPlain);
