@@ -40,6 +40,7 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"missed_packets", s.missed_packets},
       {"lost_opens", s.lost_opens},
       {"bad_bursts", s.bad_bursts},
+      {"held_bursts", s.held_bursts},
       {"forced_opens", s.forced_opens},
       {"declined", s.declined},
       {"saturated", s.saturated},
@@ -162,6 +163,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   so.settle_after_slow_start = EnvIs("GHOST_SHAPER_SETTLE", "1");
   quiet_bursts_ = EnvIs("GHOST_SHAPER_QUIET_BURSTS", "1");
   one_read_drain_ = EnvIs("GHOST_SHAPER_ONE_READ_DRAIN", "1");
+  // Round 10: part-windows are held (ShaperOptions::hold_part_windows); =0 for side-by-side runs.
+  if (EnvIs("GHOST_SHAPER_HOLD", "0")) so.hold_part_windows = false;
+  if (const char* v = std::getenv("GHOST_SHAPER_HOLD_RTTS")) so.hold_rtts = std::atof(v);
+  // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
+  if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   start_ = clock_->Now();
   last_arrival_ = start_;
   progress_at_ = start_;
@@ -244,6 +250,7 @@ UpstreamShaper::~UpstreamShaper() {
   stats_->missed_packets += s.missed_packets;
   stats_->lost_opens += s.lost_opens;
   stats_->bad_bursts += s.bad_bursts;
+  stats_->held_bursts += s.held_bursts;
   if (s.declined) ++stats_->declined;
   if (s.saturated) ++stats_->saturated;
   stats_->sleep += s.sleep;

@@ -226,7 +226,7 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
 
 
 def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None,
-             scheme="http", diagnose=False, limit_s=300):
+             scheme="http", diagnose=False, limit_s=300, extra_env=None):
     """One download through the proxy with a capture; returns the priced runs. `buffer`: the
     shaper's SO_RCVBUF; `plain_rcvbuf`: with mode off, SO_RCVBUF fixed before connect (the
     paper's plain TCP); neither: the proxy's defaults (plain TCP autotunes). `scheme` https:
@@ -246,6 +246,7 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     line = td.stderr.readline()
     env = dict(os.environ, GHOST_SHAPING_URL=f"{scheme}://{link.ip}:{port}/data",
                GHOST_SHAPING_MODE=mode, GHOST_SHAPING_OUT=out)
+    env.update(extra_env or {})
     if mode != "off":
         env["GHOST_SHAPER_CARD_LOG"] = log
     if buffer:
@@ -309,6 +310,8 @@ def ratios(auto, fixed, shaped, want):
         # closed windows the proxy opened itself (a stall averted, proxy/shaper.h)
         "forced_opens": shaped["driver"]["shaping"].get("forced_opens", 0),
         "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
+        # bursts held as part-windows until the rest of the grant came (round 10)
+        "held_bursts": shaped["driver"]["shaping"].get("held_bursts", 0),
         # The minimum RTT the shaper ended with and the connection's handshake RTT (round 9).
         "min_rtt_ms": shaped["driver"]["shaping"].get("last_min_rtt_ms"),
         "handshake_rtt_ms": shaped["driver"]["shaping"].get("last_handshake_rtt_ms"),
@@ -335,7 +338,7 @@ def ratios(auto, fixed, shaped, want):
 
 def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, subnet, log=print,
              origin_cc=None, buffer=DEFAULT_BUFFER, fixed_arm=True, at_connect=False,
-             schemes=("http",), diagnose=False, keep=None):
+             schemes=("http",), diagnose=False, keep=None, variants=None):
     """All rounds on one link; returns a dict of the per-round ratios and checks.
 
     Each round runs, for each of `schemes` in turn (http: a GET through the proxy; https: TLS
@@ -345,7 +348,12 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
     fixed-window plain capture (the paper's PSM ran over the same fixed-window TCP) and from the
     autotuned one. Ratios: `*_fixed` against fixed-window plain (None without `fixed_arm`),
     `*_auto` against autotuned plain, each against the same scheme's plains. `buffer` None: the
-    proxy's default shaping buffer. The http rows are "rounds", the https rows "https_rounds"."""
+    proxy's default shaping buffer. The http rows are "rounds", the https rows "https_rounds".
+
+    `variants` (--variants): [(name, build, env)]; each round then runs the plains once and one
+    shaped download per variant (the driver from its build, its environment added), in an order
+    rotated each round, every ratio against the same round's plains; the rows carry "variant"
+    and the http rows of every variant are in "rounds"."""
     workdir = tempfile.mkdtemp(prefix="ghost-shaping-")
     os.chmod(workdir, 0o755)  # nginx's workers are not root
     try:
@@ -375,26 +383,34 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                     # proxy itself). `at_connect`: fixed before connect, as the plain arm's
                     # (measured at 60 ms: bursts ~22 KB instead of ~26 KB, more missed
                     # packets, E×D 0.67–0.69× instead of 0.32–0.52×).
-                    shaped = download(build, link, mode, workdir, f"shaped{t}{i}", profile,
-                                      buffer=buffer, plain_rcvbuf=buffer if at_connect else None,
-                                      scheme=scheme, diagnose=diagnose, limit_s=limit_s)
-                    row = ratios(auto, fixed, shaped, want)
-                    if "diagnosis" in shaped:
-                        d = shaped["diagnosis"]
-                        row["diagnosis"] = d
-                        log(f"# missed packets by cause (--diagnose): {d['counts']}; open→data ms "
-                            f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
-                    out[scheme].append(row)
-                    s = row["secs"]
-                    log(f"# {scheme} rtt {rtt} ms loss {loss}% {size / 1e6:g} MB round {i + 1}: "
-                        f"shaped vs fixed-window plain: E×D {row['ed_fixed']:.2f}× time "
-                        f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
-                        f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
-                        f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
-                        f"{row['bursts']}, forced opens {row['forced_opens']}, min RTT "
-                        f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
-                        f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
-                        f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
+                    arms = variants or [(None, build, None)]
+                    arms = arms[i % len(arms):] + arms[:i % len(arms)]
+                    for vname, vbuild, venv in arms:
+                        vt = f"{t}{vname}" if vname else t
+                        shaped = download(vbuild, link, mode, workdir, f"shaped{vt}{i}", profile,
+                                          buffer=buffer, plain_rcvbuf=buffer if at_connect else None,
+                                          scheme=scheme, diagnose=diagnose, limit_s=limit_s,
+                                          extra_env=venv)
+                        row = ratios(auto, fixed, shaped, want)
+                        if vname:
+                            row["variant"] = vname
+                        if "diagnosis" in shaped:
+                            d = shaped["diagnosis"]
+                            row["diagnosis"] = d
+                            log(f"# missed packets by cause (--diagnose): {d['counts']}; open→data ms "
+                                f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
+                        out[scheme].append(row)
+                        s = row["secs"]
+                        log(f"# {scheme} rtt {rtt} ms loss {loss}% {size / 1e6:g} MB round {i + 1}"
+                            f"{' [' + vname + ']' if vname else ''}: "
+                            f"shaped vs fixed-window plain: E×D {row['ed_fixed']:.2f}× time "
+                            f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
+                            f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
+                            f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
+                            f"{row['bursts']} (held {row['held_bursts']}), forced opens {row['forced_opens']}, min RTT "
+                            f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
+                            f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
+                            f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
         finally:
             link.close()
         r = {"rtt_ms": rtt, "loss_pct": loss, "size": size, "buffer": buffer,
@@ -427,6 +443,26 @@ def card_gap_w(profile):
 def summary(values):
     m = statistics.median(values)
     return f"{m:5.2f} [{min(values):.2f}–{max(values):.2f}]"
+
+
+def print_variants(results, schemes, names, out=sys.stdout):
+    """--variants: per link, scheme and variant, the medians [min–max] over the rounds."""
+    print(f"{'RTT':>4} {'loss':>4} {'MB':>3} {'scheme':6} {'variant':14} {'n':>2} | {'E×D /fixed':17} | "
+          f"{'time /fixed':17} | missed/dl (each round)  | held | bytes ok", file=out)
+    for r in results:
+        for scheme in schemes:
+            rows = r["rounds"] if scheme == "http" else r.get("https_rounds", [])
+            for name in names:
+                v = [x for x in rows if x.get("variant") == name]
+                if not v:
+                    continue
+                missed = [x["missed"] for x in v]
+                print(f"{r['rtt_ms']:4g} {r['loss_pct']:4g} {r['size'] / 1e6:3g} {scheme:6} {name:14} "
+                      f"{len(v):2} | {summary([x['ed_fixed'] for x in v]):17} | "
+                      f"{summary([x['time_fixed'] for x in v]):17} | "
+                      f"{statistics.median(missed):4g} {missed!s:18} | "
+                      f"{sum(x['held_bursts'] for x in v):4} | "
+                      f"{'yes' if all(x['identical'] for x in v) else 'NO'}", file=out)
 
 
 # The paper's PSM comparison where it gave one (issue 13): shaping won at 60 ms, PSM at 90 ms.
@@ -524,6 +560,11 @@ def main():
                          "retransmission) from the capture and the card log")
     ap.add_argument("--keep", metavar="DIR",
                     help="copy each link's captures (.pcap) and card logs (.card) into DIR")
+    ap.add_argument("--variants", metavar="SPEC",
+                    help="A/B in one run: NAME=BUILD[:VAR=VALUE,...] separated by ';' -- each "
+                         "round runs the plains once (from --build) and one shaped download per "
+                         "variant (its build's driver, its environment added), order rotated per "
+                         "round; prints each variant's medians against the same plains")
     ap.add_argument("--json", help="write every round here")
     ap.add_argument("--plot", help="draw the sweep into this PNG (scripts/plots.py --shaping)")
     a = ap.parse_args()
@@ -540,6 +581,16 @@ def main():
         ap.error("the https arm needs openssl (the origin's certificate); --schemes http runs without")
     sizes = [a.size_mb] if a.size_mb else [float(x) for x in a.sizes_mb.split(",")]
     cc = None if a.origin_cc == "default" else a.origin_cc
+    variants = None
+    if a.variants:
+        variants = []
+        for spec in a.variants.split(";"):
+            name, _, rest = spec.partition("=")
+            vbuild, _, envs = rest.partition(":")
+            if not name or not vbuild or not os.path.exists(os.path.join(vbuild, "tests", "proxy_shaping_test")):
+                ap.error(f"--variants: {spec!r} is not NAME=BUILD[:VAR=VALUE,...] with a built BUILD")
+            env = dict(e.split("=", 1) for e in envs.split(",") if e)
+            variants.append((name, vbuild, env))
     results = []
     for size in sizes:
         for rtt in [float(x) for x in a.rtts.split(",")]:
@@ -548,11 +599,14 @@ def main():
                                         a.rate_mbit, a.profile, a.mode, a.name, a.subnet,
                                         origin_cc=cc, buffer=a.buffer,
                                         at_connect=a.shaped_at_connect, schemes=schemes,
-                                        diagnose=a.diagnose, keep=a.keep))
+                                        diagnose=a.diagnose, keep=a.keep, variants=variants))
                 if a.json:  # after every link, so an interrupted sweep keeps what it measured
                     with open(a.json, "w") as f:
                         json.dump(results, f, indent=1)
-    print_table(results, a)
+    if variants:
+        print_variants(results, schemes, [v[0] for v in variants])
+    else:
+        print_table(results, a)
     if a.plot:
         py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
         if subprocess.run([py, "-c", "import matplotlib"], capture_output=True).returncode != 0:

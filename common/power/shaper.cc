@@ -100,6 +100,7 @@ DownloadShaper::DownloadShaper(const ShaperOptions& options, TimePoint start)
     std::abort();
   }
   w_ = static_cast<double>(options_.window) / static_cast<double>(options_.mss) + 1;
+  grant_ = static_cast<double>(options_.window);
 }
 
 double DownloadShaper::MaxSlowdown() const {
@@ -142,8 +143,27 @@ Duration DownloadShaper::ExpectedDelay() const {
   return std::clamp(d, rtt / 2, 2 * rtt);
 }
 
+bool DownloadShaper::HoldsPart() const {
+  if (!options_.hold_part_windows || !in_burst_ || wants_open_ || burst_straggler_ ||
+      burst_missing_) {
+    return false;
+  }
+  if (state_ != ShaperState::kSaving && state_ != ShaperState::kRecovery) return false;
+  // The download's last window is short by nature: with a declared size, the last grant's
+  // worth is not held (the client would wait for its end).
+  if (options_.size > 0 &&
+      static_cast<double>(total_bytes_) + grant_ >= static_cast<double>(options_.size)) {
+    return false;
+  }
+  return static_cast<double>(since_open_ + 2 * options_.mss) < grant_;
+}
+
 TimePoint DownloadShaper::BurstEnd() const {
-  const TimePoint end = burst_last_ + BurstEndThreshold();
+  TimePoint end = burst_last_ + BurstEndThreshold();
+  // A part-window is held: the rest of its grant is in transit or a round trip behind it.
+  if (HoldsPart()) {
+    end = std::max(end, burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts));
+  }
   return settle_until_ ? std::max(end, *settle_until_) : end;
 }
 
@@ -226,7 +246,12 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     w_ = std::max(w_, w_before_);
     w_measured_ = false;
   }
-  if (in_burst_) {
+  if (in_burst_ && HoldsPart() && now > burst_last_ + BurstEndThreshold()) {
+    // The rest of a held part-window: its gap is the grant's split, not the link's timing, so
+    // it stays out of IA, ID, the longest gap and the burst's rate.
+    held_gap_ += ToSeconds(now - burst_last_);
+    held_ = true;
+  } else if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
     const double gap = ToSeconds(now - burst_last_);
     gap_max_ = std::max(gap_max_, gap);
@@ -248,11 +273,14 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     burst_missing_ = false;
     burst_missed_ = false;
     burst_straggler_ = straggler;
+    held_gap_ = 0;
+    held_ = false;
   }
   burst_last_ = now;
   burst_packets_ += packets;
   burst_bytes_ += bytes;
   total_bytes_ += bytes;
+  since_open_ += bytes;
   burst_missing_ = burst_missing_ || missing_data;
   burst_missed_ = burst_missed_ || missed;
   // Reading freely, a flight with no gap is cut at each window's worth, so a saturated stream
@@ -262,9 +290,11 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
 }
 
 void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
+  // Ended while still held: nothing more came within the bound, so this was a whole grant.
+  const bool hold_expired = HoldsPart();
   gap_max_ *= 0.9375;  // the longest gap inside a burst, forgotten over some bursts
   in_burst_ = false;
-  const double span = ToSeconds(last - burst_first_);
+  const double span = ToSeconds(last - burst_first_) - held_gap_;
   // The first packet's bytes arrived before the span began.
   const double first = std::min(static_cast<double>(burst_bytes_), static_cast<double>(options_.mss));
   if (span > 0 && burst_packets_ >= 2) rate_ = (static_cast<double>(burst_bytes_) - first) / span;
@@ -297,6 +327,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
+        since_open_ = 0;  // reading stopped: what comes now is the last grant's rest
         if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
       break;
@@ -316,6 +347,16 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       }
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
+      if (held_) ++stats_.held_bursts;
+      // What a whole grant delivers: a bigger one at once, a smaller clean one by 1/8, and a
+      // hold that saw nothing more at once (the window is smaller than thought).
+      if (hold_expired) {
+        grant_ = static_cast<double>(since_open_);
+      } else if (!burst_missing_ && static_cast<double>(since_open_) >= grant_) {
+        grant_ = static_cast<double>(since_open_);
+      } else if (!burst_missing_) {
+        grant_ -= (grant_ - static_cast<double>(since_open_)) / 8;
+      }
       wants_open_ = true;
       settle_until_.reset();
       Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
@@ -401,6 +442,7 @@ void DownloadShaper::OnOpened(TimePoint now) {
   if (finished_) return;
   wants_open_ = false;
   if (reads_freely()) return;
+  since_open_ = 0;
   opened_at_ = now;
   expected_ = now + ExpectedDelay();
   if (!awake_) {

@@ -46,7 +46,11 @@
 // Past the paper (each measured on the synthetic link of tests/common/power/shaper_test.cc):
 // W rises at once and falls slowly; while P < W − 1, Td is at least twice the longest recent
 // gap inside a burst (jitter bunches packets); data that comes long before an open can be
-// answered (a retransmission, a tail) is a straggler of the last window, not a new burst.
+// answered (a retransmission, a tail) is a straggler of the last window, not a new burst;
+// a burst clearly short of the grant its open gave (the bytes since the open, against what a
+// whole grant delivers) with no loss is a part-window and is held, the card awake, until the
+// rest comes or half a min RTT passes (round 10: opening on a part lets the sender send only what
+// is not in flight, the two-half-window regime; ShaperOptions::hold_part_windows).
 //
 // A burst with missing data (the adapter saw out-of-order or retransmitted segments) sends the
 // shaper to kRecovery: the card stays awake for the retransmission, the next clean burst
@@ -147,6 +151,24 @@ struct ShaperOptions {
   // One round trip after the last read nothing of the flight can still be on its way. Off by
   // default (the proxy: GHOST_SHAPER_SETTLE=1): not measured better yet (RESULTS.md, round 9).
   bool settle_after_slow_start = false;
+  // Round 10: no open on a part-window. An open grants the sender one window counted from the
+  // cumulative ACK, so everything that arrives after it, up to a window, is that grant's; a
+  // burst judged ended with clearly less of it arrived (over 2 MSS short of the grant learned
+  // from whole bursts) and no loss is a part-window: the rest is in transit, or comes a round
+  // trip after the part (a sender short of cwnd). Opening then lets the sender send only what
+  // is not in flight, and two part-windows circulate from then on (the two-half-window regime,
+  // DESIGN §3.6). Held, the burst goes on (the card awake) until the rest arrives or half a min
+  // RTT (hold_rtts) has passed since its last packet; a hold that saw nothing more was a whole window, and
+  // the grant is lowered to it at once. With a declared size the last grant's worth of the
+  // download is not held (its last window is short by nature). Without one (a tunnel, an
+  // unknown length) the last window waits up to half a min RTT unless the origin's FIN comes
+  // with it (the adapter then reads to the end). `hold_part_windows = false` is the old behaviour (the
+  // proxy: GHOST_SHAPER_HOLD=0).
+  bool hold_part_windows = true;
+  // How long a hold lasts after the part's last packet, in min RTTs: the rest of a grant in
+  // transit comes within half a round trip of the part (round 10, RESULTS.md: 1.0 held bursts at
+  // 60 ms / 0.1% whose rest never came for a whole RTT, E×D 0.56× against 0.50× at 0.5).
+  double hold_rtts = 0.5;
   Duration default_rtt = Millis(100); // until the first min RTT sample
   double saturation = 0.9;            // window ≥ this × BDP is saturated
   int saturated_bursts = 3;           // in a row, to leave for plain TCP
@@ -163,6 +185,7 @@ struct ShaperStats {
   Bytes burst_bytes = 0;             // their bytes (mean burst = burst_bytes / bursts)
   std::uint64_t bad_bursts = 0;
   std::uint64_t lost_opens = 0;
+  std::uint64_t held_bursts = 0;     // bursts held past Td as part-windows (hold_part_windows)
   std::uint64_t missed_packets = 0;  // packets that arrived while the card slept
   Duration sleep{};                  // time the card was asleep
   Duration awake{};                  // time the card was awake, from start to Finish
@@ -263,6 +286,18 @@ class DownloadShaper {
   bool burst_straggler_ = false;        // data of the last window, after its open
 
   bool wants_open_ = false;
+  // The part-window hold (ShaperOptions::hold_part_windows). since_open_: bytes arrived since
+  // the last open (or since reading stopped at the end of slow start), stragglers included: all
+  // of it is that open's grant. grant_: what a whole grant delivers, in bytes (from the option's
+  // window at first; rises at once to a bigger one, falls by 1/8 per smaller clean burst, and at
+  // once to a hold's bytes when nothing more came). held_gap_: the hold's gaps inside the burst,
+  // left out of the estimator and the burst's rate.
+  Bytes since_open_ = 0;
+  double grant_ = 0;
+  double held_gap_ = 0;
+  bool held_ = false;  // the burst in progress was held past Td at least once
+  // The burst in progress is a part-window to hold (Td alone would end it early).
+  bool HoldsPart() const;
   // Slow start ended (reading stopped) at settle_until_ − min RTT: no burst ends, and no open is
   // asked for, before settle_until_ (ShaperOptions::settle_after_slow_start).
   std::optional<TimePoint> settle_until_;
