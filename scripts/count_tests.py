@@ -5,7 +5,8 @@ googletest binaries contribute one test case per TEST; TAP scripts one per check
 A TAP check reported "not ok ... # TODO" is a known failure that is not enforced yet: meson
 counts it as a pass, so it is taken out of the passed count here, listed, and counted as
 skipped (it is neither passed nor a regression).
-Exits 1 if any failed, or if the log holds no test at all.
+Exits 1 if any failed, or if the log holds no test at all. --also-failed N adds N failures
+found outside the log (scripts/test.sh: what the run left behind, one per process or mount).
 """
 import json
 import os
@@ -62,7 +63,7 @@ def failed_without_a_failed_case(junit_root, junit_path):
     return out
 
 
-def main(path):
+def main(path, also_failed=0):
     try:
         root = ET.parse(path).getroot()
     except (OSError, ET.ParseError) as e:
@@ -80,6 +81,9 @@ def main(path):
     for test, result in failed_without_a_failed_case(root, path):
         print(f"failed as a whole ({result}), with no failed case: {test}")
         failed += 1
+    if also_failed:
+        print(f"left behind by the run (scripts/test.sh): {also_failed}, counted as failed")
+        failed += also_failed
     todo = known_failures(path)
     for test, check, why in todo:
         print(f"known failure (TODO, not counted as passed): {test}: {check} — {why}")
@@ -93,4 +97,9 @@ def main(path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("junit")
+    ap.add_argument("--also-failed", type=int, default=0)
+    a = ap.parse_args()
+    sys.exit(main(a.junit, a.also_failed))

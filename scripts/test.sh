@@ -23,10 +23,23 @@ ghost_build "$GHOST_TEST_BUILD" -Db_sanitize="$GHOST_SANITIZE" -Db_lundef=false 
   -Doptimization="${GHOST_TEST_OPTIMIZATION:-1}" -Dcpp_args=-g1 || exit 1
 
 ghost_log "running the tests in $GHOST_TEST_BUILD (sanitizers: $GHOST_SANITIZE)"
-meson test -C "$GHOST_TEST_BUILD" --print-errorlogs --num-processes 2 "$@"
+# Every program of the run carries GHOST_CI_RUN in its environment and puts its temporary files
+# under a directory of the run's own ($TMPDIR, mode 1777 like /tmp: dovecot's mail user reads
+# its home there): afterwards a process carrying it, or a mount under that directory (a dead
+# FUSE mount whose daemon is gone included), is a leftover of this run and counts as a failure
+# (tests/integration/leftovers.py; other runs on the machine are not looked at).
+run_tmp=$(mktemp -d /tmp/ghost-run-XXXXXX) && chmod 1777 "$run_tmp" || exit 1
+run_mark=GHOST_CI_RUN=$$-$RANDOM$RANDOM
+env "$run_mark" TMPDIR="$run_tmp" \
+  meson test -C "$GHOST_TEST_BUILD" --print-errorlogs --num-processes 2 "$@"
 status=$?
+python3 "$GHOST_ROOT/tests/integration/leftovers.py" check --marker "$run_mark" --dir "$run_tmp" \
+  > "$GHOST_TEST_BUILD/meson-logs/leftovers.txt"
+left=$(grep -c . "$GHOST_TEST_BUILD/meson-logs/leftovers.txt")
+cat "$GHOST_TEST_BUILD/meson-logs/leftovers.txt"
 
 # Count individual test cases (googletest cases, and whole scripts for other tests) from
-# meson's JUnit log.
-python3 "$GHOST_ROOT/scripts/count_tests.py" "$GHOST_TEST_BUILD/meson-logs/testlog.junit.xml" || status=1
+# meson's JUnit log; each leftover is one more failure.
+python3 "$GHOST_ROOT/scripts/count_tests.py" "$GHOST_TEST_BUILD/meson-logs/testlog.junit.xml" \
+  --also-failed "$left" || status=1
 exit $status

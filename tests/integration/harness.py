@@ -1,6 +1,7 @@
 """Shared pieces of the integration tests: TAP output, a real nginx on loopback, a mounted
 ghostfs. Every test gets a fresh temporary directory; mounts and processes are cleaned up even
-when a test fails (atexit + signal handlers)."""
+when a test fails (atexit + signal handlers), a process or mount the cleanups missed fails the
+test, and a reaper cleans up after a test that was killed (tests/integration/leftovers.py)."""
 import atexit
 import hashlib
 import json
@@ -13,6 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import leftovers  # noqa: E402
 
 SKIP = 77
 
@@ -112,6 +116,88 @@ def on_exit(fn):
     _cleanups.append(fn)
 
 
+# What the test leaves behind (tests/integration/leftovers.py). Every program it starts
+# inherits GHOST_TEST_MARK; the harness also records the pids it starts, its temporary
+# directories and its mount points. At exit, after the cleanups, a process or a mount still
+# there fails the test ("not ok N - the test left no process and no mount behind") and is
+# removed. A reaper in a session of its own holds the same records and cleans up when the test
+# is gone without its cleanups (SIGKILL: meson's timeout kills the test's process group 0.5 s
+# after its SIGTERM).
+_MARK = f"{os.getpid()}-{os.urandom(6).hex()}"
+os.environ["GHOST_TEST_MARK"] = _MARK
+_SESSION = os.getpid() if os.getsid(0) == os.getpid() else None  # meson: one session per test
+_tracked = {}  # pid -> start time
+_dirs, _points = [], []
+_left_behind = False
+try:
+    _reaper = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "leftovers.py"), "reap"],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, text=True,
+        env={k: v for k, v in os.environ.items() if k != "GHOST_TEST_MARK"})
+except OSError:
+    _reaper = None
+
+
+def _tell(line):
+    if _reaper is None or _reaper.stdin.closed:
+        return
+    try:
+        _reaper.stdin.write(line + "\n")
+        _reaper.stdin.flush()
+    except OSError:
+        pass
+
+
+_tell(f"mark GHOST_TEST_MARK={_MARK}")
+if _SESSION is not None:
+    _tell(f"session {_SESSION}")
+
+
+def track(proc):
+    """Records a started process (Popen or pid): stopped at exit if the test's cleanups left it."""
+    pid = proc if isinstance(proc, int) else proc.pid
+    start = leftovers.start_time(pid)
+    if start is not None:
+        _tracked[pid] = start
+        _tell(f"pid {pid} {start}")
+    return proc
+
+
+def track_mount(path):
+    """Records a mount point: unmounted (lazily) at exit if it is still mounted, dead or alive."""
+    path = os.path.abspath(path)
+    _points.append(path)
+    _tell(f"mount {path}")
+
+
+def is_mounted(path):
+    """True while anything is mounted at `path`, a dead FUSE mount included (os.path.ismount
+    says False for one: its stat fails with ENOTCONN)."""
+    return bool(leftovers.mounts(points=[path]))
+
+
+def _check_left_behind():
+    global _left_behind
+    exclude = {_reaper.pid} if _reaper else set()
+    found = leftovers.clean(f"GHOST_TEST_MARK={_MARK}", _SESSION, _tracked, _dirs, _points,
+                            exclude=exclude, wait=5.0)
+    if _reaper is not None:
+        try:
+            _reaper.stdin.close()  # the reaper finds nothing left and exits
+        except OSError:
+            pass
+    if not found:
+        return
+    _left_behind = True
+    n = (_tap.n if _tap else 0) + 1
+    if _tap:
+        _tap.n = n
+    print(f"not ok {n} - the test left no process and no mount behind ({len(found)} left, removed now)",
+          flush=True)
+    for f in found:
+        print(f"# {f}", flush=True)
+
+
 def _run_cleanups(*_):
     while _cleanups:
         fn = _cleanups.pop()
@@ -155,6 +241,9 @@ def _check_sanitizer_reports():
     reports = sanitizer_reports()
     shutil.rmtree(_SANITIZER_DIR, ignore_errors=True)
     if not reports:
+        if _left_behind:
+            sys.stdout.flush()
+            os._exit(1)
         return
     n = (_tap.n if _tap else 0) + 1
     print(f"not ok {n} - no sanitizer report from the programs this test ran "
@@ -171,6 +260,7 @@ def _check_sanitizer_reports():
 
 
 atexit.register(_check_sanitizer_reports)  # registered first: runs after the cleanups
+atexit.register(_check_left_behind)  # after the cleanups, before the sanitizer check
 atexit.register(_run_cleanups)
 for _sig in (signal.SIGTERM, signal.SIGINT):
     signal.signal(_sig, lambda *a: (_run_cleanups(), sys.exit(1)))
@@ -178,6 +268,8 @@ for _sig in (signal.SIGTERM, signal.SIGINT):
 
 def tempdir(prefix="ghost-test-"):
     d = tempfile.mkdtemp(prefix=prefix)
+    _dirs.append(d)
+    _tell(f"dir {d}")
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     return d
 
@@ -226,6 +318,7 @@ http {{
             f.write(self.conf())
         self.proc = subprocess.Popen([nginx, "-c", os.path.join(self.dir, "nginx.conf"), "-p", self.dir],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        track(self.proc)
         on_exit(self.stop)
         deadline = time.time() + 10
         while time.time() < deadline:
@@ -357,6 +450,7 @@ service imap-login {{
         self.proc = subprocess.Popen(["/usr/sbin/dovecot", "-F", "-c", self.conf_path],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)
+        track(self.proc)
         on_exit(self.stop)
         return wait_port(self.port, 10) and (not self.tls or wait_port(self.imaps_port, 10))
 
@@ -518,6 +612,7 @@ class ImapJournalProxy:
                               "--imap-origin", f"imap://127.0.0.1:{self.dc.port}/",
                               "--imap-journal", self.journal],
                              stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        track(p)
         on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
         return p
 
@@ -585,6 +680,8 @@ class Ghostfs:
         cmd += self.args + [self.mnt]
         self.logf = open(self.log, "a")
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT)
+        track(self.proc)
+        track_mount(self.mnt)
         on_exit(self.stop)
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -605,7 +702,7 @@ class Ghostfs:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        if os.path.ismount(self.mnt):
+        if is_mounted(self.mnt):  # dead (the daemon was killed) or still busy
             subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
         self.proc = None
 
