@@ -148,6 +148,7 @@ def _tell(line):
         pass
 
 
+_tell(f"test {os.getpid()} {leftovers.start_time(os.getpid())}")
 _tell(f"mark GHOST_TEST_MARK={_MARK}")
 if _SESSION is not None:
     _tell(f"session {_SESSION}")

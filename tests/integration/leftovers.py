@@ -167,12 +167,16 @@ def clean(marker=None, session=None, pids=(), dirs=(), points=(), exclude=(), wa
 
 
 def _reap():
-    """Reaper: reads "mark VALUE", "session N", "pid N START", "dir PATH", "mount PATH" lines
-    from stdin until EOF (the test has exited, however), then cleans up after it."""
-    marker, session, pids, dirs, points = None, None, {}, [], []
+    """Reaper: reads "test PID START", "mark VALUE", "session N", "pid N START", "dir PATH",
+    "mount PATH" lines from stdin until EOF (the test is exiting, however), waits until the test
+    process is gone, then cleans up after it."""
+    test, marker, session, pids, dirs, points = None, None, None, {}, [], []
     for line in sys.stdin:
         kind, _, arg = line.rstrip("\n").partition(" ")
-        if kind == "mark":
+        if kind == "test":
+            p, s = arg.split()
+            test = (int(p), int(s))
+        elif kind == "mark":
             marker = arg
         elif kind == "session":
             session = int(arg)
@@ -183,7 +187,10 @@ def _reap():
             dirs.append(arg)
         elif kind == "mount":
             points.append(arg)
-    found = clean(marker, session, pids, dirs, points)
+    if test is not None:  # the test still runs its own exit checks after closing our stdin
+        while start_time(test[0]) == test[1] and (_stat(test[0]) or ("Z",))[0] not in ("Z", "X"):
+            time.sleep(0.05)
+    found = clean(marker, session, pids, dirs, points, exclude={test[0]} if test else ())
     for f in found:
         try:
             print(f"# harness reaper: {f} (cleaned up)", file=sys.stderr, flush=True)
