@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints "N passed, N failed[, N skipped]" from meson's JUnit log.
+"""Prints "N passed, N failed[, N skipped]" from meson's JUnit logs (one or more).
 
 googletest binaries contribute one test case per TEST; TAP scripts one per check.
 A TAP check reported "not ok ... # TODO" is a known failure that is not enforced yet: meson
@@ -17,10 +17,16 @@ import xml.etree.ElementTree as ET
 TODO = re.compile(r"^not ok \d+ - (.*?)\s+# TODO\b(.*)$")
 
 
+def json_log(junit_path):
+    """meson's JSON log beside a JUnit log (testlog.junit.xml -> testlog.json; --logbase)."""
+    base = junit_path[:-len(".junit.xml")] if junit_path.endswith(".junit.xml") else junit_path
+    return base + ".json"
+
+
 def known_failures(junit_path):
     """TAP "not ok # TODO" lines from meson's JSON log: (test, check, reason)."""
     out = []
-    path = os.path.join(os.path.dirname(junit_path), "testlog.json")
+    path = json_log(junit_path)
     try:
         with open(path) as f:
             for line in f:
@@ -47,7 +53,7 @@ def failed_without_a_failed_case(junit_root, junit_path):
                 bad_suites.add(suite.get("name", ""))
                 bad_suites.add(suite.get("name", "") + "." + c.get("name", ""))
     out = []
-    path = os.path.join(os.path.dirname(junit_path), "testlog.json")
+    path = json_log(junit_path)
     try:
         with open(path) as f:
             for line in f:
@@ -63,32 +69,33 @@ def failed_without_a_failed_case(junit_root, junit_path):
     return out
 
 
-def main(path, also_failed=0):
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError) as e:
-        print(f"count_tests: cannot read {path}: {e}", file=sys.stderr)
-        print("0 passed, 1 failed")
-        return 1
+def main(paths, also_failed=0):
     passed = failed = skipped = 0
-    for case in root.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
+    for path in paths:
+        try:
+            root = ET.parse(path).getroot()
+        except (OSError, ET.ParseError) as e:
+            print(f"count_tests: cannot read {path}: {e}", file=sys.stderr)
             failed += 1
-        elif case.find("skipped") is not None:
-            skipped += 1
-        else:
-            passed += 1
-    for test, result in failed_without_a_failed_case(root, path):
-        print(f"failed as a whole ({result}), with no failed case: {test}")
-        failed += 1
+            continue
+        for case in root.iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed += 1
+            elif case.find("skipped") is not None:
+                skipped += 1
+            else:
+                passed += 1
+        for test, result in failed_without_a_failed_case(root, path):
+            print(f"failed as a whole ({result}), with no failed case: {test}")
+            failed += 1
+        todo = known_failures(path)
+        for test, check, why in todo:
+            print(f"known failure (TODO, not counted as passed): {test}: {check} — {why}")
+        passed -= len(todo)
+        skipped += len(todo)
     if also_failed:
         print(f"left behind by the run (scripts/test.sh): {also_failed}, counted as failed")
         failed += also_failed
-    todo = known_failures(path)
-    for test, check, why in todo:
-        print(f"known failure (TODO, not counted as passed): {test}: {check} — {why}")
-    passed -= len(todo)
-    skipped += len(todo)
     line = f"{passed} passed, {failed} failed"
     if skipped:
         line += f", {skipped} skipped"
@@ -99,7 +106,7 @@ def main(path, also_failed=0):
 if __name__ == "__main__":
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("junit")
+    ap.add_argument("junit", nargs="+")
     ap.add_argument("--also-failed", type=int, default=0)
     a = ap.parse_args()
     sys.exit(main(a.junit, a.also_failed))
