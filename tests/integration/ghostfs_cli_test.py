@@ -378,7 +378,7 @@ def stop_pid(mnt, pid):
     deadline = time.time() + 30
     while pid and os.path.exists(f"/proc/{pid}") and time.time() < deadline:
         time.sleep(0.05)
-    if os.path.ismount(mnt):
+    if h.is_mounted(mnt):  # a dead mount too (os.path.ismount says False for one)
         subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
 
 

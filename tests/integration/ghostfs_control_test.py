@@ -81,7 +81,7 @@ def stop_daemonised(mnt, cache):
     deadline = time.time() + 30
     while pid and time.time() < deadline and os.path.exists(f"/proc/{pid}"):
         time.sleep(0.05)
-    if os.path.ismount(mnt):
+    if h.is_mounted(mnt):  # a dead mount too (os.path.ismount says False for one)
         subprocess.run(["umount", "-l", mnt], stderr=subprocess.DEVNULL)
 
 
