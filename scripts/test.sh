@@ -31,28 +31,13 @@ ghost_log "running the tests in $GHOST_TEST_BUILD (sanitizers: $GHOST_SANITIZE)"
 run_tmp=$(mktemp -d /tmp/ghost-run-XXXXXX) && chmod 1777 "$run_tmp" || exit 1
 run_mark=GHOST_CI_RUN=$$-$RANDOM$RANDOM
 logs=$GHOST_TEST_BUILD/meson-logs
-rm -f "$logs"/testlog-live.*
-if [ $# -eq 0 ]; then
-  # The live replay (suite 'live', replay_test: six trace prefixes on the traces' clock, ~460
-  # s mostly asleep) runs in a lane of its own beside the other tests, which run 2 at a time at
-  # nice 5 so that on a busy CPU the live run's timing is served first (its figures are checked
-  # against the simulator's to ±15%). One meson run holding the replay in one of its 2 lanes
-  # took 872 s, the sum of all tests' times over 2 (scripts/RESULTS.md, ci11).
-  env "$run_mark" TMPDIR="$run_tmp" meson test -C "$GHOST_TEST_BUILD" --no-rebuild \
-    --print-errorlogs --suite live --logbase testlog-live > "$logs/live.out" 2>&1 &
-  live=$!
-  env "$run_mark" TMPDIR="$run_tmp" nice -n 5 meson test -C "$GHOST_TEST_BUILD" --no-rebuild \
-    --print-errorlogs --num-processes 2 --no-suite live
-  status=$?
-  wait "$live" || status=1
-  cat "$logs/live.out"
-  junits=("$logs/testlog.junit.xml" "$logs/testlog-live.junit.xml")
-else
-  env "$run_mark" TMPDIR="$run_tmp" \
-    meson test -C "$GHOST_TEST_BUILD" --print-errorlogs --num-processes 2 "$@"
-  status=$?
-  junits=("$logs/testlog.junit.xml")
-fi
+# The live replay (replay_test, ~460 s mostly asleep on the traces' clock) stays in the one
+# meson run: run in a lane of its own beside two other tests (round 11, ci11) its web static
+# ratio came to 1.141 against its 1.15 bound (1.106 in the run before), too thin a margin.
+env "$run_mark" TMPDIR="$run_tmp" \
+  meson test -C "$GHOST_TEST_BUILD" --print-errorlogs --num-processes 2 "$@"
+status=$?
+junits=("$logs/testlog.junit.xml")
 python3 "$GHOST_ROOT/tests/integration/leftovers.py" check --marker "$run_mark" --dir "$run_tmp" \
   > "$logs/leftovers.txt"
 left=$(grep -c . "$logs/leftovers.txt")
