@@ -337,6 +337,16 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
                                                  : timespec{0, UTIME_OMIT};
       if (utimensat(nfd, "", ts, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
     }
+    // Writes still queued would stamp the file with the time they land, losing the mtime just
+    // set (a size change or "now" needs no keeping: a later landing is as good).
+    if (S_ISREG(cur.st_mode) && (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_SIZE))) {
+      auto f = files_.find(Key(cur.st_dev, cur.st_ino));
+      if (f != files_.end()) {
+        bool keep = (to_set & FUSE_SET_ATTR_MTIME) && !(to_set & FUSE_SET_ATTR_MTIME_NOW) &&
+                    !(to_set & FUSE_SET_ATTR_SIZE) && ctx_.queue.Contains(f->first);
+        f->second->mtime_after_writes = keep ? std::optional<timespec>(attr.st_mtim) : std::nullopt;
+      }
+    }
     struct stat st;
     if (Status s = Stat(n, &st); !s.ok()) return (void)fuse_reply_err(req, s.ToErrno());
     double timeout = ctx_.attr_timeout;
@@ -524,6 +534,7 @@ void LocalTree::Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t 
       return (void)fuse_reply_err(req, ENOSPC);
     }
   }
+  f.mtime_after_writes.reset();  // this write moves the mtime on, as it would anywhere
   WriteRecord r;
   r.kind = WriteKind::kLocalFile;
   r.key = f.key;
@@ -592,6 +603,13 @@ void LocalTree::ApplyWrite(WriteRecord record, std::function<void()> done) {
                    path, n.status().ToString().c_str());
       f->err = n.status().ToErrno();
       ++f->err_seq;
+    }
+    if (f->mtime_after_writes) {
+      timespec ts[2] = {{0, UTIME_OMIT}, *f->mtime_after_writes};
+      if (futimens(f->wfd.get(), ts) != 0) {
+        std::fprintf(stderr, "ghostfs: local/ %s: restoring the mtime after a deferred write: %s\n", f->key.c_str(),
+                     std::strerror(errno));
+      }
     }
     done();
   });

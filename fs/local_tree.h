@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -148,6 +149,10 @@ class LocalTree final : public Tree {
     int opens = 0;
     std::uint64_t err_seq = 0;  // bumped by every deferred write that failed
     int err = 0;                // the errno of the latest
+    // An mtime the caller set (utimensat: cp -a, tar x, rsync -a) while writes made before it
+    // were still queued: each of those, landing, sets it again (a write landing stamps the
+    // backing file with its own time). Cleared by a later write or size change.
+    std::optional<timespec> mtime_after_writes;
   };
   struct OpenFile {
     std::shared_ptr<LocalFile> file;
