@@ -574,6 +574,29 @@ void LocalTree::Fsync(fuse_req_t req, std::uint64_t fh, int datasync) {
   });
 }
 
+void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off, off_t len) {
+  auto it = opens_.find(fh);
+  if (it == opens_.end()) return (void)fuse_reply_err(req, EBADF);
+  if (mode & ~FALLOC_FL_KEEP_SIZE) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if ((it->second.flags & O_ACCMODE) == O_RDONLY || !it->second.file->wfd.valid()) {
+    return (void)fuse_reply_err(req, EBADF);
+  }
+  int fd = it->second.file->wfd.get();
+  struct stat before;
+  if (fstat(fd, &before) != 0) return (void)fuse_reply_err(req, errno);
+  if (fallocate(fd, mode, off, len) != 0) return (void)fuse_reply_err(req, errno);
+  // A size it grew is logged as a truncate upwards for a file with logged records, so their
+  // replay, which makes every logged truncate again, does not cut the file back.
+  Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
+  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > static_cast<Bytes>(before.st_size) && ctx_.flash &&
+      ctx_.flash->Holds(fd)) {
+    ctx_.flash->AppendTruncate(fd, end, [](Status s) {
+      if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
+    });
+  }
+  fuse_reply_err(req, 0);
+}
+
 void LocalTree::Release(std::uint64_t fh) {
   auto it = opens_.find(fh);
   if (it == opens_.end()) return;

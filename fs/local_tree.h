@@ -90,6 +90,9 @@ class LocalTree final : public Tree {
   }
   void Flush(fuse_req_t req, Node*, fuse_file_info* fi) override { Flush(req, fi->fh); }
   void Fsync(fuse_req_t req, Node*, int datasync, fuse_file_info* fi) override { Fsync(req, fi->fh, datasync); }
+  void Fallocate(fuse_req_t req, Node*, int mode, off_t off, off_t len, fuse_file_info* fi) override {
+    Fallocate(req, fi->fh, mode, off, len);
+  }
   void Release(fuse_req_t req, Node*, fuse_file_info* fi) override {
     Release(fi->fh);
     fuse_reply_err(req, 0);
@@ -108,6 +111,10 @@ class LocalTree final : public Tree {
   void Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t size, off_t off);
   void Flush(fuse_req_t req, std::uint64_t fh);
   void Fsync(fuse_req_t req, std::uint64_t fh, int datasync);
+  // Allocates blocks (mode 0 may extend the size, FALLOC_FL_KEEP_SIZE does not); never
+  // changes a byte, so queued and logged writes stay valid over it. Modes that change bytes
+  // (punch hole, zero, collapse, insert range) fail with EOPNOTSUPP.
+  void Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off, off_t len);
   // Closes the open file `fh` (no reply: the daemon replies).
   void Release(std::uint64_t fh);
   bool Owns(std::uint64_t fh) const { return opens_.contains(fh); }
