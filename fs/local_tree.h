@@ -15,6 +15,10 @@
 // sees it once, on its next fsync or close (like the kernel's errseq_t; an open made later,
 // by another process, neither sees nor consumes it).
 //
+// fallocate: mode 0 and FALLOC_FL_KEEP_SIZE (allocation only; no byte changes, so queued and
+// logged writes stay valid); modes that change bytes (punch hole, zero, collapse, insert range)
+// fail with EOPNOTSUPP.
+//
 // Ownership and modes are the caller's: new entries belong to the request's uid (and gid, or
 // the parent's group under a set-group-ID directory); modes arrive from the kernel already
 // masked by the caller's umask and are applied without the daemon's.
