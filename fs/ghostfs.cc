@@ -551,6 +551,12 @@ void Daemon::OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_inf
   TreeOf(n).Fsync(req, n, datasync, fi);
 }
 
+void Daemon::OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info* fi) {
+  Node* n = inodes_.Find(ino);
+  if (!n) return (void)fuse_reply_err(req, EBADF);
+  TreeOf(n).Fallocate(req, n, mode, off, len, fi);
+}
+
 void Daemon::OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, 0);
@@ -698,6 +704,9 @@ const fuse_lowlevel_ops* Operations() {
     o.flush = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* f) { Self(r)->OpFlush(r, i, f); };
     o.release = [](fuse_req_t r, fuse_ino_t i, fuse_file_info* f) { Self(r)->OpRelease(r, i, f); };
     o.fsync = [](fuse_req_t r, fuse_ino_t i, int d, fuse_file_info* f) { Self(r)->OpFsync(r, i, d, f); };
+    o.fallocate = [](fuse_req_t r, fuse_ino_t i, int m, off_t o, off_t l, fuse_file_info* f) {
+      Self(r)->OpFallocate(r, i, m, o, l, f);
+    };
     o.mkdir = [](fuse_req_t r, fuse_ino_t p, const char* n, mode_t m) { Self(r)->OpMkdir(r, p, n, m); };
     o.unlink = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpUnlink(r, p, n); };
     o.rmdir = [](fuse_req_t r, fuse_ino_t p, const char* n) { Self(r)->OpRmdir(r, p, n); };

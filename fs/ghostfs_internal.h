@@ -75,6 +75,7 @@ class Daemon final : public GhostFs {
   void OpFlush(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
   void OpRelease(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi);
   void OpFsync(fuse_req_t req, fuse_ino_t ino, int datasync, fuse_file_info* fi);
+  void OpFallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, fuse_file_info* fi);
   void OpMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode);
   void OpUnlink(fuse_req_t req, fuse_ino_t parent, const char* name);
   void OpRmdir(fuse_req_t req, fuse_ino_t parent, const char* name);

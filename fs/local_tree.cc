@@ -337,6 +337,16 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
                                                  : timespec{0, UTIME_OMIT};
       if (utimensat(nfd, "", ts, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
     }
+    // Writes still queued would stamp the file with the time they land, losing the mtime just
+    // set (a size change or "now" needs no keeping: a later landing is as good).
+    if (S_ISREG(cur.st_mode) && (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_SIZE))) {
+      auto f = files_.find(Key(cur.st_dev, cur.st_ino));
+      if (f != files_.end()) {
+        bool keep = (to_set & FUSE_SET_ATTR_MTIME) && !(to_set & FUSE_SET_ATTR_MTIME_NOW) &&
+                    !(to_set & FUSE_SET_ATTR_SIZE) && ctx_.queue.Contains(f->first);
+        f->second->mtime_after_writes = keep ? std::optional<timespec>(attr.st_mtim) : std::nullopt;
+      }
+    }
     struct stat st;
     if (Status s = Stat(n, &st); !s.ok()) return (void)fuse_reply_err(req, s.ToErrno());
     double timeout = ctx_.attr_timeout;
@@ -524,6 +534,7 @@ void LocalTree::Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t 
       return (void)fuse_reply_err(req, ENOSPC);
     }
   }
+  f.mtime_after_writes.reset();  // this write moves the mtime on, as it would anywhere
   WriteRecord r;
   r.kind = WriteKind::kLocalFile;
   r.key = f.key;
@@ -563,6 +574,29 @@ void LocalTree::Fsync(fuse_req_t req, std::uint64_t fh, int datasync) {
   });
 }
 
+void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off, off_t len) {
+  auto it = opens_.find(fh);
+  if (it == opens_.end()) return (void)fuse_reply_err(req, EBADF);
+  if (mode & ~FALLOC_FL_KEEP_SIZE) return (void)fuse_reply_err(req, EOPNOTSUPP);
+  if ((it->second.flags & O_ACCMODE) == O_RDONLY || !it->second.file->wfd.valid()) {
+    return (void)fuse_reply_err(req, EBADF);
+  }
+  int fd = it->second.file->wfd.get();
+  struct stat before;
+  if (fstat(fd, &before) != 0) return (void)fuse_reply_err(req, errno);
+  if (fallocate(fd, mode, off, len) != 0) return (void)fuse_reply_err(req, errno);
+  // A size it grew is logged as a truncate upwards for a file with logged records, so their
+  // replay, which makes every logged truncate again, does not cut the file back.
+  Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
+  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > static_cast<Bytes>(before.st_size) && ctx_.flash &&
+      ctx_.flash->Holds(fd)) {
+    ctx_.flash->AppendTruncate(fd, end, [](Status s) {
+      if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
+    });
+  }
+  fuse_reply_err(req, 0);
+}
+
 void LocalTree::Release(std::uint64_t fh) {
   auto it = opens_.find(fh);
   if (it == opens_.end()) return;
@@ -592,6 +626,13 @@ void LocalTree::ApplyWrite(WriteRecord record, std::function<void()> done) {
                    path, n.status().ToString().c_str());
       f->err = n.status().ToErrno();
       ++f->err_seq;
+    }
+    if (f->mtime_after_writes) {
+      timespec ts[2] = {{0, UTIME_OMIT}, *f->mtime_after_writes};
+      if (futimens(f->wfd.get(), ts) != 0) {
+        std::fprintf(stderr, "ghostfs: local/ %s: restoring the mtime after a deferred write: %s\n", f->key.c_str(),
+                     std::strerror(errno));
+      }
     }
     done();
   });

@@ -15,6 +15,10 @@
 // sees it once, on its next fsync or close (like the kernel's errseq_t; an open made later,
 // by another process, neither sees nor consumes it).
 //
+// fallocate: mode 0 and FALLOC_FL_KEEP_SIZE (allocation only; no byte changes, so queued and
+// logged writes stay valid); modes that change bytes (punch hole, zero, collapse, insert range)
+// fail with EOPNOTSUPP.
+//
 // Ownership and modes are the caller's: new entries belong to the request's uid (and gid, or
 // the parent's group under a set-group-ID directory); modes arrive from the kernel already
 // masked by the caller's umask and are applied without the daemon's.
@@ -35,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +94,9 @@ class LocalTree final : public Tree {
   }
   void Flush(fuse_req_t req, Node*, fuse_file_info* fi) override { Flush(req, fi->fh); }
   void Fsync(fuse_req_t req, Node*, int datasync, fuse_file_info* fi) override { Fsync(req, fi->fh, datasync); }
+  void Fallocate(fuse_req_t req, Node*, int mode, off_t off, off_t len, fuse_file_info* fi) override {
+    Fallocate(req, fi->fh, mode, off, len);
+  }
   void Release(fuse_req_t req, Node*, fuse_file_info* fi) override {
     Release(fi->fh);
     fuse_reply_err(req, 0);
@@ -107,6 +115,10 @@ class LocalTree final : public Tree {
   void Write(fuse_req_t req, std::uint64_t fh, const char* buf, size_t size, off_t off);
   void Flush(fuse_req_t req, std::uint64_t fh);
   void Fsync(fuse_req_t req, std::uint64_t fh, int datasync);
+  // Allocates blocks (mode 0 may extend the size, FALLOC_FL_KEEP_SIZE does not); never
+  // changes a byte, so queued and logged writes stay valid over it. Modes that change bytes
+  // (punch hole, zero, collapse, insert range) fail with EOPNOTSUPP.
+  void Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off, off_t len);
   // Closes the open file `fh` (no reply: the daemon replies).
   void Release(std::uint64_t fh);
   bool Owns(std::uint64_t fh) const { return opens_.contains(fh); }
@@ -148,6 +160,10 @@ class LocalTree final : public Tree {
     int opens = 0;
     std::uint64_t err_seq = 0;  // bumped by every deferred write that failed
     int err = 0;                // the errno of the latest
+    // An mtime the caller set (utimensat: cp -a, tar x, rsync -a) while writes made before it
+    // were still queued: each of those, landing, sets it again (a write landing stamps the
+    // backing file with its own time). Cleared by a later write or size change.
+    std::optional<timespec> mtime_after_writes;
   };
   struct OpenFile {
     std::shared_ptr<LocalFile> file;

@@ -20,6 +20,7 @@ void Tree::Read(fuse_req_t req, Node*, size_t, off_t, fuse_file_info*) { fuse_re
 void Tree::Write(fuse_req_t req, Node*, const char*, size_t, off_t, fuse_file_info*) { fuse_reply_err(req, EROFS); }
 void Tree::Flush(fuse_req_t req, Node*, fuse_file_info*) { fuse_reply_err(req, 0); }
 void Tree::Fsync(fuse_req_t req, Node*, int, fuse_file_info*) { fuse_reply_err(req, 0); }
+void Tree::Fallocate(fuse_req_t req, Node*, int, off_t, off_t, fuse_file_info*) { fuse_reply_err(req, EOPNOTSUPP); }
 void Tree::Release(fuse_req_t req, Node*, fuse_file_info*) { fuse_reply_err(req, 0); }
 void Tree::Mkdir(fuse_req_t req, Node* parent, const char*, mode_t) { fuse_reply_err(req, NotWritable(parent)); }
 void Tree::Mknod(fuse_req_t req, Node* parent, const char*, mode_t, dev_t) { fuse_reply_err(req, NotWritable(parent)); }

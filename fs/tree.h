@@ -113,6 +113,8 @@ class Tree {
   virtual void Write(fuse_req_t req, Node* n, const char* buf, size_t size, off_t off, fuse_file_info* fi);
   virtual void Flush(fuse_req_t req, Node* n, fuse_file_info* fi);
   virtual void Fsync(fuse_req_t req, Node* n, int datasync, fuse_file_info* fi);
+  // fallocate(2) on an open file; the default: EOPNOTSUPP.
+  virtual void Fallocate(fuse_req_t req, Node* n, int mode, off_t off, off_t len, fuse_file_info* fi);
   virtual void Release(fuse_req_t req, Node* n, fuse_file_info* fi);
   virtual void Mkdir(fuse_req_t req, Node* parent, const char* name, mode_t mode);
   virtual void Mknod(fuse_req_t req, Node* parent, const char* name, mode_t mode, dev_t rdev);

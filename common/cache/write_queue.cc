@@ -159,7 +159,7 @@ std::uint64_t WriteQueue::AddRecord(WriteRecord record) {
   ++stats_.records_added;
   bool sync = record.sync;
   if (WriteNow()) {
-    if (queue_.empty()) {
+    if (queue_.empty() && in_flight_.empty()) {
       ++stats_.records_written_at_once;
       stats_.bytes_written_at_once += record.length;
       ByKey one;
@@ -169,7 +169,15 @@ std::uint64_t WriteQueue::AddRecord(WriteRecord record) {
     }
     // Older writes are still queued: go with them so this one cannot overtake them.
     Enqueue(std::move(record));
-    return Flush(sync ? FlushReason::kSync : FlushReason::kPowerCallback);
+    // The writer is busy with an earlier batch: wait for it here, merged with what else comes
+    // meanwhile, and go as one batch when it is done (OnBatchDurable), as a kernel's
+    // write-back gathers the pages dirtied while the disk writes. One batch per record made
+    // the writer's backlog one disk access per write(2): 512 writes of 8 KiB took the
+    // emulated microdrive 39 s (68 ms each), and an fsync or truncate waited for all of them.
+    if (!in_flight_.empty() && !sync && queued_bytes_ <= options_.cap) return 0;
+    return Flush(sync ? FlushReason::kSync
+                 : queued_bytes_ > options_.cap ? FlushReason::kCap
+                                               : FlushReason::kPowerCallback);
   }
   Enqueue(std::move(record));
   if (sync) return Flush(FlushReason::kSync);
@@ -270,6 +278,8 @@ void WriteQueue::OnBatchDurable(std::uint64_t id) {
     fn();
     if (weak.expired()) return;  // a callback destroyed the queue
   }
+  // Records that waited for the writer (AddRecord) go now, as one batch.
+  if (in_flight_.empty() && !queue_.empty() && WriteNow()) Flush(FlushReason::kPowerCallback);
 }
 
 void WriteQueue::WhenDurable(std::uint64_t batch, std::function<void()> fn) {

@@ -16,7 +16,9 @@
 // A flush sorts the queued records by (key, offset) and merges overlapping and adjacent
 // records of the same key, later writes winning on overlap (NVCache policy 4, DESIGN §3.5),
 // then hands the merged batch to the writer. Records added while a batch is with the writer
-// go in the next batch. Reads see queued data, and data being flushed, until the writer says
+// go in the next batch; so do those that find the disk in its high-power mode while the writer
+// is busy: they wait, merged, until it is done (sync, the cap and FlushAll do not wait), so
+// the writer's backlog is a few batches, never one disk access per write. Reads see queued data, and data being flushed, until the writer says
 // it is durable.
 //
 //   Add ──▶ write-now? ──yes──▶ writer (batch of one, or the queue + this record)
@@ -79,7 +81,8 @@ struct WriteQueueOptions {
 // Why a queue flush happened.
 enum class FlushReason {
   // The disk entered its high-power mode; or Add found it there (or its policy no longer
-  // deferring) with writes still queued.
+  // deferring) with writes still queued; or the writer finished a batch while records that
+  // found the disk there waited for it.
   kPowerCallback,
   kCap,       // queued bytes exceeded the cap
   kSync,      // a sync record arrived
