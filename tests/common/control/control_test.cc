@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -615,6 +616,53 @@ TEST_F(ControlTest, PipeliningClientIsThrottledNotDisconnected) {
   }
   writer.join();
   EXPECT_EQ(handled_.load(), kRequests);
+}
+
+// A client owed max_replies_owed answers is not read from until one is sent: a handler that
+// answers later (ghostfs holding stores while its fill backlog is full) holds the client back
+// instead of holding all its requests.
+TEST_F(ControlTest, AClientOwedTooManyRepliesIsNotReadUntilOneIsSent) {
+  ControlServerOptions options;
+  options.max_replies_owed = 8;
+  Start(options);
+  RawConnection raw(path_);
+  std::string batch;
+  for (int i = 0; i < 30; ++i) batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"flush\"}\n";
+  ASSERT_TRUE(raw.Send(batch));
+  auto settle = [&] {
+    int last = -1;
+    for (int still = 0; still < 50;) {
+      int now = handled_.load();
+      still = now == last ? still + 1 : 0;
+      last = now;
+      OnLoop([] {});
+    }
+  };
+  settle();
+  EXPECT_EQ(handled_.load(), 8);  // the rest wait in the socket
+  // Answering lets more requests in (at most 8 owed at any time); answering every one that
+  // came lets all 30 in.
+  for (int round = 0; round < 100; ++round) {
+    int answered = OnLoop([&] {
+      EXPECT_LE(std::count_if(flushes_.begin(), flushes_.end(), [](const auto& r) { return r.pending(); }), 8);
+      int n = 0;
+      for (auto& r : flushes_) {
+        if (r.pending()) {
+          r(json{{"flushed_bytes", 0}});
+          ++n;
+        }
+      }
+      return n;
+    });
+    settle();
+    if (handled_.load() == 30 && answered == 0) break;
+  }
+  EXPECT_EQ(handled_.load(), 30);
+  for (int i = 0; i < 30; ++i) {
+    json reply = raw.ReadJson();
+    ASSERT_EQ(reply["id"], i);
+    EXPECT_EQ(reply["ok"], true);
+  }
 }
 
 TEST_F(ControlTest, ManyClientsAtOnce) {
