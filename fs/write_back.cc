@@ -172,10 +172,13 @@ std::pair<std::vector<WriteRecord>, std::vector<std::function<void()>>> WriteBac
   std::vector<WriteRecord> records;
   std::vector<std::function<void()>> dones;
   std::set<std::string> local_keys;  // local/ files in the batch: one record each at most
+  Bytes bytes = 0;
   while (!write_backlog_.empty()) {
     auto& [batch, done] = write_backlog_.front();
+    Bytes batch_bytes = 0;
+    for (const WriteRecord& r : batch) batch_bytes += r.length;
     if (!dones.empty()) {
-      if (records.size() + batch.size() > kMaxMergedRecords) break;
+      if (records.size() + batch.size() > kMaxMergedRecords || bytes + batch_bytes > kMaxMergedBytes) break;
       bool clash = false;
       for (const WriteRecord& r : batch) {
         clash = clash || (r.kind == WriteKind::kLocalFile && local_keys.contains(r.key));
@@ -186,6 +189,7 @@ std::pair<std::vector<WriteRecord>, std::vector<std::function<void()>>> WriteBac
       if (r.kind == WriteKind::kLocalFile) local_keys.insert(r.key);
       records.push_back(std::move(r));
     }
+    bytes += batch_bytes;
     dones.push_back(std::move(done));
     write_backlog_.pop_front();
   }

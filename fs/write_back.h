@@ -40,7 +40,8 @@
 // goes to the store (the disk spins up).
 //
 // The writer's backlog. While one batch is being written, batches the queue hands over wait;
-// the next write takes all of them that wait (up to kMaxMergedRecords records, never two
+// the next write takes all of them that wait (up to kMaxMergedRecords records and
+// kMaxMergedBytes, never two
 // local/ records of one file, whose order io_uring would not keep) as one batch: their fills
 // reach the store together and share one group commit (one sqlite transaction) and one disk
 // charge, so the commit keeps up with a storm of small fills instead of paying a transaction
@@ -96,9 +97,10 @@ struct WriteBackOptions {
 // map nodes that find it and the callbacks that finish it (measured: about 1.2 KiB a fill at
 // 100k queued small fills; DESIGN §3.5).
 constexpr Bytes kQueuedFillOverhead = 1024;
-// The most records one write of the backlog takes (a larger batch handed over is written
-// whole): a group commit of this many small fills holds the loop for tens of milliseconds.
+// The most records, and bytes, one write of the backlog takes (a larger batch handed over is
+// written whole): a group commit of this much holds the loop for tens of milliseconds.
 constexpr std::size_t kMaxMergedRecords = 1024;
+constexpr Bytes kMaxMergedBytes = 1024 * 1024;
 
 class WriteBack {
  public:
