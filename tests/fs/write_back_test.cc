@@ -207,15 +207,21 @@ TEST_F(WriteBackTest, AProducerWaitsWhileTheFillBacklogIsOverItsBound) {
   EXPECT_EQ(queued, 40);
   EXPECT_EQ(store_->index().size(), 40u);
   EXPECT_EQ(wb_->FillBacklogBytes(), 0u);
-  EXPECT_LE(wb_->fill_backlog_peak(), o.fill_backlog_max);
+  // A fill is let in while the backlog is under the bound: it may pass it by one fill.
+  EXPECT_LE(wb_->fill_backlog_peak(), o.fill_backlog_max + WriteBack::FillCost("http://o/39", CacheEntry{}, 1000));
   for (int i = 0; i < 40; ++i) EXPECT_EQ(ran[i], i);
-  // A dropped or replaced fill leaves the count too.
+  // A dropped or replaced fill leaves the count too (the first fill keeps the writer busy, so
+  // the next two wait in the queue's backlog, where the second replaces the first).
+  wb_->QueueFill("http://o/first", CacheEntry{}, "x");
+  const Bytes first = WriteBack::FillCost("http://o/first", CacheEntry{}, 1);
   wb_->QueueFill("http://o/x", CacheEntry{}, "abc");
   wb_->QueueFill("http://o/x", CacheEntry{}, "abcd");
-  EXPECT_EQ(wb_->FillBacklogBytes(), WriteBack::FillCost("http://o/x", CacheEntry{}, 4));
+  EXPECT_EQ(wb_->FillBacklogBytes(), first + WriteBack::FillCost("http://o/x", CacheEntry{}, 4));
   EXPECT_TRUE(wb_->DropQueuedFill("http://o/x"));
-  EXPECT_EQ(wb_->FillBacklogBytes(), 0u);
+  EXPECT_EQ(wb_->FillBacklogBytes(), first);
   Drain();
+  EXPECT_EQ(wb_->FillBacklogBytes(), 0u);
+  EXPECT_EQ(store_->index().Find("http://o/x"), nullptr);
 }
 
 TEST_F(WriteBackTest, RoutesLocalFileRecordsToTheLocalWriter) {
