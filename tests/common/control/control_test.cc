@@ -156,6 +156,17 @@ class ControlTest : public ::testing::Test {
     return done.get();
   }
 
+  // Lets the server handle what it will (the loop turns until 50 in a row handle nothing new).
+  void Settle() {
+    int last = -1;
+    for (int still = 0; still < 50;) {
+      int now = handled_.load();
+      still = now == last ? still + 1 : 0;
+      last = now;
+      OnLoop([] {});
+    }
+  }
+
   // Waits (on the loop's own turns, up to kWait) until the server has `n` connections.
   bool WaitForConnections(std::size_t n) {
     auto deadline = std::chrono::steady_clock::now() + kWait;
@@ -600,14 +611,7 @@ TEST_F(ControlTest, PipeliningClientIsThrottledNotDisconnected) {
       batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
     EXPECT_TRUE(raw.Send(batch));
   });
-  // Let the server get as far as it will while nobody reads (it stops once throttled).
-  int last = -1;
-  for (int still = 0; still < 50;) {
-    int now = handled_.load();
-    still = now == last ? still + 1 : 0;
-    last = now;
-    OnLoop([] {});
-  }
+  Settle();  // the server gets as far as it will while nobody reads (it stops once throttled)
   EXPECT_LT(handled_.load(), kRequests);
   EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);
   for (int i = 0; i < kRequests; ++i) {
@@ -629,16 +633,7 @@ TEST_F(ControlTest, AClientOwedTooManyRepliesIsNotReadUntilOneIsSent) {
   std::string batch;
   for (int i = 0; i < 30; ++i) batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"flush\"}\n";
   ASSERT_TRUE(raw.Send(batch));
-  auto settle = [&] {
-    int last = -1;
-    for (int still = 0; still < 50;) {
-      int now = handled_.load();
-      still = now == last ? still + 1 : 0;
-      last = now;
-      OnLoop([] {});
-    }
-  };
-  settle();
+  Settle();
   EXPECT_EQ(handled_.load(), 8);  // the rest wait in the socket
   // Answering lets more requests in (at most 8 owed at any time); answering every one that
   // came lets all 30 in.
@@ -654,7 +649,7 @@ TEST_F(ControlTest, AClientOwedTooManyRepliesIsNotReadUntilOneIsSent) {
       }
       return n;
     });
-    settle();
+    Settle();
     if (handled_.load() == 30 && answered == 0) break;
   }
   EXPECT_EQ(handled_.load(), 30);
