@@ -102,7 +102,16 @@ nlohmann::json Daemon::StatsJson() const {
        {{"queued_bytes", write_back_->queue().queued_bytes()},
         {"flushes", w.flushes_power_callback + w.flushes_cap + w.flushes_sync + w.flushes_explicit},
         {"flushes_power_callback", w.flushes_power_callback},
-        {"flushes_cap", w.flushes_cap}}},
+        {"flushes_cap", w.flushes_cap},
+        // The writer's side (fs/write_back.h): batches waiting for the one being written,
+        // writes made (each takes every batch that waited), the most batches one took, and
+        // the RAM of the fills not yet in the store against its bound.
+        {"backlog_batches", write_back_->backlog_batches()},
+        {"writes", write_back_->batches_written()},
+        {"most_merged", write_back_->most_merged()},
+        {"fill_backlog_bytes", write_back_->FillBacklogBytes()},
+        {"fill_backlog_peak", write_back_->fill_backlog_peak()},
+        {"fill_backlog_max", write_back_->fill_backlog_max()}}},
       {"cache",
        {{"objects", store_->index().size()},
         {"bytes", store_->index().total_bytes()},

@@ -132,9 +132,10 @@ Status Daemon::OpenCache() {
   store_ = std::move(store).value();
   for (const std::string& w : store_->warnings()) std::fprintf(stderr, "ghostfs: %s\n", w.c_str());
 
-  WriteQueueOptions wq;
-  wq.cap = options_.write_queue_cap;
-  write_back_ = std::make_unique<WriteBack>(*pm_, disk_id_, machine_->storage(), *store_, wq);
+  WriteBackOptions wb;
+  wb.queue.cap = options_.write_queue_cap;
+  wb.fill_backlog_max = options_.fill_backlog_max;
+  write_back_ = std::make_unique<WriteBack>(*pm_, disk_id_, machine_->storage(), *store_, wb);
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   // A stalled origin fails within the stall timeout (libcurl's low-speed limit: under 1 byte/s

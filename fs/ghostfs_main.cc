@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
   std::vector<std::string> origins, password_files;
   std::string stall_timeout;
-  std::string config, cache_size, max_stale, knob_text, cacert, imap_delete, policy_text;
+  std::string config, cache_size, fill_backlog_max, max_stale, knob_text, cacert, imap_delete, policy_text;
   bool no_ghost_hints = false;
   std::string log_file, log_level;
   bool verbose = false;
@@ -69,6 +69,8 @@ int main(int argc, char** argv) {
   app.add_flag("-v,--verbose", verbose, "log at debug level (as --log-level debug)");
   app.add_option("--config", config, "TOML file with the same settings (see common/config/config.h); the command line wins");
   app.add_option("--cache-size", cache_size, "hard cap of the cache in bytes (K, M, G suffixes); LRU eviction");
+  app.add_option("--fill-backlog-max", fill_backlog_max,
+                 "RAM the fills waiting for the cache may hold before stores wait (K, M, G; default 64M, 0: no bound)");
   app.add_option("--max-stale", max_stale, "seconds past expiry that a cached copy is still served without revalidation");
   app.add_option("--stall-timeout", stall_timeout,
                  "seconds an origin may send nothing before its fetch fails and a stale cached copy is "
@@ -170,6 +172,7 @@ int main(int argc, char** argv) {
     o.heuristic_freshness = file.heuristic_freshness;
     if (stall_timeout.empty()) o.stall_timeout = file.stall_timeout;
     o.write_queue_cap = file.write_queue_cap;
+    if (fill_backlog_max.empty()) o.fill_backlog_max = file.fill_backlog_max;
     o.cacert = file.cacert;
     o.imap_delete = file.imap_delete;
     o.passthrough = file.passthrough;
@@ -239,6 +242,11 @@ int main(int argc, char** argv) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(cache_size);
     if (!b.ok()) return fail("--cache-size: " + b.status().message());
     o.cache_size = *b;
+  }
+  if (!fill_backlog_max.empty()) {
+    ghost::Result<ghost::Bytes> b = ghost::ParseSize(fill_backlog_max);
+    if (!b.ok()) return fail("--fill-backlog-max: " + b.status().message());
+    o.fill_backlog_max = *b;
   }
   if (!max_stale.empty()) {
     try {

@@ -305,7 +305,22 @@ void StoreTree::Control(const ControlRequest& request, ControlServer::Reply repl
       {ControlOp::kServed, &StoreTree::ControlServed},
   }};
   for (const auto& [op, handler] : kHandlers) {
-    if (op == request.op) return (this->*handler)(request, std::move(reply));
+    if (op != request.op) continue;
+    // The ops that change what is stored wait, in order, while the fill backlog is over its
+    // bound (fs/write_back.h): the proxy's store is answered once its fill fits, and the
+    // control server stops reading a client owed too many answers, so the proxy waits too.
+    // An invalidate or refresh waits behind the stores before it, which it must follow.
+    const bool changes = op == ControlOp::kStore || op == ControlOp::kRefresh || op == ControlOp::kInvalidate;
+    if (changes && (ctx_.write_back.OverFillBacklog() || ctx_.write_back.backlog_waiters() > 0)) {
+      ++store_stats_.held;
+      ++held_now_;
+      auto held = std::make_shared<std::pair<ControlArgs, nlohmann::json>>(request.args, request.json);
+      return ctx_.write_back.WhenFillBacklogBelow([this, handler, op, held, reply = std::move(reply)]() mutable {
+        --held_now_;
+        (this->*handler)(ControlRequest{op, std::move(held->first), held->second}, std::move(reply));
+      });
+    }
+    return (this->*handler)(request, std::move(reply));
   }
   reply.Error(std::string(ControlOpName(request.op)) + ": not an op of the shared store");
 }
@@ -602,6 +617,10 @@ nlohmann::json StoreTree::StatsJson() const {
           {"refreshes", store_stats_.refreshes},
           {"memory_hits", store_stats_.memory_hits},
           {"open_fills", store_fills_.size()},
+          // Stores (and the invalidates and refreshes behind them) answered later because the
+          // fill backlog was over its bound, in all and now.
+          {"held", store_stats_.held},
+          {"held_now", held_now_},
           {"open_transfers", proxy_transfers_.size()}};
 }
 

@@ -48,6 +48,7 @@ struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
   std::uint64_t memory_hits = 0;  // reads a client served from its own RAM copy ("served")
   std::uint64_t inline_fills = 0;  // of `fills`, those whose body came in the "store" request
+  std::uint64_t held = 0;  // store/refresh/invalidate requests held while the fill backlog was full
 };
 
 class StoreTree final : public Tree {
@@ -118,6 +119,7 @@ class StoreTree final : public Tree {
   std::map<std::uint64_t, ProxyTransfer> proxy_transfers_;  // by id
   std::uint64_t next_transfer_id_ = 1;
   bool objects_published_ = false;  // the store's changes go to the "objects" topic
+  std::size_t held_now_ = 0;        // requests waiting for the fill backlog (Control)
 };
 
 }  // namespace ghost

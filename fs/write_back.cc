@@ -4,15 +4,16 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 
 namespace ghost {
 
 WriteBack::WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store,
-                     WriteQueueOptions options)
-    : pm_(pm), store_(store), disk_(disk) {
+                     WriteBackOptions options)
+    : pm_(pm), store_(store), disk_(disk), fill_backlog_max_(options.fill_backlog_max) {
   queue_ = std::make_unique<WriteQueue>(
-      pm, disk_id, options,
+      pm, disk_id, options.queue,
       [this](std::vector<WriteRecord> batch, std::function<void()> done) { WriteBatch(std::move(batch), std::move(done)); });
 }
 
@@ -48,7 +49,14 @@ void WriteBack::QueueWholeFill(const std::string& key, std::string body,
 
 void WriteBack::QueueFill(const std::string& key, CacheEntry meta, std::string body) {
   meta.size = body.size();
-  pending_fills_[key] = meta;
+  const Bytes cost = FillCost(key, meta, body.size());
+  PendingFill& p = pending_fills_[key];
+  // A newer fill of a queued key replaces the older one: only the newer counts.
+  fill_backlog_bytes_ -= p.cost;
+  p.meta = meta;
+  p.cost = cost;
+  fill_backlog_bytes_ += cost;
+  fill_backlog_peak_ = std::max(fill_backlog_peak_, fill_backlog_bytes_);
   QueuedBody& q = queued_bodies_[key];
   q.data = std::make_shared<const std::string>(std::move(body));
   q.version = next_body_version_++;
@@ -71,7 +79,7 @@ void WriteBack::QueueIndexUpdate(const std::string& key) {
 
 const CacheEntry* WriteBack::QueuedMeta(const std::string& key) const {
   auto it = pending_fills_.find(key);
-  if (it != pending_fills_.end()) return &it->second;
+  if (it != pending_fills_.end()) return &it->second.meta;
   auto l = logged_fills_.find(key);
   return l == logged_fills_.end() ? nullptr : &l->second.meta;
 }
@@ -96,7 +104,13 @@ const QueuedBody* WriteBack::QueuedBodyOf(const std::string& key) const {
 }
 
 bool WriteBack::DropQueuedFill(const std::string& key) {
-  bool queued = pending_fills_.erase(key) > 0;
+  bool queued = false;
+  if (auto p = pending_fills_.find(key); p != pending_fills_.end()) {
+    queued = true;
+    const Bytes cost = p->second.cost;
+    pending_fills_.erase(p);
+    ReleaseFill(cost);
+  }
   queued_bodies_.erase(key);
   if (auto l = logged_fills_.find(key); l != logged_fills_.end()) {
     queued = true;
@@ -126,6 +140,62 @@ void WriteBack::FillCommitted(const std::string& key) {
   if (hooks_.fill_committed) hooks_.fill_committed(key);
 }
 
+void WriteBack::ReleaseFill(Bytes cost) {
+  fill_backlog_bytes_ -= std::min(cost, fill_backlog_bytes_);
+  if (!backlog_waiters_.empty() && !OverFillBacklog()) RunBacklogWaiters();
+}
+
+void WriteBack::WhenFillBacklogBelow(std::function<void()> fn) {
+  // Behind those already waiting: a producer keeps its order.
+  if (backlog_waiters_.empty() && !OverFillBacklog()) return fn();
+  backlog_waiters_.push_back(std::move(fn));
+}
+
+void WriteBack::RunBacklogWaiters() {
+  // On the loop's next turn, never inside the call that released the fill (a waiter queues
+  // fills, and its caller may be in the middle of the writer's bookkeeping).
+  if (running_waiters_) return;
+  running_waiters_ = true;
+  std::weak_ptr<bool> alive = alive_;
+  pm_.clock().ScheduleAfter(Duration::zero(), [this, alive] {
+    if (alive.expired()) return;
+    running_waiters_ = false;
+    while (!backlog_waiters_.empty() && !OverFillBacklog()) {
+      std::function<void()> fn = std::move(backlog_waiters_.front());
+      backlog_waiters_.pop_front();
+      fn();
+    }
+  });
+}
+
+std::pair<std::vector<WriteRecord>, std::vector<std::function<void()>>> WriteBack::TakeBacklog() {
+  std::vector<WriteRecord> records;
+  std::vector<std::function<void()>> dones;
+  std::set<std::string> local_keys;  // local/ files in the batch: one record each at most
+  Bytes bytes = 0;
+  while (!write_backlog_.empty()) {
+    auto& [batch, done] = write_backlog_.front();
+    Bytes batch_bytes = 0;
+    for (const WriteRecord& r : batch) batch_bytes += r.length;
+    if (!dones.empty()) {
+      if (records.size() + batch.size() > kMaxMergedRecords || bytes + batch_bytes > kMaxMergedBytes) break;
+      bool clash = false;
+      for (const WriteRecord& r : batch) {
+        clash = clash || (r.kind == WriteKind::kLocalFile && local_keys.contains(r.key));
+      }
+      if (clash) break;  // two writes of one file: io_uring would not keep their order
+    }
+    for (WriteRecord& r : batch) {
+      if (r.kind == WriteKind::kLocalFile) local_keys.insert(r.key);
+      records.push_back(std::move(r));
+    }
+    bytes += batch_bytes;
+    dones.push_back(std::move(done));
+    write_backlog_.pop_front();
+  }
+  return {std::move(records), std::move(dones)};
+}
+
 void WriteBack::WriteBatch(std::vector<WriteRecord> batch, std::function<void()> done) {
   write_backlog_.emplace_back(std::move(batch), std::move(done));
   if (writing_) return;
@@ -140,10 +210,12 @@ void WriteBack::WriteBatch(std::vector<WriteRecord> batch, std::function<void()>
       writing_ = false;
       return;
     }
-    auto [records, done] = std::move(write_backlog_.front());
-    write_backlog_.pop_front();
-    ApplyBatch(std::move(records), [this, done = std::move(done), next = self.lock()] {
-      done();
+    // Every batch that waited meanwhile goes in this write (TakeBacklog): one group commit.
+    auto [records, dones] = TakeBacklog();
+    ++batches_written_;
+    most_merged_ = std::max(most_merged_, dones.size());
+    ApplyBatch(std::move(records), [this, dones = std::move(dones), next = self.lock()] {
+      for (const auto& done : dones) done();  // in hand-over order
       if (hooks_.batch_done) hooks_.batch_done();  // e.g. local/ files now durable
       (*next)();
     });
@@ -218,7 +290,8 @@ bool WriteBack::ApplyFill(WriteRecord& r, const std::function<void()>& finish) {
   std::string url = r.key.substr(FillKey("").size());
   auto meta = pending_fills_.find(url);
   if (meta == pending_fills_.end()) return false;
-  CacheEntry entry = meta->second;
+  CacheEntry entry = std::move(meta->second.meta);
+  const Bytes cost = meta->second.cost;
   pending_fills_.erase(meta);
   // The latest queued version of the body (its metadata is the latest too).
   std::shared_ptr<const std::string> body;
@@ -226,8 +299,13 @@ bool WriteBack::ApplyFill(WriteRecord& r, const std::function<void()>& finish) {
     body = std::move(q->second.data);
     queued_bodies_.erase(q);
   }
+  // It counts in the fill backlog until the store has it (committed or refused).
+  std::weak_ptr<bool> alive = alive_;
   StoreFill(url, std::move(entry), body ? body : std::make_shared<const std::string>(std::move(r.data)),
-            [finish](Status) { finish(); });
+            [this, alive, cost, finish](Status) {
+              if (!alive.expired()) ReleaseFill(cost);
+              finish();
+            });
   return true;
 }
 
@@ -260,10 +338,14 @@ bool WriteBack::SpillFill(WriteRecord& r, const std::function<void()>& finish) {
   std::string url = r.key.substr(FillKey("").size());
   auto meta = pending_fills_.find(url);
   if (meta == pending_fills_.end()) return false;
-  CacheEntry entry = meta->second;
+  CacheEntry entry = meta->second.meta;
+  const Bytes cost = meta->second.cost;
   pending_fills_.erase(meta);
   auto q = queued_bodies_.find(url);
-  if (q == queued_bodies_.end()) return false;
+  if (q == queued_bodies_.end()) {
+    ReleaseFill(cost);
+    return false;
+  }
   QueuedBody body = std::move(q->second);
   queued_bodies_.erase(q);
   LoggedFillEntry& e = logged_fills_[url];
@@ -271,8 +353,14 @@ bool WriteBack::SpillFill(WriteRecord& r, const std::function<void()>& finish) {
   e = LoggedFillEntry{entry, body, ""};
   std::weak_ptr<bool> alive = alive_;
   const std::uint64_t version = body.version;
+  // In the fill backlog until durable in the log (or, if the log fails, in the store).
+  std::function<void()> released = [this, alive, cost, finish] {
+    if (!alive.expired()) ReleaseFill(cost);
+    finish();
+  };
   flash_->AppendFill(url, body.data, EncodeFillMeta(entry),
-                     [this, alive, url, version, entry, data = body.data, finish](Result<std::string> path) {
+                     [this, alive, url, version, entry, data = body.data, finish = std::move(released)](
+                         Result<std::string> path) {
                        if (alive.expired()) return;
                        auto l = logged_fills_.find(url);
                        const bool current = l != logged_fills_.end() && l->second.body.version == version;

@@ -39,6 +39,20 @@
 // (DropQueuedFill, a newer fill of its key) is skipped then. If the log cannot take a fill, it
 // goes to the store (the disk spins up).
 //
+// The writer's backlog. While one batch is being written, batches the queue hands over wait;
+// the next write takes all of them that wait (up to kMaxMergedRecords records and
+// kMaxMergedBytes, never two
+// local/ records of one file, whose order io_uring would not keep) as one batch: their fills
+// reach the store together and share one group commit (one sqlite transaction) and one disk
+// charge, so the commit keeps up with a storm of small fills instead of paying a transaction
+// and a disk request per fill.
+//
+// The fill backlog's RAM is bounded (FillBacklogBytes, WriteBackOptions::fill_backlog_max):
+// every fill from QueueFill until it is in the store (or the flash log, or dropped) counts its
+// body, head, key and a fixed cost for its records. Producers ask OverFillBacklog before
+// queueing more and wait with WhenFillBacklogBelow (the proxy's stores are answered later;
+// DESIGN §3.5 *Fills*); nothing is dropped to keep the bound.
+//
 // Thread-safety: not thread-safe; the daemon's one event-loop thread.
 #ifndef GHOST_FS_WRITE_BACK_H_
 #define GHOST_FS_WRITE_BACK_H_
@@ -71,6 +85,23 @@ struct QueuedBody {
   std::uint64_t version = 0;
 };
 
+struct WriteBackOptions {
+  WriteQueueOptions queue;
+  // Bytes the fills waiting for the store may hold in RAM before producers are held back
+  // (FillBacklogBytes). 0: no bound.
+  Bytes fill_backlog_max = 64 * 1024 * 1024;
+};
+
+// What one queued fill costs in RAM besides its body, head and key: its metadata's other
+// strings, the queue's record of it (in the queue, then in the batch being written), the
+// map nodes that find it and the callbacks that finish it (measured: about 1.2 KiB a fill at
+// 100k queued small fills; DESIGN §3.5).
+constexpr Bytes kQueuedFillOverhead = 1024;
+// The most records, and bytes, one write of the backlog takes (a larger batch handed over is
+// written whole): a group commit of this much holds the loop for tens of milliseconds.
+constexpr std::size_t kMaxMergedRecords = 1024;
+constexpr Bytes kMaxMergedBytes = 1024 * 1024;
+
 class WriteBack {
  public:
   // Applies one record of a kind the write-back does not apply itself (kLocalFile) and calls
@@ -85,7 +116,7 @@ class WriteBack {
 
   // The queue defers writes for the disk `disk_id` of `pm` (`disk` is that device: it does
   // each batch's work). Borrows everything; it must outlive the write-back.
-  WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store, WriteQueueOptions options);
+  WriteBack(PowerManager& pm, DeviceId disk_id, Device& disk, CacheStore& store, WriteBackOptions options);
   ~WriteBack();
   WriteBack(const WriteBack&) = delete;
   WriteBack& operator=(const WriteBack&) = delete;
@@ -143,6 +174,27 @@ class WriteBack {
   bool Writing(const std::string& key) const { return writing_fills_.contains(key); }
   // A batch is being written to the disk now.
   bool WritingBatch() const { return writing_; }
+  // Batches handed over and waiting for the one being written.
+  std::size_t backlog_batches() const { return write_backlog_.size(); }
+  // Batches written (after merging the backlog) and the most handed-over batches one took.
+  std::uint64_t batches_written() const { return batches_written_; }
+  std::size_t most_merged() const { return most_merged_; }
+
+  // The fill backlog (the file comment): the RAM its fills hold now, the bound, and whether
+  // it is over the bound (a producer then waits before queueing more).
+  Bytes FillBacklogBytes() const { return fill_backlog_bytes_; }
+  Bytes fill_backlog_max() const { return fill_backlog_max_; }
+  Bytes fill_backlog_peak() const { return fill_backlog_peak_; }
+  bool OverFillBacklog() const { return fill_backlog_max_ != 0 && fill_backlog_bytes_ >= fill_backlog_max_; }
+  // Runs `fn` once the fill backlog is under its bound (now, if it is). Waiters run in order;
+  // each may queue fills, and the next runs only if the backlog is still under the bound.
+  void WhenFillBacklogBelow(std::function<void()> fn);
+  std::size_t backlog_waiters() const { return backlog_waiters_.size(); }
+  // What a fill of `key` with `meta` and `body_size` bytes counts in the fill backlog.
+  static Bytes FillCost(const std::string& key, const CacheEntry& meta, Bytes body_size) {
+    return body_size + meta.response.size() + meta.etag.size() + meta.last_modified.size() +
+           meta.content_type.size() + 4 * key.size() + kQueuedFillOverhead;
+  }
   void WhenFillSettles(const std::string& key, std::function<void()> fn);
   // A fill reached the store's index (Hooks::fill_committed).
   void FillCommitted(const std::string& key);
@@ -161,6 +213,13 @@ class WriteBack {
   Result<CacheEntry> DecodeFillMeta(const std::string& text) const;
 
  private:
+  // Takes the batches waiting in the backlog that may be written together (the file comment)
+  // as one batch, with the `done` of each.
+  std::pair<std::vector<WriteRecord>, std::vector<std::function<void()>>> TakeBacklog();
+  // A fill left the backlog (in the store, in the flash log, dropped or superseded): its
+  // bytes no longer count; waiters run if the backlog is now under its bound.
+  void ReleaseFill(Bytes cost);
+  void RunBacklogWaiters();
   // Applies a sorted, merged batch: each record by its kind (the table in the file comment).
   void ApplyBatch(std::vector<WriteRecord> batch, std::function<void()> done);
   // A kFill record: commits the queued body of its key to the store; calls `finish` once
@@ -185,13 +244,25 @@ class WriteBack {
   Hooks hooks_;
   LocalFlashLog* flash_ = nullptr;
   std::unique_ptr<WriteQueue> queue_;
-  std::map<std::string, CacheEntry> pending_fills_;  // queued fills: their metadata
+  // Queued fills: their metadata, and what each counts in the fill backlog.
+  struct PendingFill {
+    CacheEntry meta;
+    Bytes cost = 0;
+  };
+  std::map<std::string, PendingFill> pending_fills_;
   std::map<std::string, QueuedBody> queued_bodies_;  // queued fills: their bodies
   std::uint64_t next_body_version_ = 1;
   std::map<std::string, int> writing_fills_;         // fills being written, by key
   std::map<std::string, std::vector<std::function<void()>>> fill_waiters_;
   std::deque<std::pair<std::vector<WriteRecord>, std::function<void()>>> write_backlog_;
   bool writing_ = false;
+  std::uint64_t batches_written_ = 0;
+  std::size_t most_merged_ = 0;
+  Bytes fill_backlog_max_ = 0;
+  Bytes fill_backlog_bytes_ = 0;
+  Bytes fill_backlog_peak_ = 0;
+  std::deque<std::function<void()>> backlog_waiters_;
+  bool running_waiters_ = false;
   std::map<std::string, LoggedFillEntry> logged_fills_;  // by cache key
   std::set<std::string> skip_logged_;  // record paths of logged fills dropped or superseded
   mutable QueuedBody logged_view_;     // the last logged body QueuedBodyOf read back

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -262,6 +263,15 @@ def main():
     proxy_fill = a.proxy_fill if 0 < a.proxy_fill < a.objects else a.objects
     log(f"filling ghostproxy with {proxy_fill} unique 512-byte objects")
     cpu0 = cpu_s(fs.proc.pid) + cpu_s(gp.proc.pid)
+    # ghostfs's peak RSS while it fills (sampled every 0.2 s until the index holds the fill).
+    peak = {"kb": rss_kb(fs.proc.pid), "stop": False}
+
+    def sample_rss(pid=fs.proc.pid):
+        while not peak["stop"]:
+            peak["kb"] = max(peak["kb"], rss_kb(pid))
+            time.sleep(0.2)
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     t0 = time.monotonic()
     fill = wrk_until(gp.port, fill_lua, conns, threads, gp.access_log, proxy_fill)
     objects = None
@@ -272,12 +282,16 @@ def main():
             break
         time.sleep(0.2)
     fill_s = time.monotonic() - t0
+    peak["stop"] = True
+    sampler.join()
+    wq = (ghost_stats(a.ghostctl, control) or {}).get("write_queue", {})
     # CPU per miss of both processes (moves far less with the machine's load than the rate).
     fill_cpu = cpu_s(fs.proc.pid) + cpu_s(gp.proc.pid) - cpu0
     g = {"requests": fill["requests"], "bad": fill["bad"], "fill_s": fill_s, "objects": objects,
          "cpu_us": fill_cpu * 1e6 / max(1, fill["requests"]),
          "fill_rate": objects / fill_s if objects else 0.0, "empty_rss_kb": empty_rss,
-         "filled_rss_kb": rss_kb(fs.proc.pid)}
+         "filled_rss_kb": rss_kb(fs.proc.pid), "peak_fill_rss_kb": peak["kb"], "wrk_s": fill["elapsed"],
+         "write_queue": wq}
     log(f"ghostproxy: {fill['requests']} requests ({fill['bad']} not 2xx) in {fill['elapsed']:.1f} s, "
         f"{objects} objects indexed after {fill_s:.1f} s")
 
@@ -412,11 +426,13 @@ def main():
         print(f"ghostfs: {g['objects']} objects filled through the proxy (the fill rate is "
               f"theirs), {g['written']} more written straight into the index")
     print(f"ghostfs: {g['objects']} objects indexed after the fill, {g['objects_after']} after the "
-          f"remount (mount {g['mount_s']:.2f} s); RSS empty {g['empty_rss_kb'] / 1024:.1f} MB, filled "
+          f"remount (mount {g['mount_s']:.2f} s); RSS empty {g['empty_rss_kb'] / 1024:.1f} MB, peak "
+          f"during the fill {g['peak_fill_rss_kb'] / 1024:.1f} MB, filled "
           f"{g['filled_rss_kb'] / 1024:.1f} MB, after remount {g['rss_kb'] / 1024:.1f} MB, after hits "
           f"{g['rss_after_hits_kb'] / 1024:.1f} MB; RAM/object after remount "
           f"{(g['rss_kb'] - g['empty_rss_kb']) * 1024 / n:.0f} B; disk {g['disk'] / 1e6:.1f} MB "
           f"({g['disk'] / (n * 512):.2f}× the bodies)")
+    print(f"ghostproxy answered the fill's requests in {g['wrk_s']:.1f} s; indexed after {g['fill_s']:.1f} s")
     print(f"ghostfs ready after each of {len(g['ready_all'])} remounts (s): "
           + " ".join(f"{t:.2f}" for t in g["ready_all"]))
     if "crash_ready_s" in g:

@@ -78,7 +78,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   toml::table& t = *parsed;
   static const std::set<std::string> kKeys = {
       "cache",     "cache_size",          "profile",         "knob",   "control",
-      "max_stale", "heuristic_freshness", "write_queue_cap", "cacert", "imap_delete",
+      "max_stale", "heuristic_freshness", "write_queue_cap", "fill_backlog_max", "cacert", "imap_delete",
       "policy",    "ghost_hints",         "passthrough",     "origins", "stall_timeout",
       "log_file",  "log_level",           "devices",         "manage_disk", "force_manage_disk",
       "flash_log", "flash_policy", "flash_alg", "flash_device"};
@@ -131,6 +131,7 @@ Status LoadConfigFile(const std::string& path, GhostfsOptions* o) {
   }
   if (!(s = size("cache_size", &o->cache_size)).ok()) return s;
   if (!(s = size("write_queue_cap", &o->write_queue_cap)).ok()) return s;
+  if (!(s = size("fill_backlog_max", &o->fill_backlog_max)).ok()) return s;
   if (!(s = seconds("max_stale", &o->max_stale)).ok()) return s;
   if (!(s = seconds("heuristic_freshness", &o->heuristic_freshness)).ok()) return s;
   if (!(s = seconds("stall_timeout", &o->stall_timeout)).ok()) return s;

@@ -13,6 +13,7 @@
 //   max_stale = 0                     # seconds a stale object may still be served
 //   heuristic_freshness = 300         # seconds, when a reply gives no freshness at all
 //   write_queue_cap = "4M"            # deferred-write queue cap (DESIGN §3.5)
+//   fill_backlog_max = "64M"          # RAM of fills waiting for the store (0: unbounded)
 //   cacert = "/etc/ghost/ca.pem"      # CA bundle that https:// and imaps:// servers are
 //                                     # verified against (absent: the system's CAs)
 //   imap_delete = "move:Trash"        # what unlinking a message does: "move:MAILBOX" (UID
@@ -71,6 +72,9 @@ struct GhostfsOptions {
   // Zero disables stall detection (only for tests).
   Duration stall_timeout = std::chrono::seconds(10);
   Bytes write_queue_cap = 4 * 1024 * 1024;
+  // RAM the fills waiting for the cache store may hold before the proxy's stores are answered
+  // later (fs/write_back.h); 0: no bound.
+  Bytes fill_backlog_max = 64 * 1024 * 1024;
   // PEM file of the CAs that TLS servers (https://, imaps://, STARTTLS) must be signed by;
   // empty: the system's default CA store.
   std::string cacert;

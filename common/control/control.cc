@@ -299,7 +299,9 @@ struct ControlServer::Connection : std::enable_shared_from_this<Connection> {
   std::uint64_t id = 0;
   ConnState state = ConnState::kOpen;
   std::unique_ptr<bufferevent, BevDeleter> bev;
-  bool reading_paused = false;  // too much output waits: requests stay unread
+  bool reading_paused = false;  // output_paused or owed_paused: requests stay unread
+  bool output_paused = false;   // too much output waits (until it has drained)
+  bool owed_paused = false;     // too many replies owed (until one is sent)
   bool in_read = false;         // ReadRequests is on the stack
   // Lines sent while in_read: written together when the batch of requests has been handled.
   std::string held;
@@ -523,23 +525,36 @@ void ControlServer::Drive(Connection& c, ConnEvent ev) {
     Close(c);  // a broken socket, or a client that does not read what it asked for
     return;
   }
-  const bool reading = c.state == ConnState::kOpen;
-  const bool backed_up = c.output() > options_.pause_reading_at;
-  if (backed_up && !c.reading_paused) {
-    c.reading_paused = true;
-    if (reading) bufferevent_disable(c.bev.get(), EV_READ);
-  } else if (ev == ConnEvent::kDrained && c.reading_paused) {
-    c.reading_paused = false;
-    if (reading) bufferevent_enable(c.bev.get(), EV_READ);
+  const bool was_owed_paused = c.owed_paused;
+  if (c.output() > options_.pause_reading_at) {
+    c.output_paused = true;
+  } else if (ev == ConnEvent::kDrained) {
+    c.output_paused = false;
   }
+  UpdateReading(c);
   if (ev == ConnEvent::kPeerClosed) c.state = ConnState::kDraining;  // libevent stopped reading
-  if (ev == ConnEvent::kReadable || ev == ConnEvent::kDrained || ev == ConnEvent::kPeerClosed) {
-    ReadRequests(c);
+  if (ev == ConnEvent::kReadable || ev == ConnEvent::kDrained || ev == ConnEvent::kPeerClosed ||
+      (was_owed_paused && !c.owed_paused)) {
+    ReadRequests(c);  // (lines read before a pause wait in the input buffer)
   }
   if (c.state == ConnState::kDraining && !c.in_read && c.output() == 0 && c.replies_owed == 0) {
     Close(c);
   }
   c.AssertInvariants();
+}
+
+void ControlServer::UpdateReading(Connection& c) {
+  if (c.state == ConnState::kClosed) return;
+  c.owed_paused = options_.max_replies_owed != 0 && c.replies_owed >= options_.max_replies_owed;
+  const bool paused = c.output_paused || c.owed_paused;
+  if (paused == c.reading_paused) return;
+  c.reading_paused = paused;
+  if (c.state != ConnState::kOpen) return;  // a draining connection reads nothing anyway
+  if (paused) {
+    bufferevent_disable(c.bev.get(), EV_READ);
+  } else {
+    bufferevent_enable(c.bev.get(), EV_READ);
+  }
 }
 
 void ControlServer::ReadRequests(Connection& c) {
@@ -568,6 +583,7 @@ void ControlServer::ReadRequests(Connection& c) {
     evbuffer_drain(in, eol_len);
     if (!line.empty() && line.back() == '\r') line.pop_back();
     HandleLine(c, line);
+    UpdateReading(c);  // a request answered later may be one too many owed
   }
   c.in_read = false;
   // The answers to this batch (and events pushed while it ran) leave in one write: a client

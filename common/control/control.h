@@ -118,6 +118,10 @@ struct ControlServerOptions {
   std::size_t pause_reading_at = 256 * 1024;
   // A client whose waiting output passes this is disconnected (it is not reading).
   std::size_t high_watermark = 1024 * 1024;
+  // Requests are not read from a client owed this many replies (0: no limit): a handler that
+  // answers later to hold a producer back (ghostfs's stores while its fill backlog is full)
+  // holds at most this many of its requests, and the client waits.
+  std::size_t max_replies_owed = 256;
 };
 
 class ControlServer {
@@ -198,6 +202,9 @@ class ControlServer {
   // Drive, for libevent's callbacks: an exception closes the connection instead of escaping.
   void DriveNoThrow(Connection& c, ConnEvent ev);
   void ReadRequests(Connection& c);
+  // Pauses or resumes reading c's requests: paused while its output is backed up (until it
+  // drains) or while it is owed max_replies_owed replies.
+  void UpdateReading(Connection& c);
   void HandleLine(Connection& c, std::string_view line);
   void HandleRequest(Connection& c, std::string_view line);
   void Subscribe(Connection& c, const SubscribeArgs& args, const Reply& reply);

@@ -51,7 +51,7 @@ class StoreTreeTest : public ::testing::Test {
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(store).value();
     write_back_ = std::make_unique<WriteBack>(machine_->pm(), machine_->storage_id(), machine_->storage(),
-                                              *store_, WriteQueueOptions{});
+                                              *store_, WriteBackOptions{});
     http_ = std::make_unique<HttpFetcher>(base_, HttpFetcherOptions{});
     passthrough_ = std::make_unique<FusePassthrough>(root_);
     TreeContext ctx{.options = options_,

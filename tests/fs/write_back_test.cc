@@ -64,7 +64,7 @@ class WriteBackTest : public ::testing::Test {
     disk_ = std::make_unique<Device>(clock_, *profile, nullptr, kPerformanceIdle);
     pm_ = std::make_unique<PowerManager>(clock_, Power::Milliwatts(1440), 50);
     disk_id_ = pm_->Register(disk_.get(), nullptr);
-    wb_ = std::make_unique<WriteBack>(*pm_, disk_id_, *disk_, *store_, WriteQueueOptions{});
+    wb_ = std::make_unique<WriteBack>(*pm_, disk_id_, *disk_, *store_, WriteBackOptions{});
     wb_->SetHooks(WriteBack::Hooks{
         .local_file =
             [this](WriteRecord r, std::function<void()> done) {
@@ -98,7 +98,7 @@ class WriteBackTest : public ::testing::Test {
     for (int i = 0; i < 100; ++i) {
       clock_.RunUntilIdle();
       event_base_loop(base_, EVLOOP_NONBLOCK);
-      if (wb_->queue().idle() && !wb_->Writing("http://o/a")) break;
+      if (wb_->queue().idle() && !wb_->Writing("http://o/a") && wb_->backlog_waiters() == 0) break;
     }
   }
 
@@ -141,6 +141,87 @@ TEST_F(WriteBackTest, CommitsAQueuedFillToTheStore) {
   EXPECT_EQ(committed_, std::vector<std::string>{"http://o/a"});
   EXPECT_TRUE(local_.empty());
   EXPECT_GE(batches_done_, 1);
+}
+
+// Fills handed over while a batch is being written wait in the backlog; the next write takes
+// them all, so they share one group commit (one sqlite transaction), not one each.
+TEST_F(WriteBackTest, FillsThatWaitForTheWriterShareOneTransaction) {
+  wb_->QueueFill("http://o/first", CacheEntry{}, "x");  // the disk is awake: written at once
+  ASSERT_TRUE(wb_->WritingBatch());
+  const std::uint64_t before = store_->transactions();
+  constexpr int kFills = 200;
+  for (int i = 0; i < kFills; ++i) wb_->QueueFill("http://o/" + std::to_string(i), CacheEntry{}, std::string(512, 'a' + i % 26));
+  EXPECT_EQ(wb_->backlog_batches(), static_cast<std::size_t>(kFills));  // one batch each
+  Drain();
+  EXPECT_EQ(store_->index().size(), static_cast<std::size_t>(kFills + 1));
+  EXPECT_EQ(ReadStored("http://o/7"), std::string(512, 'a' + 7));
+  EXPECT_EQ(committed_.size(), static_cast<std::size_t>(kFills + 1));
+  EXPECT_EQ(committed_.back(), "http://o/" + std::to_string(kFills - 1));  // in order
+  // The first fill's transaction, then one or two for the 200 that waited (the old writer:
+  // 200, one per batch).
+  EXPECT_LE(store_->transactions() - before, 3u);
+  EXPECT_EQ(wb_->most_merged(), static_cast<std::size_t>(kFills));
+}
+
+// Two queued writes of one local/ file are never in one write (io_uring would not keep their
+// order): the second waits for the next.
+TEST_F(WriteBackTest, TwoWritesOfOneLocalFileAreNotMerged) {
+  wb_->QueueFill("http://o/first", CacheEntry{}, "x");
+  ASSERT_TRUE(wb_->WritingBatch());
+  for (const char* data : {"one", "two"}) {
+    WriteRecord r;
+    r.kind = WriteKind::kLocalFile;
+    r.key = "local:1:2";
+    r.data = data;
+    r.length = 3;
+    wb_->queue().Add(std::move(r));
+  }
+  Drain();
+  ASSERT_EQ(local_.size(), 2u);
+  EXPECT_EQ(local_[1].data, "two");
+  EXPECT_EQ(wb_->batches_written(), 3u);  // the fill's, then one write per write of the file
+}
+
+// The fill backlog's RAM is bounded: over it, a producer's WhenFillBacklogBelow waits (in
+// order) until the store has taken enough fills; nothing is dropped.
+TEST_F(WriteBackTest, AProducerWaitsWhileTheFillBacklogIsOverItsBound) {
+  WriteBackOptions o;
+  o.fill_backlog_max = 8 * WriteBack::FillCost("http://o/0", CacheEntry{}, 1000);
+  wb_.reset();
+  wb_ = std::make_unique<WriteBack>(*pm_, disk_id_, *disk_, *store_, o);
+  int queued = 0;
+  std::vector<int> ran;
+  for (int i = 0; i < 40; ++i) {
+    wb_->WhenFillBacklogBelow([this, i, &queued, &ran] {
+      ran.push_back(i);
+      wb_->QueueFill("http://o/" + std::to_string(i), CacheEntry{}, std::string(1000, 'z'));
+      ++queued;
+    });
+  }
+  // Queued until the bound, the rest wait.
+  EXPECT_EQ(queued, 8);
+  EXPECT_TRUE(wb_->OverFillBacklog());
+  EXPECT_EQ(wb_->backlog_waiters(), 32u);
+  EXPECT_LE(wb_->FillBacklogBytes(), o.fill_backlog_max);
+  Drain();
+  EXPECT_EQ(queued, 40);
+  EXPECT_EQ(store_->index().size(), 40u);
+  EXPECT_EQ(wb_->FillBacklogBytes(), 0u);
+  // A fill is let in while the backlog is under the bound: it may pass it by one fill.
+  EXPECT_LE(wb_->fill_backlog_peak(), o.fill_backlog_max + WriteBack::FillCost("http://o/39", CacheEntry{}, 1000));
+  for (int i = 0; i < 40; ++i) EXPECT_EQ(ran[i], i);
+  // A dropped or replaced fill leaves the count too (the first fill keeps the writer busy, so
+  // the next two wait in the queue's backlog, where the second replaces the first).
+  wb_->QueueFill("http://o/first", CacheEntry{}, "x");
+  const Bytes first = WriteBack::FillCost("http://o/first", CacheEntry{}, 1);
+  wb_->QueueFill("http://o/x", CacheEntry{}, "abc");
+  wb_->QueueFill("http://o/x", CacheEntry{}, "abcd");
+  EXPECT_EQ(wb_->FillBacklogBytes(), first + WriteBack::FillCost("http://o/x", CacheEntry{}, 4));
+  EXPECT_TRUE(wb_->DropQueuedFill("http://o/x"));
+  EXPECT_EQ(wb_->FillBacklogBytes(), first);
+  Drain();
+  EXPECT_EQ(wb_->FillBacklogBytes(), 0u);
+  EXPECT_EQ(store_->index().Find("http://o/x"), nullptr);
 }
 
 TEST_F(WriteBackTest, RoutesLocalFileRecordsToTheLocalWriter) {
@@ -244,7 +325,7 @@ TEST_F(WriteBackTest, AFillPastTheCapWithTheDiskAsleepGoesToTheFlashLogAndItsFlu
   std::unique_ptr<Device> drive = AsleepMicrodrive();
   Device& asleep = *drive;
   DeviceId id = pm_->Register(&asleep, std::make_unique<ExpertsDiskPolicy>());
-  auto wbp = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
+  auto wbp = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, WriteBackOptions{SmallQueue()});
   WriteBack& wb = *wbp;
   const FlashLogOptions o = SpillLogOptions();
   Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
@@ -310,7 +391,7 @@ TEST_F(WriteBackTest, AFillLeftInTheLogByAFormerRunIsReadableUntilTheReplayAppli
   };
   {
     // The former run: both fills spill to the log, then the daemon is gone.
-    auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
+    auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, WriteBackOptions{SmallQueue()});
     Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
     ASSERT_TRUE(flash.ok()) << flash.status().ToString();
     wb->SetFlashLog(flash->get());
@@ -328,7 +409,7 @@ TEST_F(WriteBackTest, AFillLeftInTheLogByAFormerRunIsReadableUntilTheReplayAppli
   // The last fill's commit record torn off by the crash.
   const std::string log_file = o.dir + "/flash.log";
   ASSERT_EQ(::truncate(log_file.c_str(), static_cast<off_t>(std::filesystem::file_size(log_file) - 3)), 0);
-  auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, SmallQueue());
+  auto wb = std::make_unique<WriteBack>(*pm_, id, asleep, *store_, WriteBackOptions{SmallQueue()});
   Result<std::unique_ptr<LocalFlashLog>> flash = LocalFlashLog::Open(o, *io_, root_ + "/local", *pm_, id, asleep, nullptr);
   ASSERT_TRUE(flash.ok()) << flash.status().ToString();
   wb->SetFlashLog(flash->get());

@@ -72,9 +72,11 @@ TEST_F(ConfigFileTest, AnUnknownKeyIsRefused) {
 
 TEST_F(ConfigFileTest, SizesAreBytesOrSuffixedStrings) {
   GhostfsOptions o;
-  ASSERT_TRUE(Load("cache_size = \"2G\"\nwrite_queue_cap = 4096\n", &o).ok());
+  EXPECT_EQ(o.fill_backlog_max, Bytes{64} << 20);  // the default
+  ASSERT_TRUE(Load("cache_size = \"2G\"\nwrite_queue_cap = 4096\nfill_backlog_max = \"1M\"\n", &o).ok());
   EXPECT_EQ(o.cache_size, Bytes{2} << 30);
   EXPECT_EQ(o.write_queue_cap, 4096u);
+  EXPECT_EQ(o.fill_backlog_max, Bytes{1} << 20);
 }
 
 TEST_F(ConfigFileTest, ABadSizeIsRefusedWithItsLineAndWhy) {

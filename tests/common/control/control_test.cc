@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -153,6 +154,17 @@ class ControlTest : public ::testing::Test {
         [](evutil_socket_t, short, void* arg) { (*static_cast<std::packaged_task<R()>*>(arg))(); },
         &task, &now);
     return done.get();
+  }
+
+  // Lets the server handle what it will (the loop turns until 50 in a row handle nothing new).
+  void Settle() {
+    int last = -1;
+    for (int still = 0; still < 50;) {
+      int now = handled_.load();
+      still = now == last ? still + 1 : 0;
+      last = now;
+      OnLoop([] {});
+    }
   }
 
   // Waits (on the loop's own turns, up to kWait) until the server has `n` connections.
@@ -599,14 +611,7 @@ TEST_F(ControlTest, PipeliningClientIsThrottledNotDisconnected) {
       batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
     EXPECT_TRUE(raw.Send(batch));
   });
-  // Let the server get as far as it will while nobody reads (it stops once throttled).
-  int last = -1;
-  for (int still = 0; still < 50;) {
-    int now = handled_.load();
-    still = now == last ? still + 1 : 0;
-    last = now;
-    OnLoop([] {});
-  }
+  Settle();  // the server gets as far as it will while nobody reads (it stops once throttled)
   EXPECT_LT(handled_.load(), kRequests);
   EXPECT_EQ(OnLoop([&] { return server_->connections(); }), 1u);
   for (int i = 0; i < kRequests; ++i) {
@@ -615,6 +620,44 @@ TEST_F(ControlTest, PipeliningClientIsThrottledNotDisconnected) {
   }
   writer.join();
   EXPECT_EQ(handled_.load(), kRequests);
+}
+
+// A client owed max_replies_owed answers is not read from until one is sent: a handler that
+// answers later (ghostfs holding stores while its fill backlog is full) holds the client back
+// instead of holding all its requests.
+TEST_F(ControlTest, AClientOwedTooManyRepliesIsNotReadUntilOneIsSent) {
+  ControlServerOptions options;
+  options.max_replies_owed = 8;
+  Start(options);
+  RawConnection raw(path_);
+  std::string batch;
+  for (int i = 0; i < 30; ++i) batch += "{\"id\":" + std::to_string(i) + ",\"op\":\"flush\"}\n";
+  ASSERT_TRUE(raw.Send(batch));
+  Settle();
+  EXPECT_EQ(handled_.load(), 8);  // the rest wait in the socket
+  // Answering lets more requests in (at most 8 owed at any time); answering every one that
+  // came lets all 30 in.
+  for (int round = 0; round < 100; ++round) {
+    int answered = OnLoop([&] {
+      EXPECT_LE(std::count_if(flushes_.begin(), flushes_.end(), [](const auto& r) { return r.pending(); }), 8);
+      int n = 0;
+      for (auto& r : flushes_) {
+        if (r.pending()) {
+          r(json{{"flushed_bytes", 0}});
+          ++n;
+        }
+      }
+      return n;
+    });
+    Settle();
+    if (handled_.load() == 30 && answered == 0) break;
+  }
+  EXPECT_EQ(handled_.load(), 30);
+  for (int i = 0; i < 30; ++i) {
+    json reply = raw.ReadJson();
+    ASSERT_EQ(reply["id"], i);
+    EXPECT_EQ(reply["ok"], true);
+  }
 }
 
 TEST_F(ControlTest, ManyClientsAtOnce) {
