@@ -240,6 +240,13 @@ void ClientConnection::ArmHeadTimer(Duration after) {
 
 void ClientConnection::OnHeadTimeout() {
   if (state_ != State::kReadingHead) return;  // an exchange is on: its end arms a new deadline
+  if (ClientBackedUp()) {
+    // The next head is not late: it waits for the client to read its answers (Drive), and
+    // the send timeout closes a client that stops reading.
+    waiting_since_ = proxy_->clock->Now();
+    ArmHeadTimer(proxy_->options.request_timeout);
+    return;
+  }
   const Duration left = waiting_since_ + proxy_->options.request_timeout - proxy_->clock->Now();
   if (left > Duration::zero()) {
     ArmHeadTimer(left);  // armed for an earlier head: this one has time left
@@ -290,6 +297,11 @@ void ClientConnection::Drive() {
     AssertInvariants();
     switch (state_) {
       case State::kReadingHead:
+        // A client that sends requests without reading the answers (pipelined, or a flood of
+        // /ghost/metrics) must not make the output grow without bound: its next request waits
+        // until the output has drained below half the watermark (OnWrite), and its input stops
+        // being read at kClientInputHigh.
+        if (ClientBackedUp()) return;
         if (!ParseNextHead()) return;
         continue;  // a head started an exchange (or an error answer)
 
@@ -678,6 +690,7 @@ void ClientConnection::OnWrite(bufferevent*, void* arg) {
       self->Drive();
       return;
     case State::kClosing:
+    case State::kReadingHead:  // the next request may have waited for the output to drain
       self->Drive();
       return;
     default:

@@ -714,7 +714,8 @@ const MemoryHitMemo& ClientConnection::HitMemo() {
   whole.headers.Add("Via", our_via);
   whole.headers.Add("X-Ghost-Source", "cache");
   std::string check;
-  if (http1::AppendResponseHead(whole, &check).ok() &&
+  // A 204's head has no Content-Length: it takes the general path (ServeFromCache).
+  if (m.head.status != 204 && http1::AppendResponseHead(whole, &check).ok() &&
       http1::AppendResponseHead(head, &memo->head).ok()) {
     memo->head.resize(memo->head.size() - 2);  // the empty line ending the head comes later
     memo->tail = "Via: " + our_via + "\r\nX-Ghost-Source: cache\r\n";
@@ -797,11 +798,13 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     fields.Add("Content-Range", "bytes " + std::to_string(range.first) + "-" +
                                     std::to_string(range.last) + "/" + std::to_string(stored.size));
   }
-  fields.Add("Content-Length", std::to_string(length));
+  // A 204 has no body and no Content-Length (RFC 9110 §8.6: a server MUST NOT send one).
+  if (status != 204) fields.Add("Content-Length", std::to_string(length));
   const bool head_only = ex.req.method == "HEAD";
-  if (head_only || length == 0) {
-    WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, !head_only,
-                      false);
+  if (head_only || length == 0 || status == 204) {
+    WriteResponseHead(status, "", std::move(fields), source,
+                      status == 204 ? Exchange::Framing::kNone : Exchange::Framing::kLength,
+                      !head_only && status != 204, false);
     ex.step = Exchange::Step::kDone;
     return;
   }
