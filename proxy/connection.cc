@@ -16,16 +16,21 @@
 //   └──────────────────────────────────────────────────────────────────────────────────┘
 //
 //   state              event                          action
-//   kReadingHead       input                          parse; head → StartExchange
+//   kReadingHead       input                          parse; head → StartExchange (not while
+//                                                     the output is above the high watermark)
+//   kReadingHead       client output drained          parse the next head (it waited)
 //   kReadingHead       head timer, deadline passed    part of a head: 408, then close;
 //                                                     nothing (idle): close
 //   kReadingHead       head timer, time left          re-arm for the rest (armed for an
 //                                                     earlier head)
-//   kReadingHead       client EOF                     answer complete heads, then close
+//   kReadingHead       client EOF                     answer complete heads, then kClosing
 //   kExchange          input                          request body → origin (when it takes it)
 //   kExchange          client output drained          resume the origin or the next cache slice
 //   kExchange          response complete (kDone)      log; next request or kClosing
-//   kExchange          client EOF / error             abort the exchange, close
+//   kExchange          client EOF, request complete   go on (a half-close); kClosing after
+//                                                     the answers to what the client sent
+//   kExchange          client EOF inside the request, abort the exchange, close
+//                      or error
 //   kTunnel            input on either side           relay, pausing a side whose peer is full
 //   kTunnel            EOF on either side             flush to the other side, then kExchange
 //                                                     (done) → kClosing
@@ -37,8 +42,8 @@
 //   any                socket error, send timeout     close at once
 //
 // Pipelined requests are answered in order because the parser is not asked for the next head
-// until the current response is complete; the bytes wait in the input buffer, whose size the
-// read watermark bounds.
+// until the current response is complete, nor while the client has not read the answers above
+// the high watermark; the bytes wait in the input buffer, whose size the read watermark bounds.
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -312,7 +317,8 @@ void ClientConnection::Drive() {
         if (!ex_->request_complete)
           keep_alive_ = false;  // its unread body would be read as a request
         FinishExchange();
-        if (keep_alive_ && !peer_closed_) {
+        // After a half-close, the requests the client sent before it are still answered.
+        if (keep_alive_ && (!peer_closed_ || evbuffer_get_length(input()) > 0)) {
           EnterReadingHead();
         } else {
           EnterClosing();
@@ -355,8 +361,10 @@ bool ClientConnection::ParseNextHead() {
     std::size_t len = 0;
     const std::string_view data = Pullup(input(), &len);
     if (len == 0 && peer_closed_) {
-      Close();  // the client closed between requests (or inside a head it never finished)
-      return false;
+      // The client closed between requests (or inside a head it never finished); what is owed
+      // to it (the answers to its earlier pipelined requests) still goes out.
+      EnterClosing();
+      return true;
     }
     if (len == 0) return false;
     const http1::Event e = parser_.Parse(data);
@@ -729,8 +737,14 @@ void ClientConnection::OnEvent(bufferevent*, short what, void* arg) {
       case State::kExchange:
         if (self->ex_->step == Exchange::Step::kDone) {
           self->Drive();  // finish (log) and close
+        } else if (self->ex_->request_complete) {
+          // A half-close after a whole request (`nc -N`, HTTP/1.0 tools): the client may still
+          // read, and the kernel cannot tell that from a close. The answer goes on; a client
+          // that is gone makes the next write fail (BEV_EVENT_ERROR), and Drive closes after
+          // the answer (peer_closed_).
+          bufferevent_disable(self->bev_.get(), EV_READ);
         } else {
-          self->Close();  // the client gave up on its answer
+          self->Close();  // the request ends in the middle: it cannot be answered
         }
         return;
       case State::kTunnel:

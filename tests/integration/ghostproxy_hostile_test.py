@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 18
+PLAN = 19
 BIG = random.Random(11).randbytes(300_000)
 
 
@@ -371,6 +371,36 @@ def main():
             and n204[-1][1].get("x-ghost-source") == "cache",
             "a 204 from the origin and from the cache carries no Content-Length and no body",
             [(s, f.get("content-length"), f.get("x-ghost-source")) for s, f, _ in n204])
+
+    # A half-close after the requests (`printf ... | nc -N`): the answers still come.
+    def half_closed(names):
+        s = socket.create_connection(("127.0.0.1", p.port), timeout=15)
+        s.sendall(b"".join(f"GET {base}{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in names))
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                data += d
+        except OSError:
+            pass
+        s.close()
+        return data
+    hc = half_closed(["par/p5.txt", "par/p6.txt", "big.bin"])  # two misses, a hit
+    want_hc = [files["par/p5.txt"], files["par/p6.txt"], BIG]
+    bodies = []
+    while hc.startswith(b"HTTP/1.1 200"):
+        m = re.search(rb"Content-Length: (\d+)\r\n", hc.split(b"\r\n\r\n")[0])
+        head_end = hc.index(b"\r\n\r\n") + 4
+        n = int(m.group(1)) if m else 0
+        bodies.append(hc[head_end:head_end + n])
+        hc = hc[head_end + n:]
+    t.check(bodies == want_hc and hc == b"",
+            "a client that half-closes after pipelining three requests (two misses, a hit) gets all "
+            "three answers whole",
+            f"{len(bodies)} answers, sizes {[len(b) for b in bodies]}, rest {hc[:80]!r}")
 
     # 6. A client that pipelines and does not read.
     one_request = b"GET /ghost/metrics HTTP/1.1\r\nHost: x\r\n\r\n"

@@ -1318,6 +1318,29 @@ TEST_F(ProxyTest, PipelinedRequestsWaitWhileTheClientDoesNotReadItsAnswers) {
   EXPECT_EQ(answered, kRequests);
 }
 
+TEST_F(ProxyTest, HalfClosedClientStillGetsItsAnswers) {
+  // `printf 'GET ...' | nc -N proxy 3128`: the client sends its requests, shuts down its
+  // sending side and reads. The answers (here slower than the EOF) must still arrive; the proxy
+  // used to take the EOF for an abort and close without answering.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request& r) {
+    std::this_thread::sleep_for(100ms);
+    return Response(200, "Cache-Control: no-store\r\n", "answer for " + r.head.target);
+  });
+  StartProxy();
+  Fd c = ConnectTo(port_);
+  SendAll(c.get(), "GET " + origin.url("/a") + " HTTP/1.1\r\nHost: x\r\n\r\nGET " +
+                       origin.url("/b") + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  ::shutdown(c.get(), SHUT_WR);
+  Reader reader(c.get());
+  Reply a = reader.Next();
+  Reply b = reader.Next();
+  EXPECT_TRUE(a.complete);
+  EXPECT_EQ(a.body, "answer for /a");
+  EXPECT_TRUE(b.complete);
+  EXPECT_EQ(b.body, "answer for /b");
+  EXPECT_EQ(ReadUntilEof(c.get()), "");  // then the proxy closes
+}
+
 // ---- CONNECT ----
 
 TEST_F(ProxyTest, ConnectTunnelsToAnAllowedPort) {
