@@ -12,7 +12,10 @@ scripted hostile origin on 127.0.0.1), each answer checked byte for byte against
   stored or served later as complete, an over-long body is stored as its declared length; a
   chunked body with trailers, 1xx before the answer;
 - a response with Set-Cookie is not handed to another client from the cache (it was); a 204
-  from the cache has no Content-Length (it had one, RFC 9110 §8.6 forbids it);
+  from the cache has no Content-Length (it had one, RFC 9110 §8.6 forbids it); a body with a
+  transfer coding besides chunked gets 502 (the proxy dropped the coding's name and passed the
+  coded bytes on as the body, and stored them);
+- a client that half-closes after its requests (`nc -N`) gets every answer (it got none);
 - a client that pipelines thousands of requests and reads nothing: the proxy's memory stays
   bounded (it grew by 200 MB in 8 s) and it answers every request once the client reads;
 - a proxy with 64 file descriptors under 150 connections answers each with 200, 503 or 504,
@@ -35,7 +38,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 19
+PLAN = 20
 BIG = random.Random(11).randbytes(300_000)
 
 
@@ -133,6 +136,9 @@ class HostileOrigin:
                 continue
             if path == "/204":
                 c.sendall(b"HTTP/1.1 204 No Content\r\nCache-Control: max-age=3600\r\n\r\n")
+                continue
+            if path == "/te-gzip":  # a transfer coding besides chunked
+                c.sendall(head + b"Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
                 continue
             if path == "/gzip":
                 z = gzip.compress(BIG[:30000])
@@ -366,6 +372,10 @@ def main():
             and bad.count("/cookie") == 2,
             "a response with Set-Cookie is not stored: the second client never gets the first one's cookie",
             (c1[1].get("set-cookie"), c2[1].get("set-cookie"), c2[1].get("x-ghost-source")))
+    te = [parse(get(p.port, bad.url("/te-gzip"))) for _ in range(2)]
+    t.check(all(s == 502 for s, _, _ in te) and bad.count("/te-gzip") == 2,
+            "a body with a transfer coding besides chunked (which the client would take for the body) "
+            "gets 502 and is not stored", [(s, f.get("transfer-encoding"), b and b[:20]) for s, f, b in te])
     n204 = [parse(get(p.port, bad.url("/204"))) for _ in range(3)]
     t.check(all(s == 204 and "content-length" not in f and b == b"" for s, f, b in n204)
             and n204[-1][1].get("x-ghost-source") == "cache",

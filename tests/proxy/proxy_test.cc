@@ -1202,6 +1202,26 @@ TEST_F(ProxyTest, MalformedOriginResponseGets502) {
   EXPECT_EQ(r.Source(), "proxy");
 }
 
+TEST_F(ProxyTest, TransferCodingOtherThanChunkedGets502) {
+  // The proxy strips Transfer-Encoding with the chunked framing: a gzip coding would reach the
+  // client (and the cache) as the body itself. It is refused; chunked alone passes.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request& r) {
+    const std::string te = r.head.target == "/gz" ? "gzip, chunked" : "chunked";
+    return "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: " + te +
+           "\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+  });
+  StartProxy();
+  Reply gz = Get(origin.url("/gz"));
+  EXPECT_EQ(gz.status, 502);
+  EXPECT_EQ(gz.Source(), "proxy");
+  Reply plain = Get(origin.url("/plain"));
+  EXPECT_EQ(plain.status, 200);
+  EXPECT_EQ(plain.body, "hello");
+  EXPECT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));  // /plain only
+  Reply again = Get(origin.url("/gz"));
+  EXPECT_EQ(again.status, 502);  // nothing of /gz was stored
+}
+
 TEST_F(ProxyTest, EvictedCopyIsFetchedAgain) {
   ScriptedOrigin origin([](const ScriptedOrigin::Request&) {
     return Response(200, "Cache-Control: max-age=600\r\n", "body");
