@@ -27,10 +27,10 @@
 //   kExchange          input                          request body → origin (when it takes it)
 //   kExchange          client output drained          resume the origin or the next cache slice
 //   kExchange          response complete (kDone)      log; next request or kClosing
-//   kExchange          client EOF, request complete   go on (a half-close); kClosing after
-//                                                     the answers to what the client sent
-//   kExchange          client EOF inside the request, abort the exchange, close
-//                      or error
+//   kExchange          client EOF                     go on (a half-close); kClosing after
+//                                                     the answers to what the client sent; a
+//                                                     request body cut short: abort, close
+//   kExchange          client error                   abort the exchange, close
 //   kTunnel            input on either side           relay, pausing a side whose peer is full
 //   kTunnel            EOF on either side             flush to the other side, then kExchange
 //                                                     (done) → kClosing
@@ -737,14 +737,14 @@ void ClientConnection::OnEvent(bufferevent*, short what, void* arg) {
       case State::kExchange:
         if (self->ex_->step == Exchange::Step::kDone) {
           self->Drive();  // finish (log) and close
-        } else if (self->ex_->request_complete) {
-          // A half-close after a whole request (`nc -N`, HTTP/1.0 tools): the client may still
+        } else {
+          // A half-close after the request (`nc -N`, HTTP/1.0 tools): the client may still
           // read, and the kernel cannot tell that from a close. The answer goes on; a client
           // that is gone makes the next write fail (BEV_EVENT_ERROR), and Drive closes after
-          // the answer (peer_closed_).
+          // the answer (peer_closed_). A request body still in the input goes to the origin;
+          // one that ends short is found there (PumpRequestBody aborts).
           bufferevent_disable(self->bev_.get(), EV_READ);
-        } else {
-          self->Close();  // the request ends in the middle: it cannot be answered
+          if (!self->ex_->request_complete) self->Drive();
         }
         return;
       case State::kTunnel:
