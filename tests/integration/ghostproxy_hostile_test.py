@@ -147,6 +147,19 @@ class HostileOrigin:
             c.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
 
+def read_to_close(s):
+    """What the peer sends until it closes; a reset or timeout is marked at the end."""
+    out = b""
+    try:
+        while True:
+            d = s.recv(65536)
+            if not d:
+                return out
+            out += d
+    except (ConnectionResetError, socket.timeout) as e:
+        return out + b"<" + type(e).__name__.encode() + b">"
+
+
 def exchange(port, data, timeout=15, rcvbuf=0):
     """Sends `data` on a new connection and reads until the proxy closes it."""
     s = socket.socket()
@@ -154,19 +167,13 @@ def exchange(port, data, timeout=15, rcvbuf=0):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(timeout)
     s.connect(("127.0.0.1", port))
-    out = b""
     try:
         s.sendall(data)
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            out += d
-    except (ConnectionResetError, socket.timeout) as e:
-        out += b"<" + type(e).__name__.encode() + b">"
+        return read_to_close(s)
+    except OSError as e:
+        return b"<" + type(e).__name__.encode() + b">"
     finally:
         s.close()
-    return out
 
 
 def get(port, url, fields=""):
@@ -271,13 +278,7 @@ def main():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
     bad = HostileOrigin()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url())
     p = Proxy(work, mnt, ctl)
     if not p.up:
         t.skip_rest(PLAN, "ghostproxy did not start")
@@ -387,15 +388,7 @@ def main():
         s = socket.create_connection(("127.0.0.1", p.port), timeout=15)
         s.sendall(b"".join(f"GET {base}{n} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for n in names))
         s.shutdown(socket.SHUT_WR)
-        data = b""
-        try:
-            while True:
-                d = s.recv(65536)
-                if not d:
-                    break
-                data += d
-        except OSError:
-            pass
+        data = read_to_close(s)
         s.close()
         return data
     hc = half_closed(["par/p5.txt", "par/p6.txt", "big.bin"])  # two misses, a hit
@@ -456,13 +449,7 @@ def main():
     def one(i, c):
         try:
             c.sendall(f"GET {base}par/p{i % 20}.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            data = b""
-            while True:
-                d = c.recv(65536)
-                if not d:
-                    break
-                data += d
-            results[i] = parse(data)[0]
+            results[i] = parse(read_to_close(c))[0]
         except OSError as e:
             results[i] = type(e).__name__
         finally:
