@@ -98,6 +98,16 @@ std::optional<std::int64_t> ExpiresAt(const FreshnessInfo& f, std::int64_t now_u
   return now_unix + WholeSeconds(f.lifetime) - WholeSeconds(f.age);
 }
 
+// The request carries fields that can make the origin answer something other than the
+// resource as it is (RFC 9110 §13, §14): a range, or a precondition.
+bool AnswersRequestFields(const http1::RequestHead& request) {
+  for (const char* name : {"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since",
+                           "If-Unmodified-Since"}) {
+    if (request.headers.Count(name) > 0) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 // ---- Keys ----
@@ -185,6 +195,12 @@ StorageDecision DecideStorage(const http1::RequestHead& request,
     d.why_not = "the request says no-store";
     return d;
   }
+  if (response.status != 200 && AnswersRequestFields(request)) {
+    // A 416 to `Range: bytes=9999999-`, a 412 to If-Match: stored under the URL, it would answer
+    // every later request for it (with max-age, as nginx's `expires` gives its 416 pages).
+    d.why_not = "an answer to a Range or a precondition the cache key does not hold";
+    return d;
+  }
   const HttpResponseHead head = response.ToCacheHead();
   if (ListHas(head.FindAll("Vary"), "*")) {
     d.why_not = "Vary: * (no later request can be known to match)";
@@ -198,6 +214,11 @@ StorageDecision DecideStorage(const http1::RequestHead& request,
   }
   if (cc.is_private) {
     d.why_not = "the response is private";
+    return d;
+  }
+  if (head.Find("Set-Cookie")) {
+    // One client's cookie (a session) would be handed to every other client (DESIGN §4.3).
+    d.why_not = "the response sets a cookie (Set-Cookie)";
     return d;
   }
   if (!d.freshness.storable) {

@@ -75,8 +75,10 @@ struct StorageDecision {
 // May `response` to `request`, received at `now_unix`, be stored (RFC 9111 §3)? Only complete
 // responses to GET: a final status that is cacheable by default or has explicit freshness
 // (ComputeFreshness), no no-store in the request or response, not private, no `Vary: *`, not a
-// 206 (the cache keeps whole bodies) and, for a request with Authorization, only with public,
-// s-maxage or must-revalidate (§3.5).
+// 206 (the cache keeps whole bodies), not setting a cookie (Set-Cookie: one client's cookie is
+// not for the others, as nginx and Varnish decide), only a 200 to a request with Range or a
+// precondition (a 416 or 412 answers the request's fields, which the key does not hold) and,
+// for a request with Authorization, only with public, s-maxage or must-revalidate (§3.5).
 StorageDecision DecideStorage(const http1::RequestHead& request,
                               const http1::ResponseHead& response, std::int64_t now_unix,
                               Duration heuristic_default);

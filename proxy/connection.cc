@@ -16,16 +16,21 @@
 //   └──────────────────────────────────────────────────────────────────────────────────┘
 //
 //   state              event                          action
-//   kReadingHead       input                          parse; head → StartExchange
+//   kReadingHead       input                          parse; head → StartExchange (not while
+//                                                     the output is above the high watermark)
+//   kReadingHead       client output drained          parse the next head (it waited)
 //   kReadingHead       head timer, deadline passed    part of a head: 408, then close;
 //                                                     nothing (idle): close
 //   kReadingHead       head timer, time left          re-arm for the rest (armed for an
 //                                                     earlier head)
-//   kReadingHead       client EOF                     answer complete heads, then close
+//   kReadingHead       client EOF                     answer complete heads, then kClosing
 //   kExchange          input                          request body → origin (when it takes it)
 //   kExchange          client output drained          resume the origin or the next cache slice
 //   kExchange          response complete (kDone)      log; next request or kClosing
-//   kExchange          client EOF / error             abort the exchange, close
+//   kExchange          client EOF                     go on (a half-close); kClosing after
+//                                                     the answers to what the client sent; a
+//                                                     request body cut short: abort, close
+//   kExchange          client error                   abort the exchange, close
 //   kTunnel            input on either side           relay, pausing a side whose peer is full
 //   kTunnel            EOF on either side             flush to the other side, then kExchange
 //                                                     (done) → kClosing
@@ -37,8 +42,8 @@
 //   any                socket error, send timeout     close at once
 //
 // Pipelined requests are answered in order because the parser is not asked for the next head
-// until the current response is complete; the bytes wait in the input buffer, whose size the
-// read watermark bounds.
+// until the current response is complete, nor while the client has not read the answers above
+// the high watermark; the bytes wait in the input buffer, whose size the read watermark bounds.
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -240,6 +245,13 @@ void ClientConnection::ArmHeadTimer(Duration after) {
 
 void ClientConnection::OnHeadTimeout() {
   if (state_ != State::kReadingHead) return;  // an exchange is on: its end arms a new deadline
+  if (ClientBackedUp()) {
+    // The next head is not late: it waits for the client to read its answers (Drive), and
+    // the send timeout closes a client that stops reading.
+    waiting_since_ = proxy_->clock->Now();
+    ArmHeadTimer(proxy_->options.request_timeout);
+    return;
+  }
   const Duration left = waiting_since_ + proxy_->options.request_timeout - proxy_->clock->Now();
   if (left > Duration::zero()) {
     ArmHeadTimer(left);  // armed for an earlier head: this one has time left
@@ -290,6 +302,11 @@ void ClientConnection::Drive() {
     AssertInvariants();
     switch (state_) {
       case State::kReadingHead:
+        // A client that sends requests without reading the answers (pipelined, or a flood of
+        // /ghost/metrics) must not make the output grow without bound: its next request waits
+        // until the output has drained below half the watermark (OnWrite), and its input stops
+        // being read at kClientInputHigh.
+        if (ClientBackedUp()) return;
         if (!ParseNextHead()) return;
         continue;  // a head started an exchange (or an error answer)
 
@@ -300,7 +317,8 @@ void ClientConnection::Drive() {
         if (!ex_->request_complete)
           keep_alive_ = false;  // its unread body would be read as a request
         FinishExchange();
-        if (keep_alive_ && !peer_closed_) {
+        // After a half-close, the requests the client sent before it are still answered.
+        if (keep_alive_ && (!peer_closed_ || evbuffer_get_length(input()) > 0)) {
           EnterReadingHead();
         } else {
           EnterClosing();
@@ -343,8 +361,10 @@ bool ClientConnection::ParseNextHead() {
     std::size_t len = 0;
     const std::string_view data = Pullup(input(), &len);
     if (len == 0 && peer_closed_) {
-      Close();  // the client closed between requests (or inside a head it never finished)
-      return false;
+      // The client closed between requests (or inside a head it never finished); what is owed
+      // to it (the answers to its earlier pipelined requests) still goes out.
+      EnterClosing();
+      return true;
     }
     if (len == 0) return false;
     const http1::Event e = parser_.Parse(data);
@@ -678,6 +698,7 @@ void ClientConnection::OnWrite(bufferevent*, void* arg) {
       self->Drive();
       return;
     case State::kClosing:
+    case State::kReadingHead:  // the next request may have waited for the output to drain
       self->Drive();
       return;
     default:
@@ -717,7 +738,13 @@ void ClientConnection::OnEvent(bufferevent*, short what, void* arg) {
         if (self->ex_->step == Exchange::Step::kDone) {
           self->Drive();  // finish (log) and close
         } else {
-          self->Close();  // the client gave up on its answer
+          // A half-close after the request (`nc -N`, HTTP/1.0 tools): the client may still
+          // read, and the kernel cannot tell that from a close. The answer goes on; a client
+          // that is gone makes the next write fail (BEV_EVENT_ERROR), and Drive closes after
+          // the answer (peer_closed_). A request body still in the input goes to the origin;
+          // one that ends short is found there (PumpRequestBody aborts).
+          bufferevent_disable(self->bev_.get(), EV_READ);
+          if (!self->ex_->request_complete) self->Drive();
         }
         return;
       case State::kTunnel:

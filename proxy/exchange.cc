@@ -28,6 +28,21 @@
 namespace ghost::proxy_internal {
 namespace {
 
+// The first transfer coding of a response with a body that is not chunked ("" when none).
+std::string OtherTransferCoding(const http1::ResponseHead& head) {
+  if (head.framing == http1::BodyFraming::kNone) return "";
+  const std::string te = head.headers.FindAll("Transfer-Encoding");
+  std::size_t i = 0;
+  while (i <= te.size()) {
+    std::size_t comma = te.find(',', i);
+    if (comma == std::string::npos) comma = te.size();
+    const std::string_view coding = TrimBlanks(std::string_view(te).substr(i, comma - i));
+    if (!coding.empty() && !EqualsIgnoreCase(coding, "chunked")) return std::string(coding);
+    i = comma + 1;
+  }
+  return "";
+}
+
 bool IsServerFailure(int status) {
   return status == 500 || status == 502 || status == 503 || status == 504;
 }
@@ -396,6 +411,16 @@ void ClientConnection::OnOriginReadable(bool force) {
       case http1::EventType::kHead:
         evbuffer_drain(o.input(), e.consumed);
         if (o.parser().head().status < 200) continue;  // 1xx: the final response follows
+        if (const std::string coding = OtherTransferCoding(o.parser().head()); !coding.empty()) {
+          // The proxy removes the chunked framing and with it the Transfer-Encoding field: the
+          // client (and the cache) would take gzip-coded bytes for the body (as nginx does,
+          // such a response is refused).
+          OnOriginFailed(Status::InvalidArgument("bad response from " + o.pool_key() +
+                                                 ": transfer coding \"" + coding +
+                                                 "\" (the proxy passes on only chunked)"),
+                         /*bad_response=*/true);
+          return;
+        }
         ex.origin_head_seen = true;
         ex.origin_head = o.parser().head();
         OnOriginHead();
@@ -714,7 +739,8 @@ const MemoryHitMemo& ClientConnection::HitMemo() {
   whole.headers.Add("Via", our_via);
   whole.headers.Add("X-Ghost-Source", "cache");
   std::string check;
-  if (http1::AppendResponseHead(whole, &check).ok() &&
+  // A 204's head has no Content-Length: it takes the general path (ServeFromCache).
+  if (m.head.status != 204 && http1::AppendResponseHead(whole, &check).ok() &&
       http1::AppendResponseHead(head, &memo->head).ok()) {
     memo->head.resize(memo->head.size() - 2);  // the empty line ending the head comes later
     memo->tail = "Via: " + our_via + "\r\nX-Ghost-Source: cache\r\n";
@@ -797,11 +823,13 @@ void ClientConnection::ServeFromCache(const StoredResponse& stored, ResultCode c
     fields.Add("Content-Range", "bytes " + std::to_string(range.first) + "-" +
                                     std::to_string(range.last) + "/" + std::to_string(stored.size));
   }
-  fields.Add("Content-Length", std::to_string(length));
+  // A 204 has no body and no Content-Length (RFC 9110 §8.6: a server MUST NOT send one).
+  if (status != 204) fields.Add("Content-Length", std::to_string(length));
   const bool head_only = ex.req.method == "HEAD";
-  if (head_only || length == 0) {
-    WriteResponseHead(status, "", std::move(fields), source, Exchange::Framing::kLength, !head_only,
-                      false);
+  if (head_only || length == 0 || status == 204) {
+    WriteResponseHead(status, "", std::move(fields), source,
+                      status == 204 ? Exchange::Framing::kNone : Exchange::Framing::kLength,
+                      !head_only && status != 204, false);
     ex.step = Exchange::Step::kDone;
     return;
   }

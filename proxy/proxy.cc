@@ -221,6 +221,7 @@ bool Impl::PreemptWaiting() {
   std::shared_ptr<ClientConnection> oldest;
   for (const auto& [id, c] : connections) {
     if (!c->holds_place_ || c->state_ != ClientConnection::State::kReadingHead) continue;
+    if (c->ClientBackedUp()) continue;  // busy sending answers; its next head waits for us
     if (now - c->waiting_since_ < options.preempt_after) continue;
     if (!oldest || c->waiting_since_ < oldest->waiting_since_) oldest = c;
   }

@@ -792,6 +792,20 @@ def mark_old(maildir):
     return moved
 
 
+def mount_origin(t, plan, work, origin_url):
+    """ghostfs mounted at WORK/mnt with `origin_url` as www/ and its control socket at
+    WORK/control.sock; the rest of the plan is skipped if it does not mount. Returns (fs, mnt,
+    control)."""
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    ctl = os.path.join(work, "control.sock")
+    fs = Ghostfs(mnt, os.path.join(work, "cache"), {"www": origin_url}, control=ctl)
+    if not fs.start():
+        t.skip_rest(plan, "ghostfs did not mount")
+        t.done()
+    return fs, mnt, ctl
+
+
 def read_bytes(path):
     """The whole file at `path` (through the mount: one open, reads to the end, close)."""
     with open(path, "rb") as f:

@@ -153,6 +153,19 @@ TEST(CachePolicyTest, StorageFollowsRfc9111Section3) {
                     Resp(200, {{"Cache-Control", "s-maxage=60"}})));
   EXPECT_TRUE(store(Req("GET", {{"Authorization", "Basic x"}}),
                     Resp(200, {{"Cache-Control", "must-revalidate"}})));
+  // A cookie is one client's; the answer to a range or a precondition is not the resource's.
+  EXPECT_FALSE(store(Req("GET"), Resp(200, {{"Cache-Control", "max-age=60"},
+                                            {"Set-Cookie", "session=1"}})));
+  for (const char* field : {"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since",
+                            "If-Unmodified-Since"}) {
+    SCOPED_TRACE(field);
+    EXPECT_FALSE(store(Req("GET", {{field, "bytes=999999-"}}),
+                       Resp(416, {{"Cache-Control", "max-age=60"}})));
+    EXPECT_FALSE(store(Req("GET", {{field, "x"}}), Resp(412, {{"Cache-Control", "max-age=60"}})));
+    EXPECT_FALSE(store(Req("GET", {{field, "x"}}), Resp(404)));
+    EXPECT_TRUE(store(Req("GET", {{field, "x"}}), Resp(200, {{"Cache-Control", "max-age=60"}})));
+  }
+  EXPECT_TRUE(store(Req("GET"), Resp(416, {{"Cache-Control", "max-age=60"}})));
   EXPECT_STRNE(
       DecideStorage(Req("GET"), Resp(200, {{"Cache-Control", "private"}}), kNow, kHeuristic)
           .why_not,

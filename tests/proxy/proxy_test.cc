@@ -1202,6 +1202,26 @@ TEST_F(ProxyTest, MalformedOriginResponseGets502) {
   EXPECT_EQ(r.Source(), "proxy");
 }
 
+TEST_F(ProxyTest, TransferCodingOtherThanChunkedGets502) {
+  // The proxy strips Transfer-Encoding with the chunked framing: a gzip coding would reach the
+  // client (and the cache) as the body itself. It is refused; chunked alone passes.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request& r) {
+    const std::string te = r.head.target == "/gz" ? "gzip, chunked" : "chunked";
+    return "HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nTransfer-Encoding: " + te +
+           "\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+  });
+  StartProxy();
+  Reply gz = Get(origin.url("/gz"));
+  EXPECT_EQ(gz.status, 502);
+  EXPECT_EQ(gz.Source(), "proxy");
+  Reply plain = Get(origin.url("/plain"));
+  EXPECT_EQ(plain.status, 200);
+  EXPECT_EQ(plain.body, "hello");
+  EXPECT_TRUE(WaitFor([&] { return backend_->counters().commits == 1; }));  // /plain only
+  Reply again = Get(origin.url("/gz"));
+  EXPECT_EQ(again.status, 502);  // nothing of /gz was stored
+}
+
 TEST_F(ProxyTest, EvictedCopyIsFetchedAgain) {
   ScriptedOrigin origin([](const ScriptedOrigin::Request&) {
     return Response(200, "Cache-Control: max-age=600\r\n", "body");
@@ -1274,6 +1294,79 @@ TEST_F(ProxyTest, SlowClientPausesTheOrigin) {
   origin.join();
   ASSERT_TRUE(r.complete);
   EXPECT_EQ(r.body.size(), kBody);
+}
+
+TEST_F(ProxyTest, PipelinedRequestsWaitWhileTheClientDoesNotReadItsAnswers) {
+  // A client sends thousands of pipelined requests for the proxy's own page and reads nothing.
+  // The proxy must stop taking requests once its output for the client is above the high
+  // watermark (else the output, ~3 KB per 40-byte request, grows without bound: 200 MB in 8 s
+  // before the fix), then answer every one of them once the client reads.
+  constexpr int kRequests = 20000;
+  ProxyOptions o = Options();
+  o.high_watermark = 64 * 1024;
+  StartProxy(o);
+  Fd c = ConnectTo(port_, nullptr, /*rcvbuf=*/16 * 1024);
+  std::string all;
+  for (int i = 0; i < kRequests; ++i) all += "GET /ghost/metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::atomic<bool> sent{false};
+  std::thread sender([&] {
+    // Sending blocks until the test reads (the proxy stops reading too): no send timeout.
+    timeval none{0, 0};
+    setsockopt(c.get(), SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+    SendAll(c.get(), all);
+    sent = true;
+  });
+  // Wait until the proxy stops answering (its request count stands still).
+  std::uint64_t last = 0;
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(50ms);
+    const std::uint64_t now = OnLoop([&] { return proxy_->stats().requests; });
+    if (now > 0 && now == last) break;
+    last = now;
+  }
+  EXPECT_LT(last, static_cast<std::uint64_t>(kRequests / 4))
+      << "the proxy answered requests into its output while the client read nothing";
+  // Now read everything: every request gets its whole answer, in order.
+  Reader reader(c.get());
+  int answered = 0;
+  for (; answered < kRequests; ++answered) {
+    Reply r = reader.Next();
+    if (!r.complete || r.status != 200) break;
+  }
+  sender.join();
+  EXPECT_TRUE(sent);
+  EXPECT_EQ(answered, kRequests);
+}
+
+TEST_F(ProxyTest, HalfClosedClientStillGetsItsAnswers) {
+  // `printf 'GET ...' | nc -N proxy 3128`: the client sends its requests, shuts down its
+  // sending side and reads. The answers (here slower than the EOF) must still arrive; the proxy
+  // used to take the EOF for an abort and close without answering.
+  ScriptedOrigin origin([](const ScriptedOrigin::Request& r) {
+    std::this_thread::sleep_for(100ms);
+    return Response(200, "Cache-Control: no-store\r\n", "answer for " + r.head.target + r.body);
+  });
+  StartProxy();
+  Fd c = ConnectTo(port_);
+  SendAll(c.get(), "GET " + origin.url("/a") + " HTTP/1.1\r\nHost: x\r\n\r\nPOST " +
+                       origin.url("/b") + " HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n+xyz");
+  ::shutdown(c.get(), SHUT_WR);
+  Reader reader(c.get());
+  Reply a = reader.Next();
+  Reply b = reader.Next();
+  EXPECT_TRUE(a.complete);
+  EXPECT_EQ(a.body, "answer for /a");
+  EXPECT_TRUE(b.complete);
+  EXPECT_EQ(b.body, "answer for /b+xyz");  // its body went to the origin after the EOF
+  EXPECT_EQ(ReadUntilEof(c.get()), "");  // then the proxy closes
+
+  // A body cut short by the close is not forwarded as if whole: no answer from the origin.
+  Fd cut = ConnectTo(port_);
+  SendAll(cut.get(), "POST " + origin.url("/c") +
+                         " HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nshort");
+  ::shutdown(cut.get(), SHUT_WR);
+  const std::string rest = ReadUntilEof(cut.get());
+  EXPECT_EQ(rest.find("answer for /c"), std::string::npos) << rest;
 }
 
 // ---- CONNECT ----
