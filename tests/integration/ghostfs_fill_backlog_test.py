@@ -5,7 +5,7 @@ not grow ghostfs's RSS past the bound (fill_backlog_max, default 64 MiB) plus a 
 the stores are answered later (back pressure: the control server stops reading a client owed
 too many answers), never refused and never lost. Every store is answered "stored", every object
 is in the index afterwards and reads back byte-identical, and another control client is answered
-promptly throughout. A second storm against a bound of 256 KiB (--fill-backlog-max) shows the
+promptly throughout. A second storm against a bound of 32 KiB (--fill-backlog-max) shows the
 stores held back and the backlog's count within it. Run on a daemon without the bound, ghostfs
 held every queued fill (here +132 MB; 1.27 GB at a million 512-byte objects). TAP; skipped
 without root or /dev/fuse."""
@@ -24,7 +24,8 @@ import harness as h  # noqa: E402
 PLAN = 12
 N = int(os.environ.get("GHOST_FILL_STORM", "24000"))
 N_SMALL = 8000            # the second storm, against a bound of SMALL_BOUND
-SMALL_BOUND = 256 << 10
+SMALL_BOUND = 32 << 10  # two fills: with the write queue merging behind a busy writer (advfs11) the
+#                          storm no longer passes 256 KiB (peak 215 KB), so the holds would not engage
 BODY = 12 * 1024          # under the inline limit (16 KiB)
 BOUND = 64 << 20          # ghostfs's default fill_backlog_max
 SLACK = 48 << 20          # held requests, socket buffers, sqlite's cache, malloc's slack
@@ -168,7 +169,7 @@ def main():
 
     # A bound the storm does pass: the stores wait for it, none is lost.
     fs = h.Ghostfs(mnt, cache, {}, control=sock_path, args=["--fill-backlog-max", str(SMALL_BOUND)])
-    if not t.check(fs.start(), "mounts again with --fill-backlog-max 256K", fs.output()):
+    if not t.check(fs.start(), "mounts again with --fill-backlog-max 32K", fs.output()):
         t.skip_rest(PLAN, "not mounted")
         t.done()
     grew, st = storm(t, fs, sock_path, N_SMALL, "small", SMALL_BOUND)
