@@ -168,6 +168,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (const char* v = std::getenv("GHOST_SHAPER_HOLD_RTTS")) so.hold_rtts = std::atof(v);
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
+  // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
+  if (const char* v = std::getenv("GHOST_SHAPER_TD_GRANT_MS"))
+    so.td_grant = Millis(std::atof(v));
+  if (const char* v = std::getenv("GHOST_SHAPER_WAKE_LEAD_MS"))
+    so.wake_lead = Millis(std::atof(v));
   start_ = clock_->Now();
   last_arrival_ = start_;
   progress_at_ = start_;
