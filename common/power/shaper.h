@@ -144,12 +144,16 @@ struct ShaperOptions {
   // the sender can send nothing more until the next open moves the window's right edge, so
   // the burst-end wait (the 3 ms floor, for jitter inside a window that is still coming) only
   // keeps the card awake and delays the open. A flat wait, not the (W − P)·IA + 4·ID formula:
-  // no packet of the grant is left to come. `td_grant` ≥ td_min turns it off.
-  Duration td_grant = Millis(3);
+  // no packet of the grant is left to come. `td_grant` ≥ td_min turns it off (the proxy:
+  // GHOST_SHAPER_TD_GRANT_MS=3). 0.5 ms: measured with the wake lead below against main's
+  // defaults, interleaved, at 60 ms / 0% (RESULTS.md, round 11).
+  Duration td_grant = Millis(0.5);
   // Wake this long before the next burst is due (on top of the card's own wake-up time): the
   // shaper's guard against a burst earlier than one min RTT after the open (a late-timed open,
-  // a min RTT estimated high). Each millisecond costs P_idle·1 ms per cycle.
-  Duration wake_lead = Millis(2);
+  // a min RTT estimated high). Each millisecond costs P_idle·1 ms per cycle. Until round 10
+  // 2 ms; the first data after an open came 0.0–0.2 ms after the open + min RTT in the
+  // captures of round 11 (--diagnose, 60 ms / 0%), so 0.5 ms (GHOST_SHAPER_WAKE_LEAD_MS).
+  Duration wake_lead = Millis(0.5);
   // When the next burst is due after an open. 0 (the paper's): one min RTT. Above 0: this
   // percentile (0..1) of the last 16 open→first-data delays seen on the connection, once 2
   // are, within [½, 2] min RTT (ExpectedDelay). The card must be awake before data can come,
