@@ -222,6 +222,7 @@ TEST_F(DownloadShaperTest, CompleteWindowEndsBelowTheJitterFloor) {
   o.mode = ShapeMode::kAlways;
   o.window = 16 * kMss;
   o.td_full = Millis(1);
+  o.td_grant = o.td_min;  // td_full alone (td_grant: WholeGrantEndsAfterTdGrantNotTheJitterFloor)
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(Millis(60));
   TimePoint t{};
