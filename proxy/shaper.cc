@@ -10,7 +10,9 @@
 #include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <time.h>
 
@@ -168,6 +170,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (const char* v = std::getenv("GHOST_SHAPER_HOLD_RTTS")) so.hold_rtts = std::atof(v);
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
+  // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
+  if (const char* v = std::getenv("GHOST_SHAPER_TD_GRANT_MS"))
+    so.td_grant = Millis(std::atof(v));
+  if (const char* v = std::getenv("GHOST_SHAPER_WAKE_LEAD_MS"))
+    so.wake_lead = Millis(std::atof(v));
   start_ = clock_->Now();
   last_arrival_ = start_;
   progress_at_ = start_;
@@ -188,7 +195,13 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
 
   event_base* base = bufferevent_get_base(bev_);
   watch_ = event_new(base, fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnWatch, this);
-  timer_ = evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
+  // GHOST_SHAPER_COARSE_TIMER=1: libevent's own timer, as before round 11 (side-by-side runs).
+  if (!EnvIs("GHOST_SHAPER_COARSE_TIMER", "1")) {
+    timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  }
+  timer_ = timer_fd_ >= 0
+               ? event_new(base, timer_fd_, EV_READ | EV_PERSIST, &UpstreamShaper::OnTimerEvent, this)
+               : evtimer_new(base, &UpstreamShaper::OnTimerEvent, this);
   deliver_ = event_new(base, -1, 0, &UpstreamShaper::OnDeliver, this);
   evbuffer_add_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
 
@@ -233,6 +246,7 @@ UpstreamShaper::~UpstreamShaper() {
   evbuffer_remove_cb(bufferevent_get_input(bev_), &UpstreamShaper::OnInput, this);
   if (watch_) event_free(watch_);
   if (timer_) event_free(timer_);
+  if (timer_fd_ >= 0) close(timer_fd_);
   if (deliver_) event_free(deliver_);
   if (tap_event_) event_free(tap_event_);
   tap_.reset();
@@ -423,8 +437,33 @@ void UpstreamShaper::OnWatch(int, short, void* arg) {
   self->Step();
 }
 
+void UpstreamShaper::ArmTimer(std::optional<Duration> in) {
+  if (timer_fd_ < 0) {
+    event_del(timer_);
+    if (!in) return;
+    timeval tv{static_cast<time_t>(in->count() / 1000000), static_cast<suseconds_t>(in->count() % 1000000)};
+    event_add(timer_, &tv);
+    return;
+  }
+  // Persistent on the descriptor; a zero it_value disarms it.
+  const auto ns = in ? std::max<std::int64_t>(
+                           1, std::chrono::duration_cast<std::chrono::nanoseconds>(*in).count())
+                     : 0;
+  itimerspec spec{};
+  spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+  spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  timerfd_settime(timer_fd_, 0, &spec, nullptr);
+  if (in && !event_pending(timer_, EV_READ, nullptr)) event_add(timer_, nullptr);
+}
+
 void UpstreamShaper::OnTimerEvent(int, short, void* arg) {
   auto* self = static_cast<UpstreamShaper*>(arg);
+  if (self->timer_fd_ >= 0) {
+    std::uint64_t expirations = 0;
+    if (read(self->timer_fd_, &expirations, sizeof expirations) < 0) {
+      // EAGAIN: disarmed or re-armed since it fired; the deadlines below decide anyway.
+    }
+  }
   self->DrainTap();
   const TimePoint now = std::max(self->clock_->Now(), self->last_arrival_);
   if (!self->reading_) self->Observe(now, /*woke_readable=*/false);
@@ -652,7 +691,6 @@ void UpstreamShaper::Step() {
   }
   SetReading(!paused_ && read);
   Watch(!tap_ && !paused_ && !read);
-  event_del(timer_);
   std::optional<TimePoint> next = shaper_->NextDeadline();
   if (!next && !tap_ && !read && !paused_ && !watching_) {
     // Window closed and past the SO_RCVLOWAT cap with no deadline: look again soon.
@@ -663,11 +701,10 @@ void UpstreamShaper::Step() {
     const TimePoint bound = progress_at_ + WatchdogBound();
     if (!next || bound < *next) next = bound;
   }
-  if (next) {
-    const Duration in = std::max(Duration::zero(), *next - now) + Duration(100);
-    timeval tv{static_cast<time_t>(in.count() / 1000000), static_cast<suseconds_t>(in.count() % 1000000)};
-    event_add(timer_, &tv);
-  }
+  std::optional<Duration> in;
+  // A hair past the deadline (the precise timer 20 µs, libevent's 100 µs), so it is due when run.
+  if (next) in = std::max(Duration::zero(), *next - now) + Duration(timer_fd_ >= 0 ? 20 : 100);
+  ArmTimer(in);
 }
 
 }  // namespace ghost

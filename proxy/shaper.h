@@ -40,8 +40,17 @@
 // the one-read drain, the settle time and quiet bursts made no measurable difference, so they
 // stay opt-in.
 //
-// Timers: one libevent timer, armed only while a deadline of the shaper is pending or the
-// window is closed (the watchdog); a proxy with no shaped download arms none.
+// Round 11: a burst that has delivered a whole (confirmed) grant ends td_grant (0.5 ms) after
+// its last packet, and the card wakes 0.5 ms (wake_lead) before the next burst is due;
+// GHOST_SHAPER_TD_GRANT_MS and GHOST_SHAPER_WAKE_LEAD_MS set them for side-by-side runs.
+//
+// Timers: one timer per shaped download, a timerfd (CLOCK_MONOTONIC) under a persistent
+// libevent read event, armed only while a deadline of the shaper is pending or the window is
+// closed (the watchdog); a proxy with no shaped download has none. Not libevent's own timer:
+// without EVENT_BASE_FLAG_PRECISE_TIMER libevent keeps time with CLOCK_MONOTONIC_COARSE, one
+// jiffy (4 ms on this kernel) per tick, and its timers fired up to that late — a 0.5 ms Td's
+// open came 3.9 ms (median) after the burst's end (RESULTS.md, round 11).
+// GHOST_SHAPER_COARSE_TIMER=1 (or no timerfd) falls back to a libevent timer.
 //
 // No closed window without a way out (the round-5/6 stall: a shaped body cut short, the
 // shaper still active): while the shaper saves, the window is closed only while it waits for
@@ -276,6 +285,13 @@ class UpstreamShaper {
   std::unique_ptr<DownloadShaper> shaper_;
   event* watch_ = nullptr;
   event* timer_ = nullptr;
+  // The timer's own clock (round 11): a timerfd on CLOCK_MONOTONIC, -1 when it could not be
+  // made (then timer_ is a libevent timer). libevent times its timers with
+  // CLOCK_MONOTONIC_COARSE (without EVENT_BASE_FLAG_PRECISE_TIMER), which ticks once a jiffy
+  // (4 ms here), so a burst's end or a hold fired up to 4 ms late and the open with it
+  // (measured with --diagnose at 60 ms: 3.9 ms from a 0.5 ms Td's end to the open).
+  int timer_fd_ = -1;
+  void ArmTimer(std::optional<Duration> in);
   bool watching_ = false;
   bool reading_ = true;
   bool paused_ = false;

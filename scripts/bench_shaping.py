@@ -225,6 +225,79 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
             if delays else []}
 
 
+def cycle_budget(pcap, card_log, port, wake_s=0.002):
+    """Where a shaped download's time and awake time go (the bench's --diagnose; round 11): the
+    cycle model of DESIGN §3.6 (each window = the open's round trip + the burst + Td; the card
+    awake for the burst, Td, its wake-up and the guard before the burst) read off the capture
+    and the card log. Per nap (sleep → wake) the cycle around it:
+      tail     the burst's last data → the sleep: Td as applied (a held part-window, whose
+               tail is longer than 10 ms, is counted apart as `held`)
+      to_open  the sleep → the window update the client sent (the open; user-space latency:
+               the timer's slack, the loop, the drain)
+      rtt      the open → the first data after it (what the wake-up is timed from: min RTT)
+      guard    the card listening (wake + the transition) → that first data: the wake lead
+      burst    that first data → the last data before the next sleep
+    and the awake time outside the cycles: before the first nap (slow start) and after the
+    last wake. Medians and sums, in ms."""
+    pkts = read_capture(pcap, port)
+    sched, start, end = [], None, None
+    with open(card_log) as f:
+        for line in f:
+            w = line.split()
+            if len(w) != 2:
+                continue
+            t = int(w[1]) / 1e9
+            if w[0] in ("sleep", "wake"):
+                sched.append((t, w[0] == "wake"))
+            elif w[0] == "start":
+                start = t
+            elif w[0] == "end":
+                end = t
+    data = [p[0] for p in pkts if p[1] and p[3] > p[2]]
+    if not data or not sched:
+        return None
+    ups, prev_win = [], None  # window updates that opened the window (as classify_missed)
+    for p in pkts:
+        if not p[1]:
+            if prev_win is not None and p[4] > prev_win * 1.25 and p[4] - prev_win > 2:
+                ups.append(p[0])
+            prev_win = p[4]
+    import bisect
+    naps = [(sched[i][0], sched[i + 1][0]) for i in range(len(sched) - 1)
+            if not sched[i][1] and sched[i + 1][1]]
+    parts = {k: [] for k in ("tail", "held", "to_open", "rtt", "guard", "burst", "nap")}
+    for k, (s, w) in enumerate(naps):
+        i = bisect.bisect_right(data, s) - 1
+        if i >= 0:
+            tail = (s - data[i]) * 1e3
+            parts["held" if tail > 10 else "tail"].append(tail)
+        parts["nap"].append((w - s) * 1e3)
+        j = bisect.bisect_left(ups, s)
+        listen = w + wake_s
+        f = bisect.bisect_left(data, w)
+        if f < len(data):
+            parts["guard"].append((data[f] - listen) * 1e3)
+            if j < len(ups) and ups[j] < data[f]:
+                parts["to_open"].append((ups[j] - s) * 1e3)
+                parts["rtt"].append((data[f] - ups[j]) * 1e3)
+            nxt = naps[k + 1][0] if k + 1 < len(naps) else None
+            if nxt is not None:
+                li = bisect.bisect_right(data, nxt) - 1
+                if li >= f:
+                    parts["burst"].append((data[li] - data[f]) * 1e3)
+    first_sleep = next((t for t, a in sched if not a), None)
+    last_wake = max((t for t, a in sched if a), default=None)
+    t0 = start if start is not None else pkts[0][0]
+    out = {"naps": len(naps),
+           "slow_start_ms": ((first_sleep or data[-1]) - t0) * 1e3,
+           "after_last_wake_ms": (data[-1] - last_wake) * 1e3 if last_wake else None,
+           "delay_ms": (data[-1] - t0) * 1e3}
+    for k, v in parts.items():
+        out[k] = {"n": len(v), "median": statistics.median(v) if v else None,
+                  "sum": sum(v)}
+    return out
+
+
 def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf=None,
              scheme="http", diagnose=False, limit_s=300, extra_env=None):
     """One download through the proxy with a capture; returns the priced runs. `buffer`: the
@@ -266,13 +339,16 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     if result is None:
         raise RuntimeError(f"{tag}: no RESULT from the driver:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     cmd = [os.path.join(build, "tests", "linkemu", "wnic_energy"), "--pcap", pcap,
-           "--origin-port", str(port), "--profile", profile]
+           "--origin-port", str(port), "--profile", profile,
+           # This tree's profiles: a build copied aside (--variants) may outlive its source tree.
+           "--profile-dir", os.path.join(ROOT, "common", "profiles")]
     if mode != "off" and os.path.exists(log):
         cmd += ["--card-log", log]
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
     if diagnose and mode != "off" and os.path.exists(log):
         priced["diagnosis"] = classify_missed(pcap, log, port)
+        priced["diagnosis"]["budget"] = cycle_budget(pcap, log, port)
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
     # Closed windows the proxy had to open itself (proxy/shaper.cc ForceOpen): why and where.
     priced["forced_open_log"] = [l for l in r.stderr.splitlines() if "opening a closed window" in l]
@@ -399,6 +475,14 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                             row["diagnosis"] = d
                             log(f"# missed packets by cause (--diagnose): {d['counts']}; open→data ms "
                                 f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
+                            b = d.get("budget")
+                            if b:
+                                med = lambda k: b[k]["median"] if b[k]["median"] is not None else float("nan")  # noqa: E731
+                                log(f"# cycle budget (--diagnose), ms: {b['naps']} naps; medians: burst "
+                                    f"{med('burst'):.1f}, tail (Td) {med('tail'):.2f}, sleep→open "
+                                    f"{med('to_open'):.2f}, open→data {med('rtt'):.1f}, guard {med('guard'):.2f}, "
+                                    f"nap {med('nap'):.1f}; held {b['held']['n']} ({b['held']['sum']:.0f} ms); "
+                                    f"slow start {b['slow_start_ms']:.0f}, delay {b['delay_ms']:.0f}")
                         out[scheme].append(row)
                         s = row["secs"]
                         log(f"# {scheme} rtt {rtt} ms loss {loss}% {size / 1e6:g} MB round {i + 1}"

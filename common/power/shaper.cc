@@ -122,6 +122,8 @@ Duration DownloadShaper::BurstEndThreshold() const {
   const bool complete = have_ia_ && w_measured_ && burst_packets_ >= std::floor(w_) - 1;
   const Duration low = complete ? std::min(options_.td_full, options_.td_min) : options_.td_min;
   const Duration high = std::max(options_.td_min, min_rtt() / 2);
+  // Round 11: a whole grant has come; nothing more can before the next open.
+  if (options_.td_grant < options_.td_min && GrantComplete()) return options_.td_grant;
   if (!have_ia_) return high;  // no interarrival seen yet: wait as long as allowed
   double td = std::max(0.0, w_ - burst_packets_) * ia_ + 4 * id_;
   // Past the paper: while the window is not complete (P < W − 1) more data must still come,
@@ -156,6 +158,21 @@ bool DownloadShaper::HoldsPart() const {
     return false;
   }
   return static_cast<double>(since_open_ + 2 * options_.mss) < grant_;
+}
+
+bool DownloadShaper::GrantComplete() const {
+  // Only once a grant was confirmed by a whole burst (the first guess is the buffer's size), in
+  // a shaped burst that is neither a straggler nor lossy. Both the burst and the bytes since
+  // the open: bytes that came before this burst (a tail of the last grant's credit) leave the
+  // burst short of a grant, and it then waits Td as before.
+  if (!options_.hold_part_windows || grant_confirmed_ == 0 || !in_burst_ || wants_open_ ||
+      burst_straggler_ || burst_missing_) {
+    return false;
+  }
+  if (state_ != ShaperState::kSaving && state_ != ShaperState::kRecovery) return false;
+  const double slack = static_cast<double>(options_.mss) / 2;
+  return static_cast<double>(burst_bytes_) + slack >= grant_ &&
+         static_cast<double>(since_open_) + slack >= grant_;
 }
 
 TimePoint DownloadShaper::BurstEnd() const {
@@ -348,6 +365,14 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
       if (held_) ++stats_.held_bursts;
+      // A clean burst that delivered the grant as it stands (within MSS/2; not a hold that ran
+      // out) confirms it: only a confirmed grant ends a burst at td_grant (GrantComplete). A
+      // grant from one burst alone may be short (measured on the synthetic link: the first
+      // burst after slow start, a flight's rest, set it 7 KB below the window).
+      const bool confirms = !burst_missing_ && !hold_expired &&
+                            std::fabs(static_cast<double>(since_open_) - grant_) <=
+                                static_cast<double>(options_.mss) / 2;
+      grant_confirmed_ = confirms ? grant_confirmed_ + 1 : 0;
       // What a whole grant delivers: a bigger one at once, a smaller clean one by 1/8, and a
       // hold that saw nothing more at once (the window is smaller than thought).
       if (hold_expired) {

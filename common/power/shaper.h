@@ -16,6 +16,7 @@
 //   IA = 7/8·IA + 1/8·SA        ID = 3/4·ID + 1/4·SD
 //   Td(P) = (W − P)·IA + 4·ID,  clamped to [td_min (3 ms), one-way delay = min RTT / 2]
 //   (the floor may be td_full once P ≥ W − 1: the window is complete; off by default)
+//   Td = td_grant (flat) once the burst has delivered a whole grant in bytes (round 11)
 // P is the packets of the current burst so far, W one more than the packets of the last good
 // window. The burst has ended when no packet came for Td(P) after the last one. The next
 // burst is expected one minimum RTT after the open; the card wakes `wake_lead` before it.
@@ -137,7 +138,22 @@ struct ShaperOptions {
   // (W − P)·IA + 4·ID need be waited. Off by default (= td_min): at 1 ms, measured interleaved
   // at load ~20 (round 8), E×D and missed packets rose (timing jitter under load).
   Duration td_full = Millis(3);
-  Duration wake_lead = Millis(2);     // wake this long before the next burst is due
+  // Round 11: Td once the burst in progress has delivered a whole grant (its bytes, and the
+  // bytes since the open, within MSS/2 of what whole grants deliver, a grant confirmed by the
+  // last clean burst; hold_part_windows on):
+  // the sender can send nothing more until the next open moves the window's right edge, so
+  // the burst-end wait (the 3 ms floor, for jitter inside a window that is still coming) only
+  // keeps the card awake and delays the open. A flat wait, not the (W − P)·IA + 4·ID formula:
+  // no packet of the grant is left to come. `td_grant` ≥ td_min turns it off (the proxy:
+  // GHOST_SHAPER_TD_GRANT_MS=3). 0.5 ms: measured with the wake lead below against main's
+  // defaults, interleaved, at 60 ms / 0% (RESULTS.md, round 11).
+  Duration td_grant = Millis(0.5);
+  // Wake this long before the next burst is due (on top of the card's own wake-up time): the
+  // shaper's guard against a burst earlier than one min RTT after the open (a late-timed open,
+  // a min RTT estimated high). Each millisecond costs P_idle·1 ms per cycle. Until round 10
+  // 2 ms; the first data after an open came 0.0–0.2 ms after the open + min RTT in the
+  // captures of round 11 (--diagnose, 60 ms / 0%), so 0.5 ms (GHOST_SHAPER_WAKE_LEAD_MS).
+  Duration wake_lead = Millis(0.5);
   // When the next burst is due after an open. 0 (the paper's): one min RTT. Above 0: this
   // percentile (0..1) of the last 16 open→first-data delays seen on the connection, once 2
   // are, within [½, 2] min RTT (ExpectedDelay). The card must be awake before data can come,
@@ -296,8 +312,11 @@ class DownloadShaper {
   double grant_ = 0;
   double held_gap_ = 0;
   bool held_ = false;  // the burst in progress was held past Td at least once
+  int grant_confirmed_ = 0;  // clean bursts in a row that delivered grant_ (within MSS/2)
   // The burst in progress is a part-window to hold (Td alone would end it early).
   bool HoldsPart() const;
+  // The burst in progress has delivered a whole grant (ShaperOptions::td_grant).
+  bool GrantComplete() const;
   // Slow start ended (reading stopped) at settle_until_ − min RTT: no burst ends, and no open is
   // asked for, before settle_until_ (ShaperOptions::settle_after_slow_start).
   std::optional<TimePoint> settle_until_;

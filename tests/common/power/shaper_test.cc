@@ -222,6 +222,7 @@ TEST_F(DownloadShaperTest, CompleteWindowEndsBelowTheJitterFloor) {
   o.mode = ShapeMode::kAlways;
   o.window = 16 * kMss;
   o.td_full = Millis(1);
+  o.td_grant = o.td_min;  // td_full alone (td_grant: WholeGrantEndsAfterTdGrantNotTheJitterFloor)
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(Millis(60));
   TimePoint t{};
@@ -561,11 +562,13 @@ TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
 // transition.
 class Scripted {
  public:
-  explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0) {
+  explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
+                    Duration td_grant = Millis(3)) {
     ShaperOptions o = Options();
     o.window = 16 * kMss;
     o.size = size;
     o.hold_part_windows = hold;
+    o.td_grant = td_grant;
     shaper_ = std::make_unique<DownloadShaper>(o, TimePoint{});
     shaper_->SetMinRtt(rtt);
     shaper_->SetCardListener([this](TimePoint at, bool awake) {
@@ -683,6 +686,79 @@ TEST_F(DownloadShaperTest, PartWindowHoldIsBoundedAndLearnsASmallerWindow) {
   ASSERT_EQ(sc.OpensAfter(next_end), 1u);
   EXPECT_LT(sc.opens.back() - next_end, Millis(31)) << "held again";
   EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+}
+
+TEST_F(DownloadShaperTest, WholeGrantEndsAfterTdGrantNotTheJitterFloor) {
+  // Round 11: once a burst has delivered a whole grant (learned from whole bursts), the sender
+  // can send nothing more before the next open: the burst ends td_grant after its last packet,
+  // not after the 3 ms floor meant for gaps inside a window still coming (measured at 60 ms:
+  // Td 3.2 ms of a ~72 ms cycle, the card awake and the open waiting throughout).
+  struct R {
+    Duration open_after, sleep_after;
+    std::uint64_t missed;
+  };
+  auto run = [](Duration td_grant) {
+    Scripted sc(true, Millis(60), 0, td_grant);
+    sc.WholeWindows(3);
+    sc.Packets(sc.opens.back() + Millis(60), 16);
+    const TimePoint end = sc.last;
+    sc.RunTo(end + Millis(20));
+    EXPECT_EQ(sc.OpensAfter(end), 1u);
+    return R{sc.opens.back() - end, sc.sleeps.back() - end, sc.s().stats().missed_packets};
+  };
+  const R on = run(Millis(0.5));
+  EXPECT_EQ(on.open_after, Millis(0.5));
+  EXPECT_EQ(on.sleep_after, Millis(0.5));
+  EXPECT_EQ(on.missed, 0u);
+  const R off = run(Millis(3));  // td_grant ≥ td_min: the old judgement, the floor
+  EXPECT_GE(off.open_after, Millis(3));
+  EXPECT_EQ(off.missed, 0u);
+}
+
+TEST_F(DownloadShaperTest, BurstShortOfAGrantStillWaitsTheFloor) {
+  // Bytes since the open reach a grant before the burst does (a straggler of the last grant's
+  // credit came after the open): the burst is not complete until its own bytes are a grant,
+  // so its last packet, 0.58 ms after the one that filled the count, is not slept through.
+  Scripted sc(true, Millis(60), 0, Millis(0.5));
+  sc.WholeWindows(3);
+  const TimePoint open = sc.opens.back();
+  sc.Packets(open + Millis(5), 1);  // a straggler, long before the open can be answered
+  const std::uint64_t missed = sc.s().stats().missed_packets;  // it came mid-nap
+  sc.Packets(open + Millis(60), 16);
+  const TimePoint end = sc.last;
+  sc.RunTo(end + Millis(20));
+  EXPECT_EQ(sc.s().stats().missed_packets, missed);
+  ASSERT_GE(sc.OpensAfter(end), 1u);
+  EXPECT_EQ(sc.OpensAfter(end - Millis(0.5)), sc.OpensAfter(end)) << "opened inside the burst";
+}
+
+TEST_F(DownloadShaperTest, TdGrantShortensTheDownloadWithoutMissingPackets) {
+  // The whole synthetic download, clean and with gamma jitter (which never reorders, so a
+  // grant's bytes all come before the next open is answered): td_grant shortens each cycle
+  // and the card's awake time (the nap stays one min RTT less the wake-up), and misses
+  // nothing more than the jitter floor did.
+  for (double jitter : {0.0, 2.0}) {
+    Duration time[2] = {};
+    Duration awake[2] = {};
+    std::uint64_t missed[2] = {0, 0};
+    for (int on = 0; on < 2; ++on) {
+      for (std::uint64_t seed = 1; seed <= 5; ++seed) {
+        LinkSpec spec;
+        spec.jitter_mean_ms = jitter;
+        spec.seed = seed;
+        ShaperOptions o = Options();
+        o.td_grant = on ? Millis(0.5) : o.td_min;
+        SimLink link(spec, o);
+        const RunResult r = link.Run();
+        time[on] += r.time;
+        awake[on] += r.stats.awake;
+        missed[on] += r.stats.missed_packets;
+      }
+    }
+    EXPECT_LT(time[1], time[0]) << "jitter " << jitter;
+    EXPECT_LT(awake[1], awake[0]) << "jitter " << jitter;
+    EXPECT_LE(missed[1], missed[0]) << "jitter " << jitter;
+  }
 }
 
 TEST_F(DownloadShaperTest, LastWindowOfADeclaredSizeIsNotHeld) {
