@@ -632,7 +632,8 @@ MessageParser::LineStatus MessageParser::TakeLine(std::string_view in, std::size
   if (line_.size() >= budget) return LineStatus::kTooLong;
   const std::string_view avail = in.substr(*pos);
   const std::size_t scan = std::min(avail.size(), budget - line_.size());
-  const void* lf = std::memchr(avail.data(), '\n', scan);
+  // memchr on a null pointer is undefined even for 0 bytes (an empty input at a client's EOF).
+  const void* lf = scan == 0 ? nullptr : std::memchr(avail.data(), '\n', scan);
   if (lf == nullptr) {
     if (line_.size() + avail.size() >= budget) return LineStatus::kTooLong;
     line_.append(avail);

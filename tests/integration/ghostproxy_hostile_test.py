@@ -436,36 +436,45 @@ def main():
             "request is answered once it reads",
             f"{want} requests, RSS grew by {grown} KB while the client did not read, {answered} answers")
 
-    # 7. File descriptors run out.
-    small = Proxy(work, mnt, ctl, prefix=("prlimit", "--nofile=64:64"))
-    results = {}
-    socks = []
-    for i in range(150):
-        try:
-            socks.append(socket.create_connection(("127.0.0.1", small.port), timeout=20))
-        except OSError as e:
-            results[i] = f"connect: {e}"
+    # 7. File descriptors run out. Not in a sanitizer build: UBSan's vptr check reads the vtable
+    # through a pipe(2) it opens at each check, and with every descriptor taken it reports
+    # "invalid vptr" ("memory cannot be printed") on live objects (exchange.cc, connection.cc)
+    # and halts the proxy; the plain build runs it.
+    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
+    ldd = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
+    if "libubsan" in ldd or "libasan" in ldd:
+        t.n += 1
+        print(f"ok {t.n} # SKIP fd exhaustion: a sanitizer build's checks need free descriptors", flush=True)
+    else:
+        small = Proxy(work, mnt, ctl, prefix=("prlimit", "--nofile=64:64"))
+        results = {}
+        socks = []
+        for i in range(150):
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", small.port), timeout=20))
+            except OSError as e:
+                results[i] = f"connect: {e}"
 
-    def one(i, c):
-        try:
-            c.sendall(f"GET {base}par/p{i % 20}.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-            results[i] = parse(read_to_close(c))[0]
-        except OSError as e:
-            results[i] = type(e).__name__
-        finally:
-            c.close()
-    threads = [threading.Thread(target=one, args=(i, c)) for i, c in enumerate(socks)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(40)
-    after = parse(get(small.port, base + "par/p3.txt"))
-    t.check(small.proc.poll() is None and all(r in (200, 503, 504) for r in results.values())
-            and results and after[0] == 200 and after[2] == files["par/p3.txt"],
-            "with 64 file descriptors, 150 connections each get 200, 503 or 504, and the proxy serves "
-            "normally afterwards",
-            sorted(map(str, results.values()))[:5] + sorted(map(str, results.values()))[-5:])
-    small.stop()
+        def one(i, c):
+            try:
+                c.sendall(f"GET {base}par/p{i % 20}.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+                results[i] = parse(read_to_close(c))[0]
+            except OSError as e:
+                results[i] = type(e).__name__
+            finally:
+                c.close()
+        threads = [threading.Thread(target=one, args=(i, c)) for i, c in enumerate(socks)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(40)
+        after = parse(get(small.port, base + "par/p3.txt"))
+        t.check(small.proc.poll() is None and all(r in (200, 503, 504) for r in results.values())
+                and results and after[0] == 200 and after[2] == files["par/p3.txt"],
+                "with 64 file descriptors, 150 connections each get 200, 503 or 504, and the proxy serves "
+                "normally afterwards",
+                sorted(map(str, results.values()))[:5] + sorted(map(str, results.values()))[-5:])
+        small.stop()
 
     # 8-9. Real clients.
     mirror = os.path.join(work, "wget")

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -220,7 +221,9 @@ class ControlTest : public ::testing::Test {
   // Loop-thread state of the fake daemon (handled_ is also read by the test thread).
   std::atomic<int> handled_{0};
   int knob_ = 50;
-  std::vector<ControlServer::Reply> flushes_;
+  // A deque: answering one lets the server read more requests, whose handler appends here while
+  // the answered one is still being called (a vector's growth freed it under the call).
+  std::deque<ControlServer::Reply> flushes_;
   std::optional<std::promise<void>> flush_seen_;
 };
 
@@ -641,9 +644,9 @@ TEST_F(ControlTest, AClientOwedTooManyRepliesIsNotReadUntilOneIsSent) {
     int answered = OnLoop([&] {
       EXPECT_LE(std::count_if(flushes_.begin(), flushes_.end(), [](const auto& r) { return r.pending(); }), 8);
       int n = 0;
-      for (auto& r : flushes_) {
-        if (r.pending()) {
-          r(json{{"flushed_bytes", 0}});
+      for (size_t k = 0; k < flushes_.size(); ++k) {  // answering one appends more: by index
+        if (flushes_[k].pending()) {
+          flushes_[k](json{{"flushed_bytes", 0}});
           ++n;
         }
       }
