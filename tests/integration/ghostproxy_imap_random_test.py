@@ -37,6 +37,8 @@ def main():
     seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
     ops = int(os.environ.get("GHOST_RANDOM_OPS", "160"))
     rng = random.Random(seed)
+    # First, so that a run that dies before its checks can still be replayed.
+    print(f"# seed {seed} (GHOST_RANDOM_SEED={seed} GHOST_RANDOM_OPS={ops} to replay)", flush=True)
     dc = h.started_dovecot()
     originals = [message(i) for i in range(COUNT)]
     for m in originals:
