@@ -82,8 +82,13 @@ void FlashModel::Preload(double fraction) {
   // free space erased would let a trace shorter than the free space run without one erasure
   // at 40%. Each dead segment costs one erase and no copy when it is cleaned.
   while (erased_.size() > 1) erased_.pop_back();
+  StartMeasuring();
+}
+
+void FlashModel::StartMeasuring() {
   stats_ = FlashStats{};
   std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
+  std::fill(ready_at_.begin(), ready_at_.end(), TimePoint{});
   bus_free_ = eraser_free_ = TimePoint{};
 }
 

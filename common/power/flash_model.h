@@ -79,6 +79,12 @@ class FlashModel {
   // overwritten), only the cleaner's reserve erased; at no cost: the §5.2 starting point.
   void Preload(double fraction);
 
+  // Starts the measured period: forgets the counters, the per-segment erasure counts and the
+  // clocks (interface, eraser, segments' erasures in flight), keeps the layout (which blocks are
+  // live where, which segments are erased). For a card brought to a workload's steady state
+  // first (FlashSimOptions::steady_state).
+  void StartMeasuring();
+
   // Reads / writes `size` bytes at byte `address` of the device's logical space (wrapped into
   // it), the request arriving at `arrival` (not before the previous one's); returns the cost.
   // Addresses are block-aligned inward. The forms without `arrival` issue the request when the
