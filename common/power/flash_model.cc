@@ -152,8 +152,7 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   return cost;
 }
 
-TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
-  // The victim Clean would pick: the fewest live blocks, not active, not erased.
+std::int64_t FlashModel::Victim() const {
   std::int64_t victim = -1;
   for (std::size_t s = 0; s < live_.size(); ++s) {
     if (static_cast<std::int64_t>(s) == active_) continue;
@@ -162,6 +161,11 @@ TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
       victim = static_cast<std::int64_t>(s);
     }
   }
+  return victim;
+}
+
+TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
+  const std::int64_t victim = Victim();
   if (victim < 0) return t;
   const std::uint64_t room = active_ >= 0 ? segment_blocks_ - write_point_ : 0;
   if (live_[static_cast<std::size_t>(victim)] <= room || erased_.empty()) return t;
@@ -234,14 +238,7 @@ void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
 }
 
 void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
-  std::int64_t victim = -1;
-  for (std::size_t s = 0; s < live_.size(); ++s) {
-    if (static_cast<std::int64_t>(s) == active_) continue;
-    if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
-    if (victim < 0 || live_[s] < live_[static_cast<std::size_t>(victim)]) {
-      victim = static_cast<std::int64_t>(s);
-    }
-  }
+  const std::int64_t victim = Victim();
   if (victim < 0) return;
   ++stats_.cleanings;
   Bytes moved = 0;

@@ -121,6 +121,8 @@ class FlashModel {
   // (on demand), else it runs on the chip (one erasure at a time) and marks the segment ready.
   void Clean(TimePoint* t, FlashCost* cost, bool wait_erase);
   Duration TransferTime(Bytes size, bool write) const;
+  // The segment greedy cleaning picks: the fewest live blocks, not active, not erased; -1 if none.
+  std::int64_t Victim() const;
   // kAsynchronous: when the next cleaning's copies could start from bus time `t` without
   // waiting for an erasure in flight (their destination: room left in the active segment, or
   // the next erased segment once its erasure has ended).
