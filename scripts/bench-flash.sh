@@ -12,7 +12,7 @@
 #   overwrites) is printed for reference; it is not the paper's shape and is not judged.
 #   Storage alternatives Table 4: the desktop trace (Douglis et al.'s SYNTH-like).
 #   Storage alternatives §5.2: the HP-UX workstation shape (ghosttrace nvcache --seed 1
-#   --disk-mib 4: Ruemmler & Wilkes's hplajw, the paper's "hp" trace as far as we model it) over
+#   --disk-mib 4: Ruemmler & Wilkes's hplajw; the paper's traces include an HP-UX desktop) over
 #   a 4 MiB data set, the whole of the 40% point's live data on the 10 MB card (so the same data
 #   is on the card at 40% and at 95%, cold filler making up the rest), measured in the card's
 #   steady state (ghostsim --steady-state; DESIGN §3.7 *The §5.2 workload*).
