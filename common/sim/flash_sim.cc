@@ -131,10 +131,12 @@ Duration PriceFlush(const std::vector<PlanRecord>& records, const FlashSimOption
   return total;
 }
 
-// FlashSimOptions::steady_state: checks that the trace lies in the live data, then replays its
-// writes untimed until a pass costs what the pass before did.
+// FlashSimOptions::steady_state: checks that the trace lies in the live data, then writes blocks
+// drawn with the trace's own write frequencies, untimed, until a round costs what the one before
+// did. A device without cleaning (a flash disk) has no state to settle.
 Status WarmUp(const DeviceProfile& storage, const Trace& trace, const FlashSimOptions& o,
               FlashModel* model, FlashSimResult* r) {
+  if (!model->has_cleaning()) return Status::Ok();
   Bytes span = 0;
   for (const BlockEvent& e : trace.block) {
     span = std::max(span, (e.sector + e.sectors) * kSectorSize);

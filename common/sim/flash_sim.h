@@ -48,10 +48,13 @@ struct FlashSimOptions {
   // simulations did (Rosenblum & Ousterhout, TOCS 1992, §3.5: run until the write cost is
   // stable). The trace's whole address span must lie inside the preloaded live data (its files
   // exist; the rest of the live data is cold filler), so the live fraction stays `utilisation`
-  // throughout. Before the timed replay the trace's writes are replayed untimed, pass after pass,
-  // until the card has written at least its capacity and a pass's erasures and copied bytes
-  // are each within kSteadyTolerance of the pass before (at most kMaxWarmUpPasses); then the
-  // counters and clocks start from zero (FlashModel::StartMeasuring).
+  // throughout. Before the timed replay the card takes 4 KB writes drawn with the trace's own
+  // per-block write frequencies (a block the trace writes k times is drawn k times as often;
+  // one it never writes, never), untimed, in rounds of as many blocks as the trace writes, until
+  // it has written at least its capacity and a round's erasures and copied bytes are each
+  // within kSteadyTolerance of the round before (at most kMaxWarmUpPasses rounds); then the
+  // counters and clocks start from zero (FlashModel::StartMeasuring). No effect on a device
+  // without cleaning.
   bool steady_state = false;
   static constexpr double kSteadyTolerance = 0.05;
   static constexpr int kMaxWarmUpPasses = 50;
@@ -82,8 +85,8 @@ struct FlashSimResult {
   Bytes copied = 0;  // live bytes the cleaner moved
   std::uint32_t max_segment_erasures = 0;
   double final_utilisation = 0;
-  int warm_up_passes = 0;        // steady_state: untimed passes of the trace's writes
-  bool steady = false;           // steady_state: the last two passes agreed
+  int warm_up_passes = 0;        // steady_state: untimed warm-up rounds
+  bool steady = false;           // steady_state: the last two rounds agreed
   Bytes warm_up_written = 0;     // steady_state: bytes the warm-up wrote
 };
 
