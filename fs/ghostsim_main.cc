@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   std::string flash_log_size, flush_policy = "when-full", flush_alg = "4", dram_buffer = "256K";
   std::string storage, log_device = "intel-flash", cleaning = "async";
   double utilisation = 0.4;
+  bool steady_state = false;
   app.add_option("--flash-log", flash_log_size,
                  "block trace: put a flash log of SIZE (e.g. 2M) in front of the disk");
   app.add_option("--flush-policy", flush_policy, "flash log flush policy: each-spinup or when-full")
@@ -130,6 +131,9 @@ int main(int argc, char** argv) {
   app.add_option("--cleaning", cleaning, "flash storage cleaning: on-demand or async")
       ->check(CLI::IsMember({"on-demand", "async"}))
       ->capture_default_str();
+  app.add_flag("--steady-state", steady_state,
+               "flash storage: measure after the trace's writes have brought the card to its "
+               "steady state (the trace must lie inside the live data)");
   app.add_option("TRACE", trace_path, "trace file (see common/traces/README.md)")->required();
   try {
     app.parse(argc, argv);
@@ -162,6 +166,7 @@ int main(int argc, char** argv) {
     o.algorithm = *ghost::ParseFlushAlgorithm(flush_alg);
     o.utilisation = utilisation;
     o.cleaning = *ghost::ParseCleaningPolicy(cleaning);
+    o.steady_state = steady_state;
     ghost::Result<ghost::DeviceProfile> dev =
         ghost::LoadDeviceProfile(storage.empty() ? "cu140" : storage);
     if (!dev.ok()) return Fail(dev.status().message());

@@ -186,6 +186,11 @@ int Main(int argc, char** argv) {
                                 ToSeconds(NvcacheTraceOptions{}.duration));
   double nv_writes = NvcacheTraceOptions{}.writes_per_sync, nv_hot = NvcacheTraceOptions{}.hot_write_fraction;
   std::uint64_t nv_hot_pages = NvcacheTraceOptions{}.hot_write_pages;
+  double nv_disk_mib =
+      static_cast<double>(NvcacheTraceOptions{}.disk_sectors * kSectorSize) / (1 << 20);
+  nvcache->add_option("--disk-mib", nv_disk_mib, "size of the traced disk in MiB")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e7));
   nvcache->add_option("--writes-per-sync", nv_writes, "mean writes per 30 s update-daemon sync")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 10000.0));
@@ -231,6 +236,7 @@ int Main(int argc, char** argv) {
     o.writes_per_sync = nv_writes;
     o.hot_write_fraction = nv_hot;
     o.hot_write_pages = nv_hot_pages;
+    o.disk_sectors = static_cast<std::uint64_t>(nv_disk_mib * (1 << 20)) / kSectorSize;
     if (custom_duration) o.duration = Seconds(duration_s);
     return Emit(GenerateNvcacheTrace(o), output, command);
   }

@@ -10,7 +10,13 @@
 #   share (0.5 .. 0.95) to show what the paper's figures need. The earlier desktop trace
 #   (ghosttrace block --seed 1 --disk-mib 40 --hot-space 0.02: write bursts of 4-128 KB, few
 #   overwrites) is printed for reference; it is not the paper's shape and is not judged.
-#   Storage alternatives Table 4 and §5.2: the desktop trace (Douglis et al.'s SYNTH-like). Usage: scripts/bench-flash.sh [BUILD_DIR] [--live DIR]
+#   Storage alternatives Table 4: the desktop trace (Douglis et al.'s SYNTH-like).
+#   Storage alternatives §5.2: the HP-UX workstation shape (ghosttrace nvcache --seed 1
+#   --disk-mib 4: Ruemmler & Wilkes's hplajw; the paper's traces include an HP-UX desktop) over
+#   a 4 MiB data set, the whole of the 40% point's live data on the 10 MB card (so the same data
+#   is on the card at 40% and at 95%, cold filler making up the rest), measured in the card's
+#   steady state (ghostsim --steady-state; DESIGN §3.7 *The §5.2 workload*).
+# Usage: scripts/bench-flash.sh [BUILD_DIR] [--live DIR]
 # The last section prints each goal of issue 15 with the paper's figure and PASS/FAIL (PASS: within
 # +-20% of the paper's figure, or the paper's ordering for Table 4).
 # --live DIR also flushes one real log content (2000 random overwrites of a 2 MiB file, 4 MiB
@@ -24,9 +30,11 @@ sim=$build/fs/ghostsim
 gen=$build/fs/ghosttrace
 trace=$(mktemp /tmp/bench-flash.XXXXXX.trace)
 nvtrace=$(mktemp /tmp/bench-flash-nv.XXXXXX.trace)
-trap 'rm -f "$trace" "$nvtrace" "$nvtrace".*' EXIT
+cardtrace=$(mktemp /tmp/bench-flash-card.XXXXXX.trace)
+trap 'rm -f "$trace" "$nvtrace" "$nvtrace".* "$cardtrace"' EXIT
 "$gen" block --seed 1 --disk-mib 40 --hot-space 0.02 -o "$trace"
 "$gen" nvcache --seed 1 -o "$nvtrace"
+"$gen" nvcache --seed 1 --disk-mib 4 -o "$cardtrace"
 field() { python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 
 # fig5 TRACE LABEL: Fig. 5 on TRACE for both buffers; sets f5_policy, f5_sort (best buffer).
@@ -120,10 +128,13 @@ done
 
 echo "== Storage alternatives §5.2: intel-flash card at 40% and 95% utilisation"
 echo "  (paper: +70-190% energy, about 30% slower writes, up to a third of the lifetime lost)"
-echo "  (the card starts as after a long life: cold data packed, free space dead blocks, only the reserve erased: FlashModel::Preload)"
+echo "  (book version, 1996: +50-165% energy, +24% writes, up to 70% of the lifetime lost)"
+echo "  (hplajw-shaped trace over 4 MiB, 2 h; the card in its steady state: --steady-state, DESIGN §3.7)"
 declare -A u
 for c in async on-demand; do
-  for p in 0.4 0.95; do u[$c$p]=$("$sim" --storage intel-flash --utilisation "$p" --cleaning "$c" "$trace"); done
+  for p in 0.4 0.95; do
+    u[$c$p]=$("$sim" --storage intel-flash --utilisation "$p" --cleaning "$c" --steady-state "$cardtrace")
+  done
   echo "  $c cleaning:"
   python3 - "${u[${c}0.4]}" "${u[${c}0.95]}" <<'PY'
 import json, sys
@@ -134,6 +145,12 @@ print(f"    write resp.   {a['mean_write_ms']:8.1f} ms -> {b['mean_write_ms']:8.
 lost = 1 - a['erasures'] / b['erasures'] if b.get('erasures') else float('nan')
 print(f"    erasures      {a.get('erasures',0):8d} -> {b.get('erasures',0):8d}   (lifetime lost: {lost:.0%})")
 print(f"    copied        {a.get('copied_bytes',0)/1e6:8.2f} MB -> {b.get('copied_bytes',0)/1e6:8.2f} MB (live data moved by the cleaner)")
+print(f"    utilisation   {a['utilisation']:8.3f}    -> {b['utilisation']:8.3f}    (held: the trace lies inside the live data)")
+print(f"    warm-up       {a['warm_up_passes']:4d} rounds, {a['warm_up_written_bytes']/1e6:.1f} MB, steady {a['steady']} -> "
+      f"{b['warm_up_passes']} rounds, {b['warm_up_written_bytes']/1e6:.1f} MB, steady {b['steady']}")
+for x in (a, b):
+    if not x['steady']:
+        print("    WARNING: the warm-up did not settle; the figure is not a steady state")
 if b.get('erasures'):
     print(f"    energy bound  +{a['erasures'] and b['erasures']/a['erasures']-1:.0%} (erasure growth: an erasure costs more than a segment's copy, DESIGN §3.7)")
 PY
@@ -147,6 +164,7 @@ import json, sys
 policy, sort = float(sys.argv[1]), float(sys.argv[2])
 cu, sdp, card = (json.loads(x) for x in sys.argv[3:6])
 fails = total = 0
+book = []
 def verdict(ok, what, ours, paper):
     global fails, total
     fails += not ok
@@ -168,7 +186,20 @@ for name, i in (("async", 6), ("on-demand", 8)):
     verdict(0.30 * 0.8 <= dw <= 0.30 * 1.2, f"§5.2 write response 40% -> 95% ({name})", f"{dw:+.0%}", "about +30%")
     lost = 1 - a['erasures'] / b['erasures'] if b['erasures'] else float('nan')
     verdict(0 < lost <= 0.4, f"§5.2 lifetime lost, erasures 40%/95% ({name})", f"{lost:.0%}", "up to 1/3")
+    book.append((name, de, dw, lost))
 print(f"  {fails} of {total} FAIL")
+# The book version of the paper (Douglis et al., Mobile Computing, Kluwer 1996, ch. 18) revised
+# §5.2; the OSDI figures above cannot all hold at once under greedy cleaning (DESIGN §3.7).
+print("== §5.2 against the book version (not goals; same +-20% band)")
+bfails = 0
+for name, de, dw, lost in book:
+    for ok, what, ours, paper in (
+            (0.50 * 0.8 <= de <= 1.65 * 1.2, f"energy ({name})", f"{de:+.0%}", "+50-165%"),
+            (0.24 * 0.8 <= dw <= 0.24 * 1.2, f"write response ({name})", f"{dw:+.0%}", "+24%"),
+            (0 < lost <= 0.70 * 1.2, f"lifetime lost ({name})", f"{lost:.0%}", "up to 70%")):
+        bfails += not ok
+        print(f"  {'PASS' if ok else 'FAIL'}  book §5.2 {what:38s} ours {ours:>8s}   book {paper}")
+print(f"  {bfails} of {len(book) * 3} FAIL against the book")
 PY
 
 if [ -n "$live" ]; then

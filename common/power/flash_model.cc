@@ -82,8 +82,13 @@ void FlashModel::Preload(double fraction) {
   // free space erased would let a trace shorter than the free space run without one erasure
   // at 40%. Each dead segment costs one erase and no copy when it is cleaned.
   while (erased_.size() > 1) erased_.pop_back();
+  StartMeasuring();
+}
+
+void FlashModel::StartMeasuring() {
   stats_ = FlashStats{};
   std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
+  std::fill(ready_at_.begin(), ready_at_.end(), TimePoint{});
   bus_free_ = eraser_free_ = TimePoint{};
 }
 
@@ -91,23 +96,25 @@ FlashCost FlashModel::Read(TimePoint arrival, Bytes, Bytes size) {
   // An erasure in flight does not hold a read up: the chip suspends it (28F008SA erase-suspend
   // to read) or another chip serves the read.
   FlashCost cost;
+  CatchUp(arrival, &cost);
   TimePoint start = std::max(arrival, bus_free_);
   Duration transfer = TransferTime(size, false);
   bus_free_ = start + transfer;
   cost.time = bus_free_ - arrival;
-  cost.energy = io_.active_power * transfer;
+  cost.energy += io_.active_power * transfer;
   return cost;
 }
 
 FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   FlashCost cost;
+  CatchUp(arrival, &cost);
   TimePoint t = std::max(arrival, bus_free_);
   stats_.written += size;
   if (segment_blocks_ == 0 || size == 0) {
     Duration transfer = TransferTime(size, true);
     bus_free_ = t + transfer;
     cost.time = bus_free_ - arrival;
-    cost.energy = io_.active_power * transfer;
+    cost.energy += io_.active_power * transfer;
     return cost;
   }
   const std::uint64_t logical = blocks_ - 2 * segment_blocks_;
@@ -131,7 +138,11 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
     TimePoint bt = bus_free_;
     FlashCost bg;
     int guard = 0;
-    while (erased_.size() < 2 && guard++ < 1000) Clean(&bt, &bg, false);
+    // A cleaning whose copies would first wait for an erasure in flight is left for later
+    // (CatchUp): the cleaner does not hold the interface while the chip erases.
+    while (erased_.size() < 2 && guard++ < 1000 && CopiesCanStart(bt) <= bt) {
+      Clean(&bt, &bg, false);
+    }
     cost.background += bt - bus_free_;
     bus_free_ = bt;
     cost.energy += bg.energy;
@@ -139,6 +150,46 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
     cost.erasures += bg.erasures;
   }
   return cost;
+}
+
+std::int64_t FlashModel::Victim() const {
+  std::int64_t victim = -1;
+  for (std::size_t s = 0; s < live_.size(); ++s) {
+    if (static_cast<std::int64_t>(s) == active_) continue;
+    if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
+    if (victim < 0 || live_[s] < live_[static_cast<std::size_t>(victim)]) {
+      victim = static_cast<std::int64_t>(s);
+    }
+  }
+  return victim;
+}
+
+TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
+  const std::int64_t victim = Victim();
+  if (victim < 0) return t;
+  const std::uint64_t room = active_ >= 0 ? segment_blocks_ - write_point_ : 0;
+  if (live_[static_cast<std::size_t>(victim)] <= room || erased_.empty()) return t;
+  return std::max(t, ready_at_[static_cast<std::size_t>(erased_.back())]);
+}
+
+void FlashModel::CatchUp(TimePoint arrival, FlashCost* cost) {
+  if (policy_ != CleaningPolicy::kAsynchronous || segment_blocks_ == 0) return;
+  // The background cleaning left for an erasure runs in the idle time before `arrival`: each
+  // cleaning whose copies can start by then (they may run past it: the interface is not
+  // preempted).
+  TimePoint bt = bus_free_;
+  FlashCost bg;
+  int guard = 0;
+  while (erased_.size() < 2 && guard++ < 1000) {
+    const TimePoint start = CopiesCanStart(bt);
+    if (start >= arrival) break;
+    bt = start;
+    Clean(&bt, &bg, false);
+  }
+  bus_free_ = std::max(bus_free_, bt);
+  cost->energy += bg.energy;
+  cost->copied += bg.copied;
+  cost->erasures += bg.erasures;
 }
 
 void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool foreground) {
@@ -187,14 +238,7 @@ void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
 }
 
 void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
-  std::int64_t victim = -1;
-  for (std::size_t s = 0; s < live_.size(); ++s) {
-    if (static_cast<std::int64_t>(s) == active_) continue;
-    if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
-    if (victim < 0 || live_[s] < live_[static_cast<std::size_t>(victim)]) {
-      victim = static_cast<std::int64_t>(s);
-    }
-  }
+  const std::int64_t victim = Victim();
   if (victim < 0) return;
   ++stats_.cleanings;
   Bytes moved = 0;

@@ -20,7 +20,10 @@
 //     for its erase command);
 //   - kAsynchronous cleans after each write until one segment beyond the reserve is erased (or
 //     being erased): the copies hold the bus, the erasure runs on its chip (one at a time) while
-//     the card serves requests. A write waits only when it needs a fresh segment whose erasure
+//     the card serves requests. A cleaning whose copies would have to wait for an erasure in
+//     flight (no room for them until a segment is erased) waits off the bus: it runs in the
+//     idle time before the next request once the erasure has ended (CatchUp), so the cleaner
+//     never holds the interface while a chip erases. A write waits only when it needs a fresh segment whose erasure
 //     has not finished (or, if no segment is erased or being erased, for a whole cleaning, as on
 //     demand). Its cost is energy and erasures, not response time, while the card has idle time.
 // As utilisation (live bytes / capacity) grows, victims hold more live data: each cleaning
@@ -79,6 +82,12 @@ class FlashModel {
   // overwritten), only the cleaner's reserve erased; at no cost: the §5.2 starting point.
   void Preload(double fraction);
 
+  // Starts the measured period: forgets the counters, the per-segment erasure counts and the
+  // clocks (interface, eraser, segments' erasures in flight), keeps the layout (which blocks are
+  // live where, which segments are erased). For a card brought to a workload's steady state
+  // first (FlashSimOptions::steady_state).
+  void StartMeasuring();
+
   // Reads / writes `size` bytes at byte `address` of the device's logical space (wrapped into
   // it), the request arriving at `arrival` (not before the previous one's); returns the cost.
   // Addresses are block-aligned inward. The forms without `arrival` issue the request when the
@@ -112,6 +121,15 @@ class FlashModel {
   // (on demand), else it runs on the chip (one erasure at a time) and marks the segment ready.
   void Clean(TimePoint* t, FlashCost* cost, bool wait_erase);
   Duration TransferTime(Bytes size, bool write) const;
+  // The segment greedy cleaning picks: the fewest live blocks, not active, not erased; -1 if none.
+  std::int64_t Victim() const;
+  // kAsynchronous: when the next cleaning's copies could start from bus time `t` without
+  // waiting for an erasure in flight (their destination: room left in the active segment, or
+  // the next erased segment once its erasure has ended).
+  TimePoint CopiesCanStart(TimePoint t) const;
+  // kAsynchronous: runs the background cleaning that was left waiting for an erasure, in the
+  // idle time before a request arriving at `arrival`; charges it to `cost`.
+  void CatchUp(TimePoint arrival, FlashCost* cost);
 
   IoModel io_;
   FlashGeometry geometry_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 namespace ghost {
 
@@ -130,6 +131,71 @@ Duration PriceFlush(const std::vector<PlanRecord>& records, const FlashSimOption
   return total;
 }
 
+// FlashSimOptions::steady_state: checks that the trace lies in the live data, then writes blocks
+// drawn with the trace's own write frequencies, untimed, until a round costs what the one before
+// did. A device without cleaning (a flash disk) has no state to settle.
+Status WarmUp(const DeviceProfile& storage, const Trace& trace, const FlashSimOptions& o,
+              FlashModel* model, FlashSimResult* r) {
+  if (!model->has_cleaning()) return Status::Ok();
+  Bytes span = 0;
+  for (const BlockEvent& e : trace.block) {
+    span = std::max(span, (e.sector + e.sectors) * kSectorSize);
+  }
+  const double capacity = static_cast<double>(storage.flash.capacity);
+  const double live = model->utilisation() * capacity;
+  if (static_cast<double>(span) > live) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "steady state: the trace spans %.2f MiB, more than the %.2f MiB of live data "
+                  "on %s at utilisation %.2f; generate it over at most that much",
+                  static_cast<double>(span) / (1 << 20), live / (1 << 20), storage.name.c_str(),
+                  o.utilisation);
+    return Status::InvalidArgument(msg);
+  }
+  auto close = [](double a, double b) {
+    return std::abs(a - b) <= FlashSimOptions::kSteadyTolerance * std::max(a, b);
+  };
+  // The trace's writes as blocks, one entry per block written (a block written k times is in
+  // it k times): a uniform pick from it is a block drawn with the trace's own write frequency.
+  constexpr Bytes kBlock = 4096;
+  std::vector<Bytes> written;
+  for (const BlockEvent& e : trace.block) {
+    if (!e.write) continue;
+    const Bytes first = e.sector * kSectorSize / kBlock;
+    const Bytes last = ((e.sector + e.sectors) * kSectorSize + kBlock - 1) / kBlock;
+    for (Bytes b = first; b < last; ++b) written.push_back(b * kBlock);
+  }
+  if (written.empty()) {
+    model->StartMeasuring();
+    return Status::Ok();
+  }
+  std::mt19937_64 rng(1);
+  FlashStats last{};
+  bool have_last = false;
+  for (int round = 0; round < FlashSimOptions::kMaxWarmUpPasses; ++round) {
+    const FlashStats before = model->stats();
+    for (std::size_t i = 0; i < written.size(); ++i) {
+      (void)model->Write(written[rng() % written.size()], kBlock);
+    }
+    const FlashStats now = model->stats();
+    FlashStats d;
+    d.erasures = now.erasures - before.erasures;
+    d.copied = now.copied - before.copied;
+    ++r->warm_up_passes;
+    r->warm_up_written += now.written - before.written;
+    if (have_last && static_cast<double>(r->warm_up_written) >= capacity &&
+        close(static_cast<double>(d.erasures), static_cast<double>(last.erasures)) &&
+        close(static_cast<double>(d.copied), static_cast<double>(last.copied))) {
+      r->steady = true;
+      break;
+    }
+    last = d;
+    have_last = true;
+  }
+  model->StartMeasuring();
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceProfile* log_device,
@@ -236,6 +302,10 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     if (!m.ok()) return m.status();
     FlashModel model = std::move(m).value();
     model.Preload(o.utilisation);
+    if (o.steady_state) {
+      Status warmed = WarmUp(storage, trace, o, &model, &r);
+      if (!warmed.ok()) return warmed;
+    }
     Energy active;
     for (const BlockEvent& e : trace.block) {
       const Bytes size = Bytes{e.sectors} * kSectorSize;
@@ -301,6 +371,11 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["erasures"] = r.erasures;
     j["copied_bytes"] = r.copied;
     j["max_segment_erasures"] = r.max_segment_erasures;
+  }
+  if (o.steady_state) {
+    j["warm_up_passes"] = r.warm_up_passes;
+    j["warm_up_written_bytes"] = r.warm_up_written;
+    j["steady"] = r.steady;
   }
   return j;
 }

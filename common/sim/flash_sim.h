@@ -44,6 +44,20 @@ struct FlashSimOptions {
   Duration spin_down = std::chrono::seconds(5);  // Douglis's cu140 policy
   double utilisation = 0.4;                       // flash storage: preloaded live data
   CleaningPolicy cleaning = CleaningPolicy::kAsynchronous;
+  // Flash storage: measure the card in the workload's steady state, as LFS's cleaning
+  // simulations did (Rosenblum & Ousterhout, TOCS 1992, §3.5: run until the write cost is
+  // stable). The trace's whole address span must lie inside the preloaded live data (its files
+  // exist; the rest of the live data is cold filler), so the live fraction stays `utilisation`
+  // throughout. Before the timed replay the card takes 4 KB writes drawn with the trace's own
+  // per-block write frequencies (a block the trace writes k times is drawn k times as often;
+  // one it never writes, never), untimed, in rounds of as many blocks as the trace writes, until
+  // it has written at least its capacity and a round's erasures and copied bytes are each
+  // within kSteadyTolerance of the round before (at most kMaxWarmUpPasses rounds); then the
+  // counters and clocks start from zero (FlashModel::StartMeasuring). No effect on a device
+  // without cleaning.
+  bool steady_state = false;
+  static constexpr double kSteadyTolerance = 0.05;
+  static constexpr int kMaxWarmUpPasses = 50;
   // Flush writes position the disk head by distance (sorting pays off through shorter seeks):
   // positioning = half a rotation + min_seek + k·sqrt(distance / span), k chosen so random
   // positions average the profile's latency (E[sqrt(|x-y|)] = 8/15 for x, y uniform on [0,1]).
@@ -71,6 +85,9 @@ struct FlashSimResult {
   Bytes copied = 0;  // live bytes the cleaner moved
   std::uint32_t max_segment_erasures = 0;
   double final_utilisation = 0;
+  int warm_up_passes = 0;        // steady_state: untimed warm-up rounds
+  bool steady = false;           // steady_state: the last two rounds agreed
+  Bytes warm_up_written = 0;     // steady_state: bytes the warm-up wrote
 };
 
 // `storage` is the disk (with a log) or the device holding everything; `log_device` the flash
