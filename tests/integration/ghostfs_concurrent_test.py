@@ -17,13 +17,16 @@ Runs on three mounts: plain; --profile ipaq-2004 --knob 0; the same with a small
 The seed is printed first; replay: ghostfs_concurrent_test.py --seed S [--procs N --ops N
 --cycles N --modes plain,profile,flash]. TAP; skipped without root or /dev/fuse."""
 import argparse
+import ctypes
 import errno
 import hashlib
 import mmap
 import multiprocessing as mp
 import os
 import random
+import resource
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -349,15 +352,198 @@ def check_index(cache):
     return problems
 
 
+# ---------------------------------------------------------------- big directories
+
+class Dir:
+    """opendir/readdir/telldir/seekdir of libc (Python has no seekdir)."""
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.opendir.restype = ctypes.c_void_p
+    _libc.opendir.argtypes = [ctypes.c_char_p]
+    _libc.readdir.restype = ctypes.c_void_p
+    _libc.readdir.argtypes = [ctypes.c_void_p]
+    _libc.telldir.restype = ctypes.c_long
+    _libc.telldir.argtypes = [ctypes.c_void_p]
+    _libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    _libc.closedir.argtypes = [ctypes.c_void_p]
+    NAME_AT = 19  # struct dirent (glibc, 64-bit): d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+
+    def __init__(self, path):
+        self.d = self._libc.opendir(path.encode())
+        if not self.d:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e), path)
+
+    def read(self):
+        ent = self._libc.readdir(self.d)
+        return None if not ent else ctypes.string_at(ent + self.NAME_AT).decode()
+
+    def tell(self):
+        return self._libc.telldir(self.d)
+
+    def seek(self, pos):
+        self._libc.seekdir(self.d, pos)
+
+    def close(self):
+        self._libc.closedir(self.d)
+
+
+def run_bigdir(t, label, work, opts):
+    """One local/ directory of opts.entries names (ghostfs started with a soft descriptor limit of
+    1024, as systemd gives a service: every inode the kernel knows holds a descriptor), read in
+    pieces while names before and among them come and go, with telldir/seekdir; names at
+    NAME_MAX, a path near PATH_MAX; rm -rf of it all."""
+    mnt, cache, ctl = (os.path.join(work, f"{x}-{label}-big") for x in ("mnt", "cache", "ctl"))
+    os.makedirs(mnt)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+    try:
+        fs = start_mount(t, work, label, mnt, cache, ctl, "big directory")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if fs is None:
+        t.skip_rest(t.n + 3, "not mounted")
+        return
+    big = os.path.join(mnt, "local", "big")
+    os.makedirs(big)
+    rng = random.Random(opts.seed + 3)
+    n, failed, t0 = opts.entries, None, time.time()
+    stable = [f"s{i:07d}" for i in range(n)]
+    for name in stable:
+        try:
+            os.close(os.open(os.path.join(big, name), os.O_CREAT | os.O_WRONLY, 0o644))
+        except OSError as e:
+            failed = f"create {name}: {e}"
+            break
+    print(f"# [{label}] {n} entries created in {time.time() - t0:.1f} s", flush=True)
+    t.check(failed is None, f"[{label}] {n} entries in one local/ directory under a soft limit of 1024 "
+            "descriptors", failed)
+    if failed:
+        fs.stop()
+        t.skip_rest(t.n + 3, "no big directory")
+        return
+    # Read in pieces; between pieces names sorted before and among the stable ones are created
+    # and unlinked, and the stream is telldir'd and seekdir'd back. Every stable name must come
+    # exactly once.
+    problems, churn, seen, t0 = [], [], [], time.time()
+    d = Dir(big)
+    try:
+        count = 0
+        while True:
+            if count % 97 == 0:
+                for _ in range(5):
+                    name = rng.choice(["a", "s", "z"]) + f"{rng.randrange(10 ** 7):07d}x"
+                    os.close(os.open(os.path.join(big, name), os.O_CREAT | os.O_WRONLY, 0o644))
+                    churn.append(name)
+                for _ in range(min(len(churn), 4)):
+                    os.unlink(os.path.join(big, churn.pop(rng.randrange(len(churn)))))
+                pos = d.tell()
+                ahead = [d.read() for _ in range(rng.randrange(1, 5))]
+                d.seek(pos)  # back: the same names come again, once more, not twice after
+                again = [d.read() for _ in range(len(ahead))]
+                if [x for x in again if x is not None] != [x for x in ahead if x is not None]:
+                    problems.append(f"after seekdir back: {ahead} then {again}")
+                seen += [x for x in again if x is not None]
+                count += len(again)
+                if None in again:
+                    break
+            name = d.read()
+            if name is None:
+                break
+            seen.append(name)
+            count += 1
+    finally:
+        d.close()
+    got = [x for x in seen if x.startswith("s") and not x.endswith("x")]
+    dup, missing = len(got) - len(set(got)), len(set(stable) - set(got))
+    if dup or missing:
+        problems.append(f"{dup} stable names seen twice, {missing} never")
+    print(f"# [{label}] read {len(seen)} names in {time.time() - t0:.1f} s with {len(churn)} churn names left", flush=True)
+    t.check(not problems, f"[{label}] readdir in pieces with creates, unlinks and seekdir between them sees "
+            f"each of the {n} names exactly once", "; ".join(problems[:3]))
+    # ls while others create and unlink.
+    stop, errs = threading.Event(), []
+
+    def churner(k):
+        r = random.Random(k)
+        while not stop.is_set():
+            p = os.path.join(big, f"{r.choice('asz')}{r.randrange(10 ** 7):07d}y{k}")
+            try:
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+                os.unlink(p)
+            except OSError as e:
+                errs.append(str(e))
+                return
+    threads = [threading.Thread(target=churner, args=(k,)) for k in range(3)]
+    for th in threads:
+        th.start()
+    rounds = []
+    for _ in range(3):
+        out = subprocess.run(["ls", "-1", "-f", big], capture_output=True, text=True, timeout=120).stdout.split()
+        got = [x for x in out if x.startswith("s") and not x.endswith(("x", "y0", "y1", "y2"))]
+        rounds.append((len(got) - len(set(got)), len(set(stable) - set(got))))
+    stop.set()
+    for th in threads:
+        th.join()
+    t.check(all(r == (0, 0) for r in rounds) and not errs,
+            f"[{label}] ls while three threads create and unlink sees every name once (dup, missing: {rounds})",
+            "; ".join(errs[:2]))
+    # Names at NAME_MAX, a path near PATH_MAX, then rm -rf of it all.
+    problems = []
+    long_name = os.path.join(big, "n" * 255)
+    with open(long_name, "wb") as f:
+        f.write(b"name max")
+    with open(long_name, "rb") as f:
+        if f.read() != b"name max":
+            problems.append("the NAME_MAX file reads back wrong")
+    try:
+        os.close(os.open(os.path.join(big, "n" * 256), os.O_CREAT | os.O_WRONLY, 0o644))
+        problems.append("a 256-byte name was created")
+    except OSError as e:
+        if e.errno != errno.ENAMETOOLONG:
+            problems.append(f"a 256-byte name: {errno.errorcode.get(e.errno)}")
+    deep, depth = os.path.join(big, "deep"), 0
+    os.mkdir(deep)
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while len(deep) + 201 < 4000:
+            os.mkdir("d" * 200, dir_fd=fd)
+            nfd = os.open("d" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd, deep, depth = nfd, os.path.join(deep, "d" * 200), depth + 1
+        with open(os.path.join(deep, "leaf"), "wb") as f:
+            f.write(b"leaf")
+        with open(os.path.join(deep, "leaf"), "rb") as f:
+            if f.read() != b"leaf":
+                problems.append("the deep leaf reads back wrong")
+        try:
+            os.mkdir(os.path.join(deep, "e" * 250))
+            problems.append(f"a path of {len(deep) + 201} bytes was made")
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                problems.append(f"a path past PATH_MAX: {errno.errorcode.get(e.errno)}")
+    finally:
+        os.close(fd)
+    r = subprocess.run(["rm", "-rf", big], capture_output=True, text=True, timeout=300)
+    if r.returncode != 0 or os.path.exists(big):
+        problems.append(f"rm -rf: {r.returncode} {r.stderr[-300:]}")
+    t.check(not problems, f"[{label}] a NAME_MAX name, a {len(deep)}-byte path {depth} deep, ENAMETOOLONG "
+            "past them, and rm -rf of it all", "; ".join(problems[:3]))
+    fs.stop()
+
+
 # ---------------------------------------------------------------- main
 
-def start_mount(t, work, label, mnt, cache, ctl, tag):
+def start_mount(t, work, label, mnt, cache, ctl, tag, problems=None):
+    """The mounted Ghostfs, or None: then a failed check (or a line in `problems`) says why."""
     args = [a.replace("{work}", work).replace("{label}", label) for a in MODES[label]]
     fs = h.Ghostfs(mnt, cache, {}, args=args, control=ctl)
-    ok = fs.start(20)
-    if not ok:
+    if fs.start(20):
+        return fs
+    if problems is None:
         t.check(False, f"[{label}] {tag}: mounts", fs.output()[-2000:])
-    return fs if ok else None
+    else:
+        problems.append(f"{tag}: no mount: {fs.output()[-500:]}")
+    return None
 
 
 def run_differential(t, label, work, opts):
@@ -365,7 +551,7 @@ def run_differential(t, label, work, opts):
     os.makedirs(mnt)
     fs = start_mount(t, work, label, mnt, cache, ctl, "differential")
     if fs is None:
-        t.skip_rest(t.n + 4, "not mounted")
+        t.skip_rest(t.n + 3, "not mounted")
         return
     box, plain = os.path.join(mnt, "local", "cc"), os.path.join(work, f"plain-{label}")
     shared = os.path.join(box, "shared")
@@ -416,9 +602,9 @@ def run_differential(t, label, work, opts):
             "; ".join(probs[:4]))
     # After a clean unmount and mount the same.
     fs.stop()
-    fs = start_mount(t, work, label, mnt, cache, ctl, "remount")
+    fs = start_mount(t, work, label, mnt, cache, ctl, "remount", probs := [])
     if fs is None:
-        t.check(False, f"[{label}] after unmount and mount the trees and shared files are the same")
+        t.check(False, f"[{label}] after unmount and mount the trees and shared files are the same", probs[0])
         return
     probs = check_shared(shared, counts, opts.procs)
     for w in range(opts.procs):
@@ -437,9 +623,8 @@ def run_crashes(t, label, work, opts):
     models = {w: {k: Model() for k in range(CRASH_FILES)} for w in range(opts.procs)}
     problems, index_problems, cycles = [], [], 0
     for cycle in range(opts.cycles):
-        fs = start_mount(t, work, label, mnt, cache, ctl, f"cycle {cycle}")
+        fs = start_mount(t, work, label, mnt, cache, ctl, f"cycle {cycle}", problems)
         if fs is None:
-            problems.append(f"cycle {cycle}: no mount")
             break
         box = os.path.join(mnt, "local", "crash")
         os.makedirs(box, exist_ok=True)
@@ -514,7 +699,7 @@ def run_crashes(t, label, work, opts):
         index_problems += [f"cycle {cycle}: {p}" for p in check_index(cache)]
         cycles += 1
     else:
-        fs = start_mount(t, work, label, mnt, cache, ctl, "final")
+        fs = start_mount(t, work, label, mnt, cache, ctl, "final", problems)
         if fs:
             box = os.path.join(mnt, "local", "crash")
             for w in range(opts.procs):
@@ -539,20 +724,27 @@ def main():
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", "0")) or
                     random.SystemRandom().randrange(1, 10 ** 6))
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=600)
+    ap.add_argument("--ops", type=int, default=400)
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--crash-after", type=float, default=1.5)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--modes", default="plain,profile,flash")
+    ap.add_argument("--entries", type=int, default=2000)
+    ap.add_argument("--parts", default="differential,crash,bigdir")
     opts = ap.parse_args()
     print(f"# seed {opts.seed}", flush=True)
     h.require_root_and_fuse()
     modes = opts.modes.split(",")
-    t = h.Tap(len(modes) * 6)
+    parts = opts.parts.split(",")
+    t = h.Tap(len(modes) * (4 * ("differential" in parts) + 2 * ("crash" in parts) + 4 * ("bigdir" in parts)))
     work = h.tempdir()
     for label in modes:
-        run_differential(t, label, work, opts)
-        run_crashes(t, label, work, opts)
+        if "differential" in parts:
+            run_differential(t, label, work, opts)
+        if "crash" in parts:
+            run_crashes(t, label, work, opts)
+        if "bigdir" in parts:
+            run_bigdir(t, label, work, opts)
     t.done()
 
 
