@@ -83,6 +83,44 @@ def grid_block(w, k):
     return hashlib.sha256(f"grid {w} {k}".encode()).digest() * (BLOCK // 32)
 
 
+def saved_bytes(name):
+    n = int(hashlib.sha256(name.encode()).hexdigest()[:8], 16) % 150_000 + 1
+    return (hashlib.sha256(name.encode()).digest() * (n // 32 + 1))[:n]
+
+
+def save_and_peek(rng, w, i, shared):
+    """The atomic-save pattern across processes: a file written whole under a temporary name
+    (an open-time O_TRUNC rewrite, sometimes fsync'd) and renamed over a name others read;
+    every file another process opens under a saved name must hold whole bytes of one save.
+    Returns what is wrong, or None."""
+    name = f"save-{w}-{rng.randrange(3)}"
+    tmp = os.path.join(shared, f".tmp-{w}")
+    stamp = f"{name}@{i}"
+    data = stamp.encode() + b"\0" + saved_bytes(stamp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, len(data), 16384):
+            os.write(fd, data[off:off + 16384])
+        if rng.random() < 0.3:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, os.path.join(shared, name))
+    peers = [n for n in os.listdir(shared) if n.startswith("save-")]
+    if not peers:
+        return f"listdir of the shared directory shows no saved file after the rename of {name}"
+    peer = rng.choice(peers)
+    try:
+        with open(os.path.join(shared, peer), "rb") as f:
+            got = f.read()
+    except FileNotFoundError:  # a rename over a name leaves it there throughout
+        return f"{peer}, listed, is gone at the open"
+    head, _, body = got.partition(b"\0")
+    if not head.startswith(peer.encode() + b"@") or body != saved_bytes(head.decode(errors="replace")):
+        return f"{peer} holds {len(got)} bytes that are no whole save (starts {got[:30]!r})"
+    return None
+
+
 def worker(w, seed, ops, mbox, pbox, shared, nprocs, out, stop_on_error):
     """One process: its random sequence on mbox (mount) and pbox (plain) side by side, with an
     append to the shared log and a block of the grid every few steps."""
@@ -132,6 +170,11 @@ def worker(w, seed, ops, mbox, pbox, shared, nprocs, out, stop_on_error):
                 blocks.append(k)
                 if k % 8 == 3:
                     (os.fsync if k % 16 == 3 else os.fdatasync)(gridfd)
+            if i % 11 == 0 and not stop_on_error:
+                why = save_and_peek(rng, w, i, shared)
+                if why:
+                    mismatch = f"w{w} op {i}: {why}"
+                    break
     except Exception as e:  # noqa: BLE001 - reported, not raised, from a child
         mismatch = f"w{w} op {done}: {type(e).__name__}: {e}"
     finally:
@@ -595,6 +638,10 @@ def run_differential(t, label, work, opts):
             trees_ok = False
             diffs.append(f"w{w}: {ro.short(d)}")
     t.check(trees_ok, f"[{label}] the final trees are the plain directory's", "; ".join(diffs[:3]))
+    if label == "flash":
+        fl = h.Control(ctl).ok("stats").get("flash_log") or {}
+        print(f"# [{label}] flash log: {fl.get('appends')} appends, flushes {fl.get('flushes')}, "
+              f"append failures {fl.get('append_failures')}", flush=True)
     counts = {w: (r[2], r[3]) for w, r in results.items()}
     probs = check_shared(shared, counts, opts.procs)
     t.check(not probs, f"[{label}] the shared log holds every record whole, once; the grid every block "
