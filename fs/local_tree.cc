@@ -613,12 +613,17 @@ void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off,
   int fd = it->second.file->wfd.get();
   struct stat before;
   if (fstat(fd, &before) != 0) return (void)fuse_reply_err(req, errno);
+  // The file's size as readers see it: the disk's, the logged bytes and truncates over it, the
+  // queued writes' end (Write's O_APPEND end). Not the disk's alone: a fallocate ending short
+  // of bytes still in the log must not log a "truncate" to its end, which cut them.
+  Bytes size_before = static_cast<Bytes>(before.st_size);
+  if (ctx_.flash) size_before = ctx_.flash->SizeOver(fd, size_before);
+  size_before = std::max<Bytes>(size_before, ctx_.queue.QueuedEnd(it->second.file->key));
   if (fallocate(fd, mode, off, len) != 0) return (void)fuse_reply_err(req, errno);
   // A size it grew is logged as a truncate upwards for a file with logged records, so their
   // replay, which makes every logged truncate again, does not cut the file back.
   Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
-  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > static_cast<Bytes>(before.st_size) && ctx_.flash &&
-      ctx_.flash->Holds(fd)) {
+  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size_before && ctx_.flash && ctx_.flash->Holds(fd)) {
     ctx_.flash->AppendTruncate(fd, end, [](Status s) {
       if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
     });

@@ -41,6 +41,8 @@ RECORD = 300          # bytes of one appended record
 BLOCK = 4096          # bytes of one block of the shared grid
 CRASH_FILES = 3
 CRASH_MAX = 200_000
+# pwrite, append, truncate, fsync, fdatasync, msync, fallocate
+CRASH_WEIGHTS = [int(x) for x in os.environ.get("GHOST_CRASH_WEIGHTS", "30,10,4,6,6,4,3").split(",")]
 
 
 # ---------------------------------------------------------------- the differential workers
@@ -144,6 +146,9 @@ def worker(w, seed, ops, mbox, pbox, shared, nprocs, out, stop_on_error):
             done = i + 1
             if ra != rb or sorted(a.fds) != sorted(b.fds):
                 mismatch = f"w{w} op {i} {name}{ro.short(args)}: local/ {ro.short(ra)}, plain {ro.short(rb)}"
+                if isinstance(ra[1], bytes) and isinstance(rb[1], bytes):
+                    first = next((j for j, (x, y) in enumerate(zip(ra[1], rb[1])) if x != y), None)
+                    mismatch += f" ({len(ra[1])} vs {len(rb[1])} bytes, first difference at {first})"
                 break
             if i % 5 == 0:
                 rec = shared_record(w, len(appended))
@@ -321,7 +326,7 @@ def crash_writer(w, seed, box, models, out):
             k = rng.randrange(CRASH_FILES)
             m, fd = models[k], fds[k]
             op = rng.choices(["pwrite", "append", "truncate", "fsync", "fdatasync", "msync", "fallocate"],
-                             weights=[30, 10, 4, 6, 6, 4, 3])[0]
+                             weights=CRASH_WEIGHTS)[0]
             if op in ("pwrite", "append"):
                 off = rng.randrange(CRASH_MAX) if op == "pwrite" else len(m.cur)
                 n = min(rng.choice([1, 100, 4096, 9000, 40000]), CRASH_MAX + 50000 - off)
