@@ -788,7 +788,7 @@ def main():
     ap.add_argument("--crash-after", type=float, default=1.5)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--modes", default="plain,profile,flash")
-    ap.add_argument("--entries", type=int, default=2000)
+    ap.add_argument("--entries", type=int, default=1200)
     ap.add_argument("--parts", default="differential,crash,bigdir")
     opts = ap.parse_args()
     print(f"# seed {opts.seed}", flush=True)
