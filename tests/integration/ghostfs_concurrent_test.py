@@ -445,7 +445,7 @@ def run_bigdir(t, label, work, opts):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
     try:
-        fs = start_mount(t, work, label, mnt, cache, ctl, "big directory")
+        fs = start_mount(t, work, label, mnt, cache, ctl, "big directory", asleep=False)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     if fs is None:
@@ -581,12 +581,12 @@ def run_bigdir(t, label, work, opts):
 
 # ---------------------------------------------------------------- main
 
-def start_mount(t, work, label, mnt, cache, ctl, tag, problems=None):
+def start_mount(t, work, label, mnt, cache, ctl, tag, problems=None, asleep=True):
     """The mounted Ghostfs, or None: then a failed check (or a line in `problems`) says why."""
     args = [a.replace("{work}", work).replace("{label}", label) for a in MODES[label]]
     fs = h.Ghostfs(mnt, cache, {}, args=args, control=ctl)
     if fs.start(20):
-        if MODES[label]:
+        if MODES[label] and asleep:
             # Start with the emulated disk asleep: writes wait in the queue (or go to the flash
             # log) until an fsync, a flush or the cap spins it up.
             c = h.Control(ctl)
@@ -783,8 +783,8 @@ def main():
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", "0")) or
                     random.SystemRandom().randrange(1, 10 ** 6))
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=400)
-    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--ops", type=int, default=300)
+    ap.add_argument("--cycles", type=int, default=2)
     ap.add_argument("--crash-after", type=float, default=1.5)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--modes", default="plain,profile,flash")
@@ -799,12 +799,11 @@ def main():
               + ("flash" in modes and "differential" in parts))
     work = h.tempdir()
     for label in modes:
-        if "differential" in parts:
-            run_differential(t, label, work, opts)
-        if "crash" in parts:
-            run_crashes(t, label, work, opts)
-        if "bigdir" in parts:
-            run_bigdir(t, label, work, opts)
+        for part, run in (("differential", run_differential), ("crash", run_crashes), ("bigdir", run_bigdir)):
+            if part in parts:
+                t0 = time.time()
+                run(t, label, work, opts)
+                print(f"# [{label}] {part}: {time.time() - t0:.1f} s", flush=True)
     t.done()
 
 
