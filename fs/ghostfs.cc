@@ -173,7 +173,7 @@ class RootTree final : public Tree {
     st.st_mode = S_IFDIR | 0755;
     fuse_reply_attr(req, &st, kAttrTimeout);
   }
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override {
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info*) override {
     std::vector<std::pair<std::string, mode_t>> entries;
     for (const Origin& o : options_.origins) entries.emplace_back(o.name, S_IFDIR);
     entries.emplace_back(kLocalName, S_IFDIR);
@@ -503,12 +503,16 @@ void Daemon::OpOpendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   TreeOf(n).Opendir(req, n, fi);
 }
 
-void Daemon::OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info*) { fuse_reply_err(req, 0); }
+// Only local/ keeps a handle of an open directory (a stream of its backing directory).
+void Daemon::OpReleasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  if (fi->fh != 0) local_->Releasedir(fi->fh);
+  fuse_reply_err(req, 0);
+}
 
-void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info*) {
+void Daemon::OpReaddir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, fuse_file_info* fi) {
   Node* n = inodes_.Find(ino);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
-  TreeOf(n).Readdir(req, n, size, off);
+  TreeOf(n).Readdir(req, n, size, off, fi);
 }
 
 void Daemon::OpCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, fuse_file_info* fi) {

@@ -3,6 +3,7 @@
 // Exit codes: 0 clean unmount, 1 runtime failure (mount, cache, the cache directory in use by
 // another ghostfs, a mount point that already is a FUSE mount), 2 bad options or config.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <iostream>
@@ -15,6 +16,30 @@
 #include "common/power/profile.h"
 #include "fs/ghostfs.h"
 #include "fs/mount_args.h"
+
+namespace {
+
+// Every local/ inode the kernel holds keeps an O_PATH descriptor (fs/inode_table.h), and the
+// kernel forgets inodes only under memory pressure: a directory of 100k entries needs 100k
+// descriptors. The soft limit goes up to the hard one, and both up to fs.nr_open when the
+// process may (root). Returns the limit in force.
+rlim_t RaiseFdLimit() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  rlim_t most = rl.rlim_max;
+  if (FILE* f = std::fopen("/proc/sys/fs/nr_open", "r")) {
+    unsigned long long n = 0;
+    if (std::fscanf(f, "%llu", &n) == 1 && n > most) most = static_cast<rlim_t>(n);
+    std::fclose(f);
+  }
+  for (rlim_t limit : {most, rl.rlim_max}) {
+    rlimit up{limit, std::max(limit, rl.rlim_max)};
+    if (limit >= rl.rlim_cur && setrlimit(RLIMIT_NOFILE, &up) == 0) return limit;
+  }
+  return rl.rlim_cur;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   ghost::GhostfsOptions o;
@@ -272,6 +297,7 @@ int main(int argc, char** argv) {
   if (ghost::Status s = ghost::ConfigureLog(*log); !s.ok()) return fail(s.message());
   o.log_file = log_file;
   o.log_level = ghost::LogLevelName(log->level);
+  ghost::Log(ghost::LogLevel::kDebug, "up to %llu open descriptors", static_cast<unsigned long long>(RaiseFdLimit()));
   ghost::Result<std::unique_ptr<ghost::GhostFs>> fs = ghost::GhostFs::Create(o);
   if (!fs.ok()) {
     std::fprintf(stderr, "ghostfs: %s\n", fs.status().message().c_str());

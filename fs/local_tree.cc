@@ -362,7 +362,7 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
   finish();
 }
 
-void LocalTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void LocalTree::Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) {
   int fd = openat(NodeFd(n), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return (void)fuse_reply_err(req, errno);
   DIR* d = fdopendir(fd);
@@ -371,14 +371,43 @@ void LocalTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
     close(fd);
     return (void)fuse_reply_err(req, e);
   }
-  std::vector<std::pair<std::string, mode_t>> entries;
-  while (dirent* e = readdir(d)) {
-    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
-    entries.emplace_back(e->d_name, static_cast<mode_t>(DTTOIF(e->d_type)));
+  fi->fh = next_dir_++;
+  dirs_.emplace(fi->fh, std::make_unique<OpenDir>(d));
+  if (fuse_reply_open(req, fi) != 0) dirs_.erase(fi->fh);  // the opener was interrupted: no releasedir comes
+}
+
+void LocalTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) {
+  auto it = dirs_.find(fi->fh);
+  if (it == dirs_.end()) return (void)fuse_reply_err(req, EBADF);
+  OpenDir& d = *it->second;
+  if (off != d.offset) {  // a seekdir, or a rewind: the backing stream goes there too
+    seekdir(d.dir, off);
+    d.pending = nullptr;
+    d.offset = off;
   }
-  closedir(d);
-  std::sort(entries.begin(), entries.end());  // stable offsets across calls
-  ctx_.reply_dir_entries(req, n->ino, size, off, entries);
+  std::vector<char> buf(size);
+  size_t used = 0;
+  for (;;) {
+    if (d.pending == nullptr) {
+      errno = 0;
+      d.pending = readdir(d.dir);
+      if (d.pending == nullptr) {
+        if (errno != 0 && used == 0) return (void)fuse_reply_err(req, errno);
+        break;
+      }
+    }
+    const char* name = d.pending->d_name;
+    bool dots = std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0;
+    struct stat st {};
+    st.st_ino = dots ? n->ino : kUnknownIno;
+    st.st_mode = static_cast<mode_t>(DTTOIF(d.pending->d_type));
+    size_t need = fuse_add_direntry(req, buf.data() + used, size - used, name, &st, d.pending->d_off);
+    if (need > size - used) break;  // the entry waits for the next call
+    used += need;
+    d.offset = d.pending->d_off;
+    d.pending = nullptr;
+  }
+  fuse_reply_buf(req, buf.data(), used);
 }
 
 void LocalTree::Statfs(fuse_req_t req) {
@@ -584,12 +613,17 @@ void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off,
   int fd = it->second.file->wfd.get();
   struct stat before;
   if (fstat(fd, &before) != 0) return (void)fuse_reply_err(req, errno);
+  // The file's size as readers see it: the disk's, the logged bytes and truncates over it, the
+  // queued writes' end (Write's O_APPEND end). Not the disk's alone: a fallocate ending short
+  // of bytes still in the log must not log a "truncate" to its end, which cut them.
+  Bytes size_before = static_cast<Bytes>(before.st_size);
+  if (ctx_.flash) size_before = ctx_.flash->SizeOver(fd, size_before);
+  size_before = std::max<Bytes>(size_before, ctx_.queue.QueuedEnd(it->second.file->key));
   if (fallocate(fd, mode, off, len) != 0) return (void)fuse_reply_err(req, errno);
   // A size it grew is logged as a truncate upwards for a file with logged records, so their
   // replay, which makes every logged truncate again, does not cut the file back.
   Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
-  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > static_cast<Bytes>(before.st_size) && ctx_.flash &&
-      ctx_.flash->Holds(fd)) {
+  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size_before && ctx_.flash && ctx_.flash->Holds(fd)) {
     ctx_.flash->AppendTruncate(fd, end, [](Status s) {
       if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
     });

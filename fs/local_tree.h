@@ -32,6 +32,7 @@
 #ifndef GHOST_FS_LOCAL_TREE_H_
 #define GHOST_FS_LOCAL_TREE_H_
 
+#include <dirent.h>
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
 
@@ -107,7 +108,13 @@ class LocalTree final : public Tree {
   void Getattr(fuse_req_t req, Node* n) override;
   // `fh` is the open file the kernel names (0 if none).
   void Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to_set, std::uint64_t fh);
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  // A directory open keeps one stream of the backing directory (fi->fh): readdir hands out the
+  // backing file system's own offsets (telldir cookies), so a listing read in several calls, or
+  // resumed with seekdir, sees every entry present throughout exactly once while others create
+  // and unlink, and a directory of n entries costs O(n) to list, not O(n^2).
+  void Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
+  void Releasedir(std::uint64_t fh) { dirs_.erase(fh); }
   // On success replies with a new file handle (fi->fh) that the daemon routes back here.
   void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi) override;
@@ -204,10 +211,24 @@ class LocalTree final : public Tree {
   void LogMeta(MetaOp op, int parent_fd, const char* name, int fd, mode_t mode, int newparent_fd, const char* newname,
                std::function<void()> reply);
 
+  // An open directory: its stream, the offset it is at, and an entry read but not yet sent
+  // (it did not fit the last reply).
+  struct OpenDir {
+    explicit OpenDir(DIR* d) : dir(d) {}
+    ~OpenDir() { closedir(dir); }
+    OpenDir(const OpenDir&) = delete;
+    OpenDir& operator=(const OpenDir&) = delete;
+    DIR* dir;
+    off_t offset = 0;
+    dirent* pending = nullptr;
+  };
+
   UniqueFd root_;  // CACHE/local (O_PATH)
   LocalContext ctx_;
   std::map<std::uint64_t, OpenFile> opens_;                  // by file handle
   std::map<std::string, std::shared_ptr<LocalFile>> files_;  // by write-queue key
+  std::map<std::uint64_t, std::unique_ptr<OpenDir>> dirs_;    // by directory handle
+  std::uint64_t next_dir_ = 1;
 };
 
 }  // namespace ghost

@@ -625,7 +625,7 @@ void MailTree::Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, f
   Getattr(req, n);
 }
 
-void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info*) {
   MailOrigin* mo = OriginOf(n->origin);
   if (!mo) return (void)fuse_reply_err(req, ESTALE);
   MailPath p = Split(n->path);

@@ -84,7 +84,7 @@ class MailTree final : public Tree {
   void Lookup(fuse_req_t req, Node* parent, const char* name) override;
   void Getattr(fuse_req_t req, Node* n) override;
   void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info* fi) override;
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
   void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi) override;
   void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;

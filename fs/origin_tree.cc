@@ -351,7 +351,7 @@ void OriginTree::Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) {
   });
 }
 
-void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info*) {
   fuse_ino_t ino = n->ino;
   WithListing(n->origin, n->path, [this, req, ino, size, off, url = OriginUrl(n)](Result<const Listing*> l) {
     const std::map<std::string, Probe>* probed = nullptr;

@@ -167,7 +167,7 @@ class OriginTree final : public Tree {
   void Lookup(fuse_req_t req, Node* parent, const char* name) override;
   void Getattr(fuse_req_t req, Node* n) override;
   void Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) override;
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
   // Read-only: EROFS for an open for writing.
   void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;

@@ -174,7 +174,7 @@ void StoreTree::Getattr(fuse_req_t req, Node* n) {
   fuse_reply_attr(req, &st, kStoreAttrTimeout);
 }
 
-void StoreTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off) {
+void StoreTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info*) {
   // Only .ghost/ itself lists anything: objects and fills are reached by the names the
   // control socket hands out.
   std::vector<std::pair<std::string, mode_t>> entries;

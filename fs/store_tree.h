@@ -67,7 +67,7 @@ class StoreTree final : public Tree {
   void Getattr(fuse_req_t req, Node* n) override;
   // Only a fill's truncation to 0 (an O_TRUNC open) is taken: EROFS for anything else.
   void Setattr(fuse_req_t req, Node* n, struct stat* attr, int to_set, fuse_file_info* fi) override;
-  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) override;
+  void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
   void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
   void Write(fuse_req_t req, Node* n, const char* buf, size_t size, off_t off, fuse_file_info* fi) override;

@@ -106,7 +106,7 @@ class Tree {
   // Before a directory is read: the tree may refuse it here (readdir(3) takes an ENOENT from
   // getdents for the end of the directory). The default opens it.
   virtual void Opendir(fuse_req_t req, Node* n, fuse_file_info* fi);
-  virtual void Readdir(fuse_req_t req, Node* n, size_t size, off_t off) = 0;
+  virtual void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) = 0;
   virtual void Open(fuse_req_t req, Node* n, fuse_file_info* fi) = 0;
   virtual void Create(fuse_req_t req, Node* parent, const char* name, mode_t mode, fuse_file_info* fi);
   virtual void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi);
