@@ -433,6 +433,11 @@ def main():
           f"{(g['rss_kb'] - g['empty_rss_kb']) * 1024 / n:.0f} B; disk {g['disk'] / 1e6:.1f} MB "
           f"({g['disk'] / (n * 512):.2f}× the bodies)")
     print(f"ghostproxy answered the fill's requests in {g['wrk_s']:.1f} s; indexed after {g['fill_s']:.1f} s")
+    wq = g.get("write_queue") or {}
+    if wq:
+        print("ghostfs write queue after the fill: "
+              + ", ".join(f"{k} {wq[k]}" for k in ("writes", "backlog_batches", "most_merged",
+                                                    "fill_backlog_peak") if k in wq))
     print(f"ghostfs ready after each of {len(g['ready_all'])} remounts (s): "
           + " ".join(f"{t:.2f}" for t in g["ready_all"]))
     if "crash_ready_s" in g:
