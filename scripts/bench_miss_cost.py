@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 import harness as h  # noqa: E402
 from bench_proxy import Ghostproxy, Squid  # noqa: E402
-from bench_scale import FILL_LUA, log_lines, write_lua  # noqa: E402
+from bench_scale import FILL_LUA, LineCounter, write_lua  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -51,19 +51,20 @@ def fill(port, lua, access_log, n, pids):
     """wrk (16 connections, 2 threads) until `access_log` grew by n lines; (seconds, wrk CPU s,
     {name: CPU s}) with the CPU of each of `pids` ({name: [pid, ...]}) over the fill."""
     before = {name: sum(cpu_s(p) for p in ps) for name, ps in pids.items()}
-    start = log_lines(access_log)
+    log_lines = LineCounter(access_log)
+    start = log_lines()
     cmd = ["wrk", "-t", "2", "-c", "16", "-d", "3600s", "--timeout", "10s", "-s", lua,
            f"http://127.0.0.1:{port}"]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    while proc.poll() is None and log_lines(access_log) - start < n:
+    while proc.poll() is None and log_lines() - start < n:
         time.sleep(0.05)
     elapsed = time.monotonic() - t0
     after = {name: sum(cpu_s(p) for p in ps) for name, ps in pids.items()}
     proc.send_signal(signal.SIGINT)
     proc.stdout.read()
     _, _, ru = os.wait4(proc.pid, 0)
-    done = log_lines(access_log) - start
+    done = log_lines() - start
     return elapsed, done, ru.ru_utime + ru.ru_stime, {k: after[k] - before[k] for k in pids}
 
 

@@ -80,7 +80,10 @@
 //       the server's line framer, ghostctl, the Python harness, the fuzz target — speaks
 //       JSON lines; a frame would need a second framing state in each. Base64 costs a third
 //       more bytes of a body under 16 KiB, well below one FUSE round trip, and the lookup
-//       result already sends packed bodies the same way.)
+//       result already sends packed bodies the same way.) Our clients and the server write
+//       "body_base64" as the last member of its object and copy it unescaped; a line that ends
+//       with it is parsed without running it through the JSON lexer (control.cc). Any order is
+//       accepted and means the same.
 //     With "transfer_end": T (and "transfer_bytes": B), the fetch that brought the body is over:
 //       after the body is queued, the daemon ends transfer T as {"phase":"end","transfer":T,
 //       "bytes":B} would (B: the data phase, when it was not sent). Only an inline store (with

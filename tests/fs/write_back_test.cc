@@ -164,6 +164,34 @@ TEST_F(WriteBackTest, FillsThatWaitForTheWriterShareOneTransaction) {
   EXPECT_LE(store_->transactions() - before, 3u);
 }
 
+// The write queue holds what finds the writer busy only up to its cap: past it (and for a sync
+// record) it hands a batch over at once, so batches pile up behind the write. The writer takes
+// them all in its next write (TakeBacklog): one group commit, not one per batch. This is what
+// the write-back's own merge adds to the queue's.
+TEST_F(WriteBackTest, BatchesFlushedPastTheQueuesCapWhileWritingShareOneWrite) {
+  WriteBackOptions o;
+  o.queue.cap = 4 << 10;  // a batch every 8 fills of 512 bytes
+  wb_.reset();
+  wb_ = std::make_unique<WriteBack>(*pm_, disk_id_, *disk_, *store_, o);
+  wb_->QueueFill("http://o/first", CacheEntry{}, "x");  // the disk is awake: written at once
+  ASSERT_TRUE(wb_->WritingBatch());
+  const std::uint64_t before = store_->transactions();
+  const std::uint64_t writes_before = wb_->batches_written();
+  constexpr int kFills = 200;
+  for (int i = 0; i < kFills; ++i) {
+    wb_->QueueFill("http://o/" + std::to_string(i), CacheEntry{}, std::string(512, 'a' + i % 26));
+  }
+  EXPECT_GE(wb_->queue().stats().flushes_cap, 20u);  // the queue did hand them over
+  Drain();
+  EXPECT_EQ(store_->index().size(), static_cast<std::size_t>(kFills + 1));
+  EXPECT_EQ(ReadStored("http://o/199"), std::string(512, 'a' + 199 % 26));
+  // The first fill's write, then one for the ~25 batches that waited behind it (or two, if
+  // the last flush came after the writer took the backlog).
+  EXPECT_LE(wb_->batches_written() - writes_before, 3u);
+  EXPECT_LE(store_->transactions() - before, 3u);
+  EXPECT_GE(wb_->most_merged(), 20u);
+}
+
 // Two queued writes of one local/ file are never in one write (io_uring would not keep their
 // order): the second waits for the next.
 TEST_F(WriteBackTest, TwoWritesOfOneLocalFileLandInOrder) {
