@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -951,6 +952,186 @@ TEST_F(DownloadShaperTest, ReadingTheAwaitedBurstMissesEveryCycleAndQuietBurstsD
   EXPECT_EQ(quiet_held.stats.bad_bursts, 0u);
   EXPECT_LE(quiet_held.opens, 135);
   EXPECT_GT(ToSeconds(quiet_held.stats.sleep), ToSeconds(read_held.stats.sleep) + 2.0);
+}
+
+// A Reno sender that loses packets (round 12): its cwnd halves at each loss and, below the
+// grant, the ACKs the receiver's kernel sends while a burst comes release data one round trip
+// later (the ACK clock); a lost segment is retransmitted on the first duplicate ACK (SACK/RACK
+// on a link that never reorders) and the receiver reads only what is in order. Deterministic:
+// every `loss_every`-th new segment is dropped once. The receiver ACKs every segment with its
+// right edge (what the application read + the window), as GrantLink.
+struct ClockRun {
+  ShaperStats stats;
+  Duration time{};
+  int opens = 0;
+  ShaperState final_state{};
+};
+ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
+  const Duration rtt = Millis(60);
+  const Bytes window = 16 * kMss;
+  ShaperOptions o = Options();
+  o.window = window;
+  o.size = size;
+  o.ack_clock_after_loss = ack_clock;
+  DownloadShaper s(o, TimePoint{});
+  s.SetMinRtt(rtt);
+  s.SetCardListener([](TimePoint when, bool awake) {
+    if (std::getenv("DBG2") && ToSeconds(when - TimePoint{}) > 2.0 && ToSeconds(when - TimePoint{}) < 2.4)
+      std::printf("  %.4f %s\n", ToSeconds(when - TimePoint{}), awake ? "WAKE" : "SLEEP");
+  });
+  struct Pkt {
+    TimePoint at;
+    Bytes seq, bytes;
+  };
+  struct Ack {
+    TimePoint at;
+    Bytes ack, edge, sacked;
+  };
+  std::vector<Pkt> packets;
+  std::vector<Ack> acks;
+  std::vector<std::pair<Bytes, Bytes>> ooo;  // the receiver's out-of-order segments
+  Bytes rcv_nxt = 0, read = 0, edge = 0, sacked = 0;
+  Bytes snd_una = 0, snd_nxt = 0, snd_edge = 0, snd_sacked = 0, retransmitted_at = ~Bytes{0};
+  double cwnd = 10;
+  std::int64_t sent_segments = 0;
+  TimePoint now{}, link_free{}, progress{};
+  ClockRun r;
+  auto ack = [&](TimePoint at) {
+    edge = std::max(edge, read + window);
+    acks.push_back({at + rtt / 2, rcv_nxt, edge, sacked});
+  };
+  auto transmit = [&](Bytes seq, Bytes b, bool drop) {
+    link_free = std::max(now, link_free) + Seconds(static_cast<double>(b) / kRate20Mbps);
+    if (!drop) packets.push_back({link_free + rtt / 2, seq, b});  // in time order: one link
+  };
+  auto send_new = [&] {
+    while (snd_nxt < snd_edge && snd_nxt < size &&
+           static_cast<double>(snd_nxt - snd_una) - static_cast<double>(snd_sacked) < cwnd * kMss) {
+      const Bytes b = std::min<Bytes>(kMss, size - snd_nxt);
+      transmit(snd_nxt, b, loss_every > 0 && ++sent_segments % loss_every == loss_every / 2);
+      snd_nxt += b;
+    }
+  };
+  int dbg_n = 0;
+  TimePoint last_open_dbg{};
+  auto open = [&](TimePoint at) {
+    last_open_dbg = at;
+    if (std::getenv("DBG2") && ToSeconds(at - TimePoint{}) > 2.0 && ToSeconds(at - TimePoint{}) < 2.4)
+      std::printf("  %.4f OPEN\n", ToSeconds(at - TimePoint{}));
+    s.OnOpened(at);
+    ++r.opens;
+    read = rcv_nxt;
+    ack(at);
+  };
+  std::size_t next_packet = 0, next_ack = 0;
+  ack(now);  // the request: the first window
+  bool awaiting = false;
+  for (int guard = 0; rcv_nxt < size; ++guard) {
+    if (guard > 2'000'000) {
+      ADD_FAILURE() << "the simulation did not finish: rcv_nxt " << rcv_nxt << " read " << read
+                    << " snd_una " << snd_una << " snd_nxt " << snd_nxt << " edge " << snd_edge
+                    << " cwnd " << cwnd << " sacked " << sacked << " ooo " << ooo.size()
+                    << " state " << ShaperStateName(s.state());
+      break;
+    }
+    // The retransmission timer (a lost segment with none after it: no duplicate ACK).
+    const std::optional<TimePoint> rto =
+        snd_una < snd_nxt ? std::optional(progress + Millis(300)) : std::nullopt;
+    std::optional<TimePoint> due[4] = {
+        s.NextDeadline(),
+        next_packet < packets.size() ? std::optional(packets[next_packet].at) : std::nullopt,
+        next_ack < acks.size() ? std::optional(acks[next_ack].at) : std::nullopt, rto};
+    int which = -1;
+    for (int i = 0; i < 4; ++i) {
+      if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
+    }
+    if (which < 0) {
+      open(now);  // nothing pending: the adapter opens the closed window itself
+      continue;
+    }
+    now = std::max(now, *due[which]);
+    if (which == 3) {
+      progress = now;
+      cwnd = 2;
+      transmit(snd_una, std::min<Bytes>(kMss, size - snd_una), false);
+    } else if (which == 2) {
+      const Ack a = acks[next_ack++];
+      snd_edge = std::max(snd_edge, a.edge);
+      if (a.ack > snd_una) {
+        progress = now;
+        cwnd += static_cast<double>(a.ack - snd_una) / kMss / cwnd;  // congestion avoidance
+        snd_una = a.ack;
+      } else if (a.sacked > 0 && snd_una < snd_nxt && retransmitted_at != snd_una) {
+        // The first duplicate ACK with a hole: retransmit it, halve the window (Reno).
+        retransmitted_at = snd_una;
+        cwnd = std::max(2.0, cwnd / 2);
+        transmit(snd_una, std::min<Bytes>(kMss, size - snd_una), false);
+      }
+      snd_sacked = a.sacked;
+      send_new();
+    } else if (which == 1) {
+      const Pkt p = packets[next_packet++];
+      bool missing = p.seq != rcv_nxt;
+      if (p.seq == rcv_nxt) {
+        rcv_nxt += p.bytes;
+        std::sort(ooo.begin(), ooo.end());
+        while (!ooo.empty() && ooo.front().first <= rcv_nxt) {
+          rcv_nxt = std::max(rcv_nxt, ooo.front().first + ooo.front().second);
+          ooo.erase(ooo.begin());
+        }
+      } else if (p.seq > rcv_nxt) {
+        ooo.push_back({p.seq, p.bytes});
+      }
+      sacked = 0;
+      for (const auto& [q, b] : ooo) sacked += b;
+      const bool was_asleep = !s.card_awake();
+      const auto due_dbg = s.nap_due();
+      s.OnArrival(now, p.bytes, missing);
+      if (std::getenv("DBG2") && ToSeconds(now - TimePoint{}) > 2.0 && ToSeconds(now - TimePoint{}) < 2.4)
+        std::printf("  %.4f pkt seq=%llu%s awake=%d\n", ToSeconds(now - TimePoint{}), (unsigned long long)p.seq, missing ? " M" : "", !was_asleep);
+      if (was_asleep && std::getenv("DBG") && dbg_n++ < 40)
+        std::printf("miss t=%.4f seq=%llu rcv_nxt=%llu due=%.4f last_open=%.4f state=%s clocked=%d cwnd=%.1f\n",
+                    ToSeconds(now - TimePoint{}), (unsigned long long)p.seq, (unsigned long long)rcv_nxt,
+                    due_dbg ? ToSeconds(*due_dbg - TimePoint{}) : -1.0, ToSeconds(last_open_dbg - TimePoint{}),
+                    ShaperStateName(s.state()), s.ack_clocked(), cwnd);
+      // As the proxy: reading freely, and the awaited burst's first read.
+      if (s.reads_freely() || awaiting) read = rcv_nxt;
+      awaiting = false;
+      ack(now);
+    } else {
+      s.OnTimer(now);
+    }
+    if (s.wants_open()) {
+      open(now);
+      awaiting = true;
+    }
+  }
+  s.Finish(now);
+  r.stats = s.stats();
+  r.time = now - TimePoint{};
+  r.final_state = s.state();
+  return r;
+}
+
+TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedDataAndSleepsThroughRecovery) {
+  // 1% loss: after each loss the sender is cwnd-limited and ACK-clocked; its data comes one
+  // round trip after the ACKs of the last burst, before open + RTT. Without the clock the card
+  // naps into it (missed packets, bad bursts, recovery awake); with it the card wakes in time.
+  const ClockRun old_rule = RenoLink(false, 100);
+  const ClockRun clocked = RenoLink(true, 100);
+  std::printf("1%% loss: missed %llu → %llu, bad %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, "
+              "bursts %llu → %llu (clocked %llu)\n",
+              static_cast<unsigned long long>(old_rule.stats.missed_packets),
+              static_cast<unsigned long long>(clocked.stats.missed_packets),
+              static_cast<unsigned long long>(old_rule.stats.bad_bursts),
+              static_cast<unsigned long long>(clocked.stats.bad_bursts),
+              ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
+              ToSeconds(old_rule.time), ToSeconds(clocked.time),
+              static_cast<unsigned long long>(old_rule.stats.bursts),
+              static_cast<unsigned long long>(clocked.stats.bursts),
+              static_cast<unsigned long long>(clocked.stats.clocked_bursts));
+  EXPECT_GT(clocked.stats.clocked_bursts, 0u);
+  EXPECT_EQ(old_rule.stats.clocked_bursts, 0u);
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
