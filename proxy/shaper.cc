@@ -172,7 +172,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 12: the ACK clock after a loss (ShaperOptions::ack_clock_after_loss); =0 for
   // side-by-side runs.
   if (EnvIs("GHOST_SHAPER_ACK_CLOCK", "0")) so.ack_clock_after_loss = false;
-  if (const char* v = std::getenv("GHOST_SHAPER_CLOCK_HOLD_MS")) so.clock_hold = Millis(std::atof(v));
+  if (const char* v = std::getenv("GHOST_SHAPER_CLOCK_HOLD_RTTS")) so.clock_hold_rtts = std::atof(v);
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.

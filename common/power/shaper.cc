@@ -160,8 +160,9 @@ void DownloadShaper::StartAckClock() {
 bool DownloadShaper::ClockHolds() const {
   return ack_clock_ && in_burst_ && !wants_open_ && !burst_straggler_ && last_open_ &&
          burst_first_ < *last_open_ + min_rtt() &&
-         options_.clock_hold > Duration::zero() &&
-         *last_open_ + min_rtt() <= burst_last_ + options_.clock_hold &&
+         options_.clock_hold_rtts > 0 &&
+         *last_open_ + min_rtt() <=
+             burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.clock_hold_rtts) &&
          (state_ == ShaperState::kSaving || state_ == ShaperState::kRecovery);
 }
 

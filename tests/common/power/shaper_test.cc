@@ -315,7 +315,9 @@ std::string States(const RunResult& r) {
 TEST_F(DownloadShaperTest, LossSendsTheShaperToRecoveryAndBack) {
   LinkSpec spec;
   spec.loss = 0.01;
-  SimLink link(spec, Options());
+  ShaperOptions o = Options();
+  o.ack_clock_after_loss = false;  // the paper's rule (round 12's clock: the next test)
+  SimLink link(spec, o);
   const RunResult r = link.Run();
   EXPECT_TRUE(Saw(r, ShaperState::kRecovery));
   EXPECT_NE(r.final_state, ShaperState::kPlain);
@@ -434,6 +436,24 @@ TEST_F(DownloadShaperTest, EqFourCostDecides) {
 
 // Bursts of 16 packets at 20 Mb/s that come `delay` after each open, with the kernel's min
 // RTT at 60 ms; returns the shaper's stats after `cycles` opens and, per cycle, how long
+TEST_F(DownloadShaperTest, LossWithTheAckClockSleepsThroughTheRetransmissionWait) {
+  // Round 12: with the ACK clock a burst with loss does not keep the card awake for a whole
+  // cycle; the retransmission on this link comes one RTT after the lost packet, inside the
+  // clocked wake-up (one min RTT after the burst's first packet).
+  LinkSpec spec;
+  spec.loss = 0.01;
+  ShaperOptions paper = Options();
+  paper.ack_clock_after_loss = false;
+  const RunResult old_rule = SimLink(spec, paper).Run();
+  const RunResult clocked = SimLink(spec, Options()).Run();
+  std::printf("SimLink 1%%: missed %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, recovery %d → %d\n",
+              static_cast<unsigned long long>(old_rule.stats.missed_packets),
+              static_cast<unsigned long long>(clocked.stats.missed_packets),
+              ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
+              ToSeconds(old_rule.time), ToSeconds(clocked.time), Saw(old_rule, ShaperState::kRecovery),
+              Saw(clocked, ShaperState::kRecovery));
+}
+
 // before the burst's first packet the card was awake again (negative: it woke too late).
 struct DelayRun {
   ShaperStats stats;
