@@ -436,10 +436,10 @@ TEST_F(DownloadShaperTest, EqFourCostDecides) {
 
 // Bursts of 16 packets at 20 Mb/s that come `delay` after each open, with the kernel's min
 // RTT at 60 ms; returns the shaper's stats after `cycles` opens and, per cycle, how long
-TEST_F(DownloadShaperTest, LossWithTheAckClockSleepsThroughTheRetransmissionWait) {
-  // Round 12: with the ACK clock a burst with loss does not keep the card awake for a whole
-  // cycle; the retransmission on this link comes one RTT after the lost packet, inside the
-  // clocked wake-up (one min RTT after the burst's first packet).
+TEST_F(DownloadShaperTest, LossWithTheAckClockStaysOutOfRecovery) {
+  // Round 12: with the ACK clock a burst with loss does not send the shaper to recovery; the
+  // retransmission on this link comes one RTT after the lost packet, inside the clocked
+  // wake-up (one min RTT after the burst's first packet), and is not missed.
   LinkSpec spec;
   spec.loss = 0.01;
   ShaperOptions paper = Options();
@@ -452,6 +452,13 @@ TEST_F(DownloadShaperTest, LossWithTheAckClockSleepsThroughTheRetransmissionWait
               ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
               ToSeconds(old_rule.time), ToSeconds(clocked.time), Saw(old_rule, ShaperState::kRecovery),
               Saw(clocked, ShaperState::kRecovery));
+  EXPECT_TRUE(Saw(old_rule, ShaperState::kRecovery));
+  EXPECT_FALSE(Saw(clocked, ShaperState::kRecovery));
+  EXPECT_EQ(clocked.stats.missed_packets, 0u);
+  EXPECT_NE(clocked.final_state, ShaperState::kPlain);
+  // This link's 84-packet windows come whole after each open, so the clocked wake-up only
+  // wakes the card early: sleep 0.92 → 0.30 s (a cost the emulated link weighs, round 12).
+  EXPECT_GT(ToSeconds(clocked.stats.sleep), 0.1);
 }
 
 // before the burst's first packet the card was awake again (negative: it woke too late).
@@ -459,10 +466,11 @@ struct DelayRun {
   ShaperStats stats;
   std::vector<double> awake_before_ms;
 };
-DelayRun BurstsComeAfter(Duration delay, double percentile, int cycles) {
+DelayRun BurstsComeAfter(Duration delay, double percentile, int cycles, bool ack_clock = false) {
   ShaperOptions o = Options();
   o.window = 16 * kMss;
   o.wake_percentile = percentile;
+  o.ack_clock_after_loss = ack_clock;
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(Millis(60));
   std::optional<TimePoint> woke;
@@ -502,6 +510,12 @@ TEST_F(DownloadShaperTest, WakeUpFollowsTheObservedOpenToDataDelay) {
   const DelayRun rtt = BurstsComeAfter(Millis(50), 0, 30);
   const DelayRun observed = BurstsComeAfter(Millis(50), 0.1, 30);
   EXPECT_GE(rtt.stats.missed_packets, 10u);
+  // Round 12's ACK clock (on by default, off above) catches these too: after the first miss
+  // the card wakes one min RTT after each burst's first packet, before the early burst.
+  const DelayRun clocked = BurstsComeAfter(Millis(50), 0, 30, /*ack_clock=*/true);
+  EXPECT_LE(clocked.stats.missed_packets, 1u);
+  EXPECT_GE(clocked.stats.bursts, 25u);
+  EXPECT_GT(ToSeconds(clocked.stats.sleep), ToSeconds(rtt.stats.sleep) * 0.5);
   EXPECT_LE(observed.stats.missed_packets, 1u);  // the first burst, before 2 delays are seen
   EXPECT_GE(observed.stats.bursts, 25u);
   for (size_t i = 8; i < observed.awake_before_ms.size(); ++i) {
@@ -584,12 +598,13 @@ TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
 class Scripted {
  public:
   explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
-                    Duration td_grant = Millis(3)) {
+                    Duration td_grant = Millis(3), bool ack_clock = true) {
     ShaperOptions o = Options();
     o.window = 16 * kMss;
     o.size = size;
     o.hold_part_windows = hold;
     o.td_grant = td_grant;
+    o.ack_clock_after_loss = ack_clock;
     shaper_ = std::make_unique<DownloadShaper>(o, TimePoint{});
     shaper_->SetMinRtt(rtt);
     shaper_->SetCardListener([this](TimePoint at, bool awake) {
@@ -798,8 +813,9 @@ TEST_F(DownloadShaperTest, LastWindowOfADeclaredSizeIsNotHeld) {
 
 TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
   // A burst short of the window with a hole in it is loss: the retransmission comes a round
-  // trip later, the shaper goes to recovery (card awake) and opens at once, as before.
-  Scripted sc(true);
+  // trip later, the shaper goes to recovery (card awake) and opens at once, as before (the
+  // paper's rule; with round 12's ACK clock: the next test).
+  Scripted sc(true, Millis(60), 0, Millis(3), /*ack_clock=*/false);
   sc.WholeWindows(3);
   sc.Packets(sc.opens.back() + Millis(60), 6, /*missing=*/true);
   const TimePoint part_end = sc.last;
@@ -809,6 +825,59 @@ TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
   EXPECT_EQ(sc.s().state(), ShaperState::kRecovery);
   EXPECT_TRUE(sc.s().card_awake());
   EXPECT_EQ(sc.s().stats().held_bursts, 0u);
+}
+
+// Round 12, the capture at 60 ms / 1% in miniature: a burst with a hole halves the sender's
+// cwnd; from then on each cycle brings a clocked piece one RTT after the last burst's first
+// packet (released by the ACKs the kernel sent while that burst came) and the open's piece one
+// RTT after the open, a few ms later. Returns the missed packets, the opens and naps after the
+// loss, and whether recovery was entered.
+struct ClockScript {
+  std::uint64_t missed = 0;
+  std::size_t opens = 0, naps = 0;
+  bool recovery = false;
+};
+ClockScript LossThenClockedCycles(bool ack_clock, int cycles) {
+  Scripted sc(true, Millis(60), 0, Millis(3), ack_clock);
+  sc.WholeWindows(3);
+  TimePoint first = sc.opens.back() + Millis(60);
+  sc.Packets(first, 4);
+  sc.Packets(sc.last + Millis(1.16), 8, /*missing=*/true);  // one segment lost before these
+  const TimePoint loss_end = sc.last;
+  const std::size_t naps = sc.sleeps.size();
+  ClockScript r;
+  r.recovery = sc.s().state() == ShaperState::kRecovery;
+  for (int c = 0; c < cycles; ++c) {
+    sc.RunTo(first + Millis(59));
+    r.recovery = r.recovery || sc.s().state() == ShaperState::kRecovery;
+    const TimePoint open = sc.opens.back();
+    sc.Packets(first + Millis(60), 5);  // the clocked piece
+    sc.Packets(std::max(open + Millis(60), sc.last + Millis(0.58)), 6);  // the open's piece
+    first += Millis(60);
+  }
+  sc.RunTo(sc.last + Millis(40));
+  r.missed = sc.s().stats().missed_packets;
+  r.opens = sc.OpensAfter(loss_end);
+  r.naps = sc.sleeps.size() - naps;
+  return r;
+}
+
+TEST_F(DownloadShaperTest, AckClockedPiecesAreAwaitedAndMergedWithTheOpensData) {
+  const ClockScript paper = LossThenClockedCycles(false, 6);
+  const ClockScript clocked = LossThenClockedCycles(true, 6);
+  // The paper's rule: recovery (awake) for the loss, then the clocked pieces come mid-nap.
+  EXPECT_TRUE(paper.recovery);
+  EXPECT_GE(paper.missed, 3u);
+  EXPECT_LT(paper.naps, 6u);
+  // The clock: no recovery cycle, the card awake for each clocked piece, one open per cycle
+  // (the piece and the open's data are one burst), a nap in every cycle.
+  EXPECT_FALSE(clocked.recovery);
+  EXPECT_EQ(clocked.missed, 0u);
+  EXPECT_EQ(clocked.opens, 7u);
+  EXPECT_GE(clocked.naps, 6u);
+  std::printf("paper: missed %llu opens %zu naps %zu; clocked: missed %llu opens %zu naps %zu\n",
+              static_cast<unsigned long long>(paper.missed), paper.opens, paper.naps,
+              static_cast<unsigned long long>(clocked.missed), clocked.opens, clocked.naps);
 }
 
 TEST_F(DownloadShaperTest, LostOpenAfterAHeldWindowIsStillDetected) {
@@ -880,13 +949,14 @@ struct GrantRun {
   ShaperStats stats;
   int opens = 0;
 };
-GrantRun GrantLink(bool hold, bool read_awaited) {
+GrantRun GrantLink(bool hold, bool read_awaited, bool ack_clock = false) {
   const Duration rtt = Millis(60);
   const Bytes window = 16 * kMss;
   const Bytes size = 3'000'000;
   ShaperOptions o = Options();
   o.window = window;
   o.hold_part_windows = hold;
+  o.ack_clock_after_loss = ack_clock;
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(rtt);
   struct Ev {
@@ -962,6 +1032,17 @@ TEST_F(DownloadShaperTest, ReadingTheAwaitedBurstMissesEveryCycleAndQuietBurstsD
   EXPECT_GE(read_old.stats.missed_packets, 40u);
   const GrantRun read_held = GrantLink(true, true);
   EXPECT_GE(read_held.stats.missed_packets, 40u);
+  // Round 12: the ACK clock (on by default, off above) does: the re-granted bytes come one
+  // round trip after the burst's first packet, when the clocked wake-up has the card listening.
+  const GrantRun read_clocked = GrantLink(true, true, /*ack_clock=*/true);
+  EXPECT_LE(read_clocked.stats.missed_packets, 2u);
+  // Measured: sleep 3.28 → 0.17 s here: a re-granted packet that comes just after an open is
+  // held as a clocked piece for a whole RTT (RESULTS.md, round 12: not cured in this round).
+  std::printf("read awaited: held missed %llu sleep %.2f s bursts %llu; clocked missed %llu sleep %.2f s bursts %llu\n",
+              static_cast<unsigned long long>(read_held.stats.missed_packets), ToSeconds(read_held.stats.sleep),
+              static_cast<unsigned long long>(read_held.stats.bursts),
+              static_cast<unsigned long long>(read_clocked.stats.missed_packets), ToSeconds(read_clocked.stats.sleep),
+              static_cast<unsigned long long>(read_clocked.stats.bursts));
   // Reading only at opens (quiet bursts), nothing is missed in the whole download, held or not
   // (this link's freely read flight comes in one clump, so slow start's end opens on no part),
   // with about one open per window (3 MB / 23 KB ≈ 130): the hold costs nothing here.
@@ -995,10 +1076,6 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
   o.ack_clock_after_loss = ack_clock;
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(rtt);
-  s.SetCardListener([](TimePoint when, bool awake) {
-    if (std::getenv("DBG2") && ToSeconds(when - TimePoint{}) > 2.0 && ToSeconds(when - TimePoint{}) < 2.4)
-      std::printf("  %.4f %s\n", ToSeconds(when - TimePoint{}), awake ? "WAKE" : "SLEEP");
-  });
   struct Pkt {
     TimePoint at;
     Bytes seq, bytes;
@@ -1032,12 +1109,7 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
       snd_nxt += b;
     }
   };
-  int dbg_n = 0;
-  TimePoint last_open_dbg{};
   auto open = [&](TimePoint at) {
-    last_open_dbg = at;
-    if (std::getenv("DBG2") && ToSeconds(at - TimePoint{}) > 2.0 && ToSeconds(at - TimePoint{}) < 2.4)
-      std::printf("  %.4f OPEN\n", ToSeconds(at - TimePoint{}));
     s.OnOpened(at);
     ++r.opens;
     read = rcv_nxt;
@@ -1048,10 +1120,7 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
   bool awaiting = false;
   for (int guard = 0; rcv_nxt < size; ++guard) {
     if (guard > 2'000'000) {
-      ADD_FAILURE() << "the simulation did not finish: rcv_nxt " << rcv_nxt << " read " << read
-                    << " snd_una " << snd_una << " snd_nxt " << snd_nxt << " edge " << snd_edge
-                    << " cwnd " << cwnd << " sacked " << sacked << " ooo " << ooo.size()
-                    << " state " << ShaperStateName(s.state());
+      ADD_FAILURE() << "the simulation did not finish";
       break;
     }
     // The retransmission timer (a lost segment with none after it: no duplicate ACK).
@@ -1104,16 +1173,7 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
       }
       sacked = 0;
       for (const auto& [q, b] : ooo) sacked += b;
-      const bool was_asleep = !s.card_awake();
-      const auto due_dbg = s.nap_due();
       s.OnArrival(now, p.bytes, missing);
-      if (std::getenv("DBG2") && ToSeconds(now - TimePoint{}) > 2.0 && ToSeconds(now - TimePoint{}) < 2.4)
-        std::printf("  %.4f pkt seq=%llu%s awake=%d\n", ToSeconds(now - TimePoint{}), (unsigned long long)p.seq, missing ? " M" : "", !was_asleep);
-      if (was_asleep && std::getenv("DBG") && dbg_n++ < 40)
-        std::printf("miss t=%.4f seq=%llu rcv_nxt=%llu due=%.4f last_open=%.4f state=%s clocked=%d cwnd=%.1f\n",
-                    ToSeconds(now - TimePoint{}), (unsigned long long)p.seq, (unsigned long long)rcv_nxt,
-                    due_dbg ? ToSeconds(*due_dbg - TimePoint{}) : -1.0, ToSeconds(last_open_dbg - TimePoint{}),
-                    ShaperStateName(s.state()), s.ack_clocked(), cwnd);
       // As the proxy: reading freely, and the awaited burst's first read.
       if (s.reads_freely() || awaiting) read = rcv_nxt;
       awaiting = false;
@@ -1133,7 +1193,7 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
   return r;
 }
 
-TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedDataAndSleepsThroughRecovery) {
+TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedData) {
   // 1% loss: after each loss the sender is cwnd-limited and ACK-clocked; its data comes one
   // round trip after the ACKs of the last burst, before open + RTT. Without the clock the card
   // naps into it (missed packets, bad bursts, recovery awake); with it the card wakes in time.
@@ -1152,6 +1212,11 @@ TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedDataAndSleepsThrou
               static_cast<unsigned long long>(clocked.stats.clocked_bursts));
   EXPECT_GT(clocked.stats.clocked_bursts, 0u);
   EXPECT_EQ(old_rule.stats.clocked_bursts, 0u);
+  // Measured on this model: missed 87 → 3, but sleep 3.48 → 1.45 s and time 13.3 → 14.3 s (the
+  // clocked pieces come far ahead of the open's data here, and the card listens in between):
+  // the model does not say the clock pays; the emulated link decides (RESULTS.md, round 12).
+  EXPECT_LE(clocked.stats.missed_packets * 4, old_rule.stats.missed_packets);
+  EXPECT_LT(clocked.stats.bad_bursts * 4, old_rule.stats.bad_bursts);
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
