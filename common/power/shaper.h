@@ -196,8 +196,12 @@ struct ShaperOptions {
   // rest is the next clocked clump, a round trip later). The clock starts at a burst with loss
   // or a packet that came while the card slept, and stops after `ack_clock_clean` bursts in a
   // row whose first data came one min RTT after their open (less 1 ms): the sender is
-  // window-limited again. The proxy: GHOST_SHAPER_ACK_CLOCK=0 turns it off.
-  bool ack_clock_after_loss = true;
+  // window-limited again. Off by default (the proxy: GHOST_SHAPER_ACK_CLOCK=1): measured
+  // interleaved with main (RESULTS.md, round 12) it cut the missed packets at 1% loss from a
+  // median of 81 to 12 per 5 MB at 60 ms and from 73 to 0 at 30 ms, but not E×D: 0.74× against
+  // main's 0.74× at 60 ms (6 rounds), 1.27× against 1.05× at 30 ms (3 rounds): the card
+  // listens from the clocked piece to the open's data.
+  bool ack_clock_after_loss = false;
   int ack_clock_clean = 3;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last

@@ -315,9 +315,7 @@ std::string States(const RunResult& r) {
 TEST_F(DownloadShaperTest, LossSendsTheShaperToRecoveryAndBack) {
   LinkSpec spec;
   spec.loss = 0.01;
-  ShaperOptions o = Options();
-  o.ack_clock_after_loss = false;  // the paper's rule (round 12's clock: the next test)
-  SimLink link(spec, o);
+  SimLink link(spec, Options());  // the paper's rule (round 12's opt-in clock: the next test)
   const RunResult r = link.Run();
   EXPECT_TRUE(Saw(r, ShaperState::kRecovery));
   EXPECT_NE(r.final_state, ShaperState::kPlain);
@@ -442,10 +440,10 @@ TEST_F(DownloadShaperTest, LossWithTheAckClockStaysOutOfRecovery) {
   // wake-up (one min RTT after the burst's first packet), and is not missed.
   LinkSpec spec;
   spec.loss = 0.01;
-  ShaperOptions paper = Options();
-  paper.ack_clock_after_loss = false;
-  const RunResult old_rule = SimLink(spec, paper).Run();
-  const RunResult clocked = SimLink(spec, Options()).Run();
+  ShaperOptions clock = Options();
+  clock.ack_clock_after_loss = true;
+  const RunResult old_rule = SimLink(spec, Options()).Run();
+  const RunResult clocked = SimLink(spec, clock).Run();
   std::printf("SimLink 1%%: missed %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, recovery %d → %d\n",
               static_cast<unsigned long long>(old_rule.stats.missed_packets),
               static_cast<unsigned long long>(clocked.stats.missed_packets),
@@ -510,7 +508,7 @@ TEST_F(DownloadShaperTest, WakeUpFollowsTheObservedOpenToDataDelay) {
   const DelayRun rtt = BurstsComeAfter(Millis(50), 0, 30);
   const DelayRun observed = BurstsComeAfter(Millis(50), 0.1, 30);
   EXPECT_GE(rtt.stats.missed_packets, 10u);
-  // Round 12's ACK clock (on by default, off above) catches these too: after the first miss
+  // Round 12's ACK clock (opt-in) catches these: after the first miss
   // the card wakes one min RTT after each burst's first packet, before the early burst.
   const DelayRun clocked = BurstsComeAfter(Millis(50), 0, 30, /*ack_clock=*/true);
   EXPECT_LE(clocked.stats.missed_packets, 1u);
@@ -598,7 +596,7 @@ TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
 class Scripted {
  public:
   explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
-                    Duration td_grant = Millis(3), bool ack_clock = true) {
+                    Duration td_grant = Millis(3), bool ack_clock = false) {
     ShaperOptions o = Options();
     o.window = 16 * kMss;
     o.size = size;
@@ -814,8 +812,8 @@ TEST_F(DownloadShaperTest, LastWindowOfADeclaredSizeIsNotHeld) {
 TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
   // A burst short of the window with a hole in it is loss: the retransmission comes a round
   // trip later, the shaper goes to recovery (card awake) and opens at once, as before (the
-  // paper's rule; with round 12's ACK clock: the next test).
-  Scripted sc(true, Millis(60), 0, Millis(3), /*ack_clock=*/false);
+  // paper's rule; with round 12's opt-in ACK clock: the next test).
+  Scripted sc(true);
   sc.WholeWindows(3);
   sc.Packets(sc.opens.back() + Millis(60), 6, /*missing=*/true);
   const TimePoint part_end = sc.last;
@@ -1032,7 +1030,7 @@ TEST_F(DownloadShaperTest, ReadingTheAwaitedBurstMissesEveryCycleAndQuietBurstsD
   EXPECT_GE(read_old.stats.missed_packets, 40u);
   const GrantRun read_held = GrantLink(true, true);
   EXPECT_GE(read_held.stats.missed_packets, 40u);
-  // Round 12: the ACK clock (on by default, off above) does: the re-granted bytes come one
+  // Round 12: the ACK clock (opt-in) does: the re-granted bytes come one
   // round trip after the burst's first packet, when the clocked wake-up has the card listening.
   const GrantRun read_clocked = GrantLink(true, true, /*ack_clock=*/true);
   EXPECT_LE(read_clocked.stats.missed_packets, 2u);
