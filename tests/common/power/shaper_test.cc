@@ -943,6 +943,16 @@ TEST_F(DownloadShaperTest, SaturatedLinkWithSplitWindowsStillRevertsToPlainTcp) 
 // drains everything queued when the shaper asks for an open, opens itself when the shaper waits
 // with nothing pending, and, with `read_awaited`, reads the first packet after each open too
 // (the bufferevent reading while a burst is awaited: quiet bursts off), which moves the edge.
+// The index of the earliest of `due` (the next event of a window-accounting model), or -1.
+template <std::size_t N>
+int Earliest(const std::optional<TimePoint> (&due)[N]) {
+  int which = -1;
+  for (int i = 0; i < static_cast<int>(N); ++i) {
+    if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
+  }
+  return which;
+}
+
 struct GrantRun {
   ShaperStats stats;
   int opens = 0;
@@ -984,14 +994,11 @@ GrantRun GrantLink(bool hold, bool read_awaited, bool ack_clock = false) {
       ADD_FAILURE() << "the simulation did not finish";
       break;
     }
-    std::optional<TimePoint> due[3] = {
+    const std::optional<TimePoint> due[3] = {
         s.NextDeadline(),
         next_packet < packets.size() ? std::optional(packets[next_packet].at) : std::nullopt,
         next_ack < acks.size() ? std::optional(acks[next_ack].at) : std::nullopt};
-    int which = -1;
-    for (int i = 0; i < 3; ++i) {
-      if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
-    }
+    const int which = Earliest(due);
     if (which < 0) {
       open(now);  // nothing pending: the adapter opens the closed window itself
       continue;
@@ -1124,14 +1131,11 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
     // The retransmission timer (a lost segment with none after it: no duplicate ACK).
     const std::optional<TimePoint> rto =
         snd_una < snd_nxt ? std::optional(progress + Millis(300)) : std::nullopt;
-    std::optional<TimePoint> due[4] = {
+    const std::optional<TimePoint> due[4] = {
         s.NextDeadline(),
         next_packet < packets.size() ? std::optional(packets[next_packet].at) : std::nullopt,
         next_ack < acks.size() ? std::optional(acks[next_ack].at) : std::nullopt, rto};
-    int which = -1;
-    for (int i = 0; i < 4; ++i) {
-      if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
-    }
+    const int which = Earliest(due);
     if (which < 0) {
       open(now);  // nothing pending: the adapter opens the closed window itself
       continue;
