@@ -55,7 +55,10 @@
 //
 // A burst with missing data (the adapter saw out-of-order or retransmitted segments) sends the
 // shaper to kRecovery: the card stays awake for the retransmission, the next clean burst
-// returns to kSaving. A burst is *bad* when the shaper was wrong: a packet arrived while the
+// returns to kSaving (with the opt-in ACK clock of round 12 it stays in kSaving and the card
+// wakes one min RTT after the lossy burst's first packet, when the retransmission and the
+// data its ACKs released come: ShaperOptions::ack_clock_after_loss). A burst is *bad* when the
+// shaper was wrong: a packet arrived while the
 // card slept (a missed packet: the end was predicted too early), or no data came by open +
 // 2·min RTT + 200 ms (a lost open: the window update was lost and the server waits for its
 // persist timer). Loss is the network's doing and is not counted as bad: at 1% loss most
