@@ -43,6 +43,7 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"lost_opens", s.lost_opens},
       {"bad_bursts", s.bad_bursts},
       {"held_bursts", s.held_bursts},
+      {"clocked_bursts", s.clocked_bursts},
       {"forced_opens", s.forced_opens},
       {"declined", s.declined},
       {"saturated", s.saturated},
@@ -168,6 +169,10 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 10: part-windows are held (ShaperOptions::hold_part_windows); =0 for side-by-side runs.
   if (EnvIs("GHOST_SHAPER_HOLD", "0")) so.hold_part_windows = false;
   if (const char* v = std::getenv("GHOST_SHAPER_HOLD_RTTS")) so.hold_rtts = std::atof(v);
+  // Round 12: the ACK clock after a loss (ShaperOptions::ack_clock_after_loss); opt-in, not
+  // measured better in E×D (RESULTS.md, round 12).
+  if (EnvIs("GHOST_SHAPER_ACK_CLOCK", "1")) so.ack_clock_after_loss = true;
+  if (const char* v = std::getenv("GHOST_SHAPER_CLOCK_HOLD_RTTS")) so.clock_hold_rtts = std::atof(v);
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
@@ -265,6 +270,7 @@ UpstreamShaper::~UpstreamShaper() {
   stats_->lost_opens += s.lost_opens;
   stats_->bad_bursts += s.bad_bursts;
   stats_->held_bursts += s.held_bursts;
+  stats_->clocked_bursts += s.clocked_bursts;
   if (s.declined) ++stats_->declined;
   if (s.saturated) ++stats_->saturated;
   stats_->sleep += s.sleep;

@@ -163,6 +163,7 @@ struct ShapingStats {
   std::uint64_t lost_opens = 0;
   std::uint64_t bad_bursts = 0;
   std::uint64_t held_bursts = 0;  // bursts held as part-windows until the rest came (round 10)
+  std::uint64_t clocked_bursts = 0;  // bursts timed by the ACK clock after a loss (round 12)
   // Closed windows the adapter opened itself: the shaper waited for an arrival with nothing
   // pending (a stall), or the watchdog's bound passed (proxy/shaper.cc Step).
   std::uint64_t forced_opens = 0;

@@ -388,6 +388,8 @@ def ratios(auto, fixed, shaped, want):
         "lost_opens": shaped["driver"]["shaping"].get("lost_opens", 0),
         # bursts held as part-windows until the rest of the grant came (round 10)
         "held_bursts": shaped["driver"]["shaping"].get("held_bursts", 0),
+        # bursts timed by the ACK clock after a loss (round 12)
+        "clocked_bursts": shaped["driver"]["shaping"].get("clocked_bursts", 0),
         # The minimum RTT the shaper ended with and the connection's handshake RTT (round 9).
         "min_rtt_ms": shaped["driver"]["shaping"].get("last_min_rtt_ms"),
         "handshake_rtt_ms": shaped["driver"]["shaping"].get("last_handshake_rtt_ms"),
@@ -491,7 +493,7 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                             f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
                             f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
                             f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
-                            f"{row['bursts']} (held {row['held_bursts']}), forced opens {row['forced_opens']}, min RTT "
+                            f"{row['bursts']} (held {row['held_bursts']}, clocked {row['clocked_bursts']}), forced opens {row['forced_opens']}, min RTT "
                             f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
                             f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
                             f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")
@@ -532,7 +534,7 @@ def summary(values):
 def print_variants(results, schemes, names, out=sys.stdout):
     """--variants: per link, scheme and variant, the medians [min–max] over the rounds."""
     print(f"{'RTT':>4} {'loss':>4} {'MB':>3} {'scheme':6} {'variant':14} {'n':>2} | {'E×D /fixed':17} | "
-          f"{'time /fixed':17} | missed/dl (each round)  | held | bytes ok", file=out)
+          f"{'time /fixed':17} | {'energy /fixed':17} | missed/dl (each round)  | held | bytes ok", file=out)
     for r in results:
         for scheme in schemes:
             rows = r["rounds"] if scheme == "http" else r.get("https_rounds", [])
@@ -544,6 +546,7 @@ def print_variants(results, schemes, names, out=sys.stdout):
                 print(f"{r['rtt_ms']:4g} {r['loss_pct']:4g} {r['size'] / 1e6:3g} {scheme:6} {name:14} "
                       f"{len(v):2} | {summary([x['ed_fixed'] for x in v]):17} | "
                       f"{summary([x['time_fixed'] for x in v]):17} | "
+                      f"{summary([x['energy_fixed'] for x in v]):17} | "
                       f"{statistics.median(missed):4g} {missed!s:18} | "
                       f"{sum(x['held_bursts'] for x in v):4} | "
                       f"{'yes' if all(x['identical'] for x in v) else 'NO'}", file=out)

@@ -145,9 +145,31 @@ Duration DownloadShaper::ExpectedDelay() const {
   return std::clamp(d, rtt / 2, 2 * rtt);
 }
 
+TimePoint DownloadShaper::DueAfter(TimePoint t) const {
+  const TimePoint due = t + ExpectedDelay();
+  if (!ack_clock_ || !clock_first_) return due;
+  return std::min(due, *clock_first_ + min_rtt());
+}
+
+void DownloadShaper::StartAckClock() {
+  if (!options_.ack_clock_after_loss) return;
+  ack_clock_ = true;
+  clock_clean_ = 0;
+}
+
+bool DownloadShaper::ClockHolds() const {
+  return ack_clock_ && in_burst_ && !wants_open_ && !burst_straggler_ && last_open_ &&
+         burst_first_ < *last_open_ + min_rtt() &&
+         options_.clock_hold_rtts > 0 &&
+         *last_open_ + min_rtt() <=
+             burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.clock_hold_rtts) &&
+         (state_ == ShaperState::kSaving || state_ == ShaperState::kRecovery);
+}
+
 bool DownloadShaper::HoldsPart() const {
+  // While the ACK clock runs the rest of a part is the next clocked clump, a round trip later.
   if (!options_.hold_part_windows || !in_burst_ || wants_open_ || burst_straggler_ ||
-      burst_missing_) {
+      burst_missing_ || ack_clock_) {
     return false;
   }
   if (state_ != ShaperState::kSaving && state_ != ShaperState::kRecovery) return false;
@@ -181,6 +203,7 @@ TimePoint DownloadShaper::BurstEnd() const {
   if (HoldsPart()) {
     end = std::max(end, burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts));
   }
+  if (ClockHolds()) end = std::max(end, *last_open_ + min_rtt() + options_.td_min);
   return settle_until_ ? std::max(end, *settle_until_) : end;
 }
 
@@ -241,6 +264,8 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     stats_.missed_packets += static_cast<std::uint64_t>(packets);
     missed = true;
     Wake(now);
+    // Data before the wake-up: most often the ACK clock of a cwnd-limited sender (round 12).
+    StartAckClock();
   }
   // Data long before the opened window can be back (a retransmission, the tail of a burst
   // judged ended too early) belongs to the last window, not to the next burst.
@@ -254,6 +279,11 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
       open_delay_next_ = (open_delay_next_ + 1) % kOpenDelays;
       open_delay_count_ = std::min(open_delay_count_ + 1, kOpenDelays);
     }
+    if (ack_clock_ && opened_at_ && !in_burst_) {
+      // The burst's first data: by its open (the sender window-limited again) or by the clock.
+      clock_clean_ = now + Millis(1) >= *opened_at_ + min_rtt() ? clock_clean_ + 1 : 0;
+      if (clock_clean_ >= options_.ack_clock_clean) ack_clock_ = false;
+    }
     opened_at_.reset();
     expected_.reset();
   }
@@ -263,7 +293,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     w_ = std::max(w_, w_before_);
     w_measured_ = false;
   }
-  if (in_burst_ && HoldsPart() && now > burst_last_ + BurstEndThreshold()) {
+  if (in_burst_ && (HoldsPart() || ClockHolds()) && now > burst_last_ + BurstEndThreshold()) {
     // The rest of a held part-window: its gap is the grant's split, not the link's timing, so
     // it stays out of IA, ID, the longest gap and the burst's rate.
     held_gap_ += ToSeconds(now - burst_last_);
@@ -365,6 +395,10 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
       if (held_) ++stats_.held_bursts;
+      if (ack_clock_) ++stats_.clocked_bursts;
+      // A loss halves the sender's cwnd: it is ACK-clocked from here (ack_clock_after_loss).
+      if (burst_missing_) StartAckClock();
+      clock_first_ = burst_first_;
       // A clean burst that delivered the grant as it stands (within MSS/2; not a hold that ran
       // out) confirms it: only a confirmed grant ends a burst at td_grant (GrantComplete). A
       // grant from one burst alone may be short (measured on the synthetic link: the first
@@ -388,9 +422,10 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
       if (state_ == ShaperState::kSaving) {
-        const TimePoint wake = end + ExpectedDelay() - options_.wake_lead - options_.wnic.wake;
+        const TimePoint due = DueAfter(end);
+        const TimePoint wake = due - options_.wake_lead - options_.wnic.wake;
         if (wake > end + options_.wnic.wake) {
-          Sleep(end, end + ExpectedDelay());
+          Sleep(end, due);
           wake_at_ = wake;
         }
       }
@@ -424,8 +459,11 @@ void DownloadShaper::Judge(bool missing, bool mistaken, bool saturated, double p
     }
     Enter(ShaperState::kRecovery);
   } else if (missing) {
-    // Loss: the retransmission comes about a round trip later; stay awake for it.
-    Enter(ShaperState::kRecovery);
+    // Loss: the retransmission comes about a round trip later; stay awake for it. Unless the
+    // ACK clock runs (round 12): the retransmission, sent on the duplicate ACKs of the segments
+    // after the hole, comes one round trip after this burst's first packet with the clocked
+    // data, when the card is awake again anyway.
+    if (!ack_clock_) Enter(ShaperState::kRecovery);
   } else {
     bad_run_ = 0;
     // W: one more than the packets of the last window (the paper). Here W rises at once and
@@ -454,6 +492,9 @@ void DownloadShaper::Enter(ShaperState next) {
   state_ = next;
   if (reads_freely()) {
     // Reading freely: no open to wait for, no nap.
+    ack_clock_ = false;
+    clock_first_.reset();
+    last_open_.reset();
     wants_open_ = false;
     settle_until_.reset();
     opened_at_.reset();
@@ -469,7 +510,8 @@ void DownloadShaper::OnOpened(TimePoint now) {
   if (reads_freely()) return;
   since_open_ = 0;
   opened_at_ = now;
-  expected_ = now + ExpectedDelay();
+  last_open_ = now;
+  expected_ = DueAfter(now);
   if (!awake_) {
     nap_due_ = expected_;
     const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;

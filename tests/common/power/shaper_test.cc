@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -314,7 +315,7 @@ std::string States(const RunResult& r) {
 TEST_F(DownloadShaperTest, LossSendsTheShaperToRecoveryAndBack) {
   LinkSpec spec;
   spec.loss = 0.01;
-  SimLink link(spec, Options());
+  SimLink link(spec, Options());  // the paper's rule (round 12's opt-in clock: the next test)
   const RunResult r = link.Run();
   EXPECT_TRUE(Saw(r, ShaperState::kRecovery));
   EXPECT_NE(r.final_state, ShaperState::kPlain);
@@ -433,15 +434,41 @@ TEST_F(DownloadShaperTest, EqFourCostDecides) {
 
 // Bursts of 16 packets at 20 Mb/s that come `delay` after each open, with the kernel's min
 // RTT at 60 ms; returns the shaper's stats after `cycles` opens and, per cycle, how long
+TEST_F(DownloadShaperTest, LossWithTheAckClockStaysOutOfRecovery) {
+  // Round 12: with the ACK clock a burst with loss does not send the shaper to recovery; the
+  // retransmission on this link comes one RTT after the lost packet, inside the clocked
+  // wake-up (one min RTT after the burst's first packet), and is not missed.
+  LinkSpec spec;
+  spec.loss = 0.01;
+  ShaperOptions clock = Options();
+  clock.ack_clock_after_loss = true;
+  const RunResult old_rule = SimLink(spec, Options()).Run();
+  const RunResult clocked = SimLink(spec, clock).Run();
+  std::printf("SimLink 1%%: missed %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, recovery %d → %d\n",
+              static_cast<unsigned long long>(old_rule.stats.missed_packets),
+              static_cast<unsigned long long>(clocked.stats.missed_packets),
+              ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
+              ToSeconds(old_rule.time), ToSeconds(clocked.time), Saw(old_rule, ShaperState::kRecovery),
+              Saw(clocked, ShaperState::kRecovery));
+  EXPECT_TRUE(Saw(old_rule, ShaperState::kRecovery));
+  EXPECT_FALSE(Saw(clocked, ShaperState::kRecovery));
+  EXPECT_EQ(clocked.stats.missed_packets, 0u);
+  EXPECT_NE(clocked.final_state, ShaperState::kPlain);
+  // This link's 84-packet windows come whole after each open, so the clocked wake-up only
+  // wakes the card early: sleep 0.92 → 0.30 s (a cost the emulated link weighs, round 12).
+  EXPECT_GT(ToSeconds(clocked.stats.sleep), 0.1);
+}
+
 // before the burst's first packet the card was awake again (negative: it woke too late).
 struct DelayRun {
   ShaperStats stats;
   std::vector<double> awake_before_ms;
 };
-DelayRun BurstsComeAfter(Duration delay, double percentile, int cycles) {
+DelayRun BurstsComeAfter(Duration delay, double percentile, int cycles, bool ack_clock = false) {
   ShaperOptions o = Options();
   o.window = 16 * kMss;
   o.wake_percentile = percentile;
+  o.ack_clock_after_loss = ack_clock;
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(Millis(60));
   std::optional<TimePoint> woke;
@@ -481,6 +508,12 @@ TEST_F(DownloadShaperTest, WakeUpFollowsTheObservedOpenToDataDelay) {
   const DelayRun rtt = BurstsComeAfter(Millis(50), 0, 30);
   const DelayRun observed = BurstsComeAfter(Millis(50), 0.1, 30);
   EXPECT_GE(rtt.stats.missed_packets, 10u);
+  // Round 12's ACK clock (opt-in) catches these: after the first miss
+  // the card wakes one min RTT after each burst's first packet, before the early burst.
+  const DelayRun clocked = BurstsComeAfter(Millis(50), 0, 30, /*ack_clock=*/true);
+  EXPECT_LE(clocked.stats.missed_packets, 1u);
+  EXPECT_GE(clocked.stats.bursts, 25u);
+  EXPECT_GT(ToSeconds(clocked.stats.sleep), ToSeconds(rtt.stats.sleep) * 0.5);
   EXPECT_LE(observed.stats.missed_packets, 1u);  // the first burst, before 2 delays are seen
   EXPECT_GE(observed.stats.bursts, 25u);
   for (size_t i = 8; i < observed.awake_before_ms.size(); ++i) {
@@ -563,12 +596,13 @@ TEST_F(DownloadShaperTest, FirstOpenAfterSlowStartWaitsForTheFlightInTransit) {
 class Scripted {
  public:
   explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
-                    Duration td_grant = Millis(3)) {
+                    Duration td_grant = Millis(3), bool ack_clock = false) {
     ShaperOptions o = Options();
     o.window = 16 * kMss;
     o.size = size;
     o.hold_part_windows = hold;
     o.td_grant = td_grant;
+    o.ack_clock_after_loss = ack_clock;
     shaper_ = std::make_unique<DownloadShaper>(o, TimePoint{});
     shaper_->SetMinRtt(rtt);
     shaper_->SetCardListener([this](TimePoint at, bool awake) {
@@ -777,7 +811,8 @@ TEST_F(DownloadShaperTest, LastWindowOfADeclaredSizeIsNotHeld) {
 
 TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
   // A burst short of the window with a hole in it is loss: the retransmission comes a round
-  // trip later, the shaper goes to recovery (card awake) and opens at once, as before.
+  // trip later, the shaper goes to recovery (card awake) and opens at once, as before (the
+  // paper's rule; with round 12's opt-in ACK clock: the next test).
   Scripted sc(true);
   sc.WholeWindows(3);
   sc.Packets(sc.opens.back() + Millis(60), 6, /*missing=*/true);
@@ -788,6 +823,59 @@ TEST_F(DownloadShaperTest, PartWindowWithLossIsNotHeld) {
   EXPECT_EQ(sc.s().state(), ShaperState::kRecovery);
   EXPECT_TRUE(sc.s().card_awake());
   EXPECT_EQ(sc.s().stats().held_bursts, 0u);
+}
+
+// Round 12, the capture at 60 ms / 1% in miniature: a burst with a hole halves the sender's
+// cwnd; from then on each cycle brings a clocked piece one RTT after the last burst's first
+// packet (released by the ACKs the kernel sent while that burst came) and the open's piece one
+// RTT after the open, a few ms later. Returns the missed packets, the opens and naps after the
+// loss, and whether recovery was entered.
+struct ClockScript {
+  std::uint64_t missed = 0;
+  std::size_t opens = 0, naps = 0;
+  bool recovery = false;
+};
+ClockScript LossThenClockedCycles(bool ack_clock, int cycles) {
+  Scripted sc(true, Millis(60), 0, Millis(3), ack_clock);
+  sc.WholeWindows(3);
+  TimePoint first = sc.opens.back() + Millis(60);
+  sc.Packets(first, 4);
+  sc.Packets(sc.last + Millis(1.16), 8, /*missing=*/true);  // one segment lost before these
+  const TimePoint loss_end = sc.last;
+  const std::size_t naps = sc.sleeps.size();
+  ClockScript r;
+  r.recovery = sc.s().state() == ShaperState::kRecovery;
+  for (int c = 0; c < cycles; ++c) {
+    sc.RunTo(first + Millis(59));
+    r.recovery = r.recovery || sc.s().state() == ShaperState::kRecovery;
+    const TimePoint open = sc.opens.back();
+    sc.Packets(first + Millis(60), 5);  // the clocked piece
+    sc.Packets(std::max(open + Millis(60), sc.last + Millis(0.58)), 6);  // the open's piece
+    first += Millis(60);
+  }
+  sc.RunTo(sc.last + Millis(40));
+  r.missed = sc.s().stats().missed_packets;
+  r.opens = sc.OpensAfter(loss_end);
+  r.naps = sc.sleeps.size() - naps;
+  return r;
+}
+
+TEST_F(DownloadShaperTest, AckClockedPiecesAreAwaitedAndMergedWithTheOpensData) {
+  const ClockScript paper = LossThenClockedCycles(false, 6);
+  const ClockScript clocked = LossThenClockedCycles(true, 6);
+  // The paper's rule: recovery (awake) for the loss, then the clocked pieces come mid-nap.
+  EXPECT_TRUE(paper.recovery);
+  EXPECT_GE(paper.missed, 3u);
+  EXPECT_LT(paper.naps, 6u);
+  // The clock: no recovery cycle, the card awake for each clocked piece, one open per cycle
+  // (the piece and the open's data are one burst), a nap in every cycle.
+  EXPECT_FALSE(clocked.recovery);
+  EXPECT_EQ(clocked.missed, 0u);
+  EXPECT_EQ(clocked.opens, 7u);
+  EXPECT_GE(clocked.naps, 6u);
+  std::printf("paper: missed %llu opens %zu naps %zu; clocked: missed %llu opens %zu naps %zu\n",
+              static_cast<unsigned long long>(paper.missed), paper.opens, paper.naps,
+              static_cast<unsigned long long>(clocked.missed), clocked.opens, clocked.naps);
 }
 
 TEST_F(DownloadShaperTest, LostOpenAfterAHeldWindowIsStillDetected) {
@@ -855,17 +943,28 @@ TEST_F(DownloadShaperTest, SaturatedLinkWithSplitWindowsStillRevertsToPlainTcp) 
 // drains everything queued when the shaper asks for an open, opens itself when the shaper waits
 // with nothing pending, and, with `read_awaited`, reads the first packet after each open too
 // (the bufferevent reading while a burst is awaited: quiet bursts off), which moves the edge.
+// The index of the earliest of `due` (the next event of a window-accounting model), or -1.
+template <std::size_t N>
+int Earliest(const std::optional<TimePoint> (&due)[N]) {
+  int which = -1;
+  for (int i = 0; i < static_cast<int>(N); ++i) {
+    if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
+  }
+  return which;
+}
+
 struct GrantRun {
   ShaperStats stats;
   int opens = 0;
 };
-GrantRun GrantLink(bool hold, bool read_awaited) {
+GrantRun GrantLink(bool hold, bool read_awaited, bool ack_clock = false) {
   const Duration rtt = Millis(60);
   const Bytes window = 16 * kMss;
   const Bytes size = 3'000'000;
   ShaperOptions o = Options();
   o.window = window;
   o.hold_part_windows = hold;
+  o.ack_clock_after_loss = ack_clock;
   DownloadShaper s(o, TimePoint{});
   s.SetMinRtt(rtt);
   struct Ev {
@@ -895,14 +994,11 @@ GrantRun GrantLink(bool hold, bool read_awaited) {
       ADD_FAILURE() << "the simulation did not finish";
       break;
     }
-    std::optional<TimePoint> due[3] = {
+    const std::optional<TimePoint> due[3] = {
         s.NextDeadline(),
         next_packet < packets.size() ? std::optional(packets[next_packet].at) : std::nullopt,
         next_ack < acks.size() ? std::optional(acks[next_ack].at) : std::nullopt};
-    int which = -1;
-    for (int i = 0; i < 3; ++i) {
-      if (due[i] && (which < 0 || *due[i] < *due[which])) which = i;
-    }
+    const int which = Earliest(due);
     if (which < 0) {
       open(now);  // nothing pending: the adapter opens the closed window itself
       continue;
@@ -941,6 +1037,17 @@ TEST_F(DownloadShaperTest, ReadingTheAwaitedBurstMissesEveryCycleAndQuietBurstsD
   EXPECT_GE(read_old.stats.missed_packets, 40u);
   const GrantRun read_held = GrantLink(true, true);
   EXPECT_GE(read_held.stats.missed_packets, 40u);
+  // Round 12: the ACK clock (opt-in) does: the re-granted bytes come one
+  // round trip after the burst's first packet, when the clocked wake-up has the card listening.
+  const GrantRun read_clocked = GrantLink(true, true, /*ack_clock=*/true);
+  EXPECT_LE(read_clocked.stats.missed_packets, 2u);
+  // Measured: sleep 3.28 → 0.17 s here: a re-granted packet that comes just after an open is
+  // held as a clocked piece for a whole RTT (RESULTS.md, round 12: not cured in this round).
+  std::printf("read awaited: held missed %llu sleep %.2f s bursts %llu; clocked missed %llu sleep %.2f s bursts %llu\n",
+              static_cast<unsigned long long>(read_held.stats.missed_packets), ToSeconds(read_held.stats.sleep),
+              static_cast<unsigned long long>(read_held.stats.bursts),
+              static_cast<unsigned long long>(read_clocked.stats.missed_packets), ToSeconds(read_clocked.stats.sleep),
+              static_cast<unsigned long long>(read_clocked.stats.bursts));
   // Reading only at opens (quiet bursts), nothing is missed in the whole download, held or not
   // (this link's freely read flight comes in one clump, so slow start's end opens on no part),
   // with about one open per window (3 MB / 23 KB ≈ 130): the hold costs nothing here.
@@ -951,6 +1058,167 @@ TEST_F(DownloadShaperTest, ReadingTheAwaitedBurstMissesEveryCycleAndQuietBurstsD
   EXPECT_EQ(quiet_held.stats.bad_bursts, 0u);
   EXPECT_LE(quiet_held.opens, 135);
   EXPECT_GT(ToSeconds(quiet_held.stats.sleep), ToSeconds(read_held.stats.sleep) + 2.0);
+}
+
+// A Reno sender that loses packets (round 12): its cwnd halves at each loss and, below the
+// grant, the ACKs the receiver's kernel sends while a burst comes release data one round trip
+// later (the ACK clock); a lost segment is retransmitted on the first duplicate ACK (SACK/RACK
+// on a link that never reorders) and the receiver reads only what is in order. Deterministic:
+// every `loss_every`-th new segment is dropped once. The receiver ACKs every segment with its
+// right edge (what the application read + the window), as GrantLink.
+struct ClockRun {
+  ShaperStats stats;
+  Duration time{};
+  int opens = 0;
+  ShaperState final_state{};
+};
+ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000) {
+  const Duration rtt = Millis(60);
+  const Bytes window = 16 * kMss;
+  ShaperOptions o = Options();
+  o.window = window;
+  o.size = size;
+  o.ack_clock_after_loss = ack_clock;
+  DownloadShaper s(o, TimePoint{});
+  s.SetMinRtt(rtt);
+  struct Pkt {
+    TimePoint at;
+    Bytes seq, bytes;
+  };
+  struct Ack {
+    TimePoint at;
+    Bytes ack, edge, sacked;
+  };
+  std::vector<Pkt> packets;
+  std::vector<Ack> acks;
+  std::vector<std::pair<Bytes, Bytes>> ooo;  // the receiver's out-of-order segments
+  Bytes rcv_nxt = 0, read = 0, edge = 0, sacked = 0;
+  Bytes snd_una = 0, snd_nxt = 0, snd_edge = 0, snd_sacked = 0, retransmitted_at = ~Bytes{0};
+  double cwnd = 10;
+  std::int64_t sent_segments = 0;
+  TimePoint now{}, link_free{}, progress{};
+  ClockRun r;
+  auto ack = [&](TimePoint at) {
+    edge = std::max(edge, read + window);
+    acks.push_back({at + rtt / 2, rcv_nxt, edge, sacked});
+  };
+  auto transmit = [&](Bytes seq, Bytes b, bool drop) {
+    link_free = std::max(now, link_free) + Seconds(static_cast<double>(b) / kRate20Mbps);
+    if (!drop) packets.push_back({link_free + rtt / 2, seq, b});  // in time order: one link
+  };
+  auto send_new = [&] {
+    while (snd_nxt < snd_edge && snd_nxt < size &&
+           static_cast<double>(snd_nxt - snd_una) - static_cast<double>(snd_sacked) < cwnd * kMss) {
+      const Bytes b = std::min<Bytes>(kMss, size - snd_nxt);
+      transmit(snd_nxt, b, loss_every > 0 && ++sent_segments % loss_every == loss_every / 2);
+      snd_nxt += b;
+    }
+  };
+  auto open = [&](TimePoint at) {
+    s.OnOpened(at);
+    ++r.opens;
+    read = rcv_nxt;
+    ack(at);
+  };
+  std::size_t next_packet = 0, next_ack = 0;
+  ack(now);  // the request: the first window
+  bool awaiting = false;
+  for (int guard = 0; rcv_nxt < size; ++guard) {
+    if (guard > 2'000'000) {
+      ADD_FAILURE() << "the simulation did not finish";
+      break;
+    }
+    // The retransmission timer (a lost segment with none after it: no duplicate ACK).
+    const std::optional<TimePoint> rto =
+        snd_una < snd_nxt ? std::optional(progress + Millis(300)) : std::nullopt;
+    const std::optional<TimePoint> due[4] = {
+        s.NextDeadline(),
+        next_packet < packets.size() ? std::optional(packets[next_packet].at) : std::nullopt,
+        next_ack < acks.size() ? std::optional(acks[next_ack].at) : std::nullopt, rto};
+    const int which = Earliest(due);
+    if (which < 0) {
+      open(now);  // nothing pending: the adapter opens the closed window itself
+      continue;
+    }
+    now = std::max(now, *due[which]);
+    if (which == 3) {
+      progress = now;
+      cwnd = 2;
+      transmit(snd_una, std::min<Bytes>(kMss, size - snd_una), false);
+    } else if (which == 2) {
+      const Ack a = acks[next_ack++];
+      snd_edge = std::max(snd_edge, a.edge);
+      if (a.ack > snd_una) {
+        progress = now;
+        cwnd += static_cast<double>(a.ack - snd_una) / kMss / cwnd;  // congestion avoidance
+        snd_una = a.ack;
+      } else if (a.sacked > 0 && snd_una < snd_nxt && retransmitted_at != snd_una) {
+        // The first duplicate ACK with a hole: retransmit it, halve the window (Reno).
+        retransmitted_at = snd_una;
+        cwnd = std::max(2.0, cwnd / 2);
+        transmit(snd_una, std::min<Bytes>(kMss, size - snd_una), false);
+      }
+      snd_sacked = a.sacked;
+      send_new();
+    } else if (which == 1) {
+      const Pkt p = packets[next_packet++];
+      bool missing = p.seq != rcv_nxt;
+      if (p.seq == rcv_nxt) {
+        rcv_nxt += p.bytes;
+        std::sort(ooo.begin(), ooo.end());
+        while (!ooo.empty() && ooo.front().first <= rcv_nxt) {
+          rcv_nxt = std::max(rcv_nxt, ooo.front().first + ooo.front().second);
+          ooo.erase(ooo.begin());
+        }
+      } else if (p.seq > rcv_nxt) {
+        ooo.push_back({p.seq, p.bytes});
+      }
+      sacked = 0;
+      for (const auto& [q, b] : ooo) sacked += b;
+      s.OnArrival(now, p.bytes, missing);
+      // As the proxy: reading freely, and the awaited burst's first read.
+      if (s.reads_freely() || awaiting) read = rcv_nxt;
+      awaiting = false;
+      ack(now);
+    } else {
+      s.OnTimer(now);
+    }
+    if (s.wants_open()) {
+      open(now);
+      awaiting = true;
+    }
+  }
+  s.Finish(now);
+  r.stats = s.stats();
+  r.time = now - TimePoint{};
+  r.final_state = s.state();
+  return r;
+}
+
+TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedData) {
+  // 1% loss: after each loss the sender is cwnd-limited and ACK-clocked; its data comes one
+  // round trip after the ACKs of the last burst, before open + RTT. Without the clock the card
+  // naps into it (missed packets, bad bursts, recovery awake); with it the card wakes in time.
+  const ClockRun old_rule = RenoLink(false, 100);
+  const ClockRun clocked = RenoLink(true, 100);
+  std::printf("1%% loss: missed %llu → %llu, bad %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, "
+              "bursts %llu → %llu (clocked %llu)\n",
+              static_cast<unsigned long long>(old_rule.stats.missed_packets),
+              static_cast<unsigned long long>(clocked.stats.missed_packets),
+              static_cast<unsigned long long>(old_rule.stats.bad_bursts),
+              static_cast<unsigned long long>(clocked.stats.bad_bursts),
+              ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
+              ToSeconds(old_rule.time), ToSeconds(clocked.time),
+              static_cast<unsigned long long>(old_rule.stats.bursts),
+              static_cast<unsigned long long>(clocked.stats.bursts),
+              static_cast<unsigned long long>(clocked.stats.clocked_bursts));
+  EXPECT_GT(clocked.stats.clocked_bursts, 0u);
+  EXPECT_EQ(old_rule.stats.clocked_bursts, 0u);
+  // Measured on this model: missed 87 → 3, but sleep 3.48 → 1.45 s and time 13.3 → 14.3 s (the
+  // clocked pieces come far ahead of the open's data here, and the card listens in between):
+  // the model does not say the clock pays; the emulated link decides (RESULTS.md, round 12).
+  EXPECT_LE(clocked.stats.missed_packets * 4, old_rule.stats.missed_packets);
+  EXPECT_LT(clocked.stats.bad_bursts * 4, old_rule.stats.bad_bursts);
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
