@@ -34,6 +34,10 @@ Result<FlashModel> FlashModel::Create(const DeviceProfile& device, CleaningPolic
                                      " needs a capacity of at least 4 erase segments, and "
                                      "segments a multiple of the block size");
     }
+    if (device.flash.erase_chip % device.flash.erase_segment != 0) {
+      return Status::InvalidArgument("flash model: profile " + device.name +
+                                     ": erase_chip_kib must be a multiple of erase_segment_kib");
+    }
   }
   return FlashModel(device, policy, block);
 }
@@ -50,6 +54,12 @@ FlashModel::FlashModel(const DeviceProfile& device, CleaningPolicy policy, Bytes
   live_.assign(segments, 0);
   erase_counts_.assign(segments, 0);
   ready_at_.assign(segments, TimePoint{});
+  // No chip size (or one past the device): the whole device is one chip.
+  chip_segments_ = geometry_.erase_chip > 0
+                       ? std::min<std::uint64_t>(geometry_.erase_chip / geometry_.erase_segment,
+                                                 segments)
+                       : segments;
+  chip_free_.assign((segments + chip_segments_ - 1) / chip_segments_, TimePoint{});
   for (std::uint64_t s = segments; s-- > 0;) erased_.push_back(s);
 }
 
@@ -89,7 +99,8 @@ void FlashModel::StartMeasuring() {
   stats_ = FlashStats{};
   std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
   std::fill(ready_at_.begin(), ready_at_.end(), TimePoint{});
-  bus_free_ = eraser_free_ = TimePoint{};
+  std::fill(chip_free_.begin(), chip_free_.end(), TimePoint{});
+  bus_free_ = TimePoint{};
 }
 
 FlashCost FlashModel::Read(TimePoint arrival, Bytes, Bytes size) {
@@ -152,16 +163,36 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   return cost;
 }
 
+TimePoint FlashModel::busy_until() const {
+  TimePoint t = bus_free_;
+  for (TimePoint c : chip_free_) t = std::max(t, c);
+  return t;
+}
+
 std::int64_t FlashModel::Victim() const {
+  // Greedy: the fewest live blocks; among equals, the one whose chip is free first (its
+  // erasure can start soonest; on a one-chip device all are equal: the lowest segment).
   std::int64_t victim = -1;
   for (std::size_t s = 0; s < live_.size(); ++s) {
     if (static_cast<std::int64_t>(s) == active_) continue;
     if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
-    if (victim < 0 || live_[s] < live_[static_cast<std::size_t>(victim)]) {
+    const std::size_t v = static_cast<std::size_t>(victim);
+    if (victim < 0 || live_[s] < live_[v] ||
+        (live_[s] == live_[v] && chip_free_[Chip(s)] < chip_free_[Chip(v)])) {
       victim = static_cast<std::int64_t>(s);
     }
   }
   return victim;
+}
+
+std::size_t FlashModel::NextErased() const {
+  // The erased segment ready first, whatever its chip; among equals the one erased first (the
+  // back of erased_: on a one-chip device erasures end in the order they were queued).
+  std::size_t next = erased_.size() - 1;
+  for (std::size_t i = erased_.size() - 1; i-- > 0;) {
+    if (ready_at_[erased_[i]] < ready_at_[erased_[next]]) next = i;
+  }
+  return next;
 }
 
 TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
@@ -169,7 +200,7 @@ TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
   if (victim < 0) return t;
   const std::uint64_t room = active_ >= 0 ? segment_blocks_ - write_point_ : 0;
   if (live_[static_cast<std::size_t>(victim)] <= room || erased_.empty()) return t;
-  return std::max(t, ready_at_[static_cast<std::size_t>(erased_.back())]);
+  return std::max(t, ready_at_[erased_[NextErased()]]);
 }
 
 void FlashModel::CatchUp(TimePoint arrival, FlashCost* cost) {
@@ -218,8 +249,9 @@ void FlashModel::OpenErased(TimePoint* t) {
     std::fprintf(stderr, "flash model: no erased segment left (cleaning made no progress)\n");
     std::abort();
   }
-  active_ = static_cast<std::int64_t>(erased_.back());
-  erased_.pop_back();
+  const std::size_t next = NextErased();
+  active_ = static_cast<std::int64_t>(erased_[next]);
+  erased_.erase(erased_.begin() + static_cast<std::ptrdiff_t>(next));
   write_point_ = 0;
   *t = std::max(*t, ready_at_[static_cast<std::size_t>(active_)]);
 }
@@ -254,15 +286,12 @@ void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
     *t += copy;
     cost->energy += io_.active_power * copy;
   }
-  // The erasure: the caller waits for it (on demand), or it runs on its chip after the one in
-  // flight.
-  TimePoint erase_start = wait_erase ? *t : std::max(*t, eraser_free_);
-  TimePoint erased_at = erase_start + geometry_.erase_time;
-  if (wait_erase) {
-    *t = erased_at;
-  } else {
-    eraser_free_ = erased_at;
-  }
+  // The erasure runs on the victim's chip after the one in flight there (a chip erases one
+  // block at a time; other chips erase at the same time); the caller waits for it (on demand).
+  TimePoint& chip = chip_free_[Chip(static_cast<std::size_t>(victim))];
+  const TimePoint erased_at = std::max(*t, chip) + geometry_.erase_time;
+  chip = erased_at;
+  if (wait_erase) *t = erased_at;
   ready_at_[static_cast<std::size_t>(victim)] = erased_at;
   cost->energy += geometry_.erase_power * geometry_.erase_time;
   ++erase_counts_[static_cast<std::size_t>(victim)];

@@ -14,12 +14,17 @@
 // "bus": reads, writes, the cleaner's copies). An erasure is not bus work: the host issues a
 // block-erase command and the chip's own write state machine erases, while the other chips of
 // the card serve reads and writes (Intel 28F008SA datasheet, the chip of the Series 2 card:
-// 16 blocks of 64 KB per chip, 1.6 s typical block erase, erase-suspend to read).
+// 16 blocks of 64 KB per chip, 1.6 s typical block erase, erase-suspend to read). Each chip
+// (the profile's erase_chip_kib; default: the whole device is one chip) erases one block at a
+// time, and erasures on distinct chips run at the same time, each drawing its erase power for
+// its own erase time. A segment lies on chip address / chip size; the writer and the cleaner's
+// copies take whichever erased segment is ready first, on any chip; among victims with as few
+// live blocks, the cleaner picks the one whose chip is free first.
 //   - kOnDemand cleans inside the write that needs space: the write waits for the copies and
 //     for the erasure, and the card serves nothing else meanwhile (the flash file system waits
 //     for its erase command);
 //   - kAsynchronous cleans after each write until one segment beyond the reserve is erased (or
-//     being erased): the copies hold the bus, the erasure runs on its chip (one at a time) while
+//     being erased): the copies hold the bus, the erasure runs on its chip (one at a time there) while
 //     the card serves requests. A cleaning whose copies would have to wait for an erasure in
 //     flight (no room for them until a segment is erased) waits off the bus: it runs in the
 //     idle time before the next request once the erasure has ended (CatchUp), so the cleaner
@@ -97,9 +102,9 @@ class FlashModel {
   FlashCost Read(Bytes address, Bytes size) { return Read(bus_free_, address, size); }
   FlashCost Write(Bytes address, Bytes size) { return Write(bus_free_, address, size); }
 
-  // When the card's interface is free and when its last erasure ends.
+  // When the card's interface is free and when its last erasure (on any chip) ends.
   TimePoint bus_free() const { return bus_free_; }
-  TimePoint busy_until() const { return std::max(bus_free_, eraser_free_); }
+  TimePoint busy_until() const;
 
   double utilisation() const;
   const FlashStats& stats() const { return stats_; }
@@ -118,11 +123,15 @@ class FlashModel {
   // Opens erased segment `erased_.back()` as the active one, waiting at `*t` for its erasure.
   void OpenErased(TimePoint* t);
   // One cleaning from bus time `*t`: the copies move `*t` on; the erasure too if `wait_erase`
-  // (on demand), else it runs on the chip (one erasure at a time) and marks the segment ready.
+  // (on demand), else it runs on the victim's chip (one erasure at a time per chip, chips at
+  // once) and marks the segment ready.
   void Clean(TimePoint* t, FlashCost* cost, bool wait_erase);
   Duration TransferTime(Bytes size, bool write) const;
   // The segment greedy cleaning picks: the fewest live blocks, not active, not erased; -1 if none.
   std::int64_t Victim() const;
+  // The index in erased_ of the segment a writer or the cleaner's copies take next.
+  std::size_t NextErased() const;
+  std::size_t Chip(std::size_t segment) const { return segment / chip_segments_; }
   // kAsynchronous: when the next cleaning's copies could start from bus time `t` without
   // waiting for an erasure in flight (their destination: room left in the active segment, or
   // the next erased segment once its erasure has ended).
@@ -146,7 +155,8 @@ class FlashModel {
   std::uint64_t write_point_ = 0;     // next block within the active segment
   std::vector<TimePoint> ready_at_;   // per segment: when its last erasure ends
   TimePoint bus_free_{};              // the card's interface is busy until then
-  TimePoint eraser_free_{};           // the background erasure in flight ends then
+  std::uint64_t chip_segments_ = 1;    // erase segments per chip (all of them: one chip)
+  std::vector<TimePoint> chip_free_;  // per chip: its erasure in flight ends then
   FlashStats stats_;
 };
 

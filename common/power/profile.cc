@@ -135,6 +135,7 @@ Result<DeviceProfile> DeviceFromTable(const toml::table& t, const std::string& s
   d.flash.erase_time = Millis(f.Number("erase_ms", false));
   d.flash.erase_power = Power::Milliwatts(f.Number("erase_mw", false));
   d.flash.capacity = static_cast<Bytes>(f.Number("capacity_mib", false) * 1024 * 1024);
+  d.flash.erase_chip = static_cast<Bytes>(f.Number("erase_chip_kib", false) * 1024);
   if (!f.status().ok()) return f.status();
 
   const toml::array* modes = t["mode"].as_array();

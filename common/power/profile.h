@@ -60,6 +60,9 @@ struct FlashGeometry {
   Duration erase_time{0};   // per segment
   Power erase_power;        // drawn while erasing (0: the mode's active power)
   Bytes capacity = 0;       // the device's size; 0: unknown (the flash model needs it)
+  // The size of one erasing chip (its own write state machine: one erasure at a time on it,
+  // erasures on distinct chips at once); 0: the whole device is one chip.
+  Bytes erase_chip = 0;
 };
 
 struct DeviceProfile {
