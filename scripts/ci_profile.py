@@ -16,15 +16,21 @@ import os
 import shlex
 
 
-def ninja_steps(build):
-    steps = {}
+def ninja_runs(build):
+    """The .ninja_log's steps, one dict per ninja run (output -> (start, end) in s from that
+    run's start): ninja writes a step when it ends, so a run begins where the end times fall."""
+    runs, last_end = [], None
     with open(os.path.join(build, ".ninja_log")) as f:
         for line in f:
             if line.startswith("#"):
                 continue
             start, end, _, out, _ = line.rstrip("\n").split("\t")
-            steps[out] = (int(start) / 1000, int(end) / 1000)  # the last build of each output
-    return steps
+            start, end = int(start) / 1000, int(end) / 1000
+            if last_end is None or end < last_end:
+                runs.append({})
+            runs[-1][out] = (start, end)
+            last_end = end
+    return runs
 
 
 def tests(build):
@@ -58,13 +64,16 @@ def main():
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args()
 
-    steps = ninja_steps(a.build)
-    first = min(s for s, _ in steps.values())
-    last = max(e for _, e in steps.values())
+    runs = ninja_runs(a.build)
+    steps = {}
+    for i, run in enumerate(runs):
+        span = max(e for _, e in run.values()) - min(s for s, _ in run.values())
+        print(f"build, ninja run {i + 1}: {len(run)} steps, {span:.0f} s from its first step to its last, "
+              f"{sum(e - s for s, e in run.values()):.0f} s of step time")
+        steps.update(run)
     total = sum(e - s for s, e in steps.values())
     tests_obj = sum(e - s for o, (s, e) in steps.items() if o.startswith("tests/") and o.endswith(".o"))
-    print(f"build: {len(steps)} steps, {last - first:.0f} s from the first to the last, "
-          f"{total:.0f} s of step time (test files' objects {tests_obj:.0f} s)")
+    print(f"build: {len(steps)} steps, {total:.0f} s of step time (test files' objects {tests_obj:.0f} s)")
     for o, (s, e) in sorted(steps.items(), key=lambda kv: kv[1][0] - kv[1][1])[:a.top]:
         print(f"  {e - s:7.1f} s  {o}")
 
