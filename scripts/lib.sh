@@ -49,17 +49,33 @@ ghost_install() {
   apt-get install -y -qq "${missing[@]}" >/dev/null || return 1
 }
 
+# ghost_configure DIR [MESON OPTION...]: configures DIR with the options the first time (an
+# existing tree gets the same options).
+ghost_configure() {
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    ghost_log "configuring $dir${*:+ ($*)}"
+    meson setup "$dir" "$GHOST_ROOT" "$@" >/dev/null || return 1
+  elif [ $# -gt 0 ]; then
+    meson configure "$dir" "$@" >/dev/null || return 1
+  fi
+}
+
+# ghost_ninja DIR [TARGET...]: builds the targets (everything by default) in a configured DIR;
+# quiet unless it fails, then once more to show the errors. $GHOST_NINJA_PREFIX, if set, is the
+# command it runs under (scripts/test.sh: chrt --idle 0).
+ghost_ninja() {
+  local dir=$1
+  shift
+  ghost_log "building $dir${*:+ ($*)}"
+  ${GHOST_NINJA_PREFIX:-} ninja -C "$dir" "$@" >/dev/null || ${GHOST_NINJA_PREFIX:-} ninja -C "$dir" "$@" || return 1
+}
+
 # ghost_build [DIR [MESON OPTION...]]: configures DIR (default $GHOST_BUILD) with the options
 # the first time, then builds everything in it.
 ghost_build() {
   local dir=${1:-$GHOST_BUILD}
   [ $# -gt 0 ] && shift
-  if [ ! -f "$dir/build.ninja" ]; then
-    ghost_log "configuring $dir${*:+ ($*)}"
-    meson setup "$dir" "$GHOST_ROOT" "$@" >/dev/null || return 1
-  elif [ $# -gt 0 ]; then
-    meson configure "$dir" "$@" >/dev/null || return 1  # an existing tree gets the same options
-  fi
-  ghost_log "building $dir"
-  ninja -C "$dir" >/dev/null || ninja -C "$dir" || return 1
+  ghost_configure "$dir" "$@" && ghost_ninja "$dir"
 }
