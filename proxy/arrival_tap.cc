@@ -155,12 +155,14 @@ void ArrivalTap::OnPacket(unsigned char* user, const pcap_pkthdr* header,
     const std::uint32_t seg_end = seq + static_cast<std::uint32_t>(s.payload);
     if (!self->have_seq_) {
       self->have_seq_ = true;
+      self->first_seq_ = seq;
       self->next_seq_ = seg_end;
     } else {
       // A hole before it (a segment was lost) or bytes already seen (a retransmission).
       s.missing = seq != self->next_seq_;
       if (SeqDiff(seg_end, self->next_seq_) > 0) self->next_seq_ = seg_end;
     }
+    s.offset = seq - self->first_seq_;
   }
   (*self->sink_)(s);
 }

@@ -35,6 +35,8 @@ namespace ghost {
 struct TappedSegment {
   TimePoint at{};        // when the interface received it, on the tap's Clock
   Bytes payload = 0;     // TCP payload bytes (0 for a pure ACK, FIN or RST)
+  std::uint32_t offset = 0;  // its first payload byte's offset in the stream, counted from the
+                             // first payload byte the tap saw (mod 2^32, as TCP's sequence)
   bool missing = false;  // out of order (a hole before it) or a retransmission
   bool closing = false;  // FIN or RST: the peer is ending the stream
 };
@@ -66,7 +68,8 @@ class ArrivalTap {
   int link_header_ = 16;  // DLT_LINUX_SLL (the "any" device); 20 for SLL2
   std::uint16_t src_port_, dst_port_;
   bool have_seq_ = false;
-  std::uint32_t next_seq_ = 0;  // one past the highest payload byte seen
+  std::uint32_t first_seq_ = 0;  // the first payload byte seen
+  std::uint32_t next_seq_ = 0;   // one past the highest payload byte seen
   TimePoint last_{};
   const std::function<void(const TappedSegment&)>* sink_ = nullptr;
   Duration offset_{};  // clock time = realtime − offset_, set per Drain

@@ -1,6 +1,7 @@
 // ArrivalTap (proxy/arrival_tap.h): a capture filtered to one connection sees every payload
-// byte the peer sends, once, with times that never go backwards, and nothing of another
-// connection. Needs CAP_NET_RAW: skipped without it.
+// byte the peer sends, each once unless the sender retransmitted it (then flagged), with times
+// that never go backwards, and nothing of another connection. Needs CAP_NET_RAW: skipped
+// without it.
 #include "proxy/arrival_tap.h"
 
 #include <arpa/inet.h>
@@ -10,8 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ghost {
 namespace {
@@ -40,17 +43,38 @@ void Connect(Pair* p) {
   ASSERT_GE(p->server, 0);
 }
 
+// What the tap saw of one connection.
+struct Seen {
+  std::vector<bool> bytes;   // by stream offset
+  Bytes beyond = 0;          // payload bytes past the stream's end (none should be)
+  Bytes again = 0;           // bytes seen a second time (a retransmission on a loaded machine)
+  Bytes again_unflagged = 0; // of those, in a segment not flagged `missing`
+  int segments = 0;
+  bool ordered = true, closing = false;
+  Bytes Distinct() const { return static_cast<Bytes>(std::count(bytes.begin(), bytes.end(), true)); }
+};
+
 // Reads everything from `fd` until `want` bytes came, draining the tap as it goes.
-Bytes ReadAll(int fd, ArrivalTap* tap, Bytes want, Bytes* tapped, int* segments,
-              bool* ordered, bool* closing) {
+Bytes ReadAll(int fd, ArrivalTap* tap, Bytes want, Seen* seen) {
   Bytes got = 0;
   TimePoint last{};
+  seen->bytes.assign(want, false);
   auto sink = [&](const TappedSegment& s) {
-    *tapped += s.payload;
-    if (s.payload > 0) ++*segments;
-    if (s.at < last) *ordered = false;
+    for (Bytes i = 0; i < s.payload; ++i) {
+      const Bytes at = Bytes{s.offset} + i;
+      if (at >= want) {
+        ++seen->beyond;
+      } else if (seen->bytes[at]) {
+        ++seen->again;
+        if (!s.missing) ++seen->again_unflagged;
+      } else {
+        seen->bytes[at] = true;
+      }
+    }
+    if (s.payload > 0) ++seen->segments;
+    if (s.at < last) seen->ordered = false;
     last = s.at;
-    if (s.closing) *closing = true;
+    if (s.closing) seen->closing = true;
   };
   char buf[65536];
   while (got < want) {
@@ -60,7 +84,7 @@ Bytes ReadAll(int fd, ArrivalTap* tap, Bytes want, Bytes* tapped, int* segments,
     tap->Drain(sink);
   }
   // The capture may trail the socket by a packet or two.
-  for (int i = 0; i < 50 && (*tapped < want || !*closing); ++i) {
+  for (int i = 0; i < 50 && (seen->Distinct() < want || !seen->closing); ++i) {
     pollfd pfd{tap->fd(), POLLIN, 0};
     ::poll(&pfd, 1, 20);
     tap->Drain(sink);
@@ -87,16 +111,17 @@ TEST(ArrivalTapTest, SeesEveryPayloadByteOfItsConnectionOnceInOrder) {
     }
     ::shutdown(p.server, SHUT_WR);
   });
-  Bytes tapped = 0;
-  int segments = 0;
-  bool ordered = true, closing = false;
-  const Bytes got = ReadAll(p.client, tap.get(), data.size(), &tapped, &segments, &ordered, &closing);
+  Seen seen;
+  const Bytes got = ReadAll(p.client, tap.get(), data.size(), &seen);
   writer.join();
   EXPECT_EQ(got, data.size());
-  EXPECT_EQ(tapped, data.size());
-  EXPECT_GE(segments, 5);
-  EXPECT_TRUE(ordered);
-  EXPECT_TRUE(closing) << "the FIN was not seen";
+  EXPECT_EQ(seen.Distinct(), data.size()) << "every byte of the stream";
+  EXPECT_EQ(seen.beyond, 0u) << "nothing past it (the other connection's 100000 bytes)";
+  EXPECT_EQ(seen.again_unflagged, 0u) << "a byte seen twice comes in a retransmission, flagged";
+  EXPECT_LT(seen.again, data.size() / 2) << "retransmissions, not a second copy of the stream";
+  EXPECT_GE(seen.segments, 5);
+  EXPECT_TRUE(seen.ordered);
+  EXPECT_TRUE(seen.closing) << "the FIN was not seen";
 }
 
 }  // namespace
