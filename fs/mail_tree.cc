@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <deque>
 
 #include "common/config/config.h"
 #include "common/imap/maildir_names.h"
@@ -125,7 +126,13 @@ struct MailOrigin {
   std::vector<std::function<void(Status)>> boxes_waiters;
   std::string selected;  // the mailbox the last Select was issued for
   std::uint32_t selected_uidvalidity = 0;
-  int selects_outstanding = 0;
+  int selects_outstanding = 0;  // 0 or 1: one Select at a time (MailTree::WithSelection)
+  // Who waits for a mailbox to be selected, in order (MailTree::WithSelection).
+  struct SelectWaiter {
+    std::string wire;
+    std::function<void(Result<MailboxStatus>)> fn;
+  };
+  std::deque<SelectWaiter> select_waiters;
   std::map<std::string, std::string> tmp;  // tmp/ files by path: their bytes
   // Local messages the server has now: "<wire>\n<unique>" -> (uidvalidity, uid).
   std::map<std::string, std::pair<std::uint32_t, std::uint32_t>> appended;
@@ -248,20 +255,61 @@ void MailTree::EnsureConnected(MailOrigin& mo) {
 }
 
 void MailTree::Selected(MailOrigin& mo, const std::string& wire, std::function<void(Result<std::uint32_t>)> fn) {
+  WithSelection(mo, wire, false, [fn = std::move(fn)](Result<MailboxStatus> r) {
+    if (!r.ok()) return fn(r.status());
+    fn(r->uidvalidity);
+  });
+}
+
+// Commands such as UID FETCH, UID STORE and UID EXPUNGE act on whichever mailbox the
+// connection has selected when the server runs them, and the client sends them in the order
+// they are issued, a Select alone. So a command that names a UID may be issued only while the
+// last Select issued is its mailbox's: one issued from a Select's callback after another
+// reader had issued a Select of another mailbox would run there, on another message (a body
+// read from the wrong mailbox, a listing of the wrong mailbox, a flag or an expunge applied to
+// another message). Hence one Select at a time, waiters in order: when it completes, everyone
+// waiting for that mailbox runs (and issues its commands, which go out before the next
+// Select), then the next mailbox is selected. `fresh`: select even if it is selected already
+// (a listing wants the server's new state).
+void MailTree::WithSelection(MailOrigin& mo, const std::string& wire, bool fresh,
+                             std::function<void(Result<MailboxStatus>)> fn) {
   EnsureConnected(mo);
-  if (mo.selected == wire && mo.selects_outstanding == 0 && mo.client->state() == ImapClient::State::kReady) {
-    return fn(mo.selected_uidvalidity);
+  if (!fresh && mo.selected == wire && mo.selects_outstanding == 0 && mo.select_waiters.empty() &&
+      mo.client->state() == ImapClient::State::kReady) {
+    MailboxStatus st;
+    st.name = wire;
+    st.uidvalidity = mo.selected_uidvalidity;
+    return fn(std::move(st));
   }
+  mo.select_waiters.push_back({wire, std::move(fn)});
+  if (mo.selects_outstanding == 0) SelectNext(mo);
+}
+
+void MailTree::SelectNext(MailOrigin& mo) {
+  if (mo.select_waiters.empty() || mo.selects_outstanding > 0) return;
+  std::string wire = mo.select_waiters.front().wire;
   mo.selected = wire;
   ++mo.selects_outstanding;
-  mo.client->Select(wire, [&mo, wire, fn = std::move(fn)](Result<MailboxStatus> r) {
-    --mo.selects_outstanding;
-    if (!r.ok()) {
-      if (mo.selected == wire) mo.selected.clear();
-      return fn(r.status());
+  mo.client->Select(wire, [this, &mo, wire](Result<MailboxStatus> r) {
+    if (r.ok()) {
+      mo.selected_uidvalidity = r->uidvalidity;
+    } else {
+      mo.selected.clear();
     }
-    if (mo.selected == wire) mo.selected_uidvalidity = r->uidvalidity;
-    fn(r->uidvalidity);
+    std::vector<std::function<void(Result<MailboxStatus>)>> ready;
+    for (auto it = mo.select_waiters.begin(); it != mo.select_waiters.end();) {
+      if (it->wire == wire) {
+        ready.push_back(std::move(it->fn));
+        it = mo.select_waiters.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Still counted as outstanding while they run: a WithSelection from one of them waits its
+    // turn instead of issuing a Select ahead of the others' commands.
+    for (auto& fn : ready) fn(r);
+    --mo.selects_outstanding;
+    SelectNext(mo);
   });
 }
 
@@ -371,20 +419,14 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
     for (auto& w : waiters) w(s);
     if (box.again) LoadBox(mo, box, [](Status) {});
   };
-  EnsureConnected(mo);
-  mo.selected = box.wire;
-  ++mo.selects_outstanding;
-  mo.client->Select(box.wire, [this, &mo, &box, finish](Result<MailboxStatus> st) {
-    --mo.selects_outstanding;
+  WithSelection(mo, box.wire, true, [this, &mo, &box, finish](Result<MailboxStatus> st) {
     if (!st.ok()) {
-      if (mo.selected == box.wire) mo.selected.clear();
       if (Transient(st.status()) || st.status().code() == Status::Code::kInvalidArgument ||
           st.status().code() == Status::Code::kPermissionDenied) {
         return LoadSavedBox(mo, box, st.status(), finish);
       }
       return finish(st.status());
     }
-    if (mo.selected == box.wire) mo.selected_uidvalidity = st->uidvalidity;
     std::uint32_t uidvalidity = st->uidvalidity;
     auto install = [this, &mo, &box, uidvalidity, finish](const std::vector<MessageSummary>& list) {
       if (box.uidvalidity && box.uidvalidity != uidvalidity) {
@@ -1127,19 +1169,24 @@ void MailTree::SendToUid(MailOrigin& mo, const ImapOp& op, std::function<void(St
   std::string set = std::to_string(op.uid);
   ImapClient& c = *mo.client;
   switch (op.kind) {
+    // Both commands of a pair are issued now, while the mailbox is the selected one (a command
+    // issued from the first one's callback could follow another reader's Select: see
+    // WithSelection); the op is done when both are.
     case ImapOp::Kind::kStore: {
-      auto remove = [&c, set, op, result](Status s) {
-        if (!s.ok() || op.remove_flags.empty()) return result(s);
-        c.UidStore(set, StoreMode::kRemove, op.remove_flags, result);
-      };
-      if (op.flags.empty()) return remove(Status::Ok());
-      return c.UidStore(set, StoreMode::kAdd, op.flags, remove);
+      if (op.flags.empty() || op.remove_flags.empty()) {
+        bool add = !op.flags.empty();
+        return c.UidStore(set, add ? StoreMode::kAdd : StoreMode::kRemove, add ? op.flags : op.remove_flags, result);
+      }
+      auto first = std::make_shared<Status>();
+      c.UidStore(set, StoreMode::kAdd, op.flags, [first](Status s) { *first = s; });
+      return c.UidStore(set, StoreMode::kRemove, op.remove_flags,
+                        [first, result](Status s) { result(first->ok() ? s : *first); });
     }
-    case ImapOp::Kind::kExpunge:
-      return c.UidStore(set, StoreMode::kAdd, {"\\Deleted"}, [&c, set, result](Status s) {
-        if (!s.ok()) return result(s);
-        c.UidExpunge(set, result);
-      });
+    case ImapOp::Kind::kExpunge: {
+      auto first = std::make_shared<Status>();
+      c.UidStore(set, StoreMode::kAdd, {"\\Deleted"}, [first](Status s) { *first = s; });
+      return c.UidExpunge(set, [first, result](Status s) { result(first->ok() ? s : *first); });
+    }
     case ImapOp::Kind::kMove: {
       auto moved = [&mo, op, result](Result<MoveResult> r) {
         if (r.ok()) {
@@ -1278,20 +1325,23 @@ void MailTree::Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidit
     };
     Selected(
         mo, op.mailbox,
-        [&mo, op, id, uidvalidity_now, matched, by_size_date, result](Result<std::uint32_t> v) {
+        [this, &mo, op, id, uidvalidity_now, matched, by_size_date, result](Result<std::uint32_t> v) {
           if (!v.ok()) return result(v.status());
           if (*v != uidvalidity_now)
             return result(Status::Unavailable("UIDVALIDITY changed again"));
           if (id.empty()) return by_size_date();
           mo.client->UidSearchHeader(
               "Message-ID", id,
-              [&mo, op, id, matched, result](Result<std::vector<std::uint32_t>> r) {
+              [this, &mo, op, id, uidvalidity_now, matched, result](Result<std::vector<std::uint32_t>> r) {
                 if (!r.ok()) return result(r.status());
                 if (r->size() <= 1 || !op.message_size) return matched(*r, "Message-ID " + id);
                 // Copies of one message: narrow by size.
                 std::string set;
                 for (std::uint32_t u : *r) set += (set.empty() ? "" : ",") + std::to_string(u);
-                mo.client->FetchSummary(
+                auto narrow = [&mo, set, op, id, uidvalidity_now, matched, result](Result<std::uint32_t> v) {
+                  if (!v.ok()) return result(v.status());
+                  if (*v != uidvalidity_now) return result(Status::Unavailable("UIDVALIDITY changed again"));
+                  mo.client->FetchSummary(
                     set, [op, id, matched, result](Result<std::vector<MessageSummary>> s) {
                       if (!s.ok()) return result(s.status());
                       std::vector<std::uint32_t> uids;
@@ -1300,6 +1350,9 @@ void MailTree::Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidit
                       }
                       matched(uids, "Message-ID " + id + " and size");
                     });
+                };
+                // From a callback: the mailbox may not be the selected one any more.
+                Selected(mo, op.mailbox, narrow);
               });
         });
   };

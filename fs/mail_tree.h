@@ -119,6 +119,11 @@ class MailTree final : public Tree {
   void ApplyPending(MailOrigin& mo, MailBox& box);
   // Selects `box` (if it is not the selected one) and checks its UIDVALIDITY, then runs `fn`.
   void Selected(MailOrigin& mo, const std::string& wire, std::function<void(Result<std::uint32_t>)> fn);
+  // Runs `fn` once `wire` is the selected mailbox and no other Select was issued since, so the
+  // commands `fn` issues at once run in that mailbox (mail_tree.cc explains why).
+  void WithSelection(MailOrigin& mo, const std::string& wire, bool fresh,
+                     std::function<void(Result<MailboxStatus>)> fn);
+  void SelectNext(MailOrigin& mo);
   std::string BodyKey(const MailOrigin& mo, const std::string& wire, std::uint32_t uidvalidity,
                       std::uint32_t uid) const;
   void Send(const ImapOp& op, std::function<void(SendOutcome)> done);

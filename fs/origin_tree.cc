@@ -865,7 +865,10 @@ void OriginTree::ServeStream(Stream& st) {
       continue;
     }
     if (w.offset < st.base || (!have && !st.status.ok())) {
-      fuse_reply_err(w.req, EIO);  // fell behind the window, or the fetch failed short
+      // Fell behind the window, or the fetch failed short: EIO; ESTALE when the object is gone
+      // from the server (a message another client expunged after this one was opened).
+      bool gone = w.offset >= st.base && st.status.code() == Status::Code::kNotFound;
+      fuse_reply_err(w.req, gone ? ESTALE : EIO);
     } else {
       Bytes from = std::min<Bytes>(w.offset, end);
       std::size_t n = static_cast<std::size_t>(std::min<Bytes>(w.size, end - from));

@@ -1,0 +1,403 @@
+#!/usr/bin/env python3
+"""ghostfs's mail/ (IMAP as Maildir, DESIGN §4.4) under random, seeded, concurrent use against a
+real dovecot on loopback, while another IMAP client changes the same mailboxes on the server.
+
+Mount-side workers do what Maildir clients do: read messages (the bytes must be the message's),
+rename new/→cur/ and cur/→cur/ with flag suffixes (:2,FRST), unlink (moves to Trash), deliver
+through tmp/ + rename into new/ (APPEND), move to another folder (UID MOVE). A server-side
+client (imaplib) APPENDs, STOREs +/-FLAGS, UID MOVEs and UID EXPUNGEs at the same time. A
+flipper changes the knob, flushes and sends ghost hints; between rounds the daemon is SIGKILLed
+and mounted again over the same cache (the queue's journal is replayed).
+
+After each quiet point (workers stopped, `ghostctl sync`, the listings refreshed):
+- every operation on a valid name either worked or failed with ENOENT (raced by another
+  client); never EIO, never a hang, the daemon alive;
+- every message anyone created is in exactly one mailbox, unless the server client expunged it
+  (then at most one): nothing lost, nothing duplicated;
+- each mailbox as the mount shows it equals the server's: same messages, same bytes, and flags
+  (info letters D F R S T = \\Draft \\Flagged \\Answered \\Seen \\Deleted) the same;
+- the cache's index passes `PRAGMA integrity_check`.
+
+The seed is printed first; replay: ghostfs_mail_random_test.py --seed S [--rounds N --secs S].
+Skipped without root, /dev/fuse or dovecot."""
+import argparse
+import errno
+import imaplib
+import os
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness as h  # noqa: E402
+
+FOLDERS = {"INBOX": "", "Work": ".Work", "Archive": ".Archive", "Trash": ".Trash"}
+LETTER = {"\\Draft": "D", "\\Flagged": "F", "\\Answered": "R", "\\Seen": "S", "\\Deleted": "T"}
+TAG = re.compile(rb"Subject: (\S+)\r\n")
+
+
+def message(tag):
+    """The bytes of message `tag`: deterministic, so any reader can check what it got."""
+    r = random.Random(tag)
+    size = r.choice([400, 900, 2500, 7000, 40000])
+    head = (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: {tag}\r\n"
+            f"Message-ID: <{tag}@ghost.test>\r\nDate: Mon, 1 Jan 2024 10:00:00 +0000\r\n\r\n")
+    line = f"{tag} " + "".join(r.choice("abcdefghij") for _ in range(60)) + "\r\n"
+    body = (line * (size // len(line) + 1))[: max(0, size - len(head))]
+    return (head + body).encode()
+
+
+def describe(data, tag):
+    """How `data` differs from message `tag`: sizes, first differing byte, whose lines it holds."""
+    want = message(tag) if tag else b""
+    diff = next((i for i in range(min(len(data), len(want))) if data[i] != want[i]), min(len(data), len(want)))
+    owners = sorted({ln.split(b" ")[0].decode(errors="replace") for ln in data.split(b"\r\n")[6:] if ln})[:6]
+    return f"want {len(want)} bytes, first difference at {diff}, lines of {owners}"
+
+
+def tag_of(data):
+    m = TAG.search(data[:400])
+    return m.group(1).decode() if m else None
+
+
+class Shared:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.created = set()     # every tag anyone created (seeded, delivered, appended)
+        self.expunged = set()    # tags the server client may have expunged
+        self.errors = []         # what must never happen
+        self.counts = {}
+
+    def count(self, what):
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + 1
+
+
+def allowed(e):
+    """ENOENT: the name was changed or removed by another client meanwhile; ESTALE: a read of a
+    message another client expunged after it was opened (DESIGN §4.4)."""
+    return e.errno in (errno.ENOENT, errno.ESTALE)
+
+
+def mount_worker(w, seed, secs, mnt, sh, deadline_note):
+    rng = random.Random(seed * 100 + w)
+    root = os.path.join(mnt, "mail")
+    n = 0
+    end = time.time() + secs
+    while time.time() < end:
+        folder = rng.choice(list(FOLDERS.values()))
+        fdir = os.path.join(root, folder) if folder else root
+        op = rng.choice(["read", "read", "flag", "flag", "seen", "delete", "deliver", "deliver", "move"])
+        n += 1
+        try:
+            if op == "deliver":
+                tag = f"m{w}x{seed}x{n}"
+                data = message(tag)
+                with sh.lock:
+                    sh.created.add(tag)  # before the rename: a failed one is reported as an error anyway
+                tmp = os.path.join(fdir, "tmp", f"{tag}.host")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.rename(tmp, os.path.join(fdir, "new", f"{tag}.host"))
+                sh.count("deliver")
+                continue
+            sub = rng.choice(["cur", "cur", "new"]) if op != "seen" else "new"
+            names = sorted(os.listdir(os.path.join(fdir, sub)))
+            if not names:
+                continue
+            name = rng.choice(names)
+            path = os.path.join(fdir, sub, name)
+            base = name.split(":2,")[0]
+            if op == "read":
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except OSError as e:
+                    if allowed(e):
+                        continue
+                    raise
+                tag = tag_of(data)
+                if tag is None or data != message(tag):
+                    with sh.lock:
+                        sh.errors.append(f"read {folder}/{sub}/{name}: {len(data)} bytes, not the message {tag}"
+                                         f" ({describe(data, tag)})")
+                sh.count("read")
+            elif op in ("flag", "seen"):
+                info = "".join(sorted(rng.sample("FRST", rng.randint(0, 3))))
+                if op == "seen" and "S" not in info:
+                    info = "".join(sorted(info + "S"))
+                os.rename(path, os.path.join(fdir, "cur", f"{base}:2,{info}"))
+                sh.count(op)
+            elif op == "delete":
+                if folder == ".Trash":
+                    continue  # an expunge there would need the tag; the server client does those
+                os.unlink(path)
+                sh.count("delete")
+            elif op == "move":
+                other = rng.choice([f for f in FOLDERS.values() if f != folder])
+                odir = os.path.join(root, other) if other else root
+                os.rename(path, os.path.join(odir, "cur", name if ":2," in name else name + ":2,"))
+                sh.count("move")
+        except OSError as e:
+            if allowed(e):
+                sh.count(op + "-enoent")
+                continue
+            with sh.lock:
+                sh.errors.append(f"worker {w} {op} in {folder or 'INBOX'}: {e}")
+            if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+                return
+
+
+def server_worker(seed, secs, dc, sh):
+    rng = random.Random(seed * 100 + 99)
+    c = dc.login()
+    n = 0
+    end = time.time() + secs
+    while time.time() < end:
+        box = rng.choice(list(FOLDERS))
+        op = rng.choice(["append", "append", "store", "store", "move", "expunge"])
+        n += 1
+        try:
+            if op == "append":
+                tag = f"s{seed}x{n}"
+                with sh.lock:
+                    sh.created.add(tag)
+                flags = " ".join(rng.sample(list(LETTER), rng.randint(0, 2)))
+                typ, _ = c.append(box, f"({flags})", None, message(tag))
+                if typ != "OK":
+                    sh.errors.append(f"server APPEND {tag}: {typ}")
+                sh.count("s-append")
+                continue
+            c.select(box)
+            typ, data = c.uid("SEARCH", None, "ALL")
+            uids = data[0].split()
+            if not uids:
+                continue
+            uid = rng.choice(uids).decode()
+            if op == "store":
+                flag = rng.choice(list(LETTER))
+                c.uid("STORE", uid, rng.choice(["+FLAGS", "-FLAGS"]), f"({flag})")
+                sh.count("s-store")
+            elif op == "move":
+                other = rng.choice([b for b in FOLDERS if b != box])
+                c.uid("MOVE", uid, other)
+                sh.count("s-move")
+            elif op == "expunge":
+                typ, d = c.uid("FETCH", uid, "(BODY.PEEK[HEADER.FIELDS (SUBJECT)])")
+                tag = tag_of(d[0][1] + b"\r\n") if d and isinstance(d[0], tuple) else None
+                if tag:
+                    with sh.lock:
+                        sh.expunged.add(tag)
+                    c.uid("STORE", uid, "+FLAGS", "(\\Deleted)")
+                    c.uid("EXPUNGE", uid)
+                    sh.count("s-expunge")
+            time.sleep(rng.uniform(0, 0.05))
+        except (imaplib.IMAP4.error, OSError) as e:
+            sh.errors.append(f"server client {op}: {e}")
+            c = dc.login()
+    c.logout()
+
+
+def flipper(seed, secs, ctl, sh):
+    rng = random.Random(seed * 100 + 77)
+    try:
+        c = h.Control(ctl)
+    except OSError as e:
+        sh.errors.append(f"control: {e}")
+        return
+    end = time.time() + secs
+    while time.time() < end:
+        time.sleep(rng.uniform(0.05, 0.5))
+        what = rng.choice(["knob", "knob", "flush", "hints"])
+        try:
+            if what == "knob":
+                c.ok("knob", knob=rng.choice([0, 0, 1, 50, 100]))
+            elif what == "hints":
+                c.ghost_hints(n=rng.choice([1, 20]))
+            else:
+                c.ok("flush")
+            sh.count("p-" + what)
+        except (OSError, ValueError, RuntimeError) as e:
+            sh.errors.append(f"power {what}: {e}")
+            return
+    c.close()
+
+
+def ghostctl(ctl, *args, timeout=60):
+    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
+    return subprocess.run([exe, "--control", ctl, "--json", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def mount_view(mnt):
+    """{box: {tag: [(letters, bytes)]}} as the mount shows it, or an error string."""
+    out = {}
+    for box, folder in FOLDERS.items():
+        fdir = os.path.join(mnt, "mail", folder) if folder else os.path.join(mnt, "mail")
+        msgs = {}
+        for sub in ("cur", "new"):
+            for name in os.listdir(os.path.join(fdir, sub)):
+                with open(os.path.join(fdir, sub, name), "rb") as f:
+                    data = f.read()
+                letters = "".join(sorted(c for c in name.split(":2,")[1] if c.isupper())) if ":2," in name else ""
+                msgs.setdefault(tag_of(data), []).append((letters, data))
+        out[box] = msgs
+    return out
+
+
+def server_view(dc):
+    out = {}
+    c = dc.login()
+    for box in FOLDERS:
+        msgs = {}
+        typ, _ = c.select(box, readonly=True)
+        typ, data = c.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")
+        for item in data:
+            if isinstance(item, tuple):
+                flags = imaplib.ParseFlags(item[0])
+                letters = "".join(sorted(LETTER[f.decode()] for f in flags if f.decode() in LETTER))
+                msgs.setdefault(tag_of(item[1]), []).append((letters, item[1]))
+        out[box] = msgs
+    c.logout()
+    return out
+
+
+def compare(sh, mv, sv):
+    """What is wrong, as a list of lines."""
+    bad = []
+    where = {}
+    for box, msgs in sv.items():
+        for tag, copies in msgs.items():
+            where.setdefault(tag, []).extend([box] * len(copies))
+    with sh.lock:
+        created, expunged = set(sh.created), set(sh.expunged)
+    for tag in sorted(created):
+        n = len(where.get(tag, []))
+        if n > 1 or (n == 0 and tag not in expunged):
+            bad.append(f"{tag}: on the server in {where.get(tag, [])} (expunged by the server client: {tag in expunged})")
+    for tag in where:
+        if tag not in created:
+            bad.append(f"{tag}: on the server, never created")
+    for box in FOLDERS:
+        m, s = mv[box], sv[box]
+        for tag in sorted(set(m) | set(s), key=str):
+            mm = sorted(m.get(tag, []))
+            ss = sorted(s.get(tag, []))
+            if mm != ss:
+                bad.append(f"{box} {tag}: mount {[(a, len(b)) for a, b in mm]} server {[(a, len(b)) for a, b in ss]}")
+    return bad
+
+
+def check_index(cache):
+    problems = []
+    for dirpath, _, files in os.walk(cache):
+        for n in files:
+            if n.endswith(".sqlite"):
+                db = sqlite3.connect(os.path.join(dirpath, n))
+                try:
+                    v = db.execute("PRAGMA integrity_check").fetchone()[0]
+                    if v != "ok":
+                        problems.append(f"{n}: {v}")
+                finally:
+                    db.close()
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--secs", type=float, default=6.0)
+    ap.add_argument("--workers", type=int, default=3)
+    opts = ap.parse_args()
+    print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
+    h.require_root_and_fuse()
+    dc = h.started_dovecot()
+    planned = 4 * opts.rounds + 1
+    t = h.Tap(planned)
+    work = h.tempdir()
+    sh = Shared()
+    c = dc.login()
+    for box in FOLDERS:
+        if box != "INBOX":
+            c.create(box)
+    c.logout()
+    for box, folder in FOLDERS.items():
+        for i in range(6):
+            tag = f"p{box}{i}"
+            sh.created.add(tag)
+            dc.seed(folder, message(tag), info=random.Random(tag).choice(["", "S", "FS", "R"]), into_new=i % 3 == 0)
+    mnt, cache, ctl = (os.path.join(work, x) for x in ("mnt", "cache", "ctl.sock"))
+    os.makedirs(mnt)
+    conf = os.path.join(work, "ghostfs.toml")
+    with open(conf, "w") as f:
+        f.write("heuristic_freshness = 1\n")
+    rng = random.Random(opts.seed)
+    args = ["--password-file", f"mail={dc.password_file()}", "--config", conf]
+    if rng.random() < 0.5:
+        args += ["--profile", "ipaq-2004"]  # operations wait for the card's CAM
+    print(f"# mount args: {args[2:]}", flush=True)
+    fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
+    if not t.check(fs.start(), "ghostfs mounts a dovecot origin", fs.output()[-1500:]):
+        t.skip_rest(planned, "no mount")
+        t.done()
+    for r in range(opts.rounds):
+        seed = opts.seed * 10 + r
+        sh.errors.clear()
+        threads = [threading.Thread(target=mount_worker, args=(w, seed, opts.secs, mnt, sh, None), daemon=True)
+                   for w in range(opts.workers)]
+        threads.append(threading.Thread(target=server_worker, args=(seed, opts.secs, dc, sh), daemon=True))
+        threads.append(threading.Thread(target=flipper, args=(seed, opts.secs, ctl, sh), daemon=True))
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(opts.secs + 60)
+        hung = [th for th in threads if th.is_alive()]
+        alive = fs.proc.poll() is None
+        t.check(not hung and alive and not sh.errors,
+                f"round {r}: concurrent Maildir and IMAP clients: no error but ENOENT/ESTALE, no hang, no crash",
+                f"hung={len(hung)} alive={alive} errors={sh.errors[:10]}\n{fs.output()[-1500:]}")
+        if not alive or hung:
+            t.skip_rest(planned, "the daemon died or hung")
+            t.done()
+        kill = rng.random() < 0.5
+        if kill:  # SIGKILL with the queue as it is, mount again: the journal is replayed
+            fs.kill9()
+            fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
+            if not t.check(fs.start(), f"round {r}: mounted again after SIGKILL", fs.output()[-1500:]):
+                t.skip_rest(planned, "no mount")
+                t.done()
+        else:
+            t.check(True, f"round {r}: no kill this round")
+        s = ghostctl(ctl, "sync")
+        drained = h.wait_for(lambda: '"queued":0' in ghostctl(ctl, "stats").stdout.replace(" ", ""), 60)
+        time.sleep(1.2)  # the listings' freshness (1 s) runs out: the next listing asks the server
+        mv, sv = None, None
+        try:
+            mv = mount_view(mnt)
+            sv = server_view(dc)
+            bad = compare(sh, mv, sv)
+        except OSError as e:
+            bad = [f"listing the mount: {e}"]
+        counts = dict(sorted(sh.counts.items()))
+        print(f"# round {r} kill={kill} ops {counts}", flush=True)
+        t.check(drained and not bad,
+                f"round {r}: after sync the mount and the server hold the same messages, bytes and flags; nothing lost or duplicated",
+                f"sync rc={s.returncode} {s.stdout[-300:]} {s.stderr[-300:]} drained={drained}\n" + "\n".join(bad[:25]) +
+                f"\n{fs.output()[-2500:]}")
+        fs.stop()
+        probs = check_index(cache)
+        t.check(not probs, f"round {r}: the index passes integrity_check", probs)
+        fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
+        if not fs.start():
+            t.skip_rest(planned, "no mount")
+            t.done()
+    fs.stop()
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
