@@ -306,6 +306,64 @@ def check_index(cache):
     return problems
 
 
+def two_readers(t, dc, work, seed):
+    """The minimal case behind round one's wrong body: two readers, each in its own mailbox,
+    listing it and reading its messages (bodies not cached yet), at the same time. Each
+    mailbox's messages have their own sizes, so a name from the other mailbox shows."""
+    rng = random.Random(seed)
+    boxes = {"Left": [], "Right": []}
+    c = dc.login()
+    for box in boxes:
+        c.create(box)
+        for i in range(40):
+            tag = f"{box[0]}{i}"
+            boxes[box].append(tag)
+            c.append(box, "(\\Seen)", None, message(tag))
+    c.logout()
+    sizes = {box: {len(message(tg)) for tg in tags} for box, tags in boxes.items()}
+    mnt, cache = os.path.join(work, "mnt-two"), os.path.join(work, "cache-two")
+    os.makedirs(mnt)
+    conf = os.path.join(work, "two.toml")
+    with open(conf, "w") as f:
+        f.write("heuristic_freshness = 1\n")
+    fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=["--password-file", f"mail={dc.password_file()}", "--config", conf])
+    if not fs.start():
+        return t.check(False, "two readers: mounts", fs.output()[-1500:])
+    bad = []
+
+    def reader(box):
+        cur = os.path.join(mnt, "mail", "." + box, "cur")
+        r = random.Random(rng.random())
+        end = time.time() + 8
+        while time.time() < end:
+            try:
+                names = os.listdir(cur)
+                for n in names:
+                    m = re.search(r",S=(\d+):", n)
+                    if not m or int(m.group(1)) not in sizes[box]:
+                        bad.append(f"{box}: listed {n}, not a size of its messages")
+                for n in r.sample(names, min(3, len(names))):
+                    with open(os.path.join(cur, n), "rb") as f:
+                        data = f.read()
+                    tag = tag_of(data)
+                    if tag not in boxes[box] or data != message(tag):
+                        bad.append(f"{box}: read {n}: {len(data)} bytes of {tag} ({describe(data, tag)})")
+            except OSError as e:
+                bad.append(f"{box}: {e}")
+            if len(bad) > 20:
+                return
+
+    threads = [threading.Thread(target=reader, args=(b,), daemon=True) for b in boxes]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    t.check(not bad and all(not th.is_alive() for th in threads),
+            "two readers listing and reading two mailboxes at once each see only their own mailbox's "
+            "names and bytes", "\n".join(bad[:10]))
+    fs.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
@@ -316,9 +374,10 @@ def main():
     print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
     h.require_root_and_fuse()
     dc = h.started_dovecot()
-    planned = 4 * opts.rounds + 1
+    planned = 4 * opts.rounds + 2
     t = h.Tap(planned)
     work = h.tempdir()
+    two_readers(t, dc, work, opts.seed)
     sh = Shared()
     c = dc.login()
     for box in FOLDERS:
