@@ -1029,7 +1029,11 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
                       }
                       if (UniqueOf(newname) != m.unique)
                         return (void)fuse_reply_err(req, EINVAL);  // names are ours
-                      std::string before = m.info, after = InfoOf(newname);
+                      // What the reader changed: from the info of the name it renamed to the new
+                      // name's. Its name may predate a change another client made meanwhile (the
+                      // kernel keeps a looked-up name for a second); that change stays.
+                      std::string before = name.find(":2,") == std::string::npos ? m.info : InfoOf(name);
+                      std::string after = InfoOf(newname);
                       std::string added, removed;
                       for (char c : after) {
                         if (before.find(c) == std::string::npos) added.push_back(c);
@@ -1037,6 +1041,9 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
                       for (char c : before) {
                         if (after.find(c) == std::string::npos) removed.push_back(c);
                       }
+                      std::string now = m.info + added;
+                      std::erase_if(now, [&](char c) { return removed.find(c) != std::string::npos; });
+                      after = NormalizeInfo(now);
                       Result<std::uint64_t> seq = std::uint64_t{0};
                       if (!added.empty() || !removed.empty()) {
                         // Only what changed, so keywords and flags set by other clients survive.

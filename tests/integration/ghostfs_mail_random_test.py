@@ -364,6 +364,48 @@ def two_readers(t, dc, work, seed):
     fs.stop()
 
 
+def stale_name(t, dc, work):
+    """A reader renames the name it looked up a moment ago (the kernel keeps it for a second)
+    after another IMAP client changed the message's flags: only the reader's own change is
+    applied, the other client's flag stays (DESIGN §4.4)."""
+    dc.seed(".Stale", message("stale1"), info="S")
+    mnt, cache = os.path.join(work, "mnt-stale"), os.path.join(work, "cache-stale")
+    os.makedirs(mnt)
+    fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=["--password-file", f"mail={dc.password_file()}"])
+    if not fs.start():
+        return t.check(False, "stale name: mounts", fs.output()[-1500:])
+    cur = os.path.join(mnt, "mail", ".Stale", "cur")
+    lost = []
+    for i in range(3):
+        old = os.listdir(cur)[0]
+        base = old.split(":2,")[0]
+        os.stat(os.path.join(cur, old))  # the reader looks it up (mutt opens it)
+        c = dc.login()
+        c.select("Stale")
+        c.uid("STORE", "1", "+FLAGS", "(\\Answered)")  # another client replies to it
+        c.logout()
+        # The mount hears of it (IDLE) while the reader's name is still in the kernel's cache.
+        h.wait_for(lambda: os.path.exists(os.path.join(cur, base + ":2,RS")), 3, 0.02)
+        try:
+            os.rename(os.path.join(cur, old), os.path.join(cur, base + ":2,FS"))  # the reader flags it
+        except OSError as e:
+            lost.append(f"rename: {e}")
+        subprocess.run([os.path.join(h.build_dir(), "fs", "ghostctl"), "--mount", mnt, "sync"],
+                       capture_output=True, timeout=30)
+        flags = dc.uid_flags("1", "Stale")
+        if b"\\Answered" not in flags or b"\\Flagged" not in flags:
+            lost.append(f"attempt {i}: {old} -> {base}:2,FS with \\Answered set meanwhile: server has {flags}")
+        c = dc.login()
+        c.select("Stale")
+        c.uid("STORE", "1", "FLAGS", "(\\Seen)")
+        c.logout()
+        h.wait_for(lambda: os.listdir(cur) == [base + ":2,S"], 5)
+        time.sleep(1.1)  # the reader's names leave the kernel's cache
+    t.check(not lost, "a rename of a name another client's flag change made stale keeps that change",
+            "\n".join(lost))
+    fs.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
@@ -374,10 +416,11 @@ def main():
     print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
     h.require_root_and_fuse()
     dc = h.started_dovecot()
-    planned = 4 * opts.rounds + 2
+    planned = 4 * opts.rounds + 3
     t = h.Tap(planned)
     work = h.tempdir()
     two_readers(t, dc, work, opts.seed)
+    stale_name(t, dc, work)
     sh = Shared()
     c = dc.login()
     for box in FOLDERS:
