@@ -827,16 +827,24 @@ void OriginTree::ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes off
   rq.if_range = !st->meta.etag.empty() && !st->meta.etag.starts_with("W/") ? st->meta.etag : st->meta.last_modified;
   auto piece = std::make_shared<std::string>();
   auto ok = std::make_shared<bool>(false);
+  auto changed = std::make_shared<bool>(false);
   HttpFetcher::Callbacks cb;
-  cb.on_head = [ok, offset](const HttpResponseHead& h) {
+  cb.on_head = [ok, changed, offset](const HttpResponseHead& h) {
     *ok = h.status == 206 && h.content_range && h.content_range->first == offset;
+    // If-Range did not match (the whole new version came instead), or the object is gone.
+    *changed = h.status == 200 || h.status == 404 || h.status == 410;
     return *ok;
   };
   cb.on_data = [piece](std::string_view d) {
     piece->append(d);
     return true;
   };
-  cb.on_done = [this, req, st, offset, size, piece, ok](Status s) {
+  cb.on_done = [this, req, st, offset, size, piece, ok, changed](Status s) {
+    if (!*ok && *changed && offset < st->base) {
+      // Bytes this open passed, read again after the origin changed: its version is gone from
+      // the origin and from memory. ESTALE says so (never another version's bytes).
+      return (void)fuse_reply_err(req, ESTALE);
+    }
     if (s.ok() && *ok) {
       ctx_.reads.bytes_from_network += piece->size();
       std::size_t n = std::min<std::size_t>(size, piece->size());
@@ -887,6 +895,11 @@ void OriginTree::TrimStream(Stream& st) {
   for (const auto& [fh, pos] : st.readers) keep_from = std::min(keep_from, pos);
   for (const Stream::Waiter& w : st.waiters) keep_from = std::min(keep_from, w.offset);
   std::size_t drop = keep_from > st.base ? static_cast<std::size_t>(std::min<Bytes>(keep_from - st.base, st.data.size())) : 0;
+  // A body that fits the window is kept whole: a reader may read it in any order (a range
+  // first, then from the start), and its version must stay readable to it even after the
+  // origin changed (a passed byte read again would need a range request, which the changed
+  // origin can no longer answer for this version).
+  if (st.size && *st.size <= kStreamWindow) drop = 0;
   std::size_t live = st.data.size() - drop;
   // Erasing the front moves every byte behind it: done only once the passed bytes are at
   // least as many as the live ones (or the live ones are few), so each byte is moved O(1)
