@@ -43,7 +43,7 @@ TAG = re.compile(rb"Subject: (\S+)\r\n")
 def message(tag):
     """The bytes of message `tag`: deterministic, so any reader can check what it got."""
     r = random.Random(tag)
-    size = r.choice([400, 900, 2500, 7000, 40000])
+    size = r.choice([400, 900, 2500, 7000, 30000])
     head = (f"From: a@example.org\r\nTo: b@example.org\r\nSubject: {tag}\r\n"
             f"Message-ID: <{tag}@ghost.test>\r\nDate: Mon, 1 Jan 2024 10:00:00 +0000\r\n\r\n")
     line = f"{tag} " + "".join(r.choice("abcdefghij") for _ in range(60)) + "\r\n"
@@ -232,46 +232,53 @@ def ghostctl(ctl, *args, timeout=60):
     return subprocess.run([exe, "--control", ctl, "--json", *args], capture_output=True, text=True, timeout=timeout)
 
 
+NAME = re.compile(r"^(\d+)\.(\d+)\.ghost,S=(\d+)(?::2,(.*))?$")
+
+
 def mount_view(mnt):
-    """{box: {tag: [(letters, bytes)]}} as the mount shows it, or an error string."""
+    """{box: {name: (uidvalidity, uid, size, letters, path)}} as the mount lists it (names only)."""
     out = {}
     for box, folder in FOLDERS.items():
         fdir = os.path.join(mnt, "mail", folder) if folder else os.path.join(mnt, "mail")
         msgs = {}
         for sub in ("cur", "new"):
             for name in os.listdir(os.path.join(fdir, sub)):
-                with open(os.path.join(fdir, sub, name), "rb") as f:
-                    data = f.read()
-                letters = "".join(sorted(c for c in name.split(":2,")[1] if c.isupper())) if ":2," in name else ""
-                msgs.setdefault(tag_of(data), []).append((letters, data))
+                m = NAME.match(name)
+                letters = "".join(sorted(c for c in (m.group(4) or "") if c.isupper())) if m else ""
+                msgs[name] = ((int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else None, letters,
+                              os.path.join(fdir, sub, name))
         out[box] = msgs
     return out
 
 
 def server_view(dc):
+    """{box: (uidvalidity, {uid: (letters, bytes)})} as dovecot holds them."""
     out = {}
     c = dc.login()
     for box in FOLDERS:
         msgs = {}
         typ, _ = c.select(box, readonly=True)
-        typ, data = c.uid("FETCH", "1:*", "(FLAGS BODY.PEEK[])")
+        v = int(c.response("UIDVALIDITY")[1][0])
+        typ, data = c.uid("FETCH", "1:*", "(UID FLAGS BODY.PEEK[])")
         for item in data:
             if isinstance(item, tuple):
+                uid = int(re.search(rb"UID (\d+)", item[0]).group(1))
                 flags = imaplib.ParseFlags(item[0])
                 letters = "".join(sorted(LETTER[f.decode()] for f in flags if f.decode() in LETTER))
-                msgs.setdefault(tag_of(item[1]), []).append((letters, item[1]))
-        out[box] = msgs
+                msgs[uid] = (letters, item[1])
+        out[box] = (v, msgs)
     c.logout()
     return out
 
 
-def compare(sh, mv, sv):
-    """What is wrong, as a list of lines."""
+def compare(sh, mv, sv, rng, sample=25):
+    """What is wrong, as a list of lines. Every message's name (UIDVALIDITY, UID, size, flags)
+    against the server's; the bytes of `sample` random messages read through the mount."""
     bad = []
     where = {}
-    for box, msgs in sv.items():
-        for tag, copies in msgs.items():
-            where.setdefault(tag, []).extend([box] * len(copies))
+    for box, (_, msgs) in sv.items():
+        for uid, (_, body) in msgs.items():
+            where.setdefault(tag_of(body), []).append(box)
     with sh.lock:
         created, expunged = set(sh.created), set(sh.expunged)
     for tag in sorted(created):
@@ -281,13 +288,27 @@ def compare(sh, mv, sv):
     for tag in where:
         if tag not in created:
             bad.append(f"{tag}: on the server, never created")
+    to_read = []
     for box in FOLDERS:
-        m, s = mv[box], sv[box]
-        for tag in sorted(set(m) | set(s), key=str):
-            mm = sorted(m.get(tag, []))
-            ss = sorted(s.get(tag, []))
-            if mm != ss:
-                bad.append(f"{box} {tag}: mount {[(a, len(b)) for a, b in mm]} server {[(a, len(b)) for a, b in ss]}")
+        v, smsgs = sv[box]
+        got = {}
+        for name, (key, letters, path) in mv[box].items():
+            if key is None or key[0] != v:
+                bad.append(f"{box}: the mount shows {name}, not a name of UIDVALIDITY {v}")
+                continue
+            got[key[1]] = (key[2], letters, path)
+        for uid in sorted(set(got) | set(smsgs)):
+            m, srv = got.get(uid), smsgs.get(uid)
+            if m is None or srv is None or m[0] != len(srv[1]) or m[1] != srv[0]:
+                bad.append(f"{box} UID {uid} ({tag_of(srv[1]) if srv else '?'}): mount {m and m[:2]} "
+                           f"server {srv and (len(srv[1]), srv[0])}")
+            else:
+                to_read.append((m[2], srv[1]))
+    for path, body in rng.sample(to_read, min(sample, len(to_read))):
+        with open(path, "rb") as f:
+            data = f.read()
+        if data != body:
+            bad.append(f"{path}: {len(data)} bytes read, not the server's {len(body)} ({describe(data, tag_of(body))})")
     return bad
 
 
@@ -334,7 +355,7 @@ def two_readers(t, dc, work, seed):
     def reader(box):
         cur = os.path.join(mnt, "mail", "." + box, "cur")
         r = random.Random(rng.random())
-        end = time.time() + 8
+        end = time.time() + 6
         while time.time() < end:
             try:
                 names = os.listdir(cur)
@@ -409,8 +430,8 @@ def stale_name(t, dc, work):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--secs", type=float, default=6.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--secs", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=3)
     opts = ap.parse_args()
     print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
@@ -419,8 +440,10 @@ def main():
     planned = 4 * opts.rounds + 3
     t = h.Tap(planned)
     work = h.tempdir()
+    t0 = time.time()
     two_readers(t, dc, work, opts.seed)
     stale_name(t, dc, work)
+    print(f"# the two minimal cases took {time.time() - t0:.1f} s", flush=True)
     sh = Shared()
     c = dc.login()
     for box in FOLDERS:
@@ -474,18 +497,25 @@ def main():
                 t.done()
         else:
             t.check(True, f"round {r}: no kill this round")
-        s = ghostctl(ctl, "sync")
-        drained = h.wait_for(lambda: '"queued":0' in ghostctl(ctl, "stats").stdout.replace(" ", ""), 60)
+        t0 = time.time()
+        try:
+            s = ghostctl(ctl, "sync", timeout=40)
+        except subprocess.TimeoutExpired:
+            s = subprocess.CompletedProcess([], -1, "", "ghostctl sync: no answer in 40 s")
+        t1 = time.time()
+        drained = h.wait_for(lambda: '"queued":0' in ghostctl(ctl, "stats").stdout.replace(" ", ""), 30)
+        print(f"# round {r}: sync {t1 - t0:.1f} s (rc {s.returncode}), drained {drained} after {time.time() - t1:.1f} s",
+              flush=True)
         time.sleep(1.2)  # the listings' freshness (1 s) runs out: the next listing asks the server
         mv, sv = None, None
         try:
             mv = mount_view(mnt)
             sv = server_view(dc)
-            bad = compare(sh, mv, sv)
+            bad = compare(sh, mv, sv, rng)
         except OSError as e:
             bad = [f"listing the mount: {e}"]
         counts = dict(sorted(sh.counts.items()))
-        print(f"# round {r} kill={kill} ops {counts}", flush=True)
+        print(f"# round {r} kill={kill} compared in {time.time() - t1:.1f} s; ops so far {counts}", flush=True)
         t.check(drained and not bad,
                 f"round {r}: after sync the mount and the server hold the same messages, bytes and flags; nothing lost or duplicated",
                 f"sync rc={s.returncode} {s.stdout[-300:]} {s.stderr[-300:]} drained={drained}\n" + "\n".join(bad[:25]) +
