@@ -26,7 +26,6 @@ import imaplib
 import os
 import random
 import re
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -312,21 +311,6 @@ def compare(sh, mv, sv, rng, sample=25):
     return bad
 
 
-def check_index(cache):
-    problems = []
-    for dirpath, _, files in os.walk(cache):
-        for n in files:
-            if n.endswith(".sqlite"):
-                db = sqlite3.connect(os.path.join(dirpath, n))
-                try:
-                    v = db.execute("PRAGMA integrity_check").fetchone()[0]
-                    if v != "ok":
-                        problems.append(f"{n}: {v}")
-                finally:
-                    db.close()
-    return problems
-
-
 def two_readers(t, dc, work, seed):
     """The minimal case behind round one's wrong body: two readers, each in its own mailbox,
     listing it and reading its messages (bodies not cached yet), at the same time. Each
@@ -521,7 +505,7 @@ def main():
                 f"sync rc={s.returncode} {s.stdout[-300:]} {s.stderr[-300:]} drained={drained}\n" + "\n".join(bad[:25]) +
                 f"\n{fs.output()[-2500:]}")
         fs.stop()
-        probs = check_index(cache)
+        probs = h.index_problems(cache)
         t.check(not probs, f"round {r}: the index passes integrity_check", probs)
         fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
         if not fs.start():

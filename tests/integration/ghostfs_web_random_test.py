@@ -17,7 +17,6 @@ import argparse
 import errno
 import os
 import random
-import sqlite3
 import sys
 import threading
 import time
@@ -168,21 +167,6 @@ def seek_back(t, work, site, nginx_url):
     fs.stop()
 
 
-def check_index(cache):
-    problems = []
-    for dirpath, _, files in os.walk(cache):
-        for n in files:
-            if n.endswith(".sqlite"):
-                db = sqlite3.connect(os.path.join(dirpath, n))
-                try:
-                    v = db.execute("PRAGMA integrity_check").fetchone()[0]
-                    if v != "ok":
-                        problems.append(f"{n}: {v}")
-                finally:
-                    db.close()
-    return problems
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
@@ -235,7 +219,7 @@ def main():
             "no EIO, no hang, no crash",
             f"hung={len(hung)} alive={alive}\n" + "\n".join(sh.errors[:15]) + f"\n{fs.output()[-1500:]}")
     fs.stop()
-    probs = check_index(cache)
+    probs = h.index_problems(cache)
     t.check(not probs, "the index passes integrity_check", probs)
     t.done()
 

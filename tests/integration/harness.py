@@ -220,6 +220,23 @@ for _var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
         os.environ[_var] = (_opts + ":" if _opts else "") + f"log_path={_SANITIZER_DIR}/report"
 
 
+def index_problems(cache):
+    """What `PRAGMA integrity_check` finds wrong in each sqlite file under `cache` ([] if none)."""
+    import sqlite3
+    problems = []
+    for dirpath, _, files in os.walk(cache):
+        for n in files:
+            if n.endswith(".sqlite"):
+                db = sqlite3.connect(os.path.join(dirpath, n))
+                try:
+                    v = db.execute("PRAGMA integrity_check").fetchone()[0]
+                    if v != "ok":
+                        problems.append(f"{n}: {v}")
+                finally:
+                    db.close()
+    return problems
+
+
 def sanitizer_reports():
     """[(file name, text)] of the sanitizer reports written so far by this test's programs."""
     out = []
