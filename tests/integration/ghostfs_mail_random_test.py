@@ -6,8 +6,10 @@ Mount-side workers do what Maildir clients do: read messages (the bytes must be 
 rename new/→cur/ and cur/→cur/ with flag suffixes (:2,FRST), unlink (moves to Trash), deliver
 through tmp/ + rename into new/ (APPEND), move to another folder (UID MOVE). A server-side
 client (imaplib) APPENDs, STOREs +/-FLAGS, UID MOVEs and UID EXPUNGEs at the same time. A
-flipper changes the knob, flushes and sends ghost hints; between rounds the daemon is SIGKILLed
-and mounted again over the same cache (the queue's journal is replayed).
+flipper changes the knob, flushes and sends ghost hints. In about half the rounds the daemon is
+SIGKILLed in the middle of all this and mounted again over the same cache (the queue's journal
+is replayed): every delivery whose rename returned must reach the server, one the kill cut may
+or may not, but at most once.
 
 After each quiet point (workers stopped, `ghostctl sync`, the listings refreshed):
 - every operation on a valid name either worked or failed with ENOENT (raced by another
@@ -68,6 +70,8 @@ class Shared:
         self.lock = threading.Lock()
         self.created = set()     # every tag anyone created (seeded, delivered, appended)
         self.expunged = set()    # tags the server client may have expunged
+        self.maybe = set()       # deliveries whose rename the SIGKILL cut: on the server at most once
+        self.killed = threading.Event()  # the daemon was killed mid-round: errors are expected
         self.errors = []         # what must never happen
         self.counts = {}
 
@@ -97,11 +101,14 @@ def mount_worker(w, seed, secs, mnt, sh, deadline_note):
                 tag = f"m{w}x{seed}x{n}"
                 data = message(tag)
                 with sh.lock:
-                    sh.created.add(tag)  # before the rename: a failed one is reported as an error anyway
+                    sh.maybe.add(tag)
                 tmp = os.path.join(fdir, "tmp", f"{tag}.host")
                 with open(tmp, "wb") as f:
                     f.write(data)
                 os.rename(tmp, os.path.join(fdir, "new", f"{tag}.host"))
+                with sh.lock:  # the rename returned: the message must reach the server
+                    sh.created.add(tag)
+                    sh.maybe.discard(tag)
                 sh.count("deliver")
                 continue
             sub = rng.choice(["cur", "cur", "new"]) if op != "seen" else "new"
@@ -142,6 +149,8 @@ def mount_worker(w, seed, secs, mnt, sh, deadline_note):
                 os.rename(path, os.path.join(odir, "cur", name if ":2," in name else name + ":2,"))
                 sh.count("move")
         except OSError as e:
+            if sh.killed.is_set():
+                return  # the daemon is gone: what did not return is not counted
             if allowed(e):
                 sh.count(op + "-enoent")
                 continue
@@ -221,7 +230,8 @@ def flipper(seed, secs, ctl, sh):
                 c.ok("flush")
             sh.count("p-" + what)
         except (OSError, ValueError, RuntimeError) as e:
-            sh.errors.append(f"power {what}: {e}")
+            if not sh.killed.is_set():
+                sh.errors.append(f"power {what}: {e}")
             return
     c.close()
 
@@ -284,8 +294,13 @@ def compare(sh, mv, sv, rng, sample=25):
         n = len(where.get(tag, []))
         if n > 1 or (n == 0 and tag not in expunged):
             bad.append(f"{tag}: on the server in {where.get(tag, [])} (expunged by the server client: {tag in expunged})")
+    with sh.lock:
+        maybe = set(sh.maybe)
+    for tag in sorted(maybe):
+        if len(where.get(tag, [])) > 1:
+            bad.append(f"{tag} (delivered as the daemon was killed): on the server in {where[tag]}")
     for tag in where:
-        if tag not in created:
+        if tag not in created and tag not in maybe:
             bad.append(f"{tag}: on the server, never created")
     to_read = []
     for box in FOLDERS:
@@ -460,23 +475,27 @@ def main():
                    for w in range(opts.workers)]
         threads.append(threading.Thread(target=server_worker, args=(seed, opts.secs, dc, sh), daemon=True))
         threads.append(threading.Thread(target=flipper, args=(seed, opts.secs, ctl, sh), daemon=True))
+        kill = rng.random() < 0.5
+        sh.killed.clear()
         for th in threads:
             th.start()
+        if kill:  # SIGKILL in the middle of it all; the journal is replayed by the next mount
+            time.sleep(rng.uniform(0.5, opts.secs - 0.5))
+            sh.killed.set()
+            fs.kill9()
         for th in threads:
             th.join(opts.secs + 60)
         hung = [th for th in threads if th.is_alive()]
-        alive = fs.proc.poll() is None
+        alive = kill or fs.proc.poll() is None
         t.check(not hung and alive and not sh.errors,
                 f"round {r}: concurrent Maildir and IMAP clients: no error but ENOENT/ESTALE, no hang, no crash",
                 f"hung={len(hung)} alive={alive} errors={sh.errors[:10]}\n{fs.output()[-1500:]}")
         if not alive or hung:
             t.skip_rest(planned, "the daemon died or hung")
             t.done()
-        kill = rng.random() < 0.5
-        if kill:  # SIGKILL with the queue as it is, mount again: the journal is replayed
-            fs.kill9()
+        if kill:
             fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
-            if not t.check(fs.start(), f"round {r}: mounted again after SIGKILL", fs.output()[-1500:]):
+            if not t.check(fs.start(), f"round {r}: mounted again after a SIGKILL in the middle of the round", fs.output()[-1500:]):
                 t.skip_rest(planned, "no mount")
                 t.done()
         else:
