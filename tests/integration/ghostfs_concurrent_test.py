@@ -384,6 +384,41 @@ def where(pid):
     return "?"
 
 
+# ---------------------------------------------------------------- big directories
+
+class Dir:
+    """opendir/readdir/telldir/seekdir of libc (Python has no seekdir)."""
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.opendir.restype = ctypes.c_void_p
+    _libc.opendir.argtypes = [ctypes.c_char_p]
+    _libc.readdir.restype = ctypes.c_void_p
+    _libc.readdir.argtypes = [ctypes.c_void_p]
+    _libc.telldir.restype = ctypes.c_long
+    _libc.telldir.argtypes = [ctypes.c_void_p]
+    _libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    _libc.closedir.argtypes = [ctypes.c_void_p]
+    NAME_AT = 19  # struct dirent (glibc, 64-bit): d_ino 8, d_off 8, d_reclen 2, d_type 1, d_name
+
+    def __init__(self, path):
+        self.d = self._libc.opendir(path.encode())
+        if not self.d:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e), path)
+
+    def read(self):
+        ent = self._libc.readdir(self.d)
+        return None if not ent else ctypes.string_at(ent + self.NAME_AT).decode()
+
+    def tell(self):
+        return self._libc.telldir(self.d)
+
+    def seek(self, pos):
+        self._libc.seekdir(self.d, pos)
+
+    def close(self):
+        self._libc.closedir(self.d)
+
+
 def run_bigdir(t, label, work, opts):
     """One local/ directory of opts.entries names (ghostfs started with a soft descriptor limit of
     1024, as systemd gives a service: every inode the kernel knows holds a descriptor), read in
