@@ -64,8 +64,7 @@ lanes=${GHOST_TEST_LANES:-2}
 live_pid=
 early_pid=
 if [ $# -eq 0 ] && [ "${GHOST_TEST_LIVE_FIRST:-1}" != 0 ]; then
-  ghost_ninja "$GHOST_TEST_BUILD" fs/ghostfs fs/ghostctl fs/ghostsim proxy/ghostproxy \
-    tests/linkemu/nfq_delay || exit 1
+  ghost_ninja "$GHOST_TEST_BUILD" "${GHOST_FIRST_TARGETS[@]}" || exit 1
   ghost_log "running the live replay in $GHOST_TEST_BUILD beside the rest of the build"
   # shellcheck disable=SC2086  # the wrapper is a command line
   env "$run_mark" TMPDIR="$run_tmp" ${GHOST_LIVE_WRAPPER:-} \
