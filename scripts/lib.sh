@@ -30,6 +30,11 @@ GHOST_PACKAGES=(
   zlib1g-dev  # common/cache/cache_store.cc: the stored response heads, deflated
 )
 
+# The programs scripts/test.sh builds first (the live replay's: the daemons, ghostsim, the link
+# emulator's delayer), before the replay and the tests of suite early start beside the rest of
+# the build; tests/cli/early_suite_test.py checks that those tests need nothing else.
+GHOST_FIRST_TARGETS=(fs/ghostfs fs/ghostctl fs/ghostsim proxy/ghostproxy tests/linkemu/nfq_delay)
+
 ghost_log() { printf '== %s\n' "$*" >&2; }
 
 # Installs the packages that are not installed yet (apt-get update only if needed).

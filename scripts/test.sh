@@ -53,10 +53,18 @@ junits=("$logs/testlog$logsuffix.junit.xml")
 # third of the run, while the replay side by side with two tests at nice 5 came to 1.141 of
 # its 1.15 bound (round 11). $GHOST_LIVE_WRAPPER prefixes its meson run (on a shared machine:
 # the benchmark lock and normal priority); GHOST_TEST_LIVE_FIRST=0 runs it with the others.
+# The tests of suite early (tests/meson.build: those programs or none of the build, no
+# emulated link; four fifths of the test time, mostly asleep) start then too, at SCHED_IDLE in
+# lanes of their own beside the rest of the build; the others (unit, install, shaping, the link)
+# once it is built. $GHOST_TEST_LANES tests at once in each of those two meson runs, 3 by
+# default: the tests are mostly asleep, and the CPU-bound ones (the fuzz targets' clang) share
+# the CPUs with the build at the same SCHED_IDLE (scripts/RESULTS.md, ci13). One meson run
+# (GHOST_TEST_LIVE_FIRST=0, or tests named): 2 lanes.
+lanes=${GHOST_TEST_LANES:-2}
 live_pid=
+early_pid=
 if [ $# -eq 0 ] && [ "${GHOST_TEST_LIVE_FIRST:-1}" != 0 ]; then
-  ghost_ninja "$GHOST_TEST_BUILD" fs/ghostfs fs/ghostctl fs/ghostsim proxy/ghostproxy \
-    tests/linkemu/nfq_delay || exit 1
+  ghost_ninja "$GHOST_TEST_BUILD" "${GHOST_FIRST_TARGETS[@]}" || exit 1
   ghost_log "running the live replay in $GHOST_TEST_BUILD beside the rest of the build"
   # shellcheck disable=SC2086  # the wrapper is a command line
   env "$run_mark" TMPDIR="$run_tmp" ${GHOST_LIVE_WRAPPER:-} \
@@ -64,18 +72,32 @@ if [ $# -eq 0 ] && [ "${GHOST_TEST_LIVE_FIRST:-1}" != 0 ]; then
     --suite live "${timing[@]}" > "$logs/live-console.txt" 2>&1 &
   live_pid=$!
   junits+=("$logs/testlog-live$logsuffix.junit.xml")
-  set -- --no-suite live
+  lanes=${GHOST_TEST_LANES:-3}
+  ghost_log "running the tests of suite early in $GHOST_TEST_BUILD beside the rest of the build"
+  env "$run_mark" TMPDIR="$run_tmp" "${idle[@]}" \
+    meson test -C "$GHOST_TEST_BUILD" --no-rebuild --print-errorlogs --logbase testlog-early \
+    --num-processes "$lanes" --suite early --no-suite live "${timing[@]}" \
+    > "$logs/early-console.txt" 2>&1 &
+  early_pid=$!
+  junits+=("$logs/testlog-early$logsuffix.junit.xml")
+  set -- --no-suite live --no-suite early
 fi
 if ! ghost_ninja "$GHOST_TEST_BUILD"; then
+  [ -n "$early_pid" ] && wait "$early_pid"
   [ -n "$live_pid" ] && wait "$live_pid"
   exit 1
 fi
 
 ghost_log "running the tests in $GHOST_TEST_BUILD (sanitizers: $GHOST_SANITIZE)"
 env "$run_mark" TMPDIR="$run_tmp" "${idle[@]}" \
-  meson test -C "$GHOST_TEST_BUILD" --no-rebuild --print-errorlogs --num-processes 2 \
+  meson test -C "$GHOST_TEST_BUILD" --no-rebuild --print-errorlogs --num-processes "$lanes" \
   "${timing[@]}" "$@"
 status=$?
+if [ -n "$early_pid" ]; then
+  wait "$early_pid" || status=1
+  ghost_log "the tests of suite early (their meson output; log: $logs/testlog-early$logsuffix.txt)"
+  cat "$logs/early-console.txt"
+fi
 if [ -n "$live_pid" ]; then
   wait "$live_pid" || status=1
   ghost_log "the live replay (its meson output; log: $logs/testlog-live$logsuffix.txt)"
