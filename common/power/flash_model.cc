@@ -322,10 +322,12 @@ void FlashModel::OpenErased(TimePoint* t) {
 void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
   // The last erased segment is the cleaner's reserve: a user write that would take it cleans
   // first and waits for the cleaning (on demand; asynchronously, only when the background
-  // cleaner has no segment erased or being erased beyond the reserve).
+  // cleaner has no segment erased or being erased beyond the reserve). With the idle-time
+  // cleaner the write waits for the copies, and for the erasure only if it needs the segment
+  // (OpenErased below): the erasure runs on its chip, as the background cleaner's do.
   int guard = 0;
   while (erased_.size() <= 1 && guard++ < 1000) {
-    Clean(t, cost, true);
+    Clean(t, cost, !idle_cleaner());
     // The copies went to a fresh segment with room left: the write goes on in it.
     if (active_ >= 0 && write_point_ < segment_blocks_) return;
   }
