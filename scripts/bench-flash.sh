@@ -146,6 +146,12 @@ lost = 1 - a['erasures'] / b['erasures'] if b.get('erasures') else float('nan')
 print(f"    erasures      {a.get('erasures',0):8d} -> {b.get('erasures',0):8d}   (lifetime lost: {lost:.0%})")
 print(f"    copied        {a.get('copied_bytes',0)/1e6:8.2f} MB -> {b.get('copied_bytes',0)/1e6:8.2f} MB (live data moved by the cleaner)")
 print(f"    utilisation   {a['utilisation']:8.3f}    -> {b['utilisation']:8.3f}    (held: the trace lies inside the live data)")
+if a.get('written_bytes') and b.get('written_bytes'):
+    pa, pb = (x['erasures'] / (x['written_bytes'] / 1e6) for x in (a, b))
+    print(f"    erasures/MB   {pa:8.2f}    -> {pb:8.2f}    (per MB the trace wrote: {b['written_bytes']/1e6:.2f} MB)")
+if a.get('idle_block_copies') or b.get('idle_block_copies'):
+    print(f"    idle cleaner  {a['idle_block_copies']} -> {b['idle_block_copies']} block copies in idle time; requests behind a copy "
+          f"{a['preempted_waits']} -> {b['preempted_waits']}; writes finishing a cleaning {a['writes_finishing_a_cleaning']} -> {b['writes_finishing_a_cleaning']}")
 print(f"    warm-up       {a['warm_up_passes']:4d} rounds, {a['warm_up_written_bytes']/1e6:.1f} MB, steady {a['steady']} -> "
       f"{b['warm_up_passes']} rounds, {b['warm_up_written_bytes']/1e6:.1f} MB, steady {b['steady']}")
 for x in (a, b):

@@ -121,6 +121,13 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   CatchUp(arrival, &cost);
   TimePoint t = std::max(arrival, bus_free_);
   stats_.written += size;
+  if (idle_cleaner() && cleaning_ >= 0 && erased_.empty() && size > 0) {
+    // The idle cleaner's copies took the last erased segment (the reserve) and the active
+    // segment's room is what the rest of them need: the write waits for them (the erasure
+    // then runs on its chip), so that the cleaning can finish.
+    ++stats_.writes_finishing_a_cleaning;
+    Clean(&t, &cost, false);
+  }
   if (segment_blocks_ == 0 || size == 0) {
     Duration transfer = TransferTime(size, true);
     bus_free_ = t + transfer;
@@ -143,7 +150,7 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   cost.energy += io_.active_power * transfer;
   bus_free_ = t;
   cost.time = t - arrival;
-  if (policy_ == CleaningPolicy::kAsynchronous) {
+  if (policy_ == CleaningPolicy::kAsynchronous && !idle_cleaner()) {
     // Keep one segment erased (or being erased) beyond the cleaner's reserve, in the
     // background: the copies hold the bus, the erasure runs on its chip.
     TimePoint bt = bus_free_;
@@ -170,6 +177,8 @@ TimePoint FlashModel::busy_until() const {
 }
 
 std::int64_t FlashModel::Victim() const {
+  // The idle cleaner's victim under way is finished first, whoever cleans it.
+  if (cleaning_ >= 0) return cleaning_;
   // Greedy: the fewest live blocks; among equals, the one whose chip is free first (its
   // erasure can start soonest; on a one-chip device all are equal: the lowest segment).
   std::int64_t victim = -1;
@@ -205,6 +214,10 @@ TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
 
 void FlashModel::CatchUp(TimePoint arrival, FlashCost* cost) {
   if (policy_ != CleaningPolicy::kAsynchronous || segment_blocks_ == 0) return;
+  if (idle_cleaner()) {
+    CleanWhileIdle(arrival, cost);
+    return;
+  }
   // The background cleaning left for an erasure runs in the idle time before `arrival`: each
   // cleaning whose copies can start by then (they may run past it: the interface is not
   // preempted).
@@ -221,6 +234,56 @@ void FlashModel::CatchUp(TimePoint arrival, FlashCost* cost) {
   cost->energy += bg.energy;
   cost->copied += bg.copied;
   cost->erasures += bg.erasures;
+}
+
+void FlashModel::CleanWhileIdle(TimePoint arrival, FlashCost* cost) {
+  if (arrival <= bus_free_) return;  // a request is waiting: no idle time
+  // The card has been idle since bus_free_; the cleaner starts after the threshold.
+  TimePoint t = bus_free_ + *geometry_.clean_idle;
+  TimePoint bus_end = bus_free_;
+  const Duration copy = TransferTime(block_, false) + TransferTime(block_, true);
+  std::uint64_t guard = 0;
+  while (t < arrival && guard++ < 4 * blocks_ + 16) {
+    if (cleaning_ < 0) {
+      // Keep one segment erased (or being erased) beyond the cleaner's reserve.
+      if (erased_.size() >= 2) break;
+      const std::int64_t v = Victim();
+      if (v < 0) break;
+      cleaning_ = v;
+      ++stats_.cleanings;
+    }
+    const std::size_t victim = static_cast<std::size_t>(cleaning_);
+    if (live_[victim] > 0) {
+      // One block copy: its destination is the active segment's room, or the next erased
+      // segment once its erasure has ended; it starts only if it can before the request.
+      TimePoint start = t;
+      if (active_ < 0 || write_point_ == segment_blocks_) {
+        if (erased_.empty()) break;  // not reached: the victim's copies fit (the reserve)
+        start = std::max(t, ready_at_[erased_[NextErased()]]);
+        if (start >= arrival) break;
+      }
+      const std::uint64_t base = victim * segment_blocks_;
+      std::uint64_t b = base;
+      while (owner_[b] < 0) ++b;
+      FlashCost unused;
+      Place(static_cast<std::uint64_t>(owner_[b]), &start, &unused, false);
+      t = start + copy;
+      bus_end = t;
+      cost->energy += io_.active_power * copy;
+      cost->copied += block_;
+      stats_.copied += block_;
+      ++stats_.idle_block_copies;
+    }
+    // Its last live block copied (or overwritten by the host meanwhile): the erasure is
+    // issued at once on the victim's chip.
+    if (live_[victim] == 0) {
+      Erase(victim, t, cost);
+      cleaning_ = -1;
+    }
+  }
+  // A request that arrived during a block copy waits for that copy only.
+  if (bus_end > arrival) ++stats_.preempted_waits;
+  bus_free_ = std::max(bus_free_, bus_end);
 }
 
 void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool foreground) {
@@ -259,10 +322,12 @@ void FlashModel::OpenErased(TimePoint* t) {
 void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
   // The last erased segment is the cleaner's reserve: a user write that would take it cleans
   // first and waits for the cleaning (on demand; asynchronously, only when the background
-  // cleaner has no segment erased or being erased beyond the reserve).
+  // cleaner has no segment erased or being erased beyond the reserve). With the idle-time
+  // cleaner the write waits for the copies, and for the erasure only if it needs the segment
+  // (OpenErased below): the erasure runs on its chip, as the background cleaner's do.
   int guard = 0;
   while (erased_.size() <= 1 && guard++ < 1000) {
-    Clean(t, cost, true);
+    Clean(t, cost, !idle_cleaner());
     // The copies went to a fresh segment with room left: the write goes on in it.
     if (active_ >= 0 && write_point_ < segment_blocks_) return;
   }
@@ -272,7 +337,11 @@ void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
 void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
   const std::int64_t victim = Victim();
   if (victim < 0) return;
-  ++stats_.cleanings;
+  if (victim == cleaning_) {
+    cleaning_ = -1;  // the idle cleaner's victim under way: counted when it was started
+  } else {
+    ++stats_.cleanings;
+  }
   Bytes moved = 0;
   const std::uint64_t base = static_cast<std::uint64_t>(victim) * segment_blocks_;
   for (std::uint64_t b = base; b < base + segment_blocks_; ++b) {
@@ -286,21 +355,25 @@ void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
     *t += copy;
     cost->energy += io_.active_power * copy;
   }
-  // The erasure runs on the victim's chip after the one in flight there (a chip erases one
-  // block at a time; other chips erase at the same time); the caller waits for it (on demand).
-  TimePoint& chip = chip_free_[Chip(static_cast<std::size_t>(victim))];
-  const TimePoint erased_at = std::max(*t, chip) + geometry_.erase_time;
-  chip = erased_at;
-  if (wait_erase) *t = erased_at;
-  ready_at_[static_cast<std::size_t>(victim)] = erased_at;
-  cost->energy += geometry_.erase_power * geometry_.erase_time;
-  ++erase_counts_[static_cast<std::size_t>(victim)];
-  stats_.max_segment_erasures =
-      std::max(stats_.max_segment_erasures, erase_counts_[static_cast<std::size_t>(victim)]);
-  ++stats_.erasures;
   stats_.copied += moved;
-  erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));
   cost->copied += moved;
+  Erase(static_cast<std::size_t>(victim), *t, cost);
+  // The caller waits for the erasure (on demand).
+  if (wait_erase) *t = ready_at_[static_cast<std::size_t>(victim)];
+}
+
+void FlashModel::Erase(std::size_t victim, TimePoint t, FlashCost* cost) {
+  // The erasure runs on the victim's chip after the one in flight there (a chip erases one
+  // block at a time; other chips erase at the same time).
+  TimePoint& chip = chip_free_[Chip(victim)];
+  const TimePoint erased_at = std::max(t, chip) + geometry_.erase_time;
+  chip = erased_at;
+  ready_at_[victim] = erased_at;
+  cost->energy += geometry_.erase_power * geometry_.erase_time;
+  ++erase_counts_[victim];
+  stats_.max_segment_erasures = std::max(stats_.max_segment_erasures, erase_counts_[victim]);
+  ++stats_.erasures;
+  erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));
   ++cost->erasures;
 }
 
@@ -313,6 +386,11 @@ void FlashModel::AssertInvariants() const {
   }
   assert(live == live_);
   for (std::uint64_t s : erased_) assert(live_[s] == 0);
+  if (cleaning_ >= 0) {
+    assert(cleaning_ != active_);
+    assert(std::find(erased_.begin(), erased_.end(),
+                     static_cast<std::uint64_t>(cleaning_)) == erased_.end());
+  }
   (void)live;
 }
 

@@ -31,6 +31,14 @@
 //     never holds the interface while a chip erases. A write waits only when it needs a fresh segment whose erasure
 //     has not finished (or, if no segment is erased or being erased, for a whole cleaning, as on
 //     demand). Its cost is energy and erasures, not response time, while the card has idle time.
+//     With the profile's clean_idle_ms (round 13) the cleaner is idle-time work, as a card
+//     controller's background cleaner is: it does not run after a write but only once the card
+//     has been idle that long (no request in service or waiting), one block copy at a time, and
+//     a request that arrives meanwhile preempts it: it waits at most for the block copy in
+//     progress, and the cleaning goes on (same victim) in the next idle time. The victim's
+//     erasure is issued as soon as its last live block has been copied. If a write finds the
+//     cleaner holding the last erased segment (its copies took the reserve), it waits for the
+//     rest of that cleaning's copies: the reserve is what lets a cleaning in progress finish.
 // As utilisation (live bytes / capacity) grows, victims hold more live data: each cleaning
 // copies more and frees less, so energy, time and erasures per byte written grow.
 //
@@ -73,6 +81,11 @@ struct FlashStats {
   Bytes written = 0;  // by the user
   std::uint64_t cleanings = 0;
   std::uint32_t max_segment_erasures = 0;
+  // Idle-time cleaner (clean_idle_ms): block copies it made, requests that waited for one in
+  // progress, and writes that waited for the rest of a cleaning holding the reserve.
+  std::uint64_t idle_block_copies = 0;
+  std::uint64_t preempted_waits = 0;
+  std::uint64_t writes_finishing_a_cleaning = 0;
 };
 
 class FlashModel {
@@ -139,6 +152,16 @@ class FlashModel {
   // kAsynchronous: runs the background cleaning that was left waiting for an erasure, in the
   // idle time before a request arriving at `arrival`; charges it to `cost`.
   void CatchUp(TimePoint arrival, FlashCost* cost);
+  // clean_idle_ms: the idle-time cleaner before a request arriving at `arrival`: from the moment
+  // the card has been idle for the threshold, block copies (each starting before `arrival`, the
+  // last one may run past it) and erasures, until one segment beyond the reserve is erased or
+  // being erased; charges them to `cost`.
+  void CleanWhileIdle(TimePoint arrival, FlashCost* cost);
+  // Issues the erasure of `victim` (no live block left) at `t` on its chip; charges `cost`.
+  void Erase(std::size_t victim, TimePoint t, FlashCost* cost);
+  bool idle_cleaner() const {
+    return policy_ == CleaningPolicy::kAsynchronous && geometry_.clean_idle.has_value();
+  }
 
   IoModel io_;
   FlashGeometry geometry_;
@@ -157,6 +180,7 @@ class FlashModel {
   TimePoint bus_free_{};              // the card's interface is busy until then
   std::uint64_t chip_segments_ = 1;    // erase segments per chip (all of them: one chip)
   std::vector<TimePoint> chip_free_;  // per chip: its erasure in flight ends then
+  std::int64_t cleaning_ = -1;        // idle cleaner: the victim whose copies are under way
   FlashStats stats_;
 };
 

@@ -136,6 +136,9 @@ Result<DeviceProfile> DeviceFromTable(const toml::table& t, const std::string& s
   d.flash.erase_power = Power::Milliwatts(f.Number("erase_mw", false));
   d.flash.capacity = static_cast<Bytes>(f.Number("capacity_mib", false) * 1024 * 1024);
   d.flash.erase_chip = static_cast<Bytes>(f.Number("erase_chip_kib", false) * 1024);
+  if (const double idle = f.Number("clean_idle_ms", false, -1); idle >= 0) {
+    d.flash.clean_idle = Millis(idle);
+  }
   if (!f.status().ok()) return f.status();
 
   const toml::array* modes = t["mode"].as_array();

@@ -63,6 +63,11 @@ struct FlashGeometry {
   // The size of one erasing chip (its own write state machine: one erasure at a time on it,
   // erasures on distinct chips at once); 0: the whole device is one chip.
   Bytes erase_chip = 0;
+  // Asynchronous cleaning in idle time (DESIGN §3.7, round 13): the background cleaner starts
+  // once the card has been idle this long and copies block by block, a host request waiting
+  // at most for the block copy in progress. Unset (no clean_idle_ms): the cleaner runs right
+  // after each write, as before round 13.
+  std::optional<Duration> clean_idle;
 };
 
 struct DeviceProfile {

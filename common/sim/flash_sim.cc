@@ -324,6 +324,10 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.copied = model.stats().copied;
     r.max_segment_erasures = model.stats().max_segment_erasures;
     r.final_utilisation = model.utilisation();
+    r.written = model.stats().written;
+    r.idle_block_copies = model.stats().idle_block_copies;
+    r.preempted_waits = model.stats().preempted_waits;
+    r.writes_finishing_a_cleaning = model.stats().writes_finishing_a_cleaning;
   }
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
@@ -371,6 +375,10 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["erasures"] = r.erasures;
     j["copied_bytes"] = r.copied;
     j["max_segment_erasures"] = r.max_segment_erasures;
+    j["written_bytes"] = r.written;
+    j["idle_block_copies"] = r.idle_block_copies;
+    j["preempted_waits"] = r.preempted_waits;
+    j["writes_finishing_a_cleaning"] = r.writes_finishing_a_cleaning;
   }
   if (o.steady_state) {
     j["warm_up_passes"] = r.warm_up_passes;

@@ -85,6 +85,10 @@ struct FlashSimResult {
   Bytes copied = 0;  // live bytes the cleaner moved
   std::uint32_t max_segment_erasures = 0;
   double final_utilisation = 0;
+  Bytes written = 0;  // by the trace (the measured period)
+  // The idle-time cleaner (profile clean_idle_ms): block copies in idle time, requests that
+  // waited for the copy in progress, writes that waited for a cleaning holding the reserve.
+  std::uint64_t idle_block_copies = 0, preempted_waits = 0, writes_finishing_a_cleaning = 0;
   int warm_up_passes = 0;        // steady_state: untimed warm-up rounds
   bool steady = false;           // steady_state: the last two rounds agreed
   Bytes warm_up_written = 0;     // steady_state: bytes the warm-up wrote

@@ -118,6 +118,8 @@ INSTANTIATE_TEST_SUITE_P(
                    "\"latency_ms\" must be a number in 0..1e9", 7},
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = inf\n",
                    "in 0..1e9", 5},
+        // The idle-time cleaner's threshold (round 13): a negative one is refused, not "unset".
+        BadProfile{"kind = \"flash\"\nname = \"x\"\nclean_idle_ms = -1\n", "\"clean_idle_ms\" must be a number in 0..1e9", 3},
         BadProfile{"kind = \"tape\"\nname = \"x\"\n", "kind \"tape\"", 1},
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]\n", "", 3},  // TOML syntax error
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = 1\nserves_io = true\n"
