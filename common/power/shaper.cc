@@ -321,8 +321,22 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     burst_missed_ = false;
     burst_straggler_ = straggler;
     // The first burst after the clamp fell: the old grant's rest, clocked by the part's ACKs.
-    burst_clocked_ = clocked_once_ && !straggler;
-    if (!straggler) clocked_once_ = false;
+    // The first burst after a part: the part's sender was short of cwnd if this comes before the
+    // open's data could (its ACKs released it); then the clamp falls to the part. If it comes
+    // with the open's data, the part was all the kernel granted (the clamp's buffer gives less
+    // than asked: ask for more next time) or all the sender had.
+    burst_clocked_ = false;
+    if (clocked_once_ && !straggler) {
+      clocked_once_ = false;
+      if (last_open_ && now + Millis(1) < *last_open_ + min_rtt()) {
+        burst_clocked_ = true;
+        clamp_ = suspect_cwnd_;
+        grant_ = clamp_;
+      } else if (clamp_ > 0) {
+        clamp_gain_ = std::min(1.5, clamp_gain_ * (clamp_ + static_cast<double>(options_.mss) / 2) /
+                                        (suspect_cwnd_ + static_cast<double>(options_.mss) / 2));
+      }
+    }
     held_gap_ = 0;
     held_ = false;
   }
@@ -459,19 +473,18 @@ double DownloadShaper::grant_share() const {
   // Half an MSS above the clamp: the kernel rounds the window down to its scale, and a sender
   // sends no segment that the window does not hold whole, so a grant a few bytes short of the
   // clamp would bring an MSS less, which would read as a smaller cwnd.
-  return std::min(1.0, (clamp_ + static_cast<double>(options_.mss) / 2) / full_grant_);
+  return std::min(1.0, clamp_gain_ * (clamp_ + static_cast<double>(options_.mss) / 2) / full_grant_);
 }
 
 void DownloadShaper::UpdateClamp(bool hold_expired) {
   const double mss = static_cast<double>(options_.mss);
   const double got = static_cast<double>(since_open_);
-  // A burst with loss, the one after it (the retransmission and what fast recovery let the
-  // sender add), one with packets that came while the card slept, or the old grant's clocked
-  // rest is no measure of the sender's cwnd; without a measured unclamped grant no share can
-  // be computed.
-  const bool after_loss = last_lossy_;
-  last_lossy_ = burst_missing_;
-  if (burst_missing_ || after_loss || burst_missed_ || burst_clocked_ || full_grant_ <= 0) return;
+  // A burst with loss, one with packets that came while the card slept, or the old grant's
+  // clocked rest is no measure of the sender's cwnd; without a measured unclamped grant no
+  // share can be computed. The burst after a lossy one (the retransmission and what fast
+  // recovery let the sender add) is measured: skipping it too left the clamp unset through
+  // whole loss episodes on the synthetic Reno link (missed 21 → 62 per 3 MB).
+  if (burst_missing_ || burst_missed_ || burst_clocked_ || full_grant_ <= 0) return;
   // What this cycle's open granted: the clamp, or unclamped the whole grant.
   const double granted = clamp_ > 0 ? clamp_ : full_grant_;
   const bool part = hold_expired || got + mss / 2 < granted;
@@ -479,7 +492,9 @@ void DownloadShaper::UpdateClamp(bool hold_expired) {
     // The sender stopped short of the grant with nothing lost: it sent its cwnd.
     const double cwnd = std::max(2 * mss, got);
     if (cwnd + mss / 2 < granted) {
-      clamp_ = cwnd;
+      // Confirmed (the clamp set) only by the rest the part's ACKs release, a round trip after
+      // its first packet: the nap ends then (clocked_once_), and OnArrival judges what comes.
+      suspect_cwnd_ = cwnd;
       clocked_once_ = true;
     }
   } else if (clamp_ > 0) {
@@ -541,6 +556,7 @@ void DownloadShaper::Enter(ShaperState next) {
     // Reading freely: no open to wait for, no nap, no grant to clamp (the adapter restores the
     // buffer; a shaped phase that follows measures the sender afresh).
     clamp_ = 0;
+    clamp_gain_ = 1;
     clocked_once_ = false;
     ack_clock_ = false;
     clock_first_.reset();

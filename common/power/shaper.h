@@ -411,8 +411,13 @@ class DownloadShaper {
   double full_grant_ = 0;
   bool clocked_once_ = false;
   bool burst_clocked_ = false;  // the burst in progress began while clocked_once_ was set
-  bool last_lossy_ = false;     // the last shaped burst had loss in it
-  // Called at a shaped burst's end, after grant_ is updated.
+  double suspect_cwnd_ = 0;     // a part's bytes, the clamp once its clocked rest is seen
+  // The kernel's grant for a share of the buffer is not exactly that share of the grant (per
+  // segment overhead, the window scale's rounding): a clamped part whose rest never came was
+  // the kernel's short grant, and the next share asks for that much more (≤ 1.5×).
+  double clamp_gain_ = 1;
+  // Called at a shaped burst's end, after grant_ is updated. A part sets suspect_cwnd_; the clamp
+  // falls to it when the next burst proves the sender short of cwnd (OnArrival).
   void UpdateClamp(bool hold_expired);
 
   double rate_ = 0;
