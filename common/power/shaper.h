@@ -210,14 +210,17 @@ struct ShaperOptions {
   // (after a loss halves Reno's cwnd) sends only cwnd of a grant; the burst's own ACKs release
   // the rest one round trip after its first packet, mid-nap. With `clamp_to_sender` the shaper
   // estimates cwnd from the bursts it sees — the bytes a grant brought before its sender stopped
-  // (a part-window whose hold ran out, or a burst short of a clamped grant, no loss in it) — and
-  // asks the adapter for a grant of that much (grant_share()), so one open brings one whole
-  // burst again. A clamped grant delivered whole is raised one MSS (Reno's growth per round
-  // trip: a grant of exactly cwnd keeps the sender cwnd-limited, so its cwnd still grows); the
-  // clamp ends when it reaches the unclamped grant (measured from whole bursts before the
-  // clamp; none measured, no clamp). The cycle in which the clamp falls still has the old
-  // grant's rest in flight, released by the part's ACKs: that nap ends one min RTT after the
-  // part's first packet. Off by default (the proxy: GHOST_SHAPER_CLAMP=1).
+  // (a part: a burst over MSS/2 short of what the open granted, no loss in it) — and asks the
+  // adapter for a grant of that much (grant_share()), so one open brings one whole burst
+  // again. A part only proves a short cwnd when its rest follows one min RTT after its first
+  // packet, before the open's data could come: the nap after a part ends then, and the clamp
+  // falls when that rest begins (a part with no such rest was all the kernel granted — a
+  // clamped buffer's window is not exactly the share asked for — and the next share asks for
+  // more). A clamped grant delivered whole is raised one MSS (Reno's growth per round trip: a
+  // grant of exactly cwnd keeps the sender cwnd-limited, so its cwnd still grows); the clamp
+  // ends when it reaches the unclamped grant (measured from whole bursts before the clamp;
+  // none measured, no clamp). Off by default (the proxy: GHOST_SHAPER_CLAMP=1; RESULTS.md,
+  // round 13).
   bool clamp_to_sender = false;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
