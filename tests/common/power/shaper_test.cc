@@ -1204,23 +1204,25 @@ ClockRun RenoLink(bool ack_clock, int loss_every, Bytes size = 3'000'000, bool c
   return r;
 }
 
+// Prints two runs of RenoLink side by side (the figures the tests' comments quote).
+void PrintRuns(const char* label, const ClockRun& a, const ClockRun& b) {
+  auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+  std::printf("%s: missed %llu → %llu, bad %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, "
+              "bursts %llu → %llu (clocked %llu, clamped %llu, held %llu → %llu)\n",
+              label, u(a.stats.missed_packets), u(b.stats.missed_packets), u(a.stats.bad_bursts),
+              u(b.stats.bad_bursts), ToSeconds(a.stats.sleep), ToSeconds(b.stats.sleep),
+              ToSeconds(a.time), ToSeconds(b.time), u(a.stats.bursts), u(b.stats.bursts),
+              u(b.stats.clocked_bursts), u(b.stats.clamped_bursts), u(a.stats.held_bursts),
+              u(b.stats.held_bursts));
+}
+
 TEST_F(DownloadShaperTest, AckClockAfterALossCatchesTheClockedData) {
   // 1% loss: after each loss the sender is cwnd-limited and ACK-clocked; its data comes one
   // round trip after the ACKs of the last burst, before open + RTT. Without the clock the card
   // naps into it (missed packets, bad bursts, recovery awake); with it the card wakes in time.
   const ClockRun old_rule = RenoLink(false, 100);
   const ClockRun clocked = RenoLink(true, 100);
-  std::printf("1%% loss: missed %llu → %llu, bad %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, "
-              "bursts %llu → %llu (clocked %llu)\n",
-              static_cast<unsigned long long>(old_rule.stats.missed_packets),
-              static_cast<unsigned long long>(clocked.stats.missed_packets),
-              static_cast<unsigned long long>(old_rule.stats.bad_bursts),
-              static_cast<unsigned long long>(clocked.stats.bad_bursts),
-              ToSeconds(old_rule.stats.sleep), ToSeconds(clocked.stats.sleep),
-              ToSeconds(old_rule.time), ToSeconds(clocked.time),
-              static_cast<unsigned long long>(old_rule.stats.bursts),
-              static_cast<unsigned long long>(clocked.stats.bursts),
-              static_cast<unsigned long long>(clocked.stats.clocked_bursts));
+  PrintRuns("1% loss, ACK clock", old_rule, clocked);
   EXPECT_GT(clocked.stats.clocked_bursts, 0u);
   EXPECT_EQ(old_rule.stats.clocked_bursts, 0u);
   // Measured on this model: missed 87 → 3, but sleep 3.48 → 1.45 s and time 13.3 → 14.3 s (the
@@ -1236,19 +1238,7 @@ TEST_F(DownloadShaperTest, ClampAfterALossKeepsOneOpenOneBurst) {
   // the unclamped grant before the first loss.
   const ClockRun old_rule = RenoLink(false, 100, 3'000'000, false, 24);
   const ClockRun clamped = RenoLink(false, 100, 3'000'000, /*clamp=*/true, 24);
-  std::printf("1%% loss, clamp: missed %llu → %llu, bad %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s, "
-              "bursts %llu → %llu (clamped %llu, held %llu → %llu)\n",
-              static_cast<unsigned long long>(old_rule.stats.missed_packets),
-              static_cast<unsigned long long>(clamped.stats.missed_packets),
-              static_cast<unsigned long long>(old_rule.stats.bad_bursts),
-              static_cast<unsigned long long>(clamped.stats.bad_bursts),
-              ToSeconds(old_rule.stats.sleep), ToSeconds(clamped.stats.sleep),
-              ToSeconds(old_rule.time), ToSeconds(clamped.time),
-              static_cast<unsigned long long>(old_rule.stats.bursts),
-              static_cast<unsigned long long>(clamped.stats.bursts),
-              static_cast<unsigned long long>(clamped.stats.clamped_bursts),
-              static_cast<unsigned long long>(old_rule.stats.held_bursts),
-              static_cast<unsigned long long>(clamped.stats.held_bursts));
+  PrintRuns("1% loss, clamp", old_rule, clamped);
   EXPECT_EQ(old_rule.stats.clamped_bursts, 0u);
   EXPECT_GT(clamped.stats.clamped_bursts, 0u);
   // Measured on this model: missed 85 → 21, sleep 3.43 → 6.26 s, time 12.94 → 13.76 s.
@@ -1261,12 +1251,7 @@ TEST_F(DownloadShaperTest, ClampAfterALossKeepsOneOpenOneBurst) {
   // re-grant. Measured on this model: missed 84 → 8, time 9.25 → 9.25 s (41 clamped bursts).
   const ClockRun clean_old = RenoLink(false, 0, 3'000'000, false, 24);
   const ClockRun clean_clamped = RenoLink(false, 0, 3'000'000, true, 24);
-  std::printf("no loss, clamp: missed %llu → %llu, sleep %.2f → %.2f s, time %.2f → %.2f s (clamped %llu)\n",
-              static_cast<unsigned long long>(clean_old.stats.missed_packets),
-              static_cast<unsigned long long>(clean_clamped.stats.missed_packets),
-              ToSeconds(clean_old.stats.sleep), ToSeconds(clean_clamped.stats.sleep),
-              ToSeconds(clean_old.time), ToSeconds(clean_clamped.time),
-              static_cast<unsigned long long>(clean_clamped.stats.clamped_bursts));
+  PrintRuns("no loss, clamp", clean_old, clean_clamped);
   EXPECT_LE(clean_clamped.stats.missed_packets, clean_old.stats.missed_packets);
   EXPECT_LT(ToSeconds(clean_clamped.time), 1.1 * ToSeconds(clean_old.time));
 }
