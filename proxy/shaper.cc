@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -44,6 +45,7 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"bad_bursts", s.bad_bursts},
       {"held_bursts", s.held_bursts},
       {"clocked_bursts", s.clocked_bursts},
+      {"clamped_bursts", s.clamped_bursts},
       {"forced_opens", s.forced_opens},
       {"declined", s.declined},
       {"saturated", s.saturated},
@@ -143,6 +145,8 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
     : clock_(clock), bev_(bev), fd_(bufferevent_getfd(bev)), stats_(stats),
       fixed_at_connect_(fixed_at_connect) {
   SetShapingBuffer(fd_, options.buffer);  // harmless if it was set before connect
+  buffer_ = options.buffer;
+  applied_buffer_ = options.buffer;
   int rcvbuf = 0;
   socklen_t len = sizeof rcvbuf;
   if (getsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, &len) != 0 || rcvbuf <= 0)
@@ -173,6 +177,8 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // measured better in E×D (RESULTS.md, round 12).
   if (EnvIs("GHOST_SHAPER_ACK_CLOCK", "1")) so.ack_clock_after_loss = true;
   if (const char* v = std::getenv("GHOST_SHAPER_CLOCK_HOLD_RTTS")) so.clock_hold_rtts = std::atof(v);
+  // Round 13: the grant clamped to the sender's cwnd (ShaperOptions::clamp_to_sender).
+  if (EnvIs("GHOST_SHAPER_CLAMP", "1")) so.clamp_to_sender = true;
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
@@ -271,6 +277,7 @@ UpstreamShaper::~UpstreamShaper() {
   stats_->bad_bursts += s.bad_bursts;
   stats_->held_bursts += s.held_bursts;
   stats_->clocked_bursts += s.clocked_bursts;
+  stats_->clamped_bursts += s.clamped_bursts;
   if (s.declined) ++stats_->declined;
   if (s.saturated) ++stats_->saturated;
   stats_->sleep += s.sleep;
@@ -642,11 +649,29 @@ void UpstreamShaper::ReleaseBuffer() {
   }
 }
 
+void UpstreamShaper::ApplyGrant() {
+  if (buffer_released_) return;
+  const double share = shaper_->grant_share();
+  const int want = share >= 1 ? buffer_
+                              : std::max(1, static_cast<int>(std::lround(buffer_ * share)));
+  if (want == applied_buffer_) return;
+  if (SetShapingBuffer(fd_, want)) {
+    applied_buffer_ = want;
+    if (std::getenv("GHOST_SHAPER_TRACE")) {
+      std::fprintf(stderr, "ghostproxy: shaper: grant %s: SO_RCVBUF %d (share %.2f of %d)\n",
+                   share >= 1 ? "unclamped" : "clamped", want, share, buffer_);
+    }
+  }
+}
+
 void UpstreamShaper::Step() {
   DrainTap();
   const TimePoint now = std::max(clock_->Now(), last_arrival_);
   if (shaper_->stats().declined && !fixed_at_connect_) ReleaseBuffer();
+  // Back to the whole buffer once the shaper reads freely (plain TCP, slow start again).
+  if (shaper_->reads_freely() && applied_buffer_ != buffer_) ApplyGrant();
   if (!shaper_->reads_freely() && shaper_->wants_open() && !draining_ && !paused_) {
+    ApplyGrant();
     Observe(now, /*woke_readable=*/false);
     if (Queued() == 0) {
       seen_ = 0;
@@ -676,8 +701,11 @@ void UpstreamShaper::Step() {
   // ACK-clocked tails). The capture sees the burst begin; the watchdog's forced open (which
   // reads until data comes) still catches an origin that stalls.
   // Off unless GHOST_SHAPER_QUIET_BURSTS=1 (proxy/shaper.h: measured mixed in round 8).
+  // While the grant is clamped to the sender's cwnd the awaited burst is not read either (round
+  // 13): the byte read would be a byte of grant past the sender's cwnd.
+  const bool quiet = quiet_bursts_ || shaper_->grant_clamp() > 0;
   bool read = freely || draining_ ||
-              (awaiting_burst_ && (!tap_ || !quiet_bursts_ || forced_await_read_)) || peer_closing_;
+              (awaiting_burst_ && (!tap_ || !quiet || forced_await_read_)) || peer_closing_;
   if (!read && !paused_) {
     // The window is closed. The shaper must be waiting for something that comes whether or
     // not the origin can send: a deadline (the burst's end, a wake-up, a lost open) or the

@@ -40,6 +40,18 @@
 // the one-read drain, the settle time and quiet bursts made no measurable difference, so they
 // stay opt-in.
 //
+// Round 13: the grant clamped to the sender (ShaperOptions::clamp_to_sender; opt-in,
+// GHOST_SHAPER_CLAMP=1). Before each open the receive buffer is set to the shaper's share of
+// the shaping buffer (a kernel window is proportional to the free buffer, and the drain's reads
+// send the window update, so the next grant is the clamp), and while clamped the awaited burst
+// is not read (a byte read while it comes is a byte more of grant than the sender's cwnd, sent
+// one round trip later, mid-nap). Not TCP_WINDOW_CLAMP: it bounds the window from rcv_nxt, not
+// from what was read, so with a buffer larger than the clamp every ACK of a burst slides the
+// edge on and one open still lets the sender send a whole buffer, a clamp's worth per round
+// trip: the ACK clock again. The buffer is lowered only at an open (the socket then holds a
+// whole grant of in-order data the drain reads at once; a segment arriving while the queue is
+// over the new size would make the kernel prune it).
+//
 // Round 11: a burst that has delivered a whole (confirmed) grant ends td_grant (0.5 ms) after
 // its last packet, and the card wakes 0.5 ms (wake_lead) before the next burst is due;
 // GHOST_SHAPER_TD_GRANT_MS and GHOST_SHAPER_WAKE_LEAD_MS set them for side-by-side runs.
@@ -164,6 +176,7 @@ struct ShapingStats {
   std::uint64_t bad_bursts = 0;
   std::uint64_t held_bursts = 0;  // bursts held as part-windows until the rest came (round 10)
   std::uint64_t clocked_bursts = 0;  // bursts timed by the ACK clock after a loss (round 12)
+  std::uint64_t clamped_bursts = 0;  // bursts with the grant clamped to the sender (round 13)
   // Closed windows the adapter opened itself: the shaper waited for an arrival with nothing
   // pending (a stall), or the watchdog's bound passed (proxy/shaper.cc Step).
   std::uint64_t forced_opens = 0;
@@ -346,6 +359,12 @@ class UpstreamShaper {
   bool peer_closing_ = false;  // the capture saw FIN or RST: read to the end
   // The shaper declined (eq. 4): the fixed buffer was given back (ReleaseBuffer), once.
   bool buffer_released_ = false;
+  // The grant clamped to the sender (round 13, ShaperOptions::clamp_to_sender): SO_RCVBUF is
+  // `buffer_` × the shaper's grant_share() from the next open on; applied_buffer_ is what was
+  // last set.
+  int buffer_ = 0;
+  int applied_buffer_ = 0;
+  void ApplyGrant();
   bool fixed_at_connect_ = false;
   // Declined for good: lets the receive window grow again (SO_RCVBUF to the system's maximum),
   // so a download shaping would not help is not held to the shaping window either.

@@ -206,6 +206,22 @@ struct ShaperOptions {
   // listens from the clocked piece to the open's data.
   bool ack_clock_after_loss = false;
   int ack_clock_clean = 3;
+  // Round 13: the grant clamped to what the sender sends. A sender short of congestion window
+  // (after a loss halves Reno's cwnd) sends only cwnd of a grant; the burst's own ACKs release
+  // the rest one round trip after its first packet, mid-nap. With `clamp_to_sender` the shaper
+  // estimates cwnd from the bursts it sees — the bytes a grant brought before its sender stopped
+  // (a part: a burst over MSS/2 short of what the open granted, no loss in it) — and asks the
+  // adapter for a grant of that much (grant_share()), so one open brings one whole burst
+  // again. A part only proves a short cwnd when its rest follows one min RTT after its first
+  // packet, before the open's data could come: the nap after a part ends then, and the clamp
+  // falls when that rest begins (a part with no such rest was all the kernel granted — a
+  // clamped buffer's window is not exactly the share asked for — and the next share asks for
+  // more). A clamped grant delivered whole is raised one MSS (Reno's growth per round trip: a
+  // grant of exactly cwnd keeps the sender cwnd-limited, so its cwnd still grows); the clamp
+  // ends when it reaches the unclamped grant (measured from whole bursts before the clamp;
+  // none measured, no clamp). Off by default (the proxy: GHOST_SHAPER_CLAMP=1; RESULTS.md,
+  // round 13).
+  bool clamp_to_sender = false;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
   // packet; 0: never held (the proxy: GHOST_SHAPER_CLOCK_HOLD_RTTS). Measured at 60 ms / 1%
@@ -234,6 +250,7 @@ struct ShaperStats {
   std::uint64_t lost_opens = 0;
   std::uint64_t held_bursts = 0;     // bursts held past Td as part-windows (hold_part_windows)
   std::uint64_t clocked_bursts = 0;  // bursts that ended while the ACK clock ran (round 12)
+  std::uint64_t clamped_bursts = 0;  // bursts that ended with the grant clamped (round 13)
   std::uint64_t missed_packets = 0;  // packets that arrived while the card slept
   Duration sleep{};                  // time the card was asleep
   Duration awake{};                  // time the card was awake, from start to Finish
@@ -293,6 +310,11 @@ class DownloadShaper {
   // The ACK clock runs (ShaperOptions::ack_clock_after_loss): the next data is due one min RTT
   // after the last burst's first packet, if that is sooner than after the open.
   bool ack_clocked() const { return ack_clock_; }
+  // The grant the next open should offer, as a share of the unclamped grant (0 < share ≤ 1;
+  // 1 = unclamped): ShaperOptions::clamp_to_sender. The adapter sizes the receive buffer by it.
+  double grant_share() const;
+  // The clamped grant in bytes, 0 when unclamped.
+  double grant_clamp() const { return clamp_; }
   // Td(P) for the current burst (DESIGN §3.6).
   Duration BurstEndThreshold() const;
   double window_packets() const { return w_; }
@@ -383,6 +405,23 @@ class DownloadShaper {
   // it, or one min RTT after the last burst's first packet while the ACK clock runs.
   TimePoint DueAfter(TimePoint t) const;
   void StartAckClock();
+
+  // The clamp (ShaperOptions::clamp_to_sender): the grant in bytes (0: unclamped), the
+  // unclamped grant it is a share of (the latest grant confirmed by whole bursts while
+  // unclamped; 0: none yet), and a nap due one min RTT after the last burst's first packet
+  // (the cycle in which the clamp fell).
+  double clamp_ = 0;
+  double full_grant_ = 0;
+  bool clocked_once_ = false;
+  bool burst_clocked_ = false;  // the burst in progress began while clocked_once_ was set
+  double suspect_cwnd_ = 0;     // a part's bytes, the clamp once its clocked rest is seen
+  // The kernel's grant for a share of the buffer is not exactly that share of the grant (per
+  // segment overhead, the window scale's rounding): a clamped part whose rest never came was
+  // the kernel's short grant, and the next share asks for that much more (≤ 1.5×).
+  double clamp_gain_ = 1;
+  // Called at a shaped burst's end, after grant_ is updated. A part sets suspect_cwnd_; the clamp
+  // falls to it when the next burst proves the sender short of cwnd (OnArrival).
+  void UpdateClamp(bool hold_expired);
 
   double rate_ = 0;
   int bad_run_ = 0, saturated_run_ = 0, unsaturated_run_ = 0;
