@@ -5,17 +5,22 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cassert>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
@@ -329,13 +334,87 @@ constexpr char kObjectsTable[] =
     "expires_us INTEGER, fetched_us INTEGER NOT NULL, accessed_us INTEGER NOT NULL, "
     "complete INTEGER NOT NULL, response NOT NULL DEFAULT '', h INTEGER, body BLOB";
 
+// The WAL's checkpointer (DESIGN §4.5): a thread with its own connection to the index that
+// copies committed pages from the WAL into the database file and fsyncs both, so that the
+// loop's commits only append to the WAL (synchronous=NORMAL: no fsync per commit) and a hit
+// queued behind a commit never waits for the disk's flush. Woken by Request (the loop's WAL
+// hook, after a commit that leaves the WAL past kCheckpointBytes); blocked on a condition
+// variable otherwise, so an idle daemon does not wake for it. Its checkpoints are PASSIVE:
+// they never take the write lock, so the loop's transactions are never refused or held for
+// one. A crash in the middle of one is the ordinary WAL recovery (sqlite replays the WAL).
+// Thread-safety: Request from any thread; the connection is used by the thread only.
+class Checkpointer {
+ public:
+  // Takes `db`, a connection of its own to the index (closed by the destructor).
+  explicit Checkpointer(sqlite3* db) : db_(db) {}
+  // Waits for a checkpoint in progress, then closes the connection.
+  ~Checkpointer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Asks for a checkpoint soon; requests made while one runs make one more after it.
+  void Request() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requested_ = true;
+      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });  // at the first need
+    }
+    cv_.notify_one();
+  }
+  // Checkpoints completed by the thread (for tests).
+  std::uint64_t done() const { return done_.load(); }
+
+ private:
+  void Run() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return requested_ || stop_; });
+      if (stop_) return;
+      requested_ = false;
+      lock.unlock();
+      int log = 0, copied = 0;
+      int rc = sqlite3_wal_checkpoint_v2(db_.get(), nullptr, SQLITE_CHECKPOINT_PASSIVE, &log,
+                                         &copied);
+      if (rc != SQLITE_OK && (rc & 0xff) != SQLITE_BUSY) {
+        // The pages stay in the WAL (readable, and checkpointed at the next request or when
+        // the loop's connection closes): nothing is lost, the WAL is only longer.
+        std::fprintf(stderr, "ghost: cache store: checkpointing the index: %s\n",
+                     sqlite3_errmsg(db_.get()));
+      }
+      ++done_;
+      lock.lock();
+    }
+  }
+
+  std::unique_ptr<sqlite3, DbCloser> db_;
+  std::mutex mu_;  // guards requested_, stop_ and thread_'s start
+  std::condition_variable cv_;
+  bool requested_ = false;
+  bool stop_ = false;
+  std::atomic<std::uint64_t> done_{0};
+  std::thread thread_;  // last: started after the rest exists, joined before it goes
+};
+
 }  // namespace
 
 // ---- The index database ----
 
 struct CacheStore::Db {
   std::string path;
-  std::unique_ptr<sqlite3, DbCloser> handle;  // declared first: closed after the statements
+  // One store per directory (flock on the directory, held until the index is closed):
+  // sqlite's own EXCLUSIVE locking mode would keep the checkpointer's connection out.
+  UniqueFd dir_lock;
+  std::unique_ptr<sqlite3, DbCloser> handle;  // closed after the statements
+  // Declared after `handle`: its connection closes first, so the loop's close, the last one,
+  // checkpoints what is left and removes the WAL.
+  std::unique_ptr<Checkpointer> checkpointer;
   int last_rc = SQLITE_OK;                    // of the last failed call
 
   Stmt begin, commit, rollback;
@@ -387,6 +466,24 @@ struct CacheStore::Db {
 
   // Opens or creates the database, checks it and prepares the statements.
   ghost::Status Open() {
+    if (!dir_lock.valid()) {  // held already when Open runs again after CopyIntoVersion5
+      std::string parent = path.substr(0, path.rfind('/') + 1);
+      dir_lock = UniqueFd(
+          ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!dir_lock.valid()) {
+        return ghost::Status::FromErrno(errno, "opening the cache index's directory " + parent);
+      }
+      if (::flock(dir_lock.get(), LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        dir_lock = UniqueFd();
+        if (err == EWOULDBLOCK) {
+          return ghost::Status::IoError("cache index " + path +
+                                        " is locked (is another ghostfs using this cache "
+                                        "directory? stop it or choose another)");
+        }
+        return ghost::Status::FromErrno(err, "locking the cache index's directory " + parent);
+      }
+    }
     sqlite3* raw = nullptr;
     int rc =
         sqlite3_open_v2(path.c_str(), &raw,
@@ -394,17 +491,18 @@ struct CacheStore::Db {
     handle.reset(raw);  // closed even when the open failed
     if (rc != SQLITE_OK) return Error("opening", rc);
     sqlite3_extended_result_codes(raw, 1);
-    // Exclusive: one store per directory; WAL: a commit appends, no rollback journal;
-    // NORMAL: no fsync per commit (a cache may lose its last fills in a power cut, and Open
-    // drops any row whose body does not match).
-    // page_size: only a new file takes it (before WAL mode writes the header). The WAL is
-    // checkpointed every 4 MiB and cut back to 4 MiB after a checkpoint, so it does not keep
-    // its largest size on the disk (1000 pages of 16 KiB by default).
+    // WAL: a commit appends, no rollback journal; NORMAL: no fsync per commit (a cache may
+    // lose its last fills in a power cut, and Open drops any row whose body does not match);
+    // the WAL's checkpoints, which fsync, run on the Checkpointer's thread (WalHook).
+    // temp_store=MEMORY: a statement's journal (an UPDATE inside a transaction keeps one in
+    // case it fails halfway) stays in RAM instead of a temp file written page by page.
+    // page_size: only a new file takes it (before WAL mode writes the header). The WAL is cut
+    // back to 16 MiB when it restarts, so a burst that outran the checkpointer does not keep
+    // its largest size on the disk; below that no truncation on the loop.
     std::string page_size = "PRAGMA page_size=" + std::to_string(kPageSize);
-    std::string checkpoint = "PRAGMA wal_autocheckpoint=" + std::to_string((4 << 20) / kPageSize);
     for (const char* pragma :
-         {page_size.c_str(), "PRAGMA locking_mode=EXCLUSIVE", "PRAGMA journal_mode=WAL",
-          "PRAGMA synchronous=NORMAL", checkpoint.c_str(), "PRAGMA journal_size_limit=4194304"}) {
+         {page_size.c_str(), "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL",
+          "PRAGMA temp_store=MEMORY", "PRAGMA journal_size_limit=16777216"}) {
       if (ghost::Status st = Exec(pragma); !st.ok()) return st;
     }
     rc = sqlite3_create_function_v2(raw, "ghost_h", 1,
@@ -470,7 +568,35 @@ struct CacheStore::Db {
         return prep;
       }
     }
+    return StartCheckpointer();
+  }
+
+  // The WAL is checkpointed once it holds this much (sqlite's automatic checkpoint does it
+  // every 1000 pages, 16 MiB here, on the committing thread).
+  static constexpr int kCheckpointFrames = (4 << 20) / kPageSize;
+
+  // Opens the checkpointer's connection and hands the WAL's checkpoints to it: the WAL hook
+  // replaces sqlite's automatic checkpoint on this connection.
+  ghost::Status StartCheckpointer() {
+    sqlite3* raw = nullptr;
+    int rc = sqlite3_open_v2(path.c_str(), &raw, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+                             nullptr);
+    std::unique_ptr<sqlite3, DbCloser> second(raw);
+    if (rc != SQLITE_OK) return Error("opening the checkpointer's connection", rc);
+    // A checkpoint copies pages from the WAL to the file: it needs no page cache of its own.
+    rc = sqlite3_exec(raw, "PRAGMA synchronous=NORMAL; PRAGMA cache_size=-256", nullptr,
+                      nullptr, nullptr);
+    if (rc != SQLITE_OK) return Error("setting up the checkpointer's connection", rc);
+    checkpointer = std::make_unique<Checkpointer>(second.release());
+    sqlite3_wal_hook(handle.get(), &Db::WalHook, this);
     return ghost::Status::Ok();
+  }
+
+  // After each commit on the loop's connection, with the WAL's length in pages.
+  static int WalHook(void* arg, sqlite3*, const char*, int frames) {
+    auto* db = static_cast<Db*>(arg);
+    if (frames >= kCheckpointFrames && db->checkpointer) db->checkpointer->Request();
+    return SQLITE_OK;
   }
 
   // Creates the tables of a new index, or brings an older one up to version 4 in place;
@@ -683,6 +809,8 @@ CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, File
     : dir_(std::move(dir)),
       capacity_(capacity),
       pack_limit_(options.pack_limit),
+      access_batch_(options.access_batch),
+      access_max_lag_(options.access_max_lag),
       clock_(clock),
       io_(io) {
   auto wall = options.wall_clock ? options.wall_clock() : std::chrono::system_clock::now();
@@ -904,7 +1032,7 @@ ghost::Status CacheStore::Close() {
   std::vector<FillId> ids;
   for (const auto& [id, fill] : fills_) ids.push_back(id);
   for (FillId id : ids) AbortFill(id);
-  ghost::Status st = Batch([] { return ghost::Status::Ok(); });  // persists access times
+  ghost::Status st = Batch([] { return ghost::Status::Ok(); }, true);  // persists access times
   if (st.ok() && !lost_files_ && db_) {
     // No syncfs first: it flushes the whole file system's dirty data (seconds on a busy
     // machine, measured: an unmount outlived its caller's 10 s wait and was killed, so every
@@ -1112,11 +1240,21 @@ void CacheStore::Defer(std::function<void()> fn) {
   });
 }
 
-ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
+bool CacheStore::AccessTimesDue() const {
+  if (dirty_access_.empty()) return false;
+  return dirty_access_.size() >= access_batch_ || clock_.Now() - first_dirty_access_ >= access_max_lag_;
+}
+
+ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes, bool all_access) {
   if (!db_) return ClosedError();
   if (ghost::Status st = db_->Run(db_->begin, "beginning a transaction"); !st.ok()) return st;
   ghost::Status st = ghost::Status::Ok();
+  // Access times wait for a batch worth writing: each lands on a random page of the table and
+  // of its index (two 16 KiB pages in the WAL for one 8-byte time), so a few in every fill's
+  // transaction cost the WAL (and its checkpoints) far more than the fills themselves.
+  const bool write_access = all_access || AccessTimesDue();
   for (std::uint64_t h : dirty_access_) {
+    if (!write_access) break;
     const ObjectTable::Slot* slot = table_.Get(h);
     if (slot == nullptr) continue;
     db_->update_access.Bind(1, StoredHash(h));
@@ -1142,7 +1280,10 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes) {
     return st;
   }
   ++transactions_;
-  dirty_access_.clear();
+  if (write_access) {
+    dirty_access_.clear();
+    ++access_saves_;
+  }
   dirty_meta_.clear();  // Find reads them from sqlite now
   return ghost::Status::Ok();
 }
@@ -1177,7 +1318,8 @@ CacheStatus CacheStore::Status(const std::string& key, bool network_preferred) c
 bool CacheStore::Touch(const std::string& key) {
   std::uint64_t h = KeyHash(key);
   if (!table_.Touch(h, NextTick())) return false;
-  dirty_access_.insert(h);
+  if (dirty_access_.empty()) first_dirty_access_ = clock_.Now();
+  if (dirty_access_.insert(h).second && unsaved_index_changes() == 1 && on_unsaved_) on_unsaved_();
   return true;
 }
 
@@ -1195,7 +1337,9 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
     it->second.entry = updated;  // in place: a pointer Find handed out sees the change
     it->second.stale = false;
   }
+  bool first = unsaved_index_changes() == 0;
   dirty_meta_.insert_or_assign(key, std::move(updated));
+  if (first && on_unsaved_) on_unsaved_();
   Changed(key);
   return ghost::Status::Ok();
 }
@@ -1203,7 +1347,7 @@ ghost::Status CacheStore::UpdateMeta(const std::string& key,
 ghost::Status CacheStore::SaveIndex() {
   if (closed_) return ClosedError();
   if (unsaved_index_changes() == 0) return ghost::Status::Ok();
-  return Batch([] { return ghost::Status::Ok(); });
+  return Batch([] { return ghost::Status::Ok(); }, true);
 }
 
 ghost::Status CacheStore::Erase(const std::string& key) {
