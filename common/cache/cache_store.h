@@ -108,9 +108,10 @@ struct CacheStoreOptions {
   // Access times (Touch, reads) wait in memory until this many objects have one unsaved, or
   // the oldest unsaved one is `access_max_lag` old; then they ride with the next transaction
   // (a fill's commit, SaveIndex, Close). 0 or 1: with every transaction. An access time costs
-  // two random 16 KiB pages of the WAL whatever else the transaction writes, so writing them
-  // in large batches is what keeps hits from filling the WAL (DESIGN §4.5).
-  std::size_t access_batch = 4096;
+  // up to two random 16 KiB pages of the WAL (its row's and its index entry's) whatever else
+  // the transaction writes; a batch shares the pages its times have in common, and stays under
+  // the page cache (16 MiB) so that none is spilled and written twice (DESIGN §4.5).
+  std::size_t access_batch = 512;
   Duration access_max_lag = std::chrono::seconds(10);
 };
 
