@@ -338,53 +338,84 @@ constexpr char kObjectsTable[] =
 // copies committed pages from the WAL into the database file and fsyncs both, so that the
 // loop's commits only append to the WAL (synchronous=NORMAL: no fsync per commit) and a hit
 // queued behind a commit never waits for the disk's flush. Woken by Request (the loop's WAL
-// hook, after a commit that leaves the WAL past kCheckpointBytes); blocked on a condition
+// hook, after a commit that leaves the WAL past Db::kCheckpointFrames); blocked on a condition
 // variable otherwise, so an idle daemon does not wake for it. Its checkpoints are PASSIVE:
 // they never take the write lock, so the loop's transactions are never refused or held for
 // one. A crash in the middle of one is the ordinary WAL recovery (sqlite replays the WAL).
-// Thread-safety: Request from any thread; the connection is used by the thread only.
+// The thread starts at the first request. ghostfs opens its cache before it daemonises (a
+// fork, which keeps only the forking thread): a request in a process other than the one that
+// started the thread abandons the old thread's objects (joining or destroying them there is
+// undefined) and starts a new thread with a fresh mutex and condition variables.
+// Thread-safety: Request and RequestAndWait from the owner's (event-loop) thread; the
+// connection is used by the checkpointer's thread only.
 class Checkpointer {
  public:
   // Takes `db`, a connection of its own to the index (closed by the destructor).
   explicit Checkpointer(sqlite3* db) : db_(db) {}
   // Waits for a checkpoint in progress, then closes the connection.
   ~Checkpointer() {
+    if (!thread_ || owner_ != ::getpid()) {
+      Abandon();
+      return;
+    }
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(sync_->mu);
       stop_ = true;
     }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
+    sync_->cv.notify_all();
+    thread_->join();
   }
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   // Asks for a checkpoint soon; requests made while one runs make one more after it.
   void Request() {
+    EnsureThread();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      std::lock_guard<std::mutex> lock(sync_->mu);
       requested_ = true;
-      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });  // at the first need
     }
-    cv_.notify_one();
+    sync_->cv.notify_all();
   }
   // Requests a checkpoint and waits until one that started after this call has finished:
   // with no commit meanwhile (the caller is the only writer), the WAL is then fully copied
   // and the next transaction starts it over from its beginning.
   void RequestAndWait() {
-    std::unique_lock<std::mutex> lock(mu_);
+    EnsureThread();
+    std::unique_lock<std::mutex> lock(sync_->mu);
     const std::uint64_t target = started_ + 1;  // the next pass to start, not one under way
     requested_ = true;
-    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
-    cv_.notify_one();
-    finished_cv_.wait(lock, [&] { return finished_ >= target || stop_; });
+    sync_->cv.notify_all();
+    sync_->finished.wait(lock, [&] { return finished_ >= target || stop_; });
   }
 
  private:
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu_);
+  struct Sync {
+    std::mutex mu;                     // guards the flags and counts of the Checkpointer
+    std::condition_variable cv;        // the thread waits for a request
+    std::condition_variable finished;  // RequestAndWait waits for a pass
+  };
+
+  // A thread of this process, started now if there is none.
+  void EnsureThread() {
+    if (thread_ && owner_ == ::getpid()) return;
+    if (thread_) Abandon();  // forked: that thread is not in this process
+    sync_ = std::make_unique<Sync>();
+    requested_ = stop_ = false;
+    started_ = finished_ = 0;
+    owner_ = ::getpid();
+    thread_ = std::make_unique<std::thread>([this, sync = sync_.get()] { Run(*sync); });
+  }
+  // Leaks the objects of a thread left behind in the parent of a fork.
+  void Abandon() {
+    (void)thread_.release();
+    (void)sync_.release();
+  }
+
+  void Run(Sync& sync) {
+    std::unique_lock<std::mutex> lock(sync.mu);
     for (;;) {
-      cv_.wait(lock, [this] { return requested_ || stop_; });
+      sync.cv.wait(lock, [this] { return requested_ || stop_; });
       if (stop_) return;
       requested_ = false;
       ++started_;
@@ -400,19 +431,18 @@ class Checkpointer {
       }
       lock.lock();
       ++finished_;
-      finished_cv_.notify_all();
+      sync.finished.notify_all();
     }
   }
 
   std::unique_ptr<sqlite3, DbCloser> db_;
-  std::mutex mu_;  // guards the flags and counts below, and thread_'s start
-  std::condition_variable cv_;           // the thread waits for a request
-  std::condition_variable finished_cv_;  // RequestAndWait waits for a pass
-  bool requested_ = false;
+  std::unique_ptr<Sync> sync_ = std::make_unique<Sync>();
+  bool requested_ = false;     // guarded by sync_->mu, as are the three below
   bool stop_ = false;
   std::uint64_t started_ = 0;  // passes started
   std::uint64_t finished_ = 0;
-  std::thread thread_;  // last: started after the rest exists, joined before it goes
+  pid_t owner_ = 0;            // the process that started thread_
+  std::unique_ptr<std::thread> thread_;
 };
 
 }  // namespace
