@@ -789,6 +789,7 @@ int Daemon::Run() {
   }
   mail_->Start();
   if (!ec) RaiseReadAhead(mount_path);
+  if (!options_.foreground && store_) store_->PrepareFork();  // its checkpointer's thread
   if (!options_.foreground && !Daemonize(cache_lock_ ? &*cache_lock_ : nullptr)) {
     fuse_session_unmount(se_);
     fuse_session_destroy(se_);

@@ -343,9 +343,10 @@ constexpr char kObjectsTable[] =
 // they never take the write lock, so the loop's transactions are never refused or held for
 // one. A crash in the middle of one is the ordinary WAL recovery (sqlite replays the WAL).
 // The thread starts at the first request. ghostfs opens its cache before it daemonises (a
-// fork, which keeps only the forking thread): a request in a process other than the one that
-// started the thread abandons the old thread's objects (joining or destroying them there is
-// undefined) and starts a new thread with a fresh mutex and condition variables.
+// fork, which keeps only the forking thread): it stops the thread first (CacheStore::
+// PrepareFork). Should a fork happen without that, a request in the child abandons the old
+// thread's objects (joining or destroying them there is undefined) and starts a new thread
+// with a fresh mutex and condition variables (safe unless the fork caught a pass in sqlite).
 // Thread-safety: Request and RequestAndWait from the owner's (event-loop) thread; the
 // connection is used by the checkpointer's thread only.
 class Checkpointer {
@@ -353,8 +354,14 @@ class Checkpointer {
   // Takes `db`, a connection of its own to the index (closed by the destructor).
   explicit Checkpointer(sqlite3* db) : db_(db) {}
   // Waits for a checkpoint in progress, then closes the connection.
-  ~Checkpointer() {
-    if (!thread_ || owner_ != ::getpid()) {
+  ~Checkpointer() { Stop(); }
+
+  // Ends the thread after its pass under way (none runs until the next request, which starts
+  // a new one). Before a fork: a thread caught inside sqlite by the fork would leave the
+  // child's copy of the connection and its locks in mid-checkpoint.
+  void Stop() {
+    if (!thread_) return;
+    if (owner_ != ::getpid()) {
       Abandon();
       return;
     }
@@ -364,6 +371,7 @@ class Checkpointer {
     }
     sync_->cv.notify_all();
     thread_->join();
+    thread_.reset();
   }
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -399,7 +407,7 @@ class Checkpointer {
   // A thread of this process, started now if there is none.
   void EnsureThread() {
     if (thread_ && owner_ == ::getpid()) return;
-    if (thread_) Abandon();  // forked: that thread is not in this process
+    if (thread_) Abandon();  // forked without Stop: that thread is not in this process
     sync_ = std::make_unique<Sync>();
     requested_ = stop_ = false;
     started_ = finished_ = 0;
@@ -1103,6 +1111,10 @@ ghost::Status CacheStore::Close() {
   db_.reset();  // finalizes the statements, checkpoints the WAL and closes the file
   closed_ = true;
   return st;
+}
+
+void CacheStore::PrepareFork() {
+  if (db_ && db_->checkpointer) db_->checkpointer->Stop();
 }
 
 ghost::Status CacheStore::ClosedError() const {

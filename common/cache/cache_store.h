@@ -239,6 +239,11 @@ class CacheStore {
   // the next transaction or at Close (never on a timer). Returns false if it is not cached.
   bool Touch(const std::string& key);
 
+  // Waits for the index's background checkpoint, if one runs, and ends its thread (the next
+  // checkpoint starts a new one). Call before fork(): a thread caught in sqlite by a fork
+  // would leave the child's index locked.
+  void PrepareFork();
+
   // Abandons open fills, persists access times, and closes the index. Later calls fail
   // (callbacks get an error). Returns the error of the last write, if any. Idempotent.
   ghost::Status Close();
