@@ -43,6 +43,8 @@ Daemon::Daemon(const GhostfsOptions& options) : options_(options) {}
 
 Daemon::~Daemon() {
   if (stats_timer_ != kNoTimer && clock_) clock_->Cancel(stats_timer_);
+  if (index_timer_ != kNoTimer && clock_) clock_->Cancel(index_timer_);
+  if (store_) store_->SetUnsavedListener(nullptr);
   hardware_.reset();  // the card's power save back as found (SIGTERM ends here too)
   local_.reset();
   root_.reset();
@@ -136,6 +138,7 @@ Status Daemon::OpenCache() {
   wb.queue.cap = options_.write_queue_cap;
   wb.fill_backlog_max = options_.fill_backlog_max;
   write_back_ = std::make_unique<WriteBack>(*pm_, disk_id_, machine_->storage(), *store_, wb);
+  store_->SetUnsavedListener([this] { ScheduleIndexSave(); });
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   // A stalled origin fails within the stall timeout (libcurl's low-speed limit: under 1 byte/s
@@ -287,6 +290,15 @@ Status Daemon::MakeTrees() {
     flash_->Replay();  // what the last run left in the log goes to the disk now
   }
   return Status::Ok();
+}
+
+void Daemon::ScheduleIndexSave() {
+  if (index_timer_ != kNoTimer) return;
+  index_timer_ = clock_->ScheduleAt(clock_->Now() + store_->access_max_lag(), [this] {
+    index_timer_ = kNoTimer;
+    // "" names no object: the record stands for the index's unsaved rows as a whole.
+    if (store_->unsaved_index_changes() > 0) write_back_->QueueIndexUpdate("");
+  });
 }
 
 void Daemon::PublishStats() {
@@ -777,6 +789,7 @@ int Daemon::Run() {
   }
   mail_->Start();
   if (!ec) RaiseReadAhead(mount_path);
+  if (!options_.foreground && store_) store_->PrepareFork();  // its checkpointer's thread
   if (!options_.foreground && !Daemonize(cache_lock_ ? &*cache_lock_ : nullptr)) {
     fuse_session_unmount(se_);
     fuse_session_destroy(se_);

@@ -135,6 +135,13 @@ class Daemon final : public GhostFs {
   static constexpr Duration kStatsEventInterval = std::chrono::milliseconds(100);
   TimerId stats_timer_ = kNoTimer;
   std::optional<TimePoint> stats_published_;
+  // The cache index's unsaved access times and metadata reach sqlite within the store's
+  // access_max_lag: this one-shot timer is armed when the store gets its first unsaved change
+  // (CacheStore::SetUnsavedListener) and queues an index save through the write queue (so a
+  // sleeping disk is not woken for it). None while nothing is unsaved: an idle daemon does
+  // not wake for it.
+  void ScheduleIndexSave();
+  TimerId index_timer_ = kNoTimer;
 
   GhostfsOptions options_;
   event_base* base_ = nullptr;

@@ -50,13 +50,17 @@
 // ahead of time when BeginFill is told the size. An object bigger than the cap is refused.
 // Nothing runs on a timer: every change is driven by a call (DESIGN §2).
 //
-// Access times (Touch, ReadBody) change the in-memory LRU order at once and reach sqlite with
-// the next transaction or at Close, so a crash loses at most the LRU order since the last
-// write; times are persisted as wall-clock microseconds (Options::wall_clock) so expiry and
+// Access times (Touch, ReadBody) change the in-memory LRU order at once and reach sqlite in
+// batches: with the first transaction after access_batch of them are unsaved or the oldest is
+// access_max_lag old (CacheStoreOptions), with SaveIndex (which the owner calls within
+// access_max_lag: SetUnsavedListener), and at Close. A crash loses at most the LRU order of
+// that lag, never an object (DESIGN §4.5). Times are persisted as wall-clock microseconds (Options::wall_clock) so expiry and
 // LRU order survive a restart even though each run's Clock starts at zero.
 //
-// The database is opened with an exclusive lock: a second store (or daemon) on the same
-// directory fails to open instead of corrupting the first.
+// The directory is locked (flock) while the store is open: a second store (or daemon) on the
+// same directory fails to open instead of corrupting the first. The WAL's checkpoints (which
+// fsync) run on a thread of the store's own with its own connection, woken only after a
+// commit leaves 4 MiB in the WAL; the event loop's commits only append (DESIGN §4.5).
 //
 // Callbacks run on the event-loop thread (through the FileIo), never inside the call that
 // took them, and exactly once, unless the store is destroyed first: then they are dropped.
@@ -101,6 +105,14 @@ struct CacheStoreOptions {
   // does the same for small objects in a slab file). 0: every body is a file. Packed bodies
   // already cached stay readable whatever this is.
   Bytes pack_limit = 16 * 1024;
+  // Access times (Touch, reads) wait in memory until this many objects have one unsaved, or
+  // the oldest unsaved one is `access_max_lag` old; then they ride with the next transaction
+  // (a fill's commit, SaveIndex, Close). 0 or 1: with every transaction. An access time costs
+  // up to two random 16 KiB pages of the WAL (its row's and its index entry's) whatever else
+  // the transaction writes; a batch shares the pages its times have in common, and stays under
+  // the page cache (16 MiB) so that none is spilled and written twice (DESIGN §4.5).
+  std::size_t access_batch = 512;
+  Duration access_max_lag = std::chrono::seconds(10);
 };
 
 using FillId = std::uint64_t;
@@ -210,11 +222,27 @@ class CacheStore {
   ghost::Status SaveIndex();
   // Rows whose metadata or access time sqlite does not have yet.
   std::size_t unsaved_index_changes() const { return dirty_access_.size() + dirty_meta_.size(); }
+  // Whether the unsaved access times are due (CacheStoreOptions::access_batch,
+  // access_max_lag): the next transaction writes them.
+  bool AccessTimesDue() const;
+  // Transactions that wrote the access times (for tests and stats).
+  std::uint64_t access_saves() const { return access_saves_; }
+  // Calls `fn` when the store gets an unsaved index change (an access time, a metadata
+  // change) while it had none: its owner makes sure SaveIndex runs within the lag it promises
+  // (ghostfs: a one-shot timer of access_max_lag), since nothing here runs on a timer. Runs
+  // inside Touch or UpdateMeta. One listener; empty removes it.
+  void SetUnsavedListener(std::function<void()> fn) { on_unsaved_ = std::move(fn); }
+  Duration access_max_lag() const { return access_max_lag_; }
   // Removes `key`'s body and row. NotFound if it is not cached.
   ghost::Status Erase(const std::string& key);
   // Records an access: `key` becomes the most recently used. In memory now; persisted with
   // the next transaction or at Close (never on a timer). Returns false if it is not cached.
   bool Touch(const std::string& key);
+
+  // Waits for the index's background checkpoint, if one runs, and ends its thread (the next
+  // checkpoint starts a new one). Call before fork(): a thread caught in sqlite by a fork
+  // would leave the child's index locked.
+  void PrepareFork();
 
   // Abandons open fills, persists access times, and closes the index. Later calls fail
   // (callbacks get an error). Returns the error of the last write, if any. Idempotent.
@@ -271,8 +299,9 @@ class CacheStore {
   void SetAsideCorruptIndex(const std::string& why);
   void Warn(std::string line);
 
-  // Runs `changes` and the pending access-time updates in one transaction.
-  ghost::Status Batch(const std::function<ghost::Status()>& changes);
+  // Runs `changes`, the pending metadata updates and, if due or `all_access`, the pending
+  // access times in one transaction.
+  ghost::Status Batch(const std::function<ghost::Status()>& changes, bool all_access = false);
   // Deletes the rows and bodies of objects already gone from the index.
   ghost::Status DropObjects(const std::vector<std::string>& keys);
   // Takes least recently used objects (never `keep`) out of the table until `incoming` more
@@ -324,6 +353,8 @@ class CacheStore {
   const std::string dir_;
   const Bytes capacity_;
   const Bytes pack_limit_;
+  const std::size_t access_batch_;
+  const Duration access_max_lag_;
   const Clock& clock_;
   FileIo& io_;
   std::int64_t wall_offset_us_ = 0;  // wall-clock µs since the epoch minus the clock's µs
@@ -352,6 +383,9 @@ class CacheStore {
   std::uint64_t transactions_ = 0;
   FillId next_fill_id_ = 1;
   std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
+  TimePoint first_dirty_access_{};  // when dirty_access_ last became non-empty
+  std::uint64_t access_saves_ = 0;
+  std::function<void()> on_unsaved_;
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
   std::unordered_map<std::string, CacheEntry> dirty_meta_;
   bool closed_ = false;

@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
@@ -16,11 +18,37 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/base/clock.h"
 #include "common/base/file_io.h"
 #include "common/base/uring_file_io.h"
+
+// fsync/fdatasync as the test sees them: calls made by the thread under watch are counted,
+// then passed to the kernel. sqlite (a shared library) calls these through its PLT, so the
+// executable's definitions take their place.
+namespace {
+std::atomic<std::thread::id> g_sync_watch{};
+std::atomic<int> g_syncs_on_watched{0};
+std::atomic<int> g_syncs_elsewhere{0};  // by other threads while one is watched
+void CountSync() {
+  std::thread::id watched = g_sync_watch.load();
+  if (std::this_thread::get_id() == watched) {
+    ++g_syncs_on_watched;
+  } else if (watched != std::thread::id()) {
+    ++g_syncs_elsewhere;
+  }
+}
+}  // namespace
+extern "C" int fdatasync(int fd) {
+  CountSync();
+  return static_cast<int>(::syscall(SYS_fdatasync, fd));
+}
+extern "C" int fsync(int fd) {
+  CountSync();
+  return static_cast<int>(::syscall(SYS_fsync, fd));
+}
 
 namespace ghost {
 namespace {
@@ -1732,6 +1760,164 @@ TEST_F(CacheStoreTest, AFillInRamThatGrowsPastItsAnnouncedSizeFails) {
   EXPECT_FALSE(Commit(*id).ok());
   EXPECT_EQ(*ReadAll("k"), "old body");
   EXPECT_EQ(store_->open_fills(), 0u);
+}
+
+TEST_F(CacheStoreTest, CommitsLeaveTheWalsCheckpointsAndTheirSyncsToTheCheckpointer) {
+  pack_limit_ = 16 * 1024;
+  Reopen();  // Open syncs the cleared shutdown mark: not counted
+  const std::string index = dir_ + "/index.sqlite";
+  const auto before = fs::file_size(index);
+  g_syncs_on_watched = 0;
+  g_syncs_elsewhere = 0;
+  g_sync_watch = std::this_thread::get_id();
+  // ~12 MiB of packed bodies through the WAL: three times the checkpoint threshold.
+  for (int i = 0; i < 800; ++i) {
+    ASSERT_TRUE(Fill("k" + std::to_string(i), RandomBytes(15000, i)).ok());
+  }
+  // What the committing thread still syncs: the WAL's header when it starts over after a
+  // complete checkpoint, at most once per checkpoint pass, each of which syncs twice on the
+  // checkpointer's thread. sqlite's own checkpoints sync twice per 4 MiB on this thread (21
+  // here) and never elsewhere.
+  const int watched = g_syncs_on_watched.load();
+  g_sync_watch = std::thread::id();
+  const int elsewhere = g_syncs_elsewhere.load();
+  EXPECT_GE(elsewhere, 2) << "no checkpoint synced on another thread";
+  EXPECT_LE(2 * watched, elsewhere) << "the committing thread synced for checkpoints";
+  // The checkpointer copies the WAL into the file meanwhile (bounded wait: a real thread).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (fs::file_size(index) < before + (4u << 20) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(fs::file_size(index), before + (4u << 20)) << "no checkpoint reached the index file";
+  // Back-to-back commits outrun the checkpointer; past 32 MiB the committer waits for it.
+  EXPECT_LE(fs::file_size(index + "-wal"), 40u << 20) << "the WAL outgrew its checkpoints";
+  Reopen();
+  EXPECT_EQ(store_->index().size(), 800u);
+  EXPECT_EQ(*ReadAll("k0"), RandomBytes(15000, 0));
+  EXPECT_EQ(*ReadAll("k799"), RandomBytes(15000, 799));
+}
+
+TEST_F(CacheStoreTest, AccessTimesReachSqliteInBatchesOrOnceTheyAreOld) {
+  CacheStoreOptions options = Options();
+  options.access_batch = 3;
+  options.access_max_lag = Seconds(10);
+  store_.reset();
+  Result<std::unique_ptr<CacheStore>> opened = CacheStore::Open(dir_, 0, clock_, *io_, options);
+  ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+  store_ = std::move(opened).value();
+  int unsaved = 0;
+  store_->SetUnsavedListener([&] { ++unsaved; });
+  for (const char* key : {"a", "b", "c", "d"}) {
+    clock_.AdvanceBy(Seconds(1));
+    ASSERT_TRUE(Fill(key, key).ok());
+  }
+  // Two access times, under the batch: a fill's transaction leaves them in memory.
+  EXPECT_TRUE(store_->Touch("a"));
+  EXPECT_TRUE(store_->Touch("b"));
+  EXPECT_EQ(unsaved, 1) << "the listener hears the first unsaved change only";
+  ASSERT_TRUE(Fill("e", "e").ok());
+  EXPECT_EQ(store_->access_saves(), 0u);
+  EXPECT_EQ(store_->unsaved_index_changes(), 2u);
+  // The third makes a batch: the next transaction writes all three.
+  EXPECT_TRUE(store_->Touch("c"));
+  EXPECT_TRUE(store_->AccessTimesDue());
+  ASSERT_TRUE(Fill("f", "f").ok());
+  EXPECT_EQ(store_->access_saves(), 1u);
+  EXPECT_EQ(store_->unsaved_index_changes(), 0u);
+  // One, older than the lag when the next transaction comes: written too.
+  EXPECT_TRUE(store_->Touch("d"));
+  EXPECT_EQ(unsaved, 2);
+  EXPECT_FALSE(store_->AccessTimesDue());
+  clock_.AdvanceBy(Seconds(11));
+  EXPECT_TRUE(store_->AccessTimesDue());
+  ASSERT_TRUE(Fill("g", "g").ok());
+  EXPECT_EQ(store_->access_saves(), 2u);
+  EXPECT_EQ(LruOrder(), (Keys{"a", "b", "e", "c", "f", "d", "g"}));
+}
+
+TEST_F(CacheStoreTest, AccessOrderSurvivesCloseSaveIndexAndLosesOnlyUnsavedTimesToACrash) {
+  Reopen(3000);
+  for (const char* key : {"a", "b", "c"}) {
+    clock_.AdvanceBy(Seconds(1));
+    ASSERT_TRUE(Fill(key, std::string(1000, key[0])).ok());
+  }
+  clock_.AdvanceBy(Seconds(1));
+  EXPECT_TRUE(store_->Touch("a"));
+  Reopen(3000);  // a clean Close writes it
+  EXPECT_EQ(LruOrder(), (Keys{"b", "c", "a"}));
+  store_.reset();
+  // A child touches an object, commits a fill (under the batch: the time stays in memory),
+  // touches another and saves the index, touches a third and dies without closing.
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    Result<std::unique_ptr<CacheStore>> store = OpenStore(3000);
+    if (!store.ok()) ::_exit(2);
+    store_ = std::move(store).value();
+    clock_.AdvanceBy(Seconds(1));
+    if (!store_->Touch("b")) ::_exit(3);
+    if (!Fill("c", std::string(900, 'C')).ok()) ::_exit(4);  // replaces c: c is the newest
+    if (store_->access_saves() != 0) ::_exit(5);
+    clock_.AdvanceBy(Seconds(1));
+    if (!store_->Touch("a") || !store_->SaveIndex().ok()) ::_exit(6);
+    clock_.AdvanceBy(Seconds(1));
+    if (!store_->Touch("c")) ::_exit(7);
+    ::_exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child status " << wstatus;
+  Reopen(3000);
+  // b's and a's times were saved with SaveIndex; c's last touch was lost (its fill's time
+  // stands), which leaves c older than a.
+  EXPECT_EQ(LruOrder(), (Keys{"b", "c", "a"}));
+  // Eviction follows that order: b goes first.
+  clock_.AdvanceBy(Seconds(1));
+  ASSERT_TRUE(Fill("d", std::string(1000, 'd')).ok());
+  EXPECT_EQ(store_->Status("b", false).state, CacheState::kAbsent);
+  EXPECT_EQ(LruOrder(), (Keys{"c", "a", "d"}));
+}
+
+TEST_F(CacheStoreTest, AStoreOpenedBeforeAForkKeepsCheckpointingInTheChild) {
+  // ghostfs opens its cache, then daemonises (PrepareFork, then fork): the checkpointer's
+  // thread, if it started in the parent, is not in the child. A child that commits past the
+  // WAL's cap (where the committer waits for a checkpoint) must get a thread of its own, not
+  // wait forever.
+  pack_limit_ = 16 * 1024;
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::alarm(300);  // a hang ends the child (SIGALRM), which the parent reports
+    Result<std::unique_ptr<CacheStore>> store = OpenStore(0);
+    if (!store.ok()) ::_exit(2);
+    store_ = std::move(store).value();
+    for (int i = 0; i < 400; ++i) {  // ~6 MiB of WAL: the thread starts here
+      if (!Fill("p" + std::to_string(i), RandomBytes(15000, i)).ok()) ::_exit(3);
+    }
+    store_->PrepareFork();
+    std::fflush(nullptr);
+    pid_t grandchild = ::fork();
+    if (grandchild < 0) ::_exit(4);
+    if (grandchild == 0) {
+      for (int i = 0; i < 1500; ++i) {  // ~22 MiB of bodies, ~65 MiB of WAL written
+        if (!Fill("c" + std::to_string(i), RandomBytes(15000, i)).ok()) ::_exit(5);
+      }
+      if (!store_->Close().ok()) ::_exit(6);
+      ::_exit(0);
+    }
+    int st = 0;
+    if (::waitpid(grandchild, &st, 0) != grandchild) ::_exit(7);
+    ::_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 100 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0));
+  }
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0)
+      << "child status " << wstatus << " (exit " << WEXITSTATUS(wstatus) << ")";
+  Reopen();
+  EXPECT_EQ(store_->index().size(), 1900u);
+  EXPECT_EQ(*ReadAll("c1499"), RandomBytes(15000, 1499));
 }
 
 }  // namespace
