@@ -139,6 +139,11 @@ Status Daemon::OpenCache() {
   wb.fill_backlog_max = options_.fill_backlog_max;
   write_back_ = std::make_unique<WriteBack>(*pm_, disk_id_, machine_->storage(), *store_, wb);
   store_->SetUnsavedListener([this] { ScheduleIndexSave(); });
+  // Access times left unsaved while the disk slept go with its next spin-up (pushed by the
+  // power manager: no timer, no wake-up of its own).
+  pm_->Subscribe(disk_id_, pm_->device(disk_id_).profile().HighPowerMode(), [this](DeviceId, int) {
+    if (store_ && store_->unsaved_index_changes() > 0) write_back_->QueueIndexUpdate("");
+  });
   HttpFetcherOptions ho;
   ho.ca_info = options_.cacert;  // --cacert: the same trust for https:// as for imaps://
   // A stalled origin fails within the stall timeout (libcurl's low-speed limit: under 1 byte/s
@@ -296,8 +301,14 @@ void Daemon::ScheduleIndexSave() {
   if (index_timer_ != kNoTimer) return;
   index_timer_ = clock_->ScheduleAt(clock_->Now() + store_->access_max_lag(), [this] {
     index_timer_ = kNoTimer;
-    // "" names no object: the record stands for the index's unsaved rows as a whole.
-    if (store_->unsaved_index_changes() > 0) write_back_->QueueIndexUpdate("");
+    // "" names no object: the record stands for the index's unsaved rows as a whole. Only
+    // while the disk takes writes: queued behind a sleeping disk, the record would make the
+    // queue's next flush spin the disk up for access times (and keep fills out of the flash
+    // log, which does not take index rows). While it sleeps, the save waits for its
+    // high-power mode (the subscription in OpenCache) or for the next fill's transaction.
+    if (store_->unsaved_index_changes() > 0 && write_back_->queue().WriteNow()) {
+      write_back_->QueueIndexUpdate("");
+    }
   });
 }
 

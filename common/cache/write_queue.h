@@ -159,6 +159,10 @@ class WriteQueue {
   // over `buf` (later writes win), leaving the other bytes of `buf` as they are.
   void Overlay(const std::string& key, Bytes offset, char* buf, std::size_t length) const;
 
+  // Whether a record added now is handed to the writer at once: the disk is in its
+  // high-power mode, or its policy does not defer background writes.
+  bool WriteNow() const;
+
   // Bytes waiting in the queue (the sum of lengths that the cap applies to), and records.
   Bytes queued_bytes() const { return queued_bytes_; }
   std::size_t queued_records() const { return queued_records_; }
@@ -182,7 +186,6 @@ class WriteQueue {
     std::function<void()> fn;
   };
 
-  bool WriteNow() const;
   // Add's work; returns the id of the batch the record went into, or 0 if it was queued.
   std::uint64_t AddRecord(WriteRecord record);
   void Enqueue(WriteRecord record);
