@@ -40,14 +40,17 @@ def hit(sock, key):
 def main():
     work, _root, _sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url())
     cache = os.path.join(work, "cache")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount: " + fs.output()[-500:])
-        t.done()
+
+    def remount(left, when):
+        """ghostfs on the same cache again; the rest of the plan (`left`) skipped if it fails."""
+        again = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
+        if not again.start():
+            t.skip_rest(left, f"ghostfs did not mount {when}: " + again.output()[-500:])
+            t.done()
+        return again
+
     fs.stop()
     then_us = int((time.time() - 3600) * 1e6)  # both last read an hour ago
     a, b = "http://lag.test/a", "http://lag.test/b"
@@ -55,10 +58,7 @@ def main():
                          [(k, 3, '"1"', "", "", None, then_us, then_us + n, "{}", b"abc")
                           for n, k in enumerate((a, b))])
 
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount again: " + fs.output()[-500:])
-        t.done()
+    fs = remount(PLAN, "again")
     ok = hit(sock, a)
     time.sleep(LAG_S + 3)
     fs.kill9()
@@ -69,10 +69,7 @@ def main():
     t.check(accessed(cache, b) == then_us + 1, "the object not read keeps its time",
             str(accessed(cache, b)))
 
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not fs.start():
-        t.skip_rest(PLAN - 2, "ghostfs did not mount after the SIGKILL: " + fs.output()[-500:])
-        t.done()
+    fs = remount(PLAN - 2, "after the SIGKILL")
     ok = hit(sock, b)
     fs.stop()
     got = accessed(cache, b)
