@@ -39,6 +39,10 @@ class Tap:
             self.failed += 1
             for line in str(detail).splitlines()[:20]:
                 print(f"# {line}", flush=True)
+            # meson's failure report (and so CI's output) shows a failed test's stderr only
+            print(f"not ok {self.n} - {name}", file=sys.stderr)
+            for line in str(detail).splitlines()[:40]:
+                print(f"# {line}", file=sys.stderr, flush=True)
         return ok
 
     def shortfall(self, ok, name, why, detail=""):
