@@ -1541,6 +1541,10 @@ void ImapClient::HandleFetch(const imap::Response& r) {
   if (uid == 0) uid = UidForSeq(seq);  // unsolicited FETCH often carries no UID
   if (body) {
     if (body->streamed) return;  // delivered (or skipped) as it arrived
+    // BODY[] NIL: the message was expunged by another session and this one has not been told
+    // yet (dovecot answers so, with a tagged OK). It is not an empty message: the command
+    // completes as "no message with that UID", never as a body of 0 bytes.
+    if (body->type == imap::Token::Type::kNil) return;
     Command* cmd = uid ? FindBodyCommand(uid) : nullptr;
     if (cmd) DeliverBody(*cmd, body->text);
     return;

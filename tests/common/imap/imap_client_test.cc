@@ -605,6 +605,33 @@ TEST_F(ImapClientFakeServerTest, BodyBeforeUidIsStillRouted) {
   EXPECT_EQ(got, "hello");
 }
 
+// dovecot's answer for a message another session expunged, before this session is told:
+// `BODY[] NIL` and a tagged OK. That is no message, not a message of 0 bytes (a reader of the
+// Maildir view read 0 bytes as the whole message before this).
+TEST_F(ImapClientFakeServerTest, NilBodyIsNoMessage) {
+  FakeServer server([](FakeServer::Conn& c) {
+    c.GreetAndLogin();
+    c.AnswerSelect();
+    const std::string tag = c.ReadTag();
+    c.Send("* 1 FETCH (UID 7 BODY[] NIL)\r\n" + tag + " OK Fetch completed.\r\n");
+    c.WaitForClose();
+  });
+  ASSERT_TRUE(Connect(server).ok());
+  ASSERT_TRUE(SelectInbox().ok());
+  std::string got;
+  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
+    Client().FetchBody(
+        7,
+        [&](std::string_view d) {
+          got.append(d);
+          return true;
+        },
+        std::move(cb));
+  });
+  EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
+  EXPECT_EQ(got, "");
+}
+
 TEST_F(ImapClientFakeServerTest, NoAndBadFailOnlyTheirCommand) {
   FakeServer server([](FakeServer::Conn& c) {
     c.GreetAndLogin();
