@@ -14,6 +14,7 @@
 #include <deque>
 
 #include "common/config/config.h"
+#include "common/imap/find_appended.h"
 #include "common/imap/maildir_names.h"
 #include "common/cache/cache_store.h"
 #include "common/config/config.h"
@@ -1068,32 +1069,6 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
 
 namespace {
 
-// The Message-ID header of an RFC 5322 message ("" if it has none): unfolded, trimmed.
-std::string MessageIdOf(std::string_view msg) {
-  std::size_t end = msg.find("\r\n\r\n");
-  if (end == std::string_view::npos) end = msg.find("\n\n");
-  std::string_view head = msg.substr(0, end);
-  std::size_t pos = 0;
-  while (pos < head.size()) {
-    std::size_t eol = head.find('\n', pos);
-    if (eol == std::string_view::npos) eol = head.size();
-    std::string_view line = head.substr(pos, eol - pos);
-    pos = eol + 1;
-    if (line.size() < 11 || strncasecmp(line.data(), "Message-ID:", 11) != 0) continue;
-    std::string value(line.substr(11));
-    // Folded onto the next lines (RFC 5322 §2.2.3).
-    while (pos < head.size() && (head[pos] == ' ' || head[pos] == '\t')) {
-      eol = head.find('\n', pos);
-      if (eol == std::string_view::npos) eol = head.size();
-      value += head.substr(pos, eol - pos);
-      pos = eol + 1;
-    }
-    std::erase_if(value, [](char c) { return c == '\r' || c == '\n' || c == ' ' || c == '\t'; });
-    return value;
-  }
-  return "";
-}
-
 // Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
 Status WriteDurably(const std::string& path, std::string_view data, int flags) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
@@ -1141,16 +1116,41 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
   EnsureConnected(*mo);
   if (op.kind == ImapOp::Kind::kAppend) {
     std::string wire = op.mailbox, unique = UniqueOf(op.local_name.substr(op.local_name.rfind('/') + 1));
-    std::optional<std::int64_t> date;
-    if (op.internaldate) date = op.internaldate;
-    return mo->client->Append(op.mailbox, op.flags, date, op.body,
-                              [this, mo, wire, unique, result](Result<AppendResult> r) {
-                                if (r.ok()) {
-                                  mo->appended[wire + "\n" + unique] = {r->uidvalidity, r->uid};
-                                  if (MailBox* b = mo->BoxByWire(wire); b && b->loaded) LoadBox(*mo, *b, [](Status) {});
-                                }
-                                result(r.status());
-                              });
+    auto appended = [this, mo, wire, unique](std::uint32_t uidvalidity, std::uint32_t uid) {
+      mo->appended[wire + "\n" + unique] = {uidvalidity, uid};
+      if (MailBox* b = mo->BoxByWire(wire); b && b->loaded) LoadBox(*mo, *b, [](Status) {});
+    };
+    auto append = [mo, op, appended, result] {
+      std::optional<std::int64_t> date;
+      if (op.internaldate) date = op.internaldate;
+      mo->client->Append(op.mailbox, op.flags, date, op.body, [appended, result](Result<AppendResult> r) {
+        if (r.ok()) appended(r->uidvalidity, r->uid);
+        result(r.status());
+      });
+    };
+    if (!op.maybe_applied) return append();
+    // The last try may have reached the server (common/imap/find_appended.h): look first.
+    auto validity = std::make_shared<std::uint32_t>(0);
+    InMailbox in_mailbox = [this, mo, wire, validity](std::function<void(Status)> step) {
+      Selected(*mo, wire, [validity, step](Result<std::uint32_t> v) {
+        if (!v.ok()) return step(v.status());
+        if (*validity && *v != *validity) return step(Status::Unavailable("the mailbox changed UIDVALIDITY"));
+        *validity = *v;
+        step(Status::Ok());
+      });
+    };
+    return FindAppended(*mo->client, std::make_shared<const std::string>(op.body), op.internaldate, in_mailbox,
+                        [this, mo, what, validity, appended, append, result](Result<std::uint32_t> uid) {
+                          if (!uid.ok()) return result(uid.status());
+                          if (*uid == 0) return append();
+                          ++appends_found_;
+                          std::fprintf(stderr,
+                                       "ghostfs: %s: IMAP %s was on the server already (UID %u; the answer "
+                                       "to the last try was lost): not sent again\n",
+                                       mo->name.c_str(), what.c_str(), *uid);
+                          appended(*validity, *uid);
+                          result(Status::Ok());
+                        });
   }
   ImapOp copy = op;
   if (!copy.uid) {
@@ -1480,6 +1480,7 @@ nlohmann::json MailTree::StatsJson() const {
           {"resync_reappended", resync_reappended_},
           {"resync_gone", resync_gone_},
           {"resync_unapplied", resync_unapplied_},
+          {"appends_found", appends_found_},
           {"unapplied_file", unapplied_path_},
           {"origins", origins}};
 }

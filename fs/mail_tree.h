@@ -144,6 +144,7 @@ class MailTree final : public Tree {
                 idle_events_ = 0, uidvalidity_changes_ = 0;
   std::uint64_t resync_retargeted_ = 0, resync_reappended_ = 0, resync_gone_ = 0,
                 resync_unapplied_ = 0;
+  std::uint64_t appends_found_ = 0;  // APPENDs in doubt found on the server, not sent again
   std::string trash_;           // wire name of the trash mailbox; "" = unlink expunges
   std::string unapplied_path_;  // CACHE/imap-unapplied.jsonl
 };

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base/clock.h"
+#include "common/imap/find_appended.h"
 #include "common/imap/imap_client.h"
 #include "common/power/device.h"
 #include "common/power/power_manager.h"
@@ -219,13 +220,41 @@ void ImapDeferred::Send(const ImapOp& op, std::function<void(SendOutcome)> done)
     });
   };
   if (op.kind == ImapOp::Kind::kAppend) {
-    std::optional<std::int64_t> date;
-    if (op.internaldate) date = op.internaldate;
-    return c->Append(op.mailbox, op.flags, date, op.body, [this, alive, op, result](Result<AppendResult> r) {
+    auto append = [this, alive, op, c, result] {
+      std::optional<std::int64_t> date;
+      if (op.internaldate) date = op.internaldate;
+      c->Append(op.mailbox, op.flags, date, op.body, [this, alive, op, result](Result<AppendResult> r) {
+        if (alive.expired()) return;
+        if (r.ok() && r->uid != 0 && on_appended_) on_appended_(op, r->uidvalidity, r->uid);
+        result(r.status());
+      });
+    };
+    if (!op.maybe_applied) return append();
+    // The last try may have reached the server (common/imap/find_appended.h): look first.
+    InMailbox in_mailbox = [alive, u, c, op](std::function<void(Status)> step) {
       if (alive.expired()) return;
-      if (r.ok() && r->uid != 0 && on_appended_) on_appended_(op, r->uidvalidity, r->uid);
-      result(r.status());
-    });
+      if (u->mailbox == op.mailbox && c->selected() == op.mailbox) return step(Status::Ok());
+      c->Select(op.mailbox, [alive, u, op, step](Result<MailboxStatus> st) {
+        if (alive.expired()) return;
+        if (!st.ok()) return step(st.status());
+        u->mailbox = op.mailbox;
+        u->uidvalidity = st->uidvalidity;
+        step(Status::Ok());
+      });
+    };
+    return FindAppended(*c, std::make_shared<const std::string>(op.body), op.internaldate, in_mailbox,
+                        [this, alive, op, u, append, result](Result<std::uint32_t> uid) {
+                          if (alive.expired()) return;
+                          if (!uid.ok()) return result(uid.status());
+                          if (*uid == 0) return append();
+                          ++stats_.appends_found;
+                          std::fprintf(stderr,
+                                       "ghostproxy: imap: the deferred APPEND to %s for %s was on the server "
+                                       "already (UID %u; the answer to the last try was lost): not sent again\n",
+                                       op.mailbox.c_str(), op.origin.c_str(), *uid);
+                          if (on_appended_) on_appended_(op, u->uidvalidity, *uid);
+                          result(Status::Ok());
+                        });
   }
   if (u->mailbox == op.mailbox && u->uidvalidity == op.uidvalidity && c->selected() == op.mailbox) return apply();
   c->Select(op.mailbox, [this, alive, u, op, result, apply, done](Result<MailboxStatus> st) {

@@ -73,6 +73,7 @@ struct ImapDeferredOptions {
 struct ImapDeferredStats {
   std::uint64_t deferred = 0;   // operations queued
   std::uint64_t conflicts = 0;  // dropped and recorded in the unapplied file
+  std::uint64_t appends_found = 0;  // APPENDs in doubt found on the server, not sent again
 };
 
 class ImapDeferred {

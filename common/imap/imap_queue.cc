@@ -202,6 +202,9 @@ Status ImapQueue::Replay() {
   journal_size_ = pos;
   next_seq_ = max_seq + 1;
   stats_.replayed = pending_.size();
+  // Operations are sent one at a time, oldest first: the first may have been with the server
+  // when the last run stopped (its answer, or its ack, lost).
+  if (!pending_.empty()) pending_.front().maybe_applied = true;
   // Acks and dropped records of the last run are not needed any more.
   if (pending_.empty() && journal_size_ > 0) return Compact();
   return Status::Ok();
@@ -377,6 +380,8 @@ void ImapQueue::SendNext() {
 void ImapQueue::OnSent(SendOutcome outcome) {
   if (outcome == SendOutcome::kRetryLater) {
     ++stats_.retries;
+    // The try may have reached the server before the connection failed or timed out.
+    pending_.front().maybe_applied = true;
     sending_ = false;
     Stopped();
     return;

@@ -83,6 +83,11 @@ struct ImapOp {
   std::uint64_t message_size = 0;
   std::string local_name;         // kAppend: where the reader put it ("new/NAME", ".F/cur/NAME")
   std::string body;               // kAppend: the message (RFC 5322)
+  // Not journaled. Set by the queue on the first operation replayed from the journal and on
+  // one whose last try ended in kRetryLater: the server may have applied it without its answer
+  // reaching us. A sender checks before repeating what is not idempotent (an APPEND: see
+  // common/imap/find_appended.h).
+  bool maybe_applied = false;
 
   Bytes bytes() const { return body.size() + 64; }  // what it weighs against cap_bytes
 };

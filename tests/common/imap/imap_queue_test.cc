@@ -201,13 +201,18 @@ TEST_F(ImapQueueTest, AcknowledgedOperationsAreNotReplayed) {
   ASSERT_EQ(sent_.size(), 1u);
   held_(SendOutcome::kDone);  // "a" acknowledged; "b" now with the sender
   ASSERT_EQ(sent_.size(), 2u);
+  ASSERT_TRUE(queue_->Add(Append("c")).ok());
+  EXPECT_FALSE(sent_[1].maybe_applied);  // its first try
   OpenQueue();  // crash while "b" was being sent
-  ASSERT_EQ(queue_->pending().size(), 1u);
+  ASSERT_EQ(queue_->pending().size(), 2u);
   EXPECT_EQ(queue_->pending()[0].body, "b");
+  // "b" may have reached the server before the crash; "c" was never sent (one at a time).
+  EXPECT_TRUE(queue_->pending()[0].maybe_applied);
+  EXPECT_FALSE(queue_->pending()[1].maybe_applied);
   // Sequence numbers go on after the replayed ones.
-  Result<std::uint64_t> seq = queue_->Add(Append("c"));
+  Result<std::uint64_t> seq = queue_->Add(Append("d"));
   ASSERT_TRUE(seq.ok());
-  EXPECT_GT(*seq, queue_->pending()[0].seq);
+  EXPECT_GT(*seq, queue_->pending()[1].seq);
 }
 
 TEST_F(ImapQueueTest, RetryLaterKeepsTheOperationFirstAndStops) {
@@ -225,6 +230,11 @@ TEST_F(ImapQueueTest, RetryLaterKeepsTheOperationFirstAndStops) {
   ASSERT_EQ(sent_.size(), 3u);
   EXPECT_EQ(sent_[1].body, "a");
   EXPECT_EQ(sent_[2].body, "b");
+  // The failed try may have reached the server (a timeout, a connection dropped after the
+  // command went out): the next try says so, so an APPEND is looked for before it is repeated.
+  EXPECT_FALSE(sent_[0].maybe_applied);
+  EXPECT_TRUE(sent_[1].maybe_applied);
+  EXPECT_FALSE(sent_[2].maybe_applied);
 }
 
 TEST_F(ImapQueueTest, DroppedOperationsAreCountedAndAcknowledged) {

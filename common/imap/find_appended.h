@@ -1,0 +1,51 @@
+// FindAppended: is a message we may have APPENDed already on the server?
+//
+// APPEND is the one IMAP command in the deferred queues (common/imap/imap_queue.h) that is not
+// idempotent: a flag STORE, an EXPUNGE or a MOVE of a UID sent twice does nothing the second
+// time, but an APPEND sent twice leaves two copies. A queued APPEND may have reached the server
+// without its answer reaching us: the daemon was killed between the server's OK and the
+// journal's ack, or the connection dropped (or timed out) after the command went out. Such an
+// operation is marked `maybe_applied`, and before it is sent again the mailbox is searched
+// for it: a message with the same bytes (CRs aside: servers store lines with CRLF) and, when
+// the APPEND gave one, the same INTERNALDATE, which the APPEND set to the second the reader
+// delivered the message. Candidates are found by Message-ID (UID SEARCH HEADER), or, for a
+// message without one, among all messages by INTERNALDATE (UID FETCH 1:* summaries); the
+// newest `kMaxCompared` are fetched and compared byte for byte.
+//
+// What this cannot tell apart: the same bytes delivered twice in the same second into the same
+// mailbox, while the first copy's APPEND was the one in doubt. The second is then taken for the
+// first, and one copy is on the server instead of two. A message another client moved or
+// expunged between our lost answer and the search is appended again.
+#ifndef GHOST_COMMON_IMAP_FIND_APPENDED_H_
+#define GHOST_COMMON_IMAP_FIND_APPENDED_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/base/status.h"
+#include "common/imap/imap_client.h"
+
+namespace ghost {
+
+// The Message-ID header of an RFC 5322 message ("" if it has none): unfolded, trimmed.
+std::string MessageIdOf(std::string_view msg);
+
+// Runs `step` once the mailbox to search is the client's selected one (`step(Status)` with an
+// error when it cannot be selected). Called before each command, because a caller that shares
+// the connection between mailboxes (ghostfs's mail tree) may select another mailbox between
+// two of them.
+using InMailbox = std::function<void(std::function<void(Status)> step)>;
+
+inline constexpr int kMaxCompared = 8;
+
+// `done(uid)`: the UID of the message found in the mailbox, 0 when it is not there; an error
+// when the server could not be asked (the caller keeps the APPEND queued).
+void FindAppended(ImapClient& client, std::shared_ptr<const std::string> body, std::int64_t internaldate,
+                  InMailbox in_mailbox, std::function<void(Result<std::uint32_t>)> done);
+
+}  // namespace ghost
+
+#endif  // GHOST_COMMON_IMAP_FIND_APPENDED_H_
