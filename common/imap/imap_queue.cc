@@ -282,9 +282,30 @@ void ImapQueue::Flush() {
 }
 
 void ImapQueue::Flush(std::function<void(std::size_t left)> done) {
+  std::uint64_t last = pending_.empty() ? 0 : pending_.back().seq;
   Start(Why::kExplicit);
-  if (!sending_) return done(pending_.size());
-  flush_waiters_.push_back(std::move(done));
+  if (!sending_) return done(LeftOf(last));
+  flush_waiters_.push_back({last, std::move(done)});
+}
+
+std::size_t ImapQueue::LeftOf(std::uint64_t last) const {
+  std::size_t n = 0;
+  for (const ImapOp& op : pending_) n += op.seq <= last;
+  return n;
+}
+
+void ImapQueue::SettleWaiters(bool stopped) {
+  // Moved out first: a waiter may call Flush again.
+  std::vector<FlushWaiter> ready;
+  for (auto it = flush_waiters_.begin(); it != flush_waiters_.end();) {
+    if (stopped || pending_.empty() || pending_.front().seq > it->last) {
+      ready.push_back(std::move(*it));
+      it = flush_waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (FlushWaiter& w : ready) w.done(LeftOf(w.last));
 }
 
 Duration DeadlineFor(Duration deadline, int knob) {
@@ -317,9 +338,7 @@ void ImapQueue::ArmDeadline() {
 
 void ImapQueue::Stopped() {
   ArmDeadline();
-  auto waiters = std::move(flush_waiters_);
-  flush_waiters_.clear();
-  for (auto& w : waiters) w(pending_.size());
+  SettleWaiters(true);
 }
 
 Bytes ImapQueue::queued_bytes() const {
@@ -397,6 +416,7 @@ void ImapQueue::OnSent(SendOutcome outcome) {
   // A lost ack only means the operation is sent again after a crash (IMAP flag stores are
   // idempotent; a repeated APPEND is a duplicate, never a loss).
   if (!s.ok()) std::fprintf(stderr, "ghostfs: IMAP journal: %s\n", s.ToString().c_str());
+  SettleWaiters(false);
 }
 
 }  // namespace ghost

@@ -151,8 +151,11 @@ class ImapQueue {
   [[nodiscard]] Result<std::uint64_t> Add(ImapOp op);
   // Sends the queue now (whatever the network's mode). No-op while sending or when empty.
   void Flush();
-  // Flush, then `done(left)` once sending stops: the queue is empty (left 0), or the server
-  // could not be reached (left: the operations still queued). At once when nothing is queued.
+  // Flush, then `done(left)` once every operation queued at the call is sent (left 0), or
+  // sending stopped because the server could not be reached (left: those of them still
+  // queued). Operations added meanwhile are sent too but not waited for, so a reader that
+  // keeps changing the Maildir cannot hold a `ghostctl sync` forever. At once when nothing is
+  // queued.
   void Flush(std::function<void(std::size_t left)> done);
 
   // The operations not yet acknowledged, oldest first (the first may be with the sender).
@@ -196,7 +199,14 @@ class ImapQueue {
   ImapQueueStats stats_;
   std::vector<std::string> warnings_;
   TimerId deadline_timer_ = kNoTimer;
-  std::vector<std::function<void(std::size_t)>> flush_waiters_;
+  struct FlushWaiter {
+    std::uint64_t last = 0;  // the newest operation queued at its Flush
+    std::function<void(std::size_t)> done;
+  };
+  // Runs the waiters whose operations are all sent (all of them once sending `stopped`).
+  void SettleWaiters(bool stopped);
+  std::size_t LeftOf(std::uint64_t last) const;  // queued operations up to seq `last`
+  std::vector<FlushWaiter> flush_waiters_;
   // Sender callbacks hold a weak_ptr to this: once the queue is gone they do nothing.
   std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };

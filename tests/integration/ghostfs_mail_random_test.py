@@ -396,7 +396,11 @@ def stale_name(t, dc, work):
         return t.check(False, "stale name: mounts", fs.output()[-1500:])
     cur = os.path.join(mnt, "mail", ".Stale", "cur")
     lost = []
-    for i in range(3):
+    exercised, expired = 0, 0
+    name = "a rename of a name another client's flag change made stale keeps that change"
+    for i in range(8):
+        if exercised == 3:
+            break
         old = os.listdir(cur)[0]
         base = old.split(":2,")[0]
         os.stat(os.path.join(cur, old))  # the reader looks it up (mutt opens it)
@@ -405,15 +409,23 @@ def stale_name(t, dc, work):
         c.uid("STORE", "1", "+FLAGS", "(\\Answered)")  # another client replies to it
         c.logout()
         # The mount hears of it (IDLE) while the reader's name is still in the kernel's cache.
-        h.wait_for(lambda: os.path.exists(os.path.join(cur, base + ":2,RS")), 3, 0.02)
+        h.wait_for(lambda: os.path.exists(os.path.join(cur, base + ":2,RS")), 0.8, 0.02)
+        renamed = False
         try:
             os.rename(os.path.join(cur, old), os.path.join(cur, base + ":2,FS"))  # the reader flags it
+            exercised += 1
+            renamed = True
+        except FileNotFoundError:
+            # The kernel's name ran out (1 s) before the rename, on a loaded machine: the lookup
+            # asked ghostfs, which knows the name is stale. That is the documented ENOENT, and
+            # this attempt did not test the case.
+            expired += 1
         except OSError as e:
             lost.append(f"rename: {e}")
         subprocess.run([os.path.join(h.build_dir(), "fs", "ghostctl"), "--mount", mnt, "sync"],
                        capture_output=True, timeout=30)
         flags = dc.uid_flags("1", "Stale")
-        if b"\\Answered" not in flags or b"\\Flagged" not in flags:
+        if b"\\Answered" not in flags or (renamed and b"\\Flagged" not in flags):
             lost.append(f"attempt {i}: {old} -> {base}:2,FS with \\Answered set meanwhile: server has {flags}")
         c = dc.login()
         c.select("Stale")
@@ -421,8 +433,11 @@ def stale_name(t, dc, work):
         c.logout()
         h.wait_for(lambda: os.listdir(cur) == [base + ":2,S"], 5)
         time.sleep(1.1)  # the reader's names leave the kernel's cache
-    t.check(not lost, "a rename of a name another client's flag change made stale keeps that change",
-            "\n".join(lost))
+    print(f"# stale name: {exercised} attempts renamed the stale name, {expired} found it expired", flush=True)
+    if exercised == 0 and not lost:
+        t.skip(name, f"the kernel's name ran out before the rename in all {expired} attempts (loaded machine)")
+    else:
+        t.check(not lost, name, "\n".join(lost))
     fs.stop()
 
 
