@@ -86,6 +86,9 @@ struct FlashStats {
   std::uint64_t idle_block_copies = 0;
   std::uint64_t preempted_waits = 0;
   std::uint64_t writes_finishing_a_cleaning = 0;
+  // Host blocks that waited for an erasure in flight on their chip (round 14), and how long.
+  std::uint64_t writes_behind_an_erasure = 0;
+  Duration wait_behind_erasures{0};
 };
 
 class FlashModel {
@@ -144,6 +147,11 @@ class FlashModel {
   std::int64_t Victim() const;
   // The index in erased_ of the segment a writer or the cleaner's copies take next.
   std::size_t NextErased() const;
+  // When `segment` can be programmed: its erasure over and its chip erasing nothing else.
+  TimePoint WritableAt(std::size_t segment) const;
+  // When the next block put at the write point (the active segment's room, else the next erased
+  // segment) could be programmed, from `t`.
+  TimePoint NextBlockWritableAt(TimePoint t) const;
   std::size_t Chip(std::size_t segment) const { return segment / chip_segments_; }
   // kAsynchronous: when the next cleaning's copies could start from bus time `t` without
   // waiting for an erasure in flight (their destination: room left in the active segment, or
