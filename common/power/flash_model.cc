@@ -179,15 +179,16 @@ TimePoint FlashModel::busy_until() const {
 std::int64_t FlashModel::Victim() const {
   // The idle cleaner's victim under way is finished first, whoever cleans it.
   if (cleaning_ >= 0) return cleaning_;
-  // Greedy: the fewest live blocks. Among equals, the one whose erasure holds up the writer
-  // least (a chip does not program while it erases): not on the active segment's chip, then
-  // not on the chip of the erased segment the writer opens next; then the one whose chip is
-  // free first (its erasure can start soonest; on a one-chip device all are equal: the lowest
-  // segment).
+  // Greedy: the fewest live blocks. Among equals, asynchronously, the one whose erasure holds
+  // up the writer least (a chip does not program while it erases): not on the active segment's
+  // chip, then not on the chip of the erased segment the writer opens next (on demand the
+  // writer waits for the erasure wherever it runs); then the one whose chip is free first (its
+  // erasure can start soonest; on a one-chip device all are equal: the lowest segment).
   const std::size_t none = chip_free_.size();
+  const bool async = policy_ == CleaningPolicy::kAsynchronous && none > 1;
   const std::size_t active_chip =
-      none > 1 && active_ >= 0 ? Chip(static_cast<std::size_t>(active_)) : none;
-  const std::size_t next_chip = none > 1 && !erased_.empty() ? Chip(erased_[NextErased()]) : none;
+      async && active_ >= 0 ? Chip(static_cast<std::size_t>(active_)) : none;
+  const std::size_t next_chip = async && !erased_.empty() ? Chip(erased_[NextErased()]) : none;
   auto hold_up = [&](std::size_t s) {
     return Chip(s) == active_chip ? 2 : Chip(s) == next_chip ? 1 : 0;
   };
