@@ -488,5 +488,32 @@ TEST(FlashModelTest, AWriteToAChipThatIsErasingWaitsForTheErasure) {
   m->AssertInvariants();
 }
 
+// Round 14: the asynchronous cleaner (right after each write, or in idle time) erases, among
+// equally empty victims, off the chips the writer programs next (the active segment's, then the
+// next erased segment's), so that fewer writes are held up by an erasure on their own chip.
+// 16 KiB writes every second to the live data of a 90% full 10 MB card of ten chips (about one
+// cleaning per write, 1.6 s of erasure each: the erasers are busy). Counted: host blocks that
+// waited for an erasure. With the tie-break by chip free first only (round 13's), the same run
+// gives 451 and 128; with round 14's, 350 and 94. (With writes every 2 s or more, either way
+// almost none waits: ties among victims are then what decides, and they are rare at 90%.)
+std::uint64_t WritesBehindAnErasure(bool idle_cleaner) {
+  auto m = FlashModel::Create(Card(10 << 20, true, idle_cleaner), CleaningPolicy::kAsynchronous);
+  EXPECT_TRUE(m.ok());
+  m->Preload(0.9);
+  std::mt19937 rng(11);
+  for (int i = 0; i < 2000; ++i) {
+    const Bytes where = (rng() % ((8u << 20) / 4096)) * 4096;
+    m->Write(TimePoint{} + Seconds(1) * i, where, 16 << 10);
+  }
+  m->AssertInvariants();
+  EXPECT_GT(m->stats().erasures, 300u);
+  return m->stats().writes_behind_an_erasure;
+}
+
+TEST(FlashModelTest, TheAsyncCleanerErasesOffTheWritersChips) {
+  EXPECT_LT(WritesBehindAnErasure(false), 400u);
+  EXPECT_LT(WritesBehindAnErasure(true), 111u);
+}
+
 }  // namespace
 }  // namespace ghost
