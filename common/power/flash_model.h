@@ -17,9 +17,14 @@
 // 16 blocks of 64 KB per chip, 1.6 s typical block erase, erase-suspend to read). Each chip
 // (the profile's erase_chip_kib; default: the whole device is one chip) erases one block at a
 // time, and erasures on distinct chips run at the same time, each drawing its erase power for
-// its own erase time. A segment lies on chip address / chip size; the writer and the cleaner's
-// copies take whichever erased segment is ready first, on any chip; among victims with as few
-// live blocks, the cleaner picks the one whose chip is free first.
+// its own erase time. A segment lies on chip address / chip size. A chip does not program while
+// it erases (round 14: the 28F008SA's erase suspend lets the host read another block, not write
+// one), so a block written to a segment whose chip has an erasure in flight, a host write's or
+// a cleaner's copy, waits for that erasure to end (reads do not wait). The writer and the
+// cleaner's copies take whichever erased segment can be programmed first, on any chip; among
+// victims with as few live blocks, the asynchronous cleaner picks one off the chips the writer
+// programs next (the active segment's, then the next erased segment's), then the one whose
+// chip is free first (on demand: chip free first).
 //   - kOnDemand cleans inside the write that needs space: the write waits for the copies and
 //     for the erasure, and the card serves nothing else meanwhile (the flash file system waits
 //     for its erase command);
