@@ -33,9 +33,9 @@
 //     the card serves requests. A cleaning whose copies would have to wait for an erasure in
 //     flight (no room for them until a segment is erased) waits off the bus: it runs in the
 //     idle time before the next request once the erasure has ended (CatchUp), so the cleaner
-//     never holds the interface while a chip erases. A write waits only when it needs a fresh segment whose erasure
-//     has not finished (or, if no segment is erased or being erased, for a whole cleaning, as on
-//     demand). Its cost is energy and erasures, not response time, while the card has idle time.
+//     never holds the interface while a chip erases. A write waits only when it needs a fresh
+//     segment whose erasure has not finished or programs a chip that is erasing (or, if no
+//     segment is erased or being erased, for a whole cleaning, as on demand). Its cost is energy and erasures, not response time, while the card has idle time.
 //     With the profile's clean_idle_ms (round 13) the cleaner is idle-time work, as a card
 //     controller's background cleaner is: it does not run after a write but only once the card
 //     has been idle that long (no request in service or waiting), one block copy at a time, and
