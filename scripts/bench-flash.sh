@@ -152,6 +152,14 @@ if a.get('written_bytes') and b.get('written_bytes'):
 if a.get('idle_block_copies') or b.get('idle_block_copies'):
     print(f"    idle cleaner  {a['idle_block_copies']} -> {b['idle_block_copies']} block copies in idle time; requests behind a copy "
           f"{a['preempted_waits']} -> {b['preempted_waits']}; writes finishing a cleaning {a['writes_finishing_a_cleaning']} -> {b['writes_finishing_a_cleaning']}")
+if 'writes_behind_an_erasure' in b:
+    print(f"    erase waits   {a['writes_behind_an_erasure']} -> {b['writes_behind_an_erasure']} host blocks waited for an erasure in flight "
+          f"(not an on-demand cleaning's own) on their chip ({a['wait_behind_erasures_ms']/1e3:.1f} -> {b['wait_behind_erasures_ms']/1e3:.1f} s; the requests queued behind them wait too)")
+if a.get('erasures') and b.get('erasures'):
+    # The victim's live share v (copied per erasure / the card's 64 KB segment): erasures per byte
+    # written go as 1/(1-v), so lifetime lost = 1 - (1-v95)/(1-v40) (round 14, DESIGN §3.7).
+    va, vb = (x['copied_bytes'] / x['erasures'] / 65536 for x in (a, b))
+    print(f"    victim live   {va:8.1%}    -> {vb:8.1%}    (1-(1-v95)/(1-v40) = {1 - (1 - vb) / (1 - va):.0%}; a third lost needs v95 <= {1 - 2 / 3 * (1 - va):.0%})")
 print(f"    warm-up       {a['warm_up_passes']:4d} rounds, {a['warm_up_written_bytes']/1e6:.1f} MB, steady {a['steady']} -> "
       f"{b['warm_up_passes']} rounds, {b['warm_up_written_bytes']/1e6:.1f} MB, steady {b['steady']}")
 for x in (a, b):

@@ -179,15 +179,28 @@ TimePoint FlashModel::busy_until() const {
 std::int64_t FlashModel::Victim() const {
   // The idle cleaner's victim under way is finished first, whoever cleans it.
   if (cleaning_ >= 0) return cleaning_;
-  // Greedy: the fewest live blocks; among equals, the one whose chip is free first (its
+  // Greedy: the fewest live blocks. Among equals, asynchronously, the one whose erasure holds
+  // up the writer least (a chip does not program while it erases): not on the active segment's
+  // chip, then not on the chip of the erased segment the writer opens next (on demand the
+  // writer waits for the erasure wherever it runs); then the one whose chip is free first (its
   // erasure can start soonest; on a one-chip device all are equal: the lowest segment).
+  const std::size_t none = chip_free_.size();
+  const bool async = policy_ == CleaningPolicy::kAsynchronous && none > 1;
+  const std::size_t active_chip =
+      async && active_ >= 0 ? Chip(static_cast<std::size_t>(active_)) : none;
+  const std::size_t next_chip = async && !erased_.empty() ? Chip(erased_[NextErased()]) : none;
+  auto hold_up = [&](std::size_t s) {
+    return Chip(s) == active_chip ? 2 : Chip(s) == next_chip ? 1 : 0;
+  };
   std::int64_t victim = -1;
   for (std::size_t s = 0; s < live_.size(); ++s) {
     if (static_cast<std::int64_t>(s) == active_) continue;
     if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
     const std::size_t v = static_cast<std::size_t>(victim);
     if (victim < 0 || live_[s] < live_[v] ||
-        (live_[s] == live_[v] && chip_free_[Chip(s)] < chip_free_[Chip(v)])) {
+        (live_[s] == live_[v] && hold_up(s) < hold_up(v)) ||
+        (live_[s] == live_[v] && hold_up(s) == hold_up(v) &&
+         chip_free_[Chip(s)] < chip_free_[Chip(v)])) {
       victim = static_cast<std::int64_t>(s);
     }
   }
@@ -195,21 +208,41 @@ std::int64_t FlashModel::Victim() const {
 }
 
 std::size_t FlashModel::NextErased() const {
-  // The erased segment ready first, whatever its chip; among equals the one erased first (the
-  // back of erased_: on a one-chip device erasures end in the order they were queued).
+  // The erased segment that can be written first: its own erasure ended and its chip erasing
+  // nothing else (a chip cannot program while it erases); among equals the one erased first
+  // (the back of erased_: on a one-chip device erasures end in the order they were queued).
   std::size_t next = erased_.size() - 1;
   for (std::size_t i = erased_.size() - 1; i-- > 0;) {
-    if (ready_at_[erased_[i]] < ready_at_[erased_[next]]) next = i;
+    if (WritableAt(erased_[i]) < WritableAt(erased_[next])) next = i;
   }
   return next;
+}
+
+TimePoint FlashModel::WritableAt(std::size_t segment) const {
+  // Erasures on a chip run one after the other, so the chip is erasing until the last one it
+  // was given ends; the segment's own erasure is one of them.
+  return std::max(ready_at_[segment], chip_free_[Chip(segment)]);
+}
+
+TimePoint FlashModel::NextBlockWritableAt(TimePoint t) const {
+  if (active_ >= 0 && write_point_ < segment_blocks_) {
+    return std::max(t, WritableAt(static_cast<std::size_t>(active_)));
+  }
+  if (erased_.empty()) return t;
+  return std::max(t, WritableAt(erased_[NextErased()]));
 }
 
 TimePoint FlashModel::CopiesCanStart(TimePoint t) const {
   const std::int64_t victim = Victim();
   if (victim < 0) return t;
+  // The copies start at the write point: the active segment's room, or the next erased segment.
+  // Either way its chip must have no erasure in flight (the 28F008SA programs only when idle).
+  const std::uint32_t live = live_[static_cast<std::size_t>(victim)];
+  if (live == 0) return t;  // nothing to copy: the erasure can be issued at once
+  TimePoint start = NextBlockWritableAt(t);
   const std::uint64_t room = active_ >= 0 ? segment_blocks_ - write_point_ : 0;
-  if (live_[static_cast<std::size_t>(victim)] <= room || erased_.empty()) return t;
-  return std::max(t, ready_at_[erased_[NextErased()]]);
+  if (live <= room || erased_.empty() || room == 0) return start;
+  return std::max(start, WritableAt(erased_[NextErased()]));
 }
 
 void FlashModel::CatchUp(TimePoint arrival, FlashCost* cost) {
@@ -256,12 +289,12 @@ void FlashModel::CleanWhileIdle(TimePoint arrival, FlashCost* cost) {
     if (live_[victim] > 0) {
       // One block copy: its destination is the active segment's room, or the next erased
       // segment once its erasure has ended; it starts only if it can before the request.
-      TimePoint start = t;
-      if (active_ < 0 || write_point_ == segment_blocks_) {
-        if (erased_.empty()) break;  // not reached: the victim's copies fit (the reserve)
-        start = std::max(t, ready_at_[erased_[NextErased()]]);
-        if (start >= arrival) break;
+      // Either way the destination's chip must have no erasure in flight.
+      if ((active_ < 0 || write_point_ == segment_blocks_) && erased_.empty()) {
+        break;  // not reached: the victim's copies fit (the reserve)
       }
+      TimePoint start = NextBlockWritableAt(t);
+      if (start >= arrival) break;
       const std::uint64_t base = victim * segment_blocks_;
       std::uint64_t b = base;
       while (owner_[b] < 0) ++b;
@@ -295,6 +328,17 @@ void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool for
       OpenErased(t);
     }
   }
+  // A fresh segment's erasure must have ended; and the 28F008SA does not program while it
+  // erases (its erase suspend is to read, DESIGN §3.7): a block written to a chip with an
+  // erasure in flight waits for the erasure to end.
+  const TimePoint writable = WritableAt(static_cast<std::size_t>(active_));
+  if (writable > *t) {
+    if (foreground) {
+      ++stats_.writes_behind_an_erasure;
+      stats_.wait_behind_erasures += writable - *t;
+    }
+    *t = writable;
+  }
   std::int64_t phys = active_ * static_cast<std::int64_t>(segment_blocks_) +
                       static_cast<std::int64_t>(write_point_++);
   std::int64_t old = where_[lb];
@@ -316,7 +360,7 @@ void FlashModel::OpenErased(TimePoint* t) {
   active_ = static_cast<std::int64_t>(erased_[next]);
   erased_.erase(erased_.begin() + static_cast<std::ptrdiff_t>(next));
   write_point_ = 0;
-  *t = std::max(*t, ready_at_[static_cast<std::size_t>(active_)]);
+  (void)t;  // the caller (Place) waits until the segment can be programmed
 }
 
 void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {

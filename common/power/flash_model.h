@@ -17,9 +17,14 @@
 // 16 blocks of 64 KB per chip, 1.6 s typical block erase, erase-suspend to read). Each chip
 // (the profile's erase_chip_kib; default: the whole device is one chip) erases one block at a
 // time, and erasures on distinct chips run at the same time, each drawing its erase power for
-// its own erase time. A segment lies on chip address / chip size; the writer and the cleaner's
-// copies take whichever erased segment is ready first, on any chip; among victims with as few
-// live blocks, the cleaner picks the one whose chip is free first.
+// its own erase time. A segment lies on chip address / chip size. A chip does not program while
+// it erases (round 14: the 28F008SA's erase suspend lets the host read another block, not write
+// one), so a block written to a segment whose chip has an erasure in flight, a host write's or
+// a cleaner's copy, waits for that erasure to end (reads do not wait). The writer and the
+// cleaner's copies take whichever erased segment can be programmed first, on any chip; among
+// victims with as few live blocks, the asynchronous cleaner picks one off the chips the writer
+// programs next (the active segment's, then the next erased segment's), then the one whose
+// chip is free first (on demand: chip free first).
 //   - kOnDemand cleans inside the write that needs space: the write waits for the copies and
 //     for the erasure, and the card serves nothing else meanwhile (the flash file system waits
 //     for its erase command);
@@ -28,9 +33,9 @@
 //     the card serves requests. A cleaning whose copies would have to wait for an erasure in
 //     flight (no room for them until a segment is erased) waits off the bus: it runs in the
 //     idle time before the next request once the erasure has ended (CatchUp), so the cleaner
-//     never holds the interface while a chip erases. A write waits only when it needs a fresh segment whose erasure
-//     has not finished (or, if no segment is erased or being erased, for a whole cleaning, as on
-//     demand). Its cost is energy and erasures, not response time, while the card has idle time.
+//     never holds the interface while a chip erases. A write waits only when it needs a fresh
+//     segment whose erasure has not finished or programs a chip that is erasing (or, if no
+//     segment is erased or being erased, for a whole cleaning, as on demand). Its cost is energy and erasures, not response time, while the card has idle time.
 //     With the profile's clean_idle_ms (round 13) the cleaner is idle-time work, as a card
 //     controller's background cleaner is: it does not run after a write but only once the card
 //     has been idle that long (no request in service or waiting), one block copy at a time, and
@@ -86,6 +91,9 @@ struct FlashStats {
   std::uint64_t idle_block_copies = 0;
   std::uint64_t preempted_waits = 0;
   std::uint64_t writes_finishing_a_cleaning = 0;
+  // Host blocks that waited for an erasure in flight on their chip (round 14), and how long.
+  std::uint64_t writes_behind_an_erasure = 0;
+  Duration wait_behind_erasures{0};
 };
 
 class FlashModel {
@@ -144,6 +152,11 @@ class FlashModel {
   std::int64_t Victim() const;
   // The index in erased_ of the segment a writer or the cleaner's copies take next.
   std::size_t NextErased() const;
+  // When `segment` can be programmed: its erasure over and its chip erasing nothing else.
+  TimePoint WritableAt(std::size_t segment) const;
+  // When the next block put at the write point (the active segment's room, else the next erased
+  // segment) could be programmed, from `t`.
+  TimePoint NextBlockWritableAt(TimePoint t) const;
   std::size_t Chip(std::size_t segment) const { return segment / chip_segments_; }
   // kAsynchronous: when the next cleaning's copies could start from bus time `t` without
   // waiting for an erasure in flight (their destination: room left in the active segment, or

@@ -328,6 +328,8 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.idle_block_copies = model.stats().idle_block_copies;
     r.preempted_waits = model.stats().preempted_waits;
     r.writes_finishing_a_cleaning = model.stats().writes_finishing_a_cleaning;
+    r.writes_behind_an_erasure = model.stats().writes_behind_an_erasure;
+    r.wait_behind_erasures_ms = ToMillis(model.stats().wait_behind_erasures);
   }
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
@@ -379,6 +381,8 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["idle_block_copies"] = r.idle_block_copies;
     j["preempted_waits"] = r.preempted_waits;
     j["writes_finishing_a_cleaning"] = r.writes_finishing_a_cleaning;
+    j["writes_behind_an_erasure"] = r.writes_behind_an_erasure;
+    j["wait_behind_erasures_ms"] = r.wait_behind_erasures_ms;
   }
   if (o.steady_state) {
     j["warm_up_passes"] = r.warm_up_passes;

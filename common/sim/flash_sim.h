@@ -89,6 +89,10 @@ struct FlashSimResult {
   // The idle-time cleaner (profile clean_idle_ms): block copies in idle time, requests that
   // waited for the copy in progress, writes that waited for a cleaning holding the reserve.
   std::uint64_t idle_block_copies = 0, preempted_waits = 0, writes_finishing_a_cleaning = 0;
+  // Host blocks that waited for an erasure (their segment's or another on their chip), and the
+  // total wait (round 14).
+  std::uint64_t writes_behind_an_erasure = 0;
+  double wait_behind_erasures_ms = 0;
   int warm_up_passes = 0;        // steady_state: untimed warm-up rounds
   bool steady = false;           // steady_state: the last two rounds agreed
   Bytes warm_up_written = 0;     // steady_state: bytes the warm-up wrote
