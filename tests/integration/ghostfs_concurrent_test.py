@@ -16,7 +16,6 @@ index passes `PRAGMA integrity_check`.
 Runs on three mounts: plain; --profile ipaq-2004 --knob 0; the same with a small --flash-log.
 The seed is printed first; replay: ghostfs_concurrent_test.py --seed S [--procs N --ops N
 --cycles N --modes plain,profile,flash]. TAP; skipped without root or /dev/fuse."""
-import argparse
 import ctypes
 import errno
 import hashlib
@@ -763,19 +762,8 @@ def run_crashes(t, label, work, opts):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", "0")) or
-                    random.SystemRandom().randrange(1, 10 ** 6))
-    ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--ops", type=int, default=300)
-    ap.add_argument("--cycles", type=int, default=2)
-    ap.add_argument("--crash-after", type=float, default=1.5)
-    ap.add_argument("--timeout", type=float, default=120)
-    ap.add_argument("--modes", default="plain,profile,flash")
-    ap.add_argument("--entries", type=int, default=1200)
-    ap.add_argument("--parts", default="differential,crash,bigdir")
-    opts = ap.parse_args()
-    print(f"# seed {opts.seed}", flush=True)
+    opts = h.seeded_options(procs=4, ops=300, cycles=2, crash_after=1.5, timeout=120.0,
+                            modes="plain,profile,flash", entries=1200, parts="differential,crash,bigdir")
     h.require_root_and_fuse()
     modes = opts.modes.split(",")
     parts = opts.parts.split(",")

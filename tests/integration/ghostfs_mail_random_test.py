@@ -22,7 +22,6 @@ After each quiet point (workers stopped, `ghostctl sync`, the listings refreshed
 
 The seed is printed first; replay: ghostfs_mail_random_test.py --seed S [--rounds N --secs S].
 Skipped without root, /dev/fuse or dovecot."""
-import argparse
 import errno
 import imaplib
 import os
@@ -442,13 +441,7 @@ def stale_name(t, dc, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--secs", type=float, default=5.0)
-    ap.add_argument("--workers", type=int, default=3)
-    opts = ap.parse_args()
-    print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
+    opts = h.seeded_options(rounds=3, secs=5.0, workers=3)
     h.require_root_and_fuse()
     dc = h.started_dovecot()
     planned = 4 * opts.rounds + 3
@@ -469,20 +462,10 @@ def main():
             tag = f"p{box}{i}"
             sh.created.add(tag)
             dc.seed(folder, message(tag), info=random.Random(tag).choice(["", "S", "FS", "R"]), into_new=i % 3 == 0)
-    mnt, cache, ctl = (os.path.join(work, x) for x in ("mnt", "cache", "ctl.sock"))
-    os.makedirs(mnt)
-    conf = os.path.join(work, "ghostfs.toml")
-    with open(conf, "w") as f:
-        f.write("heuristic_freshness = 1\n")
     rng = random.Random(opts.seed)
-    args = ["--password-file", f"mail={dc.password_file()}", "--config", conf]
-    if rng.random() < 0.5:
-        args += ["--profile", "ipaq-2004"]  # operations wait for the card's CAM
-    print(f"# mount args: {args[2:]}", flush=True)
-    fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
-    if not t.check(fs.start(), "ghostfs mounts a dovecot origin", fs.output()[-1500:]):
-        t.skip_rest(planned, "no mount")
-        t.done()
+    fs, mnt, ctl = h.mount_seeded(t, planned, work, {"mail": dc.url()}, rng, "ghostfs mounts a dovecot origin",
+                                  args=["--password-file", f"mail={dc.password_file()}"])
+    cache = fs.cache
     for r in range(opts.rounds):
         seed = opts.seed * 10 + r
         sh.errors.clear()
@@ -509,7 +492,7 @@ def main():
             t.skip_rest(planned, "the daemon died or hung")
             t.done()
         if kill:
-            fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
+            fs = fs.again()
             if not t.check(fs.start(), f"round {r}: mounted again after a SIGKILL in the middle of the round", fs.output()[-1500:]):
                 t.skip_rest(planned, "no mount")
                 t.done()
@@ -541,7 +524,7 @@ def main():
         fs.stop()
         probs = h.index_problems(cache)
         t.check(not probs, f"round {r}: the index passes integrity_check", probs)
-        fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
+        fs = fs.again()
         if not fs.start():
             t.skip_rest(planned, "no mount")
             t.done()

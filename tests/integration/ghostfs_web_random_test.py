@@ -13,7 +13,6 @@ the index passes `PRAGMA integrity_check` at the end.
 
 The seed is printed first; replay: ghostfs_web_random_test.py --seed S [--secs S].
 Skipped without root, /dev/fuse or nginx."""
-import argparse
 import errno
 import os
 import random
@@ -168,12 +167,7 @@ def seek_back(t, work, site, nginx_url):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--seed", type=int, default=int(os.environ.get("GHOST_SEED", time.time_ns() % 100000)))
-    ap.add_argument("--secs", type=float, default=20.0)
-    ap.add_argument("--readers", type=int, default=4)
-    opts = ap.parse_args()
-    print(f"# seed {opts.seed} (replay: --seed {opts.seed} --secs {opts.secs})", flush=True)
+    opts = h.seeded_options(secs=20.0, readers=4)
     h.require_root_and_fuse()
     work = h.tempdir()
     site = os.path.join(work, "site")
@@ -192,18 +186,8 @@ def main():
     planned = 4
     t = h.Tap(planned)
     seek_back(t, work, site, nginx.url())
-    mnt, cache, ctl = (os.path.join(work, x) for x in ("mnt", "cache", "ctl.sock"))
-    os.makedirs(mnt)
-    conf = os.path.join(work, "ghostfs.toml")
-    with open(conf, "w") as f:
-        f.write("heuristic_freshness = 1\n")
-    rng = random.Random(opts.seed)
-    args = ["--config", conf] + (["--profile", "ipaq-2004"] if rng.random() < 0.5 else [])
-    print(f"# mount args: {args[2:]}", flush=True)
-    fs = h.Ghostfs(mnt, cache, {"web": nginx.url()}, args=args, control=ctl)
-    if not t.check(fs.start(), "ghostfs mounts an nginx origin", fs.output()[-1500:]):
-        t.skip_rest(planned, "no mount")
-        t.done()
+    fs, mnt, _ = h.mount_seeded(t, planned, work, {"web": nginx.url()}, random.Random(opts.seed),
+                                "ghostfs mounts an nginx origin")
     threads = [threading.Thread(target=reader, args=(w, opts.seed, opts.secs, mnt, sh), daemon=True)
                for w in range(opts.readers)]
     threads.append(threading.Thread(target=changer, args=(opts.seed, opts.secs, site, sh), daemon=True))
@@ -219,7 +203,7 @@ def main():
             "no EIO, no hang, no crash",
             f"hung={len(hung)} alive={alive}\n" + "\n".join(sh.errors[:15]) + f"\n{fs.output()[-1500:]}")
     fs.stop()
-    probs = h.index_problems(cache)
+    probs = h.index_problems(fs.cache)
     t.check(not probs, "the index passes integrity_check", probs)
     t.done()
 

@@ -2,6 +2,7 @@
 ghostfs. Every test gets a fresh temporary directory; mounts and processes are cleaned up even
 when a test fails (atexit + signal handlers), a process or mount the cleanups missed fails the
 test, and a reaper cleans up after a test that was killed (tests/integration/leftovers.py)."""
+import argparse
 import atexit
 import hashlib
 import json
@@ -684,6 +685,13 @@ class Tmux:
         return False, text
 
 
+def cpu_seconds(pid):
+    """CPU seconds (user + system) `pid` has used: a daemon's cost apart from the machine's load."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def build_dir():
     return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
@@ -733,6 +741,30 @@ class Ghostfs:
         if is_mounted(self.mnt):  # dead (the daemon was killed) or still busy
             subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
         self.proc = None
+
+    def start_ready(self, timeout=120):
+        """Starts the daemon and waits for its first `stats` answer on the control socket: the
+        mount is ready, its index loaded. Returns (seconds from the exec to that answer, the
+        index's object count), or (None, None) when it does not mount or answer within `timeout`
+        seconds; self.ready_cpu_s is then the CPU seconds the daemon had used."""
+        t0 = time.monotonic()
+        if not self.start(timeout=timeout):
+            return None, None
+        while time.monotonic() - t0 < timeout:
+            try:
+                ctl = Control(self.control)
+                stats = ctl.ok("stats")
+                ctl.close()
+                self.ready_cpu_s = cpu_seconds(self.proc.pid)
+                return time.monotonic() - t0, stats.get("cache", {}).get("objects")
+            except (OSError, RuntimeError):
+                time.sleep(0.01)
+        return None, None
+
+    def again(self):
+        """A new Ghostfs on the same mount point, cache, origins, arguments and control socket,
+        not started yet: the remount after a stop or a kill9()."""
+        return Ghostfs(self.mnt, self.cache, self.origins, args=self.args, control=self.control)
 
     def kill9(self):
         self.proc.kill()
@@ -789,6 +821,22 @@ class Control:
         self.sock.close()
 
 
+def seeded_options(**options):
+    """The command line of a seeded random test, parsed: --seed (default $GHOST_SEED, else a
+    fresh one; 0 counts as unset) and one option a keyword, --name (underscores as dashes) with
+    the keyword's value as default and its type. Prints the seed and the options that replay the
+    run as a TAP comment."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seed", type=int,
+                    default=int(os.environ.get("GHOST_SEED") or 0) or random.SystemRandom().randrange(1, 10 ** 6))
+    for name, default in options.items():
+        ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    opts = ap.parse_args()
+    replay = " ".join(f"--{name.replace('_', '-')} {getattr(opts, name)}" for name in options)
+    print(f"# seed {opts.seed} (replay: --seed {opts.seed} {replay})", flush=True)
+    return opts
+
+
 def make_tree(root, seed=1):
     """A tree with small, large and nested files; returns {relative path: sha256}."""
     rng = random.Random(seed)
@@ -819,18 +867,40 @@ def mark_old(maildir):
     return moved
 
 
-def mount_origin(t, plan, work, origin_url):
-    """ghostfs mounted at WORK/mnt with `origin_url` as www/ and its control socket at
-    WORK/control.sock; the rest of the plan is skipped if it does not mount. Returns (fs, mnt,
-    control)."""
+def mount_origin(t, plan, work, origin, args=(), check=None, control=True):
+    """ghostfs mounted at WORK/mnt on the cache WORK/cache, with `origin` as www/ (a URL) or
+    each name of `origin` (a dict name -> URL), the extra command line `args`, and its control
+    socket at WORK/control.sock (control=False: none). With `check`, the mount is the TAP check
+    of that name (the daemon's log as its detail): a failed mount fails the test. Without, a
+    failed mount is no check. Either way the rest of the plan is skipped and the test ends when
+    it does not mount. Returns (fs, mnt, control socket or None); fs.cache is the cache."""
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = Ghostfs(mnt, os.path.join(work, "cache"), {"www": origin_url}, control=ctl)
-    if not fs.start():
+    ctl = os.path.join(work, "control.sock") if control else None
+    origins = origin if isinstance(origin, dict) else {"www": origin}
+    fs = Ghostfs(mnt, os.path.join(work, "cache"), origins, args=args, control=ctl)
+    up = fs.start()
+    if check is not None:
+        t.check(up, check, fs.output()[-2000:])
+    if not up:
+        for line in fs.output()[-1000:].splitlines():
+            print(f"# {line}", flush=True)
         t.skip_rest(plan, "ghostfs did not mount")
         t.done()
     return fs, mnt, ctl
+
+
+def mount_seeded(t, plan, work, origin, rng, check, args=()):
+    """mount_origin for a seeded random test: heuristic freshness on (WORK/ghostfs.toml) and,
+    on one draw of `rng` in two, the ipaq-2004 profile (operations wait for the card's CAM),
+    printed so a replay can be read; the mount is the check `check`. Returns what mount_origin
+    does; fs.args remounts the same way."""
+    conf = os.path.join(work, "ghostfs.toml")
+    with open(conf, "w") as f:
+        f.write("heuristic_freshness = 1\n")
+    drawn = ["--profile", "ipaq-2004"] if rng.random() < 0.5 else []
+    print(f"# mount args: {drawn}", flush=True)
+    return mount_origin(t, plan, work, origin, args=[*args, "--config", conf, *drawn], check=check)
 
 
 def read_bytes(path):
