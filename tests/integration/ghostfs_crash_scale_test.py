@@ -30,33 +30,11 @@ def body_path(cache, key):
     return os.path.join(cache, "objects-db", "objects", name[:2], name)
 
 
-def mount_ready(fs, sock):
-    """Starts `fs`; seconds from the exec to the first `stats` answer, and its object count."""
-    t0 = time.monotonic()
-    if not fs.start(timeout=120):
-        return None, None
-    while time.monotonic() - t0 < 120:
-        try:
-            ctl = h.Control(sock)
-            stats = ctl.ok("stats")
-            ctl.close()
-            return time.monotonic() - t0, stats.get("cache", {}).get("objects")
-        except (OSError, RuntimeError):
-            time.sleep(0.01)
-    return None, None
-
-
 def main():
     work, _root, _sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    cache = os.path.join(work, "cache")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount: " + fs.output()[-500:])
-        t.done()
+    fs, _, sock = h.mount_origin(t, PLAN, work, nginx.url())
+    cache = fs.cache
     fs.stop()  # the empty index, schema and all, closed cleanly
 
     now_us = int(time.time() * 1e6)
@@ -77,8 +55,8 @@ def main():
                    None)
     written = h.add_cached_objects(os.path.join(cache, "objects-db", "index.sqlite"), rows())
 
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    clean_s, clean_n = mount_ready(fs, sock)
+    fs = fs.again()
+    clean_s, clean_n = fs.start_ready()
     if not t.check(clean_n == OBJECTS + 2,
                    f"a cache of {written} objects mounts (clean: ready in {clean_s} s, "
                    f"{clean_n} objects)", fs.output()[-2000:]):
@@ -86,8 +64,8 @@ def main():
         t.done()
 
     fs.kill9()
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    crash_s, crash_n = mount_ready(fs, sock)
+    fs = fs.again()
+    crash_s, crash_n = fs.start_ready()
     # `cut` (a body file of the wrong length) is dropped by the recovery's check.
     t.check(crash_s is not None and crash_s < READY_GOAL_S and crash_n == OBJECTS + 1,
             f"after a SIGKILL the {OBJECTS}-object mount is ready in {crash_s} s "

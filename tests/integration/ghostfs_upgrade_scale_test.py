@@ -68,31 +68,6 @@ def write_version4(index, n):
     db.close()
 
 
-def cpu_s(pid):
-    """CPU seconds (user + system) `pid` has used: the mount's cost apart from the machine's load."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def mount_ready(fs, sock):
-    """Starts `fs`; seconds from the exec to the first `stats` answer (and the CPU seconds the
-    daemon used by then, in `fs.ready_cpu_s`), and its object count."""
-    t0 = time.monotonic()
-    if not fs.start(timeout=600):
-        return None, None
-    while time.monotonic() - t0 < 600:
-        try:
-            ctl = h.Control(sock)
-            stats = ctl.ok("stats")
-            ctl.close()
-            fs.ready_cpu_s = cpu_s(fs.proc.pid)
-            return time.monotonic() - t0, stats.get("cache", {}).get("objects")
-        except (OSError, RuntimeError):
-            time.sleep(0.01)
-    return None, None
-
-
 def main():
     work, _root, _sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
@@ -105,7 +80,7 @@ def main():
     write_version4(index, OBJECTS)
 
     fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    first_s, first_n = mount_ready(fs, sock)
+    first_s, first_n = fs.start_ready(timeout=600)
     if not t.check(first_n == OBJECTS,
                    f"the first mount of a schema-4 cache of {OBJECTS} objects is ready in "
                    f"{first_s} s (CPU {getattr(fs, 'ready_cpu_s', None)} s) with {first_n} objects",
@@ -136,8 +111,8 @@ def main():
     t.check(version == 5 and page == 16384 and not os.path.exists(index + ".v5"),
             f"the index is version {version} with {page}-byte pages, no partial copy left")
 
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    again_s, again_n = mount_ready(fs, sock)
+    fs = fs.again()
+    again_s, again_n = fs.start_ready(timeout=600)
     t.check(again_n == OBJECTS and again_s is not None and again_s < 5,
             f"the next mount is ready in {again_s} s (CPU {getattr(fs, 'ready_cpu_s', None)} s) "
             f"with {again_n} objects", fs.output()[-2000:])
