@@ -40,12 +40,12 @@ def hit(sock, key):
 def main():
     work, _root, _sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url())
-    cache = os.path.join(work, "cache")
+    fs, _, sock = h.mount_origin(t, PLAN, work, nginx.url())
+    cache = fs.cache
 
     def remount(left, when):
         """ghostfs on the same cache again; the rest of the plan (`left`) skipped if it fails."""
-        again = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
+        again = fs.again()
         if not again.start():
             t.skip_rest(left, f"ghostfs did not mount {when}: " + again.output()[-500:])
             t.done()
