@@ -52,14 +52,8 @@ def main():
             "--manage-disk without --devices auto is refused", r.stderr)
 
     # This machine's own devices.
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--devices", "auto"], control=ctl)
-    if not t.check(fs.start(), "mounts with --devices auto", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, _, ctl = h.mount_origin(t, PLAN, work, nginx.url(), args=["--devices", "auto"],
+                                check="mounts with --devices auto")
     devs = jctl(ctl, "devices")
     t.check([d["name"] for d in devs] == ["laptop-hdd", "wifi-ac"],
             "without --profile the model is laptop-2024's disk and card", devs)
