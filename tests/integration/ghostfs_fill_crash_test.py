@@ -26,14 +26,8 @@ THREADS = 4
 def main():
     work, _root, _sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    cache = os.path.join(work, "cache")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, _, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts with a control socket")
+    cache = fs.cache
 
     acked = {}  # key -> body, once a lookup named its committed version
     lock = threading.Lock()
@@ -108,7 +102,7 @@ def main():
         db.close()
     t.check(verdict == "ok", "the index passes sqlite's integrity check after the kill", verdict)
 
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
+    fs = fs.again()
     lost = []
     if fs.start(timeout=20):
         ctl = h.Control(sock)
