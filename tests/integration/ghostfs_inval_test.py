@@ -27,13 +27,7 @@ def main():
         with open(os.path.join(root, "fresh", name), "wb") as f:
             f.write(data)
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, control=sock)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts with a control socket")
     ctl = h.Control(sock)
     www = os.path.join(mnt, "www", "fresh")
 
