@@ -38,15 +38,9 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
     # Room for the two objects and three of the fillers: the fourth evicts the oldest.
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, args=["--cache-size", "170K"],
-                   control=sock)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), args=["--cache-size", "170K"],
+                                   check="mounts with a control socket")
     ctl = h.Control(sock)
     path = {n: os.path.join(mnt, "www", n) for n in {**data, **fillers}}
 
