@@ -28,13 +28,7 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, control=sock)
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts")
     ctl = h.Control(sock)
 
     def flushes():
