@@ -46,14 +46,8 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    cache = os.path.join(work, "cache")
-    sock = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts")
+    cache = fs.cache
     for name in ("small.bin", "large.bin"):
         h.read_bytes(os.path.join(mnt, "www", name))  # fills the cache
     # The proxy's store: a small object stored, looked up and read through its versioned path.
