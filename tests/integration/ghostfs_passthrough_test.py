@@ -73,14 +73,8 @@ def main():
     recent = time.time() - 20
     os.utime(changing, (recent, recent))
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    cache = os.path.join(work, "cache")
-    ctl = os.path.join(work, "control.sock")
-    os.makedirs(mnt)
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=ctl)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts with a control socket")
+    cache = fs.cache
     www = os.path.join(mnt, "www")
     large = os.path.join(www, "large.bin")
 
