@@ -37,14 +37,8 @@ def main():
     # Explicit freshness, so cached copies are fresh and the cost model decides.
     work, root, sums, nginx = h.serve_tree(extra_location="expires 1h;")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004", "--knob", "50"], control=ctl)
-    if not t.check(fs.start(), "mounts with the ipaq-2004 profile and a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), args=["--profile", "ipaq-2004", "--knob", "50"],
+                                  check="mounts with the ipaq-2004 profile and a control socket")
     www = os.path.join(mnt, "www")
     local = os.path.join(mnt, "local")
 
