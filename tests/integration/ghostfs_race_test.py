@@ -68,13 +68,7 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, control=ctl)
-    if not t.check(fs.start(), "ghostfs mounts", fs.output()):
-        t.skip_rest(PLAN - 1, "not mounted")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), check="ghostfs mounts")
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
     ports = []
     for extra in ([], ["--memory-cache", "0"]):
