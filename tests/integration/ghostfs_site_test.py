@@ -65,14 +65,8 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
     started = time.time()
-    ctl = os.path.join(work, "ctl.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()}, args=["--max-stale", "0"], control=ctl)
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), args=["--max-stale", "0"], check="mounts")
     www = os.path.join(mnt, "www")
 
     names = sorted(os.listdir(www))
