@@ -47,14 +47,7 @@ def main():
     work, root, _sums, nginx = h.serve_tree(
         extra_location="location /gz/ { gzip on; gzip_types *; gzip_min_length 0; gzip_proxied any; }")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    cache = os.path.join(work, "cache")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, control=sock)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts with a control socket")
     ctl = h.Control(sock)
     before = ctl.ok("stats")["proxy"]
 
