@@ -9,7 +9,6 @@ import base64
 import errno
 import json
 import os
-import socket
 import sys
 import time
 
@@ -42,14 +41,8 @@ def disk_mode(ctl):
 def main():
     work, root, sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    sock = os.path.join(work, "control.sock")
-    cache = os.path.join(work, "cache")
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()}, args=["--profile", "ipaq-2004"], control=sock)
-    if not t.check(fs.start(), "mounts with a control socket", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), args=["--profile", "ipaq-2004"],
+                                   check="mounts with a control socket")
     ctl = h.Control(sock)
 
     t.check(ctl.ok("lookup", key="http://example.test/a") == {"cached": False}, "an unknown key is not cached")
