@@ -28,12 +28,7 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()})
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, _ = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts", control=False)
     path = os.path.join(mnt, "www", "big.bin")
     os.stat(path)
     slow_fd = os.open(path, os.O_RDONLY)  # both opened before any byte arrives: one stream
