@@ -17,12 +17,7 @@ def main():
     with open(os.path.join(root, "large.bin"), "rb") as f:
         large = f.read()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()})
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, _ = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts", control=False)
     path = os.path.join(mnt, "www", "large.bin")
     os.stat(path)  # the listing, fetched before the clock starts
     start = time.time()
