@@ -4,7 +4,6 @@ offline behaviour, the cache cap, extended attributes, local/ and durability acr
 TAP output; skipped (not passed) without root, /dev/fuse or nginx."""
 import errno
 import os
-import subprocess
 import sys
 import time
 
@@ -17,13 +16,7 @@ PLAN = 26
 def main():
     work, root, sums, nginx = h.serve_tree()
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    cache = os.path.join(work, "cache")
-    os.makedirs(mnt)
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()})
-    if not t.check(fs.start(), "mounts", fs.output()):
-        t.skip_rest(PLAN, "not mounted")
-        t.done()
+    fs, mnt, _ = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts", control=False)
     www = os.path.join(mnt, "www")
 
     t.check(sorted(os.listdir(mnt)) == ["local", "www"], "the root lists the origin and local/", os.listdir(mnt))
@@ -108,7 +101,7 @@ def main():
     os.fsync(fd)
     os.close(fd)
     fs.kill9()
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()})
+    fs = fs.again()
     t.check(fs.start(), "remounts after kill -9", fs.output())
     with open(os.path.join(mnt, "local", "durable.bin"), "rb") as f:
         t.check(f.read() == payload, "fsync'd data survives kill -9 and a remount")
@@ -127,7 +120,7 @@ def main():
             "offline: an unknown name fails quickly", f"errno {err} after {time.time() - start:.2f} s")
     t.check(sorted(os.listdir(www)) == want, "offline: listings come from the saved index")
     fs.stop()
-    fs = h.Ghostfs(mnt, cache, {"www": nginx.url()})
+    fs = fs.again()
     t.check(fs.start(), "mounts from its saved index while the origin is down", fs.output())
     ok = sorted(os.listdir(www)) == want and h.sha256_file(os.path.join(www, "medium.bin")) == sums["medium.bin"]
     t.check(ok, "offline after remount: listing and cached contents")
