@@ -69,14 +69,9 @@ def main():
         except ImportError:
             websocket = None
     t = h.Tap(PLAN)
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    control = os.path.join(work, "ctl")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004", "--policy", "static"], control=control)
-    if not t.check(fs.start(), "mounts with --profile ipaq-2004", fs.output()):
-        t.skip_rest(PLAN - 1, "not mounted")
-        t.done()
+    fs, mnt, control = h.mount_origin(t, PLAN, work, nginx.url(),
+                                      args=["--profile", "ipaq-2004", "--policy", "static"],
+                                      check="mounts with --profile ipaq-2004")
     port, dport = h.free_port(), h.free_port()
     plog = open(os.path.join(work, "proxy.log"), "w")
     proxy = subprocess.Popen([os.path.join(h.build_dir(), "proxy", "ghostproxy"), "--mount", mnt,
