@@ -617,6 +617,22 @@ def sleeping_card_mount(t, plan, work):
     return mnt, ctl
 
 
+def held_mail(plan, messages):
+    """The start of a test of the mail ghostproxy holds back: root and /dev/fuse, a started
+    dovecot with `messages` (bytes) delivered into its INBOX (else the test is skipped), the TAP
+    plan, a fresh work directory with the sleeping card's mount (sleeping_card_mount) and an
+    ImapJournalProxy on it, not started. Returns (t, dc, imap); imap.work, imap.mnt and
+    imap.ctl are the directory, the mount and its control socket."""
+    require_root_and_fuse()
+    dc = started_dovecot()
+    for m in messages:
+        dc.seed("", m)
+    t = Tap(plan)
+    work = tempdir()
+    mnt, ctl = sleeping_card_mount(t, plan, work)
+    return t, dc, ImapJournalProxy(work, mnt, ctl, dc)
+
+
 class ImapJournalProxy:
     """ghostproxy as an IMAP proxy with a journal (`work`/imap-journal) in front of dovecot
     `dc`, beside the mount `mnt` (control socket `ctl`). Each start() is a new process on the
@@ -643,6 +659,16 @@ class ImapJournalProxy:
                              stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
         track(p)
         on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
+        return p
+
+    def start_checked(self, t, plan, deadline=300):
+        """start(deadline) as the TAP check "ghostproxy listens for IMAP with --imap-journal"
+        (within 15 s); the rest of the plan is skipped and the test ends when it does not.
+        Returns the Popen."""
+        p = self.start(deadline)
+        if not t.check(wait_port(self.port, 15), "ghostproxy listens for IMAP with --imap-journal", self.tail()):
+            t.skip_rest(plan, "no IMAP proxy")
+            t.done()
         return p
 
     def tail(self, n=600):
