@@ -31,15 +31,8 @@ def message(subject, seed):
 
 
 def main():
-    h.require_root_and_fuse()
-    dc = h.started_dovecot()
-    for i in range(3):
-        dc.seed("", message(f"m{i}", i))
-    t = h.Tap(PLAN)
-    work = h.tempdir()
-    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
-    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
-    iport, log, journal = imap.port, imap.log, imap.journal
+    t, dc, imap = h.held_mail(PLAN, [message(f"m{i}", i) for i in range(3)])
+    iport, journal, ctl = imap.port, imap.journal, imap.ctl
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
 
     def server_ids():
@@ -62,10 +55,7 @@ def main():
         c.untagged_responses.clear()
         return c, int(data[0])
 
-    proxy = imap.start(300)
-    if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-journal", imap.tail()):
-        t.skip_rest(PLAN, "no IMAP proxy")
-        t.done()
+    proxy = imap.start_checked(t, PLAN, 300)
     time.sleep(1.5)  # subscribed to ghostfs's modes; the card in PSM
 
     # 1. APPEND into the selected mailbox while the card sleeps.
