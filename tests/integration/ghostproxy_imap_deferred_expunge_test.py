@@ -27,16 +27,9 @@ def message(subject, seed):
 
 
 def main():
-    h.require_root_and_fuse()
-    dc = h.started_dovecot()
     originals = [message(f"m{i}", i) for i in range(5)]
-    for m in originals:
-        dc.seed("", m)
-    t = h.Tap(PLAN)
-    work = h.tempdir()
-    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
-    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
-    iport, start, tail = imap.port, imap.start, imap.tail
+    t, dc, imap = h.held_mail(PLAN, originals)
+    iport, tail, ctl = imap.port, imap.tail, imap.ctl
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
     direct, bodies = dc.login, dc.bodies
 
@@ -56,10 +49,7 @@ def main():
         f.write(originals[4])
     ctlc.close()
 
-    proxy = start()
-    if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-journal", tail()):
-        t.skip_rest(PLAN, "no IMAP proxy")
-        t.done()
+    proxy = imap.start_checked(t, PLAN)
     time.sleep(1)  # subscribed to ghostfs's modes
 
     c = imaplib.IMAP4("127.0.0.1", iport)
