@@ -30,15 +30,8 @@ def message(subject, seed):
 
 
 def main():
-    h.require_root_and_fuse()
-    dc = h.started_dovecot()
-    for i in range(6):
-        dc.seed("", message(f"m{i}", i))
-    t = h.Tap(PLAN)
-    work = h.tempdir()
-    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
-    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
-    iport, start, log, journal = imap.port, imap.start, imap.log, imap.journal
+    t, dc, imap = h.held_mail(PLAN, [message(f"m{i}", i) for i in range(6)])
+    iport, start, log, journal, ctl = imap.port, imap.start, imap.log, imap.journal, imap.ctl
     unapplied = journal + ".unapplied"
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
 
@@ -61,10 +54,7 @@ def main():
         c.uid("FETCH", "1:*", "(FLAGS)")  # the proxy learns the flags
         return c
 
-    proxy = start(120)
-    if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP with --imap-journal", open(log).read()):
-        t.skip_rest(PLAN, "no IMAP proxy")
-        t.done()
+    proxy = imap.start_checked(t, PLAN, 120)
     time.sleep(1)  # subscribed to ghostfs's modes
     uids = sorted(server_flags())
 
