@@ -33,20 +33,14 @@ def message(i):
 
 
 def main():
-    h.require_root_and_fuse()
     seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
     ops = int(os.environ.get("GHOST_RANDOM_OPS", "160"))
     rng = random.Random(seed)
     # First, so that a run that dies before its checks can still be replayed.
     print(f"# seed {seed} (GHOST_RANDOM_SEED={seed} GHOST_RANDOM_OPS={ops} to replay)", flush=True)
-    dc = h.started_dovecot()
     originals = [message(i) for i in range(COUNT)]
-    for m in originals:
-        dc.seed("", m)
-    t = h.Tap(PLAN)
-    work = h.tempdir()
-    mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
-    imap = h.ImapJournalProxy(work, mnt, ctl, dc)
+    t, dc, imap = h.held_mail(PLAN, originals)
+    ctl = imap.ctl
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
 
     d = dc.login()
@@ -61,10 +55,7 @@ def main():
     # from the server once the queue is sent), by Message-ID.
     appended = {}
 
-    proxy = imap.start()
-    if not t.check(h.wait_port(imap.port, 15), "ghostproxy listens for IMAP with --imap-journal", imap.tail()):
-        t.skip_rest(PLAN, "no IMAP proxy")
-        t.done()
+    proxy = imap.start_checked(t, PLAN)
     time.sleep(1)  # subscribed to ghostfs's modes
 
     log, wrong = [], []
