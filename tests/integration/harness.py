@@ -908,9 +908,10 @@ def mount_origin(t, plan, work, origin, args=(), check=None, control=True):
     up = fs.start()
     if check is not None:
         t.check(up, check, fs.output()[-2000:])
-    if not up:
+    elif not up:
         for line in fs.output()[-1000:].splitlines():
             print(f"# {line}", flush=True)
+    if not up:
         t.skip_rest(plan, "ghostfs did not mount")
         t.done()
     return fs, mnt, ctl
