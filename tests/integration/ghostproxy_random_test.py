@@ -16,7 +16,7 @@ no-cache` gets each file's newest version, a read through the mount is one whole
 the proxy's stores into ghostfs did not fail. Then ghostfs is killed (SIGKILL) under the same
 traffic and mounted again on its cache, three times: answers stay whole and none hangs, the
 cache holds whole versions after each remount, and the proxy stores through the new daemon.
-GHOST_RANDOM_SEED picks the sequence (printed), GHOST_RANDOM_OPS the operations per client.
+--seed (or GHOST_SEED) picks the sequence (printed), --ops the operations per client.
 TAP; skipped without root, /dev/fuse or nginx."""
 import json
 import os
@@ -332,9 +332,9 @@ def not_whole_in_mount(mnt, origin):
 
 
 def main():
+    opts = h.seeded_options(ops=80)
+    seed, ops = opts.seed, opts.ops
     h.require_root_and_fuse()
-    seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
-    ops = int(os.environ.get("GHOST_RANDOM_OPS", "80"))
     work = h.tempdir()
     site = os.path.join(work, "site")
     os.makedirs(site)
@@ -343,7 +343,7 @@ def main():
     if not nginx.start():
         h.skip_all("nginx is not installed or did not start")
     t = h.Tap(PLAN)
-    print(f"# seed {seed}, {CLIENTS} clients × {ops} operations", flush=True)
+    print(f"# {CLIENTS} clients × {ops} operations", flush=True)
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url())
     port = h.free_port()
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
