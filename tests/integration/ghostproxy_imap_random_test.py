@@ -9,8 +9,8 @@ sessions: whether a change is deferred or sent at once (the card's mode decides,
 fetches from the server wake it) must not change what the client sees. After every command
 the client's view (sequence numbers, UIDs, flags, bodies, EXISTS, untagged EXPUNGEs) must be
 the model's; after a final flush dovecot itself must hold exactly the model's messages and
-flags, and the moved bodies in the other mailbox. GHOST_RANDOM_SEED picks the sequence (printed
-on failure); GHOST_RANDOM_OPS its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
+flags, and the moved bodies in the other mailbox. --seed (or GHOST_SEED) picks the sequence
+(printed first); --ops its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
 import imaplib
 import os
 import random
@@ -33,11 +33,9 @@ def message(i):
 
 
 def main():
-    seed = int(os.environ.get("GHOST_RANDOM_SEED", str(int(time.time()))))
-    ops = int(os.environ.get("GHOST_RANDOM_OPS", "160"))
+    opts = h.seeded_options(ops=160)  # first, so that a run that dies before its checks can be replayed
+    seed, ops = opts.seed, opts.ops
     rng = random.Random(seed)
-    # First, so that a run that dies before its checks can still be replayed.
-    print(f"# seed {seed} (GHOST_RANDOM_SEED={seed} GHOST_RANDOM_OPS={ops} to replay)", flush=True)
     originals = [message(i) for i in range(COUNT)]
     t, dc, imap = h.held_mail(PLAN, originals)
     ctl = imap.ctl
