@@ -732,16 +732,20 @@ class Ghostfs:
         self.proc = None
         self.log = os.path.join(tempdir("ghost-log-"), "ghostfs.log")
 
-    def start(self, timeout=10):
-        exe = os.path.join(build_dir(), "fs", "ghostfs")
-        cmd = [exe, "-f", "--cache", self.cache]
+    def command(self):
+        """The daemon's command line (in the foreground)."""
+        cmd = [os.path.join(build_dir(), "fs", "ghostfs"), "-f", "--cache", self.cache]
         for name, url in self.origins.items():
             cmd += ["--origin", f"{name}={url}"]
         if self.control:
             cmd += ["--control", self.control]
-        cmd += self.args + [self.mnt]
+        return cmd + self.args + [self.mnt]
+
+    def start(self, timeout=10):
+        """Starts the daemon; True once its mount is there, False if it exits or `timeout`
+        seconds pass first. Stopped (and unmounted) when the test exits."""
         self.logf = open(self.log, "a")
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(), stdout=self.logf, stderr=subprocess.STDOUT)
         track(self.proc)
         track_mount(self.mnt)
         on_exit(self.stop)
