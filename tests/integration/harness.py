@@ -584,6 +584,15 @@ def imap_read_until(f, tag):
             return out
 
 
+def started_nginx(root, extra_location=""):
+    """A started Nginx(root, extra_location), or the whole test skipped when nginx is missing
+    or does not start."""
+    nginx = Nginx(root, extra_location=extra_location)
+    if not nginx.start():
+        skip_all("nginx is not installed or did not start")
+    return nginx
+
+
 def started_dovecot(**kwargs):
     """A started Dovecot(**kwargs), or the whole test skipped when dovecot is missing or does
     not start."""
@@ -966,10 +975,7 @@ def serve_tree(extra_location=""):
     root = os.path.join(work, "origin")
     os.makedirs(root)
     sums = make_tree(root)
-    nginx = Nginx(root, extra_location=extra_location)
-    if not nginx.start():
-        skip_all("nginx is not installed or did not start")
-    return work, root, sums, nginx
+    return work, root, sums, started_nginx(root, extra_location)
 
 
 def ghost_key_hash(key):
