@@ -71,9 +71,7 @@ def main():
             digest.update(block)
     want = digest.hexdigest()
     size = mib << 20
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     t = h.Tap(PLAN)
     for label, args in (("cacheable", []), ("bigger than --cache-size", ["--cache-size", "64M"])):
         mnt = os.path.join(work, "mnt-" + label[:3])
