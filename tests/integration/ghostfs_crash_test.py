@@ -86,9 +86,7 @@ def main():
         with open(os.path.join(site, f"f{i:03d}.bin"), "wb") as f:
             f.write(data)
         origin_sums[f"f{i:03d}.bin"] = hashlib.sha256(data).hexdigest()
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     plan = 2 * cycles + 2
     t = h.Tap(plan)
     mnt = os.path.join(work, "mnt")
