@@ -37,9 +37,7 @@ def main():
     new = {"packed.bin": os.urandom(3000), "file.bin": os.urandom(50_000)}  # same size / grown
     for name, data in old.items():
         write(site, name, data, time.time() - 100)
-    nginx = h.Nginx(site, extra_location=f"expires {MAX_AGE}s;")
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site, f"expires {MAX_AGE}s;")
     t = h.Tap(PLAN)
     fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts")
     ctl = h.Control(sock)
