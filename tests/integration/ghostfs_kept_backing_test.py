@@ -34,9 +34,7 @@ def main():
         with open(p, "wb") as f:
             f.write(body)
         os.utime(p, (OLD, OLD))
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     t = h.Tap(PLAN)
     # Room for the two objects and three of the fillers: the fourth evicts the oldest.
     fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), args=["--cache-size", "170K"],
