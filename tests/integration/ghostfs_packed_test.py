@@ -42,9 +42,7 @@ def main():
     for name, data in (("small.bin", small), ("large.bin", large)):
         with open(os.path.join(site, name), "wb") as f:
             f.write(data)
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     t = h.Tap(PLAN)
     fs, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts")
     cache = fs.cache
