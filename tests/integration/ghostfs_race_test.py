@@ -64,9 +64,7 @@ def main():
         os.rename(tmp, obj)
 
     publish(0)
-    nginx = h.Nginx(site, extra_location='add_header Cache-Control "max-age=1";')
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site, 'add_header Cache-Control "max-age=1";')
     t = h.Tap(PLAN)
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), check="ghostfs mounts")
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
