@@ -61,9 +61,7 @@ def main():
     os.makedirs(root)
     sums = make_site(root)
     # Like most sites: no autoindex, except one download area that has it.
-    nginx = h.Nginx(root, extra_location="location / { autoindex off; } location /pub/ { autoindex on; }")
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(root, "location / { autoindex off; } location /pub/ { autoindex on; }")
     t = h.Tap(PLAN)
     started = time.time()
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url(), args=["--max-stale", "0"], check="mounts")
