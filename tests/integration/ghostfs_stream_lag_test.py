@@ -24,9 +24,7 @@ def main():
     body = os.urandom(SIZE)
     with open(os.path.join(site, "big.bin"), "wb") as f:
         f.write(body)
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     t = h.Tap(PLAN)
     fs, mnt, _ = h.mount_origin(t, PLAN, work, nginx.url(), check="mounts", control=False)
     path = os.path.join(mnt, "www", "big.bin")
