@@ -180,9 +180,7 @@ def main():
         with open(os.path.join(site, name), "wb") as f:
             f.write(data)
         os.utime(os.path.join(site, name), (time.time() - 200000, time.time() - 200000))
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     planned = 4
     t = h.Tap(planned)
     seek_back(t, work, site, nginx.url())
