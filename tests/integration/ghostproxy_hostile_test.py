@@ -273,9 +273,7 @@ def main():
     site = os.path.join(work, "site")
     files = make_site(site)
     # `expires` gives every answer (416 pages too) max-age.
-    nginx = h.Nginx(site, extra_location="expires 1h;")
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site, "expires 1h;")
     t = h.Tap(PLAN)
     bad = HostileOrigin()
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url())
