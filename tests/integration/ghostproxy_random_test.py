@@ -339,9 +339,7 @@ def main():
     site = os.path.join(work, "site")
     os.makedirs(site)
     origin = Origin(site)
-    nginx = h.Nginx(site)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site)
     t = h.Tap(PLAN)
     print(f"# {CLIENTS} clients × {ops} operations", flush=True)
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url())
