@@ -146,9 +146,7 @@ def main():
     work = h.tempdir()
     site = os.path.join(work, "site")
     files = make_site(site)
-    nginx = h.Nginx(site, extra_location=NGINX_EXTRA)
-    if not nginx.start():
-        h.skip_all("nginx is not installed or did not start")
+    nginx = h.started_nginx(site, NGINX_EXTRA)
     t = h.Tap(PLAN)
     fs, mnt, ctl = h.mount_origin(t, PLAN, work, nginx.url())
     echo_port = echo_server()
