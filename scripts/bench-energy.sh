@@ -30,10 +30,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench-energy: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-if [ "$(id -u)" -ne 0 ]; then
-  echo "bench-energy: run as root (it creates network namespaces and mounts ghostfs)" >&2
-  exit 1
-fi
+ghost_need_root bench-energy "it creates network namespaces and mounts ghostfs"
 ghost_install python3-matplotlib
 ghost_build
 mkdir -p "$out"

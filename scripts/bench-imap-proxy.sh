@@ -13,10 +13,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "bench-imap-proxy: run as root (it mounts ghostfs, starts dovecot and the link namespaces)" >&2
-  exit 1
-fi
+ghost_need_root bench-imap-proxy "it mounts ghostfs, starts dovecot and the link namespaces"
 ghost_install
 ghost_build
 python3 "$ROOT/scripts/bench_imap_proxy.py" --build "$GHOST_BUILD" "$@"

@@ -15,10 +15,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "bench-proxy: run as root (it mounts ghostfs and starts squid as user proxy)" >&2
-  exit 1
-fi
+ghost_need_root bench-proxy "it mounts ghostfs and starts squid as user proxy"
 ghost_install squid wrk
 ghost_build
 WORK=$(mktemp -d /var/tmp/bench-proxy.XXXXXX)

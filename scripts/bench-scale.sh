@@ -16,10 +16,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=scripts/lib.sh
 . "$ROOT/scripts/lib.sh"
 
-if [ "$(id -u)" -ne 0 ]; then
-  echo "bench-scale: run as root (it mounts ghostfs and starts squid as user proxy)" >&2
-  exit 1
-fi
+ghost_need_root bench-scale "it mounts ghostfs and starts squid as user proxy"
 args=()
 for a in "$@"; do
   if [ "$a" = --full ]; then args+=(--objects 1000000); else args+=("$a"); fi

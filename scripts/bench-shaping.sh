@@ -18,6 +18,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # shellcheck source=lib.sh
 . "$ROOT/scripts/lib.sh"
 BUILD=${GHOST_BUILD:-$ROOT/build}
-[ "$(id -u)" -eq 0 ] || { echo "bench-shaping: needs root (the link emulator)" >&2; exit 1; }
+ghost_need_root bench-shaping "the link emulator"
 ninja -C "$BUILD" tests/proxy_shaping_test tests/linkemu/nfq_delay tests/linkemu/wnic_energy >/dev/null
 exec python3 "$ROOT/scripts/bench_shaping.py" --build "$BUILD" "$@"

@@ -37,6 +37,13 @@ GHOST_FIRST_TARGETS=(fs/ghostfs fs/ghostctl fs/ghostsim proxy/ghostproxy tests/l
 
 ghost_log() { printf '== %s\n' "$*" >&2; }
 
+# ghost_need_root NAME WHY: exits 1 with "NAME: run as root (WHY)" unless run as root.
+ghost_need_root() {
+  [ "$(id -u)" -eq 0 ] && return 0
+  echo "$1: run as root ($2)" >&2
+  exit 1
+}
+
 # Installs the packages that are not installed yet (apt-get update only if needed).
 ghost_install() {
   local missing=()
