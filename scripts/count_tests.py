@@ -23,20 +23,25 @@ def json_log(junit_path):
     return base + ".json"
 
 
+def json_records(junit_path):
+    """The records of meson's JSON log beside a JUnit log, one a test, up to the first that
+    cannot be read; none when the log is missing."""
+    try:
+        with open(json_log(junit_path)) as f:
+            for line in f:
+                yield json.loads(line)
+    except (OSError, ValueError):
+        return
+
+
 def known_failures(junit_path):
     """TAP "not ok # TODO" lines from meson's JSON log: (test, check, reason)."""
     out = []
-    path = json_log(junit_path)
-    try:
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                for l in rec.get("stdout", "").splitlines():
-                    m = TODO.match(l)
-                    if m:
-                        out.append((rec.get("name", "?"), m.group(1), m.group(2).strip()))
-    except (OSError, ValueError):
-        pass
+    for rec in json_records(junit_path):
+        for l in rec.get("stdout", "").splitlines():
+            m = TODO.match(l)
+            if m:
+                out.append((rec.get("name", "?"), m.group(1), m.group(2).strip()))
     return out
 
 
@@ -53,19 +58,12 @@ def failed_without_a_failed_case(junit_root, junit_path):
                 bad_suites.add(suite.get("name", ""))
                 bad_suites.add(suite.get("name", "") + "." + c.get("name", ""))
     out = []
-    path = json_log(junit_path)
-    try:
-        with open(path) as f:
-            for line in f:
-                rec = json.loads(line)
-                if rec.get("result") not in ("FAIL", "ERROR", "TIMEOUT", "UNEXPECTEDPASS"):
-                    continue
-                name = rec.get("name", "?")
-                if not any(s == name or s.endswith("." + name) or f".{name}." in s
-                           for s in bad_suites):
-                    out.append((name, rec["result"]))
-    except (OSError, ValueError):
-        pass
+    for rec in json_records(junit_path):
+        if rec.get("result") not in ("FAIL", "ERROR", "TIMEOUT", "UNEXPECTEDPASS"):
+            continue
+        name = rec.get("name", "?")
+        if not any(s == name or s.endswith("." + name) or f".{name}." in s for s in bad_suites):
+            out.append((name, rec["result"]))
     return out
 
 
