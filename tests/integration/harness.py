@@ -609,20 +609,13 @@ def sleeping_card_mount(t, plan, work):
     devices, whose card sleeps in PSM and wakes to CAM for transfers, and a control socket:
     what the tests of the mail the proxy holds back stand beside. (mnt, ctl); the rest of the
     plan skipped when nginx or ghostfs does not start."""
-    mnt = os.path.join(work, "mnt")
     www = os.path.join(work, "www")
-    os.makedirs(mnt)
     os.makedirs(www)
     nginx = Nginx(www)
     if not nginx.start():
         t.skip_rest(plan, "nginx did not start")
         t.done()
-    ctl = os.path.join(work, "control.sock")
-    fs = Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                 args=["--profile", "ipaq-2004"], control=ctl)
-    if not fs.start():
-        t.skip_rest(plan, "ghostfs did not mount")
-        t.done()
+    _, mnt, ctl = mount_origin(t, plan, work, nginx.url(), args=["--profile", "ipaq-2004"])
     return mnt, ctl
 
 
