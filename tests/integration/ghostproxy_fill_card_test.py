@@ -46,9 +46,7 @@ def main():
     h.require_root_and_fuse()
     t = h.Tap(PLAN)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
     www = os.path.join(work, "www")
-    os.makedirs(mnt)
     os.makedirs(os.path.join(www, "c"))
     files = {f"c/small{i}.bin": os.urandom(3000 + i) for i in range(10)}
     files["c/big.bin"] = os.urandom(64 * 1024)
@@ -61,12 +59,7 @@ def main():
     if not nginx.start():
         t.skip_rest(PLAN, "nginx did not start")
         t.done()
-    sock = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": nginx.url()},
-                   args=["--profile", "ipaq-2004"], control=sock)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    _, mnt, sock = h.mount_origin(t, PLAN, work, nginx.url(), args=["--profile", "ipaq-2004"])
     ctl = h.Control(sock)
     port = h.free_port()
     log = os.path.join(work, "ghostproxy.log")
