@@ -192,14 +192,8 @@ def main():
         dc.seed("", m)
     server = Server(dc)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"mail": dc.url()},
-                   args=["--password-file", f"mail={dc.password_file()}", "--profile", "ipaq-2004"], control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, {"mail": dc.url()},
+                                  args=["--password-file", f"mail={dc.password_file()}", "--profile", "ipaq-2004"])
     iport = h.free_port()
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
     plog = os.path.join(work, "ghostproxy.log")
