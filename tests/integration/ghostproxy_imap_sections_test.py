@@ -215,13 +215,7 @@ def main():
     for m, _, _ in CASES:
         dc.seed("", m)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {}, control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    _, mnt, ctl = h.mount_origin(t, PLAN, work, {})
     proxy, iport, plog = start_proxy(mnt, ctl, f"imap://127.0.0.1:{dc.port}/")
     if not t.check(h.wait_port(iport, 15), "ghostproxy listens for IMAP", open(plog).read()):
         t.skip_rest(PLAN, "no IMAP proxy")
