@@ -119,13 +119,7 @@ def main():
     sent = message("starttls", 40 * 1024)
     dc.seed("", sent)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {}, control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    fs, mnt, ctl = h.mount_origin(t, PLAN, work, {})
     trusted = dict(os.environ, SSL_CERT_FILE=dc.ca_file)
     origin = f"imap://127.0.0.1:{dc.port}/"
     proxy, port, plog = start_proxy(work, mnt, ctl, origin, ["--imap-origin-starttls", "required"], env=trusted)
