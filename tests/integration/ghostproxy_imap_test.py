@@ -124,14 +124,8 @@ def main():
     for m in sent:
         dc.seed("", m)
     work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"mail": dc.url()},
-                   args=["--password-file", f"mail={dc.password_file()}", "--cacert", dc.ca_file], control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    _, mnt, ctl = h.mount_origin(t, PLAN, work, {"mail": dc.url()},
+                                 args=["--password-file", f"mail={dc.password_file()}", "--cacert", dc.ca_file])
     origin = f"imap://127.0.0.1:{dc.port}/"
     # A short imap_timeout: an IDLE session must outlive it (no timer while nothing is owed).
     conf0 = os.path.join(work, "proxy0.toml")
