@@ -67,13 +67,7 @@ def main():
     work = h.tempdir()
     cert, key = make_cert(work, "proxy")
     _, other_key = make_cert(work, "other")
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    ctl = os.path.join(work, "control.sock")
-    fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {}, control=ctl)
-    if not fs.start():
-        t.skip_rest(PLAN, "ghostfs did not mount")
-        t.done()
+    _, mnt, ctl = h.mount_origin(t, PLAN, work, {})
     origin = f"imap://127.0.0.1:{dc.port}/"
     proxy, iport, sport, plog = start_proxy(mnt, ctl, origin,
                                             ["--imap-tls-cert", cert, "--imap-tls-key", key])
