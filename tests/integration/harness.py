@@ -927,7 +927,7 @@ def mount_seeded(t, plan, work, origin, rng, check, args=()):
     """mount_origin for a seeded random test: heuristic freshness on (WORK/ghostfs.toml) and,
     on one draw of `rng` in two, the ipaq-2004 profile (operations wait for the card's CAM),
     printed so a replay can be read; the mount is the check `check`. Returns what mount_origin
-    does; fs.args remounts the same way."""
+    does; fs.again() remounts the same way."""
     conf = os.path.join(work, "ghostfs.toml")
     with open(conf, "w") as f:
         f.write("heuristic_freshness = 1\n")
