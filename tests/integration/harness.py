@@ -812,6 +812,17 @@ class Ghostfs:
             return ""
 
 
+def ghostctl(control, *args, timeout=30):
+    """ghostctl --control CONTROL ARGS..., run to its end: the CompletedProcess (text)."""
+    exe = os.path.join(build_dir(), "fs", "ghostctl")
+    return subprocess.run([exe, "--control", control, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def ghostctl_json(control, *args):
+    """ghostctl --json's answer to ARGS, parsed (an exception when there is none)."""
+    return json.loads(ghostctl(control, "--json", *args).stdout)
+
+
 class Control:
     """A client of ghostfs's control socket (common/control/control.h), one request at a time."""
 
