@@ -5,7 +5,6 @@ which real devices back the model and why each one is modelled only (here: the r
 GHOST_SYSFS_ROOT pointing at a tree with a battery, `ghostctl stats` shows the measured power
 beside the model's; bad --devices / --manage-disk are refused; SIGTERM ends it cleanly.
 TAP; skipped without root, /dev/fuse or nginx."""
-import json
 import os
 import signal
 import subprocess
@@ -16,15 +15,6 @@ import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
 PLAN = 14
-
-
-def ghostctl(ctl, *args):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
-
-
-def jctl(ctl, *args):
-    return json.loads(ghostctl(ctl, "--json", *args).stdout)
 
 
 def fake_sysfs(root):
@@ -54,7 +44,7 @@ def main():
     # This machine's own devices.
     fs, _, ctl = h.mount_origin(t, PLAN, work, nginx.url(), args=["--devices", "auto"],
                                 check="mounts with --devices auto")
-    devs = jctl(ctl, "devices")
+    devs = h.ghostctl_json(ctl, "devices")
     t.check([d["name"] for d in devs] == ["laptop-hdd", "wifi-ac"],
             "without --profile the model is laptop-2024's disk and card", devs)
     net = devs[1].get("hardware", {})
@@ -62,12 +52,12 @@ def main():
             "the route to the 127.0.0.1 origin is found over lo, modelled only", net)
     disk = devs[0].get("hardware", {})
     t.check("managed" in disk and not disk["managed"], "the cache's disk is not driven unless named", disk)
-    text = ghostctl(ctl, "devices").stdout
+    text = h.ghostctl(ctl, "devices").stdout
     t.check("REAL DEVICE" in text and "wifi-ac: the route to 127.0.0.1 is over lo (loopback), not Wi-Fi" in text,
             "ghostctl devices says plainly that the card is not Wi-Fi", text)
     t.check(("laptop-hdd: " in text) and ("modelled only" in text or "reported only" in text),
             "ghostctl devices says why the disk is only modelled or reported", text)
-    stats = jctl(ctl, "stats")
+    stats = h.ghostctl_json(ctl, "stats")
     has_meter = os.path.isdir("/sys/class/powercap") or any(
         n.startswith("BAT") for n in os.listdir("/sys/class/power_supply"))
     if has_meter:
@@ -99,12 +89,12 @@ def main():
     if not t.check(started, "mounts with GHOST_SYSFS_ROOT set", fs2.output()):
         t.skip_rest(PLAN, "not mounted")
         t.done()
-    m = jctl(ctl2, "stats").get("measured", {})
+    m = h.ghostctl_json(ctl2, "stats").get("measured", {})
     meters = m.get("meters", [])
     t.check(len(meters) == 1 and meters[0]["name"] == "BAT0" and abs(meters[0]["power_w"] - 9.5) < 1e-9
             and abs(m.get("power_w", 0) - 9.5) < 1e-9,
             "the fake battery is the measured power", m)
-    text = ghostctl(ctl2, "stats").stdout
+    text = h.ghostctl(ctl2, "stats").stdout
     t.check("measured 9.50 W" in text and "model " in text and "(BAT0)" in text,
             "ghostctl stats shows measured power beside the model's", text)
     fs2.stop()
