@@ -19,7 +19,6 @@
 of 3: flash_log_test and flash_local_test.)
 TAP; skipped without root or /dev/fuse."""
 import glob
-import json
 import os
 import subprocess
 import sys
@@ -31,18 +30,9 @@ from harness import wait_for  # noqa: E402
 PLAN = 21
 
 
-def ghostctl(ctl, *args):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
-
-
-def jctl(ctl, *args):
-    return json.loads(ghostctl(ctl, "--json", *args).stdout)
-
-
 def disk_mode(ctl):
     try:
-        return [d for d in jctl(ctl, "devices") if d["kind"] == "disk"][0]["mode"]
+        return [d for d in h.ghostctl_json(ctl, "devices") if d["kind"] == "disk"][0]["mode"]
     except (ValueError, IndexError, KeyError):
         return "?"
 
@@ -90,7 +80,7 @@ def full_device(t, work):
         small = os.path.join(local, "small.txt")
         head = b"head of the file\n" * 8
         err = write_fsync(small, head)
-        logged = jctl(ctl, "stats")["flash_log"]["records"]
+        logged = h.ghostctl_json(ctl, "stats")["flash_log"]["records"]
         # 64 KiB do not fit the 16 KiB device: the append fails with ENOSPC.
         big = bytes((i * 7) % 251 for i in range(64 << 10))
         err2 = write_fsync(small, big)
@@ -101,11 +91,11 @@ def full_device(t, work):
         t.check(on_disk == big, "its bytes are on the disk, over the file's older logged bytes (flushed first)",
                 (len(on_disk), on_disk[:40]))
         t.check(read(small) == big, "reads through the mount see them")
-        fl = jctl(ctl, "stats")["flash_log"]
+        fl = h.ghostctl_json(ctl, "stats")["flash_log"]
         t.check(fl.get("write_throughs", 0) >= 1 and fl.get("append_failures", 0) >= 1
                 and fl.get("records", -1) == 0,
                 "ghostctl stats counts the failed append and the write-through", fl)
-        out = ghostctl(ctl, "stats").stdout
+        out = h.ghostctl(ctl, "stats").stdout
         t.check("written through to the disk" in out, "ghostctl stats says so in words", out)
         t.check("writing them through to the disk" in fs.output() and "No space left" in fs.output(),
                 "ghostfs logs a warning naming the cause", fs.output()[-1500:])
@@ -130,7 +120,7 @@ def corrupt_record(t, work):
     want = {"a.txt": b"AAAA first file\n" * 10, "b.txt": b"BBBB second file\n" * 10,
             "c.txt": b"CCCC third file\n" * 10}
     errs = [write_fsync(os.path.join(local, n), d) for n, d in sorted(want.items())]
-    records = jctl(ctl, "stats")["flash_log"]["records"]
+    records = h.ghostctl_json(ctl, "stats")["flash_log"]["records"]
     fs.kill9()  # the records stay in the log (an unmount would flush them)
     log = os.path.join(flash, "flash.log")
     data = bytearray(read(log))
@@ -149,7 +139,7 @@ def corrupt_record(t, work):
     if not up:
         t.skip_rest(PLAN, "not mounted")
         return
-    wait_for(lambda: jctl(ctl, "stats")["flash_log"]["records"] == 0, 10)
+    wait_for(lambda: h.ghostctl_json(ctl, "stats")["flash_log"]["records"] == 0, 10)
     backing = os.path.join(cache, "local")
     got = {n: read(os.path.join(backing, n)) for n in want}
     t.check(got["a.txt"] == want["a.txt"] and got["c.txt"] == want["c.txt"],
@@ -158,8 +148,8 @@ def corrupt_record(t, work):
     saved_bytes = read(saved[0]) if saved else b""
     t.check(len(saved) == 1 and b"BBBB" in saved_bytes and got["b.txt"] != want["b.txt"],
             "the corrupt record is not applied; its bytes are kept beside the log", (saved, saved_bytes[:80]))
-    fl = jctl(ctl, "stats")["flash_log"]
-    out = ghostctl(ctl, "stats").stdout
+    fl = h.ghostctl_json(ctl, "stats")["flash_log"]
+    out = h.ghostctl(ctl, "stats").stdout
     t.check(fl.get("corrupt_regions") == 1 and "1 corrupt region" in out,
             "ghostctl stats reports the corrupt region", (fl, out))
     t.check("corrupt record (bad CRC)" in fs.output() and (saved[0] if saved else "?") in fs.output(),
@@ -200,9 +190,9 @@ def disk_fails_mid_flush(t, work):
     except OSError as e:
         renamed = str(e)
     want["uno.txt"] = want.pop("one.txt")
-    before = jctl(ctl, "stats")["flash_log"]
-    flushed = ghostctl(ctl, "flush")
-    fl = jctl(ctl, "stats")["flash_log"]
+    before = h.ghostctl_json(ctl, "stats")["flash_log"]
+    flushed = h.ghostctl(ctl, "flush")
+    fl = h.ghostctl_json(ctl, "stats")["flash_log"]
     backing = os.path.join(cache, "local")
     # Every record stays, the metadata ones too: the flush's syncfs failed (fs/flash_local.h).
     t.check(errs == [None, None] and made is None and renamed is None
@@ -212,7 +202,7 @@ def disk_fails_mid_flush(t, work):
             "the fault), stays in the log and is counted as kept",
             (errs, made, renamed, before, fl, flushed.stdout, flushed.stderr))
     errors = " ".join(fl.get("last_flush_errors", []))
-    out = ghostctl(ctl, "stats").stdout
+    out = h.ghostctl(ctl, "stats").stdout
     t.check("Input/output error" in errors and "injected fault" in errors
             and "refused (kept in the log)" in out,
             "ghostctl stats reports the refused records and the disk's error", (errors, out))
@@ -223,8 +213,8 @@ def disk_fails_mid_flush(t, work):
     t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),
             "reads through the mount still see the kept bytes (from the log)")
     os.unlink(fault)
-    ghostctl(ctl, "flush")
-    fl = jctl(ctl, "stats")["flash_log"]
+    h.ghostctl(ctl, "flush")
+    fl = h.ghostctl_json(ctl, "stats")["flash_log"]
     got = {n: read(os.path.join(backing, n)) for n in want}
     t.check(fl["records"] == 0 and got == want and fl.get("last_flush_errors") == []
             and not os.path.exists(os.path.join(backing, "one.txt")),
