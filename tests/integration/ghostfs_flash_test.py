@@ -5,7 +5,6 @@ backing file yet); reads and stat see the logged bytes (read-your-writes), a tru
 file is honoured; `ghostctl stats` shows the log; `ghostctl flush` writes the log to the disk;
 an unmount leaves everything on the disk; bad --flash-log values are refused with a message.
 TAP; skipped without root or /dev/fuse."""
-import json
 import os
 import subprocess
 import sys
@@ -17,21 +16,12 @@ from harness import wait_for  # noqa: E402
 PLAN = 15
 
 
-def ghostctl(ctl, *args):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
-
-
-def jctl(ctl, *args):
-    return json.loads(ghostctl(ctl, "--json", *args).stdout)
-
-
 def disk(ctl):
-    return [d for d in jctl(ctl, "devices") if d["kind"] == "disk"][0]
+    return [d for d in h.ghostctl_json(ctl, "devices") if d["kind"] == "disk"][0]
 
 
 def spin_ups(ctl):
-    return [d for d in jctl(ctl, "stats")["devices"] if d["kind"] == "disk"][0]["transitions"]
+    return [d for d in h.ghostctl_json(ctl, "stats")["devices"] if d["kind"] == "disk"][0]["transitions"]
 
 
 def main():
@@ -66,7 +56,7 @@ def main():
     os.write(fd, b"second part\n")
     os.fdatasync(fd)
     os.close(fd)
-    stats = jctl(ctl, "stats")
+    stats = h.ghostctl_json(ctl, "stats")
     fl = stats.get("flash_log", {})
     t.check(disk(ctl)["mode"] == "standby" and spin_ups(ctl) == before,
             "fsync and fdatasync in local/ return with the disk still in standby", disk(ctl))
@@ -91,11 +81,11 @@ def main():
         got = f.read()
     t.check(got == b"first!", "a truncate of a logged file cuts its logged bytes", got[:40])
 
-    out = ghostctl(ctl, "stats").stdout
+    out = h.ghostctl(ctl, "stats").stdout
     t.check("flash log" in out and "records" in out, "ghostctl stats shows the flash log", out)
 
-    r = ghostctl(ctl, "flush")
-    stats = jctl(ctl, "stats")
+    r = h.ghostctl(ctl, "flush")
+    stats = h.ghostctl_json(ctl, "stats")
     with open(backing, "rb") as f:
         on_disk = f.read()
     t.check(r.returncode == 0 and stats["flash_log"]["records"] == 0 and on_disk == b"first!",
@@ -109,7 +99,7 @@ def main():
         f.write(b"late\n")
         f.flush()
         os.fsync(f.fileno())
-    logged = jctl(ctl, "stats")["flash_log"]["records"]
+    logged = h.ghostctl_json(ctl, "stats")["flash_log"]["records"]
     fs.stop()
     with open(os.path.join(cache, "local", "late.txt"), "rb") as f:
         on_disk = f.read()
