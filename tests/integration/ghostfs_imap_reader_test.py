@@ -8,7 +8,6 @@ access, while the cached messages stay readable. TAP; skipped without root, /dev
 dovecot."""
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -24,13 +23,8 @@ def message(subject, mid):
             f"Message-ID: <{mid}@ghost.test>\r\n\r\nbody of {subject}\r\n").encode()
 
 
-def ghostctl(ctl, *args):
-    exe = os.path.join(harness.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=60)
-
-
 def imap_stats(ctl):
-    out = ghostctl(ctl, "--json", "stats")
+    out = harness.ghostctl(ctl, "--json", "stats", timeout=60)
     try:
         return json.loads(out.stdout).get("imap") or {}
     except json.JSONDecodeError:
@@ -81,12 +75,12 @@ def main():
     # The card saves power: a flag change waits in the queue; `ghostctl sync` sends it now.
     os.rename(os.path.join(box, "cur", first), os.path.join(box, "cur", first.split(":2,")[0] + ":2,F"))
     queued = imap_stats(ctl).get("queued")
-    r = ghostctl(ctl, "sync")
+    r = harness.ghostctl(ctl, "sync", timeout=60)
     t.check(queued == 1 and r.returncode == 0 and "1 IMAP operation sent" in r.stdout and flagged_on_server(dc) == 1,
             "ghostctl sync sends a queued IMAP operation now", f"queued={queued} rc={r.returncode} {r.stdout}{r.stderr}")
     second = new[1]
     os.rename(os.path.join(box, "new", second), os.path.join(box, "cur", second.split(":2,")[0] + ":2,F"))
-    r = ghostctl(ctl, "flush")
+    r = harness.ghostctl(ctl, "flush", timeout=60)
     t.check(r.returncode == 0 and "1 IMAP operation sent" in r.stdout and flagged_on_server(dc) == 2
             and imap_stats(ctl).get("queued") == 0,
             "ghostctl flush sends the IMAP queue too", f"rc={r.returncode} {r.stdout}{r.stderr}")
@@ -97,7 +91,7 @@ def main():
         cached_body = f.read()  # read once: cached for the offline part below
     dc.stop()
     os.rename(os.path.join(box, "cur", seen), os.path.join(box, "cur", seen.split(":2,")[0] + ":2,FS"))
-    r = ghostctl(ctl, "sync")
+    r = harness.ghostctl(ctl, "sync", timeout=60)
     t.check(r.returncode == 1 and "still queued" in r.stdout, "sync with the server down says what it left (exit 1)",
             f"rc={r.returncode} {r.stdout}{r.stderr}")
     fs.stop()
