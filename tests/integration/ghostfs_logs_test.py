@@ -23,11 +23,6 @@ import harness as h  # noqa: E402
 PLAN = 15
 
 
-def ghostctl(control, *args):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", control, *args], capture_output=True, text=True, timeout=30)
-
-
 def err_of(fn):
     try:
         fn()
@@ -83,14 +78,14 @@ def main():
             any("origin missing" in l and "HTTP 404" in l and "ENOENT" in l for l in lines),
             "HTTP failures are logged with their URL, status and errno", text)
 
-    st = ghostctl(control, "--json", "stats")
+    st = h.ghostctl(control, "--json", "stats")
     stats = json.loads(st.stdout) if st.returncode == 0 else {}
     o = stats.get("origins", {})
     t.check(o.get("gone", {}).get("state") == "down" and o.get("www", {}).get("state") == "up" and
             o.get("gone", {}).get("last_failure", {}).get("errno") == "ECONNREFUSED",
             "stats report each origin's health", json.dumps(o)[:800])
-    txt = ghostctl(control, "stats").stdout
-    status = ghostctl(control, "status", os.path.join(mnt, "www", "small.txt")).stdout
+    txt = h.ghostctl(control, "stats").stdout
+    status = h.ghostctl(control, "status", os.path.join(mnt, "www", "small.txt")).stdout
     t.check("origin gone" in txt and "down" in txt and "origin" in status and "up for" in status,
             "ghostctl stats and status PATH show origin health", txt + status)
     t.check(stats.get("energy_model", {}).get("modelled") is False and "not modelled" in txt and
@@ -139,7 +134,7 @@ def main():
     err_of(lambda: os.listdir(os.path.join(mnt2, "gone")))
     h.wait_for(lambda: "down" in read(log2), timeout=5)
     text2 = read(log2)
-    st2 = ghostctl(ctl2, "stats").stdout
+    st2 = h.ghostctl(ctl2, "stats").stdout
     t.check("origin gone" in text2 and "down" in text2 and " info:" not in text2 and " warn:" not in text2,
             "a daemonised ghostfs logs to --log-file, at --log-level error only errors", text2)
     t.check("modelled from profile ipaq-2004" in st2, "with --profile, stats name the profile the energy is modelled from",
