@@ -18,8 +18,7 @@ PLAN = 28
 
 
 def ghostctl(ctl, *args, check=True):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    r = subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
+    r = h.ghostctl(ctl, *args)
     if check and r.returncode != 0:
         raise RuntimeError(f"ghostctl {' '.join(args)}: {r.stderr}")
     return r
