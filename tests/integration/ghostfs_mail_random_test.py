@@ -236,8 +236,7 @@ def flipper(seed, secs, ctl, sh):
 
 
 def ghostctl(ctl, *args, timeout=60):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    return subprocess.run([exe, "--control", ctl, "--json", *args], capture_output=True, text=True, timeout=timeout)
+    return h.ghostctl(ctl, "--json", *args, timeout=timeout)
 
 
 NAME = re.compile(r"^(\d+)\.(\d+)\.ghost,S=(\d+)(?::2,(.*))?$")
