@@ -12,7 +12,6 @@ import hashlib
 import json
 import mmap
 import os
-import subprocess
 import sys
 import time
 
@@ -25,8 +24,7 @@ OLD = 1704067200  # 2024-01-01: heuristic freshness keeps such copies fresh for 
 
 
 def ghostctl(ctl, *args):
-    exe = os.path.join(h.build_dir(), "fs", "ghostctl")
-    r = subprocess.run([exe, "--control", ctl, *args], capture_output=True, text=True, timeout=30)
+    r = h.ghostctl(ctl, *args)
     if r.returncode != 0:
         raise RuntimeError(f"ghostctl {' '.join(args)}: {r.stderr}")
     return r.stdout
