@@ -116,7 +116,8 @@ def hits_timed(port, hit_lua, consts, seconds):
     """The hit phase: hit_latency.py (1 connection) for `seconds`, then wrk as long."""
     urls = hit_latency.bench_urls(consts["ORIGIN"], consts["THREADS"], consts["SHARE"],
                                   consts["SLACK"])
-    own = hit_latency.summary(hit_latency.run(port, urls, consts["ORIGIN_HOST"], 1, seconds))
+    own = hit_latency.summary(hit_latency.run(port, urls, consts["ORIGIN_HOST"], 1, seconds),
+                              seconds)
     return own, wrk(port, hit_lua, 1, 1, seconds)
 
 
@@ -266,7 +267,8 @@ class PhaseLock:
 def hit_cols(r):
     o = r["hit"]
     return (f"{o['p50_us']:11.0f} {o['p99_us']:8.0f} {o['p999_us']:9.0f} {o['max_us']:8.0f} "
-            f"{o['count']:6d} {r['wrk_p50']:7.0f}/{r['wrk_p99']:.0f}")
+            f"{o['count']:6d} {r['wrk_p50']:7.0f}/{r['wrk_p99']:.0f} (ours corrected as wrk does: "
+          f"p99 {o['co_p99_us']:.0f})")
 
 
 def main():

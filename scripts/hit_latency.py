@@ -4,8 +4,8 @@ sending one absolute-form GET at a time for `seconds`; each request's latency is
 from just before its send to the last byte of its body. Prints the count and p50/p99/p99.9/max
 of the latencies as measured (no correction for coordinated omission: wrk's --latency adds
 synthetic samples for every response slower than the mean interval, stats_correct in wrk 4,
-so one stall of 100 ms among 8,000 sequential hits moves its p99 by itself; see
-scripts/RESULTS.md "hit14").
+so one stall of 100 ms among 8,000 sequential hits moves its p99 by itself; co_p99 is that
+corrected p99 computed from these samples; see scripts/RESULTS.md "hit14").
 
 Used by bench_scale.py; standalone:
   hit_latency.py --port P --origin http://127.0.0.1:O/ --threads 2 --share S [--slack 64]
@@ -102,11 +102,30 @@ def run(port, urls, host, connections=1, seconds=5.0, timeout=10.0):
     return {"latencies_us": lat, "bad": bad}
 
 
-def summary(r):
+def corrected(lat, seconds, connections=1):
+    """`lat` with wrk 4's coordinated-omission correction (stats_correct, applied before it
+    prints --latency): with the mean interval e = run time / (requests per connection), a
+    sample v adds synthetic samples v - e, v - 2e, ... while they exceed e."""
+    if not lat:
+        return []
+    e = seconds * 1e6 / max(1, len(lat) // connections)
+    out = list(lat)
+    for v in lat:
+        m = v - e
+        while v >= 2 * e and m > e:
+            out.append(m)
+            m -= e
+    return out
+
+
+def summary(r, seconds=None, connections=1):
     lat = r["latencies_us"]
-    return {"count": len(lat), "bad": r["bad"], "p50_us": pct(lat, 50), "p99_us": pct(lat, 99),
-            "p999_us": pct(lat, 99.9), "max_us": max(lat) if lat else None,
-            "over_10ms": sum(1 for v in lat if v > 10_000)}
+    s = {"count": len(lat), "bad": r["bad"], "p50_us": pct(lat, 50), "p99_us": pct(lat, 99),
+         "p999_us": pct(lat, 99.9), "max_us": max(lat) if lat else None,
+         "over_10ms": sum(1 for v in lat if v > 10_000)}
+    if seconds:  # what wrk would print for these samples
+        s["co_p99_us"] = pct(corrected(lat, seconds, connections), 99)
+    return s
 
 
 def bench_urls(origin, threads, share, slack, seed=42):
@@ -129,7 +148,7 @@ def main():
     a = ap.parse_args()
     host = a.origin.split("/")[2]
     s = summary(run(a.port, bench_urls(a.origin, a.threads, a.share, a.slack), host,
-                    a.connections, a.seconds))
+                    a.connections, a.seconds), a.seconds, a.connections)
     print(" ".join(f"{k} {v:.0f}" if isinstance(v, float) else f"{k} {v}" for k, v in s.items()))
     return 0 if s["count"] else 1
 
