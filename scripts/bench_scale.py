@@ -74,12 +74,20 @@ def log(msg):
     print(f"== {msg}", file=sys.stderr, flush=True)
 
 
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+def proc_number(pid, name, field):
+    """The number after `field` (e.g. "VmRSS:") in /proc/PID/<name>; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/{name}") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return 0
+
+
+def rss_kb(pid):
+    return proc_number(pid, "status", "VmRSS:")
 
 
 def disk_bytes(path):
@@ -123,14 +131,7 @@ def hits_timed(port, hit_lua, consts, seconds):
 
 def write_bytes(pid):
     """Bytes process `pid` (all its threads) has sent towards the disk (/proc/PID/io)."""
-    try:
-        with open(f"/proc/{pid}/io") as f:
-            for line in f:
-                if line.startswith("write_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return proc_number(pid, "io", "write_bytes:")
 
 
 def cpu_s(pid):
