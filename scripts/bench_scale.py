@@ -400,8 +400,12 @@ def main():
     if not gp.start():
         raise SystemExit("bench-scale: ghostproxy did not start again")
     io0 = write_bytes(fs.proc.pid)
+    cpu0 = cpu_s(fs.proc.pid), cpu_s(gp.proc.pid)
     own, hit = hits_timed(gp.port, hit_lua, consts, a.hit_seconds)
     hits, other = gp.hits_and_misses()
+    n_hit = max(1, hits + other)
+    g.update(hit_cpu_us=((cpu_s(fs.proc.pid) - cpu0[0]) * 1e6 / n_hit,
+                         (cpu_s(gp.proc.pid) - cpu0[1]) * 1e6 / n_hit))
     g.update(hit_write_bytes=write_bytes(fs.proc.pid) - io0, hit=own, wrk_p50=hit["p50_us"], wrk_p99=hit["p99_us"], hits=hits, other=other,
              rss_after_hits_kb=rss_kb(fs.proc.pid))
     gp.stop()
@@ -515,7 +519,8 @@ def main():
           f"{(g['rss_kb'] - g['empty_rss_kb']) * 1024 / n:.0f} B; disk {g['disk'] / 1e6:.1f} MB "
           f"({g['disk'] / (n * 512):.2f}× the bodies)")
     print(f"ghostfs wrote {g['hit_write_bytes'] / 1e6:.1f} MB towards the disk during the hits "
-          f"({g['hits'] + g['other']} requests; /proc/PID/io write_bytes)")
+          f"({g['hits'] + g['other']} requests; /proc/PID/io write_bytes); CPU per hit-phase "
+          f"request: ghostfs {g['hit_cpu_us'][0]:.0f} µs, ghostproxy {g['hit_cpu_us'][1]:.0f} µs")
     print(f"ghostproxy answered the fill's requests in {g['wrk_s']:.1f} s; indexed after {g['fill_s']:.1f} s")
     wq = g.get("write_queue") or {}
     if wq:
