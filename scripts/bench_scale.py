@@ -11,14 +11,18 @@ ghostproxy / ghostfs:
                  to the mount appearing and the first `ghostctl stats` answering
   RSS            ghostfs's VmRSS right after that remount, and after the hit phase
   disk/object    allocated bytes (st_blocks) under the cache directory / objects indexed
-  hits           wrk, 1 connection, random URLs among those filled: hit rate (access log) and
-                 p50/p99 latency
+  hits           random URLs among those filled, 1 connection, one request at a time: first
+                 hit_latency.py (every request timed with CLOCK_MONOTONIC: p50/p99/p99.9/max,
+                 the figures reported), then wrk --latency for as long (its p50/p99 beside:
+                 wrk corrects its histogram for coordinated omission, so one stall among
+                 thousands of hits sets its p99); hit rate from the access log over both
 squid (if installed): the same fill, its RSS, the time from a restart to answering a hit, its
 disk use per object.
 
 Usage: bench_scale.py --work DIR --ghostfs PATH --ghostproxy PATH --ghostctl PATH [--objects N]
 """
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -35,6 +39,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 import harness as h  # noqa: E402
 from bench_proxy import Ghostproxy, Squid  # noqa: E402
+import hit_latency  # noqa: E402
 
 # Unique absolute-form URLs: thread t asks for /o/t/0, /o/t/1, ...; the benchmark stops wrk
 # (SIGINT: it prints its summary) once the proxy's access log has N answers. ORIGIN etc. are
@@ -69,12 +74,20 @@ def log(msg):
     print(f"== {msg}", file=sys.stderr, flush=True)
 
 
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+def proc_number(pid, name, field):
+    """The number after `field` (e.g. "VmRSS:") in /proc/PID/<name>; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/{name}") as f:
+            for line in f:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return 0
+
+
+def rss_kb(pid):
+    return proc_number(pid, "status", "VmRSS:")
 
 
 def disk_bytes(path):
@@ -105,6 +118,20 @@ def wrk(port, lua, connections, threads, seconds):
             "p50_us": float(p50.group(1)) * scale[p50.group(2)] if p50 else float("nan"),
             "p99_us": float(p99.group(1)) * scale[p99.group(2)] if p99 else float("nan"),
             "bad": int(bad.group(1)) if bad else 0}
+
+
+def hits_timed(port, hit_lua, consts, seconds):
+    """The hit phase: hit_latency.py (1 connection) for `seconds`, then wrk as long."""
+    urls = hit_latency.bench_urls(consts["ORIGIN"], consts["THREADS"], consts["SHARE"],
+                                  consts["SLACK"])
+    own = hit_latency.summary(hit_latency.run(port, urls, consts["ORIGIN_HOST"], 1, seconds),
+                              seconds)
+    return own, wrk(port, hit_lua, 1, 1, seconds)
+
+
+def write_bytes(pid):
+    """Bytes process `pid` (all its threads) has sent towards the disk (/proc/PID/io)."""
+    return proc_number(pid, "io", "write_bytes:")
 
 
 def cpu_s(pid):
@@ -198,6 +225,10 @@ def write_rest(index, threads, share, total):
                           "ORDER BY rowid DESC LIMIT 1").fetchone()
         have = {k for (k,) in db.execute("SELECT key FROM objects")}
         tick = db.execute("SELECT max(accessed_us) FROM objects").fetchone()[0]
+        try:  # access times saved after their rows (the ticks table, round 14)
+            tick = max(tick, db.execute("SELECT max(tick) FROM ticks").fetchone()[0] or 0)
+        except sqlite3.OperationalError:
+            pass
     finally:
         db.close()
     prefix = re.match(r"^(.*/o/)\d+/\d+$", tmpl[0]).group(1)
@@ -216,6 +247,31 @@ def write_rest(index, threads, share, total):
     return h.add_cached_objects(index, rows())
 
 
+class PhaseLock:
+    """flock on a file around each measured phase (--lock); nothing without a path."""
+
+    def __init__(self, path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644) if path else None
+
+    def take(self, what):
+        if self.fd is not None:
+            t0 = time.monotonic()
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            log(f"lock taken for {what} after {time.monotonic() - t0:.0f} s; "
+                f"load {os.getloadavg()[0]:.1f}")
+
+    def give(self):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def hit_cols(r):
+    o = r["hit"]
+    return (f"{o['p50_us']:11.0f} {o['p99_us']:8.0f} {o['p999_us']:9.0f} {o['max_us']:8.0f} "
+            f"{o['count']:6d} {r['wrk_p50']:7.0f}/{r['wrk_p99']:.0f} (ours corrected as wrk does: "
+          f"p99 {o['co_p99_us']:.0f})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", required=True)
@@ -232,10 +288,15 @@ def main():
                          "write the rest of --objects straight into the stopped ghostfs's index "
                          "with the head of a proxy-filled one (harness.add_cached_objects): "
                          "for sizes whose fill takes hours on a loaded machine")
+    ap.add_argument("--lock", metavar="FILE",
+                    help="hold flock(FILE) only while each phase is measured (ghostproxy's "
+                         "fill, remounts and hits; squid's fill; squid's restart and hits), "
+                         "released between them, so a long run shares a benchmark lock")
     ap.add_argument("--crash", action="store_true",
                     help="after the hits, SIGKILL ghostfs and time the next mount to ready "
                          "(crash recovery at this size)")
     a = ap.parse_args()
+    lock = PhaseLock(a.lock)
     os.environ["GHOST_BUILD"] = os.path.dirname(os.path.dirname(os.path.abspath(a.ghostfs)))
     threads, conns, slack = 2, 16, 64
     share = (a.objects + threads - 1) // threads
@@ -264,6 +325,7 @@ def main():
     cache = os.path.join(a.work, "cache")
     control = os.path.join(a.work, "control.sock")
     size = max(1 << 30, a.objects * 8192)
+    lock.take("ghostproxy")
     fs = h.Ghostfs(mnt, cache, {"origin": origin}, args=["--cache-size", str(size)], control=control)
     if not fs.start():
         raise SystemExit(f"bench-scale: ghostfs did not mount:\n{fs.output()}")
@@ -337,9 +399,14 @@ def main():
     gp.access_log = os.path.join(a.work, "ghostproxy-hits.log")
     if not gp.start():
         raise SystemExit("bench-scale: ghostproxy did not start again")
-    hit = wrk(gp.port, hit_lua, 1, 1, a.hit_seconds)
+    io0 = write_bytes(fs.proc.pid)
+    cpu0 = cpu_s(fs.proc.pid), cpu_s(gp.proc.pid)
+    own, hit = hits_timed(gp.port, hit_lua, consts, a.hit_seconds)
     hits, other = gp.hits_and_misses()
-    g.update(hit_p50=hit["p50_us"], hit_p99=hit["p99_us"], hits=hits, other=other,
+    n_hit = max(1, hits + other)
+    g.update(hit_cpu_us=((cpu_s(fs.proc.pid) - cpu0[0]) * 1e6 / n_hit,
+                         (cpu_s(gp.proc.pid) - cpu0[1]) * 1e6 / n_hit))
+    g.update(hit_write_bytes=write_bytes(fs.proc.pid) - io0, hit=own, wrk_p50=hit["p50_us"], wrk_p99=hit["p99_us"], hits=hits, other=other,
              rss_after_hits_kb=rss_kb(fs.proc.pid))
     gp.stop()
     if a.crash:
@@ -356,6 +423,7 @@ def main():
             f"{g['objects_after_crash']} objects")
     fs.stop()
     log("ghostproxy figures: " + json.dumps(g))
+    lock.give()
 
     s = None
     if not a.no_squid and shutil.which("squid"):
@@ -364,6 +432,7 @@ def main():
         mb = max(256, a.objects * 8192 // (1 << 20))
         conf = re.sub(r"cache_dir ufs (\S+) 256 16 256", rf"cache_dir ufs \1 {mb} 64 256", conf)
         open(squid.conf, "w").write(conf)
+        lock.take("squid's fill")
         if not squid.start():
             raise SystemExit("bench-scale: squid did not start")
         log(f"filling squid with the same {a.objects} URLs")
@@ -382,6 +451,8 @@ def main():
         s["filled_rss_kb"] = rss_kb(squid.proc.pid)
         squid.stop()
         s["disk"] = disk_bytes(squid.cache)
+        lock.give()
+        lock.take("squid's restart and hits")
         url = f"{origin}o/0/0"
         logged = squid.hits_and_misses()  # squid has exited: its log is complete
         probes = [0, 0]  # the readiness probes' own log lines: (hits, other)
@@ -415,26 +486,28 @@ def main():
                     break
             time.sleep(0.2)
         s["rss_kb"] = rss_kb(squid.proc.pid)
-        shit = wrk(squid.port, hit_lua, 1, 1, a.hit_seconds)
-        s.update(hit_p50=shit["p50_us"], hit_p99=shit["p99_us"],
+        sown, shit = hits_timed(squid.port, hit_lua, consts, a.hit_seconds)
+        s.update(hit=sown, wrk_p50=shit["p50_us"], wrk_p99=shit["p99_us"],
                  rss_after_hits_kb=rss_kb(squid.proc.pid))
         squid.stop()  # squid's access log is buffered: count it once squid has exited
         after = squid.hits_and_misses()
         s.update(hits=after[0] - logged[0] - probes[0], other=after[1] - logged[1] - probes[1])
+        lock.give()
 
     n = g["objects_after"] or 1
     print(f"\nbench-scale: {a.objects} unique objects of 512 B from nginx on 127.0.0.1, "
           f"ghostproxy --memory-cache 0; one run")
     print(f"{'':11} {'fill/s':>8} {'ready s':>8} {'RSS MB':>7} {'disk/obj':>9} {'hit rate':>9} "
-          f"{'hit p50 µs':>11} {'hit p99 µs':>11}")
+          f"{'hit p50 µs':>11} {'p99 µs':>8} {'p99.9 µs':>9} {'max µs':>8} {'hits':>6} "
+          f"{'wrk p50/p99 µs':>16}")
     print(f"{'ghostproxy':11} {g['fill_rate']:8.0f} {g['ready_s']:8.2f} {g['rss_kb'] / 1024:7.1f} "
           f"{g['disk'] / n:8.0f}B {g['hits'] / max(1, g['hits'] + g['other']):9.3f} "
-          f"{g['hit_p50']:11.0f} {g['hit_p99']:11.0f}")
+          f"{hit_cols(g)}")
     if s:
         sn = max(1, s["requests"] - s["bad"])
         print(f"{'squid':11} {s['fill_rate']:8.0f} {s['ready_s']:8.2f} {s['rss_kb'] / 1024:7.1f} "
               f"{s['disk'] / sn:8.0f}B {s['hits'] / max(1, s['hits'] + s['other']):9.3f} "
-              f"{s['hit_p50']:11.0f} {s['hit_p99']:11.0f}")
+              f"{hit_cols(s)}")
     if "written" in g:
         print(f"ghostfs: {g['objects']} objects filled through the proxy (the fill rate is "
               f"theirs), {g['written']} more written straight into the index")
@@ -445,6 +518,9 @@ def main():
           f"{g['rss_after_hits_kb'] / 1024:.1f} MB; RAM/object after remount "
           f"{(g['rss_kb'] - g['empty_rss_kb']) * 1024 / n:.0f} B; disk {g['disk'] / 1e6:.1f} MB "
           f"({g['disk'] / (n * 512):.2f}× the bodies)")
+    print(f"ghostfs wrote {g['hit_write_bytes'] / 1e6:.1f} MB towards the disk during the hits "
+          f"({g['hits'] + g['other']} requests; /proc/PID/io write_bytes); CPU per hit-phase "
+          f"request: ghostfs {g['hit_cpu_us'][0]:.0f} µs, ghostproxy {g['hit_cpu_us'][1]:.0f} µs")
     print(f"ghostproxy answered the fill's requests in {g['wrk_s']:.1f} s; indexed after {g['fill_s']:.1f} s")
     wq = g.get("write_queue") or {}
     if wq:

@@ -172,6 +172,16 @@ struct DbCloser {
 // deflated (kHeadDeflate1). Older indexes are rebuilt into it once, at their first Open.
 constexpr int kSchemaVersion = 5;
 
+// The ticks table (kTicksTable; DESIGN §4.5, round 14): an access time saved after its row was
+// written is a row (h, tick) appended to `ticks`, not an UPDATE of objects.accessed_us. An
+// UPDATE lands on a random page of the table and one of objects_by_h: two 16 KiB pages in the
+// WAL for an 8-byte time (a batch of 512 ticks over 100k objects wrote ~1,000 pages, 16 MiB);
+// appended rows fill the table's last page, ~650 to a page. Open replays the table (the newest
+// time of each object wins: ticks only grow). It is compacted, in the transaction that would
+// take it past max(CacheStoreOptions::ticks_min_rows, objects), to one row per cached object
+// (a sequential write of ~25 bytes an object), so it never holds more than about twice the
+// objects: at most ~50 bytes an object on the disk, and Open reads at most that.
+
 // Page size of a new index: a packed 512-byte object's row is about 700 bytes; rows are
 // appended in rowid order, so a page wastes on average half a row (88 bytes a row at 4 KiB,
 // 15 at 16 KiB). An index created with another page size keeps it.
@@ -475,7 +485,8 @@ struct CacheStore::Db {
   Stmt upsert_complete;  // a fill committed
   Stmt delete_key;
   Stmt delete_pending;
-  Stmt update_access;
+  Stmt insert_tick;   // an access time, appended to the ticks table
+  Stmt delete_ticks;  // every row of the ticks table (before a snapshot of the table's ticks)
   Stmt update_meta;
   Stmt select_entry;     // the metadata of a complete row, by key
   Stmt select_key;       // the key of a complete row, by hash
@@ -607,7 +618,8 @@ struct CacheStore::Db {
              ", h, complete, body) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 1, ?11)"},
         {&delete_key, "DELETE FROM objects WHERE " + by_key},
         {&delete_pending, "DELETE FROM objects WHERE " + by_key + " AND complete = 0"},
-        {&update_access, "UPDATE objects SET accessed_us = ?2 WHERE h = ?1 AND complete = 1"},
+        {&insert_tick, "INSERT INTO ticks(h, tick) VALUES(?1, ?2)"},
+        {&delete_ticks, "DELETE FROM ticks"},
         {&update_meta,
          "UPDATE objects SET etag = ?2, last_modified = ?3, content_type = ?4, expires_us = ?5, "
          "fetched_us = ?6, response = ?7 WHERE " + by_key + " AND complete = 1"},
@@ -724,7 +736,10 @@ struct CacheStore::Db {
          "CREATE TRIGGER IF NOT EXISTS objects_one_per_key BEFORE INSERT ON objects BEGIN "
          "DELETE FROM objects WHERE h = NEW.h AND key = NEW.key; END; "
          "CREATE TABLE IF NOT EXISTS shutdown(clean INTEGER NOT NULL); "
-         "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown)")
+         "INSERT INTO shutdown(clean) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM shutdown); "
+         // Access times saved after a row was written (kTicksTable): appended, never updated.
+         // A table an older ghost of version 5 ignores (it then reads the rows' own times).
+         "CREATE TABLE IF NOT EXISTS ticks(h INTEGER NOT NULL, tick INTEGER NOT NULL)")
             .c_str());
   }
 
@@ -878,6 +893,7 @@ CacheStore::CacheStore(std::string dir, Bytes capacity, const Clock& clock, File
       capacity_(capacity),
       pack_limit_(options.pack_limit),
       access_batch_(options.access_batch),
+      ticks_min_rows_(options.ticks_min_rows),
       access_max_lag_(options.access_max_lag),
       clock_(clock),
       io_(io) {
@@ -1024,6 +1040,20 @@ ghost::Status CacheStore::Load() {
       last_tick_ = std::max(last_tick_, tick);
     }
     if (rc != SQLITE_DONE) return db_->Error("loading objects", rc);
+    // Access times saved after their rows (kTicksTable): the newest of each object wins.
+    // Rows of objects gone since (evicted, erased, dropped above) are skipped.
+    if (ghost::Status s = db_->Prepare("SELECT h, tick FROM ticks", &q); !s.ok()) return s;
+    tick_rows_ = 0;
+    while ((rc = q.Step()) == SQLITE_ROW) {
+      ++tick_rows_;
+      auto h = static_cast<std::uint64_t>(q.Int(0));
+      std::int64_t tick = q.Int(1);
+      const ObjectTable::Slot* slot = table_.Get(h);
+      if (slot == nullptr || slot->tick >= tick) continue;
+      table_.Touch(h, tick);
+      last_tick_ = std::max(last_tick_, tick);
+    }
+    if (rc != SQLITE_DONE) return db_->Error("loading access times", rc);
     if (!dropped_rows.empty()) {
       if (ghost::Status s = db_->Prepare("SELECT key FROM objects WHERE rowid = ?1", &q); !s.ok())
         return s;
@@ -1321,18 +1351,26 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes, b
   if (!db_) return ClosedError();
   if (ghost::Status st = db_->Run(db_->begin, "beginning a transaction"); !st.ok()) return st;
   ghost::Status st = ghost::Status::Ok();
-  // Access times wait for a batch worth writing: each lands on a random page of the table and
-  // of its index (two 16 KiB pages in the WAL for one 8-byte time), so a few in every fill's
-  // transaction cost the WAL (and its checkpoints) far more than the fills themselves.
+  // Access times wait for a batch (a transaction writes at least one page; a batch of
+  // appended ticks shares the table's last pages, kTicksTable).
   const bool write_access = all_access || AccessTimesDue();
-  for (std::uint64_t h : dirty_access_) {
-    if (!write_access) break;
-    const ObjectTable::Slot* slot = table_.Get(h);
-    if (slot == nullptr) continue;
-    db_->update_access.Bind(1, StoredHash(h));
-    db_->update_access.Bind(2, slot->tick);
-    st = db_->Run(db_->update_access, "saving an access time");
-    if (!st.ok()) break;
+  std::size_t tick_rows = tick_rows_;
+  if (write_access && tick_rows_ + dirty_access_.size() > std::max(ticks_min_rows_, table_.size())) {
+    // Compaction: the table's ticks replace the appended ones, one row per object.
+    st = db_->Run(db_->delete_ticks, "compacting the access times");
+    tick_rows = 0;
+    table_.ForEach([&](const ObjectTable::Slot& slot) {
+      if (st.ok()) st = AppendTick(slot.hash, slot.tick);
+      ++tick_rows;
+    });
+  } else if (write_access) {
+    for (std::uint64_t h : dirty_access_) {
+      const ObjectTable::Slot* slot = table_.Get(h);
+      if (slot == nullptr) continue;
+      st = AppendTick(h, slot->tick);
+      if (!st.ok()) break;
+      ++tick_rows;
+    }
   }
   for (const auto& [key, meta] : dirty_meta_) {
     if (!st.ok()) break;
@@ -1352,12 +1390,26 @@ ghost::Status CacheStore::Batch(const std::function<ghost::Status()>& changes, b
     return st;
   }
   ++transactions_;
+  tick_rows_ = tick_rows;
   if (write_access) {
     dirty_access_.clear();
     ++access_saves_;
   }
   dirty_meta_.clear();  // Find reads them from sqlite now
   return ghost::Status::Ok();
+}
+
+ghost::Status CacheStore::AppendTick(std::uint64_t h, std::int64_t tick) {
+  db_->insert_tick.Bind(1, StoredHash(h));
+  db_->insert_tick.Bind(2, tick);
+  return db_->Run(db_->insert_tick, "saving an access time");
+}
+
+std::uint64_t CacheStore::pages_written() const {
+  if (!db_ || !db_->handle) return 0;
+  int cur = 0, high = 0;
+  sqlite3_db_status(db_->handle.get(), SQLITE_DBSTATUS_CACHE_WRITE, &cur, &high, 0);
+  return static_cast<std::uint64_t>(cur);
 }
 
 ghost::Status CacheStore::DropObjects(const std::vector<std::string>& keys) {

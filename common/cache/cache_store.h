@@ -54,7 +54,9 @@
 // batches: with the first transaction after access_batch of them are unsaved or the oldest is
 // access_max_lag old (CacheStoreOptions), with SaveIndex (which the owner calls within
 // access_max_lag: SetUnsavedListener), and at Close. A crash loses at most the LRU order of
-// that lag, never an object (DESIGN §4.5). Times are persisted as wall-clock microseconds (Options::wall_clock) so expiry and
+// that lag, never an object (DESIGN §4.5). A saved time is a row appended to the index's
+// ticks table, replayed by Open and compacted to one row per object (cache_store.cc,
+// CacheStoreOptions::ticks_min_rows), not an update of the object's row. Times are persisted as wall-clock microseconds (Options::wall_clock) so expiry and
 // LRU order survive a restart even though each run's Clock starts at zero.
 //
 // The directory is locked (flock) while the store is open: a second store (or daemon) on the
@@ -107,12 +109,14 @@ struct CacheStoreOptions {
   Bytes pack_limit = 16 * 1024;
   // Access times (Touch, reads) wait in memory until this many objects have one unsaved, or
   // the oldest unsaved one is `access_max_lag` old; then they ride with the next transaction
-  // (a fill's commit, SaveIndex, Close). 0 or 1: with every transaction. An access time costs
-  // up to two random 16 KiB pages of the WAL (its row's and its index entry's) whatever else
-  // the transaction writes; a batch shares the pages its times have in common, and stays under
-  // the page cache (16 MiB) so that none is spilled and written twice (DESIGN §4.5).
+  // (a fill's commit, SaveIndex, Close). 0 or 1: with every transaction. A batch is appended
+  // to the ticks table (~25 bytes a time: 512 share one or two pages of the WAL; they were two
+  // random 16 KiB pages each as updates of the rows, DESIGN §4.5).
   std::size_t access_batch = 512;
   Duration access_max_lag = std::chrono::seconds(10);
+  // The ticks table (saved access times, appended) is compacted to one row per object by the
+  // transaction that would take it past max(this, objects) rows (cache_store.cc).
+  std::size_t ticks_min_rows = 65536;
 };
 
 using FillId = std::uint64_t;
@@ -271,6 +275,9 @@ class CacheStore {
   // sqlite transactions committed since Open (the misses path's cost: a group of packed fills
   // shares one).
   std::uint64_t transactions() const { return transactions_; }
+  // Pages the index's connection has written to the WAL since Open (sqlite's
+  // SQLITE_DBSTATUS_CACHE_WRITE): what a transaction costs the disk.
+  std::uint64_t pages_written() const;
 
  private:
   friend class StoreIndex;
@@ -302,6 +309,8 @@ class CacheStore {
   // Runs `changes`, the pending metadata updates and, if due or `all_access`, the pending
   // access times in one transaction.
   ghost::Status Batch(const std::function<ghost::Status()>& changes, bool all_access = false);
+  // Appends (h, tick) to the ticks table (inside a transaction).
+  ghost::Status AppendTick(std::uint64_t h, std::int64_t tick);
   // Deletes the rows and bodies of objects already gone from the index.
   ghost::Status DropObjects(const std::vector<std::string>& keys);
   // Takes least recently used objects (never `keep`) out of the table until `incoming` more
@@ -354,6 +363,7 @@ class CacheStore {
   const Bytes capacity_;
   const Bytes pack_limit_;
   const std::size_t access_batch_;
+  const std::size_t ticks_min_rows_;
   const Duration access_max_lag_;
   const Clock& clock_;
   FileIo& io_;
@@ -385,6 +395,7 @@ class CacheStore {
   std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
   TimePoint first_dirty_access_{};  // when dirty_access_ last became non-empty
   std::uint64_t access_saves_ = 0;
+  std::size_t tick_rows_ = 0;  // rows in the index's ticks table (cache_store.cc, kTicksTable)
   std::function<void()> on_unsaved_;
   // Metadata from UpdateMeta that sqlite lacks (Find reads it from here until it is saved).
   std::unordered_map<std::string, CacheEntry> dirty_meta_;

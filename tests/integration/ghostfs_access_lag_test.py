@@ -21,7 +21,9 @@ LAG_S = 10
 def accessed(cache, key):
     db = sqlite3.connect(os.path.join(cache, "objects-db", "index.sqlite"))
     try:
-        row = db.execute("SELECT accessed_us FROM objects WHERE key = ? AND complete = 1",
+        # The row's own time, or a newer one appended to the ticks table (cache_store.cc).
+        row = db.execute("SELECT max(accessed_us, coalesce((SELECT max(tick) FROM ticks t "
+                         "WHERE t.h = o.h), 0)) FROM objects o WHERE key = ? AND complete = 1",
                          (key,)).fetchone()
     finally:
         db.close()
