@@ -177,6 +177,8 @@ struct ShapingStats {
   std::uint64_t held_bursts = 0;  // bursts held as part-windows until the rest came (round 10)
   std::uint64_t clocked_bursts = 0;  // bursts timed by the ACK clock after a loss (round 12)
   std::uint64_t clamped_bursts = 0;  // bursts with the grant clamped to the sender (round 13)
+  std::uint64_t clamps_declined = 0; // clamps eq. 4 said would not pay (round 14)
+  std::uint64_t clamps_released = 0; // clamps measured dearer than unclamped (round 14)
   // Closed windows the adapter opened itself: the shaper waited for an arrival with nothing
   // pending (a stall), or the watchdog's bound passed (proxy/shaper.cc Step).
   std::uint64_t forced_opens = 0;
