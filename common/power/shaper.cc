@@ -391,6 +391,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
+        tail_clocked_ = options_.wake_for_slow_start_tail;
         since_open_ = 0;  // reading stopped: what comes now is the last grant's rest
         if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
@@ -449,11 +450,17 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
+      // Round 14: slow start's tail is ACK-clocked (the sender's cwnd still grows, so each
+      // clump's ACKs release the next one a round trip after the clump's first packet, sooner
+      // than the open's data): until a whole grant is confirmed, the nap ends for that too.
+      if (confirms || state_ != ShaperState::kSaving) tail_clocked_ = false;
+      tail_due_.reset();
+      if (tail_clocked_) tail_due_ = burst_first_ + min_rtt();
       if (state_ == ShaperState::kSaving) {
         const TimePoint due = DueAfter(end);
-        const TimePoint wake = due - options_.wake_lead - options_.wnic.wake;
+        const TimePoint wake = WakeFor(due);
         if (wake > end + options_.wnic.wake) {
-          Sleep(end, due);
+          Sleep(end, tail_due_ ? std::min(due, *tail_due_) : due);
           wake_at_ = wake;
         }
       }
@@ -664,8 +671,8 @@ void DownloadShaper::OnOpened(TimePoint now) {
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {
-    nap_due_ = expected_;
-    const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
+    nap_due_ = tail_due_ ? std::min(*expected_, *tail_due_) : *expected_;
+    const TimePoint wake = WakeFor(*expected_);
     if (wake <= now) {
       Wake(now);
     } else {
@@ -685,8 +692,14 @@ void DownloadShaper::Sleep(TimePoint now, TimePoint due) {
   if (listener_) listener_(now, false);
 }
 
+TimePoint DownloadShaper::WakeFor(TimePoint due) const {
+  const Duration before = options_.wake_lead + options_.wnic.wake;
+  return tail_due_ ? std::min(due, *tail_due_) - before : due - before;
+}
+
 void DownloadShaper::Wake(TimePoint now) {
   wake_at_.reset();
+  tail_due_.reset();
   if (awake_) return;
   stats_.sleep += now - since_;
   since_ = now;

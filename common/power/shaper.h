@@ -235,6 +235,15 @@ struct ShaperOptions {
   // it has `pays_cycles` of them, else the cycle model (ClampedCycleModel). Clamped cycles
   // measured worse than the unclamped ones release the clamp.
   bool clamp_when_pays = false;
+  // Round 14: slow start's tail. When reading stops the sender is still in slow start (or just
+  // out of it) and ACK-clocked: each clump of the flight is followed by the next one round trip
+  // after the clump's first packet, sooner than the open's data (read off the capture at 30 and
+  // 60 ms / 0%: every missed packet of a loss-free download came so, within the first second).
+  // Until a burst confirms a whole grant, the nap after a burst ends one min RTT after that
+  // burst's first packet if that is sooner than the open's data (the card listens for the
+  // clocked clump, which the shaper takes as the last window's straggler, and naps again until
+  // the open's data). The proxy: GHOST_SHAPER_TAIL_WAKE=0 turns it off.
+  bool wake_for_slow_start_tail = true;
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -449,6 +458,12 @@ class DownloadShaper {
     double PerByte(int knob) const;
   };
   CycleCost unclamped_cost_, clamped_cost_;
+  // Slow start's tail (ShaperOptions::wake_for_slow_start_tail): no whole grant confirmed since
+  // slow start ended; and the clocked clump's due time for the nap in progress.
+  bool tail_clocked_ = false;
+  std::optional<TimePoint> tail_due_;
+  // When the card must wake for a burst due at `due` (the tail's clump if that is sooner).
+  TimePoint WakeFor(TimePoint due) const;
   bool episode_ = false;      // a loss episode runs: from a burst with loss or a miss until
   int episode_clean_ = 0;     // ... this many whole-grant bursts in a row (3) end it
   bool cycle_clamped_ = false;  // the cycle in progress was opened with the grant clamped
