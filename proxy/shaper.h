@@ -51,6 +51,10 @@
 // trip: the ACK clock again. The buffer is lowered only at an open (the socket then holds a
 // whole grant of in-order data the drain reads at once; a segment arriving while the queue is
 // over the new size would make the kernel prune it).
+// Round 14: GHOST_SHAPER_CLAMP=auto arms the clamp only where eq. 4 says it pays, from the
+// cycles the shaper measured (ShaperOptions::clamp_when_pays; opt-in: not measured better), and
+// the nap after a burst of slow start's tail ends for the next ACK-clocked clump
+// (ShaperOptions::wake_for_slow_start_tail; on, GHOST_SHAPER_TAIL_WAKE=0 turns it off).
 //
 // Round 11: a burst that has delivered a whole (confirmed) grant ends td_grant (0.5 ms) after
 // its last packet, and the card wakes 0.5 ms (wake_lead) before the next burst is due;
