@@ -298,6 +298,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     // it stays out of IA, ID, the longest gap and the burst's rate.
     held_gap_ += ToSeconds(now - burst_last_);
     held_ = true;
+    clump_first_ = now;  // a clump of its own: its ACKs clock the next one
   } else if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
     const double gap = ToSeconds(now - burst_last_);
@@ -315,6 +316,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   } else {
     in_burst_ = true;
     burst_first_ = now;
+    clump_first_ = now;
     burst_packets_ = 0;
     burst_bytes_ = 0;
     burst_missing_ = false;
@@ -455,7 +457,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // than the open's data): until a whole grant is confirmed, the nap ends for that too.
       if (confirms || state_ != ShaperState::kSaving) tail_clocked_ = false;
       tail_due_.reset();
-      if (tail_clocked_) tail_due_ = burst_first_ + min_rtt();
+      if (tail_clocked_) tail_due_ = clump_first_ + min_rtt();
       if (state_ == ShaperState::kSaving) {
         const TimePoint due = DueAfter(end);
         const TimePoint wake = WakeFor(due);

@@ -239,8 +239,9 @@ struct ShaperOptions {
   // out of it) and ACK-clocked: each clump of the flight is followed by the next one round trip
   // after the clump's first packet, sooner than the open's data (read off the capture at 30 and
   // 60 ms / 0%: every missed packet of a loss-free download came so, within the first second).
-  // Until a burst confirms a whole grant, the nap after a burst ends one min RTT after that
-  // burst's first packet if that is sooner than the open's data (the card listens for the
+  // Until a burst confirms a whole grant, the nap after a burst ends one min RTT after the first
+  // packet of that burst's last clump (a held burst gathers several) if that is sooner than the
+  // open's data (the card listens for the
   // clocked clump, which the shaper takes as the last window's straggler, and naps again until
   // the open's data). The proxy: GHOST_SHAPER_TAIL_WAKE=0 turns it off.
   bool wake_for_slow_start_tail = true;
@@ -461,6 +462,7 @@ class DownloadShaper {
   // Slow start's tail (ShaperOptions::wake_for_slow_start_tail): no whole grant confirmed since
   // slow start ended; and the clocked clump's due time for the nap in progress.
   bool tail_clocked_ = false;
+  TimePoint clump_first_{};  // the first packet of the burst's last clump (a held burst has several)
   std::optional<TimePoint> tail_due_;
   // When the card must wake for a burst due at `due` (the tail's clump if that is sooner).
   TimePoint WakeFor(TimePoint due) const;

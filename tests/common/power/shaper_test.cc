@@ -1399,6 +1399,29 @@ TEST_F(DownloadShaperTest, NapAfterSlowStartEndsForTheClockedTail) {
               ToSeconds(tail.sleep) * 1e3);
 }
 
+TEST_F(DownloadShaperTest, NapAfterAHeldTailEndsForTheClumpAfterItsLastClump) {
+  // The capture at 60 ms / 0% (round 14): clumps of slow start's tail 11 and 28 ms apart are held
+  // as one part-window (each gap within half a min RTT); the next clump comes one RTT after the
+  // *last* clump's first packet, not the burst's first.
+  Scripted sc(true, Millis(60), 0, Millis(0.5));
+  const TimePoint flight = sc.now + Millis(1);
+  sc.Packets(flight, 12);
+  const TimePoint a = flight + Millis(60);
+  sc.RunTo(a - Millis(1));
+  ASSERT_EQ(sc.s().state(), ShaperState::kSaving);
+  sc.Packets(a, 2);
+  sc.Packets(a + Millis(11), 4);
+  const TimePoint last_clump = a + Millis(40);
+  sc.Packets(last_clump, 2);
+  sc.RunTo(sc.last + Millis(31));  // the hold runs out: open, nap
+  ASSERT_EQ(sc.opens.size(), 1u);
+  ASSERT_TRUE(sc.s().nap_due());
+  EXPECT_EQ(*sc.s().nap_due(), last_clump + Millis(60));
+  sc.Packets(last_clump + Millis(60), 4);
+  sc.RunTo(sc.last + Millis(5));
+  EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+}
+
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
   EXPECT_EQ(ParseShapeMode("off"), ShapeMode::kOff);
   EXPECT_EQ(ParseShapeMode("auto"), ShapeMode::kAuto);
