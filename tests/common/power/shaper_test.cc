@@ -651,6 +651,16 @@ class Scripted {
       EXPECT_EQ(opens.size(), before + 1) << "whole window " << i;
     }
   }
+  // Slow start's flight of 12 packets (over ¾ of the window: reading stops, kSaving), run up to
+  // one RTT after it; returns that time, when the flight's ACKs bring the first clump of its tail.
+  TimePoint SlowStartFlight(Duration rtt = Millis(60)) {
+    const TimePoint flight = now + Millis(1);
+    Packets(flight, 12);
+    const TimePoint clump = flight + rtt;
+    RunTo(clump - Millis(1));
+    EXPECT_EQ(s().state(), ShaperState::kSaving);
+    return clump;
+  }
   std::size_t OpensAfter(TimePoint t) const {
     return static_cast<std::size_t>(std::count_if(opens.begin(), opens.end(),
                                                   [t](TimePoint o) { return o > t; }));
@@ -1371,11 +1381,7 @@ TEST_F(DownloadShaperTest, NapAfterSlowStartEndsForTheClockedTail) {
   // open's data one RTT after the open.
   auto run = [](bool tail_wake) {
     Scripted sc(true, Millis(60), 0, Millis(0.5), false, false, false, tail_wake);
-    const TimePoint flight = sc.now + Millis(1);
-    sc.Packets(flight, 12);
-    const TimePoint clump = flight + Millis(60);
-    sc.RunTo(clump - Millis(1));
-    EXPECT_EQ(sc.s().state(), ShaperState::kSaving);
+    const TimePoint clump = sc.SlowStartFlight();
     sc.Packets(clump, 6);
     sc.RunTo(sc.last + Millis(31));  // the hold runs out: open, nap
     EXPECT_EQ(sc.opens.size(), 1u);
@@ -1404,11 +1410,7 @@ TEST_F(DownloadShaperTest, NapAfterAHeldTailEndsForTheClumpAfterItsLastClump) {
   // as one part-window (each gap within half a min RTT); the next clump comes one RTT after the
   // *last* clump's first packet, not the burst's first.
   Scripted sc(true, Millis(60), 0, Millis(0.5));
-  const TimePoint flight = sc.now + Millis(1);
-  sc.Packets(flight, 12);
-  const TimePoint a = flight + Millis(60);
-  sc.RunTo(a - Millis(1));
-  ASSERT_EQ(sc.s().state(), ShaperState::kSaving);
+  const TimePoint a = sc.SlowStartFlight();
   sc.Packets(a, 2);
   sc.Packets(a + Millis(11), 4);
   const TimePoint last_clump = a + Millis(40);
