@@ -46,6 +46,8 @@ std::string ShapingStatusJson(const ShapingOptions& options, const ShapingStats&
       {"held_bursts", s.held_bursts},
       {"clocked_bursts", s.clocked_bursts},
       {"clamped_bursts", s.clamped_bursts},
+      {"clamps_declined", s.clamps_declined},
+      {"clamps_released", s.clamps_released},
       {"forced_opens", s.forced_opens},
       {"declined", s.declined},
       {"saturated", s.saturated},
@@ -179,6 +181,10 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (const char* v = std::getenv("GHOST_SHAPER_CLOCK_HOLD_RTTS")) so.clock_hold_rtts = std::atof(v);
   // Round 13: the grant clamped to the sender's cwnd (ShaperOptions::clamp_to_sender).
   if (EnvIs("GHOST_SHAPER_CLAMP", "1")) so.clamp_to_sender = true;
+  // Round 14: the clamp only where eq. 4 says it pays (ShaperOptions::clamp_when_pays).
+  if (EnvIs("GHOST_SHAPER_CLAMP", "auto")) so.clamp_to_sender = so.clamp_when_pays = true;
+  // Round 14: the nap ends for slow start's clocked tail (ShaperOptions::wake_for_slow_start_tail).
+  if (EnvIs("GHOST_SHAPER_TAIL_WAKE", "0")) so.wake_for_slow_start_tail = false;
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
@@ -278,6 +284,8 @@ UpstreamShaper::~UpstreamShaper() {
   stats_->held_bursts += s.held_bursts;
   stats_->clocked_bursts += s.clocked_bursts;
   stats_->clamped_bursts += s.clamped_bursts;
+  stats_->clamps_declined += s.clamps_declined;
+  stats_->clamps_released += s.clamps_released;
   if (s.declined) ++stats_->declined;
   if (s.saturated) ++stats_->saturated;
   stats_->sleep += s.sleep;

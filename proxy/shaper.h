@@ -51,6 +51,10 @@
 // trip: the ACK clock again. The buffer is lowered only at an open (the socket then holds a
 // whole grant of in-order data the drain reads at once; a segment arriving while the queue is
 // over the new size would make the kernel prune it).
+// Round 14: GHOST_SHAPER_CLAMP=auto arms the clamp only where eq. 4 says it pays, from the
+// cycles the shaper measured (ShaperOptions::clamp_when_pays; opt-in: not measured better), and
+// the nap after a burst of slow start's tail ends for the next ACK-clocked clump
+// (ShaperOptions::wake_for_slow_start_tail; on, GHOST_SHAPER_TAIL_WAKE=0 turns it off).
 //
 // Round 11: a burst that has delivered a whole (confirmed) grant ends td_grant (0.5 ms) after
 // its last packet, and the card wakes 0.5 ms (wake_lead) before the next burst is due;
@@ -177,6 +181,8 @@ struct ShapingStats {
   std::uint64_t held_bursts = 0;  // bursts held as part-windows until the rest came (round 10)
   std::uint64_t clocked_bursts = 0;  // bursts timed by the ACK clock after a loss (round 12)
   std::uint64_t clamped_bursts = 0;  // bursts with the grant clamped to the sender (round 13)
+  std::uint64_t clamps_declined = 0; // clamps eq. 4 said would not pay (round 14)
+  std::uint64_t clamps_released = 0; // clamps measured dearer than unclamped (round 14)
   // Closed windows the adapter opened itself: the shaper waited for an arrival with nothing
   // pending (a stall), or the watchdog's bound passed (proxy/shaper.cc Step).
   std::uint64_t forced_opens = 0;

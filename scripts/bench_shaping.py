@@ -392,6 +392,8 @@ def ratios(auto, fixed, shaped, want):
         "clocked_bursts": shaped["driver"]["shaping"].get("clocked_bursts", 0),
         # bursts with the grant clamped to the sender's cwnd (round 13)
         "clamped_bursts": shaped["driver"]["shaping"].get("clamped_bursts", 0),
+        "clamps_declined": shaped["driver"]["shaping"].get("clamps_declined", 0),
+        "clamps_released": shaped["driver"]["shaping"].get("clamps_released", 0),
         # The minimum RTT the shaper ended with and the connection's handshake RTT (round 9).
         "min_rtt_ms": shaped["driver"]["shaping"].get("last_min_rtt_ms"),
         "handshake_rtt_ms": shaped["driver"]["shaping"].get("last_handshake_rtt_ms"),
@@ -495,7 +497,7 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                             f"{row['time_fixed']:.2f}× energy {row['energy_fixed']:.2f}× (PSM E×D "
                             f"{row['psm_fixed']:.2f}×); vs autotuned plain: E×D {row['ed_auto']:.2f}× "
                             f"time {row['time_auto']:.2f}×; missed {row['missed']}, bursts "
-                            f"{row['bursts']} (held {row['held_bursts']}, clocked {row['clocked_bursts']}, clamped {row['clamped_bursts']}), forced opens {row['forced_opens']}, min RTT "
+                            f"{row['bursts']} (held {row['held_bursts']}, clocked {row['clocked_bursts']}, clamped {row['clamped_bursts']}, clamps declined {row['clamps_declined']} released {row['clamps_released']}), forced opens {row['forced_opens']}, min RTT "
                             f"{row['min_rtt_ms'] or 0:.1f} ms (handshake {row['handshake_rtt_ms'] or 0:.1f}), secs "
                             f"auto/fixed/shaped {s['auto']:.2f}/{s['fixed']:.2f}/{s['shaped']:.2f}, "
                             f"bytes {'ok' if row['identical'] else 'DIFFER ' + json.dumps(row['body_bytes'])}")

@@ -298,6 +298,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     // it stays out of IA, ID, the longest gap and the burst's rate.
     held_gap_ += ToSeconds(now - burst_last_);
     held_ = true;
+    clump_first_ = now;  // a clump of its own: its ACKs clock the next one
   } else if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
     const double gap = ToSeconds(now - burst_last_);
@@ -315,6 +316,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   } else {
     in_burst_ = true;
     burst_first_ = now;
+    clump_first_ = now;
     burst_packets_ = 0;
     burst_bytes_ = 0;
     burst_missing_ = false;
@@ -391,6 +393,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
+        tail_clocked_ = options_.wake_for_slow_start_tail;
         since_open_ = 0;  // reading stopped: what comes now is the last grant's rest
         if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
@@ -409,6 +412,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         break;
       }
+      if (options_.clamp_when_pays) BookCycle(end, burst_bytes_);
       ++stats_.bursts;
       stats_.burst_bytes += burst_bytes_;
       if (held_) ++stats_.held_bursts;
@@ -436,17 +440,29 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         grant_ -= (grant_ - static_cast<double>(since_open_)) / 8;
       }
       if (options_.clamp_to_sender) UpdateClamp(hold_expired);
+      if (burst_missing_ || burst_missed_) {
+        episode_ = true;
+        episode_clean_ = 0;
+      } else if (episode_ && clamp_ == 0 && confirms && ++episode_clean_ >= 3) {
+        episode_ = false;  // whole grants again: the sender is window-limited
+      }
       if (clamp_ > 0) ++stats_.clamped_bursts;
       wants_open_ = true;
       settle_until_.reset();
       Judge(burst_missing_, burst_missed_, saturated, burst_packets_);
       // Sleep from the burst end until one min RTT after the open, less the wake-up: the open
       // follows at once, OnOpened moves the wake-up to the real open.
+      // Round 14: slow start's tail is ACK-clocked (the sender's cwnd still grows, so each
+      // clump's ACKs release the next one a round trip after the clump's first packet, sooner
+      // than the open's data): until a whole grant is confirmed, the nap ends for that too.
+      if (confirms || state_ != ShaperState::kSaving) tail_clocked_ = false;
+      tail_due_.reset();
+      if (tail_clocked_) tail_due_ = clump_first_ + min_rtt();
       if (state_ == ShaperState::kSaving) {
         const TimePoint due = DueAfter(end);
-        const TimePoint wake = due - options_.wake_lead - options_.wnic.wake;
+        const TimePoint wake = WakeFor(due);
         if (wake > end + options_.wnic.wake) {
-          Sleep(end, due);
+          Sleep(end, tail_due_ ? std::min(due, *tail_due_) : due);
           wake_at_ = wake;
         }
       }
@@ -491,7 +507,11 @@ void DownloadShaper::UpdateClamp(bool hold_expired) {
   if (part) {
     // The sender stopped short of the grant with nothing lost: it sent its cwnd.
     const double cwnd = std::max(2 * mss, got);
-    if (cwnd + mss / 2 < granted) {
+    if (cwnd + mss / 2 < granted && options_.clamp_when_pays && !ClampPays(cwnd)) {
+      // Round 14: eq. 4 says a clamped cycle would cost more per byte than the unclamped ones
+      // measured: the part is left as round 12 left it (no nap ended for its rest).
+      ++stats_.clamps_declined;
+    } else if (cwnd + mss / 2 < granted) {
       // Confirmed (the clamp set) only by the rest the part's ACKs release, a round trip after
       // its first packet: the nap ends then (clocked_once_), and OnArrival judges what comes.
       suspect_cwnd_ = cwnd;
@@ -506,7 +526,80 @@ void DownloadShaper::UpdateClamp(bool hold_expired) {
       grant_ = full_grant_;
     }
   }
+  if (clamp_ > 0 && options_.clamp_when_pays && clamped_cost_.n >= options_.pays_cycles &&
+      unclamped_cost_.n >= 2 &&
+      clamped_cost_.PerByte(options_.knob) > unclamped_cost_.PerByte(options_.knob)) {
+    // Measured: the clamped cycles cost more per byte than the unclamped ones did.
+    clamp_ = 0;
+    grant_ = full_grant_;
+    ++stats_.clamps_released;
+  }
   if (clamp_ > 0) grant_ = clamp_;
+}
+
+void DownloadShaper::CycleCost::Add(double t, double e, double b) {
+  constexpr double kGain = 0.25;
+  if (n == 0) {
+    time = t;
+    energy = e;
+    bytes = b;
+  } else {
+    time += kGain * (t - time);
+    energy += kGain * (e - energy);
+    bytes += kGain * (b - bytes);
+  }
+  ++n;
+}
+
+double DownloadShaper::CycleCost::PerByte(int knob) const {
+  if (bytes <= 0) return HUGE_VAL;
+  return (knob * time + (100 - knob) * energy) / bytes;
+}
+
+std::pair<double, double> DownloadShaper::ClampedCycleModel(const WnicPowers& wnic, double cwnd,
+                                                            double rate, Duration min_rtt,
+                                                            Duration td, Duration lead) {
+  const double burst = cwnd / std::max(rate, 1.0);
+  const double t = ToSeconds(min_rtt) + burst + ToSeconds(td);
+  const double listening = ToSeconds(td) + ToSeconds(lead);
+  const double asleep = std::max(0.0, t - burst - listening - ToSeconds(wnic.wake));
+  const double e = wnic.receive.watts() * burst + wnic.idle.watts() * listening +
+                   wnic.idle.watts() * ToSeconds(wnic.wake) + wnic.sleep.watts() * asleep;
+  return {t, e};
+}
+
+void DownloadShaper::BookCycle(TimePoint end, Bytes bytes) {
+  // The card's totals at `end` (the transition in progress counted up to it).
+  const double open_span = std::max(0.0, ToSeconds(end - since_));
+  const double awake = ToSeconds(stats_.awake) + (awake_ ? open_span : 0);
+  const double sleep = ToSeconds(stats_.sleep) + (awake_ ? 0 : open_span);
+  if (episode_ && cycle_start_ && end > *cycle_start_) {
+    const double t = ToSeconds(end - *cycle_start_);
+    const double naps = static_cast<double>(naps_ - cycle_naps_at_);
+    const double receiving = rate_ > 0 ? static_cast<double>(bytes) / rate_ : 0;
+    const double e = options_.wnic.idle.watts() * std::max(0.0, awake - cycle_awake_at_) +
+                     options_.wnic.sleep.watts() * std::max(0.0, sleep - cycle_sleep_at_) +
+                     options_.wnic.idle.watts() * ToSeconds(options_.wnic.wake) * naps +
+                     (options_.wnic.receive.watts() - options_.wnic.idle.watts()) * receiving;
+    (cycle_clamped_ ? clamped_cost_ : unclamped_cost_).Add(t, e, static_cast<double>(bytes));
+  }
+  cycle_start_ = end;
+  cycle_awake_at_ = awake;
+  cycle_sleep_at_ = sleep;
+  cycle_naps_at_ = naps_;
+}
+
+bool DownloadShaper::ClampPays(double cwnd) const {
+  if (unclamped_cost_.n < 2) return true;  // nothing measured to weigh it against
+  double clamped;
+  if (clamped_cost_.n >= options_.pays_cycles) {
+    clamped = clamped_cost_.PerByte(options_.knob);
+  } else {
+    const auto [t, e] = ClampedCycleModel(options_.wnic, cwnd, rate_, min_rtt(), options_.td_min,
+                                          options_.wake_lead);
+    clamped = (options_.knob * t + (100 - options_.knob) * e) / cwnd;
+  }
+  return clamped < unclamped_cost_.PerByte(options_.knob);
 }
 
 void DownloadShaper::Judge(bool missing, bool mistaken, bool saturated, double packets) {
@@ -577,10 +670,11 @@ void DownloadShaper::OnOpened(TimePoint now) {
   since_open_ = 0;
   opened_at_ = now;
   last_open_ = now;
+  cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {
-    nap_due_ = expected_;
-    const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
+    nap_due_ = tail_due_ ? std::min(*expected_, *tail_due_) : *expected_;
+    const TimePoint wake = WakeFor(*expected_);
     if (wake <= now) {
       Wake(now);
     } else {
@@ -596,11 +690,18 @@ void DownloadShaper::Sleep(TimePoint now, TimePoint due) {
   stats_.awake += now - since_;
   since_ = now;
   awake_ = false;
+  ++naps_;
   if (listener_) listener_(now, false);
+}
+
+TimePoint DownloadShaper::WakeFor(TimePoint due) const {
+  const Duration before = options_.wake_lead + options_.wnic.wake;
+  return tail_due_ ? std::min(due, *tail_due_) - before : due - before;
 }
 
 void DownloadShaper::Wake(TimePoint now) {
   wake_at_.reset();
+  tail_due_.reset();
   if (awake_) return;
   stats_.sleep += now - since_;
   since_ = now;

@@ -77,6 +77,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 
 #include "common/base/units.h"
 
@@ -222,6 +223,29 @@ struct ShaperOptions {
   // none measured, no clamp). Off by default (the proxy: GHOST_SHAPER_CLAMP=1; RESULTS.md,
   // round 13).
   bool clamp_to_sender = false;
+  // Round 14: the clamp only where eq. 4 says it pays (with clamp_to_sender; the proxy:
+  // GHOST_SHAPER_CLAMP=auto). A clamped cycle carries the sender's cwnd c in one open's round
+  // trip plus the burst and Td; unclamped, the ACK clock carries the rest of the grant in the
+  // same cycle (as missed packets, after which the card wakes and the shaper may hold or
+  // recover awake). So the clamp costs time, (c/rate + Td)/min RTT per cycle, a larger share at
+  // a short RTT, and saves only the awake time the unclamped cycles spend on the clock's misses.
+  // The shaper measures both per cycle (time, card energy, bytes: EWMAs over the cycles of a
+  // loss episode, unclamped and clamped) and when a part proves the sender short of cwnd it
+  // clamps only if K·t + (100 − K)·E per byte is lower clamped: measured clamped cycles when
+  // it has `pays_cycles` of them, else the cycle model (ClampedCycleModel). Clamped cycles
+  // measured worse than the unclamped ones release the clamp.
+  bool clamp_when_pays = false;
+  // Round 14: slow start's tail. When reading stops the sender is still in slow start (or just
+  // out of it) and ACK-clocked: each clump of the flight is followed by the next one round trip
+  // after the clump's first packet, sooner than the open's data (read off the capture at 30 and
+  // 60 ms / 0%: every missed packet of a loss-free download came so, within the first second).
+  // Until a burst confirms a whole grant, the nap after a burst ends one min RTT after the first
+  // packet of that burst's last clump (a held burst gathers several) if that is sooner than the
+  // open's data (the card listens for the
+  // clocked clump, which the shaper takes as the last window's straggler, and naps again until
+  // the open's data). The proxy: GHOST_SHAPER_TAIL_WAKE=0 turns it off.
+  bool wake_for_slow_start_tail = true;
+  int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
   // packet; 0: never held (the proxy: GHOST_SHAPER_CLOCK_HOLD_RTTS). Measured at 60 ms / 1%
@@ -251,6 +275,8 @@ struct ShaperStats {
   std::uint64_t held_bursts = 0;     // bursts held past Td as part-windows (hold_part_windows)
   std::uint64_t clocked_bursts = 0;  // bursts that ended while the ACK clock ran (round 12)
   std::uint64_t clamped_bursts = 0;  // bursts that ended with the grant clamped (round 13)
+  std::uint64_t clamps_declined = 0; // clamps eq. 4 said would not pay (clamp_when_pays)
+  std::uint64_t clamps_released = 0; // clamps released as measured dearer than unclamped
   std::uint64_t missed_packets = 0;  // packets that arrived while the card slept
   Duration sleep{};                  // time the card was asleep
   Duration awake{};                  // time the card was awake, from start to Finish
@@ -422,6 +448,43 @@ class DownloadShaper {
   // Called at a shaped burst's end, after grant_ is updated. A part sets suspect_cwnd_; the clamp
   // falls to it when the next burst proves the sender short of cwnd (OnArrival).
   void UpdateClamp(bool hold_expired);
+
+  // Round 14 (ShaperOptions::clamp_when_pays): what a shaped cycle of a loss episode costs, per
+  // cycle (EWMAs, 1/4 per cycle): seconds, card joules, bytes.
+  struct CycleCost {
+    double time = 0, energy = 0, bytes = 0;
+    int n = 0;
+    void Add(double t, double e, double b);
+    // Eq. 4's K·t + (100 − K)·E per byte; +inf without a byte.
+    double PerByte(int knob) const;
+  };
+  CycleCost unclamped_cost_, clamped_cost_;
+  // Slow start's tail (ShaperOptions::wake_for_slow_start_tail): no whole grant confirmed since
+  // slow start ended; and the clocked clump's due time for the nap in progress.
+  bool tail_clocked_ = false;
+  TimePoint clump_first_{};  // the first packet of the burst's last clump (a held burst has several)
+  std::optional<TimePoint> tail_due_;
+  // When the card must wake for a burst due at `due` (the tail's clump if that is sooner).
+  TimePoint WakeFor(TimePoint due) const;
+  bool episode_ = false;      // a loss episode runs: from a burst with loss or a miss until
+  int episode_clean_ = 0;     // ... this many whole-grant bursts in a row (3) end it
+  bool cycle_clamped_ = false;  // the cycle in progress was opened with the grant clamped
+  std::optional<TimePoint> cycle_start_;  // the last shaped burst's end
+  double cycle_awake_at_ = 0, cycle_sleep_at_ = 0;  // the card's totals then, seconds
+  std::uint64_t naps_ = 0, cycle_naps_at_ = 0;
+  // Books the cycle that ended at `end` (a shaped burst's end) to the regime it ran in.
+  void BookCycle(TimePoint end, Bytes bytes);
+  // Whether a clamp to `cwnd` bytes pays by eq. 4 against the measured unclamped cycles.
+  bool ClampPays(double cwnd) const;
+
+ public:
+  // The cycle model of a clamped grant of `cwnd` bytes (round 14): one open's round trip, the
+  // burst at `rate`, Td; the card awake for the guard, the burst and Td, one wake-up, asleep
+  // otherwise. Returns {seconds, joules} per cycle.
+  static std::pair<double, double> ClampedCycleModel(const WnicPowers& wnic, double cwnd, double rate,
+                                                     Duration min_rtt, Duration td, Duration lead);
+
+ private:
 
   double rate_ = 0;
   int bad_run_ = 0, saturated_run_ = 0, unsaturated_run_ = 0;
