@@ -240,6 +240,12 @@ class OriginTree final : public Tree {
   // while its copy is fresh and no fill of it is queued, remembered in long_timeouts_ so that
   // a change invalidates it; else the 1 s of every other reply.
   double CachedTimeout(const std::string& url, fuse_ino_t ino, const CacheEntry* cached);
+  // The stat of an origin file as the kernel is told it, which Node::kernel_size remembers.
+  struct stat KernelStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime);
+  // The size of `url` to tell the kernel: a running fetch's (the newest version: the one an
+  // open now reads), else a queued fill's, else the cached copy's, else `listed`.
+  std::optional<Bytes> CurrentSize(const std::string& url, const CacheEntry* cached,
+                                   std::optional<Bytes> listed) const;
   std::unordered_map<std::string, fuse_ino_t> long_timeouts_;  // url -> inode
   BodyFdCache bodies_;  // body files of recent opens, kept open (dropped when they change)
 };

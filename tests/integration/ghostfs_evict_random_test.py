@@ -35,7 +35,6 @@ Skipped without root, /dev/fuse or nginx."""
 import argparse
 import errno
 import hashlib
-import mmap
 import os
 import random
 import socket
@@ -57,6 +56,10 @@ OP_TIMEOUT = 30
 PLAN = 10
 
 
+def rng_age(v):
+    return 5 + v % 11
+
+
 def version(name, v, size):
     """Version v of `name`: every 64-byte line names the file, the version and the size."""
     line = f"{name} v{v:05d} size {size:08d} ".encode()
@@ -76,13 +79,17 @@ class Origin:
         with self.lock:
             self.v += 1
             v = self.v
+            size += v % 97 if name != BIG else 0
             data = version(name, v, size)
             self.known.setdefault(name, {})[hashlib.sha256(data).digest()] = (v, size)
             self.current[name] = (v, size)
         tmp = os.path.join(self.root, "." + name)
         with open(tmp, "wb") as f:
             f.write(data)
-        t = time.time() - 100000 + v * 3  # a new second each time: the validators change
+        # Modified seconds ago: heuristic freshness (10 % of that) keeps copies about a second,
+        # so opens and the proxy revalidate all the time. The size differs from the version
+        # before (+ v % 97), so nginx's ETag (mtime and size) does too.
+        t = time.time() - rng_age(v)
         os.utime(tmp, (t, t))
         os.rename(tmp, os.path.join(self.root, name))
 
@@ -109,6 +116,7 @@ class Run:
         self.errors, self.counts, self.stale, self.enodev = [], {}, [], []
         self.down = threading.Event()  # set from just before a SIGKILL until the remount
         self.down_until = 0.0
+        self.kills = []  # when ghostfs was killed
 
     def count(self, what):
         with self.lock:
@@ -132,6 +140,20 @@ class Run:
         self.count("stale-size")
         with self.lock:
             self.stale.append(what)
+
+
+MMAP_CHILD = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+size = os.fstat(fd).st_size
+flags = mmap.MAP_SHARED if sys.argv[2] == "mmap-shared" else mmap.MAP_PRIVATE
+try:
+    m = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ) if size else b""
+except OSError as e:
+    sys.exit(e.errno)
+sys.stdout.buffer.write(bytes(m))
+sys.stderr.write(str(size))
+"""
 
 
 def mount_reader(w, seed, mnt, origin, run, stop):
@@ -161,9 +183,17 @@ def mount_reader(w, seed, mnt, origin, run, stop):
                 elif size not in sizes:
                     run.stale_size(f"reader {w} range {name}: st_size {size}, the bytes are of a version of {sizes}")
             elif how.startswith("mmap") and size:
-                flags = mmap.MAP_SHARED if how == "mmap-shared" else mmap.MAP_PRIVATE
-                with mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ) as m:
-                    data = bytes(m)
+                # In a child: a page past the file's end is SIGBUS, which would end this test.
+                r = subprocess.run([sys.executable, "-c", MMAP_CHILD, path, how], capture_output=True,
+                                   timeout=OP_TIMEOUT)
+                if r.returncode == -7:
+                    run.stale_size(f"reader {w} {how} {name}: SIGBUS in an mmap of st_size")
+                    continue
+                if r.returncode == 19:
+                    raise OSError(errno.ENODEV, "mmap: No such device")
+                if r.returncode != 0:
+                    raise OSError(r.returncode, r.stderr.decode(errors="replace")[-200:])
+                data, size = r.stdout, int(r.stderr)
                 if not origin.is_version(name, data):
                     if origin.slice_sizes(name, data, 0):  # a version's start: st_size was another's
                         run.stale_size(f"reader {w} {how} {name}: st_size {size}, the start of a version of "
@@ -230,6 +260,7 @@ class ProxyClient:
         while not self.stop.is_set():
             name = self.rng.choice(NAMES + [BIG])
             op = self.rng.choice(["get", "get", "range", "head", "cond"])
+            t_op = time.time()
             try:
                 if op == "range":
                     size = self.origin.current[name][1]
@@ -256,7 +287,8 @@ class ProxyClient:
                     self.whole("GET", name, self.ask(name))
                 self.run.count("proxy-" + op)
             except (OSError, ValueError, IndexError) as e:
-                self.run.error(f"proxy {op} {name}: {type(e).__name__} {e}")
+                self.run.error(f"proxy {op} {name}: {type(e).__name__} {e} after {time.time() - t_op:.1f} s "
+                               f"(ghostfs killed meanwhile: {any(k >= t_op for k in self.run.kills)})")
 
 
 def changer(seed, origin, stop):
@@ -370,29 +402,33 @@ def stale_size_case(t, work, site, base):
     size, and the mmap the new version's first bytes, short as if complete)."""
     conf = os.path.join(work, "stale.toml")
     with open(conf, "w") as f:
-        f.write("heuristic_freshness = 0\n")
+        f.write("heuristic_freshness = 1\n")
     mnt, cache = os.path.join(work, "mnt-stale"), os.path.join(work, "cache-stale")
     os.makedirs(mnt)
     fs = h.Ghostfs(mnt, cache, {"web": base}, args=["--config", conf, "--cache-size", str(CAP)])
     if not fs.start():
         return t.check(False, "stale size: mounts", fs.output()[-1500:])
     path, name, got = os.path.join(mnt, "web", "s.bin"), "s.bin", []
+
+    def put(v, size):
+        with open(os.path.join(site, ".s"), "wb") as f:
+            f.write(version(name, v, size))
+        # Last modified 8 s ago: heuristic freshness (10 % of that) keeps a copy 0.8 s.
+        os.utime(os.path.join(site, ".s"), (time.time() - 8, time.time() - 8))
+        os.rename(os.path.join(site, ".s"), os.path.join(site, name))
     try:
         for i, (old, new) in enumerate([(300_000, 3_000_000), (900_000, 70_000)]):
-            for v, size in ((2 * i, old), (2 * i + 1, new)):
-                data = version(name, v, size)
-                with open(os.path.join(site, ".s"), "wb") as f:
-                    f.write(data)
-                os.utime(os.path.join(site, ".s"), (time.time() - 5000 + v, time.time() - 5000 + v))
-                os.rename(os.path.join(site, ".s"), os.path.join(site, name))
-                if v % 2 == 0:
-                    h.read_bytes(path)  # cached, and the kernel told its size
-                    os.stat(path)
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno()).st_size
-                with mmap.mmap(f.fileno(), st, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:
-                    mapped = bytes(m)
-            got.append((old, new, st, len(mapped), mapped == version(name, 2 * i + 1, new)))
+            put(2 * i, old)
+            time.sleep(1.2)  # the copy (fresh for 1 s) is stale: the read revalidates and caches `old`
+            h.read_bytes(path)
+            time.sleep(1.2)  # stale again, and so are the kernel's attributes (1 s)
+            os.stat(path)  # the kernel holds the cached copy's size for a second
+            put(2 * i + 1, new)
+            # The open revalidates (200, the new version); fstat, mmap of st_size (in a child:
+            # SIGBUS past the end).
+            r = subprocess.run([sys.executable, "-c", MMAP_CHILD, path, "mmap"], capture_output=True, timeout=60)
+            st = int(r.stderr) if r.returncode == 0 else f"exit {r.returncode} (-7: SIGBUS)"
+            got.append((old, new, st, len(r.stdout), r.stdout == version(name, 2 * i + 1, new)))
     finally:
         fs.stop()
     t.check(all(st == new and ok for old, new, st, _, ok in got),
@@ -407,6 +443,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--secs", type=float, default=12.0)
     opts = ap.parse_args()
+    opts.rounds = max(1, opts.rounds)
     print(f"# seed {opts.seed} (replay: --seed {opts.seed} --rounds {opts.rounds} --secs {opts.secs})", flush=True)
     h.require_root_and_fuse()
     rng = random.Random(opts.seed)
@@ -468,6 +505,7 @@ def main():
                 run.error(f"stats: {e}")
             if kill and not killed and time.time() > end - opts.secs / 2:
                 run.down.set()
+                run.kills.append(time.time())
                 fs.kill9()
                 killed = True
                 time.sleep(0.3)
