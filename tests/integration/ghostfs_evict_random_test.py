@@ -195,9 +195,12 @@ def mount_reader(w, seed, mnt, origin, run, stop):
                     raise OSError(r.returncode, r.stderr.decode(errors="replace")[-200:])
                 data, size = r.stdout, int(r.stderr)
                 if not origin.is_version(name, data):
-                    if origin.slice_sizes(name, data, 0):  # a version's start: st_size was another's
-                        run.stale_size(f"reader {w} {how} {name}: st_size {size}, the start of a version of "
-                                       f"{origin.slice_sizes(name, data, 0)} bytes")
+                    whole_short = [sz for sz in origin.sizes(name) if sz < len(data) and not data[sz:].strip(b"\0")
+                                   and origin.is_version(name, data[:sz])]
+                    if origin.slice_sizes(name, data, 0) or whole_short:
+                        # A version's start, or a whole version and zeros: st_size was another's.
+                        run.stale_size(f"reader {w} {how} {name}: st_size {size}, a version of "
+                                       f"{origin.slice_sizes(name, data, 0) or whole_short} bytes")
                     else:
                         run.error(f"reader {w} {how} {name}: {size} bytes are no whole version nor a version's "
                                   f"start; starts {data[:30]!r}")
