@@ -100,8 +100,11 @@ struct stat OriginTree::KernelStat(fuse_ino_t ino, Bytes size, std::optional<std
   return ghost::FileStat(ino, size, 0444, mtime);
 }
 
-std::optional<Bytes> OriginTree::CurrentSize(const std::string& url, const CacheEntry* cached,
+std::optional<Bytes> OriginTree::CurrentSize(const std::string& url, fuse_ino_t ino, const CacheEntry* cached,
                                              std::optional<Bytes> listed) const {
+  if (auto pv = page_versions_.find(ino); pv != page_versions_.end() && pv->second.opens > 0 && pv->second.size) {
+    return pv->second.size;
+  }
   if (auto s = streams_.find(url); s != streams_.end() && s->second->size) {
     return s->second->size;
   }
@@ -294,7 +297,7 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     // The cached copy's size is exact (or a newer version's arriving, CurrentSize); a listing's
   // may be missing (Apache's "1.2K").
     const CacheEntry* cached = MountEntry(url);
-    std::optional<Bytes> size = CurrentSize(url, cached, e->size);
+    std::optional<Bytes> size = CurrentSize(url, n->ino, cached, e->size);
     if (size) {
       return ReplyNodeEntry(req, n, KernelStat(n->ino, *size, FileMtime(e, cached)),
                             cached ? CachedTimeout(url, n->ino, cached) : kAttrTimeout);
@@ -323,6 +326,11 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
 void OriginTree::Getattr(fuse_req_t req, Node* n) {
   if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(ReadOnlyDirStat(n->ino)), kAttrTimeout);
   std::string url = OriginUrl(n);
+  if (auto pv = page_versions_.find(n->ino); pv != page_versions_.end() && pv->second.opens > 0 && pv->second.size) {
+    // Cached-mode opens of a version are open: the inode's size stays theirs (CurrentSize).
+    struct stat st = KernelStat(n->ino, *pv->second.size, FileMtime(ListedEntry(n), MountEntry(url)));
+    return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  }
   if (ctx_.write_back.Writing(url)) {
     // A fill of it is with the writer, neither queued nor committed: an open just read that
     // version, whose size comes with the commit (as its opens, this waits for it).
@@ -341,7 +349,7 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
     return (void)fuse_reply_attr(req, &st, kAttrTimeout);
   }
   if (c) {
-    struct stat st = KernelStat(n->ino, CurrentSize(url, c, c->size).value_or(c->size), FileMtime(ListedEntry(n), c));
+    struct stat st = KernelStat(n->ino, CurrentSize(url, n->ino, c, c->size).value_or(c->size), FileMtime(ListedEntry(n), c));
     return (void)fuse_reply_attr(req, &st, CachedTimeout(url, n->ino, c));
   }
   fuse_ino_t ino = n->ino;
@@ -494,7 +502,7 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       node->kernel_size = -1;
       if (ctx_.invalidate_attributes) ctx_.invalidate_attributes(ino);
     }
-    if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, &info)) {
+    if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, open_size, &info)) {
       // Another version is in (or may be in) the kernel's pages of this inode: read this
       // one past them.
       info.direct_io = 1;
@@ -1075,7 +1083,8 @@ void OriginTree::OriginRelease(Handle& h) {
 // one set of pages and one size per inode: they may serve only one version, and only once the
 // kernel's attributes (attr timeout) can no longer carry the previous version's size. Sets
 // keep_cache: the pages are kept only when they are of this version.
-bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info) {
+bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, std::optional<Bytes> size,
+                                   fuse_file_info* info) {
   if (version.empty()) return false;
   TimePoint now = ctx_.clock.Now();
   const Duration settle = Seconds(kAttrTimeout + 0.5);
@@ -1086,6 +1095,7 @@ bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, f
     // No reader of the old version: this one becomes the inode's version once the kernel's
     // size has had time to follow; until then reads bypass the pages.
     pv.version = version;
+    pv.size = size;
     pv.since = now;
     pv.opens = 0;
     pv.pages_valid = false;
@@ -1285,7 +1295,7 @@ void OriginTree::OriginReplyProbed(fuse_req_t req, int origin, const std::string
   Node* n = getattr_ino != 0 ? ctx_.inodes.Find(getattr_ino) : ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   const CacheEntry* cached = MountEntry(OriginUrl(n));
-  Bytes size = CurrentSize(OriginUrl(n), cached, e->size).value_or(0);
+  Bytes size = CurrentSize(OriginUrl(n), n->ino, cached, e->size).value_or(0);
   struct stat st = KernelStat(n->ino, size, FileMtime(&*e, cached));
   if (getattr_ino != 0) return (void)fuse_reply_attr(req, &st, kAttrTimeout);
   ReplyNodeEntry(req, n, st);
