@@ -690,6 +690,17 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
+      if (ctx_.write_back.Writing(url) && !ctx_.write_back.QueuedBodyOf(url)) {
+        // With the writer: neither in the queue nor committed. Open what the commit leaves:
+        // the copy, or the origin if the cap evicted it meanwhile (a handle without a body
+        // would find nothing at its first read: EIO).
+        fuse_file_info again = *fi;
+        return ctx_.write_back.WhenFillSettles(url, [this, req, ino, again]() mutable {
+          Node* node = ctx_.inodes.Find(ino);
+          if (!node) return (void)fuse_reply_err(req, ESTALE);
+          Open(req, node, &again);
+        });
+      }
       ctx_.reads.decisions[ino].source = d.source;
       return open_handle(ReadSource::kWriteQueue, nullptr);
     case ReadSource::kRevalidate:

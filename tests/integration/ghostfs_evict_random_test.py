@@ -490,13 +490,14 @@ def main():
     stopped_state, fd_leaks, cap_seen, mounted, alive = [], [], [], True, True
     kinds = {"plain": [], "profile": ["--profile", "ipaq-2004"],
              "flash": ["--profile", "ipaq-2004", "--flash-log", os.path.join(work, "flash") + ":512K"]}
-    fs = None
+    fs, daemons = None, []
     t0 = time.time()
     for rnd in range(opts.rounds):
         kind = ["plain", "profile", "flash"][rnd % 3] if rnd < 3 else rng.choice(list(kinds))
         kill = rng.random() < 0.5 if rnd else False
         args = ["--config", conf, "--cache-size", str(CAP)] + kinds[kind]
         fs = h.Ghostfs(mnt, cache, {"web": base}, args=args, control=ctl)
+        daemons.append(fs)
         if not fs.start():
             mounted = False
             break
@@ -537,6 +538,7 @@ def main():
                 killed = True
                 time.sleep(0.3)
                 fs = h.Ghostfs(mnt, cache, {"web": base}, args=args, control=ctl)
+                daemons.append(fs)
                 up = fs.start()
                 run.down_until = time.time() + 1.0
                 run.down.clear()
@@ -575,7 +577,8 @@ def main():
         t.skip_rest(PLAN - 2, "no mount")
         t.done()
     t.check(not run.errors, f"every read and answer is one whole version (or a slice of one), no error for a valid "
-            f"operation, no hang (seed {opts.seed})", "\n".join(run.errors[:15]))
+            f"operation, no hang (seed {opts.seed})", "\n".join(run.errors[:15] + [
+                ln for d in daemons for ln in d.output().splitlines() if "info:" not in ln and "not caching" not in ln][-15:]))
     t.check(alive, "ghostfs and ghostproxy stayed up through every round", fs.output()[-1500:])
     t.check(cap_seen and max(cap_seen) <= CAP, "the index's bytes never passed the cap", max(cap_seen, default=None))
     t.check(not fd_leaks, "once the readers closed, ghostfs holds no descriptor of an evicted body", "\n".join(fd_leaks[:10]))
