@@ -57,7 +57,7 @@ OP_TIMEOUT = 30
 # workers fetching megabytes at once wait their turn for longer than OP_TIMEOUT, as modelled.
 # Those rounds read files of at most SMALL bytes.
 SMALL = 300_000
-PLAN = 11
+PLAN = 12
 
 
 def rng_age(v):
@@ -126,7 +126,7 @@ class Run:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.errors, self.counts, self.stale, self.enodev = [], {}, [], []
+        self.errors, self.counts, self.stale, self.enodev, self.open_eio = [], {}, [], [], []
         self.down = threading.Event()  # set from just before a SIGKILL until the remount
         self.down_until = 0.0
         self.kills = []  # when ghostfs was killed in this round
@@ -179,7 +179,11 @@ def mount_reader(w, seed, mnt, origin, run, stop, small_only):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            run.error(f"reader {w} open {name}: {e}")
+            if e.errno == errno.EIO and not run.excused():  # see the shortfall in main
+                with run.lock:
+                    run.open_eio.append(f"reader {w} open {name} ({how})")
+            else:
+                run.error(f"reader {w} open {name}: {e}")
             run.count("open-" + errno.errorcode.get(e.errno, "?"))
             if run.excused():
                 time.sleep(0.2)
@@ -587,6 +591,10 @@ def main():
     t.shortfall(not run.after_kill, "no ghostproxy request hangs in a round where ghostfs was SIGKILLed and remounted",
                 "found here, not yet explained: a request after the remount now and then gets no answer for "
                 f"{OP_TIMEOUT} s (other requests are answered meanwhile)", "\n".join(run.after_kill[:10]))
+    t.shortfall(not run.open_eio, "no EIO at the open of a web/ file under eviction pressure",
+                "found here, not yet explained (seed 18: one open of 1,300 gave EIO; ghostfs logged nothing): "
+                "perhaps the open of a cached body that eviction removed (origin_tree.cc answers ENOENT there "
+                "with EIO)", "\n".join(run.open_eio[:10]))
     t.shortfall(not run.enodev, "mmap MAP_SHARED of a web/ file opened from the network works",
                 "the kernel refuses MAP_SHARED of a direct_io open without FUSE_DIRECT_IO_ALLOW_MMAP, which "
                 "conflicts with passthrough opens of the inode; MAP_PRIVATE works",
