@@ -294,8 +294,8 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     }
     Node* n = ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
     std::string url = OriginUrl(n);
-    // The cached copy's size is exact (or a newer version's arriving, CurrentSize); a listing's
-  // may be missing (Apache's "1.2K").
+    // The cached copy's size is exact (or a newer version's arriving, CurrentSize); a
+    // listing's may be missing (Apache's "1.2K").
     const CacheEntry* cached = MountEntry(url);
     std::optional<Bytes> size = CurrentSize(url, n->ino, cached, e->size);
     if (size) {
