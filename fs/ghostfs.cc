@@ -226,6 +226,11 @@ TreeContext Daemon::Context() {
                      .invalidate_inode =
                          [this](fuse_ino_t ino) {
                            if (notifier_) notifier_->Invalidate(ino);
+                         },
+                     .invalidate_attributes =
+                         [this](fuse_ino_t ino) {
+                           // Offset < 0: attributes only, no page invalidation (no page lock).
+                           if (notifier_ && se_) (void)fuse_lowlevel_notify_inval_inode(se_, ino, -1, 0);
                          }};
 }
 

@@ -46,6 +46,9 @@ struct Node {
   std::string path;     // inside its tree: "" for a tree's root, else "a/b/c" (no slashes at the ends);
                         // kLocal: the backing file's identity "dev:ino"
   std::uint64_t lookups = 0;
+  // kOriginFile: the size the kernel was last given for it (an entry or attribute reply), or
+  // -1; an open of a version of another size drops the kernel's attributes (OriginTree::Open).
+  std::int64_t kernel_size = -1;
   UniqueFd fd;          // kLocal: an O_PATH descriptor of the backing file (closed with the node)
 };
 

@@ -95,6 +95,25 @@ void OriginTree::DropKernelCopy(const std::string& url) {
   if (ctx_.invalidate_inode) ctx_.invalidate_inode(ino);
 }
 
+struct stat OriginTree::KernelStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime) {
+  if (Node* n = ctx_.inodes.Find(ino)) n->kernel_size = static_cast<std::int64_t>(size);
+  return ghost::FileStat(ino, size, 0444, mtime);
+}
+
+std::optional<Bytes> OriginTree::CurrentSize(const std::string& url, fuse_ino_t ino, const CacheEntry* cached,
+                                             std::optional<Bytes> listed) const {
+  if (auto pv = page_versions_.find(ino); pv != page_versions_.end() && pv->second.opens > 0 && pv->second.size) {
+    return pv->second.size;
+  }
+  if (auto s = streams_.find(url); s != streams_.end() && s->second->size) {
+    return s->second->size;
+  }
+  // A fill waiting in the write queue (or the flash log) is what opens read (DESIGN §3.5).
+  if (const CacheEntry* q = ctx_.write_back.QueuedMeta(url); q && q->size) return q->size;
+  if (cached) return cached->size;
+  return listed;
+}
+
 OriginTree::~OriginTree() { ctx_.store.SetInternalChangeListener(nullptr); }
 
 std::string OriginTree::OriginUrl(const Node* n) const {
@@ -207,11 +226,6 @@ void OriginTree::WithListing(int origin, const std::string& dir, std::function<v
 
 namespace {
 
-// Origin files are read-only.
-struct stat FileStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime) {
-  return ghost::FileStat(ino, size, 0444, mtime);
-}
-
 const DirEntry* FindEntry(const Listing& l, const std::string& name) {
   for (const DirEntry& e : l.entries) {
     if (e.name == name) return &e;
@@ -280,11 +294,12 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     }
     Node* n = ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
     std::string url = OriginUrl(n);
-    // The cached copy's size is exact; a listing's may be missing (Apache's "1.2K").
+    // The cached copy's size is exact (or a newer version's arriving, CurrentSize); a
+    // listing's may be missing (Apache's "1.2K").
     const CacheEntry* cached = MountEntry(url);
-    std::optional<Bytes> size = cached ? std::optional<Bytes>(cached->size) : e->size;
+    std::optional<Bytes> size = CurrentSize(url, n->ino, cached, e->size);
     if (size) {
-      return ReplyNodeEntry(req, n, FileStat(n->ino, *size, FileMtime(e, cached)),
+      return ReplyNodeEntry(req, n, KernelStat(n->ino, *size, FileMtime(e, cached)),
                             cached ? CachedTimeout(url, n->ino, cached) : kAttrTimeout);
     }
     fuse_ino_t ino = n->ino;
@@ -302,7 +317,7 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
       Node* node = ctx_.inodes.Find(ino);
       if (!node) return (void)fuse_reply_err(req, ENOENT);
       // Unknown length: 0 until read (like /proc); reads go past it with direct_io.
-      ReplyNodeEntry(req, node, FileStat(ino, length->value_or(0), mtime));
+      ReplyNodeEntry(req, node, KernelStat(ino, length->value_or(0), mtime));
     };
     ctx_.http.Fetch(std::move(head), std::move(cb));
   });
@@ -311,15 +326,31 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
 void OriginTree::Getattr(fuse_req_t req, Node* n) {
   if (n->kind == NodeKind::kOriginDir) return (void)fuse_reply_attr(req, &static_cast<const struct stat&>(ReadOnlyDirStat(n->ino)), kAttrTimeout);
   std::string url = OriginUrl(n);
+  if (auto pv = page_versions_.find(n->ino); pv != page_versions_.end() && pv->second.opens > 0 && pv->second.size) {
+    // Cached-mode opens of a version are open: the inode's size stays theirs (CurrentSize).
+    struct stat st = KernelStat(n->ino, *pv->second.size, FileMtime(ListedEntry(n), MountEntry(url)));
+    return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+  if (ctx_.write_back.Writing(url)) {
+    // A fill of it is with the writer, neither queued nor committed: an open just read that
+    // version, whose size comes with the commit (as its opens, this waits for it).
+    fuse_ino_t ino = n->ino;
+    return ctx_.write_back.WhenFillSettles(url, [this, req, ino] {
+      Node* node = ctx_.inodes.Find(ino);
+      if (!node) return (void)fuse_reply_err(req, ESTALE);
+      Getattr(req, node);
+    });
+  }
   // Served from memory: the cache index or the parent's listing; no disk, no network.
   const CacheEntry* c = MountEntry(url);
-  if (c) {
-    struct stat st = FileStat(n->ino, c->size, FileMtime(ListedEntry(n), c));
-    return (void)fuse_reply_attr(req, &st, CachedTimeout(url, n->ino, c));
-  }
   if (auto s = streams_.find(url); s != streams_.end() && s->second->size) {
-    struct stat st = FileStat(n->ino, *s->second->size, FileMtime(ListedEntry(n), nullptr));
+    // A version is arriving (new, or the cached one again): its size is the one an open reads.
+    struct stat st = KernelStat(n->ino, *s->second->size, FileMtime(ListedEntry(n), nullptr));
     return (void)fuse_reply_attr(req, &st, kAttrTimeout);
+  }
+  if (c) {
+    struct stat st = KernelStat(n->ino, CurrentSize(url, n->ino, c, c->size).value_or(c->size), FileMtime(ListedEntry(n), c));
+    return (void)fuse_reply_attr(req, &st, CachedTimeout(url, n->ino, c));
   }
   fuse_ino_t ino = n->ino;
   std::string name = BaseOf(n->path);
@@ -334,7 +365,7 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
     if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
     const DirEntry* e = FindEntry(**l, name);
     if (!e) return (void)fuse_reply_err(req, ENOENT);
-    struct stat st = FileStat(ino, e->size.value_or(0), e->mtime_unix);
+    struct stat st = KernelStat(ino, e->size.value_or(0), e->mtime_unix);
     fuse_reply_attr(req, &st, kAttrTimeout);
   });
 }
@@ -452,7 +483,26 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         version = "q" + std::to_string(q->version);
       }
     }
-    if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, &info)) {
+    // The kernel cuts page-cache reads and mmap at the size it was given (a direct_io read
+    // goes to EOF, an mmap of st_size does not): an open of a version of another size (the
+    // origin changed since the lookup, a fill replaced the copy) drops the kernel's attributes
+    // before the reply, so an fstat after the open asks Getattr, which says this version's.
+    std::optional<Bytes> open_size;
+    if (source == ReadSource::kNetwork) {
+      if (stream) open_size = stream->size;
+    } else if (h.body) {
+      open_size = h.body->size();
+    } else if (h.file.is_open() && h.file.size_known()) {
+      open_size = h.file.size();
+    } else if (const CacheEntry* e = backing ? MountEntry(url) : nullptr) {
+      open_size = e->size;
+    }
+    if (Node* node = open_size ? ctx_.inodes.Find(ino) : nullptr;
+        node && node->kernel_size >= 0 && static_cast<Bytes>(node->kernel_size) != *open_size) {
+      node->kernel_size = -1;
+      if (ctx_.invalidate_attributes) ctx_.invalidate_attributes(ino);
+    }
+    if (!backing && !info.direct_io && !PageCacheMayServe(ino, version, open_size, &info)) {
       // Another version is in (or may be in) the kernel's pages of this inode: read this
       // one past them.
       info.direct_io = 1;
@@ -640,6 +690,17 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   switch (d.source) {
     case ReadSource::kWriteQueue:
     case ReadSource::kMemory:
+      if (ctx_.write_back.Writing(url) && !ctx_.write_back.QueuedBodyOf(url)) {
+        // With the writer: neither in the queue nor committed. Open what the commit leaves:
+        // the copy, or the origin if the cap evicted it meanwhile (a handle without a body
+        // would find nothing at its first read: EIO).
+        fuse_file_info again = *fi;
+        return ctx_.write_back.WhenFillSettles(url, [this, req, ino, again]() mutable {
+          Node* node = ctx_.inodes.Find(ino);
+          if (!node) return (void)fuse_reply_err(req, ESTALE);
+          Open(req, node, &again);
+        });
+      }
       ctx_.reads.decisions[ino].source = d.source;
       return open_handle(ReadSource::kWriteQueue, nullptr);
     case ReadSource::kRevalidate:
@@ -1033,7 +1094,8 @@ void OriginTree::OriginRelease(Handle& h) {
 // one set of pages and one size per inode: they may serve only one version, and only once the
 // kernel's attributes (attr timeout) can no longer carry the previous version's size. Sets
 // keep_cache: the pages are kept only when they are of this version.
-bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info) {
+bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, std::optional<Bytes> size,
+                                   fuse_file_info* info) {
   if (version.empty()) return false;
   TimePoint now = ctx_.clock.Now();
   const Duration settle = Seconds(kAttrTimeout + 0.5);
@@ -1044,6 +1106,7 @@ bool OriginTree::PageCacheMayServe(fuse_ino_t ino, const std::string& version, f
     // No reader of the old version: this one becomes the inode's version once the kernel's
     // size has had time to follow; until then reads bypass the pages.
     pv.version = version;
+    pv.size = size;
     pv.since = now;
     pv.opens = 0;
     pv.pages_valid = false;
@@ -1243,8 +1306,8 @@ void OriginTree::OriginReplyProbed(fuse_req_t req, int origin, const std::string
   Node* n = getattr_ino != 0 ? ctx_.inodes.Find(getattr_ino) : ctx_.inodes.Lookup(NodeKind::kOriginFile, origin, path);
   if (!n) return (void)fuse_reply_err(req, ESTALE);
   const CacheEntry* cached = MountEntry(OriginUrl(n));
-  Bytes size = cached ? cached->size : e->size.value_or(0);
-  struct stat st = FileStat(n->ino, size, FileMtime(&*e, cached));
+  Bytes size = CurrentSize(OriginUrl(n), n->ino, cached, e->size).value_or(0);
+  struct stat st = KernelStat(n->ino, size, FileMtime(&*e, cached));
   if (getattr_ino != 0) return (void)fuse_reply_attr(req, &st, kAttrTimeout);
   ReplyNodeEntry(req, n, st);
 }

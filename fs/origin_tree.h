@@ -117,6 +117,7 @@ struct PageVersion {
   int opens = 0;
   TimePoint since{};  // when it became the inode's version
   bool pages_valid = false;  // a cached open of it dropped the older pages (keep_cache off)
+  std::optional<Bytes> size;  // its size, if known
 };
 
 // The start of a cached body, read when it is opened so that the first READ finds it in
@@ -206,7 +207,8 @@ class OriginTree final : public Tree {
   // `fh` is h's file handle (to find it again after waiting).
   void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
   void OriginRelease(Handle& h);
-  bool PageCacheMayServe(fuse_ino_t ino, const std::string& version, fuse_file_info* info);
+  bool PageCacheMayServe(fuse_ino_t ino, const std::string& version, std::optional<Bytes> size,
+                         fuse_file_info* info);
   void DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries);
   // A read far beyond what has arrived: answered from a range request (DESIGN §4).
   void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);
@@ -240,6 +242,15 @@ class OriginTree final : public Tree {
   // while its copy is fresh and no fill of it is queued, remembered in long_timeouts_ so that
   // a change invalidates it; else the 1 s of every other reply.
   double CachedTimeout(const std::string& url, fuse_ino_t ino, const CacheEntry* cached);
+  // The stat of an origin file as the kernel is told it, which Node::kernel_size remembers.
+  struct stat KernelStat(fuse_ino_t ino, Bytes size, std::optional<std::int64_t> mtime);
+  // The size of `url` (inode `ino`) to tell the kernel: while cached-mode (page cache) opens of
+  // a version are open, theirs (the kernel ends their reads at the inode's size: a newer
+  // version's size would cut them short; a newer version's opens read with direct_io, to
+  // EOF); else a running fetch's (the newest version: the one an open now reads), else a
+  // queued fill's, else the cached copy's, else `listed`.
+  std::optional<Bytes> CurrentSize(const std::string& url, fuse_ino_t ino, const CacheEntry* cached,
+                                   std::optional<Bytes> listed) const;
   std::unordered_map<std::string, fuse_ino_t> long_timeouts_;  // url -> inode
   BodyFdCache bodies_;  // body files of recent opens, kept open (dropped when they change)
 };

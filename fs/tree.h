@@ -90,6 +90,10 @@ struct TreeContext {
   // Drops the kernel's attributes and pages of an inode, from a notifier thread (never inside
   // this call; fs/inval_notifier.h). Does nothing before the mount or after it ends.
   std::function<void(fuse_ino_t)> invalidate_inode;
+  // Drops the kernel's attributes of an inode (not its pages) now, before the caller's reply:
+  // the kernel takes no page lock for that, so it may be sent from inside a request handler.
+  // Does nothing before the mount or after it ends.
+  std::function<void(fuse_ino_t)> invalidate_attributes;
 };
 
 class Tree {
