@@ -184,7 +184,7 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 14: the clamp only where eq. 4 says it pays (ShaperOptions::clamp_when_pays).
   if (EnvIs("GHOST_SHAPER_CLAMP", "auto")) so.clamp_to_sender = so.clamp_when_pays = true;
   // Round 14: the nap ends for slow start's clocked tail (ShaperOptions::wake_for_slow_start_tail).
-  if (EnvIs("GHOST_SHAPER_TAIL_WAKE", "0")) so.wake_for_slow_start_tail = false;
+  if (EnvIs("GHOST_SHAPER_TAIL_WAKE", "1")) so.wake_for_slow_start_tail = true;
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
