@@ -604,9 +604,10 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
   std::weak_ptr<bool> alive = alive_;
   auto write = [this, alive, fd, path, offset, data, cause, done](const FlushReport*) {
     if (alive.expired()) return;
-    if (log_->Holds(LogRecordKind::kLocalWrite, path)) {
-      // Older bytes of the file are stuck in the log (the disk refused them): writing these now
-      // would let the log's later flush put the older ones over them.
+    if (log_->Changes(LogRecordKind::kLocalWrite, path)) {
+      // Older bytes or a truncate of the file are stuck in the log (the disk refused them):
+      // writing these now would let the log's later flush put the older ones over them (or cut
+      // them).
       ++write_through_failures_;
       return done(cause.WithContext("and the flash log still holds older records of the file that the disk "
                                     "refused (see the flush errors); the bytes were not written"));
@@ -621,7 +622,7 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
       });
     });
   };
-  if (!log_->Holds(LogRecordKind::kLocalWrite, path)) return write(nullptr);
+  if (!log_->Changes(LogRecordKind::kLocalWrite, path)) return write(nullptr);
   log_->Flush(LogFlushReason::kExplicit, [write](const FlushReport& r) { write(&r); });
 }
 
@@ -641,7 +642,7 @@ void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status
                                   r.status().ToString().c_str());
                      Status cause = r.status();
                      log_->Flush(LogFlushReason::kExplicit, [this, p, size, cause, done](const FlushReport&) {
-                       if (log_->Holds(LogRecordKind::kLocalWrite, p)) {
+                       if (log_->Changes(LogRecordKind::kLocalWrite, p)) {
                          ++write_through_failures_;
                          return done(cause.WithContext("and the disk refused the file's logged records"));
                        }
@@ -712,6 +713,12 @@ bool LocalFlashLog::Holds(int fd) const {
   return path.ok() && log_->Holds(LogRecordKind::kLocalWrite, *path);
 }
 
+bool LocalFlashLog::Changes(int fd) const {
+  if (log_->empty()) return false;
+  Result<std::string> path = PathOf(fd);
+  return path.ok() && log_->Changes(LogRecordKind::kLocalWrite, *path);
+}
+
 Bytes LocalFlashLog::LoggedEnd(int fd) const {
   if (log_->empty()) return 0;
   Result<std::string> path = PathOf(fd);
@@ -730,7 +737,7 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   if (log_->empty()) return Status::Ok();
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return path.status();
-  if (!log_->Holds(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
+  if (!log_->Changes(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
   Bytes end = log_->LoggedEnd(LogRecordKind::kLocalWrite, *path);
   if (end > offset) {
     std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, end - offset));
