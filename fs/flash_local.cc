@@ -738,7 +738,10 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return path.status();
   if (!log_->Changes(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
-  Bytes end = log_->LoggedEnd(LogRecordKind::kLocalWrite, *path);
+  // The file reads to its logged size even where the disk holds less: a flush replaying an
+  // older, shorter truncate cuts the disk's file below a later one still in the log.
+  const std::optional<Bytes> logged_size = log_->LoggedSize(LogRecordKind::kLocalWrite, *path);
+  Bytes end = std::max(log_->LoggedEnd(LogRecordKind::kLocalWrite, *path), logged_size.value_or(0));
   if (end > offset) {
     std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, end - offset));
     if (buf->size() < want) buf->resize(want, '\0');
@@ -752,8 +755,9 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   Bytes from_log = 0;
   for (const auto& [a, b] : *r) from_log += b - a;
   if (from_log > 0) ChargeFlash(from_log, false);
-  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
-    buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
+  if (logged_size) {
+    const Bytes s = *logged_size;
+    buf->resize(static_cast<std::size_t>(s > offset ? std::min<Bytes>(buf->size(), s - offset) : 0));
   }
   return Status::Ok();
 }
