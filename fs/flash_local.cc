@@ -604,9 +604,10 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
   std::weak_ptr<bool> alive = alive_;
   auto write = [this, alive, fd, path, offset, data, cause, done](const FlushReport*) {
     if (alive.expired()) return;
-    if (log_->Holds(LogRecordKind::kLocalWrite, path)) {
-      // Older bytes of the file are stuck in the log (the disk refused them): writing these now
-      // would let the log's later flush put the older ones over them.
+    if (log_->Changes(LogRecordKind::kLocalWrite, path)) {
+      // Older bytes or a truncate of the file are stuck in the log (the disk refused them):
+      // writing these now would let the log's later flush put the older ones over them (or cut
+      // them).
       ++write_through_failures_;
       return done(cause.WithContext("and the flash log still holds older records of the file that the disk "
                                     "refused (see the flush errors); the bytes were not written"));
@@ -621,7 +622,7 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
       });
     });
   };
-  if (!log_->Holds(LogRecordKind::kLocalWrite, path)) return write(nullptr);
+  if (!log_->Changes(LogRecordKind::kLocalWrite, path)) return write(nullptr);
   log_->Flush(LogFlushReason::kExplicit, [write](const FlushReport& r) { write(&r); });
 }
 
@@ -641,7 +642,7 @@ void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status
                                   r.status().ToString().c_str());
                      Status cause = r.status();
                      log_->Flush(LogFlushReason::kExplicit, [this, p, size, cause, done](const FlushReport&) {
-                       if (log_->Holds(LogRecordKind::kLocalWrite, p)) {
+                       if (log_->Changes(LogRecordKind::kLocalWrite, p)) {
                          ++write_through_failures_;
                          return done(cause.WithContext("and the disk refused the file's logged records"));
                        }
@@ -712,6 +713,12 @@ bool LocalFlashLog::Holds(int fd) const {
   return path.ok() && log_->Holds(LogRecordKind::kLocalWrite, *path);
 }
 
+bool LocalFlashLog::Changes(int fd) const {
+  if (log_->empty()) return false;
+  Result<std::string> path = PathOf(fd);
+  return path.ok() && log_->Changes(LogRecordKind::kLocalWrite, *path);
+}
+
 Bytes LocalFlashLog::LoggedEnd(int fd) const {
   if (log_->empty()) return 0;
   Result<std::string> path = PathOf(fd);
@@ -730,8 +737,11 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   if (log_->empty()) return Status::Ok();
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return path.status();
-  if (!log_->Holds(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
-  Bytes end = log_->LoggedEnd(LogRecordKind::kLocalWrite, *path);
+  if (!log_->Changes(LogRecordKind::kLocalWrite, *path)) return Status::Ok();
+  // The file reads to its logged size even where the disk holds less: a flush replaying an
+  // older, shorter truncate cuts the disk's file below a later one still in the log.
+  const std::optional<Bytes> logged_size = log_->LoggedSize(LogRecordKind::kLocalWrite, *path);
+  Bytes end = std::max(log_->LoggedEnd(LogRecordKind::kLocalWrite, *path), logged_size.value_or(0));
   if (end > offset) {
     std::size_t want = static_cast<std::size_t>(std::min<Bytes>(size, end - offset));
     if (buf->size() < want) buf->resize(want, '\0');
@@ -745,8 +755,9 @@ Status LocalFlashLog::Overlay(int fd, Bytes offset, std::size_t size, std::strin
   Bytes from_log = 0;
   for (const auto& [a, b] : *r) from_log += b - a;
   if (from_log > 0) ChargeFlash(from_log, false);
-  if (std::optional<Bytes> s = log_->LoggedSize(LogRecordKind::kLocalWrite, *path)) {
-    buf->resize(static_cast<std::size_t>(*s > offset ? std::min<Bytes>(buf->size(), *s - offset) : 0));
+  if (logged_size) {
+    const Bytes s = *logged_size;
+    buf->resize(static_cast<std::size_t>(s > offset ? std::min<Bytes>(buf->size(), s - offset) : 0));
   }
   return Status::Ok();
 }

@@ -182,7 +182,7 @@ class LocalFlashLog {
   // it (the writer's next fsync or close). `fd` must stay open until `done` runs.
   void AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done);
   // Logs a truncate of the file `fd` to `size` (call after truncating the backing file, when
-  // Holds(fd)). If the log cannot take it, the log is flushed and the truncate applied to the
+  // Changes(fd)). If the log cannot take it, the log is flushed and the truncate applied to the
   // disk again after it (the flushed older records must not revive the cut bytes); `done` gets
   // an error only if the disk refused the file's records, which then stay in the log.
   void AppendTruncate(int fd, Bytes size, std::function<void(Status)> done);
@@ -204,8 +204,13 @@ class LocalFlashLog {
   // The serial stored in the backing root (0 if none).
   std::uint64_t applied_meta_serial() const;
 
-  // Whether the log holds records of the file `fd`.
+  // Whether the log holds bytes of the file `fd` (data records).
   bool Holds(int fd) const;
+  // Whether replaying the log changes the file `fd`: it holds its bytes or a truncate of it. A
+  // size change made to the backing file of such a file must be logged too (AppendTruncate):
+  // else the log's flush, replaying an older truncate, undoes it. A truncate alone is what a
+  // truncate logged while a flush ran leaves once that flush took the file's bytes.
+  bool Changes(int fd) const;
   // The end of the file's logged bytes (0 if none).
   Bytes LoggedEnd(int fd) const;
   // The file's size as the log has it: with a truncate logged, that size (the disk's size does

@@ -320,8 +320,9 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
         r = ftruncate(w.get(), attr.st_size);
       }
       if (r != 0) return (void)fuse_reply_err(req, errno);
-      // Logged records of the file must not outlive the truncate when the log is replayed.
-      if (ctx_.flash && ctx_.flash->Holds(nfd)) {
+      // Logged records of the file must not outlive the truncate when the log is replayed; nor
+      // may a logged truncate alone (logged while a flush took the file's bytes) undo it.
+      if (ctx_.flash && ctx_.flash->Changes(nfd)) {
         ctx_.flash->AppendTruncate(nfd, static_cast<Bytes>(attr.st_size), [](Status s) {
           if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a truncate: %s\n", s.ToString().c_str());
         });
@@ -623,7 +624,7 @@ void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off,
   // A size it grew is logged as a truncate upwards for a file with logged records, so their
   // replay, which makes every logged truncate again, does not cut the file back.
   Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
-  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size_before && ctx_.flash && ctx_.flash->Holds(fd)) {
+  if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size_before && ctx_.flash && ctx_.flash->Changes(fd)) {
     ctx_.flash->AppendTruncate(fd, end, [](Status s) {
       if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
     });

@@ -871,16 +871,27 @@ std::optional<Bytes> FlashLog::LoggedSize(LogRecordKind kind, const std::string&
 }
 
 bool FlashLog::Holds(LogRecordKind kind, const std::string& path) const {
+  return HoldsOf(kind, path, false);
+}
+
+bool FlashLog::Changes(LogRecordKind kind, const std::string& path) const {
+  return HoldsOf(kind, path, kind != LogRecordKind::kMeta);
+}
+
+bool FlashLog::HoldsOf(LogRecordKind kind, const std::string& path, bool truncates) const {
+  auto matches = [&](LogRecordKind k, MetaOp op, const std::string& p) {
+    return p == path && (k == kind || (truncates && k == LogRecordKind::kMeta && op == MetaOp::kTruncate));
+  };
   for (const LogRecordInfo& r : records_) {
-    if (r.kind == kind && r.path == path) return true;
+    if (matches(r.kind, r.op, r.path)) return true;
   }
   if (inflight_) {
     for (const auto& p : *inflight_) {
-      if (p->kind == kind && p->path == path) return true;
+      if (matches(p->kind, p->op, p->path)) return true;
     }
   }
   for (const auto& p : pending_) {
-    if (p->kind == kind && p->path == path) return true;
+    if (matches(p->kind, p->op, p->path)) return true;
   }
   return false;
 }

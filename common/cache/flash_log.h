@@ -218,6 +218,10 @@ class FlashLog {
   std::optional<Bytes> LoggedSize(LogRecordKind kind, const std::string& path) const;
   // Whether the log (durable, being written, or waiting) holds a record of `kind` for `path`.
   bool Holds(LogRecordKind kind, const std::string& path) const;
+  // Holds, or a kTruncate record (kind kMeta) of `path`: whether replaying the log changes the
+  // data file `path` at all. A truncate alone counts: its replay sets the size again, so a
+  // later change of the size made outside the log would be undone by it.
+  bool Changes(LogRecordKind kind, const std::string& path) const;
   // Whether anything is in the log or on its way into it.
   bool empty() const { return records_.empty() && pending_.empty() && !writing_; }
 
@@ -243,6 +247,8 @@ class FlashLog {
 
   FlashLog(const FlashLogOptions& options, FileIo& io, FlushTarget& target, UniqueFd fd);
   Status Recover(RecoveryReport* report);
+  // Holds (`truncates` false) and Changes.
+  bool HoldsOf(LogRecordKind kind, const std::string& path, bool truncates) const;
   void Enqueue(std::string encoded, LogRecordInfo info, AppendDone done);
   void Pump();
   void StartFlush(LogFlushReason reason);

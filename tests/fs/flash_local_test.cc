@@ -212,6 +212,81 @@ TEST_F(LocalFlashLogTest, ReadsOverlayTheLogAndALoggedTruncateCutsWhatCameBefore
   close(fd);
 }
 
+// A truncate logged while a flush runs lands behind the file's bytes that flush takes: the log
+// then holds the truncate alone, and the flush has meanwhile rewritten the older bytes into the
+// file. The file still counts as changed by the log (Changes): reads are cut at the truncate,
+// and the next size change is logged behind it (LocalTree logs it only then), so the next
+// flush does not undo it by replaying the older truncate (ghostfs_concurrent [flash] lost a
+// ftruncate or a fallocate's size that way).
+TEST_F(LocalFlashLogTest, ASizeChangeAfterATruncateLoggedDuringAFlushIsNotUndoneByIt) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "hello world").ok());
+  bool flushed = false;
+  log_->log().Flush(LogFlushReason::kExplicit, [&](const FlushReport&) { flushed = true; });
+  ASSERT_TRUE(log_->log().flushing());
+  // A truncate while the flush runs, as LocalTree::Setattr makes it: the backing file first.
+  ASSERT_EQ(ftruncate(fd, 5), 0);
+  ASSERT_TRUE(log_->Changes(fd));
+  bool logged = false;
+  log_->AppendTruncate(fd, 5, [&](Status s) { EXPECT_TRUE(s.ok()) << s.ToString(); logged = true; });
+  Run(flushed);
+  Run(logged);
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello world");  // the flush wrote it after the cut
+  EXPECT_FALSE(log_->Holds(fd));   // no bytes of it in the log
+  EXPECT_TRUE(log_->Changes(fd));  // but its truncate
+  std::string buf = ReadFile(root_ / "local" / "f");
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, "hello");
+  // The next size change, as Setattr and Fallocate make it: logged only when Changes(fd).
+  ASSERT_EQ(ftruncate(fd, 8), 0);
+  if (log_->Changes(fd)) {
+    logged = false;
+    log_->AppendTruncate(fd, 8, [&](Status s) { EXPECT_TRUE(s.ok()) << s.ToString(); logged = true; });
+    Run(logged);
+  }
+  EXPECT_EQ(log_->SizeOver(fd, 8), 8u);
+  buf = ReadFile(root_ / "local" / "f");
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, std::string("hello\0\0\0", 8));
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), std::string("hello\0\0\0", 8));
+  EXPECT_FALSE(log_->Changes(fd));
+  close(fd);
+}
+
+// A truncate that grows the file while a flush replays an older, shorter one: the flush cuts
+// the disk's file below the later size, and reads still see the later size (zeros past the
+// older cut), not the disk's shorter file (a short read makes the kernel shrink the file).
+TEST_F(LocalFlashLogTest, ReadsSeeALaterLoggedSizeWhileAFlushCutsTheDiskBelowIt) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "hello world").ok());
+  ASSERT_EQ(ftruncate(fd, 5), 0);
+  bool logged = false;
+  log_->AppendTruncate(fd, 5, [&](Status s) { EXPECT_TRUE(s.ok()) << s.ToString(); logged = true; });
+  Run(logged);
+  bool flushed = false;
+  log_->log().Flush(LogFlushReason::kExplicit, [&](const FlushReport&) { flushed = true; });
+  ASSERT_EQ(ftruncate(fd, 8), 0);  // while the flush runs
+  ASSERT_TRUE(log_->Changes(fd));
+  logged = false;
+  log_->AppendTruncate(fd, 8, [&](Status s) { EXPECT_TRUE(s.ok()) << s.ToString(); logged = true; });
+  Run(flushed);
+  Run(logged);
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), "hello");  // the flush's truncate to 5 came last
+  std::string buf = ReadFile(root_ / "local" / "f");
+  ASSERT_TRUE(log_->Overlay(fd, 0, 64, &buf).ok());
+  EXPECT_EQ(buf, std::string("hello\0\0\0", 8));
+  buf = "";  // a read from past the disk's end
+  ASSERT_TRUE(log_->Overlay(fd, 6, 64, &buf).ok());
+  EXPECT_EQ(buf, std::string("\0\0", 2));
+  EXPECT_EQ(log_->SizeOver(fd, 5), 8u);
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(ReadFile(root_ / "local" / "f"), std::string("hello\0\0\0", 8));
+  close(fd);
+}
+
 // The log's appends, a local/ read served from the log and a flush's reads of the log are the
 // flash device's I/O (SetFlashDevice): counted, and its energy moves by them, not the disk's.
 TEST_F(LocalFlashLogTest, AppendsReadsAndFlushReadsAreChargedToTheFlashDevice) {

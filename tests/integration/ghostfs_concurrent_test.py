@@ -24,6 +24,7 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -604,21 +605,30 @@ def run_differential(t, label, work, opts):
         p = mp.Process(target=worker, args=(w, opts.seed, opts.ops, mb, pb, shared, opts.procs, q, False))
         p.start()
         procs.append(p)
-    results, deadline = {}, time.time() + opts.timeout
+    results, deadline, mism = {}, time.time() + opts.timeout, []
     while len(results) < len(procs) and time.time() < deadline:
         try:
             r = q.get(timeout=1)
             results[r[0]] = r
         except Exception:  # noqa: BLE001 - queue.Empty
-            pass
+            # Nothing for a second and every worker still owing a result is gone: none comes.
+            if all(not procs[w].is_alive() for w in range(len(procs)) if w not in results):
+                break
     flip.stop.set()
     flip.join(30)
     hung = [w for w in range(len(procs)) if w not in results]
+    # A worker that is gone without a result did not hang: it died (e.g. SIGBUS from an mmap
+    # access past a size the kernel was told was shorter).
+    died = {w: procs[w].exitcode for w in hung if not procs[w].is_alive()}
+    hung = [w for w in hung if w not in died]
     for p in procs:
         if p.is_alive():
             p.kill()
         p.join()
-    mism = [r[1] for r in results.values() if r[1]]
+    for w, code in sorted(died.items()):
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        mism.append(f"w{w} died ({how}) without a result")
+    mism += [r[1] for r in results.values() if r[1]]
     print(f"# [{label}] {opts.procs} processes x {opts.ops} ops, done {[r[4] for r in results.values()]}; "
           f"power flips {len(flip.done)} ({', '.join(sorted(set(flip.done)))}), errors {flip.errors[:3]}", flush=True)
     t.check(not hung and not mism, f"[{label}] concurrent sequences give the same results as a plain directory",

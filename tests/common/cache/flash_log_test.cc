@@ -558,6 +558,29 @@ TEST_F(FlashLogTest, ALoggedTruncateCutsTheEarlierBytesInReadsAndInTheEnd) {
   EXPECT_EQ(target_->Contents("f"), std::string("abc\0\0Z", 6));
 }
 
+// A truncate alone (its file's bytes flushed before it was written) holds no bytes of the file,
+// but its replay changes the file: Changes says so, waiting or durable, until a flush applies it.
+TEST_F(FlashLogTest, ATruncateAloneChangesItsFileButHoldsNoBytesOfIt) {
+  OpenLog(Options());
+  ASSERT_TRUE(Write("f", 0, "abcdefgh").ok());
+  Flush();
+  EXPECT_FALSE(log_->Changes(LogRecordKind::kLocalWrite, "f"));
+  bool done = false;
+  log_->AppendMeta(MetaOp::kTruncate, "f", 3, "", [&](Result<std::uint64_t> r) {
+    EXPECT_TRUE(r.ok());
+    done = true;
+  });
+  EXPECT_TRUE(log_->Changes(LogRecordKind::kLocalWrite, "f"));  // waiting to be written
+  RunUntil(done);
+  EXPECT_FALSE(log_->Holds(LogRecordKind::kLocalWrite, "f"));
+  EXPECT_TRUE(log_->Changes(LogRecordKind::kLocalWrite, "f"));
+  EXPECT_FALSE(log_->Changes(LogRecordKind::kLocalWrite, "g"));
+  EXPECT_EQ(log_->LoggedSize(LogRecordKind::kLocalWrite, "f"), std::optional<Bytes>(3));
+  Flush();
+  EXPECT_EQ(target_->Contents("f"), "abc");
+  EXPECT_FALSE(log_->Changes(LogRecordKind::kLocalWrite, "f"));
+}
+
 TEST_F(FlashLogTest, TheFlushObserverSeesEveryFlushFullOnesToo) {
   FlashLogOptions o = Options();
   o.capacity = 8192;
