@@ -455,6 +455,18 @@ class ImapClientFakeServerTest : public ::testing::Test {
       Client().Select("INBOX", std::move(cb));
     });
   }
+  // UID FETCH uid BODY.PEEK[], the body's bytes appended to `got` as they come.
+  Status FetchBodyInto(std::uint32_t uid, std::string* got) {
+    return AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
+      Client().FetchBody(
+          uid,
+          [got](std::string_view d) {
+            got->append(d);
+            return true;
+          },
+          std::move(cb));
+    });
+  }
 
   event_base* base_ = nullptr;
   ImapClientOptions options_;
@@ -478,15 +490,7 @@ TEST_F(ImapClientFakeServerTest, ServerDroppingMidLiteralFailsTheFetchAndTheConn
     disconnect_status = s;
   });
   std::string got;
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().FetchBody(
-        7,
-        [&](std::string_view d) {
-          got.append(d);
-          return true;
-        },
-        std::move(cb));
-  });
+  Status s = FetchBodyInto(7, &got);
   EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("5000-byte literal (4000 bytes missing)"), std::string::npos)
       << s.ToString();
@@ -568,15 +572,7 @@ TEST_F(ImapClientFakeServerTest, SlowButSteadyBodyDoesNotTimeOut) {
   ASSERT_TRUE(Connect(server).ok());
   ASSERT_TRUE(SelectInbox().ok());
   std::string got;
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().FetchBody(
-        3,
-        [&](std::string_view d) {
-          got.append(d);
-          return true;
-        },
-        std::move(cb));
-  });
+  Status s = FetchBodyInto(3, &got);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(got.size(), 40u);
 }
@@ -592,15 +588,7 @@ TEST_F(ImapClientFakeServerTest, BodyBeforeUidIsStillRouted) {
   ASSERT_TRUE(Connect(server).ok());
   ASSERT_TRUE(SelectInbox().ok());
   std::string got;
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().FetchBody(
-        7,
-        [&](std::string_view d) {
-          got.append(d);
-          return true;
-        },
-        std::move(cb));
-  });
+  Status s = FetchBodyInto(7, &got);
   EXPECT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(got, "hello");
 }
@@ -619,15 +607,7 @@ TEST_F(ImapClientFakeServerTest, NilBodyIsNoMessage) {
   ASSERT_TRUE(Connect(server).ok());
   ASSERT_TRUE(SelectInbox().ok());
   std::string got;
-  Status s = AwaitStatus(base_, [&](ImapClient::StatusCallback cb) {
-    Client().FetchBody(
-        7,
-        [&](std::string_view d) {
-          got.append(d);
-          return true;
-        },
-        std::move(cb));
-  });
+  Status s = FetchBodyInto(7, &got);
   EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
   EXPECT_EQ(got, "");
 }
