@@ -191,4 +191,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # meson stops the test at 300 s: before that, a hang reports where it waits
+    with h.Watchdog(270, h.tracked_alive):
+        main()

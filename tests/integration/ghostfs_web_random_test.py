@@ -191,10 +191,14 @@ def main():
     threads.append(threading.Thread(target=changer, args=(opts.seed, opts.secs, site, sh), daemon=True))
     for th in threads:
         th.start()
+    deadline = time.time() + opts.secs + 60
     for th in threads:
-        th.join(opts.secs + 60)
+        th.join(max(0.0, deadline - time.time()))
     hung = [th for th in threads if th.is_alive()]
     alive = fs.proc.poll() is None
+    if hung:  # where the readers and the daemon wait, before the unmount below ends it
+        where = f"{h.python_stacks()}\nghostfs:\n{h.stacks(fs.proc.pid) if alive else 'exited'}"
+        print("\n".join("# " + ln for ln in where.splitlines()), file=sys.stderr, flush=True)
     print(f"# ops {dict(sorted(sh.counts.items()))}", flush=True)
     t.check(not hung and alive and not sh.errors,
             "readers of a changing origin get one whole version per open, ENOENT/ESTALE for a gone file, "
@@ -207,4 +211,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # meson stops the test at 180 s: before that, a hang reports where it waits
+    with h.Watchdog(150, h.tracked_alive):
+        main()

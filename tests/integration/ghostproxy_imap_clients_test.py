@@ -528,4 +528,6 @@ set move = no
 
 
 if __name__ == "__main__":
-    main()
+    # meson stops the test at 180 s: before that, a hang reports where it waits
+    with h.Watchdog(150, h.tracked_alive):
+        main()

@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import leftovers  # noqa: E402
@@ -173,6 +175,80 @@ def track(proc):
         _tracked[pid] = start
         _tell(f"pid {pid} {start}")
     return proc
+
+
+def stacks(pid, timeout=40):
+    """Where a process waits, for a hang's report: every thread's backtrace from gdb (when it
+    is installed), else each thread's kernel stack from /proc."""
+    if shutil.which("gdb"):
+        try:
+            r = subprocess.run(["gdb", "-batch", "-nx", "-p", str(pid), "-ex", "thread apply all bt 30"],
+                               capture_output=True, text=True, timeout=timeout)
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("Thread ", "#"))]
+            if lines:
+                return "\n".join(lines)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    out = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") else []:
+        for f in ("stack", "wchan"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/{f}") as fh:
+                    out.append(f"thread {tid}: " + fh.read().strip().replace("\n", " | ")[:300])
+                break
+            except OSError:
+                pass
+    return "\n".join(out) or "?"
+
+
+def python_stacks():
+    """Every other thread of this test: where it is, innermost frame last (for a hang's report)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue  # the reporting thread itself
+        out.append(f"thread {names.get(ident, ident)}:")
+        out += [ln.rstrip() for ln in traceback.format_stack(frame)[-6:]]
+    return "\n".join(out)
+
+
+class Watchdog:
+    """`with Watchdog(secs, pids_fn):` when the block runs past `secs`, writes this test's
+    Python stacks and the stacks of the processes pids_fn() names to stderr, once: meson's
+    timeout then kills a hung test with the hang's place in its report (meson shows stderr)."""
+
+    def __init__(self, secs, pids_fn=lambda: []):
+        self.timer = threading.Timer(secs, self._fire, args=(secs, pids_fn))
+        self.timer.daemon = True
+
+    def _fire(self, secs, pids_fn):
+        print(f"# watchdog: still running after {secs:.0f} s; where it waits:", file=sys.stderr, flush=True)
+        print(python_stacks(), file=sys.stderr, flush=True)
+        for pid in pids_fn():
+            print(f"# process {pid}:\n{stacks(pid)}", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.timer.cancel()
+
+
+def tracked_alive(names=("ghostfs", "ghostproxy")):
+    """The pids track() recorded that still run one of the programs `names` (for a hang's
+    report: the daemons, not the servers they talk to)."""
+    alive = []
+    for pid, start in _tracked.items():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        if comm in names and leftovers.start_time(pid) == start:
+            alive.append(pid)
+    return alive
 
 
 def track_mount(path):
