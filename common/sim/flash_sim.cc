@@ -392,6 +392,7 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.writes_finishing_a_cleaning = model.stats().writes_finishing_a_cleaning;
     r.writes_behind_an_erasure = model.stats().writes_behind_an_erasure;
     r.wait_behind_erasures_ms = ToMillis(model.stats().wait_behind_erasures);
+    r.erasures_deferred = model.stats().erasures_deferred;
   }
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
@@ -445,6 +446,7 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["writes_finishing_a_cleaning"] = r.writes_finishing_a_cleaning;
     j["writes_behind_an_erasure"] = r.writes_behind_an_erasure;
     j["wait_behind_erasures_ms"] = r.wait_behind_erasures_ms;
+    j["erasures_deferred"] = r.erasures_deferred;
   }
   if (o.write_buffer > 0) {
     j["write_buffer_bytes"] = o.write_buffer;
