@@ -346,6 +346,9 @@ void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool for
     if (foreground) {
       ++stats_.writes_behind_an_erasure;
       stats_.wait_behind_erasures += writable - *t;
+    } else {
+      ++stats_.copies_behind_an_erasure;
+      stats_.copy_wait_behind_erasures += writable - *t;
     }
     *t = writable;
   }

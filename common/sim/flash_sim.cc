@@ -393,6 +393,8 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.writes_behind_an_erasure = model.stats().writes_behind_an_erasure;
     r.wait_behind_erasures_ms = ToMillis(model.stats().wait_behind_erasures);
     r.erasures_deferred = model.stats().erasures_deferred;
+    r.copies_behind_an_erasure = model.stats().copies_behind_an_erasure;
+    r.copy_wait_behind_erasures_ms = ToMillis(model.stats().copy_wait_behind_erasures);
   }
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
@@ -447,6 +449,8 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["writes_behind_an_erasure"] = r.writes_behind_an_erasure;
     j["wait_behind_erasures_ms"] = r.wait_behind_erasures_ms;
     j["erasures_deferred"] = r.erasures_deferred;
+    j["copies_behind_an_erasure"] = r.copies_behind_an_erasure;
+    j["copy_wait_behind_erasures_ms"] = r.copy_wait_behind_erasures_ms;
   }
   if (o.write_buffer > 0) {
     j["write_buffer_bytes"] = o.write_buffer;

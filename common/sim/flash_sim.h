@@ -106,6 +106,9 @@ struct FlashSimResult {
   // Erasures of cleanings forced inside a write, held back while the writer programmed the
   // victim's chip (round 15).
   std::uint64_t erasures_deferred = 0;
+  // A cleaning's copies that waited for an erasure in flight, and the total wait (round 15).
+  std::uint64_t copies_behind_an_erasure = 0;
+  double copy_wait_behind_erasures_ms = 0;
   // write_buffer: writes that waited for room in the buffer, and those written through.
   std::uint64_t writes_waiting_for_buffer = 0, writes_through_buffer = 0;
   int warm_up_passes = 0;        // steady_state: untimed warm-up rounds
