@@ -156,7 +156,7 @@ if 'writes_behind_an_erasure' in b:
     print(f"    erase waits   {a['writes_behind_an_erasure']} -> {b['writes_behind_an_erasure']} host blocks waited for an erasure in flight "
           f"(not an on-demand cleaning's own) on their chip ({a['wait_behind_erasures_ms']/1e3:.1f} -> {b['wait_behind_erasures_ms']/1e3:.1f} s; the requests queued behind them wait too)")
 if 'copies_behind_an_erasure' in b:
-    print(f"    copy waits    {a['copies_behind_an_erasure']} -> {b['copies_behind_an_erasure']} cleanings' copies waited for an erasure in flight "
+    print(f"    copy waits    {a['copies_behind_an_erasure']} -> {b['copies_behind_an_erasure']} copied blocks waited for an erasure in flight "
           f"({a['copy_wait_behind_erasures_ms']/1e3:.1f} -> {b['copy_wait_behind_erasures_ms']/1e3:.1f} s; a write's cleaning: inside its response); "
           f"erasures held back off the writer's chip {a['erasures_deferred']} -> {b['erasures_deferred']}")
 if a.get('erasures') and b.get('erasures'):

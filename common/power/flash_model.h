@@ -102,8 +102,8 @@ struct FlashStats {
   // Erasures of cleanings forced inside a write that were held back while the writer was
   // programming the victim's chip (round 15, clean_idle_ms).
   std::uint64_t erasures_deferred = 0;
-  // Cleanings whose copies waited for an erasure in flight (a write's cleaning: inside its
-  // response), and how long (round 15).
+  // Copied blocks (a cleaning's) that waited for an erasure in flight on their chip (a write's
+  // cleaning: inside its response), and how long (round 15).
   std::uint64_t copies_behind_an_erasure = 0;
   Duration copy_wait_behind_erasures{0};
 };

@@ -106,7 +106,8 @@ struct FlashSimResult {
   // Erasures of cleanings forced inside a write, held back while the writer programmed the
   // victim's chip (round 15).
   std::uint64_t erasures_deferred = 0;
-  // A cleaning's copies that waited for an erasure in flight, and the total wait (round 15).
+  // Copied blocks (a cleaning's) that waited for an erasure in flight, and the total wait
+  // (round 15).
   std::uint64_t copies_behind_an_erasure = 0;
   double copy_wait_behind_erasures_ms = 0;
   // write_buffer: writes that waited for room in the buffer, and those written through.
