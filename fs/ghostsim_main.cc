@@ -54,7 +54,7 @@ bool ParseKnobList(const std::string& text, std::vector<int>* out, std::string* 
 
 // "4096", "256K", "2M", "1G" -> bytes.
 bool ParseSize(const std::string& text, ghost::Bytes* out) {
-  if (text.empty()) return false;
+  if (text.empty() || text[0] == '-' || text[0] == '+') return false;
   std::size_t used = 0;
   unsigned long long v = 0;
   try {
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                  "to this file (the last run's, with --knob-sweep)");
   // Block-trace replay for the flash questions (common/sim/flash_sim.h).
   std::string flash_log_size, flush_policy = "when-full", flush_alg = "4", dram_buffer = "256K";
-  std::string storage, log_device = "intel-flash", cleaning = "async";
+  std::string storage, log_device = "intel-flash", cleaning = "async", write_buffer = "0";
   double utilisation = 0.4;
   bool steady_state = false;
   app.add_option("--flash-log", flash_log_size,
@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--cleaning", cleaning, "flash storage cleaning: on-demand or async")
       ->check(CLI::IsMember({"on-demand", "async"}))
+      ->capture_default_str();
+  app.add_option("--write-buffer", write_buffer,
+                 "flash storage: a host write buffer of SIZE in front of the device (0: none)")
       ->capture_default_str();
   app.add_flag("--steady-state", steady_state,
                "flash storage: measure after the trace's writes have brought the card to its "
@@ -161,6 +164,9 @@ int main(int argc, char** argv) {
     }
     if (!ParseSize(dram_buffer, &o.dram_buffer) || o.dram_buffer <= 64) {
       return Fail("--dram-buffer: \"" + dram_buffer + "\" is not a size such as 256K");
+    }
+    if (!ParseSize(write_buffer, &o.write_buffer)) {
+      return Fail("--write-buffer: \"" + write_buffer + "\" is not a size such as 64K");
     }
     o.policy = *ghost::ParseLogFlushPolicy(flush_policy);
     o.algorithm = *ghost::ParseFlushAlgorithm(flush_alg);

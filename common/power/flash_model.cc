@@ -100,6 +100,7 @@ void FlashModel::StartMeasuring() {
   std::fill(erase_counts_.begin(), erase_counts_.end(), 0);
   std::fill(ready_at_.begin(), ready_at_.end(), TimePoint{});
   std::fill(chip_free_.begin(), chip_free_.end(), TimePoint{});
+  deferred_.clear();  // their erasures end before the measured period, as the others' do
   bus_free_ = TimePoint{};
 }
 
@@ -107,6 +108,7 @@ FlashCost FlashModel::Read(TimePoint arrival, Bytes, Bytes size) {
   // An erasure in flight does not hold a read up: the chip suspends it (28F008SA erase-suspend
   // to read) or another chip serves the read.
   FlashCost cost;
+  IssueDeferredIfIdle(arrival);
   CatchUp(arrival, &cost);
   TimePoint start = std::max(arrival, bus_free_);
   Duration transfer = TransferTime(size, false);
@@ -118,6 +120,7 @@ FlashCost FlashModel::Read(TimePoint arrival, Bytes, Bytes size) {
 
 FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
   FlashCost cost;
+  IssueDeferredIfIdle(arrival);
   CatchUp(arrival, &cost);
   TimePoint t = std::max(arrival, bus_free_);
   stats_.written += size;
@@ -126,7 +129,7 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
     // segment's room is what the rest of them need: the write waits for them (the erasure
     // then runs on its chip), so that the cleaning can finish.
     ++stats_.writes_finishing_a_cleaning;
-    Clean(&t, &cost, false);
+    Clean(&t, &cost, false, true);
   }
   if (segment_blocks_ == 0 || size == 0) {
     Duration transfer = TransferTime(size, true);
@@ -173,6 +176,11 @@ FlashCost FlashModel::Write(TimePoint arrival, Bytes address, Bytes size) {
 TimePoint FlashModel::busy_until() const {
   TimePoint t = bus_free_;
   for (TimePoint c : chip_free_) t = std::max(t, c);
+  // A deferred erasure starts once the card is idle, after the one in flight on its chip.
+  const Duration idle = geometry_.clean_idle.value_or(Duration::zero());
+  for (std::size_t v : deferred_) {
+    t = std::max(t, std::max(bus_free_ + idle, chip_free_[Chip(v)]) + geometry_.erase_time);
+  }
   return t;
 }
 
@@ -327,6 +335,8 @@ void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool for
       // A copy (or the preload) takes the next erased segment directly, the reserve included.
       OpenErased(t);
     }
+    // The writer has left the chip of a deferred erasure: it can start now.
+    if (!deferred_.empty()) IssueDeferred(*t, false);
   }
   // A fresh segment's erasure must have ended; and the 28F008SA does not program while it
   // erases (its erase suspend is to read, DESIGN §3.7): a block written to a chip with an
@@ -336,6 +346,9 @@ void FlashModel::Place(std::uint64_t lb, TimePoint* t, FlashCost* cost, bool for
     if (foreground) {
       ++stats_.writes_behind_an_erasure;
       stats_.wait_behind_erasures += writable - *t;
+    } else {
+      ++stats_.copies_behind_an_erasure;
+      stats_.copy_wait_behind_erasures += writable - *t;
     }
     *t = writable;
   }
@@ -357,10 +370,18 @@ void FlashModel::OpenErased(TimePoint* t) {
     std::abort();
   }
   const std::size_t next = NextErased();
-  active_ = static_cast<std::int64_t>(erased_[next]);
+  const std::size_t segment = erased_[next];
+  // The only segment left is one whose erasure was held back: it starts now, and the caller
+  // waits for it.
+  auto d = std::find(deferred_.begin(), deferred_.end(), segment);
+  if (d != deferred_.end()) {
+    deferred_.erase(d);
+    StartErase(segment, *t);
+  }
+  active_ = static_cast<std::int64_t>(segment);
   erased_.erase(erased_.begin() + static_cast<std::ptrdiff_t>(next));
   write_point_ = 0;
-  (void)t;  // the caller (Place) waits until the segment can be programmed
+  // The caller (Place) waits until the segment can be programmed.
 }
 
 void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
@@ -371,14 +392,14 @@ void FlashModel::TakeErasedSegment(TimePoint* t, FlashCost* cost) {
   // (OpenErased below): the erasure runs on its chip, as the background cleaner's do.
   int guard = 0;
   while (erased_.size() <= 1 && guard++ < 1000) {
-    Clean(t, cost, !idle_cleaner());
+    Clean(t, cost, !idle_cleaner(), idle_cleaner());
     // The copies went to a fresh segment with room left: the write goes on in it.
     if (active_ >= 0 && write_point_ < segment_blocks_) return;
   }
   OpenErased(t);
 }
 
-void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
+void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase, bool defer) {
   const std::int64_t victim = Victim();
   if (victim < 0) return;
   if (victim == cleaning_) {
@@ -401,24 +422,65 @@ void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase) {
   }
   stats_.copied += moved;
   cost->copied += moved;
-  Erase(static_cast<std::size_t>(victim), *t, cost);
+  Erase(static_cast<std::size_t>(victim), *t, cost, defer && !wait_erase);
   // The caller waits for the erasure (on demand).
   if (wait_erase) *t = ready_at_[static_cast<std::size_t>(victim)];
 }
 
-void FlashModel::Erase(std::size_t victim, TimePoint t, FlashCost* cost) {
-  // The erasure runs on the victim's chip after the one in flight there (a chip erases one
-  // block at a time; other chips erase at the same time).
-  TimePoint& chip = chip_free_[Chip(victim)];
-  const TimePoint erased_at = std::max(t, chip) + geometry_.erase_time;
-  chip = erased_at;
-  ready_at_[victim] = erased_at;
+void FlashModel::Erase(std::size_t victim, TimePoint t, FlashCost* cost, bool defer) {
+  // The chip the writer programs next: the active segment's while it has room, else the one of
+  // the erased segment it opens next.
+  std::optional<std::size_t> writer_chip;
+  if (active_ >= 0 && write_point_ < segment_blocks_) {
+    writer_chip = Chip(static_cast<std::size_t>(active_));
+  } else if (!erased_.empty()) {
+    writer_chip = Chip(erased_[NextErased()]);
+  }
   cost->energy += geometry_.erase_power * geometry_.erase_time;
   ++erase_counts_[victim];
   stats_.max_segment_erasures = std::max(stats_.max_segment_erasures, erase_counts_[victim]);
   ++stats_.erasures;
   erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));
   ++cost->erasures;
+  // An erasure is background work the host starts (28F008SA: one operation at a time per
+  // chip, erase suspend only to read): one forced inside a write is not started on the chip
+  // the writer is about to program, or the writer would wait for it; it starts when the writer
+  // leaves the chip or the card goes idle (round 15).
+  if (defer && writer_chip == Chip(victim)) {
+    ready_at_[victim] = TimePoint::max();  // not writable until its erasure has run
+    deferred_.push_back(victim);
+    ++stats_.erasures_deferred;
+    return;
+  }
+  StartErase(victim, t);
+}
+
+void FlashModel::StartErase(std::size_t victim, TimePoint t) {
+  // The erasure runs on the victim's chip after the one in flight there (a chip erases one
+  // block at a time; other chips erase at the same time).
+  TimePoint& chip = chip_free_[Chip(victim)];
+  const TimePoint erased_at = std::max(t, chip) + geometry_.erase_time;
+  chip = erased_at;
+  ready_at_[victim] = erased_at;
+}
+
+void FlashModel::IssueDeferred(TimePoint t, bool all) {
+  const bool writing = active_ >= 0 && write_point_ < segment_blocks_;
+  for (std::size_t i = 0; i < deferred_.size();) {
+    const std::size_t v = deferred_[i];
+    if (all || !writing || Chip(v) != Chip(static_cast<std::size_t>(active_))) {
+      deferred_.erase(deferred_.begin() + static_cast<std::ptrdiff_t>(i));
+      StartErase(v, t);
+    } else {
+      ++i;
+    }
+  }
+}
+
+void FlashModel::IssueDeferredIfIdle(TimePoint arrival) {
+  if (deferred_.empty()) return;
+  const TimePoint idle = bus_free_ + geometry_.clean_idle.value_or(Duration::zero());
+  if (arrival > idle) IssueDeferred(idle, true);
 }
 
 void FlashModel::AssertInvariants() const {
@@ -430,6 +492,9 @@ void FlashModel::AssertInvariants() const {
   }
   assert(live == live_);
   for (std::uint64_t s : erased_) assert(live_[s] == 0);
+  for (std::size_t s : deferred_) {
+    assert(std::find(erased_.begin(), erased_.end(), s) != erased_.end());
+  }
   if (cleaning_ >= 0) {
     assert(cleaning_ != active_);
     assert(std::find(erased_.begin(), erased_.end(),

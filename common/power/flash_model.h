@@ -44,6 +44,11 @@
 //     erasure is issued as soon as its last live block has been copied. If a write finds the
 //     cleaner holding the last erased segment (its copies took the reserve), it waits for the
 //     rest of that cleaning's copies: the reserve is what lets a cleaning in progress finish.
+//     A cleaning forced inside a write (round 15) does not start its erasure on the chip the
+//     writer programs next (the active segment's while it has room, else the next erased
+//     segment's): the erasure is held back until the writer leaves that chip or the card has
+//     been idle for clean_idle_ms, and starts then (at once if the writer needs that segment).
+//     Erase is background work the host starts, and the chip programs only when idle.
 // As utilisation (live bytes / capacity) grows, victims hold more live data: each cleaning
 // copies more and frees less, so energy, time and erasures per byte written grow.
 //
@@ -94,6 +99,13 @@ struct FlashStats {
   // Host blocks that waited for an erasure in flight on their chip (round 14), and how long.
   std::uint64_t writes_behind_an_erasure = 0;
   Duration wait_behind_erasures{0};
+  // Erasures of cleanings forced inside a write that were held back while the writer was
+  // programming the victim's chip (round 15, clean_idle_ms).
+  std::uint64_t erasures_deferred = 0;
+  // Copied blocks (a cleaning's) that waited for an erasure in flight on their chip (a write's
+  // cleaning: inside its response), and how long (round 15).
+  std::uint64_t copies_behind_an_erasure = 0;
+  Duration copy_wait_behind_erasures{0};
 };
 
 class FlashModel {
@@ -146,7 +158,8 @@ class FlashModel {
   // One cleaning from bus time `*t`: the copies move `*t` on; the erasure too if `wait_erase`
   // (on demand), else it runs on the victim's chip (one erasure at a time per chip, chips at
   // once) and marks the segment ready.
-  void Clean(TimePoint* t, FlashCost* cost, bool wait_erase);
+  // `defer`: the erasure may be held back while the writer programs the victim's chip (Erase).
+  void Clean(TimePoint* t, FlashCost* cost, bool wait_erase, bool defer = false);
   Duration TransferTime(Bytes size, bool write) const;
   // The segment greedy cleaning picks: the fewest live blocks, not active, not erased; -1 if none.
   std::int64_t Victim() const;
@@ -171,7 +184,19 @@ class FlashModel {
   // being erased; charges them to `cost`.
   void CleanWhileIdle(TimePoint arrival, FlashCost* cost);
   // Issues the erasure of `victim` (no live block left) at `t` on its chip; charges `cost`.
-  void Erase(std::size_t victim, TimePoint t, FlashCost* cost);
+  // `defer` (a cleaning forced inside a write, idle-time cleaner): if the writer's active
+  // segment is on the victim's chip and has room, the erasure is held back (deferred_) until
+  // the writer leaves that chip or the card goes idle (IssueDeferred); energy and counts are
+  // charged now.
+  void Erase(std::size_t victim, TimePoint t, FlashCost* cost, bool defer = false);
+  // Starts the erasure of `victim` at `t` on its chip (after the one in flight there).
+  void StartErase(std::size_t victim, TimePoint t);
+  // Starts the deferred erasures at `t`: all of them, or (`all` false) those not on the chip
+  // the writer is programming.
+  void IssueDeferred(TimePoint t, bool all);
+  // Before a request arriving at `arrival`: if the card has been idle for the idle cleaner's
+  // threshold, the deferred erasures start then.
+  void IssueDeferredIfIdle(TimePoint arrival);
   bool idle_cleaner() const {
     return policy_ == CleaningPolicy::kAsynchronous && geometry_.clean_idle.has_value();
   }
@@ -194,6 +219,7 @@ class FlashModel {
   std::uint64_t chip_segments_ = 1;    // erase segments per chip (all of them: one chip)
   std::vector<TimePoint> chip_free_;  // per chip: its erasure in flight ends then
   std::int64_t cleaning_ = -1;        // idle cleaner: the victim whose copies are under way
+  std::vector<std::size_t> deferred_;  // erased (no live block), erasure not yet started
   FlashStats stats_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <random>
 
 namespace ghost {
@@ -211,6 +212,11 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
   Duration read_total{0}, write_total{0};
   TimePoint end{};
 
+  if (o.write_buffer > 0 && (o.log_capacity > 0 || storage.kind == DeviceKind::kDisk)) {
+    return Status::InvalidArgument(
+        "a write buffer is for a flash device holding everything (--storage of a flash profile, "
+        "no flash log)");
+  }
   if (o.log_capacity > 0 || storage.kind == DeviceKind::kDisk) {
     if (o.log_capacity > 0 && log_device == nullptr) {
       return Status::InvalidArgument("a flash log needs a log device profile");
@@ -307,8 +313,63 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
       if (!warmed.ok()) return warmed;
     }
     Energy active;
+    // The host write buffer (options.write_buffer): writes waiting to drain, in arrival order.
+    struct Buffered {
+      TimePoint queued;
+      Bytes address, size;
+    };
+    std::deque<Buffered> buffer;
+    Bytes buffered = 0;   // queued, not yet sent to the device
+    Bytes in_flight = 0;  // the last drain write's size: its room is free once it is done
+    TimePoint drained{};  // when the last drain write is done on the device
+    // The next drain write goes to the device when it was queued or when the one before it is
+    // done, whichever is later.
+    auto next_drain = [&] { return std::max(buffer.front().queued, drained); };
+    auto drain_one = [&] {
+      const Buffered b = buffer.front();
+      buffer.pop_front();
+      const TimePoint at = std::max(b.queued, drained);
+      const FlashCost c = model.Write(at, b.address, b.size);
+      active += c.energy;
+      drained = at + c.time;
+      buffered -= b.size;
+      in_flight = b.size;
+      end = std::max(end, model.busy_until());
+    };
     for (const BlockEvent& e : trace.block) {
       const Bytes size = Bytes{e.sectors} * kSectorSize;
+      // Drain writes due by now go to the device first: it serves requests in arrival order.
+      while (!buffer.empty() && next_drain() <= e.time) drain_one();
+      if (e.write && o.write_buffer > 0) {
+        ++r.writes;
+        // Wait for room: the bytes queued, and the drain write in flight until it is done (for
+        // an empty buffer if the write is larger than it).
+        const Bytes need = std::min(size, o.write_buffer);
+        TimePoint room = e.time;
+        while (buffered + (drained > room ? in_flight : 0) + need > o.write_buffer) {
+          if (drained > room) {
+            room = drained;
+          } else {
+            drain_one();
+          }
+        }
+        if (room > e.time) ++r.writes_waiting_for_buffer;
+        if (size > o.write_buffer) {
+          ++r.writes_through_buffer;
+          const FlashCost c = model.Write(room, e.sector * kSectorSize, size);
+          active += c.energy;
+          write_total += room - e.time + c.time;
+          drained = room + c.time;
+          in_flight = 0;
+          end = std::max(end, model.busy_until());
+          continue;
+        }
+        buffer.push_back({room, e.sector * kSectorSize, size});
+        buffered += size;
+        write_total += room - e.time;
+        end = std::max(end, room);
+        continue;
+      }
       // The model queues the request behind the card's interface and prices any wait for an
       // erased segment or a cleaning; its time is the response.
       FlashCost c = e.write ? model.Write(e.time, e.sector * kSectorSize, size)
@@ -318,6 +379,7 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
       ++(e.write ? r.writes : r.reads);
       end = std::max(end, model.busy_until());
     }
+    while (!buffer.empty()) drain_one();  // the run ends when the buffer is on the device
     r.duration = end.time_since_epoch();
     r.energy = active + storage.modes[0].power * r.duration;
     r.erasures = model.stats().erasures;
@@ -330,6 +392,9 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.writes_finishing_a_cleaning = model.stats().writes_finishing_a_cleaning;
     r.writes_behind_an_erasure = model.stats().writes_behind_an_erasure;
     r.wait_behind_erasures_ms = ToMillis(model.stats().wait_behind_erasures);
+    r.erasures_deferred = model.stats().erasures_deferred;
+    r.copies_behind_an_erasure = model.stats().copies_behind_an_erasure;
+    r.copy_wait_behind_erasures_ms = ToMillis(model.stats().copy_wait_behind_erasures);
   }
   r.mean_read_ms = r.reads ? ToMillis(read_total) / static_cast<double>(r.reads) : 0;
   r.mean_write_ms = r.writes ? ToMillis(write_total) / static_cast<double>(r.writes) : 0;
@@ -383,6 +448,14 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["writes_finishing_a_cleaning"] = r.writes_finishing_a_cleaning;
     j["writes_behind_an_erasure"] = r.writes_behind_an_erasure;
     j["wait_behind_erasures_ms"] = r.wait_behind_erasures_ms;
+    j["erasures_deferred"] = r.erasures_deferred;
+    j["copies_behind_an_erasure"] = r.copies_behind_an_erasure;
+    j["copy_wait_behind_erasures_ms"] = r.copy_wait_behind_erasures_ms;
+  }
+  if (o.write_buffer > 0) {
+    j["write_buffer_bytes"] = o.write_buffer;
+    j["writes_waiting_for_buffer"] = r.writes_waiting_for_buffer;
+    j["writes_through_buffer"] = r.writes_through_buffer;
   }
   if (o.steady_state) {
     j["warm_up_passes"] = r.warm_up_passes;

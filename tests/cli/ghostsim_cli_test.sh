@@ -34,7 +34,7 @@ trace() {  # trace NAME LINES...: writes a web trace
   echo "$f"
 }
 
-echo "1..19"
+echo "1..22"
 
 out=$("$GHOSTSIM" --policy adaptive "$TRACES/web.trace")
 if python3 -c '
@@ -88,5 +88,14 @@ assert r["storage"] == "intel-flash" and r["erasures"] > 0 and r["energy_j"] > 0
 expect_bad "flash log size that is not a size" 'flash-log: "2Q"' --flash-log 2Q "$TRACES/nvcache.trace"
 expect_bad "flash simulation of a web trace" 'block traces' --flash-log 2M "$TRACES/web.trace"
 expect_bad "flash log smaller than its buffer" 'at least one DRAM buffer' --flash-log 64K "$TRACES/nvcache.trace"
+# A host write buffer in front of a flash device (round 15).
+if "$GHOSTSIM" --storage intel-flash --utilisation 0.9 --write-buffer 64K "$TRACES/nvcache.trace" >"$tmp/buf" 2>"$tmp/err" &&
+   python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["write_buffer_bytes"] == 65536 and r["writes"] > 0 and r["writes_waiting_for_buffer"] >= 0
+' "$tmp/buf" 2>>"$tmp/err"; then ok "--write-buffer prints its fields"; else not_ok "--write-buffer" "$(cat "$tmp/err")"; fi
+expect_bad "write buffer that is a negative size" 'write-buffer: "-1"' --storage intel-flash --write-buffer -1 "$TRACES/nvcache.trace"
+expect_bad "write buffer in front of a disk" 'write buffer is for a flash device' --storage cu140 --write-buffer 64K "$TRACES/nvcache.trace"
 
 exit $failed

@@ -189,6 +189,77 @@ TEST(FlashSimTest, OnDemandCleaningIsInTheWritesResponse) {
   EXPECT_GT(r.mean_write_ms, 1600.0);
 }
 
+// A block trace of writes (`write`) or reads of `size` bytes at the given times (ms), each at
+// the next address.
+Trace At(const std::vector<std::pair<double, bool>>& events, Bytes size) {
+  Trace t;
+  t.kind = TraceKind::kBlock;
+  std::uint64_t sector = 0;
+  for (const auto& [ms, write] : events) {
+    t.block.push_back({TimePoint{} + Millis(ms), write, sector,
+                       static_cast<std::uint32_t>(size / kSectorSize)});
+    sector += size / kSectorSize;
+  }
+  return t;
+}
+
+FlashSimResult OnFlashDisk(const Trace& trace, Bytes write_buffer) {
+  FlashSimOptions o;
+  o.write_buffer = write_buffer;
+  auto r = SimulateFlash(Load("sdp10"), nullptr, trace, o);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : FlashSimResult{};
+}
+
+// The host write buffer (FlashSimOptions::write_buffer, round 15): on the SDP10 flash disk (no
+// cleaning: one 8 KiB write is latency + bytes / bandwidth on the device, d ms), four 8 KiB
+// writes 10 ms apart into a 16 KiB buffer. The first two fit and return at once; the third
+// waits until the first is on the device (d - 20 ms), the fourth until the second is (2d - 30);
+// the device does the same work in the same order, so energy and duration are unchanged.
+TEST(FlashSimTest, AWriteThatFitsTheHostBufferReturnsAtOnceAndTheRestWaitForTheDrain) {
+  const double d = OnFlashDisk(At({{0, true}}, 8 << 10), 0).mean_write_ms;
+  ASSERT_GT(d, 100.0);  // 8 KiB at 50 KB/s
+  const Trace burst = At({{0, true}, {10, true}, {20, true}, {30, true}}, 8 << 10);
+  const FlashSimResult direct = OnFlashDisk(burst, 0);
+  const FlashSimResult buffered = OnFlashDisk(burst, 16 << 10);
+  EXPECT_NEAR(direct.mean_write_ms, (10 * d - 60) / 4, 0.01);  // each queued behind the last
+  EXPECT_NEAR(buffered.mean_write_ms, (0 + 0 + (d - 20) + (2 * d - 30)) / 4, 0.01);
+  EXPECT_EQ(buffered.writes_waiting_for_buffer, 2u);
+  EXPECT_EQ(buffered.writes_through_buffer, 0u);
+  EXPECT_EQ(buffered.writes, 4u);
+  EXPECT_NEAR(buffered.energy.joules(), direct.energy.joules(), 1e-9);
+  EXPECT_EQ(buffered.duration, direct.duration);
+}
+
+// A write larger than the buffer waits for the buffer to empty and is written through; a read
+// is not served from the buffer: it queues on the device behind the drain writes issued before
+// it arrived.
+TEST(FlashSimTest, AWriteLargerThanTheHostBufferIsWrittenThroughAndAReadQueuesBehindTheDrain) {
+  const double d = OnFlashDisk(At({{0, true}}, 8 << 10), 0).mean_write_ms;
+  const double big = OnFlashDisk(At({{0, true}}, 24 << 10), 0).mean_write_ms;
+  const FlashSimResult r = OnFlashDisk(At({{0, true}, {1, true}}, 8 << 10), 4 << 10);
+  EXPECT_EQ(r.writes_through_buffer, 2u);  // 8 KiB each into 4 KiB
+  EXPECT_NEAR(r.mean_write_ms, (d + (2 * d - 1)) / 2, 0.01);
+  Trace t = At({{0, true}, {5, true}}, 8 << 10);
+  t.block.push_back({TimePoint{} + Millis(10), true, 100, 48});  // 24 KiB
+  t.block.push_back({TimePoint{} + Millis(20), false, 0, 8});     // 4 KiB read
+  const FlashSimResult m = OnFlashDisk(t, 16 << 10);
+  EXPECT_EQ(m.writes_through_buffer, 1u);
+  // The big write waits for both buffered writes to be on the device (2d - 10 ms), then takes
+  // its own time; the read arrives behind it.
+  EXPECT_NEAR(m.mean_write_ms, (0 + 0 + (2 * d - 10) + big) / 3, 0.01);
+  EXPECT_GT(m.mean_read_ms, 2 * d + big - 20 - 0.01);
+}
+
+// A write buffer is refused where it would be ignored: on a disk and with a flash log.
+TEST(FlashSimTest, AHostWriteBufferIsRefusedOnADisk) {
+  FlashSimOptions o;
+  o.write_buffer = 64 << 10;
+  auto r = SimulateFlash(Load("cu140"), nullptr, At({{0, true}}, 8 << 10), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("write buffer"), std::string::npos);
+}
+
 TEST(FlashSimTest, AWebTraceIsRefused) {
   Trace t;
   t.kind = TraceKind::kWeb;
