@@ -314,6 +314,27 @@ TEST_F(ControlTest, ReplyAfterTheClientLeftIsDroppedSafely) {
   EXPECT_TRUE(client.Call("stats").ok());
 }
 
+TEST_F(ControlTest, AClientThatLeftHasItsRequestsDropped) {
+  Start();
+  // Sent and closed while the loop is busy here: the server finds 1000 requests from a peer
+  // that can read none of the replies. It handles at most one check's worth of them, not all
+  // (each would cost what the op costs: 30 such clients kept live ones waiting over 10 s).
+  OnLoop([&] {
+    RawConnection raw(path_);
+    std::string burst;
+    for (int i = 0; i < 1000; ++i) burst += "{\"id\":" + std::to_string(i) + ",\"op\":\"stats\"}\n";
+    EXPECT_TRUE(raw.Send(burst));
+    raw.Close();
+    return 0;
+  });
+  EXPECT_TRUE(WaitForConnections(0));
+  Settle();
+  EXPECT_LT(handled_.load(), 100);
+  // A live client is served as before.
+  ControlClient live = Connect();
+  EXPECT_TRUE(live.Call(ControlOp::kStats, json::object(), kWait).ok());
+}
+
 TEST_F(ControlTest, HalfClosedClientStillGetsItsReplies) {
   Start();
   RawConnection raw(path_);
