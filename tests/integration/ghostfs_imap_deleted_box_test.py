@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLANNED = 9
+PLANNED = 10
 
 
 def message(tag):
@@ -47,9 +47,10 @@ def subjects(cur):
 def main():
     h.require_root_and_fuse()
     dc = h.started_dovecot()
-    dc.seed(".Work", message("old1"))
-    dc.seed(".Work", message("old2"))
-    dc.seed(".Keep", message("kept"))
+    # Seen, so they show in cur/ (unseen ones show in new/).
+    dc.seed(".Work", message("old1"), info="S")
+    dc.seed(".Work", message("old2"), info="S")
+    dc.seed(".Keep", message("kept"), info="S")
     t = h.Tap(PLANNED)
     work = h.tempdir()
     conf = os.path.join(work, "ghostfs.toml")
@@ -78,7 +79,7 @@ def main():
     # Made again with the same name: a new UIDVALIDITY, a new message; none of the old.
     c = dc.login()
     c.create("Work")
-    c.append("Work", None, None, message("new1"))
+    c.append("Work", "(\\Seen)", None, message("new1"))
     c.select("Work", readonly=True)
     uidvalidity = c.response("UIDVALIDITY")[1][0].decode()
     c.logout()
