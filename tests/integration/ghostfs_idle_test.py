@@ -69,17 +69,6 @@ def switches_between(before, after):
     return diff
 
 
-def reclaim_marks():
-    """{counter: value} of RECLAIM_MARKS in /proc/vmstat (missing ones left out)."""
-    out = {}
-    with open("/proc/vmstat") as f:
-        for line in f:
-            name, _, value = line.partition(" ")
-            if name in RECLAIM_MARKS:
-                out[name] = int(value)
-    return out
-
-
 def report(label, diff):
     for tid, (name, n) in sorted(diff.items()):
         print(f"# {label}: thread {tid} {name}: {n} context switches", flush=True)
@@ -157,12 +146,12 @@ def main():
     time.sleep(max(0.0, last_activity + SETTLE_S - time.monotonic()))
     clean = False
     for attempt in range(1, MAX_WINDOWS + 1):
-        marks = reclaim_marks()
+        marks = h.vmstat(RECLAIM_MARKS)
         start = {label: task_switches(pid) for label, pid in pids.items()}
         t0 = time.monotonic()
         time.sleep(WINDOW_S)
         end = {label: task_switches(pid) for label, pid in pids.items()}
-        after = reclaim_marks()
+        after = h.vmstat(RECLAIM_MARKS)
         moved = {k: after[k] - marks[k] for k in marks if after.get(k) != marks[k]}
         print(f"# window {attempt}: {SETTLE_S + (attempt - 1) * WINDOW_S} s after the last activity, "
               f"{time.monotonic() - t0:.1f} s long", flush=True)
