@@ -73,6 +73,16 @@ std::string InfoOf(const std::string& name) {
   return colon == std::string::npos ? std::string() : NormalizeInfo(name.substr(colon + 3));
 }
 
+// Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
+Status WriteDurably(const std::string& path, std::string_view data, int flags);
+
+// An operation queued on a message the reader delivered, behind its APPEND (uid 0: the UID is
+// known once the APPEND went through, MailOrigin::appended).
+bool WaitsForAppend(const ImapOp& op, const std::string& origin, const std::string& wire, const std::string& unique) {
+  return op.kind != ImapOp::Kind::kAppend && op.uid == 0 && op.origin == origin && op.mailbox == wire &&
+         op.local_name == unique;
+}
+
 // The connection is gone or the server talks nonsense: the operation can be tried again.
 bool Transient(const Status& s) {
   return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ||
@@ -228,6 +238,34 @@ MailOrigin* MailTree::OriginOf(int origin) const {
 }
 
 void MailTree::Start() {
+  // The UIDs of delivered messages that operations still queued wait for (written by Send
+  // before the APPEND's ack): without them, a change the reader made to a message it delivered
+  // would be dropped after a restart ("the appended message's UID is unknown").
+  if (queue_) {
+    std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
+    std::string kept;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char line[4096];
+      while (std::fgets(line, sizeof line, f)) {
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_object()) continue;
+        std::string origin = j.value("origin", ""), wire = j.value("mailbox", ""), unique = j.value("unique", "");
+        bool waited = false;
+        for (const ImapOp& op : queue_->pending()) waited = waited || WaitsForAppend(op, origin, wire, unique);
+        if (!waited) continue;
+        for (auto& mo : origins_) {
+          if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {j.value("uidvalidity", 0u), j.value("uid", 0u)};
+        }
+        kept += line;
+      }
+      std::fclose(f);
+      if (kept.empty()) {
+        ::unlink(path.c_str());
+      } else if (Status st = WriteDurably(path, kept, O_TRUNC); !st.ok()) {
+        std::fprintf(stderr, "ghostfs: %s\n", st.ToString().c_str());
+      }
+    }
+  }
   if (queue_ && !queue_->pending().empty()) {
     std::fprintf(stderr, "ghostfs: replaying %zu queued IMAP operations\n", queue_->pending().size());
     queue_->Flush();
@@ -1120,7 +1158,6 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
 
 namespace {
 
-// Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
 Status WriteDurably(const std::string& path, std::string_view data, int flags) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
@@ -1169,6 +1206,21 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
     std::string wire = op.mailbox, unique = UniqueOf(op.local_name.substr(op.local_name.rfind('/') + 1));
     auto appended = [this, mo, wire, unique](std::uint32_t uidvalidity, std::uint32_t uid) {
       mo->appended[wire + "\n" + unique] = {uidvalidity, uid};
+      // Operations queued behind the APPEND need its UID after a restart too: kept durably
+      // before the APPEND is acknowledged (MailTree::Start reads it back).
+      bool waited = false;
+      for (const ImapOp& q : queue_->pending()) waited = waited || WaitsForAppend(q, mo->name, wire, unique);
+      if (waited) {
+        nlohmann::json j = {{"origin", mo->name}, {"mailbox", wire}, {"unique", unique},
+                            {"uidvalidity", uidvalidity}, {"uid", uid}};
+        std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
+        if (Status st = WriteDurably(path, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                                     O_APPEND);
+            !st.ok()) {
+          std::fprintf(stderr, "ghostfs: %s: cannot keep an appended message's UID: %s\n", mo->name.c_str(),
+                       st.ToString().c_str());
+        }
+      }
       if (MailBox* b = mo->BoxByWire(wire); b && b->loaded) LoadBox(*mo, *b, [](Status) {});
     };
     auto append = [mo, op, appended, result] {
