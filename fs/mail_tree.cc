@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <set>
 
 #include "common/config/config.h"
 #include "common/imap/find_appended.h"
@@ -72,6 +73,16 @@ std::string InfoOf(const std::string& name) {
   return colon == std::string::npos ? std::string() : NormalizeInfo(name.substr(colon + 3));
 }
 
+// Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
+Status WriteDurably(const std::string& path, std::string_view data, int flags);
+
+// An operation queued on a message the reader delivered, behind its APPEND (uid 0: the UID is
+// known once the APPEND went through, MailOrigin::appended).
+bool WaitsForAppend(const ImapOp& op, const std::string& origin, const std::string& wire, const std::string& unique) {
+  return op.kind != ImapOp::Kind::kAppend && op.uid == 0 && op.origin == origin && op.mailbox == wire &&
+         op.local_name == unique;
+}
+
 // The connection is gone or the server talks nonsense: the operation can be tried again.
 bool Transient(const Status& s) {
   return s.code() == Status::Code::kUnavailable || s.code() == Status::Code::kTimedOut ||
@@ -98,6 +109,10 @@ struct MailBox {
   std::uint32_t uidvalidity = 0;
   std::map<std::string, MailMessage> messages;  // by unique name
   bool loaded = false, loading = false, again = false, offline = false;
+  // Deleted on the server (by another client): no longer in its LIST, or its SELECT said it
+  // does not exist. Hidden from the view (ENOENT, gone from readdir) but kept, because
+  // callbacks in flight hold `MailBox&`; listed again (re-created), it is shown afresh.
+  bool gone = false;
   TimePoint expires{};
   std::vector<std::function<void(Status)>> waiters;
   // Unseen messages a reader moved from new/ to cur/ (Maildir: seen by a reader, not read):
@@ -144,9 +159,14 @@ struct MailOrigin {
 
   MailBox* BoxByWire(const std::string& wire) {
     for (auto& [f, b] : boxes) {
-      if (b.wire == wire) return &b;
+      if (b.wire == wire && !b.gone) return &b;
     }
     return nullptr;
+  }
+  // The mailbox shown as `folder` ("" = INBOX), or null when there is none or it is gone.
+  MailBox* ShownBox(const std::string& folder) {
+    auto it = boxes.find(folder);
+    return it == boxes.end() || it->second.gone ? nullptr : &it->second;
   }
 };
 
@@ -218,6 +238,34 @@ MailOrigin* MailTree::OriginOf(int origin) const {
 }
 
 void MailTree::Start() {
+  // The UIDs of delivered messages that operations still queued wait for (written by Send
+  // before the APPEND's ack): without them, a change the reader made to a message it delivered
+  // would be dropped after a restart ("the appended message's UID is unknown").
+  if (queue_) {
+    std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
+    std::string kept;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char line[4096];
+      while (std::fgets(line, sizeof line, f)) {
+        nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_object()) continue;
+        std::string origin = j.value("origin", ""), wire = j.value("mailbox", ""), unique = j.value("unique", "");
+        bool waited = false;
+        for (const ImapOp& op : queue_->pending()) waited = waited || WaitsForAppend(op, origin, wire, unique);
+        if (!waited) continue;
+        for (auto& mo : origins_) {
+          if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {j.value("uidvalidity", 0u), j.value("uid", 0u)};
+        }
+        kept += line;
+      }
+      std::fclose(f);
+      if (kept.empty()) {
+        ::unlink(path.c_str());
+      } else if (Status st = WriteDurably(path, kept, O_TRUNC); !st.ok()) {
+        std::fprintf(stderr, "ghostfs: %s\n", st.ToString().c_str());
+      }
+    }
+  }
   if (queue_ && !queue_->pending().empty()) {
     std::fprintf(stderr, "ghostfs: replaying %zu queued IMAP operations\n", queue_->pending().size());
     queue_->Flush();
@@ -296,6 +344,9 @@ void MailTree::SelectNext(MailOrigin& mo) {
       mo.selected_uidvalidity = r->uidvalidity;
     } else {
       mo.selected.clear();
+      // NO [NONEXISTENT] (or dovecot's plain NO) to SELECT: deleted since it was listed.
+      MailBox* b = mo.BoxByWire(wire);
+      if (r.status().code() == Status::Code::kNotFound && b && !b->folder.empty()) Gone(mo, *b, r.status().message());
     }
     std::vector<std::function<void(Result<MailboxStatus>)>> ready;
     for (auto it = mo.select_waiters.begin(); it != mo.select_waiters.end();) {
@@ -336,7 +387,8 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
     auto waiters = std::move(mo.boxes_waiters);
     for (auto& w : waiters) w(s);
   };
-  auto apply = [&mo](const std::vector<std::pair<std::string, char>>& list) {
+  auto apply = [this, &mo](const std::vector<std::pair<std::string, char>>& list) {
+    std::set<std::string> listed;
     for (const auto& [wire, delim] : list) {
       mo.delimiters[wire] = delim;
       if (IsInbox(wire)) continue;
@@ -346,9 +398,24 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
                      dir.status().message().c_str());
         continue;
       }
+      listed.insert(*dir);
       MailBox& b = mo.boxes[*dir];
+      if (b.gone) {
+        // Deleted and made again: a new mailbox (its UIDVALIDITY tells LoadBox so), loaded
+        // before it is shown, never the old listing.
+        std::fprintf(stderr, "ghostfs: %s: mailbox %s is on the server again\n", mo.name.c_str(), wire.c_str());
+        b.gone = false;
+        b.loaded = false;
+        b.offline = false;
+        b.messages.clear();
+        b.expires = TimePoint{};
+        b.Changed();
+      }
       b.folder = *dir;
       b.wire = wire;
+    }
+    for (auto& [folder, b] : mo.boxes) {
+      if (!folder.empty() && !b.gone && !listed.count(folder)) Gone(mo, b, "not in the server's LIST any more");
     }
     mo.boxes_loaded = true;
   };
@@ -392,17 +459,39 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
 void MailTree::WithBox(MailOrigin& mo, const std::string& folder, bool force,
                        std::function<void(Result<MailBox*>)> then) {
   auto with_box = [this, &mo, folder, force, then](Status listed) {
-    auto it = mo.boxes.find(folder);
-    if (it == mo.boxes.end()) return then(listed.ok() ? Status::NotFound(folder) : listed);
-    MailBox& box = it->second;
+    MailBox* shown = mo.ShownBox(folder);
+    if (!shown) return then(listed.ok() ? Status::NotFound(folder) : listed);
+    MailBox& box = *shown;
     if (box.loaded && !force && box.expires > ctx_.clock.Now()) return then(&box);
-    LoadBox(mo, box, [&box, then](Status s) {
+    LoadBox(mo, box, [&box, folder, then](Status s) {
+      if (box.gone) return then(Status::NotFound(folder + ": deleted on the server"));
       if (!s.ok() && !box.loaded) return then(s);
       then(&box);  // a failed refresh keeps showing what was known
     });
   };
   if (folder.empty()) return with_box(Status::Ok());
   WithMailboxes(mo, with_box);
+}
+
+void MailTree::Gone(MailOrigin& mo, MailBox& box, const std::string& why) {
+  box.gone = true;
+  box.loaded = false;
+  box.messages.clear();
+  box.left_new.clear();
+  box.Changed();
+  mo.boxes_expires = TimePoint{};  // the next lookup lists again: it may have been made again
+  std::size_t queued = 0;
+  if (queue_) {
+    for (const ImapOp& op : queue_->pending()) {
+      if (op.origin == mo.name && (op.mailbox == box.wire || op.destination == box.wire)) ++queued;
+    }
+  }
+  std::fprintf(stderr, "ghostfs: %s: mailbox %s was deleted on the server (%s): %s is gone from the view%s\n",
+               mo.name.c_str(), box.wire.c_str(), why.c_str(), box.folder.c_str(),
+               queued ? ("; " + std::to_string(queued) +
+                         " queued operation(s) on it are sent as they are, and any the server refuses "
+                         "is recorded in " + unapplied_path_).c_str()
+                      : "");
 }
 
 void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)> then) {
@@ -426,7 +515,7 @@ void MailTree::LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)>
           st.status().code() == Status::Code::kPermissionDenied) {
         return LoadSavedBox(mo, box, st.status(), finish);
       }
-      return finish(st.status());
+      return finish(st.status());  // NotFound: the box is gone now (SelectNext)
     }
     std::uint32_t uidvalidity = st->uidvalidity;
     auto install = [this, &mo, &box, uidvalidity, finish](const std::vector<MessageSummary>& list) {
@@ -597,7 +686,7 @@ void MailTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
     }
     if (!p.folder.empty() || !name.starts_with(".")) return (void)fuse_reply_err(req, ENOENT);
     return WithMailboxes(*mo, [mo, name, dir_entry, req](Status s) {
-      if (mo->boxes.count(name)) return dir_entry(name);
+      if (mo->ShownBox(name)) return dir_entry(name);
       fuse_reply_err(req, s.ok() ? ENOENT : s.ToErrno());
     });
   }
@@ -679,7 +768,7 @@ void MailTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_fil
     if (!p.folder.empty()) return ReplyDirEntries(req, ino, size, off, entries);
     return WithMailboxes(*mo, [this, mo, req, ino, size, off, entries](Status) mutable {
       for (const auto& [folder, box] : mo->boxes) {
-        if (!folder.empty()) entries.emplace_back(folder, S_IFDIR);
+        if (!folder.empty() && !box.gone) entries.emplace_back(folder, S_IFDIR);
       }
       ReplyDirEntries(req, ino, size, off, entries);
     });
@@ -1069,7 +1158,6 @@ void MailTree::Rename(fuse_req_t req, Node* p, const char* name_c, Node* q, cons
 
 namespace {
 
-// Writes `data` to `path` (created 0600; `flags` O_APPEND or O_TRUNC) and syncs it.
 Status WriteDurably(const std::string& path, std::string_view data, int flags) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0600);
   if (fd < 0) return Status::FromErrno(errno, "open " + path);
@@ -1118,6 +1206,21 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
     std::string wire = op.mailbox, unique = UniqueOf(op.local_name.substr(op.local_name.rfind('/') + 1));
     auto appended = [this, mo, wire, unique](std::uint32_t uidvalidity, std::uint32_t uid) {
       mo->appended[wire + "\n" + unique] = {uidvalidity, uid};
+      // Operations queued behind the APPEND need its UID after a restart too: kept durably
+      // before the APPEND is acknowledged (MailTree::Start reads it back).
+      bool waited = false;
+      for (const ImapOp& q : queue_->pending()) waited = waited || WaitsForAppend(q, mo->name, wire, unique);
+      if (waited) {
+        nlohmann::json j = {{"origin", mo->name}, {"mailbox", wire}, {"unique", unique},
+                            {"uidvalidity", uidvalidity}, {"uid", uid}};
+        std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
+        if (Status st = WriteDurably(path, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+                                     O_APPEND);
+            !st.ok()) {
+          std::fprintf(stderr, "ghostfs: %s: cannot keep an appended message's UID: %s\n", mo->name.c_str(),
+                       st.ToString().c_str());
+        }
+      }
       if (MailBox* b = mo->BoxByWire(wire); b && b->loaded) LoadBox(*mo, *b, [](Status) {});
     };
     auto append = [mo, op, appended, result] {

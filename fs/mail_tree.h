@@ -114,6 +114,9 @@ class MailTree final : public Tree {
   void WithMailboxes(MailOrigin& mo, std::function<void(Status)> then);
   void WithBox(MailOrigin& mo, const std::string& folder, bool force, std::function<void(Result<MailBox*>)> then);
   void LoadBox(MailOrigin& mo, MailBox& box, std::function<void(Status)> then);
+  // `box` was deleted on the server: hidden from the view (MailBox::gone), with a log line
+  // naming the operations still queued for it.
+  void Gone(MailOrigin& mo, MailBox& box, const std::string& why);
   void LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::function<void(Status)> then);
   void SaveBox(MailOrigin& mo, const MailBox& box);
   void ApplyPending(MailOrigin& mo, MailBox& box);

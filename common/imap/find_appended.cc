@@ -100,16 +100,20 @@ void FindAppended(ImapClient& client, std::shared_ptr<const std::string> body, s
   auto s = std::make_shared<Search>(Search{client, std::move(body), internaldate, std::move(in_mailbox),
                                            std::move(done), {}});
   std::string id = MessageIdOf(*s->body);
-  if (id.empty()) return Summarise(s, "1:*");
+  // Without a Message-ID, and without a date (an APPEND that set none), every message is a
+  // candidate; with a date, the server narrows them to the days around it.
+  if (id.empty() && !s->internaldate) return Summarise(s, "1:*");
   s->in_mailbox([s, id](Status st) {
     if (!st.ok()) return s->done(st);
-    s->client.UidSearchHeader("Message-ID", id, [s](Result<std::vector<std::uint32_t>> r) {
+    auto found = [s](Result<std::vector<std::uint32_t>> r) {
       if (!r.ok()) return s->done(r.status());
       if (r->empty()) return s->done(0u);
       std::string set;
       for (std::uint32_t u : *r) set += (set.empty() ? "" : ",") + std::to_string(u);
       Summarise(s, set);
-    });
+    };
+    if (id.empty()) return s->client.UidSearchNearDate(s->internaldate, found);
+    s->client.UidSearchHeader("Message-ID", id, found);
   });
 }
 

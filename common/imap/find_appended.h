@@ -9,8 +9,11 @@
 // for it: a message with the same bytes (CRs aside: servers store lines with CRLF) and, when
 // the APPEND gave one, the same INTERNALDATE, which the APPEND set to the second the reader
 // delivered the message. Candidates are found by Message-ID (UID SEARCH HEADER), or, for a
-// message without one, among all messages by INTERNALDATE (UID FETCH 1:* summaries); the
-// newest `kMaxCompared` are fetched and compared byte for byte.
+// message without one, by the server among the messages of the days around its INTERNALDATE
+// (UID SEARCH SINCE/BEFORE: ImapClient::UidSearchNearDate); only their summaries are fetched
+// (UID FETCH of those UIDs), filtered by the exact INTERNALDATE, and the newest `kMaxCompared`
+// are fetched and compared byte for byte. (An APPEND without a date and without a Message-ID
+// leaves every message a candidate: UID FETCH 1:*.)
 //
 // What this cannot tell apart: the same bytes delivered twice in the same second into the same
 // mailbox, while the first copy's APPEND was the one in doubt. The second is then taken for the

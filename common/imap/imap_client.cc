@@ -2379,9 +2379,37 @@ void ImapClient::SimpleMailboxCommand(int kind, const char* verb, std::string ma
 
 void ImapClient::UidSearchHeader(std::string field, std::string value,
                                  ResultCallback<std::vector<std::uint32_t>> done) {
+  bool field_ok = !field.empty();
+  for (char ch : field) {
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')) field_ok = false;
+  }
+  UidSearch("HEADER " + field + " \"" + value + "\"",
+            [field, value](const ImapCapabilities& caps) {
+              std::vector<std::string> parts = {"UID SEARCH HEADER " + field + " "};
+              imap::AppendString(value, caps.literal_plus(), &parts);
+              parts.back() += "\r\n";
+              return parts;
+            },
+            field_ok ? Status::Ok() : Status::InvalidArgument("\"" + field + "\" is not a header field name"),
+            std::move(done));
+}
+
+void ImapClient::UidSearchNearDate(std::int64_t unix_seconds, ResultCallback<std::vector<std::uint32_t>> done) {
+  // "dd-Mon-yyyy" of the UTC day `days` after 1970-01-01 (the date part of an INTERNALDATE).
+  auto date = [](std::int64_t days) { return imap::FormatInternalDate(days * 86400).substr(0, 11); };
+  std::int64_t day = unix_seconds / 86400 - (unix_seconds % 86400 < 0 ? 1 : 0);
+  // SINCE is "on or after", BEFORE "earlier than": the days day-1, day and day+1.
+  std::string criteria = "SINCE " + date(day - 1) + " BEFORE " + date(day + 2);
+  UidSearch(criteria,
+            [criteria](const ImapCapabilities&) { return std::vector<std::string>{"UID SEARCH " + criteria + "\r\n"}; },
+            Status::Ok(), std::move(done));
+}
+
+void ImapClient::UidSearch(std::string label, std::function<std::vector<std::string>(const ImapCapabilities&)> build,
+                           Status invalid, ResultCallback<std::vector<std::uint32_t>> done) {
   auto cmd = std::make_unique<Command>();
   cmd->kind = kSearch;
-  cmd->label = "UID SEARCH HEADER " + field + " \"" + value + "\"";
+  cmd->label = "UID SEARCH " + label;
   cmd->complete = [done = std::move(done)](Command& c, Status s) {
     if (!done) return;
     if (!s.ok()) {
@@ -2390,21 +2418,11 @@ void ImapClient::UidSearchHeader(std::string field, std::string value,
       done(std::move(c.found));
     }
   };
-  bool field_ok = !field.empty();
-  for (char ch : field) {
-    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-')) field_ok = false;
-  }
-  if (!field_ok) {
-    FailLater(std::move(cmd),
-              Status::InvalidArgument("\"" + field + "\" is not a header field name"));
+  if (!invalid.ok()) {
+    FailLater(std::move(cmd), std::move(invalid));
     return;
   }
-  cmd->build = [field, value](const ImapCapabilities& caps) {
-    std::vector<std::string> parts = {"UID SEARCH HEADER " + field + " "};
-    imap::AppendString(value, caps.literal_plus(), &parts);
-    parts.back() += "\r\n";
-    return parts;
-  };
+  cmd->build = std::move(build);
   Enqueue(std::move(cmd));
 }
 

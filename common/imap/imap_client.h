@@ -307,6 +307,12 @@ class ImapClient {
   // '-'), else kInvalidArgument. Sent alone (its answer depends on earlier writes).
   void UidSearchHeader(std::string field, std::string value,
                        ResultCallback<std::vector<std::uint32_t>> done);
+  // UID SEARCH SINCE <day-1> BEFORE <day+2> in the selected mailbox, day being the UTC date of
+  // `unix_seconds`: the UIDs of the messages whose INTERNALDATE lies within a day of it. RFC 3501
+  // §6.4.4 compares dates "disregarding time and timezone", in whichever timezone the server
+  // reckons the date; a day either side covers every timezone. A superset: the caller filters by
+  // the exact INTERNALDATE (common/imap/find_appended.h). Sent alone.
+  void UidSearchNearDate(std::int64_t unix_seconds, ResultCallback<std::vector<std::uint32_t>> done);
   void Create(std::string mailbox, StatusCallback done);
   void Delete(std::string mailbox, StatusCallback done);
   void Noop(StatusCallback done);
@@ -400,6 +406,10 @@ class ImapClient {
   void SelectOrExamine(std::string mailbox, bool examine, ResultCallback<MailboxStatus> done);
   void SimpleMailboxCommand(int kind, const char* verb, std::string mailbox, StatusCallback done);
   std::unique_ptr<Command> MakeExpunge(const std::string& uid_set, StatusCallback done);
+  // UID SEARCH `label` (as logged); `build` writes the command; an `invalid` status fails it
+  // on the next turn without sending.
+  void UidSearch(std::string label, std::function<std::vector<std::string>(const ImapCapabilities&)> build,
+                 Status invalid, ResultCallback<std::vector<std::uint32_t>> done);
   void Enqueue(std::unique_ptr<Command> cmd);
   bool CanSend(const Command& cmd) const;
   void Pump();

@@ -14,7 +14,15 @@ Two mounts against one nginx, measured over the same window to keep the suite sh
 Each daemon is checked twice: all of its threads (the criterion as stated), and its own
 threads alone (the kernel's io_uring workers, iou-wrk-PID, left out), so a regression in the
 daemon's loop is caught on its own. A daemon with no wake-ups must still answer afterwards
-(a hung loop also makes none). TAP; skipped without root, /dev/fuse or nginx."""
+(a hung loop also makes none).
+
+A window in which the kernel dropped or reclaimed its dentry and inode caches is not counted:
+each inode of a mount the kernel forgets is a FUSE FORGET sent to the daemon, a wake-up that is
+the kernel's doing, not the daemon's. Other tests of the suite do it (`echo 3 >
+/proc/sys/vm/drop_caches`: ghostfs_tools, ghostfs_kept_backing, ghostfs_fresh_change,
+ghostfs_inval), and so does memory pressure; /proc/vmstat's drop_slab and slabs_scanned say
+whether it happened. Such a window is measured again (up to MAX_WINDOWS); if none was clean, the
+counts are reported as skipped, never as passed. TAP; skipped without root, /dev/fuse or nginx."""
 import hashlib
 import json
 import os
@@ -28,6 +36,8 @@ import harness as h  # noqa: E402
 PLAN = 12
 SETTLE_S = 30  # quiet time after the last activity before counting
 WINDOW_S = 60  # the counted window
+MAX_WINDOWS = 2  # windows tried while the kernel's cache drops void them (meson stops the test at 300 s)
+RECLAIM_MARKS = ("drop_slab", "slabs_scanned")  # /proc/vmstat: dentries and inodes dropped or reclaimed
 IO_WQ_PREFIX = "iou-wrk-"  # the kernel's io_uring worker threads (io-wq), shown as tasks
 
 
@@ -134,15 +144,34 @@ def main():
     pids["c"] = proxy.pid
     settle_from = {label: task_switches(pid) for label, pid in pids.items()}
     time.sleep(max(0.0, last_activity + SETTLE_S - time.monotonic()))
-    start = {label: task_switches(pid) for label, pid in pids.items()}
-    t0 = time.monotonic()
-    time.sleep(WINDOW_S)
-    end = {label: task_switches(pid) for label, pid in pids.items()}
-    print(f"# window: {SETTLE_S} s after the last activity, {time.monotonic() - t0:.1f} s long", flush=True)
+    clean = False
+    for attempt in range(1, MAX_WINDOWS + 1):
+        marks = h.vmstat(RECLAIM_MARKS)
+        start = {label: task_switches(pid) for label, pid in pids.items()}
+        t0 = time.monotonic()
+        time.sleep(WINDOW_S)
+        end = {label: task_switches(pid) for label, pid in pids.items()}
+        after = h.vmstat(RECLAIM_MARKS)
+        moved = {k: after[k] - marks[k] for k in marks if after.get(k) != marks[k]}
+        print(f"# window {attempt}: {SETTLE_S + (attempt - 1) * WINDOW_S} s after the last activity, "
+              f"{time.monotonic() - t0:.1f} s long", flush=True)
+        for label in pids:
+            if attempt == 1:
+                report(f"({label}) settling, first {SETTLE_S} s", switches_between(settle_from[label], start[label]))
+            report(f"({label}) window {attempt}", switches_between(start[label], end[label]))
+        if not moved:
+            clean = True
+            break
+        print(f"# window {attempt} not counted: the kernel dropped or reclaimed its dentry and inode caches "
+              f"during it ({moved}); each inode it forgets is a FORGET that wakes the daemon", flush=True)
+    voided = f"the kernel dropped or reclaimed its caches in each of {MAX_WINDOWS} windows"
 
-    for label in pids:
-        report(f"({label}) settling, first {SETTLE_S} s", switches_between(settle_from[label], start[label]))
-        report(f"({label}) window", switches_between(start[label], end[label]))
+    def judge(ok, name, detail, todo=None):
+        if not clean:
+            return t.skip(name, voided)
+        if todo:  # a failure with a known cause is a shortfall, not a failure
+            return t.shortfall(ok, name, todo, detail)
+        t.check(ok, name, detail)
 
     for label, what in (("a", "without --profile"), ("b", "with ipaq-2004")):
         diff = switches_between(start[label], end[label])
@@ -150,21 +179,17 @@ def main():
         goal = (f"({label}) {what}: the daemon's threads make 0 context switches over {WINDOW_S} s "
                 f"from {SETTLE_S} s after the last activity (saw {total})")
         detail = "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items()))
-        todo = io_wq_todo(diff)  # a failure with a known cause is a shortfall, not a failure
-        if todo:
-            t.shortfall(total == 0, goal, todo, detail)
-        else:
-            t.check(total == 0, goal, detail)
+        judge(total == 0, goal, detail, io_wq_todo(diff))
         own = own_total(diff)
-        t.check(own == 0,
-                f"({label}) {what}: the daemon's own threads (io_uring kernel workers aside) make "
-                f"0 context switches in the window (saw {own})",
-                "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
+        judge(own == 0,
+              f"({label}) {what}: the daemon's own threads (io_uring kernel workers aside) make "
+              f"0 context switches in the window (saw {own})",
+              "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
 
     diff = switches_between(start["c"], end["c"])
     total = sum(n for _, n in diff.values())
-    t.check(total == 0, f"(c) ghostproxy's threads make 0 context switches over {WINDOW_S} s from {SETTLE_S} s "
-            f"after the last request (saw {total})",
+    judge(total == 0, f"(c) ghostproxy's threads make 0 context switches over {WINDOW_S} s from {SETTLE_S} s "
+          f"after the last request (saw {total})",
             "\n".join(f"thread {tid} {name}: {n}" for tid, (name, n) in sorted(diff.items())))
 
     # (b)'s zero means something only if the model ran: its timers stepped the devices down

@@ -15,6 +15,8 @@ import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
 PLAN = 28
+# /proc/vmstat: page cache dropped (drop_caches) or reclaimed (memory pressure).
+PAGE_CACHE_MARKS = ("drop_pagecache", "pgsteal_file")
 
 
 def ghostctl(ctl, *args, check=True):
@@ -186,23 +188,38 @@ def main():
     fs.start()
     page = os.path.join(mnt, "short", "page.html")
     h.sha256_file(page)
-    ghostctl(ctl, "flush")
-    h.sha256_file(page)
-    # The first cached open of a newly stored version, once the kernel's attributes have had
-    # time to follow it (attr timeout + 0.5 s), reads it into the kernel's pages; the kernel
-    # keeps these pages for the next open.
-    time.sleep(2.0)
-    h.sha256_file(page)
-    h.sha256_file(page)
-    slept = wait_for(lambda: disk(ctl)["mode"] == "standby", 15)
-    time.sleep(1.5)  # stale now
-    same = h.sha256_file(page) == sums["page.html"]
-    revalidated = [l for l in short.log_lines() if "page.html" in l and " 304 " in l]
-    stats = jctl(ctl, "stats")
-    t.check(slept and same and revalidated and stats["write_queue"]["queued_bytes"] == 4096
-            and disk(ctl)["mode"] == "standby",
-            "after a 304 the index update is queued (one page) while the disk stays in standby",
-            (revalidated, stats["write_queue"], disk(ctl)["mode"]))
+    name = "after a 304 the index update is queued (one page) while the disk stays in standby"
+    # The premise: the page's bytes are in the kernel's page cache at the read after the 304.
+    # Another test's `echo 3 > /proc/sys/vm/drop_caches` (ghostfs_tools, ghostfs_inval, ...)
+    # or memory pressure empties it, and that read then goes to the disk, spinning it up: a
+    # try during which /proc/vmstat says so is made again, and if every try lost it, the check
+    # is reported as skipped, never as passed.
+    for attempt in range(1, 3):
+        marks = h.vmstat(PAGE_CACHE_MARKS)
+        seen_304 = len([l for l in short.log_lines() if "page.html" in l and " 304 " in l])
+        ghostctl(ctl, "flush")
+        h.sha256_file(page)
+        # The first cached open of a newly stored version, once the kernel's attributes have had
+        # time to follow it (attr timeout + 0.5 s), reads it into the kernel's pages; the kernel
+        # keeps these pages for the next open.
+        time.sleep(2.0)
+        h.sha256_file(page)
+        h.sha256_file(page)
+        slept = wait_for(lambda: disk(ctl)["mode"] == "standby", 15)
+        time.sleep(1.5)  # stale now
+        same = h.sha256_file(page) == sums["page.html"]
+        revalidated = [l for l in short.log_lines() if "page.html" in l and " 304 " in l][seen_304:]
+        stats = jctl(ctl, "stats")
+        mode = disk(ctl)["mode"]
+        lost = {k: v - marks[k] for k, v in h.vmstat(PAGE_CACHE_MARKS).items() if v != marks.get(k)}
+        ok = slept and same and revalidated and stats["write_queue"]["queued_bytes"] == 4096 and mode == "standby"
+        if ok or not lost:
+            t.check(ok, name, (revalidated, stats["write_queue"], mode, f"try {attempt}"))
+            break
+        print(f"# try {attempt}: the kernel dropped or reclaimed page cache meanwhile ({lost}); trying again",
+              flush=True)
+    else:
+        t.skip(name, "the kernel dropped or reclaimed page cache during every try")
     ghostctl(ctl, "flush")
     t.check(jctl(ctl, "stats")["write_queue"]["queued_bytes"] == 0, "ghostctl flush saves the index update")
 

@@ -1029,6 +1029,19 @@ def read_bytes(path):
         return f.read()
 
 
+def vmstat(names):
+    """{counter: value} of the /proc/vmstat counters `names` (those the kernel has): how a test
+    tells that the kernel dropped or reclaimed its caches meanwhile (drop_pagecache, drop_slab,
+    slabs_scanned, pgsteal_file), which another test's drop_caches() does machine-wide."""
+    out = {}
+    with open("/proc/vmstat") as f:
+        for line in f:
+            name, _, value = line.partition(" ")
+            if name in names:
+                out[name] = int(value)
+    return out
+
+
 def drop_caches():
     """Empties the kernel's page, dentry and inode caches (root), so the next read of a mounted
     file goes to the file system."""

@@ -1,4 +1,5 @@
 #include "common/imap/imap_client.h"
+#include "common/imap/find_appended.h"
 
 #include <arpa/inet.h>
 #include <event2/event.h>
@@ -610,6 +611,55 @@ TEST_F(ImapClientFakeServerTest, NilBodyIsNoMessage) {
   Status s = FetchBodyInto(7, &got);
   EXPECT_EQ(s.code(), Status::Code::kNotFound) << s.ToString();
   EXPECT_EQ(got, "");
+}
+
+// An APPEND in doubt of a message without a Message-ID (common/imap/find_appended.h): the
+// server is asked for the messages of the days around the APPEND's INTERNALDATE, and only
+// those are summarised (never UID FETCH 1:*); the candidates with the exact INTERNALDATE are
+// compared, newest first, and the one with the same bytes (CRs aside) is the one found.
+TEST_F(ImapClientFakeServerTest, FindAppendedWithoutMessageIdSearchesByDateAndFetchesOnlyThose) {
+  const std::int64_t when = 1'700'000'000;  // 14-Nov-2023 22:13:20 +0000
+  const std::string body = "From: a@b\nSubject: no id\n\nsame bytes\n";
+  std::vector<std::string> lines;  // what the client sent after SELECT (read after the join)
+  {
+    FakeServer server([&lines](FakeServer::Conn& c) {
+      c.GreetAndLogin();
+      c.AnswerSelect();
+      std::string line;
+      std::string tag = c.ReadTag(&line);
+      lines.push_back(line.substr(line.find(' ') + 1));
+      c.Send("* SEARCH 4 6 7\r\n" + tag + " OK Search completed.\r\n");
+      tag = c.ReadTag(&line);
+      lines.push_back(line.substr(line.find(' ') + 1));
+      c.Send("* 1 FETCH (UID 4 FLAGS () RFC822.SIZE 40 INTERNALDATE \"14-Nov-2023 22:13:19 +0000\")\r\n"
+             "* 2 FETCH (UID 6 FLAGS () RFC822.SIZE 40 INTERNALDATE \"14-Nov-2023 23:13:20 +0100\")\r\n"
+             "* 3 FETCH (UID 7 FLAGS () RFC822.SIZE 40 INTERNALDATE \"14-Nov-2023 22:13:20 +0000\")\r\n" +
+             tag + " OK Fetch completed.\r\n");
+      for (const char* uid : {"7", "6"}) {  // newest first; 4 has another date
+        tag = c.ReadTag(&line);
+        lines.push_back(line.substr(line.find(' ') + 1));
+        std::string got = std::string(uid) == "6" ? "From: a@b\r\nSubject: no id\r\n\r\nsame bytes\r\n"
+                                                  : "From: a@b\r\nSubject: no id\r\n\r\nother bytes\r\n";
+        c.Send("* 1 FETCH (UID " + std::string(uid) + " BODY[] {" + std::to_string(got.size()) + "}\r\n" +
+               got + ")\r\n" + tag + " OK Fetch completed.\r\n");
+      }
+      c.WaitForClose();
+    });
+    ASSERT_TRUE(Connect(server).ok());
+    ASSERT_TRUE(SelectInbox().ok());
+    Result<std::uint32_t> found = Await<std::uint32_t>(base_, [&](ImapClient::ResultCallback<std::uint32_t> cb) {
+      FindAppended(Client(), std::make_shared<const std::string>(body), when,
+                   [](std::function<void(Status)> step) { step(Status::Ok()); }, std::move(cb));
+    });
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    EXPECT_EQ(*found, 6u);
+    client_.reset();
+  }
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "UID SEARCH SINCE 13-Nov-2023 BEFORE 16-Nov-2023");
+  EXPECT_EQ(lines[1], "UID FETCH 4,6,7 (UID FLAGS RFC822.SIZE INTERNALDATE)");
+  EXPECT_EQ(lines[2], "UID FETCH 7 (UID BODY.PEEK[])");
+  EXPECT_EQ(lines[3], "UID FETCH 6 (UID BODY.PEEK[])");
 }
 
 TEST_F(ImapClientFakeServerTest, NoAndBadFailOnlyTheirCommand) {
