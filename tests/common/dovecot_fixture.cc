@@ -268,6 +268,16 @@ std::string DovecotServer::cert_path() const { return options_.tls ? dir_ + "/ce
 std::string DovecotServer::maildir() const { return dir_ + "/home/Maildir"; }
 std::string DovecotServer::ReadLog() const { return ReadFile(dir_ + "/dovecot.log"); }
 
+std::string DovecotServer::WaitForLog(std::string_view text, std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string log = ReadLog();
+  while (log.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    log = ReadLog();
+  }
+  return log;
+}
+
 Status DovecotServer::CreateFolder(const std::string& folder) {
   if (folder.empty() || folder[0] != '.' || folder.find('/') != std::string::npos ||
       folder == "." || folder == "..") {

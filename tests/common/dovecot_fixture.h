@@ -20,7 +20,10 @@
 
 #include <sys/types.h>
 
+#include <chrono>
+
 #include <string>
+#include <string_view>
 
 #include "common/base/status.h"
 
@@ -71,6 +74,9 @@ class DovecotServer {
   // The user's Maildir root (INBOX), e.g. /tmp/ghost-dovecot-XXXXXX/home/Maildir.
   std::string maildir() const;
   std::string ReadLog() const;
+  // dovecot's log once it holds `text` (its log process writes after the session moved on),
+  // or as it is after `timeout`.
+  std::string WaitForLog(std::string_view text, std::chrono::milliseconds timeout = std::chrono::seconds(10)) const;
 
   // Creates the Maildir++ folder `folder` (".Name", see common/imap/maildir_names.h) with cur/,
   // new/ and tmp/, owned by the mail user. Succeeds if it exists already.

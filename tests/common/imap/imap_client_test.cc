@@ -1493,7 +1493,7 @@ TEST_F(ImapClientTlsTest, StartTlsUpgradesPlainConnections) {
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << server_.ReadLog();
   EXPECT_FALSE(c->capabilities().starttls());  // capabilities were re-read inside TLS
   EXPECT_TRUE(c->capabilities().idle());
-  EXPECT_NE(server_.ReadLog().find("TLS"), std::string::npos);
+  EXPECT_NE(server_.WaitForLog("TLS").find("TLS"), std::string::npos);
 }
 
 TEST_F(ImapClientTlsTest, UntrustedCertificateFailsWithAClearMessage) {
