@@ -618,7 +618,10 @@ void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool co
           open_handle(ReadSource::kDisk, nullptr);
           return false;
         }
-        fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
+        int err = ErrnoFor(Status::Ok(), h.status);
+        // An EIO from the origin's answer says why in the log (a 404 is ENOENT, plain enough).
+        if (err == EIO) std::fprintf(stderr, "ghostfs: %s answered HTTP %d; the open fails with EIO\n", url.c_str(), h.status);
+        fuse_reply_err(req, err);
         return false;
       }
       st->size = h.content_length;
