@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <event2/event.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -505,7 +506,13 @@ void Daemon::OpLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void Daemon::OpForget(fuse_ino_t ino, uint64_t nlookup) {
+  // A local/ inode's backing file, for LocalTree::Forgotten once the inode is freed.
+  struct stat backing {};
+  Node* n = inodes_.Find(ino);
+  bool local = n && n->kind == NodeKind::kLocal && n->fd.valid() && fstat(n->fd.get(), &backing) == 0 &&
+               S_ISREG(backing.st_mode);
   inodes_.Forget(ino, nlookup);
+  if (local && local_ && !inodes_.Find(ino)) local_->Forgotten(backing.st_dev, backing.st_ino);
   // A forgotten inode number is never handed out again: what its reads did goes with it (else
   // the map grows by one entry each time the kernel drops and looks up a file again).
   if (!inodes_.Find(ino)) reads_.decisions.erase(ino);

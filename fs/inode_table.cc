@@ -50,10 +50,12 @@ Node* InodeTable::Lookup(NodeKind kind, int origin, const std::string& path) {
 }
 
 Node* InodeTable::LookupLocal(dev_t dev, ino_t ino, UniqueFd fd) {
-  Node* n = Lookup(NodeKind::kLocal, -1, std::to_string(dev) + ":" + std::to_string(ino));
+  Node* n = Lookup(NodeKind::kLocal, -1, LocalPath(dev, ino));
   if (!n->fd.valid()) n->fd = std::move(fd);
   return n;
 }
+
+Node* InodeTable::FindLocal(dev_t dev, ino_t ino) { return FindByPath(NodeKind::kLocal, -1, LocalPath(dev, ino)); }
 
 void InodeTable::Forget(fuse_ino_t ino, std::uint64_t n) {
   if (ino == kRootIno) return;

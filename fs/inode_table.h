@@ -64,6 +64,8 @@ class InodeTable {
   // The local/ inode of backing file (dev, ino), created if new with `fd` (an O_PATH
   // descriptor of it, which the node then owns; else `fd` is closed); counts one lookup.
   Node* LookupLocal(dev_t dev, ino_t ino, UniqueFd fd);
+  // The local/ inode of backing file (dev, ino) if the kernel knows it (it may still open it).
+  Node* FindLocal(dev_t dev, ino_t ino);
   // The inode of (kind, origin, path) if the kernel knows it.
   Node* FindByPath(NodeKind kind, int origin, const std::string& path);
   // Drops `n` lookups; the inode is freed when none remain (the root never is).
@@ -78,6 +80,7 @@ class InodeTable {
 
  private:
   static std::string Key(NodeKind kind, int origin, const std::string& path);
+  static std::string LocalPath(dev_t dev, ino_t ino) { return std::to_string(dev) + ":" + std::to_string(ino); }
   fuse_ino_t next_ino_ = kRootIno + 1;
   std::unordered_map<fuse_ino_t, std::unique_ptr<Node>> by_ino_;
   std::map<std::string, fuse_ino_t> by_key_;  // ordered, so a subtree is a key range

@@ -255,6 +255,10 @@ void LocalTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
 void LocalTree::LostName(dev_t dev, ino_t ino) {
   auto it = files_.find(Key(dev, ino));
   if (it == files_.end() || it->second->opens > 0) return;
+  // The kernel still knows the inode, so an open may still reach it: one whose lookup came
+  // before the rename or unlink (an open racing with an atomic save), an O_PATH descriptor,
+  // /proc/PID/fd. It must read the bytes written. Dropped when the kernel forgets it (Forgotten).
+  if (ctx_.inodes.FindLocal(dev, ino)) return;
   struct stat st;
   if (it->second->wfd.valid() && fstat(it->second->wfd.get(), &st) == 0 && st.st_nlink > 0) return;
   ctx_.queue.Discard(it->first);

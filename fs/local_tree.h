@@ -156,6 +156,10 @@ class LocalTree final : public Tree {
 
   // Forgets files with no open and no queued write (call when a batch is durable).
   void DropIdle();
+  // The kernel forgot the local/ inode of backing file (dev, ino) (call after
+  // InodeTable::Forget freed it): a file with no name left and no open can no longer be
+  // opened, so its queued writes are dropped (LostName).
+  void Forgotten(dev_t dev, ino_t ino) { LostName(dev, ino); }
 
  private:
   // A backing file with opens or queued writes.
@@ -197,8 +201,9 @@ class LocalTree final : public Tree {
   std::shared_ptr<LocalFile> FileOf(const struct stat& st);
   // Flushes the write queue (the queue flushes as a whole, sorted and merged, DESIGN §3.5).
   void FlushQueue(std::function<void()> done);
-  // A regular file lost a name: if it has no name left and no open, its queued writes are
-  // dropped and its descriptor closed (the disk gets the space back at once).
+  // A regular file lost a name: if it has no name left, no open, and the kernel no longer
+  // knows its inode, its queued writes are dropped and its descriptor closed (the disk gets
+  // the space back at once).
   void LostName(dev_t dev, ino_t ino);
   // The errno of a deferred write that failed since this open last asked (0 if none).
   int TakeError(OpenFile& of);

@@ -420,16 +420,18 @@ void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_f
   });
 }
 
-void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
+void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) { OpenObject(req, n, fi, /*copy_gone=*/false); }
+
+void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool copy_gone) {
   if ((fi->flags & O_ACCMODE) != O_RDONLY) return (void)fuse_reply_err(req, EROFS);
   std::string url = OriginUrl(n);
   fuse_ino_t ino = n->ino;
   fuse_file_info info = *fi;
-  const CacheEntry* cached = MountEntry(url);
+  const CacheEntry* cached = copy_gone ? nullptr : MountEntry(url);
   TimePoint now = ctx_.clock.Now();
 
-  auto open_handle = [this, req, info, url, ino](ReadSource source,
-                                                 std::shared_ptr<Stream> stream) mutable {
+  auto open_handle = [this, req, info, asked = *fi, url, ino, copy_gone](ReadSource source,
+                                                                         std::shared_ptr<Stream> stream) mutable {
     Handle h;
     h.kind = NodeKind::kOriginFile;
     h.ino = ino;
@@ -466,7 +468,16 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
       Result<BodyFile> file = bodies_.Open(ctx_.store, url);
       if (!file.ok()) {
         int err = file.status().ToErrno();
-        return (void)fuse_reply_err(req, err == ENOENT ? EIO : err);
+        if (err == ENOENT) {
+          // The copy left the cache after the decision: the cap evicted it (also while a
+          // revalidation asked the origin), or CheckBody dropped it as damaged. A reader asked
+          // for the file, not for that copy: it is fetched again, as a miss. Once: missing
+          // again (the stale paths, with the origin failing too), the copy is stale.
+          Node* node = ctx_.inodes.Find(ino);
+          if (node && !copy_gone) return OpenObject(req, node, &asked, /*copy_gone=*/true);
+          err = ESTALE;
+        }
+        return (void)fuse_reply_err(req, err);
       }
       h.file = std::move(file).value();
       // The cost model chose the disk for this open: the kernel may read the body file itself
@@ -607,7 +618,10 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
           open_handle(ReadSource::kDisk, nullptr);
           return false;
         }
-        fuse_reply_err(req, ErrnoFor(Status::Ok(), h.status));
+        int err = ErrnoFor(Status::Ok(), h.status);
+        // An EIO from the origin's answer says why in the log (a 404 is ENOENT, plain enough).
+        if (err == EIO) std::fprintf(stderr, "ghostfs: %s answered HTTP %d; the open fails with EIO\n", url.c_str(), h.status);
+        fuse_reply_err(req, err);
         return false;
       }
       st->size = h.content_length;
@@ -677,7 +691,12 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
   // goes to the cost model (which may hint the ideal device).
   ObjectState state;
   state.on_disk = cached != nullptr;
-  state.in_write_queue = ctx_.write_back.FillPending(url);
+  // A fill of it waits in the write queue (its body readable here), or is with the writer (the
+  // open waits for the commit). A pending fill with neither (in the store, its batch not done
+  // yet; refused by the store; dropped) is not read from the queue: a handle without a body
+  // finds the copy at its first read only if the cap has not evicted it by then.
+  state.in_write_queue = ctx_.write_back.FillPending(url) &&
+                         (ctx_.write_back.Writing(url) || ctx_.write_back.QueuedBodyOf(url) != nullptr);
   state.fresh = cached && cached->expires && *cached->expires + ctx_.options.max_stale > now;
   state.size = cached ? cached->size : listed_size;  // a miss: what the fetch should carry
   ReadDecision d = ctx_.manager.DecideRead(state);
@@ -695,10 +714,10 @@ void OriginTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
         // the copy, or the origin if the cap evicted it meanwhile (a handle without a body
         // would find nothing at its first read: EIO).
         fuse_file_info again = *fi;
-        return ctx_.write_back.WhenFillSettles(url, [this, req, ino, again]() mutable {
+        return ctx_.write_back.WhenFillSettles(url, [this, req, ino, again, copy_gone]() mutable {
           Node* node = ctx_.inodes.Find(ino);
           if (!node) return (void)fuse_reply_err(req, ESTALE);
-          Open(req, node, &again);
+          OpenObject(req, node, &again, copy_gone);
         });
       }
       ctx_.reads.decisions[ino].source = d.source;
@@ -793,11 +812,17 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
         OriginRead(req, it->second, size, off, fh);
       });
     }
-    if (!ctx_.store.index().Find(h.key)) return (void)fuse_reply_err(req, EIO);
+    // Gone from the cache before this first read (an origin file's open never makes such a
+    // handle: OpenObject): the version this open was to read is gone, which ESTALE says. EIO
+    // stays for a real I/O error.
+    if (!ctx_.store.index().Find(h.key)) return (void)fuse_reply_err(req, ESTALE);
     h.source = ReadSource::kDisk;
     if ((h.body = ctx_.store.PackedBody(h.key))) return OriginRead(req, h, size, off, h_fh);
     Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, h.key);
-    if (!file.ok()) return (void)fuse_reply_err(req, EIO);
+    if (!file.ok()) {
+      int err = file.status().ToErrno();
+      return (void)fuse_reply_err(req, err == ENOENT ? ESTALE : err);
+    }
     h.file = std::move(file).value();
   }
   // The prefetch started at open covers this read: wait for it or take from it.

@@ -169,7 +169,8 @@ class OriginTree final : public Tree {
   void Getattr(fuse_req_t req, Node* n) override;
   void Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
-  // Read-only: EROFS for an open for writing.
+  // Read-only: EROFS for an open for writing. A cached copy that leaves the cache between the
+  // decision and the open is fetched again from the origin (never EIO: OpenObject).
   void Open(fuse_req_t req, Node* n, fuse_file_info* fi) override;
   void Read(fuse_req_t req, Node* n, size_t size, off_t off, fuse_file_info* fi) override;
   void Release(fuse_req_t req, Node* n, fuse_file_info* fi) override;
@@ -204,6 +205,10 @@ class OriginTree final : public Tree {
   const CacheEntry* MountEntry(const std::string& url) const;
 
  private:
+  // Open with the decision taken again: `copy_gone` when the cached copy the first decision
+  // chose left the cache before the open could read it (evicted by the cap, or dropped as
+  // damaged): the copy is then ignored and the object fetched again from the origin, as a miss.
+  void OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool copy_gone);
   // `fh` is h's file handle (to find it again after waiting).
   void OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, std::uint64_t fh);
   void OriginRelease(Handle& h);

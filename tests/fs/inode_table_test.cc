@@ -48,5 +48,19 @@ TEST(InodeTableTest, ForgettingTheLastLookupClosesTheBackingDescriptor) {
   EXPECT_NE(back->ino, ino);
 }
 
+// LocalTree asks FindLocal whether the kernel may still open a file that lost its last name
+// (LocalTree::LostName): only while a lookup of it is counted, never creating one.
+TEST(InodeTableTest, FindLocalSeesALocalInodeOnlyWhileTheKernelKnowsIt) {
+  InodeTable t;
+  EXPECT_EQ(t.FindLocal(1, 9), nullptr);
+  EXPECT_EQ(t.size(), 1u);  // the root only: the question added nothing
+  Node* n = t.LookupLocal(1, 9, OpenPath());
+  EXPECT_EQ(t.FindLocal(1, 9), n);
+  EXPECT_EQ(t.FindLocal(2, 9), nullptr);  // another device
+  EXPECT_EQ(n->lookups, 1u);               // finding is not a lookup
+  t.Forget(n->ino, 1);
+  EXPECT_EQ(t.FindLocal(1, 9), nullptr);
+}
+
 }  // namespace
 }  // namespace ghost

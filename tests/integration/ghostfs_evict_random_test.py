@@ -28,7 +28,9 @@ bytes).
 Known and not fixed (a shortfall line, not a failure): an mmap with MAP_SHARED of a file the
 cost model opens from the network (direct_io) fails with ENODEV (the kernel allows it only with
 FUSE_DIRECT_IO_ALLOW_MMAP, which would put the inode in cached io mode and turn a later
-passthrough open of it into EIO); MAP_PRIVATE works.
+passthrough open of it into EIO); MAP_PRIVATE works. Now and then an EIO at an open, with nothing
+in ghostfs's log, cause not found (the race of a copy evicted between the decision and the open,
+which gave EIO too, is fixed and forced in ghostfs_evict_race).
 
 The seed is printed first; replay: ghostfs_evict_random_test.py --seed S [--rounds N --secs S].
 Skipped without root, /dev/fuse or nginx."""
@@ -179,7 +181,7 @@ def mount_reader(w, seed, mnt, origin, run, stop, small_only):
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as e:
-            if e.errno == errno.EIO and not run.excused():  # see the shortfall in main
+            if e.errno == errno.EIO and not run.excused():  # the shortfall in main
                 with run.lock:
                     run.open_eio.append(f"reader {w} open {name} ({how})")
             else:
@@ -249,9 +251,8 @@ def mount_reader(w, seed, mnt, origin, run, stop, small_only):
                 # changed: only the file over the cap is streamed and large enough for that.
                 run.count("estale-big")
             elif e.errno == errno.EIO and got == 0 and not run.excused():
-                # The same shortfall as the open's EIO (see main): the first read of a handle
-                # opened on a copy that went away before it (origin_tree.cc answers a handle
-                # with no body whose object left the index with EIO).
+                # The first read of a handle opened on a copy that went away before it: as the
+                # open's EIO, the shortfall in main.
                 with run.lock:
                     run.open_eio.append(f"reader {w} {how} {name}: EIO at the first read")
                 run.count("read-EIO-first")
@@ -598,11 +599,17 @@ def main():
     t.shortfall(not run.after_kill, "no ghostproxy request hangs in a round where ghostfs was SIGKILLed and remounted",
                 "found here, not yet explained: a request after the remount now and then gets no answer for "
                 f"{OP_TIMEOUT} s (other requests are answered meanwhile)", "\n".join(run.after_kill[:10]))
+    # A copy evicted between the open's decision and the open is fetched again now (the race
+    # ghostfs_evict_race forces, a check there). An EIO at an open is still seen here now and then,
+    # with nothing in ghostfs's log: a shortfall until its cause is found. The daemon's lines
+    # about the names are shown with it.
+    eio_names = {e.split()[3].rstrip(":") for e in run.open_eio}
     t.shortfall(not run.open_eio, "no EIO at the open of a web/ file, or at its first read, under eviction pressure",
-                "found here, not yet fixed (seed 18: one open of 1,300 gave EIO; seed 82211: the first read of big.bin; "
-                "ghostfs logged nothing): the open or first read of a copy that eviction removed meanwhile "
-                "(origin_tree.cc answers ENOENT there, and a body-less handle whose object left the index, with EIO "
-                "instead of going to the origin)", "\n".join(run.open_eio[:10]))
+                "the evicted-copy race is fixed (ghostfs_evict_race); an EIO at the open with nothing in ghostfs's "
+                "log remains, cause not found (evict15, 20 random seeds each: main's binary 4 runs with EIO, 3 opens "
+                "and 2 first reads of big.bin; with the fix 1 run, one open of o04.bin)",
+                "\n".join(run.open_eio[:10] + [ln for d in daemons for ln in d.output().splitlines()
+                                                if any(n in ln for n in eio_names)][-10:]))
     t.shortfall(not run.enodev, "mmap MAP_SHARED of a web/ file opened from the network works",
                 "the kernel refuses MAP_SHARED of a direct_io open without FUSE_DIRECT_IO_ALLOW_MMAP, which "
                 "conflicts with passthrough opens of the inode; MAP_PRIVATE works",
