@@ -68,6 +68,18 @@ def fill(port, lua, access_log, n, pids):
     return elapsed, done, ru.ru_utime + ru.ru_stime, {k: after[k] - before[k] for k in pids}
 
 
+def strace_counts(directory, name, pid):
+    """`strace -c -f` attached to `pid` (and its threads and children) writing DIR/NAME.txt
+    when interrupted; [] without a directory."""
+    if not directory:
+        return []
+    os.makedirs(directory, exist_ok=True)
+    p = subprocess.Popen(["strace", "-c", "-f", "-p", str(pid), "-o", os.path.join(directory, name + ".txt")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1)
+    return [p]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("build")
@@ -75,6 +87,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="fills of --objects new URLs each")
     ap.add_argument("--no-squid", action="store_true")
     ap.add_argument("--perf", help="directory for perf record's data of ghostfs and ghostproxy")
+    ap.add_argument("--strace", help="directory for `strace -c -f` counts of ghostfs, ghostproxy "
+                    "and squid over their fills (DIR/NAME.txt; strace slows the fill: the CPU "
+                    "figures of such a run are not the build's)")
     a = ap.parse_args()
     build = os.path.abspath(a.build)
     os.environ["GHOST_BUILD"] = build
@@ -106,6 +121,8 @@ def main():
                                            os.path.join(a.perf, name + ".data")],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         time.sleep(1)
+    for name, pid in (("ghostfs", fs.proc.pid), ("ghostproxy", gp.proc.pid)):
+        perfs += strace_counts(a.strace, name, pid)
     rows = []
     for r in range(a.rounds):
         lua = os.path.join(work, f"fill{r}.lua")
@@ -123,12 +140,16 @@ def main():
         squid = Squid(work)
         if not squid.start():
             raise SystemExit("squid did not start")
+        straces = strace_counts(a.strace, "squid", squid.proc.pid)
         for r in range(a.rounds):
             lua = os.path.join(work, f"fill{r}.lua")
             s, n, wrk_cpu, cpu = fill(squid.port, lua, squid.access_log, a.objects,
                                       {"squid": [squid.proc.pid] + children(squid.proc.pid),
                                        "nginx": nginx_pids})
             rows.append(("squid", n / s, {**cpu, "wrk": wrk_cpu}, n))
+        for p in straces:
+            p.send_signal(signal.SIGINT)
+            p.wait(60)
         squid.stop()
     print(f"\nbench-miss-cost: {a.objects} unique 512 B misses per round, wrk 16 connections; "
           f"CPU µs per miss (user+system)")

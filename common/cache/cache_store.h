@@ -17,7 +17,8 @@
 // Open loads each complete row's hash, size and access time into an ObjectTable (24 bytes a
 // slot, DESIGN §3.4), so status and size queries (getattr, `ghostctl status`) and misses never
 // touch sqlite or the disk. The rest of an entry (validators, expiry, the stored response
-// head) is read from sqlite when index().Find asks for it; the last few found are kept.
+// head and a packed body) is read from sqlite, in one statement, when index().Find asks for
+// it; the last few found are kept, and PackedBody answers from them.
 // h is the first 64 bits of the key's SHA-256 (the body file's name); a later object whose h
 // collides with a cached one replaces it in the table, and Open drops the older row of such a
 // pair (a cache may lose objects, never serve a wrong one: Find compares the whole key).
@@ -278,6 +279,10 @@ class CacheStore {
   // Pages the index's connection has written to the WAL since Open (sqlite's
   // SQLITE_DBSTATUS_CACHE_WRITE): what a transaction costs the disk.
   std::uint64_t pages_written() const;
+  // sqlite statements the lookups (Find, PackedBody) have run since Open, one read transaction
+  // (two fcntl locks of the WAL index) each: a Find reads the packed body with the entry, so a
+  // hit that asks for both runs one (tests).
+  std::uint64_t index_reads() const { return index_reads_; }
 
  private:
   friend class StoreIndex;
@@ -321,8 +326,16 @@ class CacheStore {
   bool Unindex(const std::string& key);
   // The key of the complete row with hash `h`, if any.
   std::optional<std::string> KeyOf(std::uint64_t h) const;
-  // The entry of `key` with the table's size and access time: dirty metadata, else sqlite.
-  std::optional<CacheEntry> LoadEntry(const std::string& key, const ObjectTable::Slot& slot) const;
+  // What one read of a row said of its packed body: known (read from sqlite with the entry)
+  // and the body, or nullptr for a body file.
+  struct PackedRead {
+    bool known = false;
+    std::shared_ptr<const std::string> body;
+  };
+  // The entry of `key` with the table's size and access time: dirty metadata, else sqlite
+  // (then `packed`, if given, gets the row's packed body too).
+  std::optional<CacheEntry> LoadEntry(const std::string& key, const ObjectTable::Slot& slot,
+                                      PackedRead* packed = nullptr) const;
   const CacheEntry* FindEntry(const std::string& key) const;
   void ForEachEntry(const std::function<void(const std::string&, const CacheEntry&)>& fn) const;
   // A strictly increasing access time in stored (wall-clock) microseconds: the LRU tick.
@@ -376,9 +389,12 @@ class CacheStore {
   // its entry stale (UpdateMeta rewrites it in place) rather than freeing it, so a pointer
   // Find handed out stays readable as long as with the list-based index before (callers
   // hold one across store calls); the next Find reloads a stale entry into the same node.
+  // The packed body read with the entry goes with it (PackedBody answers from it until the
+  // object changes): at most kFoundLimit bodies under the pack limit, 4 MiB at 16 KiB.
   struct Found {
     CacheEntry entry;
     bool stale = false;
+    PackedRead packed;
   };
   static constexpr std::size_t kFoundLimit = 256;
   mutable std::unordered_map<std::string, Found> found_;
@@ -391,6 +407,7 @@ class CacheStore {
   std::vector<FillId> ready_;     // fills waiting for the next group commit, in order
   bool group_scheduled_ = false;  // CommitReady is deferred to the loop's next turn
   std::uint64_t transactions_ = 0;
+  mutable std::uint64_t index_reads_ = 0;  // statements run by Find and PackedBody
   FillId next_fill_id_ = 1;
   std::unordered_set<std::uint64_t> dirty_access_;  // hashes whose access time sqlite lacks
   TimePoint first_dirty_access_{};  // when dirty_access_ last became non-empty
