@@ -299,6 +299,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     held_gap_ += ToSeconds(now - burst_last_);
     held_ = true;
     clump_first_ = now;  // a clump of its own: its ACKs clock the next one
+    NoteClump(now);
   } else if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
     const double gap = ToSeconds(now - burst_last_);
@@ -317,6 +318,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     in_burst_ = true;
     burst_first_ = now;
     clump_first_ = now;
+    NoteClump(now);
     burst_packets_ = 0;
     burst_bytes_ = 0;
     burst_missing_ = false;
@@ -393,7 +395,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
-        tail_clocked_ = options_.wake_for_slow_start_tail;
+        tail_clocked_ = options_.wake_for_slow_start_tail || options_.wake_for_clocked_clumps;
         since_open_ = 0;  // reading stopped: what comes now is the last grant's rest
         if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
@@ -403,11 +405,17 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       if (burst_straggler_) {
         // The window is open already; the next burst is still due at expected_.
         if (burst_missed_) Judge(false, true, false, 0);
+        // Round 15: a clump that came while the card slept was clocked; so may the next be.
+        if (options_.wake_for_clocked_clumps && burst_missed_ && !reads_freely()) tail_clocked_ = true;
         if (state_ == ShaperState::kSaving && awake_ && expected_) {
-          const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
+          tail_due_.reset();
+          if (options_.wake_for_clocked_clumps && tail_clocked_) tail_due_ = ClockedDue(end);
+          const TimePoint wake = WakeFor(*expected_);
           if (wake > end + options_.wnic.wake) {
-            Sleep(end, *expected_);
+            Sleep(end, tail_due_ ? std::min(*expected_, *tail_due_) : *expected_);
             wake_at_ = wake;
+          } else {
+            tail_due_.reset();
           }
         }
         break;
@@ -455,15 +463,24 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // Round 14: slow start's tail is ACK-clocked (the sender's cwnd still grows, so each
       // clump's ACKs release the next one a round trip after the clump's first packet, sooner
       // than the open's data): until a whole grant is confirmed, the nap ends for that too.
-      if (confirms || state_ != ShaperState::kSaving) tail_clocked_ = false;
+      // Round 15 (wake_for_clocked_clumps): a loss or a miss leaves the sender ACK-clocked too,
+      // and it stays so through kRecovery, until a whole grant is confirmed.
+      if (options_.wake_for_clocked_clumps && (burst_missing_ || burst_missed_) && !reads_freely())
+        tail_clocked_ = true;
+      if (confirms || (state_ != ShaperState::kSaving && !options_.wake_for_clocked_clumps) ||
+          reads_freely()) {
+        tail_clocked_ = false;
+      }
       tail_due_.reset();
-      if (tail_clocked_) tail_due_ = clump_first_ + min_rtt();
+      if (tail_clocked_) tail_due_ = ClockedDue(end);
       if (state_ == ShaperState::kSaving) {
         const TimePoint due = DueAfter(end);
         const TimePoint wake = WakeFor(due);
         if (wake > end + options_.wnic.wake) {
           Sleep(end, tail_due_ ? std::min(due, *tail_due_) : due);
           wake_at_ = wake;
+        } else {
+          tail_due_.reset();
         }
       }
       break;
@@ -697,6 +714,24 @@ void DownloadShaper::Sleep(TimePoint now, TimePoint due) {
 TimePoint DownloadShaper::WakeFor(TimePoint due) const {
   const Duration before = options_.wake_lead + options_.wnic.wake;
   return tail_due_ ? std::min(due, *tail_due_) - before : due - before;
+}
+
+void DownloadShaper::NoteClump(TimePoint first) {
+  clumps_[clump_next_] = first;
+  clump_next_ = (clump_next_ + 1) % kClumps;
+  clump_count_ = std::min(clump_count_ + 1, kClumps);
+}
+
+std::optional<TimePoint> DownloadShaper::ClockedDue(TimePoint end) const {
+  if (!options_.wake_for_clocked_clumps) return clump_first_ + min_rtt();
+  // Every clump's ACKs may release data one round trip after its first packet; a clump whose
+  // round trip ended before `end` had its data come (or not) while the card listened.
+  std::optional<TimePoint> due;
+  for (int i = 0; i < clump_count_; ++i) {
+    const TimePoint d = clumps_[i] + min_rtt();
+    if (d > end && (!due || d < *due)) due = d;
+  }
+  return due;
 }
 
 void DownloadShaper::Wake(TimePoint now) {
