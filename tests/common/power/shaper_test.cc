@@ -597,8 +597,9 @@ class Scripted {
  public:
   explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
                     Duration td_grant = Millis(3), bool ack_clock = false, bool clamp = false,
-                    bool clamp_when_pays = false, bool tail_wake = true) {
+                    bool clamp_when_pays = false, bool tail_wake = true, bool clump_wake = false) {
     ShaperOptions o = Options();
+    o.wake_for_clocked_clumps = clump_wake;
     o.clamp_to_sender = clamp;
     o.clamp_when_pays = clamp_when_pays;
     o.wake_for_slow_start_tail = tail_wake;
@@ -1440,6 +1441,31 @@ TEST_F(DownloadShaperTest, ClockedClumpsAfterALossAreAwaitedNotMissed) {
     EXPECT_LT(clumps.stats.bad_bursts, old_rule.stats.bad_bursts) << rtt;
     EXPECT_LE(ToSeconds(clumps.time), ToSeconds(old_rule.time) * 1.02) << rtt;
   }
+}
+
+TEST_F(DownloadShaperTest, LossArmsTheClumpWakeThroughRecovery) {
+  // Whole grants confirmed (the wake disarmed), then a burst with a loss (kRecovery, awake), then
+  // the sender short of cwnd: a part of 8 (held, then opened: back to kSaving) whose ACKs
+  // release the rest of 8 one RTT after the part's first packet, before the open's data.
+  auto run = [](bool clump_wake) {
+    Scripted sc(true, Millis(60), 0, Millis(3), false, false, false, /*tail_wake=*/false, clump_wake);
+    sc.WholeWindows(3);
+    sc.Packets(sc.opens.back() + Millis(60), 15, /*missing=*/true);
+    sc.RunTo(sc.last + Millis(5));
+    EXPECT_EQ(sc.s().state(), ShaperState::kRecovery);
+    const TimePoint part = sc.opens.back() + Millis(60);
+    sc.Packets(part, 8);
+    sc.RunTo(sc.last + Millis(31));  // the hold runs out: open, kSaving, nap
+    EXPECT_EQ(sc.s().state(), ShaperState::kSaving);
+    EXPECT_FALSE(sc.s().card_awake());
+    sc.Packets(part + Millis(60), 8);  // the clocked rest
+    sc.RunTo(sc.last + Millis(5));
+    return sc.s().stats();
+  };
+  EXPECT_GT(run(false).missed_packets, 0u) << "the clocked rest came mid-nap";
+  const ShaperStats clumps = run(true);
+  EXPECT_EQ(clumps.missed_packets, 0u);
+  EXPECT_EQ(clumps.bad_bursts, 0u);
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
