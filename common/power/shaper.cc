@@ -687,6 +687,9 @@ void DownloadShaper::OnOpened(TimePoint now) {
   since_open_ = 0;
   opened_at_ = now;
   last_open_ = now;
+  // An open is an ACK that releases data a round trip later too: a clump that came between an
+  // open and its data (clocked by an earlier one) and was taken for its burst leaves it due.
+  if (options_.wake_for_clocked_clumps) NoteClump(now);
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {

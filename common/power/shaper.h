@@ -252,9 +252,9 @@ struct ShaperOptions {
   // had been taken for the burst and the card napped behind it. With `wake_for_clocked_clumps`
   // the tail's wake above is armed also by a burst with loss or with a missed packet, stays
   // armed through kRecovery (until a burst confirms a whole grant, or reading goes free), and
-  // a nap ends one min RTT after the first packet of the earliest clump of the last min RTT
-  // whose clocked data cannot have come yet (several clumps circulate once a part was opened
-  // on), the straggler's nap included. The proxy: GHOST_SHAPER_CLUMP_WAKE=1 (also arms slow
+  // a nap ends one min RTT after the first packet of the earliest clump (or open) of the last
+  // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
+  // opened on), the straggler's nap included. The proxy: GHOST_SHAPER_CLUMP_WAKE=1 (also arms slow
   // start's tail).
   bool wake_for_clocked_clumps = false;
   int pays_cycles = 4;
