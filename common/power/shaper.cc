@@ -222,15 +222,39 @@ std::optional<TimePoint> DownloadShaper::NextDeadline() const {
   if (settle_until_ && !in_burst_ && !wants_open_) consider(*settle_until_);
   if (wake_at_) consider(*wake_at_);
   if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
+  if (renap_at_) consider(*renap_at_);
   return next;
 }
 
 void DownloadShaper::OnTimer(TimePoint now) {
   if (finished_ || stats_.declined) return;
-  if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
+  if (wake_at_ && now >= *wake_at_) {
+    // Woken for a clump due before the open's data (wake_for_clocked_clumps): if nothing comes
+    // by its due + td_min, the sender was not clocked by it; nap again for the open's data.
+    const bool for_clump = options_.wake_for_clocked_clumps && tail_due_ && expected_ &&
+                           *tail_due_ < *expected_;
+    const TimePoint clump_due = tail_due_ ? *tail_due_ : TimePoint{};
+    Wake(*wake_at_);
+    if (for_clump) renap_at_ = clump_due + options_.td_min;
+  }
   if (in_burst_ && !wants_open_) {
     const TimePoint end = BurstEnd();
     if (now >= end) EndBurst(end, burst_last_);
+  }
+  if (renap_at_ && now >= *renap_at_) {
+    const TimePoint at = *renap_at_;
+    renap_at_.reset();
+    if (awake_ && !in_burst_ && !wants_open_ && state_ == ShaperState::kSaving && expected_) {
+      tail_due_ = ClockedDue(at);
+      if (tail_due_ && *tail_due_ >= *expected_) tail_due_.reset();
+      const TimePoint wake = WakeFor(*expected_);
+      if (wake > at + options_.wnic.wake) {
+        Sleep(at, tail_due_ ? *tail_due_ : *expected_);
+        wake_at_ = wake;
+      } else {
+        tail_due_.reset();
+      }
+    }
   }
   if (settle_until_ && now >= *settle_until_ && !in_burst_) {
     // Settled with nothing more come: the whole flight is queued. Open now.
@@ -249,6 +273,7 @@ void DownloadShaper::OnTimer(TimePoint now) {
 void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   if (finished_ || bytes == 0) return;
   if (stats_.declined) return;
+  renap_at_.reset();  // data came: the clump the card woke for (or the burst) is here
   // A deadline that passed before this arrival happened first.
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
@@ -677,6 +702,7 @@ void DownloadShaper::Enter(ShaperState next) {
     expected_.reset();
   }
   if (next != ShaperState::kSaving && wake_at_) wake_at_.reset();
+  if (next != ShaperState::kSaving) renap_at_.reset();
   if (next == ShaperState::kPlain) unsaturated_run_ = 0;
 }
 
@@ -763,6 +789,7 @@ void DownloadShaper::Finish(TimePoint now) {
   opened_at_.reset();
   expected_.reset();
   wake_at_.reset();
+  renap_at_.reset();
   AssertInvariants();
 }
 

@@ -254,7 +254,8 @@ struct ShaperOptions {
   // armed through kRecovery (until a burst confirms a whole grant, or reading goes free), and
   // a nap ends one min RTT after the first packet of the earliest clump (or open) of the last
   // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
-  // opened on), the straggler's nap included. The proxy: GHOST_SHAPER_CLUMP_WAKE=1 (also arms slow
+  // opened on), the straggler's nap included; a wake for a clump that finds nothing by its due
+  // + td_min naps again until the open's data. The proxy: GHOST_SHAPER_CLUMP_WAKE=1 (also arms slow
   // start's tail).
   bool wake_for_clocked_clumps = false;
   int pays_cycles = 4;
@@ -487,6 +488,8 @@ class DownloadShaper {
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
   // to come (nullopt: none).
   std::optional<TimePoint> ClockedDue(TimePoint end) const;
+  // Woken for a clump that has not come: nap again at this time if still nothing has.
+  std::optional<TimePoint> renap_at_;
   bool episode_ = false;      // a loss episode runs: from a burst with loss or a miss until
   int episode_clean_ = 0;     // ... this many whole-grant bursts in a row (3) end it
   bool cycle_clamped_ = false;  // the cycle in progress was opened with the grant clamped
