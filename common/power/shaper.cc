@@ -492,7 +492,13 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // and it stays so through kRecovery, until a whole grant is confirmed.
       if (options_.wake_for_clocked_clumps && (burst_missing_ || burst_missed_) && !reads_freely())
         tail_clocked_ = true;
-      if (confirms || (state_ != ShaperState::kSaving && !options_.wake_for_clocked_clumps) ||
+      // With the clump wake one confirmed grant is not enough: a hold that ran out lowers the
+      // grant to a cwnd-limited part, and the next part of that size "confirms" it (read off
+      // the captures at 60 ms / 1%: the clump after such a confirm was missed). Three in a row.
+      const bool window_limited =
+          options_.wake_for_clocked_clumps ? grant_confirmed_ >= 3 : confirms;
+      if (window_limited ||
+          (state_ != ShaperState::kSaving && !options_.wake_for_clocked_clumps) ||
           reads_freely()) {
         tail_clocked_ = false;
       }
