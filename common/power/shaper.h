@@ -255,9 +255,11 @@ struct ShaperOptions {
   // a nap ends one min RTT after the first packet of the earliest clump (or open) of the last
   // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
   // opened on), the straggler's nap included; a wake for a clump that finds nothing by its due
-  // + td_min naps again until the open's data. The proxy: GHOST_SHAPER_CLUMP_WAKE=1 (also arms slow
-  // start's tail).
-  bool wake_for_clocked_clumps = false;
+  // + td_min naps again until the open's data; three whole grants in a row (not one: a hold that
+  // ran out lowers the grant to a cwnd-limited part) end the clocked regime. It also arms slow
+  // start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
+  // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
+  bool wake_for_clocked_clumps = true;
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
