@@ -1438,6 +1438,9 @@ TEST_F(DownloadShaperTest, ClockedClumpsAfterALossAreAwaitedNotMissed) {
         WindowLink({.rtt = Millis(rtt), .loss_every = 100, .cwnd0 = 10, .clump_wake = true});
     PrintRuns(rtt == 60 ? "1% loss 60 ms, clump wake" : "1% loss 120 ms, clump wake", old_rule, clumps);
     EXPECT_LE(clumps.stats.missed_packets * 2, old_rule.stats.missed_packets) << rtt;
+    // Measured 0 and 3; 7 and 5 when one confirmed grant disarmed the wake (a hold that ran out
+    // had lowered the grant to the cwnd-limited part).
+    EXPECT_LE(clumps.stats.missed_packets, 3u) << rtt;
     EXPECT_LT(clumps.stats.bad_bursts, old_rule.stats.bad_bursts) << rtt;
     EXPECT_LE(ToSeconds(clumps.time), ToSeconds(old_rule.time) * 1.02) << rtt;
     // The card sleeps more, not less: a wake for a clump that does not come naps again (measured
