@@ -185,6 +185,9 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   if (EnvIs("GHOST_SHAPER_CLAMP", "auto")) so.clamp_to_sender = so.clamp_when_pays = true;
   // Round 14: the nap ends for slow start's clocked tail (ShaperOptions::wake_for_slow_start_tail).
   if (EnvIs("GHOST_SHAPER_TAIL_WAKE", "1")) so.wake_for_slow_start_tail = true;
+  // Round 15: the tail's wake armed by losses and misses too, for every recent clump (on by
+  // default; =0 is round 14's behaviour).
+  if (EnvIs("GHOST_SHAPER_CLUMP_WAKE", "0")) so.wake_for_clocked_clumps = false;
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.

@@ -54,7 +54,12 @@
 // Round 14: GHOST_SHAPER_CLAMP=auto arms the clamp only where eq. 4 says it pays, from the
 // cycles the shaper measured (ShaperOptions::clamp_when_pays; opt-in: not measured better), and
 // the nap after a burst of slow start's tail ends for the next ACK-clocked clump
-// (ShaperOptions::wake_for_slow_start_tail; on, GHOST_SHAPER_TAIL_WAKE=0 turns it off).
+// (ShaperOptions::wake_for_slow_start_tail; opt-in since the round-14 merge,
+// GHOST_SHAPER_TAIL_WAKE=1).
+//
+// Round 15: after a loss or a miss as well, until three whole grants in a row, a nap ends for
+// every recent clump's clocked data (ShaperOptions::wake_for_clocked_clumps; on,
+// GHOST_SHAPER_CLUMP_WAKE=0 turns it off; it arms slow start's tail too).
 //
 // Round 11: a burst that has delivered a whole (confirmed) grant ends td_grant (0.5 ms) after
 // its last packet, and the card wakes 0.5 ms (wake_lead) before the next burst is due;

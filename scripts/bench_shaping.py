@@ -70,6 +70,7 @@ class Link:
     def __init__(self, build, name, subnet, rtt_ms, loss_pct, jitter_ms, rate_mbit, workdir,
                  origin_cc=None, tls=False):
         self.build, self.name, self.subnet, self.workdir = build, name, subnet, workdir
+        self.rtt_ms = rtt_ms
         self.script = os.path.join(ROOT, "scripts", "linkemu.sh")
         self.env = dict(os.environ, GHOST_BUILD=build)
         args = [self.script, "up", "--name", name, "--subnet", subnet,
@@ -161,8 +162,24 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
       early burst     it came later than that after an open but before the card listened
                       again: the next burst, sooner than the wake-up (woke too late);
       waking          as early burst, but inside the wake-up transition itself.
-    Also returns, per open, the delay to the first new data after it (open→data), to compare
-    the shaper's expected min RTT with."""
+    Round 15 sorts each one again, by cause ("causes", first that fits):
+      retransmission   as above;
+      slow-start tail  in the download's first nap (the flight read freely is still clocked);
+      hole open        new data while a hole (a lost segment) is still unfilled: the sender
+                       sends on the duplicate ACKs during its recovery;
+      napped on hole   a hole was open when the nap began (its retransmission or the data its
+                       duplicate ACKs release came in the nap); counted before the next three;
+      waking           inside the wake-up transition;
+      open's data      RTT − 1.5 ms to RTT + 3 ms after the last open: the next burst; the card
+                       woke late, or ("… after a clump") the open came before the nap: a clump
+                       between the open and its data was taken for the burst;
+      ack-clocked      RTT ± 1.5 ms after a client ACK that is not the last open: released by
+                       the ACK of an earlier clump (a sender short of cwnd, slow start's tail);
+      late tail        within half an RTT of the last open, or no open since the nap: the rest
+                       of the burst the shaper judged ended (Td fired too early);
+      other            none of these.
+    `rtt_s`: the link's RTT (default 60 ms). Also returns, per open, the delay to the first new
+    data after it (open→data), to compare the shaper's expected min RTT with."""
     pkts = read_capture(pcap, port)
     sched = []
     with open(card_log) as f:
@@ -180,15 +197,28 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
             if prev_win is not None and p[4] > prev_win * 1.25 and p[4] - prev_win > 2:
                 opens.append(p[0])
             prev_win = p[4]
+    acks = [p[0] for p in pkts if not p[1]]
+    import bisect
     counts = {"retransmission": 0, "straggler": 0, "early burst": 0, "waking": 0}
+    causes = {k: 0 for k in ("retransmission", "slow-start tail", "hole open", "napped on hole",
+                             "waking", "open's data", "open's data after a clump", "ack-clocked",
+                             "late tail", "other")}
     detail = []
     awake, s, nap_start, top = True, 0, None, 0
+    naps_seen, hole_at_nap = 0, False
+    cum, ooo = None, []  # the receiver's cumulative byte and the out-of-order ranges above it
     oi = 0
     for t, _, seq, end, _ in data:
         while s < len(sched) and sched[s][0] + (wake_s if sched[s][1] else 0) <= t:
             awake = sched[s][1]
+            if not awake:
+                naps_seen += 1
+                hole_at_nap = bool(ooo)
             nap_start = None if awake else sched[s][0]
             s += 1
+        if cum is None:
+            cum = seq
+        hole = bool(ooo)
         if not awake:
             while oi + 1 < len(opens) and opens[oi + 1] <= t:
                 oi += 1
@@ -201,17 +231,50 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
             else:
                 kind = "waking" if waking else "early burst"
             counts[kind] += 1
+            fresh = last_open is not None and last_open >= nap_start
+            a = bisect.bisect_right(acks, t - rtt_s + 0.0015) - 1
+            clocked = a >= 0 and acks[a] >= t - rtt_s - 0.0015 and acks[a] != last_open
+            if end <= top:
+                cause = "retransmission"
+            elif naps_seen == 1:
+                cause = "slow-start tail"
+            elif hole:
+                cause = "hole open"
+            elif hole_at_nap:
+                cause = "napped on hole"
+            elif waking:
+                cause = "waking"
+            elif last_open is not None and rtt_s - 0.0015 <= t - last_open <= rtt_s + 0.003:
+                # The open's data: the card woke late, or (the open before the nap) a clump
+                # that came between the open and its data was taken for the burst.
+                cause = "open's data" if fresh else "open's data after a clump"
+            elif clocked:
+                cause = "ack-clocked"
+            elif not fresh or t - last_open < rtt_s / 2:
+                cause = "late tail"
+            else:
+                cause = "other"
+            causes[cause] += 1
             # What the link and the card did in the 150 ms before it (ms before, D data seq end
             # or A ack window, S/W the card), for reading one by hand.
             ctx = [(round((p[0] - t) * 1e3, 2), ("D%d" % (p[3] - top)) if p[1] else ("A%d" % p[4]))
                    for p in pkts if t - 0.15 <= p[0] <= t + 0.002 and (p[1] and p[3] > p[2] or not p[1])]
             ctx += [(round((x[0] - t) * 1e3, 2), "W" if x[1] else "S") for x in sched
                     if t - 0.15 <= x[0] <= t + 0.01]
-            detail.append({"t": t, "kind": kind, "since_nap_ms": (t - nap_start) * 1e3,
+            detail.append({"t": t, "kind": kind, "cause": cause,
+                           "since_nap_ms": (t - nap_start) * 1e3,
                            "since_open_ms": (t - last_open) * 1e3 if last_open else None,
                            "context": sorted(ctx)})
             awake = True  # the card wakes for the rest (as wnic_energy)
         top = max(top, end)
+        # The receiver's view: the cumulative byte, and the ranges that came past a hole.
+        if seq <= cum:
+            cum = max(cum, end)
+        else:
+            ooo.append((seq, end))
+        ooo.sort()
+        while ooo and ooo[0][0] <= cum:
+            cum = max(cum, ooo.pop(0)[1])
     # open → first new data after it
     delays, di = [], 0
     for o in opens:
@@ -220,7 +283,7 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
         if di < len(data):
             delays.append((data[di][0] - o) * 1e3)
     delays.sort()
-    return {"counts": counts, "missed": sum(counts.values()), "detail": detail,
+    return {"counts": counts, "causes": causes, "missed": sum(counts.values()), "detail": detail,
             "open_data_ms": [delays[int(q * (len(delays) - 1))] for q in (0, 0.05, 0.1, 0.5, 0.9)]
             if delays else []}
 
@@ -347,7 +410,7 @@ def download(build, link, mode, workdir, tag, profile, buffer=None, plain_rcvbuf
     priced = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     priced["driver"] = result
     if diagnose and mode != "off" and os.path.exists(log):
-        priced["diagnosis"] = classify_missed(pcap, log, port)
+        priced["diagnosis"] = classify_missed(pcap, log, port, rtt_s=link.rtt_ms / 1e3)
         priced["diagnosis"]["budget"] = cycle_budget(pcap, log, port)
     priced["sha256"] = sha256(out) if os.path.exists(out) else None
     # Closed windows the proxy had to open itself (proxy/shaper.cc ForceOpen): why and where.
@@ -479,7 +542,8 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                         if "diagnosis" in shaped:
                             d = shaped["diagnosis"]
                             row["diagnosis"] = d
-                            log(f"# missed packets by cause (--diagnose): {d['counts']}; open→data ms "
+                            log(f"# missed packets by cause (--diagnose): {d['counts']}; by cause (round 15): "
+                                f"{ {k: v for k, v in d['causes'].items() if v} }; open→data ms "
                                 f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
                             b = d.get("budget")
                             if b:

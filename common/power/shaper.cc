@@ -222,15 +222,39 @@ std::optional<TimePoint> DownloadShaper::NextDeadline() const {
   if (settle_until_ && !in_burst_ && !wants_open_) consider(*settle_until_);
   if (wake_at_) consider(*wake_at_);
   if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
+  if (renap_at_) consider(*renap_at_);
   return next;
 }
 
 void DownloadShaper::OnTimer(TimePoint now) {
   if (finished_ || stats_.declined) return;
-  if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
+  if (wake_at_ && now >= *wake_at_) {
+    // Woken for a clump due before the open's data (wake_for_clocked_clumps): if nothing comes
+    // by its due + td_min, the sender was not clocked by it; nap again for the open's data.
+    const bool for_clump = options_.wake_for_clocked_clumps && tail_due_ && expected_ &&
+                           *tail_due_ < *expected_;
+    const TimePoint clump_due = tail_due_ ? *tail_due_ : TimePoint{};
+    Wake(*wake_at_);
+    if (for_clump) renap_at_ = clump_due + options_.td_min;
+  }
   if (in_burst_ && !wants_open_) {
     const TimePoint end = BurstEnd();
     if (now >= end) EndBurst(end, burst_last_);
+  }
+  if (renap_at_ && now >= *renap_at_) {
+    const TimePoint at = *renap_at_;
+    renap_at_.reset();
+    if (awake_ && !in_burst_ && !wants_open_ && state_ == ShaperState::kSaving && expected_) {
+      tail_due_ = ClockedDue(at);
+      if (tail_due_ && *tail_due_ >= *expected_) tail_due_.reset();
+      const TimePoint wake = WakeFor(*expected_);
+      if (wake > at + options_.wnic.wake) {
+        Sleep(at, tail_due_ ? *tail_due_ : *expected_);
+        wake_at_ = wake;
+      } else {
+        tail_due_.reset();
+      }
+    }
   }
   if (settle_until_ && now >= *settle_until_ && !in_burst_) {
     // Settled with nothing more come: the whole flight is queued. Open now.
@@ -249,6 +273,7 @@ void DownloadShaper::OnTimer(TimePoint now) {
 void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
   if (finished_ || bytes == 0) return;
   if (stats_.declined) return;
+  renap_at_.reset();  // data came: the clump the card woke for (or the burst) is here
   // A deadline that passed before this arrival happened first.
   if (wake_at_ && now >= *wake_at_) Wake(*wake_at_);
   if (in_burst_ && !wants_open_) {
@@ -299,6 +324,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     held_gap_ += ToSeconds(now - burst_last_);
     held_ = true;
     clump_first_ = now;  // a clump of its own: its ACKs clock the next one
+    NoteClump(now);
   } else if (in_burst_) {
     // DESIGN §3.6: IA = 7/8·IA + 1/8·SA, ID = 3/4·ID + 1/4·|SA − IA|, per packet.
     const double gap = ToSeconds(now - burst_last_);
@@ -317,6 +343,7 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     in_burst_ = true;
     burst_first_ = now;
     clump_first_ = now;
+    NoteClump(now);
     burst_packets_ = 0;
     burst_bytes_ = 0;
     burst_missing_ = false;
@@ -393,7 +420,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         }
         w_ = burst_packets_ + 1;
         Enter(ShaperState::kSaving);
-        tail_clocked_ = options_.wake_for_slow_start_tail;
+        tail_clocked_ = options_.wake_for_slow_start_tail || options_.wake_for_clocked_clumps;
         since_open_ = 0;  // reading stopped: what comes now is the last grant's rest
         if (options_.settle_after_slow_start) settle_until_ = end + min_rtt();
       }
@@ -403,11 +430,17 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       if (burst_straggler_) {
         // The window is open already; the next burst is still due at expected_.
         if (burst_missed_) Judge(false, true, false, 0);
+        // Round 15: a clump that came while the card slept was clocked; so may the next be.
+        if (options_.wake_for_clocked_clumps && burst_missed_ && !reads_freely()) tail_clocked_ = true;
         if (state_ == ShaperState::kSaving && awake_ && expected_) {
-          const TimePoint wake = *expected_ - options_.wake_lead - options_.wnic.wake;
+          tail_due_.reset();
+          if (options_.wake_for_clocked_clumps && tail_clocked_) tail_due_ = ClockedDue(end);
+          const TimePoint wake = WakeFor(*expected_);
           if (wake > end + options_.wnic.wake) {
-            Sleep(end, *expected_);
+            Sleep(end, tail_due_ ? std::min(*expected_, *tail_due_) : *expected_);
             wake_at_ = wake;
+          } else {
+            tail_due_.reset();
           }
         }
         break;
@@ -455,15 +488,30 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
       // Round 14: slow start's tail is ACK-clocked (the sender's cwnd still grows, so each
       // clump's ACKs release the next one a round trip after the clump's first packet, sooner
       // than the open's data): until a whole grant is confirmed, the nap ends for that too.
-      if (confirms || state_ != ShaperState::kSaving) tail_clocked_ = false;
+      // Round 15 (wake_for_clocked_clumps): a loss or a miss leaves the sender ACK-clocked too,
+      // and it stays so through kRecovery, until a whole grant is confirmed.
+      if (options_.wake_for_clocked_clumps && (burst_missing_ || burst_missed_) && !reads_freely())
+        tail_clocked_ = true;
+      // With the clump wake one confirmed grant is not enough: a hold that ran out lowers the
+      // grant to a cwnd-limited part, and the next part of that size "confirms" it (read off
+      // the captures at 60 ms / 1%: the clump after such a confirm was missed). Three in a row.
+      const bool window_limited =
+          options_.wake_for_clocked_clumps ? grant_confirmed_ >= 3 : confirms;
+      if (window_limited ||
+          (state_ != ShaperState::kSaving && !options_.wake_for_clocked_clumps) ||
+          reads_freely()) {
+        tail_clocked_ = false;
+      }
       tail_due_.reset();
-      if (tail_clocked_) tail_due_ = clump_first_ + min_rtt();
+      if (tail_clocked_) tail_due_ = ClockedDue(end);
       if (state_ == ShaperState::kSaving) {
         const TimePoint due = DueAfter(end);
         const TimePoint wake = WakeFor(due);
         if (wake > end + options_.wnic.wake) {
           Sleep(end, tail_due_ ? std::min(due, *tail_due_) : due);
           wake_at_ = wake;
+        } else {
+          tail_due_.reset();
         }
       }
       break;
@@ -660,6 +708,7 @@ void DownloadShaper::Enter(ShaperState next) {
     expected_.reset();
   }
   if (next != ShaperState::kSaving && wake_at_) wake_at_.reset();
+  if (next != ShaperState::kSaving) renap_at_.reset();
   if (next == ShaperState::kPlain) unsaturated_run_ = 0;
 }
 
@@ -670,6 +719,9 @@ void DownloadShaper::OnOpened(TimePoint now) {
   since_open_ = 0;
   opened_at_ = now;
   last_open_ = now;
+  // An open is an ACK that releases data a round trip later too: a clump that came between an
+  // open and its data (clocked by an earlier one) and was taken for its burst leaves it due.
+  if (options_.wake_for_clocked_clumps) NoteClump(now);
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {
@@ -699,6 +751,24 @@ TimePoint DownloadShaper::WakeFor(TimePoint due) const {
   return tail_due_ ? std::min(due, *tail_due_) - before : due - before;
 }
 
+void DownloadShaper::NoteClump(TimePoint first) {
+  clumps_[clump_next_] = first;
+  clump_next_ = (clump_next_ + 1) % kClumps;
+  clump_count_ = std::min(clump_count_ + 1, kClumps);
+}
+
+std::optional<TimePoint> DownloadShaper::ClockedDue(TimePoint end) const {
+  if (!options_.wake_for_clocked_clumps) return clump_first_ + min_rtt();
+  // Every clump's ACKs may release data one round trip after its first packet; a clump whose
+  // round trip ended before `end` had its data come (or not) while the card listened.
+  std::optional<TimePoint> due;
+  for (int i = 0; i < clump_count_; ++i) {
+    const TimePoint d = clumps_[i] + min_rtt();
+    if (d > end && (!due || d < *due)) due = d;
+  }
+  return due;
+}
+
 void DownloadShaper::Wake(TimePoint now) {
   wake_at_.reset();
   tail_due_.reset();
@@ -725,6 +795,7 @@ void DownloadShaper::Finish(TimePoint now) {
   opened_at_.reset();
   expected_.reset();
   wake_at_.reset();
+  renap_at_.reset();
   AssertInvariants();
 }
 

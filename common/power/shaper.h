@@ -246,6 +246,20 @@ struct ShaperOptions {
   // the open's data). Off by default: on the emulated link it was not shown to catch the
   // packet it is for (RESULTS.md, round 14). The proxy: GHOST_SHAPER_TAIL_WAKE=1 turns it on.
   bool wake_for_slow_start_tail = false;
+  // Round 15: the clocked clumps after a loss. Read off the captures at 60 and 120 ms / 1%
+  // (RESULTS.md, round 15), most missed packets were data released by the ACKs of an earlier
+  // clump (a sender short of cwnd after a loss halved it), or the open's data after such a clump
+  // had been taken for the burst and the card napped behind it. With `wake_for_clocked_clumps`
+  // the tail's wake above is armed also by a burst with loss or with a missed packet, stays
+  // armed through kRecovery (until a burst confirms a whole grant, or reading goes free), and
+  // a nap ends one min RTT after the first packet of the earliest clump (or open) of the last
+  // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
+  // opened on), the straggler's nap included; a wake for a clump that finds nothing by its due
+  // + td_min naps again until the open's data; three whole grants in a row (not one: a hold that
+  // ran out lowers the grant to a cwnd-limited part) end the clocked regime. It also arms slow
+  // start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
+  // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
+  bool wake_for_clocked_clumps = true;
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -467,6 +481,17 @@ class DownloadShaper {
   std::optional<TimePoint> tail_due_;
   // When the card must wake for a burst due at `due` (the tail's clump if that is sooner).
   TimePoint WakeFor(TimePoint due) const;
+  // The first packets of the recent clumps, a ring (ShaperOptions::wake_for_clocked_clumps).
+  static constexpr int kClumps = 8;
+  TimePoint clumps_[kClumps] = {};
+  int clump_count_ = 0, clump_next_ = 0;
+  void NoteClump(TimePoint first);
+  // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
+  // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
+  // to come (nullopt: none).
+  std::optional<TimePoint> ClockedDue(TimePoint end) const;
+  // Woken for a clump that has not come: nap again at this time if still nothing has.
+  std::optional<TimePoint> renap_at_;
   bool episode_ = false;      // a loss episode runs: from a burst with loss or a miss until
   int episode_clean_ = 0;     // ... this many whole-grant bursts in a row (3) end it
   bool cycle_clamped_ = false;  // the cycle in progress was opened with the grant clamped
