@@ -95,7 +95,8 @@ nlohmann::json Daemon::StatsJson() const {
       {"bytes", {{"network", reads_.bytes_from_network}, {"cache", reads_.bytes_from_cache}}},
       {"ghost_hints_sent", cost_->hints_sent()},
       // READ requests the daemon served; reads of passthrough opens never reach it.
-      {"fuse", {{"reads", reads_.fuse_reads}, {"flushes", reads_.fuse_flushes}, {"passthrough", passthrough_->StatsJson()}}},
+      {"fuse", {{"reads", reads_.fuse_reads}, {"flushes", reads_.fuse_flushes}, {"pinned_opens", reads_.pinned_opens},
+                {"passthrough", passthrough_->StatsJson()}}},
       {"proxy", store_tree_->StatsJson()},
       {"imap", mail_->StatsJson()},
       {"write_queue",

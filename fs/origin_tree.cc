@@ -427,6 +427,7 @@ void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool co
   std::string url = OriginUrl(n);
   fuse_ino_t ino = n->ino;
   fuse_file_info info = *fi;
+  if (OpenPinned(req, ino, info)) return;
   const CacheEntry* cached = copy_gone ? nullptr : MountEntry(url);
   TimePoint now = ctx_.clock.Now();
 
@@ -1113,6 +1114,51 @@ void OriginTree::OriginRelease(Handle& h) {
     }
   }
   TrimStream(st);
+}
+
+// The kernel keeps one set of pages per inode, and a new version's open, though direct_io,
+// can still fill them: a MAP_PRIVATE mmap of a direct_io file is served through the inode's
+// page cache (fuse_file_mmap), and the daemon never sees the mmap. A reader holding the older
+// version in cached mode would then read the new version's pages in the middle of its own
+// (tests/integration/ghostfs_page_mix_test.py). So while such readers are open, an open gets
+// their version, from the same bytes they read (a duplicate of the body file, or the same
+// queued or packed body), without asking the origin: one version per inode until they close.
+bool OriginTree::OpenPinned(fuse_req_t req, fuse_ino_t ino, fuse_file_info info) {
+  auto pv = page_versions_.find(ino);
+  if (pv == page_versions_.end() || pv->second.opens <= 0) return false;
+  const Handle* pin = nullptr;
+  for (const auto& [fh, h] : handles_) {
+    if (h.ino == ino && h.kind == NodeKind::kOriginFile && h.io_mode == IoMode::kCached && h.page_counted) {
+      pin = &h;
+      break;
+    }
+  }
+  if (pin == nullptr || (!pin->file.is_open() && !pin->body)) return false;
+  Handle h;
+  h.kind = NodeKind::kOriginFile;
+  h.ino = ino;
+  h.key = pin->key;
+  h.source = pin->source;
+  h.body = pin->body;
+  if (pin->file.is_open()) {
+    Result<BodyFile> dup = pin->file.Dup();
+    if (!dup.ok()) return false;  // no fd to spare: the usual open decides
+    h.file = std::move(dup).value();
+  }
+  h.io_mode = IoMode::kCached;
+  h.page_counted = true;
+  ++pv->second.opens;
+  info.direct_io = 0;
+  info.keep_cache = 1;  // the pages are this version's
+  info.noflush = 1;
+  info.fh = ctx_.new_fh();
+  ctx_.reads.decisions[ino].source = h.source;
+  ++ctx_.reads.requests_by_source[h.source];
+  ++ctx_.reads.pinned_opens;
+  handles_[info.fh] = std::move(h);
+  ctx_.passthrough.CachedOpened(ino);
+  fuse_reply_open(req, &info);
+  return true;
 }
 
 // May a cached-mode (page cache) open of `ino` read body version `version`? The kernel keeps

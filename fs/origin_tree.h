@@ -214,6 +214,9 @@ class OriginTree final : public Tree {
   void OriginRelease(Handle& h);
   bool PageCacheMayServe(fuse_ino_t ino, const std::string& version, std::optional<Bytes> size,
                          fuse_file_info* info);
+  // While page-cache (cached-mode) readers of a version of `ino` are open, an open gets that
+  // version too, in cached mode (DESIGN §4.1): true when it was answered so.
+  bool OpenPinned(fuse_req_t req, fuse_ino_t ino, fuse_file_info info);
   void DropUnopenableNames(const std::string& url, std::vector<DirEntry>* entries);
   // A read far beyond what has arrived: answered from a range request (DESIGN §4).
   void ReadAhead(fuse_req_t req, std::shared_ptr<Stream> st, Bytes offset, std::size_t size);

@@ -58,6 +58,8 @@ struct ReadLog {
   std::uint64_t bytes_from_cache = 0;  // served by the daemon (passthrough reads are not seen)
   std::uint64_t fuse_reads = 0;        // READ requests that reached the daemon
   std::uint64_t fuse_flushes = 0;      // FLUSH requests (one per close() unless FOPEN_NOFLUSH)
+  // Opens given the version page-cache readers hold open, not asked of the origin (DESIGN §4.1)
+  std::uint64_t pinned_opens = 0;
 };
 
 // What the trees share. Every reference is borrowed from the daemon, which outlives its trees.

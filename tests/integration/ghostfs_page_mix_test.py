@@ -1,18 +1,14 @@
 #!/usr/bin/env python3
-"""One reader, two versions: the minimal case behind ghostfs_evict_random's rare "kept read
+"""One reader, one version: the minimal case behind ghostfs_evict_random's rare "kept read
 mixing two versions" (evict15, round 15). With a profile, a cached copy opens in the kernel's
 page cache (cached mode: the emulated disk is charged per read, so no passthrough). A reader R
-opens version A that way and reads half of it. The origin replaces the file with version B; a
-second process opens it (revalidated, 200: a network stream, direct_io because R's version
-holds the inode's pages, fs/origin_tree.cc PageCacheMayServe) and maps it MAP_PRIVATE. The
-kernel serves a private mapping of a direct_io file through the inode's page cache
-(fuse_file_mmap: invalidate, then generic_file_mmap), so B's pages land where R reads A's. R
-then reads its second half: it must be A's.
-
-Known to fail (a shortfall line, not a failure): the daemon never sees the mmap and cannot keep
-B's pages out; the way out (keep new opens on A while a cached reader of A is open, or no
-cached mode for copies the origin may replace) is not built. Skipped without root, /dev/fuse or
-nginx."""
+opens version 1 that way and reads half of it. The origin replaces the file with version 2; a
+second process opens the file and maps it MAP_PRIVATE. The kernel serves a private mapping of a
+direct_io file through the inode's page cache (fuse_file_mmap: invalidate, then
+generic_file_mmap), so before the fix the new version's direct_io open put version 2's pages
+where R reads, and R's second half came back as version 2. Now, while R is open, opens get R's
+version (fs/origin_tree.cc OpenPinned, DESIGN §4.1); once R closes, the next open reads version
+2. Skipped without root, /dev/fuse or nginx."""
 import os
 import subprocess
 import sys
@@ -22,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 SIZE = 256 * 1024
-PLANNED = 4
+PLANNED = 5
 
 MMAP_PRIVATE_CHILD = """
 import mmap, os, sys
@@ -80,18 +76,22 @@ def main():
         put(site, 2)
         time.sleep(1.5)  # the copy is stale: the next open revalidates and gets version 2
         r = subprocess.run([sys.executable, "-c", MMAP_PRIVATE_CHILD, path], capture_output=True, timeout=60)
-        t.check(r.returncode == 0 and r.stdout == version(2),
-                "another process opens the new version and maps it MAP_PRIVATE: version 2 whole",
+        # R's version (pinned while R is open, DESIGN §4.1); main gave version 2 here and then
+        # R read version 2's pages.
+        t.check(r.returncode == 0 and r.stdout == version(1),
+                "another process maps the file MAP_PRIVATE while R is open: R's version (1) whole",
                 f"exit {r.returncode}, {len(r.stdout)} bytes, starts {r.stdout[:40]!r}, {r.stderr[-300:]!r}")
         rest = os.pread(fd, SIZE - SIZE // 2, SIZE // 2)
     finally:
         os.close(fd)
     mixed = sorted({ln[:20] for ln in rest.split(b"\n") if ln and not version(1).startswith(ln)})
-    t.shortfall(rest == version(1)[SIZE // 2:],
-                "R's second half is still version 1 (one reader, one version)",
-                "a MAP_PRIVATE mmap of a direct_io open fills the inode's page cache with the new version; "
-                "new opens are not kept on R's version",
-                f"{len(rest)} bytes; lines not of version 1: {mixed[:3]}")
+    t.check(rest == version(1)[SIZE // 2:], "R's second half is still version 1 (one reader, one version)",
+            f"{len(rest)} bytes; lines not of version 1: {mixed[:3]}")
+    # R closed: the next open (the copy stale) asks the origin again and reads version 2.
+    time.sleep(1.5)
+    after = h.read_bytes(path)
+    t.check(after == version(2), "once R closed, an open reads version 2",
+            f"{len(after)} bytes, starts {after[:40]!r}")
     fs.stop()
     t.done()
 
