@@ -223,8 +223,8 @@ def main():
     hung = [th for th in threads if th.is_alive()]
     alive = fs.proc.poll() is None
     if hung:  # where the readers and the daemon wait, before the unmount below ends it
-        where = f"{h.python_stacks()}\nghostfs:\n{h.stacks(fs.proc.pid) if alive else 'exited'}"
-        print("\n".join("# " + ln for ln in where.splitlines()), file=sys.stderr, flush=True)
+        h.write_stacks(f"{len(hung)} reader(s) hung; ghostfs {'alive' if alive else 'exited'}",
+                       [fs.proc.pid] if alive else [])
     print(f"# ops {dict(sorted(sh.counts.items()))}", flush=True)
     print(f"# slowest open to close: {sh.slowest[0]:.1f} s ({sh.slowest[1]})", flush=True)
     for what, (secs, detail) in sorted(sh.worst.items()):

@@ -213,6 +213,15 @@ def python_stacks():
     return "\n".join(out)
 
 
+def write_stacks(why, pids):
+    """Writes `why`, this test's other threads' Python stacks and the processes' stacks to
+    stderr (meson's report of a failed or timed-out test shows stderr)."""
+    print(f"# {why}", file=sys.stderr, flush=True)
+    print(python_stacks(), file=sys.stderr, flush=True)
+    for pid in pids:
+        print(f"# process {pid}:\n{stacks(pid)}", file=sys.stderr, flush=True)
+
+
 class Watchdog:
     """`with Watchdog(secs, pids_fn):` when the block runs past `secs`, writes this test's
     Python stacks and the stacks of the processes pids_fn() names to stderr, once: meson's
@@ -223,10 +232,7 @@ class Watchdog:
         self.timer.daemon = True
 
     def _fire(self, secs, pids_fn):
-        print(f"# watchdog: still running after {secs:.0f} s; where it waits:", file=sys.stderr, flush=True)
-        print(python_stacks(), file=sys.stderr, flush=True)
-        for pid in pids_fn():
-            print(f"# process {pid}:\n{stacks(pid)}", file=sys.stderr, flush=True)
+        write_stacks(f"watchdog: still running after {secs:.0f} s; where it waits:", pids_fn())
 
     def __enter__(self):
         self.timer.start()
