@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <deque>
+#include <fstream>
 #include <set>
 
 #include "common/config/config.h"
@@ -244,9 +245,10 @@ void MailTree::Start() {
   if (queue_) {
     std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
     std::string kept;
-    if (FILE* f = std::fopen(path.c_str(), "r")) {
-      char line[4096];
-      while (std::fgets(line, sizeof line, f)) {
+    if (std::ifstream f(path); f) {
+      // A whole line however long (a fixed buffer split a long mailbox or file name's line in
+      // two, neither parsing: the UID was lost).
+      for (std::string line; std::getline(f, line);) {
         nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
         if (!j.is_object()) continue;
         std::string origin = j.value("origin", ""), wire = j.value("mailbox", ""), unique = j.value("unique", "");
@@ -256,9 +258,9 @@ void MailTree::Start() {
         for (auto& mo : origins_) {
           if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {j.value("uidvalidity", 0u), j.value("uid", 0u)};
         }
-        kept += line;
+        kept += line + "\n";
       }
-      std::fclose(f);
+      f.close();
       if (kept.empty()) {
         ::unlink(path.c_str());
       } else if (Status st = WriteDurably(path, kept, O_TRUNC); !st.ok()) {
