@@ -87,7 +87,26 @@ def run(work, seconds, flash_args, t, label):
         with open(os.path.join(cache, "local", name), "rb") as f:
             on_disk[name] = f.read()
     return {"spin_transitions": after - before, "saves": saves, "renames": renames, "files": files, "seen": seen,
-            "on_disk": on_disk, "flash": stats.get("flash_log")}
+            "on_disk": on_disk, "flash": stats.get("flash_log"), "stop_seconds": fs.stop_seconds,
+            "stop_killed": fs.stop_killed, "log": fs.log}
+
+
+def differences(run):
+    """What a failed content check prints: how the daemon ended, each file that differs (its
+    lengths, where it starts to differ), then the tail of the daemon's log."""
+    out = [f"unmount to exit {run['stop_seconds']:.1f} s, killed: {run['stop_killed']}"]
+    for name, want in run["files"].items():
+        got = run["on_disk"].get(name)
+        if got != want:
+            at = next((i for i, (a, b) in enumerate(zip(got or b"", want)) if a != b), min(len(got or b""), len(want)))
+            out.append(f"{name}: want {len(want)} bytes, got {None if got is None else len(got)}, first difference "
+                       f"at {at}: want {want[at:at + 40]!r} got {None if got is None else got[at:at + 40]!r}")
+    try:
+        with open(run["log"], errors="replace") as f:
+            out += ["log: " + line for line in f.read().splitlines()[-25:]]
+    except OSError:
+        pass
+    return "\n".join(out)
 
 
 def main():
@@ -102,7 +121,8 @@ def main():
     t.check(with_log["saves"] >= 3 and with_log["spin_transitions"] == 0,
             f"{with_log['saves']} fsync'd saves with the flash log: 0 disk mode changes", with_log)
     t.check(with_log["seen"] == with_log["files"], "every save reads back through the mount")
-    t.check(with_log["on_disk"] == with_log["files"], "after unmount every save is on the disk")
+    t.check(with_log["on_disk"] == with_log["files"], "after unmount every save is on the disk",
+            differences(with_log))
     without = run(work, seconds, [], t, "plain")
     t.check(without is not None and without["spin_transitions"] > 0,
             f"without the log the same saves change the disk's mode {without and without['spin_transitions']} times",
@@ -115,7 +135,8 @@ def main():
     print(f"# editing {seconds:.0f} s, ipaq-2004: {with_log['saves']} saves with the flash log -> "
           f"{with_log['spin_transitions']} disk mode changes (log {fl.get('used')} of {fl.get('capacity')} bytes, "
           f"{fl.get('appends')} appends); without it {without and without['saves']} saves -> "
-          f"{without and without['spin_transitions']} disk mode changes", flush=True)
+          f"{without and without['spin_transitions']} disk mode changes; unmount to exit {with_log['stop_seconds']:.1f} s "
+          f"with the log", flush=True)
     t.done()
 
 

@@ -806,6 +806,10 @@ def build_dir():
     return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
 
+# Seconds Ghostfs.stop() waits for the daemon's exit after its unmount before killing it.
+STOP_WAIT = 30
+
+
 class Ghostfs:
     def __init__(self, mnt, cache, origins, args=(), control=None):
         self.mnt = mnt
@@ -815,6 +819,12 @@ class Ghostfs:
         self.control = control
         self.proc = None
         self.log = os.path.join(tempdir("ghost-log-"), "ghostfs.log")
+        # stop(): seconds from the unmount to the daemon's exit, and whether it had to be
+        # killed (it did not exit within STOP_WAIT s: what it had not flushed yet is not on the
+        # disk, though what its flash log holds is replayed at the next mount).
+        self.stop_seconds = None
+        self.stop_killed = False
+        self.exit_code = None
 
     def command(self):
         """The daemon's command line (in the foreground)."""
@@ -845,13 +855,34 @@ class Ghostfs:
     def stop(self):
         if self.proc is None:
             return
+        t0 = time.monotonic()
         if os.path.ismount(self.mnt):
             subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
         try:
-            self.proc.wait(10)
+            # 30 s: the unmount's flush of the write queue and the flash log ends with a sync of
+            # the whole file system, seconds on a busy machine. With 10 s, flash_edit's check
+            # "after unmount every save is on the disk" failed once in CI (a kill at 10 s is the
+            # likeliest cause; not confirmed: that run printed neither the exit nor the log).
+            self.proc.wait(STOP_WAIT)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            self.stop_killed = True
+        self.stop_seconds = time.monotonic() - t0
+        self.exit_code = self.proc.returncode
+        if self.stop_killed or self.exit_code != 0:
+            # meson's report shows stderr only: a daemon that died at its unmount (a sanitizer's
+            # abort, a crash) or did not finish its flush in time is seen there.
+            how = f"did not exit within {STOP_WAIT} s of its unmount and was killed" if self.stop_killed else \
+                f"exited with status {self.exit_code} at its unmount"
+            print(f"# ghostfs ({self.mnt}) {how}; the tail of its log {self.log}:", file=sys.stderr)
+            try:
+                with open(self.log, errors="replace") as f:
+                    for line in f.read().splitlines()[-30:]:
+                        print(f"#   {line}", file=sys.stderr)
+            except OSError:
+                pass
+            sys.stderr.flush()
         if is_mounted(self.mnt):  # dead (the daemon was killed) or still busy
             subprocess.run(["umount", "-l", self.mnt], stderr=subprocess.DEVNULL)
         self.proc = None
