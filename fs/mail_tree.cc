@@ -1244,10 +1244,27 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
         step(Status::Ok());
       });
     };
-    return FindAppended(*mo->client, std::make_shared<const std::string>(op.body), op.internaldate, in_mailbox,
-                        [this, mo, what, validity, appended, append, result](Result<std::uint32_t> uid) {
+    auto body = std::make_shared<const std::string>(op.body);
+    // Not in its mailbox: another client may have moved it on since (a MOVE or COPY keeps the
+    // bytes and the INTERNALDATE); found in another mailbox, it is not appended again.
+    auto elsewhere = [this, mo, what, wire, body, date = op.internaldate, appended, append, result] {
+      FindAppendedElsewhere(*mo, wire, body, date, [this, mo, what, wire, appended, append, result](
+                                                      Result<std::string> box) {
+        if (!box.ok()) return result(box.status());
+        if (box->empty()) return append();
+        ++appends_found_;
+        std::fprintf(stderr,
+                     "ghostfs: %s: IMAP %s was on the server already, moved on to %s by another client (the "
+                     "answer to the last try was lost): not sent again; changes queued for it in %s are dropped\n",
+                     mo->name.c_str(), what.c_str(), box->c_str(), wire.c_str());
+        appended(0, 0);  // done, and its UID in `wire` is none
+        result(Status::Ok());
+      });
+    };
+    return FindAppended(*mo->client, body, op.internaldate, in_mailbox,
+                        [this, mo, what, validity, appended, elsewhere, result](Result<std::uint32_t> uid) {
                           if (!uid.ok()) return result(uid.status());
-                          if (*uid == 0) return append();
+                          if (*uid == 0) return elsewhere();
                           ++appends_found_;
                           std::fprintf(stderr,
                                        "ghostfs: %s: IMAP %s was on the server already (UID %u; the answer "
@@ -1273,6 +1290,22 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
     if (!v.ok()) return result(v.status());
     if (*v != copy.uidvalidity) return Resync(*mo, copy, *v, result, done);
     SendToUid(*mo, copy, result);
+  });
+}
+
+void MailTree::FindAppendedElsewhere(MailOrigin& mo, const std::string& wire, std::shared_ptr<const std::string> body,
+                                     std::int64_t internaldate, std::function<void(Result<std::string>)> done) {
+  WithMailboxes(mo, [this, &mo, wire, body, internaldate, done = std::move(done)](Status s) {
+    if (!s.ok()) return done(s);
+    std::vector<std::string> others;
+    for (const auto& [folder, box] : mo.boxes) {
+      bool same = box.wire == wire || (IsInbox(box.wire) && IsInbox(wire));
+      if (!box.gone && !same) others.push_back(box.wire);
+    }
+    SelectMailbox select = [this, &mo](const std::string& other, std::function<void(Status)> step) {
+      Selected(mo, other, [step](Result<std::uint32_t> v) { step(v.ok() ? Status::Ok() : v.status()); });
+    };
+    FindAppendedIn(*mo.client, body, internaldate, std::move(others), std::move(select), done);
   });
 }
 

@@ -130,6 +130,10 @@ class MailTree final : public Tree {
   std::string BodyKey(const MailOrigin& mo, const std::string& wire, std::uint32_t uidvalidity,
                       std::uint32_t uid) const;
   void Send(const ImapOp& op, std::function<void(SendOutcome)> done);
+  // An APPEND in doubt (maybe_applied) to `wire` that FindAppended did not find there: looks in
+  // the origin's other mailboxes (FindAppendedIn). `done` as FindAppendedIn's.
+  void FindAppendedElsewhere(MailOrigin& mo, const std::string& wire, std::shared_ptr<const std::string> body,
+                             std::int64_t internaldate, std::function<void(Result<std::string>)> done);
   void SendToUid(MailOrigin& mo, const ImapOp& op, std::function<void(Status)> result);
   // op.mailbox's UIDVALIDITY is now `uidvalidity_now`, not op.uidvalidity: find the message
   // again or keep the change elsewhere (the rule is at the definition).

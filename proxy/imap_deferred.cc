@@ -242,11 +242,47 @@ void ImapDeferred::Send(const ImapOp& op, std::function<void(SendOutcome)> done)
         step(Status::Ok());
       });
     };
-    return FindAppended(*c, std::make_shared<const std::string>(op.body), op.internaldate, in_mailbox,
-                        [this, alive, op, u, append, result](Result<std::uint32_t> uid) {
+    auto body = std::make_shared<const std::string>(op.body);
+    // Not in its mailbox: another client may have moved it on since; looked for in the others.
+    auto elsewhere = [this, alive, op, u, c, body, append, result] {
+      c->List("", "*", [this, alive, op, u, c, body, append, result](Result<std::vector<MailboxInfo>> list) {
+        if (alive.expired()) return;
+        if (!list.ok()) return result(list.status());
+        std::vector<std::string> others;
+        for (const MailboxInfo& m : *list) {
+          if (m.name != op.mailbox && !m.HasAttribute("\\Noselect") && !m.HasAttribute("\\NonExistent")) {
+            others.push_back(m.name);
+          }
+        }
+        SelectMailbox select = [alive, u, c](const std::string& wire, std::function<void(Status)> step) {
+          c->Select(wire, [alive, u, wire, step](Result<MailboxStatus> st) {
+            if (alive.expired()) return;
+            if (!st.ok()) return step(st.status());
+            u->mailbox = wire;
+            u->uidvalidity = st->uidvalidity;
+            step(Status::Ok());
+          });
+        };
+        FindAppendedIn(*c, body, op.internaldate, std::move(others), std::move(select),
+                       [this, alive, op, append, result](Result<std::string> box) {
+                         if (alive.expired()) return;
+                         if (!box.ok()) return result(box.status());
+                         if (box->empty()) return append();
+                         ++stats_.appends_found;
+                         std::fprintf(stderr,
+                                      "ghostproxy: imap: the deferred APPEND to %s for %s was on the server "
+                                      "already, moved on to %s by another client (the answer to the last try "
+                                      "was lost): not sent again\n",
+                                      op.mailbox.c_str(), op.origin.c_str(), box->c_str());
+                         result(Status::Ok());
+                       });
+      });
+    };
+    return FindAppended(*c, body, op.internaldate, in_mailbox,
+                        [this, alive, op, u, elsewhere, result](Result<std::uint32_t> uid) {
                           if (alive.expired()) return;
                           if (!uid.ok()) return result(uid.status());
-                          if (*uid == 0) return append();
+                          if (*uid == 0) return elsewhere();
                           ++stats_.appends_found;
                           std::fprintf(stderr,
                                        "ghostproxy: imap: the deferred APPEND to %s for %s was on the server "

@@ -117,4 +117,30 @@ void FindAppended(ImapClient& client, std::shared_ptr<const std::string> body, s
   });
 }
 
+void FindAppendedIn(ImapClient& client, std::shared_ptr<const std::string> body, std::int64_t internaldate,
+                    std::vector<std::string> mailboxes, SelectMailbox select,
+                    std::function<void(Result<std::string>)> done) {
+  // Without the APPEND's INTERNALDATE an older copy (a reader's COPY) is not told from ours.
+  if (!internaldate) return done(std::string());
+  // One mailbox at a time; the first that holds the message ends the search. Each search's
+  // callback holds the chain (`self`) while its mailbox is asked; the chain holds only a weak
+  // reference to itself.
+  using Step = std::function<void(std::size_t)>;
+  auto boxes = std::make_shared<const std::vector<std::string>>(std::move(mailboxes));
+  auto next = std::make_shared<Step>();
+  *next = [&client, body, internaldate, boxes, select = std::move(select), done = std::move(done),
+           weak = std::weak_ptr<Step>(next)](std::size_t i) {
+    if (i == boxes->size()) return done(std::string());
+    const std::string& wire = (*boxes)[i];
+    InMailbox in_mailbox = [select, wire](std::function<void(Status)> step) { select(wire, std::move(step)); };
+    FindAppended(client, body, internaldate, std::move(in_mailbox),
+                 [done, wire, i, self = weak.lock()](Result<std::uint32_t> uid) {
+                   if (!uid.ok()) return done(uid.status());
+                   if (*uid != 0) return done(wire);
+                   (*self)(i + 1);
+                 });
+  };
+  (*next)(0);
+}
+
 }  // namespace ghost

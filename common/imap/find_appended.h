@@ -17,8 +17,10 @@
 //
 // What this cannot tell apart: the same bytes delivered twice in the same second into the same
 // mailbox, while the first copy's APPEND was the one in doubt. The second is then taken for the
-// first, and one copy is on the server instead of two. A message another client moved or
-// expunged between our lost answer and the search is appended again.
+// first, and one copy is on the server instead of two. A message another client moved on
+// between our lost answer and the search is looked for in the other mailboxes the same way
+// (ghostfs's MailTree::FindAppendedElsewhere; a MOVE or COPY keeps the bytes and the
+// INTERNALDATE); one another client expunged is appended again.
 #ifndef GHOST_COMMON_IMAP_FIND_APPENDED_H_
 #define GHOST_COMMON_IMAP_FIND_APPENDED_H_
 
@@ -27,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/base/status.h"
 #include "common/imap/imap_client.h"
@@ -48,6 +51,18 @@ inline constexpr int kMaxCompared = 8;
 // when the server could not be asked (the caller keeps the APPEND queued).
 void FindAppended(ImapClient& client, std::shared_ptr<const std::string> body, std::int64_t internaldate,
                   InMailbox in_mailbox, std::function<void(Result<std::uint32_t>)> done);
+
+// An APPEND in doubt that FindAppended did not find in its own mailbox: another client may
+// have moved it on since (MOVE and COPY keep the bytes and the INTERNALDATE). Looks for it the
+// same way in each of `mailboxes` in turn (`select(wire, step)` makes `wire` the client's
+// selected mailbox, then runs `step`). `done` gets the wire name of the first that holds it, ""
+// when none does or when the APPEND set no INTERNALDATE (then an older copy of the same bytes,
+// which another client copied there, could not be told from ours: not searched, the message is
+// appended again, a duplicate, never a loss), or the error that kept the server from being asked.
+using SelectMailbox = std::function<void(const std::string& wire, std::function<void(Status)> step)>;
+void FindAppendedIn(ImapClient& client, std::shared_ptr<const std::string> body, std::int64_t internaldate,
+                    std::vector<std::string> mailboxes, SelectMailbox select,
+                    std::function<void(Result<std::string>)> done);
 
 }  // namespace ghost
 

@@ -5,8 +5,12 @@ between dovecot's OK and the journal's ack (5 of 18 loaded runs). Here the lost 
 on purpose: the server is stopped, a message is delivered into the Maildir view (its APPEND is
 journaled and queued), ghostfs is killed, and the same bytes with the same INTERNALDATE are
 APPENDed to the server by hand, as the lost try would have. After the remount the server must
-hold one copy, not two; a message the server does not have is still appended once. Three
-rounds: with a Message-ID, without one (found by INTERNALDATE), and not on the server.
+hold one copy, not two; a message the server does not have is still appended once. Five
+rounds: with a Message-ID, without one (found by INTERNALDATE), not on the server; moved on
+(the lost try's copy is in Archive, where another client moved it before the remount: found
+there, not appended again; ghostfs_mail_random found ['Trash', 'Trash'] once under load); and
+an older copy elsewhere (the same bytes in Archive with another INTERNALDATE: not taken for the
+lost try, the message is appended).
 Skipped without root, /dev/fuse or dovecot."""
 import imaplib
 import json
@@ -17,7 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLANNED = 6
+PLANNED = 9
 
 
 def message(tag, with_id):
@@ -28,9 +32,9 @@ def message(tag, with_id):
     return (head + "Date: Mon, 1 Jan 2024 10:00:00 +0000\r\n\r\n" + body).encode()
 
 
-def copies(dc, data):
+def copies(dc, data, box="INBOX"):
     c = dc.login()
-    c.select("INBOX", readonly=True)
+    c.select(box, readonly=True)
     typ, d = c.uid("SEARCH", None, "ALL")
     n = 0
     for uid in d[0].split():
@@ -56,8 +60,15 @@ def main():
     os.makedirs(mnt)
     args = ["--password-file", f"mail={dc.password_file()}"]
     inbox = os.path.join(mnt, "mail")
-    rounds = [("with-id", True, True), ("no-id", False, True), ("not-there", True, False)]
-    for label, with_id, on_server in rounds:
+    c = dc.login()
+    c.create("Archive")
+    c.logout()
+    # (label, with a Message-ID, the lost try's copy: in INBOX, moved on to Archive, none; an
+    # older copy with another INTERNALDATE in Archive)
+    rounds = [("with-id", True, "INBOX", False), ("no-id", False, "INBOX", False), ("not-there", True, None, False),
+              ("moved", True, "Archive", False), ("older-copy", True, None, True)]
+    for label, with_id, lost_copy, older_copy in rounds:
+        on_server = lost_copy is not None
         fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
         if not fs.start():
             t.check(False, f"{label}: ghostfs mounts", fs.output()[-1500:])
@@ -74,10 +85,12 @@ def main():
         date = int(os.stat(dest).st_mtime)  # the APPEND's INTERNALDATE
         fs.kill9()
         dc.start()
-        if on_server:  # what the lost try did
-            c = dc.login()
-            typ, _ = c.append("INBOX", None, imaplib.Time2Internaldate(date), data)
-            c.logout()
+        c = dc.login()
+        if on_server:  # what the lost try did (and, for "moved", another client after it)
+            typ, _ = c.append(lost_copy, None, imaplib.Time2Internaldate(date), data)
+        if older_copy:  # the same bytes, delivered an hour earlier
+            typ, _ = c.append("Archive", None, imaplib.Time2Internaldate(date - 3600), data)
+        c.logout()
         fs = h.Ghostfs(mnt, cache, {"mail": dc.url()}, args=args, control=ctl)
         if not fs.start():
             t.check(False, f"{label}: ghostfs mounts again", fs.output()[-1500:])
@@ -85,11 +98,17 @@ def main():
             t.done()
         drained = h.wait_for(lambda: imap_stats(ctl).get("queued") == 0, 30)
         st = imap_stats(ctl)
-        n = copies(dc, data)
-        t.check(drained and n == 1,
-                f"{label}: after the replay the server holds the message once"
-                + (" (the APPEND in doubt found there)" if on_server else " (appended)"),
-                f"drained={drained} copies={n} stats={st}\n{fs.output()[-1500:]}")
+        n, elsewhere = copies(dc, data), copies(dc, data, "Archive")
+        if older_copy:
+            t.check(drained and n == 1 and elsewhere == 1 and not st.get("appends_found"),
+                    f"{label}: a copy with another INTERNALDATE in another mailbox is not taken for the lost try: "
+                    "the message is appended, the copy left alone",
+                    f"drained={drained} INBOX={n} Archive={elsewhere} stats={st}\n{fs.output()[-1500:]}")
+        else:
+            t.check(drained and n + elsewhere == 1,
+                    f"{label}: after the replay the server holds the message once"
+                    + (" (the APPEND in doubt found in " + lost_copy + ")" if on_server else " (appended)"),
+                    f"drained={drained} INBOX={n} Archive={elsewhere} stats={st}\n{fs.output()[-1500:]}")
         if on_server:
             t.check(st.get("appends_found") == 1, f"{label}: ghostctl stats counts it (imap.appends_found)", st)
         fs.stop()

@@ -662,6 +662,68 @@ TEST_F(ImapClientFakeServerTest, FindAppendedWithoutMessageIdSearchesByDateAndFe
   EXPECT_EQ(lines[3], "UID FETCH 6 (UID BODY.PEEK[])");
 }
 
+// An APPEND in doubt not found in its own mailbox (FindAppendedIn): the other mailboxes are
+// searched in turn, each selected first, and the first that holds the same bytes with the same
+// INTERNALDATE is the answer; without the APPEND's date nothing is asked (an older copy could
+// not be told from ours).
+TEST_F(ImapClientFakeServerTest, FindAppendedInLooksInEachMailboxUntilOneHoldsTheMessage) {
+  const std::int64_t when = 1'700'000'000;  // 14-Nov-2023 22:13:20 +0000
+  const std::string body = "From: a@b\nMessage-ID: <m1@ghost.test>\nSubject: moved\n\nbytes\n";
+  std::vector<std::string> lines;
+  std::vector<std::string> selected;
+  {
+    FakeServer server([&lines](FakeServer::Conn& c) {
+      c.GreetAndLogin();
+      std::string line;
+      std::string tag = c.ReadTag(&line);  // Work: no such Message-ID
+      lines.push_back(line.substr(line.find(' ') + 1));
+      c.Send("* SEARCH\r\n" + tag + " OK Search completed.\r\n");
+      tag = c.ReadTag(&line);  // Archive: UID 9
+      lines.push_back(line.substr(line.find(' ') + 1));
+      c.Send("* SEARCH 9\r\n" + tag + " OK Search completed.\r\n");
+      tag = c.ReadTag(&line);
+      lines.push_back(line.substr(line.find(' ') + 1));
+      c.Send("* 1 FETCH (UID 9 FLAGS () RFC822.SIZE 60 INTERNALDATE \"14-Nov-2023 22:13:20 +0000\")\r\n" + tag +
+             " OK Fetch completed.\r\n");
+      tag = c.ReadTag(&line);
+      lines.push_back(line.substr(line.find(' ') + 1));
+      const std::string got = "From: a@b\r\nMessage-ID: <m1@ghost.test>\r\nSubject: moved\r\n\r\nbytes\r\n";
+      c.Send("* 1 FETCH (UID 9 BODY[] {" + std::to_string(got.size()) + "}\r\n" + got + ")\r\n" + tag +
+             " OK Fetch completed.\r\n");
+      c.WaitForClose();
+    });
+    ASSERT_TRUE(Connect(server).ok());
+    SelectMailbox select = [&selected](const std::string& wire, std::function<void(Status)> step) {
+      selected.push_back(wire);
+      step(Status::Ok());
+    };
+    Result<std::string> found = Await<std::string>(base_, [&](ImapClient::ResultCallback<std::string> cb) {
+      FindAppendedIn(Client(), std::make_shared<const std::string>(body), when, {"Work", "Archive", "Trash"},
+                     select, std::move(cb));
+    });
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    EXPECT_EQ(*found, "Archive");
+    // Without the date: nothing is asked, nothing found.
+    Result<std::string> undated = Await<std::string>(base_, [&](ImapClient::ResultCallback<std::string> cb) {
+      FindAppendedIn(Client(), std::make_shared<const std::string>(body), 0, {"Work", "Archive"}, select,
+                     std::move(cb));
+    });
+    ASSERT_TRUE(undated.ok()) << undated.status().ToString();
+    EXPECT_EQ(*undated, "");
+    client_.reset();
+  }
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_EQ(lines[0], "UID SEARCH HEADER Message-ID \"<m1@ghost.test>\"");
+  EXPECT_EQ(lines[1], "UID SEARCH HEADER Message-ID \"<m1@ghost.test>\"");
+  EXPECT_EQ(lines[2], "UID FETCH 9 (UID FLAGS RFC822.SIZE INTERNALDATE)");
+  EXPECT_EQ(lines[3], "UID FETCH 9 (UID BODY.PEEK[])");
+  // Selected before each command of its search; never Trash, after the one that held it.
+  ASSERT_FALSE(selected.empty());
+  EXPECT_EQ(selected.front(), "Work");
+  EXPECT_EQ(selected.back(), "Archive");
+  EXPECT_EQ(std::count(selected.begin(), selected.end(), "Trash"), 0);
+}
+
 TEST_F(ImapClientFakeServerTest, NoAndBadFailOnlyTheirCommand) {
   FakeServer server([](FakeServer::Conn& c) {
     c.GreetAndLogin();
