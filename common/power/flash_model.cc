@@ -53,6 +53,7 @@ FlashModel::FlashModel(const DeviceProfile& device, CleaningPolicy policy, Bytes
   owner_.assign(blocks_, -1);
   live_.assign(segments, 0);
   erase_counts_.assign(segments, 0);
+  wear_.assign(segments, 0);
   ready_at_.assign(segments, TimePoint{});
   // No chip size (or one past the device): the whole device is one chip.
   chip_segments_ = geometry_.erase_chip > 0
@@ -187,6 +188,19 @@ TimePoint FlashModel::busy_until() const {
 std::int64_t FlashModel::Victim() const {
   // The idle cleaner's victim under way is finished first, whoever cleans it.
   if (cleaning_ >= 0) return cleaning_;
+  if (WearCleaningNext()) {
+    // Wear levelling (clean_wear_shuffle): the segment erased least over the card's life, live
+    // data and all; among equals the last one, as the FTL driver's scan keeps.
+    std::int64_t worn_least = -1;
+    for (std::size_t s = 0; s < live_.size(); ++s) {
+      if (static_cast<std::int64_t>(s) == active_) continue;
+      if (std::find(erased_.begin(), erased_.end(), s) != erased_.end()) continue;
+      if (worn_least < 0 || wear_[s] <= wear_[static_cast<std::size_t>(worn_least)]) {
+        worn_least = static_cast<std::int64_t>(s);
+      }
+    }
+    return worn_least;
+  }
   // Greedy: the fewest live blocks. Among equals, asynchronously, the one whose erasure holds
   // up the writer least (a chip does not program while it erases): not on the active segment's
   // chip, then not on the chip of the erased segment the writer opens next (on demand the
@@ -291,6 +305,7 @@ void FlashModel::CleanWhileIdle(TimePoint arrival, FlashCost* cost) {
       const std::int64_t v = Victim();
       if (v < 0) break;
       cleaning_ = v;
+      if (WearCleaningNext()) ++stats_.wear_cleanings;
       ++stats_.cleanings;
     }
     const std::size_t victim = static_cast<std::size_t>(cleaning_);
@@ -405,6 +420,7 @@ void FlashModel::Clean(TimePoint* t, FlashCost* cost, bool wait_erase, bool defe
   if (victim == cleaning_) {
     cleaning_ = -1;  // the idle cleaner's victim under way: counted when it was started
   } else {
+    if (WearCleaningNext()) ++stats_.wear_cleanings;
     ++stats_.cleanings;
   }
   Bytes moved = 0;
@@ -438,6 +454,7 @@ void FlashModel::Erase(std::size_t victim, TimePoint t, FlashCost* cost, bool de
   }
   cost->energy += geometry_.erase_power * geometry_.erase_time;
   ++erase_counts_[victim];
+  ++wear_[victim];
   stats_.max_segment_erasures = std::max(stats_.max_segment_erasures, erase_counts_[victim]);
   ++stats_.erasures;
   erased_.insert(erased_.begin(), static_cast<std::uint64_t>(victim));

@@ -49,6 +49,12 @@
 //     segment's): the erasure is held back until the writer leaves that chip or the card has
 //     been idle for clean_idle_ms, and starts then (at once if the writer needs that segment).
 //     Erase is background work the host starts, and the chip programs only when idle.
+// Wear levelling (the profile's clean_wear_shuffle N, round 16): every Nth cleaning takes as
+// victim the segment erased least over the card's life (the preload and warm-up included), live
+// data and all, instead of the greedy one: the PCMCIA Flash Translation Layer driver's choice
+// (Linux drivers/mtd/ftl.c reclaim_block: "usually pick the data unit with the most deleted
+// blocks", and one reclamation in shuffle_freq = 50 the least-erased unit, which moves static
+// data so that its segment takes its share of erasures). Without the key the cleaner is greedy.
 // As utilisation (live bytes / capacity) grows, victims hold more live data: each cleaning
 // copies more and frees less, so energy, time and erasures per byte written grow.
 //
@@ -91,6 +97,8 @@ struct FlashStats {
   Bytes written = 0;  // by the user
   std::uint64_t cleanings = 0;
   std::uint32_t max_segment_erasures = 0;
+  // Cleanings whose victim was the least-worn segment (clean_wear_shuffle, round 16).
+  std::uint64_t wear_cleanings = 0;
   // Idle-time cleaner (clean_idle_ms): block copies it made, requests that waited for one in
   // progress, and writes that waited for the rest of a cleaning holding the reserve.
   std::uint64_t idle_block_copies = 0;
@@ -142,6 +150,8 @@ class FlashModel {
   double utilisation() const;
   const FlashStats& stats() const { return stats_; }
   const std::vector<std::uint32_t>& erase_counts() const { return erase_counts_; }
+  // Erasures per segment over the card's life: not reset by StartMeasuring.
+  const std::vector<std::uint32_t>& wear() const { return wear_; }
   bool has_cleaning() const { return segment_blocks_ > 0; }
 
   void AssertInvariants() const;
@@ -161,8 +171,13 @@ class FlashModel {
   // `defer`: the erasure may be held back while the writer programs the victim's chip (Erase).
   void Clean(TimePoint* t, FlashCost* cost, bool wait_erase, bool defer = false);
   Duration TransferTime(Bytes size, bool write) const;
-  // The segment greedy cleaning picks: the fewest live blocks, not active, not erased; -1 if none.
+  // The segment the next cleaning picks: greedy, the fewest live blocks, not active, not erased
+  // (every clean_wear_shuffle-th cleaning: the least-worn such segment); -1 if none.
   std::int64_t Victim() const;
+  bool WearCleaningNext() const {
+    return geometry_.clean_wear_shuffle > 0 &&
+           (stats_.cleanings + 1) % geometry_.clean_wear_shuffle == 0;
+  }
   // The index in erased_ of the segment a writer or the cleaner's copies take next.
   std::size_t NextErased() const;
   // When `segment` can be programmed: its erasure over and its chip erasing nothing else.
@@ -211,6 +226,7 @@ class FlashModel {
   std::vector<std::int64_t> owner_;   // physical block -> logical block, -1 if free or dead
   std::vector<std::uint32_t> live_;   // live blocks per segment
   std::vector<std::uint32_t> erase_counts_;
+  std::vector<std::uint32_t> wear_;   // erasures per segment over the card's life
   std::vector<std::uint64_t> erased_;  // erased segments
   std::int64_t active_ = -1;          // segment being written
   std::uint64_t write_point_ = 0;     // next block within the active segment

@@ -139,6 +139,13 @@ Result<DeviceProfile> DeviceFromTable(const toml::table& t, const std::string& s
   if (const double idle = f.Number("clean_idle_ms", false, -1); idle >= 0) {
     d.flash.clean_idle = Millis(idle);
   }
+  if (const double shuffle = f.Number("clean_wear_shuffle", false); shuffle != 0) {
+    if (shuffle != static_cast<double>(static_cast<std::uint32_t>(shuffle))) {
+      f.Fail(t.get("clean_wear_shuffle")->source(),
+             "\"clean_wear_shuffle\" must be a whole number (every Nth cleaning)");
+    }
+    d.flash.clean_wear_shuffle = static_cast<std::uint32_t>(shuffle);
+  }
   if (!f.status().ok()) return f.status();
 
   const toml::array* modes = t["mode"].as_array();

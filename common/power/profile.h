@@ -13,6 +13,7 @@
 #ifndef GHOST_COMMON_POWER_PROFILE_H_
 #define GHOST_COMMON_POWER_PROFILE_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,11 @@ struct FlashGeometry {
   // at most for the block copy in progress. Unset (no clean_idle_ms): the cleaner runs right
   // after each write, as before round 13.
   std::optional<Duration> clean_idle;
+  // Wear levelling in the victim choice (DESIGN §3.7, round 16): every Nth cleaning takes the
+  // segment erased least over the card's life instead of the greedy one, as the PCMCIA Flash
+  // Translation Layer driver does (Linux drivers/mtd/ftl.c reclaim_block, shuffle_freq 50).
+  // 0 (no clean_wear_shuffle): greedy every time.
+  std::uint32_t clean_wear_shuffle = 0;
 };
 
 struct DeviceProfile {

@@ -385,6 +385,11 @@ Result<FlashSimResult> SimulateFlash(const DeviceProfile& storage, const DeviceP
     r.erasures = model.stats().erasures;
     r.copied = model.stats().copied;
     r.max_segment_erasures = model.stats().max_segment_erasures;
+    if (!model.erase_counts().empty()) {
+      r.min_segment_erasures =
+          *std::min_element(model.erase_counts().begin(), model.erase_counts().end());
+    }
+    r.wear_cleanings = model.stats().wear_cleanings;
     r.final_utilisation = model.utilisation();
     r.written = model.stats().written;
     r.idle_block_copies = model.stats().idle_block_copies;
@@ -442,6 +447,8 @@ nlohmann::json ToJson(const FlashSimResult& r, const FlashSimOptions& o) {
     j["erasures"] = r.erasures;
     j["copied_bytes"] = r.copied;
     j["max_segment_erasures"] = r.max_segment_erasures;
+    j["min_segment_erasures"] = r.min_segment_erasures;
+    j["wear_cleanings"] = r.wear_cleanings;
     j["written_bytes"] = r.written;
     j["idle_block_copies"] = r.idle_block_copies;
     j["preempted_waits"] = r.preempted_waits;

@@ -94,6 +94,8 @@ struct FlashSimResult {
   std::uint64_t erasures = 0;
   Bytes copied = 0;  // live bytes the cleaner moved
   std::uint32_t max_segment_erasures = 0;
+  std::uint32_t min_segment_erasures = 0;  // the least-erased segment's, in the measured period
+  std::uint64_t wear_cleanings = 0;        // victims taken for wear levelling (round 16)
   double final_utilisation = 0;
   Bytes written = 0;  // by the trace (the measured period)
   // The idle-time cleaner (profile clean_idle_ms): block copies in idle time, requests that

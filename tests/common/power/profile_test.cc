@@ -120,6 +120,9 @@ INSTANTIATE_TEST_SUITE_P(
                    "in 0..1e9", 5},
         // The idle-time cleaner's threshold (round 13): a negative one is refused, not "unset".
         BadProfile{"kind = \"flash\"\nname = \"x\"\nclean_idle_ms = -1\n", "\"clean_idle_ms\" must be a number in 0..1e9", 3},
+        // Wear levelling every Nth cleaning (round 16): N is a whole number.
+        BadProfile{"kind = \"flash\"\nname = \"x\"\nclean_wear_shuffle = 2.5\n",
+                   "\"clean_wear_shuffle\" must be a whole number", 3},
         BadProfile{"kind = \"tape\"\nname = \"x\"\n", "kind \"tape\"", 1},
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]\n", "", 3},  // TOML syntax error
         BadProfile{"kind = \"disk\"\nname = \"x\"\n[[mode]]\nname = \"on\"\npower_mw = 1\nserves_io = true\n"
