@@ -314,12 +314,15 @@ for _var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
 
 
 def index_problems(cache):
-    """What `PRAGMA integrity_check` finds wrong in each sqlite file under `cache` ([] if none)."""
+    """What `PRAGMA integrity_check` finds wrong in each sqlite file under `cache` ([] if none);
+    a cache without one is a problem too (nothing was checked)."""
     import sqlite3
     problems = []
+    found = 0
     for dirpath, _, files in os.walk(cache):
         for n in files:
             if n.endswith(".sqlite"):
+                found += 1
                 db = sqlite3.connect(os.path.join(dirpath, n))
                 try:
                     v = db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -327,6 +330,8 @@ def index_problems(cache):
                         problems.append(f"{n}: {v}")
                 finally:
                     db.close()
+    if not found:
+        problems.append(f"no index (*.sqlite) under {cache}")
     return problems
 
 
