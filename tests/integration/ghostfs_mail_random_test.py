@@ -535,6 +535,7 @@ def main():
         t.check(not probs, f"round {r}: the index passes integrity_check", probs)
         fs = fs.again()
         if not fs.start():
+            t.check(False, f"round {r}: mounted again after a clean stop", fs.output()[-1500:])
             t.skip_rest(planned, "no mount")
             t.done()
     fs.stop()
