@@ -49,7 +49,8 @@ def main():
         """ghostfs on the same cache again; the rest of the plan (`left`) skipped if it fails."""
         again = fs.again()
         if not again.start():
-            t.skip_rest(left, f"ghostfs did not mount {when}: " + again.output()[-500:])
+            t.check(False, f"ghostfs mounts again {when}", again.output()[-2000:])
+            t.skip_rest(left, f"ghostfs did not mount {when}")
             t.done()
         return again
 

@@ -273,7 +273,8 @@ www = "{origin_url}"
     os.makedirs(mnt)
     fs = h.Ghostfs(mnt, os.path.join(work, "cache"), {"www": origin_url, "raw": raw.url()})
     if not fs.start():
-        t.skip_rest(PLAN, "not mounted: " + fs.output()[-200:])
+        t.check(False, "mounts with the good origin and the raw one", fs.output()[-2000:])
+        t.skip_rest(PLAN, "not mounted")
         return
     www = os.path.join(mnt, "www")
     before = len(nginx.log_lines())
@@ -374,7 +375,8 @@ def ownership_checks(t, work, nginx, sums):
     # Two in the foreground on one cache: the second refuses, naming the first's pid.
     first = h.Ghostfs(mnts[0], cache, {"www": nginx.url() + "pub/"})
     if not first.start():
-        t.skip_rest(PLAN, "not mounted: " + first.output()[-200:])
+        t.check(False, "mounts in the foreground on its cache", first.output()[-2000:])
+        t.skip_rest(PLAN, "not mounted")
         return
     rc, _, err = run(["--cache", cache, *origin], mnts[1])
     ok = rc == 1 and one_clear_line(err, cache, f"pid {first.proc.pid}", "--cache") and \

@@ -52,8 +52,12 @@ def main():
         cached_ok = cached_ok and all(h.read_bytes(path[n]) == d for n, d in old.items())
     stats = ctl.ok("stats")
     t.check(first and cached_ok, "the first and the cached reads return the origin's bytes")
-    t.check(stats["fuse"]["passthrough"]["opens"] >= 4 or stats["fuse"]["passthrough"]["state"] != "on",
-            "cached opens of both bodies went through passthrough", str(stats["fuse"]))
+    pt = stats["fuse"]["passthrough"]
+    if pt["state"] == "on":
+        t.check(pt["opens"] >= 4, "cached opens of both bodies went through passthrough", str(stats["fuse"]))
+    else:  # not exercised here: a skip, not a pass
+        t.skip("cached opens of both bodies went through passthrough",
+               f"FUSE passthrough is not on with this kernel (state {pt['state']})")
 
     changed_at = time.time()
     for name, data in new.items():

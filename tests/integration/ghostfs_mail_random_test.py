@@ -497,8 +497,13 @@ def main():
             if not t.check(fs.start(), f"round {r}: mounted again after a SIGKILL in the middle of the round", fs.output()[-1500:]):
                 t.skip_rest(planned, "no mount")
                 t.done()
-        else:
-            t.check(True, f"round {r}: no kill this round")
+        else:  # the same daemon ran the whole round: its mount is still there and answers
+            try:
+                answers = os.path.ismount(mnt) and bool(os.listdir(os.path.join(mnt, "mail")))
+            except OSError as e:
+                answers = e
+            t.check(answers is True, f"round {r}: no kill this round; the daemon's mount is still there and lists mail/",
+                    f"{answers}\n{fs.output()[-1500:]}")
         t0 = time.time()
         try:
             s = ghostctl(ctl, "sync", timeout=40)
@@ -530,6 +535,7 @@ def main():
         t.check(not probs, f"round {r}: the index passes integrity_check", probs)
         fs = fs.again()
         if not fs.start():
+            t.check(False, f"round {r}: mounted again after a clean stop", fs.output()[-1500:])
             t.skip_rest(planned, "no mount")
             t.done()
     fs.stop()

@@ -314,12 +314,15 @@ for _var in ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"):
 
 
 def index_problems(cache):
-    """What `PRAGMA integrity_check` finds wrong in each sqlite file under `cache` ([] if none)."""
+    """What `PRAGMA integrity_check` finds wrong in each sqlite file under `cache` ([] if none);
+    a cache without one is a problem too (nothing was checked)."""
     import sqlite3
     problems = []
+    found = 0
     for dirpath, _, files in os.walk(cache):
         for n in files:
             if n.endswith(".sqlite"):
+                found += 1
                 db = sqlite3.connect(os.path.join(dirpath, n))
                 try:
                     v = db.execute("PRAGMA integrity_check").fetchone()[0]
@@ -327,6 +330,8 @@ def index_problems(cache):
                         problems.append(f"{n}: {v}")
                 finally:
                     db.close()
+    if not found:
+        problems.append(f"no index (*.sqlite) under {cache}")
     return problems
 
 
@@ -1039,9 +1044,9 @@ def mount_origin(t, plan, work, origin, args=(), check=None, control=True):
     """ghostfs mounted at WORK/mnt on the cache WORK/cache, with `origin` as www/ (a URL) or
     each name of `origin` (a dict name -> URL), the extra command line `args`, and its control
     socket at WORK/control.sock (control=False: none). With `check`, the mount is the TAP check
-    of that name (the daemon's log as its detail): a failed mount fails the test. Without, a
-    failed mount is no check. Either way the rest of the plan is skipped and the test ends when
-    it does not mount. Returns (fs, mnt, control socket or None); fs.cache is the cache."""
+    of that name (the daemon's log as its detail). Without, a failed mount is a failed check
+    "ghostfs mounts" (our own daemon not mounting is a failure, never a skip). Either way the
+    rest of the plan is skipped and the test ends when it does not mount. Returns (fs, mnt, control socket or None); fs.cache is the cache."""
     mnt = os.path.join(work, "mnt")
     os.makedirs(mnt)
     ctl = os.path.join(work, "control.sock") if control else None
@@ -1051,8 +1056,7 @@ def mount_origin(t, plan, work, origin, args=(), check=None, control=True):
     if check is not None:
         t.check(up, check, fs.output()[-2000:])
     elif not up:
-        for line in fs.output()[-1000:].splitlines():
-            print(f"# {line}", flush=True)
+        t.check(False, "ghostfs mounts", fs.output()[-2000:])
     if not up:
         t.skip_rest(plan, "ghostfs did not mount")
         t.done()

@@ -102,7 +102,11 @@ def main():
 
     rc, text, cwork, pids = run_child(t, "forget", work)
     if "ok 1 - mounted" not in text:
-        t.skip_rest(PLAN, "the child test did not mount: " + text[-300:].replace("\n", " "))
+        if "1..0 # SKIP" in text:  # what the child needs is missing here (nginx)
+            t.skip_rest(PLAN, "the child test was skipped: " + text[-300:].replace("\n", " "))
+        else:
+            t.check(False, "the child test mounts", text[-1500:])
+            t.skip_rest(PLAN, "the child test did not mount")
         t.done()
     t.check(rc != 0 and "not ok 2 - the test left no process and no mount behind" in text,
             "a test that leaves a mount and daemons behind fails, naming them", text[-1500:])

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import harness  # noqa: E402
 import bench_shaping  # noqa: E402
 
-PLANNED = 8
+PLANNED = 7
 
 
 def main():
@@ -60,12 +60,11 @@ def main():
                                                "shci", "10.77.45", log=lambda s: print(s, flush=True),
                                                origin_cc=bench_shaping.DEFAULT_ORIGIN_CC)["rounds"][0])
     except Exception as e:  # the run itself failed: every check fails with the reason
-        for name in ("run", "identical", "per packet", "bursts", "E×D pays", "E×D goal", "auto declines",
+        for name in ("identical", "per packet", "bursts", "E×D pays", "E×D goal", "auto declines",
                      "auto not slowed"):
             tap.check(False, name, e)
         tap.done()
     row = min(rows, key=lambda x: x["ed_fixed"])
-    tap.check(True, "plain autotuned, plain fixed-window and shaped ran and were priced")
     tap.check(all(x["identical"] for x in rows),
               "all three bodies are byte-identical to the origin's file (SHA-256)", rows)
     tap.check(row["per_packet"] == 1, "the shaped download was timed per packet (capture)", row)
@@ -77,11 +76,8 @@ def main():
     # The CI goal. TAP: "ok" when met; a miss is "not ok # TODO" (a known, reported shortfall)
     # rather than a failure, because one round's ratio spreads 0.32-0.72x on this machine. An
     # "ok ... # TODO" would be an unexpected pass, which meson counts as a failure.
-    ok = row["ed_fixed"] < 0.8
-    tap.n += 1
-    print(f"{'ok' if ok else 'not ok'} {tap.n} - shaped energy×delay {row['ed_fixed']:.3f}× plain TCP "
-          f"with the same fixed window < 0.8×" + ("" if ok else " # TODO one round spreads 0.32-0.72x "
-          "here; not held reliably yet"), flush=True)
+    tap.shortfall(row["ed_fixed"] < 0.8, f"shaped energy×delay {row['ed_fixed']:.3f}× plain TCP with the same "
+                  f"fixed window < 0.8×", "one round spreads 0.32-0.72x here; not held reliably yet", row)
     try:
         a = bench_shaping.run_link(build, 60, 0, 0, 5_000_000, 1, 20, "wavelan-2.4", "auto",
                                    "shci", "10.77.45", log=lambda s: print(s, flush=True),

@@ -191,8 +191,10 @@ TEST_F(FlashLogTest, CrashAtEveryPointOfAppendKeepsEveryAcknowledgedRecordAndCut
   std::vector<std::string> datas = {"first", "second record", "third!!"};
   for (std::size_t i = 0; i < datas.size(); ++i) ASSERT_TRUE(Write("f", i * 100, datas[i]).ok());
   std::vector<LogRecordInfo> recs = log_->records();
+  ASSERT_EQ(recs.size(), datas.size());  // else the cuts below would test an empty log
   log_.reset();
   const std::string full = ReadFile(LogFile());
+  ASSERT_EQ(full.size(), recs.back().log_offset + recs.back().log_length);
   for (std::size_t len = 0; len <= full.size(); ++len) {
     WriteFile(LogFile(), full.substr(0, len));
     std::size_t whole = 0;

@@ -309,7 +309,10 @@ TEST_F(ImapQueueTest, FailsToOpenAJournalInAMissingDirectory) {
   options_.journal_path = dir_ + "/missing/journal";
   Result<std::unique_ptr<ImapQueue>> q =
       ImapQueue::Open(options_, *pm_, net_id_, [](const ImapOp&, std::function<void(SendOutcome)>) {});
-  EXPECT_FALSE(q.ok());
+  ASSERT_FALSE(q.ok());
+  // A clear error: what failed, on which file.
+  EXPECT_NE(q.status().message().find("opening the IMAP journal " + options_.journal_path), std::string::npos)
+      << q.status().ToString();
 }
 
 }  // namespace
