@@ -155,6 +155,8 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
   if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
   if (!(s = size("access_log_queue", &p.access_log_queue)).ok()) return s;
+  if (const toml::node* n = t.get("access_log_queue"); n && p.access_log_queue < 4096)
+    return bad(*n, "\"access_log_queue\" must be a size of at least 4K");
   if (!(s = size_or_zero("memory_cache", &o->memory_cache)).ok()) return s;
   if (!(s = str("log_file", &o->log_file)).ok()) return s;
   if (!(s = str("log_level", &o->log_level)).ok()) return s;
