@@ -43,7 +43,8 @@ void OnSignal(evutil_socket_t, short, void* arg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache;
+  std::string listen, mount, control, config, access_log, connect_ports, via, memory_cache,
+      access_log_queue;
   std::vector<std::string> allow;
   std::string imap_listen, imap_origin, smtp_listen, smtp_origin, smtp_outbox;
   std::string imap_journal;
@@ -84,7 +85,11 @@ int main(int argc, char** argv) {
   app.add_option(
       "--access-log", access_log,
       "append one line per request to FILE (squid's native format, result codes HIT, MISS, "
-      "NET_PREFERRED, REVALIDATED, STALE, TUNNEL)");
+      "NET_PREFERRED, REVALIDATED, STALE, TUNNEL), written by a thread of its own; SIGHUP "
+      "opens FILE again (logrotate)");
+  app.add_option("--access-log-queue", access_log_queue,
+                 "bytes of access-log lines that may wait for a slow or blocked log file (e.g. "
+                 "4M, the default); lines past it are dropped and counted (/ghost/status)");
   std::string log_file, log_level, dashboard;
   bool verbose = false;
   app.add_option("--dashboard", dashboard,
@@ -205,6 +210,12 @@ int main(int argc, char** argv) {
     if (!b.ok()) return fail("--plain-rcvbuf: " + b.status().message(), 2);
     if (*b < 4096 || *b > (64u << 20)) return fail("--plain-rcvbuf: must be between 4K and 64M", 2);
     o.proxy.shaping.plain_buffer = static_cast<int>(*b);
+  }
+  if (!access_log_queue.empty()) {
+    ghost::Result<ghost::Bytes> b = ghost::ParseSize(access_log_queue);
+    if (!b.ok()) return fail("--access-log-queue: " + b.status().message(), 2);
+    if (*b < 4096) return fail("--access-log-queue: must be at least 4K", 2);
+    o.proxy.access_log_queue = *b;
   }
   if (!memory_cache.empty()) {
     ghost::Result<ghost::Bytes> b = ghost::ParseSize(memory_cache);
@@ -354,6 +365,15 @@ int main(int argc, char** argv) {
       evsignal_new(base.get(), SIGTERM, &OnSignal, base.get()));
   evsignal_add(sigint.get(), nullptr);
   evsignal_add(sigterm.get(), nullptr);
+  // SIGHUP: the access log's path is opened again (after logrotate renamed the file).
+  std::unique_ptr<event, EventDeleter> sighup(evsignal_new(
+      base.get(), SIGHUP,
+      [](evutil_socket_t, short, void* p) {
+        static_cast<ghost::Proxy*>(p)->ReopenAccessLog();
+        ghost::Log(ghost::LogLevel::kInfo, "SIGHUP: reopening the access log");
+      },
+      proxy->get()));
+  evsignal_add(sighup.get(), nullptr);
   if (ghost::Status s = ghost::CaptureStderr(base.get()); !s.ok()) {
     ghost::Log(ghost::LogLevel::kWarn, "stderr not captured: %s", s.ToString().c_str());
   }

@@ -353,14 +353,14 @@ void Impl::LogAccess(TimePoint start, const std::string& client, ResultCode code
       line += ch == ' ' ? '_' : ch;
   }
   line += '\n';
-  std::fwrite(line.data(), 1, line.size(), access_log_.get());
+  access_log_->Append(line);  // never waits: a full queue drops the line (counted)
   if (!log_flush_pending_) {
     log_flush_pending_ = true;
     if (!log_flush_) log_flush_.reset(event_new(base, -1, 0, &Impl::OnFlushAccessLog, this));
     if (log_flush_) {
       event_active(log_flush_.get(), EV_TIMEOUT, 0);
     } else {
-      OnFlushAccessLog(-1, 0, this);  // no event: flush now
+      OnFlushAccessLog(-1, 0, this);  // no event: hand it over now
     }
   }
 }
@@ -368,7 +368,7 @@ void Impl::LogAccess(TimePoint start, const std::string& client, ResultCode code
 void Impl::OnFlushAccessLog(evutil_socket_t, short, void* arg) {
   auto* self = static_cast<Impl*>(arg);
   self->log_flush_pending_ = false;
-  if (self->access_log_) std::fflush(self->access_log_.get());
+  if (self->access_log_) self->access_log_->Submit();
 }
 
 std::string Impl::StatusJson() const {
@@ -417,6 +417,12 @@ std::string Impl::StatusJson() const {
         {"transfers_in_progress", transfers_in_progress}}},
       {"shaping", json::parse(ShapingStatusJson(options.shaping, s.shaping))},
   };
+  if (access_log_) {
+    const AccessLog::Counters c = access_log_->counters();
+    j["access_log"] = {{"lines_written", c.lines_written}, {"lines_dropped", c.lines_dropped},
+                       {"lines_failed", c.lines_failed}, {"queued_bytes", c.queued_bytes},
+                       {"reopens", c.reopens}, {"reopen_failures", c.reopen_failures}};
+  }
   return j.dump(2) + "\n";
 }
 
@@ -469,6 +475,15 @@ std::string Impl::MetricsText() const {
   metric("ghostproxy_transfers_in_progress", "gauge",
          "Origin transfers disclosed to the power manager and not yet ended.",
          {{"", transfers_in_progress}});
+  if (access_log_) {
+    const AccessLog::Counters c = access_log_->counters();
+    metric("ghostproxy_access_log_lines_total", "counter",
+           "Access-log lines by outcome: written, dropped (the writer's queue was full: the file "
+           "was slow or blocked), failed (write error).",
+           {{"{outcome=\"written\"}", c.lines_written},
+            {"{outcome=\"dropped\"}", c.lines_dropped},
+            {"{outcome=\"failed\"}", c.lines_failed}});
+  }
   out += ShapingMetricsText(s.shaping);
   if (options.extra_metrics) out += options.extra_metrics();
   return out;
@@ -488,10 +503,9 @@ Result<std::unique_ptr<Proxy>> Proxy::Start(event_base* base, Clock* clock, Cach
   auto impl = std::make_unique<proxy_internal::Impl>(base, clock, backend, options);
   proxy_internal::IgnoreSigpipeUnlessHandled();
   if (!options.access_log.empty()) {
-    std::FILE* f = std::fopen(options.access_log.c_str(), "a");
-    if (f == nullptr)
-      return Status::FromErrno(errno, "cannot open access log " + options.access_log);
-    impl->OpenAccessLog(f);
+    auto log = AccessLog::Open(options.access_log, options.access_log_queue);
+    if (!log.ok()) return log.status();
+    impl->OpenAccessLog(std::move(*log));
   }
   if (Status s = impl->Listen(); !s.ok()) return s;
   return std::unique_ptr<Proxy>(new Proxy(std::move(impl)));
@@ -502,5 +516,8 @@ const ProxyStats& Proxy::stats() const { return impl_->stats; }
 std::size_t Proxy::open_connections() const { return impl_->connections.size(); }
 std::string Proxy::StatusJson() const { return impl_->StatusJson(); }
 std::string Proxy::MetricsText() const { return impl_->MetricsText(); }
+void Proxy::ReopenAccessLog() {
+  if (impl_->access_log() != nullptr) impl_->access_log()->Reopen();
+}
 
 }  // namespace ghost

@@ -70,8 +70,11 @@ struct ProxyOptions {
   std::vector<Cidr> allow;
   // Ports CONNECT may tunnel to.
   std::vector<std::uint16_t> connect_ports = {443};
-  // Access log file, appended to; empty for none.
+  // Access log file, appended to; empty for none. Written by a thread of its own
+  // (proxy/access_log.h): at most `access_log_queue` bytes of lines wait for a slow file, the
+  // rest are dropped and counted.
   std::string access_log;
+  std::size_t access_log_queue = 4 << 20;
 
   // Request heads: start line, header bytes and count (431 / 414 past them).
   http1::Limits limits;
@@ -176,6 +179,9 @@ class Proxy {
   // The bodies of /ghost/status and /ghost/metrics.
   std::string StatusJson() const;
   std::string MetricsText() const;
+  // Opens the access log's path again once the lines logged so far are written (logrotate:
+  // rename, then SIGHUP). Does nothing without an access log.
+  void ReopenAccessLog();
 
   explicit Proxy(std::unique_ptr<proxy_internal::Impl> impl);
 

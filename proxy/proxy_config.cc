@@ -20,6 +20,7 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
                                               "allow",
                                               "connect_ports",
                                               "access_log",
+                                              "access_log_queue",
                                               "via",
                                               "max_connections",
                                               "max_connections_per_client",
@@ -153,6 +154,9 @@ Status LoadProxyConfigFile(const std::string& path, GhostproxyOptions* o) {
   if (!(s = count("max_headers", &p.limits.max_headers)).ok()) return s;
   if (!(s = count("max_idle_per_origin", &p.max_idle_per_origin)).ok()) return s;
   if (!(s = size("high_watermark", &p.high_watermark)).ok()) return s;
+  if (!(s = size("access_log_queue", &p.access_log_queue)).ok()) return s;
+  if (const toml::node* n = t.get("access_log_queue"); n && p.access_log_queue < 4096)
+    return bad(*n, "\"access_log_queue\" must be a size of at least 4K");
   if (!(s = size_or_zero("memory_cache", &o->memory_cache)).ok()) return s;
   if (!(s = str("log_file", &o->log_file)).ok()) return s;
   if (!(s = str("log_level", &o->log_level)).ok()) return s;
@@ -214,6 +218,8 @@ Status Validate(const GhostproxyOptions& o) {
     return Status::InvalidArgument("header limits must be above zero");
   }
   if (p.high_watermark == 0) return Status::InvalidArgument("high_watermark must be above zero");
+  if (p.access_log_queue < 4096)
+    return Status::InvalidArgument("access_log_queue must be at least 4K");
   return ValidateMailProxy(o.mail, o.smtp);
 }
 

@@ -9,7 +9,8 @@
 //   control = "/run/ghost/control.sock"  # that ghostfs's control socket
 //   allow = ["192.168.1.0/24"]           # clients besides the default 127.0.0.1 and ::1
 //   connect_ports = [443]                # ports CONNECT may tunnel to
-//   access_log = "/var/log/ghostproxy/access.log"
+//   access_log = "/var/log/ghostproxy/access.log"  # reopened on SIGHUP (logrotate)
+//   access_log_queue = "4M"              # lines waiting for a slow log file; past it dropped
 //   via = "laptop:3128"                  # the name in Via and loop detection
 //   max_connections = 512                # at the limit, a new connection gets 503 unless ...
 //   preempt_after = 1                    # ... one has waited this many seconds for its request

@@ -44,6 +44,7 @@
 
 #include "common/base/clock.h"
 #include "common/http/http_freshness.h"
+#include "proxy/access_log.h"
 #include "proxy/address.h"
 #include "proxy/cache_backend.h"
 #include "proxy/cache_policy.h"
@@ -207,7 +208,8 @@ class Impl {
   ~Impl();
 
   Status Listen();
-  void OpenAccessLog(std::FILE* f) { access_log_.reset(f); }
+  void OpenAccessLog(std::unique_ptr<AccessLog> log) { access_log_ = std::move(log); }
+  AccessLog* access_log() const { return access_log_.get(); }
 
   // True when host:port names this proxy (its bound address, or a loopback name when it
   // listens on loopback or on every address).
@@ -276,10 +278,10 @@ class Impl {
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
   bool accepting_ = true;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
-  std::unique_ptr<std::FILE, FileCloser> access_log_;
+  std::unique_ptr<AccessLog> access_log_;
   std::string log_line_;  // LogAccess's line, its capacity kept from one request to the next
-  // Lines are flushed once per loop turn (an active event, no timer): a busy turn's requests
-  // cost one write(2), and a line is in the file before its client has read the response.
+  // Lines go to the log's writer thread once per loop turn (an active event, no timer): a busy
+  // turn's requests cost one hand-over, and the loop never waits for the file (access_log.h).
   std::unique_ptr<event, EventDeleter> log_flush_;
   bool log_flush_pending_ = false;
   std::vector<IpAddress> local_addresses_;  // when bound to 0.0.0.0 / ::

@@ -137,8 +137,18 @@ def chromium_dom(port, url, profile):
 
 
 def access_lines(path, since=0):
-    with open(path) as f:
-        return f.read().splitlines()[since:]
+    """The access log's lines from `since` on, once it has stopped growing for 0.1 s: the
+    proxy's writer thread writes a line shortly after its client has the response
+    (proxy/access_log.h)."""
+    text, stable_since = None, time.monotonic()
+    while True:
+        with open(path) as f:
+            now = f.read()
+        if now != text:
+            text, stable_since = now, time.monotonic()
+        elif time.monotonic() - stable_since >= 0.1:
+            return text.splitlines()[since:]
+        time.sleep(0.02)
 
 
 def main():

@@ -39,6 +39,7 @@ control = "/run/g.sock"
 allow = ["192.168.1.0/24", "fd00::/8"]
 connect_ports = [443, 8443]
 access_log = "/var/log/ghost.log"
+access_log_queue = "64K"
 via = "laptop"
 max_connections = 7
 max_connections_per_client = 3
@@ -66,6 +67,7 @@ memory_cache = "16M"
   EXPECT_EQ(o.proxy.allow[1].ToString(), "fd00::/8");
   EXPECT_EQ(o.proxy.connect_ports, (std::vector<std::uint16_t>{443, 8443}));
   EXPECT_EQ(o.proxy.access_log, "/var/log/ghost.log");
+  EXPECT_EQ(o.proxy.access_log_queue, 64u << 10);
   EXPECT_EQ(o.proxy.via_name, "laptop");
   EXPECT_EQ(o.proxy.max_connections, 7u);
   EXPECT_EQ(o.proxy.max_connections_per_client, 3u);
@@ -218,6 +220,7 @@ TEST_F(ProxyConfigTest, ErrorsNameTheFileLineAndProblem) {
         Case{"request_timeout = \"soon\"", "seconds"}, Case{"high_watermark = \"lots\"", "size"},
         Case{"memory_cache = \"lots\"", "size"}, Case{"memory_cache = -1", "\"memory_cache\""},
         Case{"high_watermark = 0", "\"high_watermark\" must be above zero"},
+        Case{"access_log_queue = \"1K\"", "\"access_log_queue\" must be a size of at least 4K"},
         Case{"high_watermark = \"2X\"", "unknown suffix \"X\""},
         Case{"max_header_bytes = [1]", "\"max_header_bytes\" must be a size"},
         Case{"colour = \"blue\"", "unknown key \"colour\""}, Case{"listen = ", ""}}) {
