@@ -28,7 +28,6 @@ GHOST_PACKAGES=(
   libpcap-dev tcpdump  # proxy/arrival_tap.cc (per-packet arrivals), scripts/bench-shaping.sh captures
   isync offlineimap3  # tests/integration/ghostproxy_imap_clients_test.py: real IMAP sync clients through the proxy
   zlib1g-dev  # common/cache/cache_store.cc: the stored response heads, deflated
-  libjemalloc-dev  # meson.build malloc_dep: ghostfs's and ghostproxy's allocator (glibc's without it)
 )
 
 # The programs scripts/test.sh builds first (the live replay's: the daemons, ghostsim, the link
