@@ -1251,7 +1251,11 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
       FindAppendedElsewhere(*mo, wire, body, date, [this, mo, what, wire, appended, append, result](
                                                       Result<std::string> box) {
         if (!box.ok()) return result(box.status());
-        if (box->empty()) return append();
+        if (box->empty()) {
+          std::fprintf(stderr, "ghostfs: %s: IMAP %s may have reached the server before (the answer to the last "
+                       "try was lost) but is in none of its mailboxes: sent again\n", mo->name.c_str(), what.c_str());
+          return append();
+        }
         ++appends_found_;
         std::fprintf(stderr,
                      "ghostfs: %s: IMAP %s was on the server already, moved on to %s by another client (the "

@@ -258,6 +258,11 @@ def mount_view(mnt):
     return out
 
 
+def imap_lines(log):
+    """The daemon's lines about queued IMAP operations (kept, found, moved on, dropped, refused)."""
+    return [line for line in log.splitlines() if "IMAP" in line and "replaying" not in line]
+
+
 def server_view(dc):
     """{box: (uidvalidity, {uid: (letters, bytes)})} as dovecot holds them."""
     out = {}
@@ -529,6 +534,7 @@ def main():
         t.check(drained and not bad,
                 f"round {r}: after sync the mount and the server hold the same messages, bytes and flags; nothing lost or duplicated",
                 f"sync rc={s.returncode} {s.stdout[-300:]} {s.stderr[-300:]} drained={drained}\n" + "\n".join(bad[:25]) +
+                "\nthe daemon's IMAP lines:\n" + "\n".join(imap_lines(fs.output())[-12:]) +
                 f"\n{fs.output()[-2500:]}")
         fs.stop()
         probs = h.index_problems(cache)
