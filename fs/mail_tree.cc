@@ -1217,7 +1217,7 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done_send
   // UID: the appended file loses its line (its leaving is journaled before `done` returns).
   auto done = [this, done = std::move(done_sending)](SendOutcome outcome) {
     done(outcome);
-    if (outcome != SendOutcome::kRetryLater && !appended_lines_.empty()) PruneAppended(/*always=*/false);
+    if (outcome != SendOutcome::kRetryLater && queue_ && !appended_lines_.empty()) PruneAppended(/*always=*/false);
   };
   MailOrigin* mo = nullptr;
   for (auto& o : origins_) {

@@ -64,7 +64,9 @@ void ReplyErr(fuse_req_t req, int err, const std::string& what, const std::strin
   if (err == EIO) std::fprintf(stderr, "ghostfs: %s: %s; answered EIO\n", what.c_str(), why.c_str());
   fuse_reply_err(req, err);
 }
-void ReplyErr(fuse_req_t req, const Status& s, const std::string& what) { ReplyErr(req, s.ToErrno(), what, s.ToString()); }
+void ReplyErr(fuse_req_t req, const Status& s, const std::string& what) {
+  ReplyErr(req, s.ToErrno(), what, s.ToString());
+}
 
 const char kListingPrefix[] = "listing:";
 // A read this far beyond the bytes that have arrived gets its own range request, in pieces
@@ -859,7 +861,9 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
   // The size of the body this handle opened (it stays readable if evicted or replaced
   // meanwhile; the index describes the current version, which may be another file).
   if (!h.file.size_known()) {
-    if (int err = h.file.Stat()) return ReplyErr(req, err, "read of " + h.key, std::string("fstat of its body file: ") + std::strerror(err));
+    if (int err = h.file.Stat()) {
+      return ReplyErr(req, err, "read of " + h.key, std::string("fstat of its body file: ") + std::strerror(err));
+    }
   }
   Bytes body_size = h.file.size();
   if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
@@ -880,7 +884,8 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
   auto result = std::make_shared<Result<std::size_t>>(Status::Internal("unset"));
   auto reply = [req, buf, result, have, key = h.key, offset] {
     if (!result->ok()) {
-      return ReplyErr(req, result->status(), "read of " + key + " at " + std::to_string(offset) + " from its body file");
+      return ReplyErr(req, result->status(),
+                      "read of " + key + " at " + std::to_string(offset) + " from its body file");
     }
     fuse_reply_buf(req, buf->data(), have + **result);
   };
