@@ -70,7 +70,7 @@ Daemon::~Daemon() {
   health_.reset();
   machine_.reset();
   clock_.reset();
-  if (base_) event_base_free(base_);
+  if (base_) FreeEventBase(base_);
 }
 
 Status Daemon::LoadMachine() {

@@ -244,7 +244,6 @@ void MailTree::Start() {
   // would be dropped after a restart ("the appended message's UID is unknown").
   if (queue_) {
     std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
-    std::string kept;
     if (std::ifstream f(path); f) {
       // A whole line however long (a fixed buffer split a long mailbox or file name's line in
       // two, neither parsing: the UID was lost).
@@ -258,14 +257,10 @@ void MailTree::Start() {
         for (auto& mo : origins_) {
           if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {j.value("uidvalidity", 0u), j.value("uid", 0u)};
         }
-        kept += line + "\n";
+        appended_lines_.push_back({origin, wire, unique, line + "\n"});
       }
       f.close();
-      if (kept.empty()) {
-        ::unlink(path.c_str());
-      } else if (Status st = WriteDurably(path, kept, O_TRUNC); !st.ok()) {
-        std::fprintf(stderr, "ghostfs: %s\n", st.ToString().c_str());
-      }
+      PruneAppended(/*always=*/true);  // the lines kept above, or no file
     }
   }
   if (queue_ && !queue_->pending().empty()) {
@@ -1176,7 +1171,54 @@ Status WriteDurably(const std::string& path, std::string_view data, int flags) {
 
 }  // namespace
 
-void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
+void MailTree::PruneAppended(bool always) {
+  std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
+  std::vector<bool> waited(appended_lines_.size(), false);
+  std::size_t live_count = 0;
+  for (std::size_t i = 0; i < appended_lines_.size(); ++i) {
+    const AppendedLine& l = appended_lines_[i];
+    for (const ImapOp& op : queue_->pending()) waited[i] = waited[i] || WaitsForAppend(op, l.origin, l.wire, l.unique);
+    live_count += waited[i];
+  }
+  std::size_t stale = appended_lines_.size() - live_count;
+  // While running, rewritten once the stale lines are as many as the live ones (or none is
+  // live): each line is written O(1) times, not once per change applied.
+  if (!always && (stale == 0 || stale < live_count)) return;
+  std::vector<AppendedLine> live;
+  for (std::size_t i = 0; i < appended_lines_.size(); ++i) {
+    if (waited[i]) live.push_back(std::move(appended_lines_[i]));
+  }
+  appended_lines_ = std::move(live);
+  if (appended_lines_.empty()) {
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      std::fprintf(stderr, "ghostfs: removing %s: %s\n", path.c_str(), std::strerror(errno));
+    }
+    return;
+  }
+  std::string kept;
+  for (const AppendedLine& l : appended_lines_) kept += l.line;
+  // The new file replaces the old one by rename: a crash leaves one or the other, whole.
+  std::string tmp = path + ".tmp";
+  Status st = WriteDurably(tmp, kept, O_TRUNC);
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) st = Status::FromErrno(errno, "rename " + tmp);
+  if (st.ok()) {
+    if (int dir = ::open(ctx_.options.cache_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dir >= 0) {
+      (void)::fsync(dir);
+      ::close(dir);
+    }
+  } else {
+    ::unlink(tmp.c_str());
+    std::fprintf(stderr, "ghostfs: pruning %s: %s\n", path.c_str(), st.ToString().c_str());
+  }
+}
+
+void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done_sending) {
+  // An operation that left the queue (sent, or dropped) no longer waits for its message's
+  // UID: the appended file loses its line (its leaving is journaled before `done` returns).
+  auto done = [this, done = std::move(done_sending)](SendOutcome outcome) {
+    done(outcome);
+    if (outcome != SendOutcome::kRetryLater && queue_ && !appended_lines_.empty()) PruneAppended(/*always=*/false);
+  };
   MailOrigin* mo = nullptr;
   for (auto& o : origins_) {
     if (o && o->name == op.origin) mo = o.get();
@@ -1216,9 +1258,9 @@ void MailTree::Send(const ImapOp& op, std::function<void(SendOutcome)> done) {
         nlohmann::json j = {{"origin", mo->name}, {"mailbox", wire}, {"unique", unique},
                             {"uidvalidity", uidvalidity}, {"uid", uid}};
         std::string path = ctx_.options.cache_dir + "/imap-appended.jsonl";
-        if (Status st = WriteDurably(path, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-                                     O_APPEND);
-            !st.ok()) {
+        std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+        appended_lines_.push_back({mo->name, wire, unique, line});
+        if (Status st = WriteDurably(path, line, O_APPEND); !st.ok()) {
           std::fprintf(stderr, "ghostfs: %s: cannot keep an appended message's UID: %s\n", mo->name.c_str(),
                        st.ToString().c_str());
         }

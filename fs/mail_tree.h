@@ -140,6 +140,10 @@ class MailTree final : public Tree {
   void Resync(MailOrigin& mo, const ImapOp& op, std::uint32_t uidvalidity_now,
               std::function<void(Status)> result, std::function<void(SendOutcome)> done);
   void RecordUnapplied(const ImapOp& op, const std::string& why);
+  // Rewrites CACHE/imap-appended.jsonl without the lines no queued operation waits for any
+  // more (temp file, fsync, rename: a crash leaves the old file or the new one), or removes it
+  // once none is waited for. `always`: even when few lines are stale (at start).
+  void PruneAppended(bool always);
   void ReplyMessageEntry(fuse_req_t req, MailOrigin& mo, const std::string& path, Bytes size,
                          std::int64_t mtime);
 
@@ -154,6 +158,12 @@ class MailTree final : public Tree {
   std::uint64_t appends_found_ = 0;  // APPENDs in doubt found on the server, not sent again
   std::string trash_;           // wire name of the trash mailbox; "" = unlink expunges
   std::string unapplied_path_;  // CACHE/imap-unapplied.jsonl
+  // The lines of CACHE/imap-appended.jsonl, in the file's order: a delivered message's UID
+  // that operations queued behind its APPEND wait for (MailTree::Send, PruneAppended).
+  struct AppendedLine {
+    std::string origin, wire, unique, line;
+  };
+  std::vector<AppendedLine> appended_lines_;
 };
 
 }  // namespace ghost

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 
 #include "fs/origin_tree.h"
@@ -56,6 +57,16 @@ std::string BaseOf(const std::string& path) {
 }
 
 int ErrnoFor(const Status& s, int http_status) { return OriginErrno(s, http_status); }  // origin_health.h
+
+// Answers `req` with `err`. An EIO says in the log which path failed and why: a reader's EIO at
+// an open or a read never comes with nothing logged (evict15 saw one, once in 32 runs).
+void ReplyErr(fuse_req_t req, int err, const std::string& what, const std::string& why) {
+  if (err == EIO) std::fprintf(stderr, "ghostfs: %s: %s; answered EIO\n", what.c_str(), why.c_str());
+  fuse_reply_err(req, err);
+}
+void ReplyErr(fuse_req_t req, const Status& s, const std::string& what) {
+  ReplyErr(req, s.ToErrno(), what, s.ToString());
+}
 
 const char kListingPrefix[] = "listing:";
 // A read this far beyond the bytes that have arrived gets its own range request, in pieces
@@ -284,7 +295,7 @@ void OriginTree::Lookup(fuse_req_t req, Node* parent, const char* name_c) {
         OriginReplyProbed(req, origin, dir, std::move(e), 0);
       });
     }
-    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    if (!l.ok()) return ReplyErr(req, l.status(), "lookup of " + name + ": the listing of /" + dir);
     const DirEntry* e = FindEntry(**l, name);
     if (!e) return (void)fuse_reply_err(req, ENOENT);
     std::string path = InodeTable::Join(dir, name);
@@ -362,7 +373,7 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
         OriginReplyProbed(req, origin, dir, std::move(e), ino);
       });
     }
-    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    if (!l.ok()) return ReplyErr(req, l.status(), "getattr of " + name + ": the listing of /" + dir);
     const DirEntry* e = FindEntry(**l, name);
     if (!e) return (void)fuse_reply_err(req, ENOENT);
     struct stat st = KernelStat(ino, e->size.value_or(0), e->mtime_unix);
@@ -376,8 +387,8 @@ void OriginTree::Getattr(fuse_req_t req, Node* n) {
 void OriginTree::Opendir(fuse_req_t req, Node* n, fuse_file_info* fi) {
   if (n->kind != NodeKind::kOriginDir) return (void)fuse_reply_open(req, fi);
   fuse_file_info info = *fi;
-  WithListing(n->origin, n->path, [req, info](Result<const Listing*> l) {
-    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+  WithListing(n->origin, n->path, [req, info, dir = n->path](Result<const Listing*> l) {
+    if (!l.ok()) return ReplyErr(req, l.status(), "opendir: the listing of /" + dir);
     fuse_reply_open(req, &info);
   });
 }
@@ -387,7 +398,7 @@ void OriginTree::Readdir(fuse_req_t req, Node* n, size_t size, off_t off, fuse_f
   WithListing(n->origin, n->path, [this, req, ino, size, off, url = OriginUrl(n)](Result<const Listing*> l) {
     const std::map<std::string, Probe>* probed = nullptr;
     if (auto p = probes_.find(url); p != probes_.end()) probed = &p->second;
-    if (!l.ok()) return (void)fuse_reply_err(req, l.status().ToErrno());
+    if (!l.ok()) return ReplyErr(req, l.status(), "readdir: " + url);
     std::vector<char> buf(size);
     std::size_t used = 0;
     off_t index = 0;
@@ -478,7 +489,7 @@ void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool co
           if (node && !copy_gone) return OpenObject(req, node, &asked, /*copy_gone=*/true);
           err = ESTALE;
         }
-        return (void)fuse_reply_err(req, err);
+        return ReplyErr(req, err, "open of " + url, "the cached copy: " + file.status().ToString());
       }
       h.file = std::move(file).value();
       // The cost model chose the disk for this open: the kernel may read the body file itself
@@ -822,7 +833,8 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, h.key);
     if (!file.ok()) {
       int err = file.status().ToErrno();
-      return (void)fuse_reply_err(req, err == ENOENT ? ESTALE : err);
+      return ReplyErr(req, err == ENOENT ? ESTALE : err, "first read of " + h.key,
+                      "the copy flushed since the open: " + file.status().ToString());
     }
     h.file = std::move(file).value();
   }
@@ -849,7 +861,9 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
   // The size of the body this handle opened (it stays readable if evicted or replaced
   // meanwhile; the index describes the current version, which may be another file).
   if (!h.file.size_known()) {
-    if (int err = h.file.Stat()) return (void)fuse_reply_err(req, err);
+    if (int err = h.file.Stat()) {
+      return ReplyErr(req, err, "read of " + h.key, std::string("fstat of its body file: ") + std::strerror(err));
+    }
   }
   Bytes body_size = h.file.size();
   if (offset >= body_size) return (void)fuse_reply_buf(req, nullptr, 0);
@@ -868,8 +882,11 @@ void OriginTree::OriginRead(fuse_req_t req, Handle& h, size_t size, off_t off, s
     if (have == want) return (void)fuse_reply_buf(req, buf->data(), want);
   }
   auto result = std::make_shared<Result<std::size_t>>(Status::Internal("unset"));
-  auto reply = [req, buf, result, have] {
-    if (!result->ok()) return (void)fuse_reply_err(req, result->status().ToErrno());
+  auto reply = [req, buf, result, have, key = h.key, offset] {
+    if (!result->ok()) {
+      return ReplyErr(req, result->status(),
+                      "read of " + key + " at " + std::to_string(offset) + " from its body file");
+    }
     fuse_reply_buf(req, buf->data(), have + **result);
   };
   auto pending = std::make_shared<int>(emulated ? 2 : 1);
@@ -963,7 +980,10 @@ void OriginTree::ServeStream(Stream& st) {
       // Fell behind the window, or the fetch failed short: EIO; ESTALE when the object is gone
       // from the server (a message another client expunged after this one was opened).
       bool gone = w.offset >= st.base && st.status.code() == Status::Code::kNotFound;
-      fuse_reply_err(w.req, gone ? ESTALE : EIO);
+      ReplyErr(w.req, gone ? ESTALE : EIO, "read of " + st.key + " at " + std::to_string(w.offset),
+               w.offset < st.base ? "behind the stream's window (from " + std::to_string(st.base) +
+                                        "), and no range of this version came"
+                                  : "the fetch ended short at " + std::to_string(end) + ": " + st.status.ToString());
     } else {
       Bytes from = std::min<Bytes>(w.offset, end);
       std::size_t n = static_cast<std::size_t>(std::min<Bytes>(w.size, end - from));
@@ -1367,7 +1387,7 @@ void OriginTree::OriginProbe(int origin, const std::string& dir, const std::stri
 // Replies to a lookup (getattr_ino 0) or a getattr of file `getattr_ino` with a probed name.
 void OriginTree::OriginReplyProbed(fuse_req_t req, int origin, const std::string& dir, Result<DirEntry> e,
                                fuse_ino_t getattr_ino) {
-  if (!e.ok()) return (void)fuse_reply_err(req, e.status().ToErrno());
+  if (!e.ok()) return ReplyErr(req, e.status(), "probe of a name in /" + dir);
   std::string path = InodeTable::Join(dir, e->name);
   if (e->is_dir) {
     if (getattr_ino != 0) return (void)fuse_reply_err(req, ENOENT);  // a file became a directory

@@ -214,7 +214,12 @@ void StoreTree::Open(fuse_req_t req, Node* n, fuse_file_info* fi) {
     } else if (ctx_.store.index().Find(*key) && (version.empty() || version[0] == 'd')) {
       h.source = ReadSource::kDisk;
       Result<BodyFile> file = CacheManager::OpenBody(ctx_.store, *key);
-      if (!file.ok()) return (void)fuse_reply_err(req, file.status().ToErrno() == ENOENT ? ENOENT : EIO);
+      if (!file.ok()) {
+        if (file.status().ToErrno() == ENOENT) return (void)fuse_reply_err(req, ENOENT);
+        std::fprintf(stderr, "ghostfs: open of %s's body (.ghost/objects): %s; answered EIO\n", key->c_str(),
+                     file.status().ToString().c_str());
+        return (void)fuse_reply_err(req, EIO);
+      }
       if (!file->size_known() || (!version.empty() && file->version() != version)) {
         return (void)fuse_reply_err(req, ENOENT);
       }

@@ -304,7 +304,19 @@ class GhostfsBackend final : public CacheBackend {
     WatchKnob();
   }
 
-  ~GhostfsBackend() override { ReportServed(); }
+  ~GhostfsBackend() override {
+    ReportServed();
+    // A committed fill holds itself through its commit callback until the daemon has answered
+    // its "store" and taken the file; the control client drops that answer's callback with the
+    // backend. Break the cycle, and abandon the fill file: a fill still in flight at exit (the
+    // daemon slow or stopped) is not handed over half-written (it would be a leak otherwise).
+    for (const std::weak_ptr<FillState>& weak : fills_) {
+      if (std::shared_ptr<FillState> fill = weak.lock()) {
+        fill->commit_done = nullptr;
+        fill->Abandon();
+      }
+    }
+  }
 
   std::optional<int> DaemonKnob() const override { return knob_; }
 
@@ -471,6 +483,8 @@ class GhostfsBackend final : public CacheBackend {
   std::unique_ptr<CacheWriter> Store(const std::string& key, const StoredResponse& head) override {
     Changed(key);  // the copy in RAM is about to be replaced
     auto state = std::make_shared<FillState>();
+    std::erase_if(fills_, [](const std::weak_ptr<FillState>& f) { return f.expired(); });
+    fills_.push_back(state);
     state->base = base_;
     state->io = io_.get();
     state->backend_alive = alive_;
@@ -923,6 +937,8 @@ class GhostfsBackend final : public CacheBackend {
   std::map<std::string, std::uint64_t> served_;  // reads from RAM not yet reported, by key
   Bytes served_bytes_ = 0;
   bool report_armed_ = false;
+  // The fills handed out and not finished (expired ones are pruned at each Store).
+  std::vector<std::weak_ptr<FillState>> fills_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

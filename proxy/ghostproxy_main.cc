@@ -30,7 +30,7 @@
 namespace {
 
 struct EventBaseDeleter {
-  void operator()(event_base* b) const { event_base_free(b); }
+  void operator()(event_base* b) const { ghost::FreeEventBase(b); }
 };
 struct EventDeleter {
   void operator()(event* e) const { event_free(e); }

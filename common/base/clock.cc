@@ -4,6 +4,10 @@
 #include <event2/thread.h>
 
 #include <cassert>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ghost {
@@ -145,18 +149,66 @@ void RealClock::OnTimer(int, short, void* arg) {
   mine->fn();
 }
 
+namespace {
+
+// A RunSoon call not run yet, listed under its base until it runs or the base is freed.
+struct SoonCall {
+  std::function<void()> fn;
+  event_base* base;
+};
+struct SoonCalls {
+  std::mutex mu;
+  std::unordered_map<event_base*, std::unordered_set<SoonCall*>> pending;
+};
+SoonCalls& PendingSoonCalls() {
+  static SoonCalls calls;
+  return calls;
+}
+
+}  // namespace
+
 void RunSoon(event_base* base, std::function<void()> fn, Duration after) {
-  auto* box = new std::function<void()>(std::move(fn));
+  auto* call = new SoonCall{std::move(fn), base};
+  SoonCalls& calls = PendingSoonCalls();
+  {
+    std::lock_guard lock(calls.mu);
+    calls.pending[base].insert(call);
+  }
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(after).count();
   const timeval tv = {static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
   const int rc = event_base_once(
       base, -1, EV_TIMEOUT,
       [](evutil_socket_t, short, void* arg) {
-        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
-        (*f)();
+        std::unique_ptr<SoonCall> c(static_cast<SoonCall*>(arg));
+        {
+          SoonCalls& all = PendingSoonCalls();
+          std::lock_guard lock(all.mu);
+          all.pending[c->base].erase(c.get());
+        }
+        c->fn();
       },
-      box, us > 0 ? &tv : nullptr);
-  if (rc != 0) delete box;  // libevent could not allocate the event; nothing will run it
+      call, us > 0 ? &tv : nullptr);
+  if (rc != 0) {  // libevent could not allocate the event; nothing will run it
+    {
+      std::lock_guard lock(calls.mu);
+      calls.pending[base].erase(call);
+    }
+    delete call;
+  }
+}
+
+void FreeEventBase(event_base* base) {
+  event_base_free(base);
+  std::unordered_set<SoonCall*> dropped;
+  {
+    SoonCalls& calls = PendingSoonCalls();
+    std::lock_guard lock(calls.mu);
+    if (auto it = calls.pending.find(base); it != calls.pending.end()) {
+      dropped = std::move(it->second);
+      calls.pending.erase(it);
+    }
+  }
+  for (SoonCall* c : dropped) delete c;  // outside the lock: their captures' destructors may call RunSoon
 }
 
 event_base* MakeEventBase() {

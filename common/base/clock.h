@@ -123,8 +123,12 @@ event_base* MakeEventBase();
 // Runs `fn` once on `base`'s loop: on its next turn, or `after` from now. Never inside the
 // call, so a callback handed to an asynchronous API never runs before that API returns.
 // `fn` must guard its own captures (a weak token) if their owner can go first; a call still
-// pending when the base is freed is dropped without running.
+// pending when the base is freed (FreeEventBase) is dropped without running.
 void RunSoon(event_base* base, std::function<void()> fn, Duration after = Duration::zero());
+
+// event_base_free(base), and the RunSoon calls still pending on it are destroyed, not run
+// (libevent frees its one-shot events but not what they carry: a leak at exit otherwise).
+void FreeEventBase(event_base* base);
 
 }  // namespace ghost
 

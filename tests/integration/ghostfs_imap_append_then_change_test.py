@@ -7,7 +7,9 @@ to and was dropped ("the appended message's UID is unknown"): ghostfs_mail_rando
 (seed 4242, a kill round). The moment is made on purpose with a relay between ghostfs and
 dovecot: connections refused while the delivery and a flag rename are queued, then passed on
 until the server's OK to the APPEND, after which the relay holds everything, and ghostfs is
-killed. After the remount the server must hold the message once, with the flag.
+killed. After the remount the server must hold the message once, with the flag; and once the
+change is applied, its line leaves imap-appended.jsonl while ghostfs runs (before, only the next
+start pruned the file, which grew one line per delivered-then-changed message).
 Skipped without root, /dev/fuse or dovecot."""
 import os
 import re
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLANNED = 7
+PLANNED = 10
 MESSAGE = (b"From: a@example.org\r\nTo: b@example.org\r\nSubject: delivered-then-flagged\r\n"
            b"Message-ID: <delivered-then-flagged@ghost.test>\r\n\r\nbody\r\n")
 
@@ -29,12 +31,14 @@ MESSAGE = (b"From: a@example.org\r\nTo: b@example.org\r\nSubject: delivered-then
 class Relay:
     """127.0.0.1:port -> dovecot. mode: "pass", "refuse" (accept and close at once), or
     "hold-after-append" (pass until the server's tagged OK [APPENDUID ...] went to the client,
-    then pass nothing more either way; `appended` is set)."""
+    then pass nothing more either way; `appended` is set), or "hold-after-store" (the same after
+    the first tagged OK to a STORE; `stored` is set)."""
 
     def __init__(self, target_port):
         self.target = target_port
         self.mode = "pass"
         self.appended = threading.Event()
+        self.stored = threading.Event()
         self.held = False
         self.open = []  # every socket of the connections relayed
         self.sock = socket.socket()
@@ -79,6 +83,11 @@ class Relay:
                 if re.search(rb"\r\n\S+ OK \[APPENDUID ", b"\r\n" + buf):
                     self.held = True
                     self.appended.set()
+            if from_server and self.mode == "hold-after-store":
+                buf = (buf + data)[-4096:]
+                if re.search(rb"\r\n\S+ OK Store completed", b"\r\n" + buf):
+                    self.held = True
+                    self.stored.set()
 
     def drop_all(self):
         """Refuses new connections and ends the open ones (ghostfs sees its connection close)."""
@@ -127,6 +136,8 @@ def main():
             "the APPEND reached the server before the kill, the flag change did not",
             (appended, len(on_server), fs.output()[-1500:]))
 
+    appended_file = os.path.join(fs.cache, "imap-appended.jsonl")
+    kept_line = os.path.exists(appended_file) and "delivered" in open(appended_file).read()
     relay.held = False
     relay.mode = "pass"
     fs = fs.again()
@@ -142,6 +153,51 @@ def main():
             "the flag change queued behind the APPEND reached the server (not dropped after the kill)",
             (msgs, fs.output()[-2000:]))
     t.check("UID is unknown" not in fs.output(), "no operation was dropped for an unknown UID", fs.output()[-2000:])
+    # The change is applied: its line leaves imap-appended.jsonl while ghostfs runs (before,
+    # only the next start pruned it, so the file grew one line per delivered-then-changed
+    # message). The file is replaced by rename: no temporary file is left either.
+    appended_file = os.path.join(fs.cache, "imap-appended.jsonl")
+    left = open(appended_file).read() if os.path.exists(appended_file) else ""
+    t.check(kept_line and "delivered" not in left and not os.path.exists(appended_file + ".tmp"),
+            "once the change is applied, its UID's line is pruned from imap-appended.jsonl while running",
+            (kept_line, left, os.listdir(fs.cache)))
+
+    # Two deliveries and their flag changes, queued APPEND a, APPEND b, STORE a, STORE b; killed
+    # once STORE a went through: the running prune has rewritten the file with b's line only,
+    # and b's change, still queued, finds its UID after the remount.
+    relay.drop_all()
+    for name in ("second-a.host", "second-b.host"):
+        with open(os.path.join(inbox, "tmp", name), "wb") as f:
+            f.write(MESSAGE.replace(b"delivered-then-flagged", name.encode()))
+        os.rename(os.path.join(inbox, "tmp", name), os.path.join(inbox, "new", name))
+    for name in ("second-a.host", "second-b.host"):
+        os.rename(os.path.join(inbox, "new", name), os.path.join(inbox, "cur", name + ":2,F"))
+    queued = h.ghostctl_json(ctl, "stats").get("imap", {}).get("queued")
+    relay.held = False
+    relay.mode = "hold-after-store"
+    sync = subprocess.Popen([os.path.join(h.build_dir(), "fs", "ghostctl"), "--control", ctl, "sync"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stored = relay.stored.wait(30)
+    time.sleep(1.5)  # the ack is journaled, the file pruned, and STORE b sent (into the relay)
+    fs.kill9()
+    sync.kill()
+    sync.wait()
+    left = open(appended_file).read() if os.path.exists(appended_file) else ""
+    t.check(queued == 4 and stored and "second-b" in left and "second-a" not in left
+            and not os.path.exists(appended_file + ".tmp"),
+            "killed after the first change was applied: imap-appended.jsonl holds the second's line only",
+            (queued, stored, left))
+    relay.held = False
+    relay.mode = "pass"
+    fs = fs.again()
+    fs.start()
+    h.ghostctl(ctl, "sync", timeout=60)
+    wait_for(lambda: h.ghostctl_json(ctl, "stats").get("imap", {}).get("queued") == 0, 30)
+    flagged = {n: [f for f, b in dc.messages() if n.encode() in b] for n in ("second-a", "second-b")}
+    t.check(all(len(v) == 1 and "\\Flagged" in v[0] for v in flagged.values()) and "UID is unknown" not in fs.output()
+            and not os.path.exists(appended_file),
+            "after the remount both changes are on the server, no UID lost, and the file is gone",
+            (flagged, fs.output()[-1500:]))
     fs.stop()
     t.done()
 

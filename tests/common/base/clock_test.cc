@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -124,6 +125,39 @@ TEST(RealClockTest, TimerScheduledFromAnotherThreadWakesTheLoop) {
     event_free(keepalive);
   }
   event_base_free(base);
+}
+
+TEST(RunSoonTest, RunsOnTheLoopNotInsideTheCall) {
+  event_base* base = MakeEventBase();
+  int ran = 0;
+  RunSoon(base, [&] { ++ran; });
+  EXPECT_EQ(ran, 0);
+  event_base_loop(base, EVLOOP_NONBLOCK);
+  EXPECT_EQ(ran, 1);
+  FreeEventBase(base);
+}
+
+// A call still pending when its base is freed is destroyed, not run and not leaked (libevent
+// frees its one-shot event, not what RunSoon gave it: ghostproxy's SMTP worker posted one after
+// the loop had stopped, a LeakSanitizer report at exit).
+TEST(RunSoonTest, PendingCallsAreDroppedWithTheirBase) {
+  event_base* base = MakeEventBase();
+  auto token = std::make_shared<int>(0);
+  bool ran = false;
+  RunSoon(base, [&ran, token] { ran = true; });
+  RunSoon(base, [&ran, token] { ran = true; }, Seconds(3600));
+  EXPECT_EQ(token.use_count(), 3);
+  FreeEventBase(base);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(token.use_count(), 1);  // both captures destroyed
+  // Another base's calls are its own.
+  event_base* other = MakeEventBase();
+  RunSoon(other, [token] {});
+  event_base* third = MakeEventBase();
+  FreeEventBase(third);
+  EXPECT_EQ(token.use_count(), 2);
+  FreeEventBase(other);
+  EXPECT_EQ(token.use_count(), 1);
 }
 
 }  // namespace
