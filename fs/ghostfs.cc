@@ -242,6 +242,9 @@ Status Daemon::OpenFlashLog() {
   FlashLogOptions fo;
   fo.dir = spec->dir;
   fo.capacity = spec->capacity;
+  // A small log (ParseFlashLogSpec takes 64K) gets a smaller DRAM buffer, so that several of
+  // its largest records fit: FlashLog::Open refuses a buffer larger than the log.
+  fo.buffer = std::min<Bytes>(fo.buffer, fo.capacity / 4);
   fo.policy = ParseLogFlushPolicy(options_.flash_policy).value_or(LogFlushPolicy::kWhenFull);
   fo.algorithm = static_cast<FlushAlgorithm>(options_.flash_alg);
   RecoveryReport report;

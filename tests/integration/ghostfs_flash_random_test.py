@@ -160,6 +160,12 @@ class Writer:
             return
         elif r < 0.74:  # mkdir / rmdir of the subdirectory
             d = f"{self.top}/d"
+            if d in self.dirs and rng.random() < 0.4:
+                # Away and back: two logged renames of a directory holding files with logged bytes.
+                os.rename(self.path(d), self.path(d + ".away"))
+                os.rename(self.path(d + ".away"), self.path(d))
+                self.count("rename-dir")
+                return
             if d in self.dirs:
                 inside = [k for k in self.files if k.startswith(d + "/")]
                 for k in inside:  # empty it first (unlinks of logged files)
