@@ -183,25 +183,13 @@ def main():
                         return  # the daemon is gone
                     in_flight[:] = []
                     continue
-                if old and op >= 0.75:  # truncate down or up, then fsync
-                    size = crng.randrange(len(old) + 20_000)
-                    new = old[:size].ljust(size, b"\0")
-                    in_flight[:] = [(rel, old, new)]
-                    try:
-                        fd = os.open(os.path.join(local, rel), os.O_WRONLY)
-                        try:
-                            os.ftruncate(fd, size)
-                            os.fsync(fd)
-                        finally:
-                            os.close(fd)
-                    except OSError:
-                        return  # the daemon is gone
-                    acked[rel] = new
-                    in_flight[:] = []
+                chunk = None
+                if old and op >= 0.75:  # truncate down or up (to `off`)
+                    off = crng.randrange(len(old) + 20_000)
+                    new = old[:off].ljust(off, b"\0")
+                    flags = 0
                     truncates += 1
-                    fsyncs += 1
-                    continue
-                if op < 0.35 or not old:  # rewrite whole
+                elif op < 0.35 or not old:  # rewrite whole
                     new = crng.randbytes(crng.randrange(1, 40_000))
                     flags, off, chunk = os.O_TRUNC, 0, new
                 elif op < 0.6:  # overwrite in place
@@ -217,7 +205,10 @@ def main():
                 try:
                     fd = os.open(os.path.join(local, rel), os.O_WRONLY | os.O_CREAT | flags, 0o644)
                     try:
-                        os.pwrite(fd, chunk, off)
+                        if chunk is None:
+                            os.ftruncate(fd, off)
+                        else:
+                            os.pwrite(fd, chunk, off)
                         os.fsync(fd)
                     finally:
                         os.close(fd)
@@ -226,7 +217,7 @@ def main():
                 acked[rel] = new
                 gone.discard(rel)
                 in_flight[:] = []
-                acked_bytes += len(chunk)
+                acked_bytes += len(chunk or b"")
                 fsyncs += 1
                 n += 1
 
