@@ -176,6 +176,36 @@ Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   return spec;
 }
 
+Status CheckLeftFlashLog(const std::string& cache_dir, const std::string& flash_dir) {
+  char buf[PATH_MAX];
+  ssize_t n = getxattr(cache_dir.c_str(), kFlashLogDirXattr, buf, sizeof buf);
+  if (n <= 0) return Status::Ok();  // never used with a log, or left clean (or no xattrs here)
+  const std::string recorded(buf, static_cast<std::size_t>(n));
+  if (!flash_dir.empty()) {
+    char real[PATH_MAX];
+    if (realpath(flash_dir.c_str(), real) != nullptr && recorded == real) return Status::Ok();
+  }
+  struct stat st;
+  const std::string log = recorded + "/flash.log";
+  if (stat(log.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return Status::FromErrno(errno, "stat " + log + ", the flash log the cache " + cache_dir + " was last used with");
+    }
+    std::fprintf(stderr, "ghostfs: the cache %s was last used with the flash log %s, which is gone: whatever it held "
+                 "that the disk lacked is lost\n", cache_dir.c_str(), log.c_str());
+    removexattr(cache_dir.c_str(), kFlashLogDirXattr);
+    return Status::Ok();
+  }
+  if (st.st_size == 0) {  // it holds nothing
+    removexattr(cache_dir.c_str(), kFlashLogDirXattr);
+    return Status::Ok();
+  }
+  return Status::Unavailable("the cache " + cache_dir + " was last used with the flash log " + recorded +
+                             " and the daemon did not end cleanly: the log holds " + std::to_string(st.st_size) +
+                             " bytes of records the disk may lack; mount once with --flash-log " + recorded +
+                             " to replay them (or delete " + log + " to drop them)");
+}
+
 namespace {
 
 constexpr char kFillPathPrefix[] = "fill:";
@@ -441,6 +471,10 @@ LocalFlashLog::LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Dev
 
 LocalFlashLog::~LocalFlashLog() {
   if (spin_up_ != 0) pm_.Unsubscribe(spin_up_);
+  // Ending with every record on the disk: a mount without this log may follow.
+  if (log_ && log_->empty() && !log_->flushing() && !cache_dir_.empty()) {
+    removexattr(cache_dir_.c_str(), kFlashLogDirXattr);
+  }
   log_.reset();  // before the target it borrows
 }
 
@@ -487,9 +521,19 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
     return Status::InvalidArgument("--flash-log needs file handles on the file system of " + local_dir +
                                    " (" + probe.status().message() + ")");
   }
+  if (Status s = CheckLeftFlashLog(std::filesystem::path(real).parent_path().string(), options.dir); !s.ok()) {
+    return s;
+  }
   Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, self->io_, *self->target_, report);
   if (!log.ok()) return log.status();
   self->log_ = std::move(log).value();
+  // The cache names this log until the daemon ends with it empty (kFlashLogDirXattr).
+  self->cache_dir_ = std::filesystem::path(real).parent_path().string();
+  if (char dir[PATH_MAX]; realpath(options.dir.c_str(), dir) == nullptr ||
+                          setxattr(self->cache_dir_.c_str(), kFlashLogDirXattr, dir, std::strlen(dir), 0) != 0) {
+    std::fprintf(stderr, "ghostfs: flash log: cannot mark the cache %s with %s (%s): a mount without the log after "
+                 "a crash will not be refused\n", self->cache_dir_.c_str(), kFlashLogDirXattr, std::strerror(errno));
+  }
   // Serials go on from the marker and from what the log holds (it may hold changes the backing
   // tree lost, with serials past the marker: replay applies them and new ones come after).
   self->meta_serial_ = self->target_->applied();

@@ -107,6 +107,18 @@ inline constexpr char kDiskFaultEnv[] = "GHOST_TEST_DISK_FAULT";
 // The xattr of the backing local/ root holding the serial of the last logged metadata change
 // applied to it (the file comment).
 inline constexpr char kMetaSerialXattr[] = "trusted.ghost.flash_meta_serial";
+// The xattr of the cache directory (the parent of local/) naming, while a flash log is in use
+// for it, that log's directory (resolved). Set when the log is opened; removed when the daemon
+// ends with the log empty (every record on the disk). Left after a crash, it makes a mount
+// without that log refuse (CheckLeftFlashLog): the log may hold fsync'd bytes the disk lacks,
+// and replaying it after the disk's files changed without it would put older bytes over newer.
+inline constexpr char kFlashLogDirXattr[] = "trusted.ghost.flash_log_dir";
+// At a mount of the cache `cache_dir` with the flash log `flash_dir` (empty: none): an error
+// naming the log and what to do when the cache was last used with another log that still holds
+// records. A recorded log whose flash.log is gone or empty holds nothing: its mark is removed
+// (a note on stderr when it is gone) and the mount goes on.
+[[nodiscard]] Status CheckLeftFlashLog(const std::string& cache_dir, const std::string& flash_dir);
+
 // What one metadata change costs the disk when the log's flush makes it durable: a directory
 // block or an inode (one 4 KiB block).
 inline constexpr Bytes kMetaRecordBytes = 4096;
@@ -299,6 +311,7 @@ class LocalFlashLog {
   SubscriptionId spin_up_ = 0;
   std::function<void(const FlushReport&)> listener_;
   std::string root_path_;                     // the local/ backing directory, resolved
+  std::string cache_dir_;                     // its parent: holds kFlashLogDirXattr
   std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
   std::uint64_t fill_serial_ = 0;             // the last N of a "fill:N:KEY" path
   std::uint64_t fills_logged_ = 0;            // fills spilled to the log

@@ -236,7 +236,8 @@ TreeContext Daemon::Context() {
 }
 
 Status Daemon::OpenFlashLog() {
-  if (options_.flash_log.empty()) return Status::Ok();
+  // Without a log: refused if the cache was left by a crash with one that holds records.
+  if (options_.flash_log.empty()) return CheckLeftFlashLog(options_.cache_dir, "");
   Result<FlashLogSpec> spec = ParseFlashLogSpec(options_.flash_log);
   if (!spec.ok()) return spec.status();
   FlashLogOptions fo;

@@ -13,7 +13,9 @@ fsync returned is there under the file's current name, and no name that a return
 rename removed has come back (a logged record of an unlinked or replaced file must not revive
 it or land on the file now holding the name). Nothing that was never written may appear: the
 file of an operation the kill interrupted holds its state before or after it, or (a write) bytes
-that are each the old file's, the new one's or zero; that state is then what later cycles expect.
+that are each the old file's, the new one's or zero; that state is then what later cycles
+expect. At the end, a kill leaves an fsync'd file only in the log: a mount without the log is
+refused, naming it (kFlashLogDirXattr, fs/flash_local.h).
 
 Names go through the log too (creates, renames, unlinks while the disk sleeps are metadata
 records, fs/flash_local.h): in every cycle the emulated disk changes mode only when the log
@@ -119,7 +121,7 @@ def main():
     cache = os.path.join(work, "cache")
     flash = os.path.join(work, "flash")
     ctl = os.path.join(work, "control.sock")
-    plan = cycles + 4
+    plan = cycles + 5
     woken = []  # cycles whose disk changed mode with no full flush of the log
     meta_logged = 0
     t = h.Tap(plan)
@@ -274,6 +276,31 @@ def main():
     t.check(not woken and meta_logged > 0 and renames + unlinks > 0,
             f"in the cycles nothing woke it, the sleeping disk changed mode only for full-log flushes: creates, {renames} renames and {unlinks} "
             f"unlinks went to the log ({meta_logged} metadata records)", woken)
+    # A kill with an fsync'd file only in the log, then a mount without the log: refused, naming
+    # the log (it would show the file without those bytes, and replaying the log after writes
+    # made without it puts its older bytes over theirs: seen on e5b4cf5, "BBBBBBBB" then read
+    # "AAAABBBB").
+    fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=["--profile", "ipaq-2004", "--knob", "0",
+                                                      "--flash-log", flash + ":256K"])
+    refused, said = None, ""
+    if fs.start(timeout=60):
+        resolve(os.path.join(mnt, "local"), doubt, acked, gone, cycles, mixed, never_written)
+        h.wait_for(lambda: disk_mode(ctl) == "standby", 10)
+        probe = b"only in the flash log " * 100
+        with open(os.path.join(mnt, "local", "probe"), "wb") as f:
+            f.write(probe)
+            f.flush()
+            os.fsync(f.fileno())
+        acked["probe"] = probe
+        fs.kill9()
+        without = h.Ghostfs(mnt, cache, {})
+        refused = not without.start(timeout=60)
+        with open(without.log, errors="replace") as f:
+            said = f.read()
+        without.stop()
+        refused = refused and f"--flash-log {os.path.realpath(flash)}" in said
+    t.check(refused, "after a kill with records in the log, a mount without the log is refused and names it",
+            said[-600:])
     fs = h.Ghostfs(mnt, cache, {}, args=["--flash-log", flash + ":256K"])
     ok = fs.start(timeout=20)
     if ok:
