@@ -488,6 +488,16 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
     return Status::IoError("cannot create the flash log directory " + options.dir + ": " + ec.message() +
                            "; give --flash-log a writable directory on the flash device");
   }
+  // One daemon per log: two would append over each other's records at their own tails, and
+  // one's flush cut the other's (two mounts sharing a directory lost both files' fsync'd bytes).
+  // A lock that cannot be made (a read-only directory) is left to FlashLog::Open to report.
+  std::optional<PidLock> dir_lock;
+  if (Result<PidLock> lock = PidLock::Acquire(options.dir + "/lock"); lock.ok()) {
+    dir_lock.emplace(std::move(lock).value());
+  } else if (lock.status().code() == Status::Code::kExists) {
+    return Status::Exists("flash log directory " + options.dir + " is in use by another ghostfs (" +
+                          lock.status().message() + "); give each ghostfs its own --flash-log directory");
+  }
   std::filesystem::create_directories(local_dir, ec);
   UniqueFd root(open(local_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::FromErrno(errno, "open " + local_dir);
@@ -499,6 +509,7 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
                  "exists\n", kDiskFaultEnv, fault_file);
   }
   std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(faulty ? *faulty : io, pm, disk_id, disk));
+  self->dir_lock_ = std::move(dir_lock);
   if (faulty) {
     LocalFlashLog* raw = self.get();
     faulty->FailWhen(

@@ -94,6 +94,7 @@
 #include <vector>
 
 #include "common/base/file_io.h"
+#include "common/base/pid_lock.h"
 #include "common/base/status.h"
 #include "common/cache/flash_log.h"
 #include "common/power/device.h"
@@ -171,9 +172,11 @@ class LocalFlashLog {
  public:
   // Opens and recovers the log in options.dir (created if missing) for the local/ tree stored
   // in `local_dir`; subscribes to `disk_id` entering its high-power mode. Borrows `io`, `pm`
-  // and `disk` (the emulated disk of `disk_id`): they must outlive this. Fails with a message
-  // naming the directory (missing and not creatable, read-only, unreadable log) or when the
-  // local/ file system has no file handles.
+  // and `disk` (the emulated disk of `disk_id`): they must outlive this. Holds options.dir/lock
+  // (PidLock) while it lives. Fails with a message naming the directory (missing and not
+  // creatable, read-only, unreadable log, in use by another daemon), when the cache was left
+  // with another log that holds records (CheckLeftFlashLog) or when the local/ file system has
+  // no file handles.
   static Result<std::unique_ptr<LocalFlashLog>> Open(const FlashLogOptions& options, FileIo& io,
                                                      const std::string& local_dir,
                                                      PowerManager& pm, DeviceId disk_id,
@@ -312,6 +315,7 @@ class LocalFlashLog {
   std::function<void(const FlushReport&)> listener_;
   std::string root_path_;                     // the local/ backing directory, resolved
   std::string cache_dir_;                     // its parent: holds kFlashLogDirXattr
+  std::optional<PidLock> dir_lock_;           // DIR/lock: one daemon per log (Open)
   std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
   std::uint64_t fill_serial_ = 0;             // the last N of a "fill:N:KEY" path
   std::uint64_t fills_logged_ = 0;            // fills spilled to the log

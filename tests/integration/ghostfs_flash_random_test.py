@@ -33,7 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 9
+PLAN = 10
 NAMES = 6  # file names per writer directory (and as many in its subdirectory)
 
 
@@ -345,6 +345,15 @@ def main():
         t.skip_rest(PLAN, "not mounted")
         t.done()
     local = os.path.join(mnt, "local")
+    # A second daemon (another cache) given the same log directory: refused (on cd5857e both
+    # mounted, appended over each other's records, and both files' fsync'd bytes were lost).
+    os.makedirs(os.path.join(work, "mnt2"))
+    second = h.Ghostfs(os.path.join(work, "mnt2"), os.path.join(work, "cache2"), {}, args=args)
+    started = second.start(timeout=60)
+    said = log_tail(second)
+    second.stop()
+    t.check(not started and "in use by another ghostfs" in said and flash in said,
+            "a second ghostfs given the same --flash-log directory is refused, naming it", said)
     h.wait_for(lambda: [d for d in ctl_json(ctl, "devices") if d["kind"] == "disk"][0]["mode"] == "standby", 15)
     writers = [Writer(i, local, random.Random(rng.randrange(1 << 30))) for i in range(a.threads)]
     stop = threading.Event()
