@@ -273,6 +273,12 @@ class LocalFlashLog {
   // StatsJson ("device_bytes_written", "device_bytes_read") are kept with or without one.
   void SetFlashDevice(Device* flash) { flash_ = flash; }
 
+  // Writes this process's pid into the log directory's lock: call after a fork in the process
+  // that keeps it (as the cache directory's lock), so a refused second daemon names the live one.
+  void RecordLockPid() {
+    if (dir_lock_) (void)dir_lock_->RecordPid();
+  }
+
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
 

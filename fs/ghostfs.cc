@@ -822,6 +822,7 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  if (!options_.foreground && flash_) flash_->RecordLockPid();
   // After Daemonize: a thread does not survive the fork.
   notifier_ = std::make_unique<InvalNotifier>(se_);
   passthrough_->SetNotifier(notifier_.get());
