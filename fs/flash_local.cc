@@ -538,12 +538,12 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, self->io_, *self->target_, report);
   if (!log.ok()) return log.status();
   self->log_ = std::move(log).value();
-  // The cache names this log until the daemon ends with it empty (kFlashLogDirXattr).
   self->cache_dir_ = std::filesystem::path(real).parent_path().string();
-  if (char dir[PATH_MAX]; realpath(options.dir.c_str(), dir) == nullptr ||
-                          setxattr(self->cache_dir_.c_str(), kFlashLogDirXattr, dir, std::strlen(dir), 0) != 0) {
-    std::fprintf(stderr, "ghostfs: flash log: cannot mark the cache %s with %s (%s): a mount without the log after "
-                 "a crash will not be refused\n", self->cache_dir_.c_str(), kFlashLogDirXattr, std::strerror(errno));
+  for (const LogRecordInfo& r : self->log_->records()) {
+    if (r.kind == LogRecordKind::kLocalWrite || (r.kind == LogRecordKind::kMeta && r.op != MetaOp::kFill)) {
+      self->MarkCache();  // it recovered local/ records
+      break;
+    }
   }
   // Serials go on from the marker and from what the log holds (it may hold changes the backing
   // tree lost, with serials past the marker: replay applies them and new ones come after).
@@ -560,6 +560,17 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   int high = disk.profile().HighPowerMode();
   self->spin_up_ = pm.Subscribe(disk_id, high, [raw](DeviceId, int) { raw->log_->OnDiskSpinUp(); });
   return self;
+}
+
+void LocalFlashLog::MarkCache() {
+  if (cache_marked_) return;
+  cache_marked_ = true;
+  char dir[PATH_MAX];
+  if (realpath(log_->options().dir.c_str(), dir) == nullptr ||
+      setxattr(cache_dir_.c_str(), kFlashLogDirXattr, dir, std::strlen(dir), 0) != 0) {
+    std::fprintf(stderr, "ghostfs: flash log: cannot mark the cache %s with %s (%s): a mount without the log after "
+                 "a crash will not be refused\n", cache_dir_.c_str(), kFlashLogDirXattr, std::strerror(errno));
+  }
 }
 
 Result<std::string> LocalFlashLog::PathOf(int fd) const {
@@ -638,6 +649,7 @@ Status LocalFlashLog::ReadFill(const std::string& path, Bytes offset, std::span<
 void LocalFlashLog::AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  MarkCache();
   // The bytes stay here until the append is durable: if it fails they go to the disk instead
   // (a write acknowledged into the queue is never dropped because the log could not take it).
   auto bytes = std::make_shared<const std::string>(std::move(data));
@@ -684,6 +696,7 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
 void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  MarkCache();
   std::string p = *path;
   log_->AppendMeta(MetaOp::kTruncate, std::move(path).value(), size, "",
                    [this, p = std::move(p), size, done = std::move(done)](Result<std::uint64_t> r) {
@@ -729,6 +742,7 @@ Result<std::string> LocalFlashLog::RelPath(int dir_fd, const std::string& name) 
 
 void LocalFlashLog::AppendMeta(MetaOp op, const std::string& path, int fd, Bytes mode, const std::string& new_path,
                                std::function<void(Status)> done) {
+  MarkCache();
   LocalMetaArgs args;
   meta_serial_ = std::max(meta_serial_, target_->applied()) + 1;
   args.serial = meta_serial_;

@@ -108,9 +108,10 @@ inline constexpr char kDiskFaultEnv[] = "GHOST_TEST_DISK_FAULT";
 // The xattr of the backing local/ root holding the serial of the last logged metadata change
 // applied to it (the file comment).
 inline constexpr char kMetaSerialXattr[] = "trusted.ghost.flash_meta_serial";
-// The xattr of the cache directory (the parent of local/) naming, while a flash log is in use
-// for it, that log's directory (resolved). Set when the log is opened; removed when the daemon
-// ends with the log empty (every record on the disk). Left after a crash, it makes a mount
+// The xattr of the cache directory (the parent of local/) naming, while a flash log holds (or
+// held) records of local/, that log's directory (resolved). Set when the log first takes or
+// recovers a local/ record (not for spilled fills: the origin has those); removed when the
+// daemon ends with the log empty (every record on the disk). Left after a crash, it makes a mount
 // without that log refuse (CheckLeftFlashLog): the log may hold fsync'd bytes the disk lacks,
 // and replaying it after the disk's files changed without it would put older bytes over newer.
 inline constexpr char kFlashLogDirXattr[] = "trusted.ghost.flash_log_dir";
@@ -302,6 +303,8 @@ class LocalFlashLog {
   // The record path of the file `fd`: "fh:TYPE:HEX" of its file handle.
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
+  // Sets kFlashLogDirXattr on the cache directory (once per run).
+  void MarkCache();
   // `bytes` of I/O on the log's device: counted, and submitted to it if there is one.
   void ChargeFlash(Bytes bytes, bool write);
 
@@ -322,6 +325,7 @@ class LocalFlashLog {
   std::string root_path_;                     // the local/ backing directory, resolved
   std::string cache_dir_;                     // its parent: holds kFlashLogDirXattr
   std::optional<PidLock> dir_lock_;           // DIR/lock: one daemon per log (Open)
+  bool cache_marked_ = false;                 // MarkCache ran
   std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
   std::uint64_t fill_serial_ = 0;             // the last N of a "fill:N:KEY" path
   std::uint64_t fills_logged_ = 0;            // fills spilled to the log

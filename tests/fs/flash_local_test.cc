@@ -859,6 +859,19 @@ class LocalFlashLogFillTest : public LocalFlashLogTest {
   std::vector<LocalFlashLog::LoggedFill> applied_;
 };
 
+// Spilled fills alone do not mark the cache (the origin has them): a mount without the log after
+// a crash goes on (ghostfs_evict_random switches one cache between plain, profile and flash
+// mounts with SIGKILLs between them). A local/ write does mark it.
+TEST_F(LocalFlashLogFillTest, SpilledFillsAloneDoNotMarkTheCacheALocalWriteDoes) {
+  ASSERT_TRUE(AppendFill("http://o/x", Body(10 << 10, 'a'), "{}").ok());
+  Reopen();  // a crash: the fill is still in the log
+  EXPECT_TRUE(CheckLeftFlashLog(root_.string(), "").ok());
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "mine").ok());
+  close(fd);
+  EXPECT_FALSE(CheckLeftFlashLog(root_.string(), "").ok());
+}
+
 TEST_F(LocalFlashLogFillTest, AFillIsReadFromTheLogAndTheFlushAppliesItWhole) {
   const std::string body = Body(150 << 10, 'a');  // three records of a 64K buffer
   Result<std::string> path = AppendFill("http://o/x", body, "{\"etag\":\"e1\"}");
