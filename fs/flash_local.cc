@@ -176,6 +176,36 @@ Result<FlashLogSpec> ParseFlashLogSpec(const std::string& text) {
   return spec;
 }
 
+Status CheckLeftFlashLog(const std::string& cache_dir, const std::string& flash_dir) {
+  char buf[PATH_MAX];
+  ssize_t n = getxattr(cache_dir.c_str(), kFlashLogDirXattr, buf, sizeof buf);
+  if (n <= 0) return Status::Ok();  // never used with a log, or left clean (or no xattrs here)
+  const std::string recorded(buf, static_cast<std::size_t>(n));
+  if (!flash_dir.empty()) {
+    char real[PATH_MAX];
+    if (realpath(flash_dir.c_str(), real) != nullptr && recorded == real) return Status::Ok();
+  }
+  struct stat st;
+  const std::string log = recorded + "/flash.log";
+  if (stat(log.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      return Status::FromErrno(errno, "stat " + log + ", the flash log the cache " + cache_dir + " was last used with");
+    }
+    std::fprintf(stderr, "ghostfs: the cache %s was last used with the flash log %s, which is gone: whatever it held "
+                 "that the disk lacked is lost\n", cache_dir.c_str(), log.c_str());
+    removexattr(cache_dir.c_str(), kFlashLogDirXattr);
+    return Status::Ok();
+  }
+  if (st.st_size == 0) {  // it holds nothing
+    removexattr(cache_dir.c_str(), kFlashLogDirXattr);
+    return Status::Ok();
+  }
+  return Status::Unavailable("the cache " + cache_dir + " was last used with the flash log " + recorded +
+                             " and the daemon did not end cleanly: the log holds " + std::to_string(st.st_size) +
+                             " bytes of records the disk may lack; mount once with --flash-log " + recorded +
+                             " to replay them (or delete " + log + " to drop them)");
+}
+
 namespace {
 
 constexpr char kFillPathPrefix[] = "fill:";
@@ -441,6 +471,10 @@ LocalFlashLog::LocalFlashLog(FileIo& io, PowerManager& pm, DeviceId disk_id, Dev
 
 LocalFlashLog::~LocalFlashLog() {
   if (spin_up_ != 0) pm_.Unsubscribe(spin_up_);
+  // Ending with every record on the disk: a mount without this log may follow.
+  if (log_ && log_->empty() && !log_->flushing() && !cache_dir_.empty()) {
+    removexattr(cache_dir_.c_str(), kFlashLogDirXattr);
+  }
   log_.reset();  // before the target it borrows
 }
 
@@ -454,6 +488,16 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
     return Status::IoError("cannot create the flash log directory " + options.dir + ": " + ec.message() +
                            "; give --flash-log a writable directory on the flash device");
   }
+  // One daemon per log: two would append over each other's records at their own tails, and
+  // one's flush cut the other's (two mounts sharing a directory lost both files' fsync'd bytes).
+  // A lock that cannot be made (a read-only directory) is left to FlashLog::Open to report.
+  std::optional<PidLock> dir_lock;
+  if (Result<PidLock> lock = PidLock::Acquire(options.dir + "/lock"); lock.ok()) {
+    dir_lock.emplace(std::move(lock).value());
+  } else if (lock.status().code() == Status::Code::kExists) {
+    return Status::Exists("flash log directory " + options.dir + " is in use by another ghostfs (" +
+                          lock.status().message() + "); give each ghostfs its own --flash-log directory");
+  }
   std::filesystem::create_directories(local_dir, ec);
   UniqueFd root(open(local_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!root.valid()) return Status::FromErrno(errno, "open " + local_dir);
@@ -465,6 +509,7 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
                  "exists\n", kDiskFaultEnv, fault_file);
   }
   std::unique_ptr<LocalFlashLog> self(new LocalFlashLog(faulty ? *faulty : io, pm, disk_id, disk));
+  self->dir_lock_ = std::move(dir_lock);
   if (faulty) {
     LocalFlashLog* raw = self.get();
     faulty->FailWhen(
@@ -487,9 +532,19 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
     return Status::InvalidArgument("--flash-log needs file handles on the file system of " + local_dir +
                                    " (" + probe.status().message() + ")");
   }
+  if (Status s = CheckLeftFlashLog(std::filesystem::path(real).parent_path().string(), options.dir); !s.ok()) {
+    return s;
+  }
   Result<std::unique_ptr<FlashLog>> log = FlashLog::Open(options, self->io_, *self->target_, report);
   if (!log.ok()) return log.status();
   self->log_ = std::move(log).value();
+  self->cache_dir_ = std::filesystem::path(real).parent_path().string();
+  for (const LogRecordInfo& r : self->log_->records()) {
+    if (r.kind == LogRecordKind::kLocalWrite || (r.kind == LogRecordKind::kMeta && r.op != MetaOp::kFill)) {
+      self->MarkCache();  // it recovered local/ records
+      break;
+    }
+  }
   // Serials go on from the marker and from what the log holds (it may hold changes the backing
   // tree lost, with serials past the marker: replay applies them and new ones come after).
   self->meta_serial_ = self->target_->applied();
@@ -505,6 +560,17 @@ Result<std::unique_ptr<LocalFlashLog>> LocalFlashLog::Open(const FlashLogOptions
   int high = disk.profile().HighPowerMode();
   self->spin_up_ = pm.Subscribe(disk_id, high, [raw](DeviceId, int) { raw->log_->OnDiskSpinUp(); });
   return self;
+}
+
+void LocalFlashLog::MarkCache() {
+  if (cache_marked_) return;
+  cache_marked_ = true;
+  char dir[PATH_MAX];
+  if (realpath(log_->options().dir.c_str(), dir) == nullptr ||
+      setxattr(cache_dir_.c_str(), kFlashLogDirXattr, dir, std::strlen(dir), 0) != 0) {
+    std::fprintf(stderr, "ghostfs: flash log: cannot mark the cache %s with %s (%s): a mount without the log after "
+                 "a crash will not be refused\n", cache_dir_.c_str(), kFlashLogDirXattr, std::strerror(errno));
+  }
 }
 
 Result<std::string> LocalFlashLog::PathOf(int fd) const {
@@ -583,6 +649,7 @@ Status LocalFlashLog::ReadFill(const std::string& path, Bytes offset, std::span<
 void LocalFlashLog::AppendWrite(int fd, Bytes offset, std::string data, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  MarkCache();
   // The bytes stay here until the append is durable: if it fails they go to the disk instead
   // (a write acknowledged into the queue is never dropped because the log could not take it).
   auto bytes = std::make_shared<const std::string>(std::move(data));
@@ -629,6 +696,7 @@ void LocalFlashLog::WriteThrough(int fd, std::string path, Bytes offset, std::sh
 void LocalFlashLog::AppendTruncate(int fd, Bytes size, std::function<void(Status)> done) {
   Result<std::string> path = PathOf(fd);
   if (!path.ok()) return done(path.status());
+  MarkCache();
   std::string p = *path;
   log_->AppendMeta(MetaOp::kTruncate, std::move(path).value(), size, "",
                    [this, p = std::move(p), size, done = std::move(done)](Result<std::uint64_t> r) {
@@ -674,6 +742,7 @@ Result<std::string> LocalFlashLog::RelPath(int dir_fd, const std::string& name) 
 
 void LocalFlashLog::AppendMeta(MetaOp op, const std::string& path, int fd, Bytes mode, const std::string& new_path,
                                std::function<void(Status)> done) {
+  MarkCache();
   LocalMetaArgs args;
   meta_serial_ = std::max(meta_serial_, target_->applied()) + 1;
   args.serial = meta_serial_;

@@ -94,6 +94,7 @@
 #include <vector>
 
 #include "common/base/file_io.h"
+#include "common/base/pid_lock.h"
 #include "common/base/status.h"
 #include "common/cache/flash_log.h"
 #include "common/power/device.h"
@@ -107,6 +108,19 @@ inline constexpr char kDiskFaultEnv[] = "GHOST_TEST_DISK_FAULT";
 // The xattr of the backing local/ root holding the serial of the last logged metadata change
 // applied to it (the file comment).
 inline constexpr char kMetaSerialXattr[] = "trusted.ghost.flash_meta_serial";
+// The xattr of the cache directory (the parent of local/) naming, while a flash log holds (or
+// held) records of local/, that log's directory (resolved). Set when the log first takes or
+// recovers a local/ record (not for spilled fills: the origin has those); removed when the
+// daemon ends with the log empty (every record on the disk). Left after a crash, it makes a mount
+// without that log refuse (CheckLeftFlashLog): the log may hold fsync'd bytes the disk lacks,
+// and replaying it after the disk's files changed without it would put older bytes over newer.
+inline constexpr char kFlashLogDirXattr[] = "trusted.ghost.flash_log_dir";
+// At a mount of the cache `cache_dir` with the flash log `flash_dir` (empty: none): an error
+// naming the log and what to do when the cache was last used with another log that still holds
+// records. A recorded log whose flash.log is gone or empty holds nothing: its mark is removed
+// (a note on stderr when it is gone) and the mount goes on.
+[[nodiscard]] Status CheckLeftFlashLog(const std::string& cache_dir, const std::string& flash_dir);
+
 // What one metadata change costs the disk when the log's flush makes it durable: a directory
 // block or an inode (one 4 KiB block).
 inline constexpr Bytes kMetaRecordBytes = 4096;
@@ -159,9 +173,11 @@ class LocalFlashLog {
  public:
   // Opens and recovers the log in options.dir (created if missing) for the local/ tree stored
   // in `local_dir`; subscribes to `disk_id` entering its high-power mode. Borrows `io`, `pm`
-  // and `disk` (the emulated disk of `disk_id`): they must outlive this. Fails with a message
-  // naming the directory (missing and not creatable, read-only, unreadable log) or when the
-  // local/ file system has no file handles.
+  // and `disk` (the emulated disk of `disk_id`): they must outlive this. Holds options.dir/lock
+  // (PidLock) while it lives. Fails with a message naming the directory (missing and not
+  // creatable, read-only, unreadable log, in use by another daemon), when the cache was left
+  // with another log that holds records (CheckLeftFlashLog) or when the local/ file system has
+  // no file handles.
   static Result<std::unique_ptr<LocalFlashLog>> Open(const FlashLogOptions& options, FileIo& io,
                                                      const std::string& local_dir,
                                                      PowerManager& pm, DeviceId disk_id,
@@ -258,6 +274,12 @@ class LocalFlashLog {
   // StatsJson ("device_bytes_written", "device_bytes_read") are kept with or without one.
   void SetFlashDevice(Device* flash) { flash_ = flash; }
 
+  // Writes this process's pid into the log directory's lock: call after a fork in the process
+  // that keeps it (as the cache directory's lock), so a refused second daemon names the live one.
+  void RecordLockPid() {
+    if (dir_lock_) (void)dir_lock_->RecordPid();
+  }
+
   // Replays what recovery found: flushes the log (reason recovery) if it holds records.
   void Replay();
 
@@ -281,6 +303,8 @@ class LocalFlashLog {
   // The record path of the file `fd`: "fh:TYPE:HEX" of its file handle.
   Result<std::string> PathOf(int fd) const;
   void OnFlushed(const FlushReport& report);
+  // Sets kFlashLogDirXattr on the cache directory (once per run).
+  void MarkCache();
   // `bytes` of I/O on the log's device: counted, and submitted to it if there is one.
   void ChargeFlash(Bytes bytes, bool write);
 
@@ -299,6 +323,9 @@ class LocalFlashLog {
   SubscriptionId spin_up_ = 0;
   std::function<void(const FlushReport&)> listener_;
   std::string root_path_;                     // the local/ backing directory, resolved
+  std::string cache_dir_;                     // its parent: holds kFlashLogDirXattr
+  std::optional<PidLock> dir_lock_;           // DIR/lock: one daemon per log (Open)
+  bool cache_marked_ = false;                 // MarkCache ran
   std::uint64_t meta_serial_ = 0;             // the last serial given to a logged change
   std::uint64_t fill_serial_ = 0;             // the last N of a "fill:N:KEY" path
   std::uint64_t fills_logged_ = 0;            // fills spilled to the log

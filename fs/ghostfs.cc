@@ -236,12 +236,16 @@ TreeContext Daemon::Context() {
 }
 
 Status Daemon::OpenFlashLog() {
-  if (options_.flash_log.empty()) return Status::Ok();
+  // Without a log: refused if the cache was left by a crash with one that holds records.
+  if (options_.flash_log.empty()) return CheckLeftFlashLog(options_.cache_dir, "");
   Result<FlashLogSpec> spec = ParseFlashLogSpec(options_.flash_log);
   if (!spec.ok()) return spec.status();
   FlashLogOptions fo;
   fo.dir = spec->dir;
   fo.capacity = spec->capacity;
+  // A small log (ParseFlashLogSpec takes 64K) gets a smaller DRAM buffer, so that several of
+  // its largest records fit: FlashLog::Open refuses a buffer larger than the log.
+  fo.buffer = std::min<Bytes>(fo.buffer, fo.capacity / 4);
   fo.policy = ParseLogFlushPolicy(options_.flash_policy).value_or(LogFlushPolicy::kWhenFull);
   fo.algorithm = static_cast<FlushAlgorithm>(options_.flash_alg);
   RecoveryReport report;
@@ -828,6 +832,7 @@ int Daemon::Run() {
     fuse_session_destroy(se_);
     return 1;
   }
+  if (!options_.foreground && flash_) flash_->RecordLockPid();
   // After Daemonize: a thread does not survive the fork.
   notifier_ = std::make_unique<InvalNotifier>(se_);
   passthrough_->SetNotifier(notifier_.get());

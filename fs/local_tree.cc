@@ -298,7 +298,9 @@ void LocalTree::Getattr(fuse_req_t req, Node* n) {
 
 void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to_set, std::uint64_t fh) {
   fuse_ino_t ino = n->ino;
-  auto finish = [this, req, ino, attr, to_set, fh] {
+  // Times, the queued writes' mtime, the reply (and a chmod's record): after the size change.
+  auto rest = std::make_shared<std::function<void()>>();
+  auto finish = [this, req, ino, attr, to_set, fh, rest = [rest] { (*rest)(); }] {
     Node* n = ctx_.inodes.Find(ino);
     if (!n) return (void)fuse_reply_err(req, ESTALE);
     int nfd = NodeFd(n);
@@ -325,13 +327,30 @@ void LocalTree::Setattr(fuse_req_t req, Node* n, const struct stat& attr, int to
       }
       if (r != 0) return (void)fuse_reply_err(req, errno);
       // Logged records of the file must not outlive the truncate when the log is replayed; nor
-      // may a logged truncate alone (logged while a flush took the file's bytes) undo it.
+      // may a logged truncate alone (logged while a flush took the file's bytes) undo it. The
+      // reply waits until the truncate is durable in the log: an fsync after it returns at once
+      // (nothing queued), and an unmount's flush must find it in the log, not still waiting
+      // behind a running flush (which rewrites the older bytes into the cut file).
       if (ctx_.flash && ctx_.flash->Changes(nfd)) {
-        ctx_.flash->AppendTruncate(nfd, static_cast<Bytes>(attr.st_size), [](Status s) {
-          if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a truncate: %s\n", s.ToString().c_str());
+        ctx_.flash->AppendTruncate(nfd, static_cast<Bytes>(attr.st_size), [rest, req](Status s) {
+          if (!s.ok()) {
+            std::fprintf(stderr, "ghostfs: local/: logging a truncate: %s\n", s.ToString().c_str());
+            return (void)fuse_reply_err(req, s.ToErrno());
+          }
+          rest();
         });
+        return;
       }
     }
+    rest();
+  };
+  // The rest of Setattr, once a size change is durable.
+  *rest = [this, req, ino, attr, to_set] {
+    Node* n = ctx_.inodes.Find(ino);
+    if (!n) return (void)fuse_reply_err(req, ESTALE);
+    int nfd = NodeFd(n);
+    struct stat cur;
+    if (fstatat(nfd, "", &cur, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0) return (void)fuse_reply_err(req, errno);
     if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
       timespec ts[2];
       ts[0] = (to_set & FUSE_SET_ATTR_ATIME_NOW) ? timespec{0, UTIME_NOW}
@@ -628,9 +647,11 @@ void LocalTree::Fallocate(fuse_req_t req, std::uint64_t fh, int mode, off_t off,
   // A size it grew is logged as a truncate upwards for a file with logged records, so their
   // replay, which makes every logged truncate again, does not cut the file back.
   Bytes end = static_cast<Bytes>(off) + static_cast<Bytes>(len);
+  // The reply waits until it is durable in the log (as Setattr's truncate).
   if (!(mode & FALLOC_FL_KEEP_SIZE) && end > size_before && ctx_.flash && ctx_.flash->Changes(fd)) {
-    ctx_.flash->AppendTruncate(fd, end, [](Status s) {
+    return ctx_.flash->AppendTruncate(fd, end, [req](Status s) {
       if (!s.ok()) std::fprintf(stderr, "ghostfs: local/: logging a fallocate's size: %s\n", s.ToString().c_str());
+      fuse_reply_err(req, s.ok() ? 0 : s.ToErrno());
     });
   }
   fuse_reply_err(req, 0);

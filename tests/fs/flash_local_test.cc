@@ -776,6 +776,60 @@ TEST_F(LocalFlashLogTest, AMetadataChangeTheLogCannotTakeIsSyncedThroughTheFileI
   close(fd);
 }
 
+// A cache left (a crash: no clean end) with records in its flash log names that log: a mount
+// without it, or with another log, is refused until the log is replayed or gone (found by
+// ghostfs_flash_crash: a mount without the log showed an fsync'd file empty, and the log's later
+// replay put its older bytes over what was written meanwhile).
+TEST_F(LocalFlashLogTest, ACacheLeftWithRecordsInItsLogRefusesAMountWithoutIt) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "fsync'd").ok());
+  close(fd);
+  const std::string cache = root_.string();
+  Status without = CheckLeftFlashLog(cache, "");
+  ASSERT_FALSE(without.ok());
+  EXPECT_NE(without.message().find("--flash-log " + fs::canonical(root_ / "flash").string()), std::string::npos)
+      << without.message();
+  EXPECT_TRUE(CheckLeftFlashLog(cache, (root_ / "flash").string()).ok());
+  fs::create_directories(root_ / "other");
+  EXPECT_FALSE(CheckLeftFlashLog(cache, (root_ / "other").string()).ok());
+  Reopen();  // a restart with the same log: allowed, and it still holds the record
+  EXPECT_FALSE(CheckLeftFlashLog(cache, "").ok());
+  FlushReport r = Flush();
+  ASSERT_TRUE(r.errors.empty()) << r.errors.front();
+  log_.reset();  // a clean end with the log empty: the mark goes
+  EXPECT_TRUE(CheckLeftFlashLog(cache, "").ok());
+}
+
+TEST_F(LocalFlashLogTest, ALeftLogThatIsGoneNoLongerRefusesAMount) {
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "lost with the card").ok());
+  close(fd);
+  ASSERT_FALSE(CheckLeftFlashLog(root_.string(), "").ok());
+  log_.reset();
+  fs::remove(root_ / "flash" / "flash.log");
+  EXPECT_TRUE(CheckLeftFlashLog(root_.string(), "").ok());
+  EXPECT_TRUE(CheckLeftFlashLog(root_.string(), "").ok());  // and the mark was removed
+  char buf[16];
+  EXPECT_LT(::getxattr(root_.c_str(), kFlashLogDirXattr, buf, sizeof buf), 0);
+}
+
+// Two daemons on one log would append over each other's records (ghostfs_flash_random).
+TEST_F(LocalFlashLogTest, ASecondOpenOfTheSameLogDirectoryIsRefused) {
+  FlashLogOptions o;
+  o.dir = root_ / "flash";
+  o.capacity = 1 << 20;
+  o.buffer = 64 << 10;
+  fs::create_directories(root_ / "cache2" / "local");
+  Result<std::unique_ptr<LocalFlashLog>> second =
+      LocalFlashLog::Open(o, *faulty_, (root_ / "cache2" / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("in use by another ghostfs"), std::string::npos)
+      << second.status().message();
+  log_.reset();  // the first one ends: the directory is free
+  second = LocalFlashLog::Open(o, *faulty_, (root_ / "cache2" / "local").string(), *pm_, disk_id_, *disk_, nullptr);
+  EXPECT_TRUE(second.ok()) << second.status().ToString();
+}
+
 // Fills spilled to the log (flash_local.h "Fills"): one append group each, read back from the
 // log, applied whole by the flush through the fill applier, never torn.
 class LocalFlashLogFillTest : public LocalFlashLogTest {
@@ -804,6 +858,19 @@ class LocalFlashLogFillTest : public LocalFlashLogTest {
   }
   std::vector<LocalFlashLog::LoggedFill> applied_;
 };
+
+// Spilled fills alone do not mark the cache (the origin has them): a mount without the log after
+// a crash goes on (ghostfs_evict_random switches one cache between plain, profile and flash
+// mounts with SIGKILLs between them). A local/ write does mark it.
+TEST_F(LocalFlashLogFillTest, SpilledFillsAloneDoNotMarkTheCacheALocalWriteDoes) {
+  ASSERT_TRUE(AppendFill("http://o/x", Body(10 << 10, 'a'), "{}").ok());
+  Reopen();  // a crash: the fill is still in the log
+  EXPECT_TRUE(CheckLeftFlashLog(root_.string(), "").ok());
+  int fd = Create("f");
+  ASSERT_TRUE(Append(fd, 0, "mine").ok());
+  close(fd);
+  EXPECT_FALSE(CheckLeftFlashLog(root_.string(), "").ok());
+}
 
 TEST_F(LocalFlashLogFillTest, AFillIsReadFromTheLogAndTheFlushAppliesItWhole) {
   const std::string body = Body(150 << 10, 'a');  // three records of a 64K buffer
