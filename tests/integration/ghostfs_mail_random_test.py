@@ -259,8 +259,10 @@ def mount_view(mnt):
 
 
 def imap_lines(log):
-    """The daemon's lines about queued IMAP operations (kept, found, moved on, dropped, refused)."""
-    return [line for line in log.splitlines() if "IMAP" in line and "replaying" not in line]
+    """The daemons' lines (every run of the mount: one log) about queued IMAP operations: kept,
+    found, moved on, dropped, refused, re-targeted, appended again."""
+    words = ("IMAP", "queued", "UIDVALIDITY", "APPEND", "replaying")
+    return [line for line in log.splitlines() if any(w in line for w in words)]
 
 
 def server_view(dc):
@@ -534,7 +536,7 @@ def main():
         t.check(drained and not bad,
                 f"round {r}: after sync the mount and the server hold the same messages, bytes and flags; nothing lost or duplicated",
                 f"sync rc={s.returncode} {s.stdout[-300:]} {s.stderr[-300:]} drained={drained}\n" + "\n".join(bad[:25]) +
-                "\nthe daemon's IMAP lines:\n" + "\n".join(imap_lines(fs.output())[-12:]) +
+                "\nthe daemons' IMAP lines:\n" + "\n".join(imap_lines(fs.output())[-14:]) +
                 f"\n{fs.output()[-2500:]}")
         fs.stop()
         probs = h.index_problems(cache)

@@ -816,14 +816,15 @@ STOP_WAIT = 30
 
 
 class Ghostfs:
-    def __init__(self, mnt, cache, origins, args=(), control=None):
+    def __init__(self, mnt, cache, origins, args=(), control=None, log=None):
         self.mnt = mnt
         self.cache = cache
         self.origins = origins
         self.args = list(args)
         self.control = control
         self.proc = None
-        self.log = os.path.join(tempdir("ghost-log-"), "ghostfs.log")
+        # The daemon's output (appended: again() keeps one log across remounts).
+        self.log = log or os.path.join(tempdir("ghost-log-"), "ghostfs.log")
         # stop(): seconds from the unmount to the daemon's exit, and whether it had to be
         # killed (it did not exit within STOP_WAIT s: what it had not flushed yet is not on the
         # disk, though what its flash log holds is replayed at the next mount).
@@ -914,7 +915,7 @@ class Ghostfs:
     def again(self):
         """A new Ghostfs on the same mount point, cache, origins, arguments and control socket,
         not started yet: the remount after a stop or a kill9()."""
-        return Ghostfs(self.mnt, self.cache, self.origins, args=self.args, control=self.control)
+        return Ghostfs(self.mnt, self.cache, self.origins, args=self.args, control=self.control, log=self.log)
 
     def kill9(self):
         self.proc.kill()
