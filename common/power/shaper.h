@@ -256,8 +256,10 @@ struct ShaperOptions {
   // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
   // opened on), the straggler's nap included; a wake for a clump that finds nothing by its due
   // + td_min naps again until the open's data; three whole grants in a row (not one: a hold that
-  // ran out lowers the grant to a cwnd-limited part) end the clocked regime. It also arms slow
-  // start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
+  // ran out lowers the grant to a cwnd-limited part), each released by its open (round 16: its
+  // first packet one min RTT after the open; a sender at a steady cwnd confirms its part every
+  // cycle), end the clocked regime; an open's entry leaves the ring when its burst begins. It
+  // also arms slow start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
   // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
   bool wake_for_clocked_clumps = true;
   int pays_cycles = 4;
