@@ -309,6 +309,14 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
       clock_clean_ = now + Millis(1) >= *opened_at_ + min_rtt() ? clock_clean_ + 1 : 0;
       if (clock_clean_ >= options_.ack_clock_clean) ack_clock_ = false;
     }
+    // Round 16: the open's data has come (its burst, by the straggler rule), so its round trip
+    // is over: its ring entry no longer ends a nap. Kept, an open whose data came before one
+    // min RTT (a min RTT estimated high) kept the card awake through every later nap, now that
+    // the clocked regime ends only on grants released by their open.
+    if (opened_at_ && open_slot_ >= 0 && clumps_[open_slot_] == *opened_at_) {
+      clumps_[open_slot_] = TimePoint{};
+    }
+    open_slot_ = -1;
     opened_at_.reset();
     expected_.reset();
   }
@@ -349,6 +357,9 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     burst_missing_ = false;
     burst_missed_ = false;
     burst_straggler_ = straggler;
+    // Released by the open (one min RTT after it, less 1 ms as the ACK clock judges), or by an
+    // earlier ACK: a clump of a sender short of cwnd, or a drain's window update sent late.
+    burst_by_open_ = last_open_ && now + Millis(1) >= *last_open_ + min_rtt();
     // The first burst after the clamp fell: the old grant's rest, clocked by the part's ACKs.
     // The first burst after a part: the part's sender was short of cwnd if this comes before the
     // open's data could (its ACKs released it); then the clamp falls to the part. If it comes
@@ -432,6 +443,7 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         if (burst_missed_) Judge(false, true, false, 0);
         // Round 15: a clump that came while the card slept was clocked; so may the next be.
         if (options_.wake_for_clocked_clumps && burst_missed_ && !reads_freely()) tail_clocked_ = true;
+        if (burst_missed_) opened_grants_ = 0;
         if (state_ == ShaperState::kSaving && awake_ && expected_) {
           tail_due_.reset();
           if (options_.wake_for_clocked_clumps && tail_clocked_) tail_due_ = ClockedDue(end);
@@ -461,6 +473,8 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
                             std::fabs(static_cast<double>(since_open_) - grant_) <=
                                 static_cast<double>(options_.mss) / 2;
       grant_confirmed_ = confirms ? grant_confirmed_ + 1 : 0;
+      // Round 16: only a whole grant the open itself released ends the clocked regime (below).
+      opened_grants_ = confirms && burst_by_open_ && !burst_missed_ ? opened_grants_ + 1 : 0;
       // The unclamped grant, which a clamp is a share of: what whole bursts confirm unclamped.
       if (confirms && clamp_ == 0) full_grant_ = grant_;
       // What a whole grant delivers: a bigger one at once, a smaller clean one by 1/8, and a
@@ -494,9 +508,13 @@ void DownloadShaper::EndBurst(TimePoint end, TimePoint last, bool cut) {
         tail_clocked_ = true;
       // With the clump wake one confirmed grant is not enough: a hold that ran out lowers the
       // grant to a cwnd-limited part, and the next part of that size "confirms" it (read off
-      // the captures at 60 ms / 1%: the clump after such a confirm was missed). Three in a row.
+      // the captures at 60 ms / 1%: the clump after such a confirm was missed). Three in a row,
+      // and (round 16) each released by its open: a sender held at a steady cwnd confirms its
+      // part every cycle, with clumps that come before the open's round trip has ended (read
+      // off the round-15 sweep's 60 ms / 0.5% capture: 160 missed, one per cycle, once the third
+      // such confirm had disarmed the wake).
       const bool window_limited =
-          options_.wake_for_clocked_clumps ? grant_confirmed_ >= 3 : confirms;
+          options_.wake_for_clocked_clumps ? opened_grants_ >= 3 : confirms;
       if (window_limited ||
           (state_ != ShaperState::kSaving && !options_.wake_for_clocked_clumps) ||
           reads_freely()) {
@@ -721,7 +739,10 @@ void DownloadShaper::OnOpened(TimePoint now) {
   last_open_ = now;
   // An open is an ACK that releases data a round trip later too: a clump that came between an
   // open and its data (clocked by an earlier one) and was taken for its burst leaves it due.
-  if (options_.wake_for_clocked_clumps) NoteClump(now);
+  if (options_.wake_for_clocked_clumps) {
+    open_slot_ = clump_next_;
+    NoteClump(now);
+  }
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {

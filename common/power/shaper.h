@@ -256,8 +256,10 @@ struct ShaperOptions {
   // min RTT whose clocked data cannot have come yet (several clumps circulate once a part was
   // opened on), the straggler's nap included; a wake for a clump that finds nothing by its due
   // + td_min naps again until the open's data; three whole grants in a row (not one: a hold that
-  // ran out lowers the grant to a cwnd-limited part) end the clocked regime. It also arms slow
-  // start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
+  // ran out lowers the grant to a cwnd-limited part), each released by its open (round 16: its
+  // first packet one min RTT after the open; a sender at a steady cwnd confirms its part every
+  // cycle), end the clocked regime; an open's entry leaves the ring when its burst begins. It
+  // also arms slow start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
   // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
   bool wake_for_clocked_clumps = true;
   int pays_cycles = 4;
@@ -411,6 +413,10 @@ class DownloadShaper {
   double held_gap_ = 0;
   bool held_ = false;  // the burst in progress was held past Td at least once
   int grant_confirmed_ = 0;  // clean bursts in a row that delivered grant_ (within MSS/2)
+  // Round 16: of those, in a row, the ones whose first data came one min RTT after their open
+  // (burst_by_open_): only these end the clump wake's clocked regime.
+  int opened_grants_ = 0;
+  bool burst_by_open_ = false;  // the burst in progress began one min RTT after the last open
   // The burst in progress is a part-window to hold (Td alone would end it early).
   bool HoldsPart() const;
   // The burst in progress has delivered a whole grant (ShaperOptions::td_grant).
@@ -485,6 +491,7 @@ class DownloadShaper {
   static constexpr int kClumps = 8;
   TimePoint clumps_[kClumps] = {};
   int clump_count_ = 0, clump_next_ = 0;
+  int open_slot_ = -1;  // the ring slot of the open whose data has not come (round 16)
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
