@@ -308,12 +308,15 @@ class GhostfsBackend final : public CacheBackend {
     ReportServed();
     // A committed fill holds itself through its commit callback until the daemon has answered
     // its "store" and taken the file; the control client drops that answer's callback with the
-    // backend. Break the cycle, and abandon the fill file: a fill still in flight at exit (the
-    // daemon slow or stopped) is not handed over half-written (it would be a leak otherwise).
+    // backend. Break the cycle (it would be a leak otherwise). A fill its writer did not commit
+    // is abandoned: never handed over half-written. A committed one keeps its file open: the
+    // whole body was given to the writes, and the file's close at exit hands it to the daemon
+    // (abandoning it lost a fill a stop came right after: the replay's pre-fill, 1 of 2 stored).
     for (const std::weak_ptr<FillState>& weak : fills_) {
       if (std::shared_ptr<FillState> fill = weak.lock()) {
+        const bool committed = fill->commit_done != nullptr;
         fill->commit_done = nullptr;
-        fill->Abandon();
+        if (!committed) fill->Abandon();
       }
     }
   }
