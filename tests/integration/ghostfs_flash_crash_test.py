@@ -115,12 +115,7 @@ def disk_and_log(ctl):
 def main():
     cycles = int(sys.argv[1]) if len(sys.argv) > 1 else int(os.environ.get("GHOST_FLASH_CRASH_CYCLES", "20"))
     h.require_root_and_fuse()
-    work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    cache = os.path.join(work, "cache")
-    flash = os.path.join(work, "flash")
-    ctl = os.path.join(work, "control.sock")
+    work, mnt, cache, flash, ctl = h.flash_dirs()
     plan = cycles + 5
     woken = []  # cycles whose disk changed mode with no full flush of the log
     meta_logged = 0

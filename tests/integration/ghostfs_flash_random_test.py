@@ -330,12 +330,7 @@ def main():
     print(f"# seed {seed} (--seed {seed} --seconds {a.seconds} --threads {a.threads} --log-size {size} "
           f"--policy {policy} --alg {alg})", flush=True)
     h.require_root_and_fuse()
-    work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    cache = os.path.join(work, "cache")
-    flash = os.path.join(work, "flash")
-    ctl = os.path.join(work, "control.sock")
+    work, mnt, cache, flash, ctl = h.flash_dirs()
     args = ["--profile", "ipaq-2004", "--knob", "0", "--flash-log", f"{flash}:{size}", "--flash-policy", policy,
             "--flash-alg", alg]
     t = h.Tap(PLAN)

@@ -26,12 +26,7 @@ def spin_ups(ctl):
 
 def main():
     h.require_root_and_fuse()
-    work = h.tempdir()
-    mnt = os.path.join(work, "mnt")
-    os.makedirs(mnt)
-    cache = os.path.join(work, "cache")
-    flash = os.path.join(work, "flash")
-    ctl = os.path.join(work, "control.sock")
+    work, mnt, cache, flash, ctl = h.flash_dirs()
     t = h.Tap(PLAN)
 
     bad = h.Ghostfs(mnt, cache, {}, args=["--flash-log", flash, "--flash-alg", "7"])

@@ -811,6 +811,16 @@ def build_dir():
     return os.environ.get("GHOST_BUILD", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 
 
+def flash_dirs():
+    """A fresh work directory for one flash-log mount: (work, mnt (made), cache, flash log
+    directory, control socket)."""
+    work = tempdir()
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt)
+    return work, mnt, os.path.join(work, "cache"), os.path.join(work, "flash"), os.path.join(work, "control.sock")
+
+
+
 # Seconds Ghostfs.stop() waits for the daemon's exit after its unmount before killing it.
 STOP_WAIT = 30
 
