@@ -30,7 +30,8 @@
 // makes the change in the backing tree at once (so lookup, getattr and readdir show it, and
 // nothing else of the tree changes), then logs it (AppendMeta) and replies once the record is
 // durable. The backing tree's change sits in the page cache: the disk is not written until the
-// log's flush, which syncs the backing file system (syncfs) before it cuts the log and charges
+// log's flush, which fsyncs the directories (and files) the changes touched before it cuts the
+// log (a syncfs only when such a directory was renamed away since; Target::SyncFlush) and charges
 // the emulated disk kMetaRecordBytes per metadata record. A local/ metadata record:
 //
 //   kind kMeta, op = the MetaOp, path = the entry relative to the local/ root ("dir/name"),
@@ -49,7 +50,7 @@
 // be applied (e.g. rmdir of a directory that is not empty) is kept and reported, as a data
 // record the disk refuses; the marker never passes it (MetaSerialMarker: serials applied past
 // it are stored as ranges above the gap), so every later flush and replay retries it until it
-// applies. The flush's syncfs goes through the FileIo (FlushTarget::SyncFlush); if it fails,
+// applies. The flush's syncs go through the FileIo (FlushTarget::SyncFlush); if one fails,
 // every record of the flush (data and metadata) stays in the log. RENAME_EXCHANGE, link, symlink, mknod, chown and utimens are not
 // logged: they go to the backing tree only (durable at its next sync). While a recovery replay
 // runs, metadata is not logged either (TakesMeta): the serials must stay ordered.
@@ -73,7 +74,7 @@
 // (SetFlashDevice).
 //
 // Test-only fault switch: with GHOST_TEST_DISK_FAULT=PATH in the environment, every write,
-// fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncfs
+// fsync and syncfs the log makes to the disk (a flush's writes into local/ files and its syncs
 // of local/, a write-through) fails
 // with EIO while the file PATH exists; the log's own file is untouched. It drives the "disk
 // fails mid-flush" integration test (ghostfs_flash_faults) through the same FaultyFileIo the

@@ -50,6 +50,7 @@ Daemon::~Daemon() {
   local_.reset();
   root_.reset();
   for (event* ev : signal_evs_) event_free(ev);
+  if (shutdown_watch_) event_free(shutdown_watch_);
   if (fuse_ev_) event_free(fuse_ev_);
   control_.reset();
   mail_.reset();
@@ -481,6 +482,19 @@ void Daemon::Shutdown() {
     return;
   }
   const TimePoint start = clock_->Now();
+  shutdown_start_ = start;
+  if (!write_back_->queue().idle() || (flash_ && !flash_->log().empty())) {
+    Log(LogLevel::kInfo, "unmount: flushing %zu queued writes (%llu bytes)%s to the disk", write_back_->queue().queued_records(),
+        static_cast<unsigned long long>(write_back_->queue().queued_bytes()),
+        flash_ ? (" and the flash log's " + std::to_string(flash_->log().records().size()) + " records").c_str() : "");
+  }
+  // Whoever waits for our exit (a script, a test harness) may give up and kill us: say what the
+  // flush waits for while it runs long.
+  shutdown_watch_ = evtimer_new(base_, [](evutil_socket_t, short, void* self) {
+    static_cast<Daemon*>(self)->ReportShutdownProgress();
+  }, this);
+  const timeval every{10, 0};
+  evtimer_add(shutdown_watch_, &every);
   write_back_->queue().FlushAll([this, start] {
     // The flash log goes to the disk too, so the disk holds everything after an unmount (a
     // later mount without --flash-log sees it all).
@@ -496,6 +510,18 @@ void Daemon::Shutdown() {
       event_base_loopbreak(base_);
     });
   });
+}
+
+void Daemon::ReportShutdownProgress() {
+  const double secs = std::chrono::duration<double>(clock_->Now() - shutdown_start_).count();
+  const WriteQueue& q = write_back_->queue();
+  std::string what = q.idle() ? "the write queue is flushed"
+                              : "the write queue: " + std::to_string(q.queued_records()) + " records queued, " +
+                                    std::to_string(q.batches_in_flight()) + " batches being written";
+  if (flash_) what += "; the flash log: " + flash_->log().Progress();
+  Log(LogLevel::kWarn, "unmount: still flushing after %.0f s: %s", secs, what.c_str());
+  const timeval every{10, 0};
+  evtimer_add(shutdown_watch_, &every);
 }
 
 // ---- FUSE operations: the node, the checks every tree shares, then the node's tree ----

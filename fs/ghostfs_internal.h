@@ -174,6 +174,9 @@ class Daemon final : public GhostFs {
   TimePoint started_{};
   std::uint64_t next_fh_ = 1;
   bool shutting_down_ = false;  // Shutdown ran: the loop ends once the queue is flushed
+  event* shutdown_watch_ = nullptr;  // every 10 s of an unmount's flush: a line saying what it waits for
+  TimePoint shutdown_start_{};
+  void ReportShutdownProgress();
   std::string mount_path_;      // canonical, for paths handed out
   // The trees (each borrows the context above; destroyed before it).
   std::unique_ptr<OriginTree> origin_;  // HTTP origins and the read path

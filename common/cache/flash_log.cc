@@ -478,6 +478,18 @@ class FlashLog::Flusher {
 
   void Start() { Advance(); }
 
+  std::string Progress() const {
+    std::string out = std::string("flushing (") + LogFlushReasonName(report_.reason) + "): ";
+    if (syncing_) {
+      return out + (syncs_left_ > 0 ? std::to_string(syncs_left_) + " of " + std::to_string(fds_.size()) +
+                                          " file fsyncs in flight"
+                                    : "the target's sync (" + log_.target_.SyncProgress() + ")");
+    }
+    return out + "step " + std::to_string(std::min(writes_done_ + 1, nsteps())) + " of " +
+           std::to_string(nsteps()) + (reading_ ? ", reading the log" : "") +
+           (writes_in_flight_ > 0 ? ", " + std::to_string(writes_in_flight_) + " writes in flight" : "");
+  }
+
  private:
   std::size_t nsteps() const { return plan_.steps.size(); }
 
@@ -687,6 +699,19 @@ class FlashLog::Flusher {
   bool syncing_ = false;
   bool sync_failed_ = false;  // SyncFlush failed: every record is kept
 };
+
+std::string FlashLog::Progress() const {
+  std::string out;
+  if (flusher_) {
+    out = flusher_->Progress();
+  } else if (writing_) {
+    out = "writing an append batch";
+  } else {
+    out = "idle";
+  }
+  return out + "; " + std::to_string(records_.size()) + " records, " + std::to_string(pending_.size()) +
+         " appends and " + std::to_string(flush_requests_.size()) + " flush requests waiting";
+}
 
 void FlashLog::StartFlush(LogFlushReason reason) {
   flushing_ = true;

@@ -108,6 +108,8 @@ class FlushTarget {
     (void)io;
     done(Status::Ok());
   }
+  // What SyncFlush is waiting for, for a progress line (FlashLog::Progress).
+  virtual std::string SyncProgress() const { return "waiting"; }
   // The flush is over (after SyncFlush): close the fds it was given.
   virtual void EndFlush() = 0;
 };
@@ -237,6 +239,9 @@ class FlashLog {
   const FlashLogStats& stats() const { return stats_; }
   const std::vector<LogRecordInfo>& records() const { return records_; }
   bool flushing() const { return flushing_; }
+  // What the log is doing now, for a line in the daemon's log when something takes long (e.g.
+  // "flushing (explicit): step 2 of 3, 1 write in flight" or "syncing: 2 fsyncs in flight").
+  std::string Progress() const;
   const FlashLogOptions& options() const { return options_; }
   std::string log_path() const;
   // The descriptor of the log file (it changes when a flush that kept records rewrites it).

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include "common/base/clock.h"
@@ -694,23 +695,28 @@ TEST_F(LocalFlashLogTest, ARecordReplayKeptIsRetriedAfterLaterRecordsWereApplied
   EXPECT_EQ(log_->applied_meta_serial(), 3u);
 }
 
-// The disk fails the flush's syncfs (the one step that makes its name changes durable): every
-// record of the flush, data and metadata, stays in the log and is counted kept; the next flush
-// applies them all.
-TEST_F(LocalFlashLogTest, AFailedSyncfsKeepsEveryRecordAndTheNextFlushAppliesThem) {
+bool IsDirectory(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// The disk fails the fsync of a directory (the step that makes the flush's name changes
+// durable): every record of the flush, data and metadata, stays in the log and is counted kept;
+// the next flush applies them all.
+TEST_F(LocalFlashLogTest, AFailedSyncOfTheNameChangesKeepsEveryRecordAndTheNextFlushAppliesThem) {
   const fs::path local = root_ / "local";
   int fd = Create("draft");
   ASSERT_TRUE(Meta(MetaOp::kCreate, "draft", fd, 0644).ok());
   ASSERT_TRUE(Append(fd, 0, "body").ok());
   fs::rename(local / "draft", local / "final");
   ASSERT_TRUE(Meta(MetaOp::kRename, "draft", -1, 0, "final").ok());
-  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kSyncfs; }, EIO);
+  faulty_->FailWhen([](const FileCall& c) { return c.op == FileOp::kFsync && IsDirectory(c.fd); }, EIO);
   FlushReport failed = Flush();
   faulty_->Heal();
   EXPECT_EQ(failed.records_kept, 3u);
   EXPECT_EQ(failed.records_applied, 0u);
   ASSERT_EQ(failed.errors.size(), 1u);
-  EXPECT_NE(failed.errors[0].find("syncfs"), std::string::npos) << failed.errors[0];
+  EXPECT_NE(failed.errors[0].find("sync the metadata changes of local/"), std::string::npos) << failed.errors[0];
   EXPECT_EQ(log_->log().records().size(), 3u);
   EXPECT_EQ(log_->StatsJson()["records_kept"], 3);
   EXPECT_EQ(log_->StatsJson()["last_flush_errors"].size(), 1u);
@@ -723,7 +729,61 @@ TEST_F(LocalFlashLogTest, AFailedSyncfsKeepsEveryRecordAndTheNextFlushAppliesThe
   close(fd);
 }
 
-// The test-only switch fails the flush's syncfs too: a flush of metadata records alone (no
+// A flush makes its name changes durable with fsyncs of the directories they touched (and of
+// the created file), all through the FileIo, never with a syncfs of the whole file system (which
+// writes every program's dirty pages: over 30 s on a busy machine, ghostfs_flash_edit's unmount).
+// Only a directory renamed away by a later record of the same flush sends it to a syncfs.
+TEST_F(LocalFlashLogTest, AFlushSyncsTheDirectoriesItsNameChangesTouchedNotTheWholeFileSystem) {
+  const fs::path local = root_ / "local";
+  ASSERT_EQ(mkdir((local / "d").c_str(), 0755), 0);
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "d", -1, 0755).ok());
+  int fd = Create("d/draft");
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "d/draft", fd, 0644).ok());
+  ASSERT_TRUE(Append(fd, 0, "body").ok());
+  fs::rename(local / "d" / "draft", local / "final");
+  ASSERT_TRUE(Meta(MetaOp::kRename, "d/draft", -1, 0, "final").ok());
+  struct stat file {}, top {}, d {};
+  ASSERT_EQ(fstat(fd, &file), 0);
+  ASSERT_EQ(stat(local.c_str(), &top), 0);
+  ASSERT_EQ(stat((local / "d").c_str(), &d), 0);
+  std::set<ino_t> fsynced;
+  int syncfs_calls = 0;
+  // Watches every call (fails none but a syncfs).
+  faulty_->FailWhen([&](const FileCall& c) {
+    struct stat st {};
+    if (c.op == FileOp::kFsync && fstat(c.fd, &st) == 0) fsynced.insert(st.st_ino);
+    if (c.op == FileOp::kSyncfs) ++syncfs_calls;
+    return c.op == FileOp::kSyncfs;
+  }, EIO);
+  FlushReport r = Flush();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  EXPECT_EQ(r.records_applied, 4u);
+  EXPECT_EQ(syncfs_calls, 0);
+  EXPECT_TRUE(fsynced.count(top.st_ino)) << "local/ (the rename's target directory)";
+  EXPECT_TRUE(fsynced.count(d.st_ino)) << "local/d (mkdir, the create, the rename's source)";
+  EXPECT_TRUE(fsynced.count(file.st_ino)) << "the created file";
+  EXPECT_EQ(ReadFile(local / "final"), "body");
+
+  // A directory that a later record renamed: its old name finds nothing, so a syncfs.
+  ASSERT_EQ(mkdir((local / "e").c_str(), 0755), 0);
+  ASSERT_TRUE(Meta(MetaOp::kMkdir, "e", -1, 0755).ok());
+  int g = Create("e/g");
+  ASSERT_TRUE(Meta(MetaOp::kCreate, "e/g", g, 0644).ok());
+  fs::rename(local / "e", local / "e2");
+  ASSERT_TRUE(Meta(MetaOp::kRename, "e", -1, 0, "e2").ok());
+  FlushReport moved = Flush();
+  faulty_->Heal();
+  EXPECT_EQ(syncfs_calls, 1);
+  EXPECT_EQ(moved.records_kept, 3u) << "the syncfs failed (this test's fault): every record kept";
+  FlushReport again = Flush();
+  EXPECT_TRUE(again.errors.empty()) << again.errors.front();
+  EXPECT_EQ(again.records_applied, 3u);
+  EXPECT_TRUE(fs::exists(local / "e2" / "g"));
+  close(g);
+  close(fd);
+}
+
+// The test-only switch fails the flush's syncs too: a flush of metadata records alone (no
 // data write to fail) keeps them while the switch's file exists.
 TEST_F(LocalFlashLogTest, TheTestOnlyDiskFaultSwitchFailsTheFlushesSyncfs) {
   log_.reset();

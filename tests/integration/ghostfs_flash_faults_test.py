@@ -10,7 +10,7 @@
    corrupt-region counter in `ghostctl stats`).
 
 3. The disk failing mid-flush (EIO through the fault-injecting FileIo, switched on by the
-   test-only GHOST_TEST_DISK_FAULT=PATH while PATH exists; it fails the flush's syncfs too): a
+   test-only GHOST_TEST_DISK_FAULT=PATH while PATH exists; it fails the fsyncs of the flush's changed directories too): a
    create and a rename made during the fault, and the earlier files' bytes, all stay in the log
    (data and metadata records), `ghostctl stats` reports them and the error, reads still see the
    bytes, the next flush (fault gone) applies them, and after a remount nothing is lost.
@@ -179,9 +179,9 @@ def disk_fails_mid_flush(t, work):
             "two.txt": bytes((i * 13) % 251 for i in range(20000))}
     errs = [write_fsync(os.path.join(local, n), d) for n, d in sorted(want.items())]
     with open(fault, "w"):
-        pass  # from now on the disk fails every write, fsync and syncfs of a flush
+        pass  # from now on the disk fails every write and fsync of a flush
     # A create and a rename while the disk fails: metadata records in the log (the backing tree
-    # holds the names already, in the page cache; the flush's syncfs makes them durable).
+    # holds the names already, in the page cache; the flush's directory fsyncs make them durable).
     want["three.txt"] = b"created while the disk fails\n" * 20
     made = write_fsync(os.path.join(local, "three.txt"), want["three.txt"])
     try:
@@ -194,7 +194,7 @@ def disk_fails_mid_flush(t, work):
     flushed = h.ghostctl(ctl, "flush")
     fl = h.ghostctl_json(ctl, "stats")["flash_log"]
     backing = os.path.join(cache, "local")
-    # Every record stays, the metadata ones too: the flush's syncfs failed (fs/flash_local.h).
+    # Every record stays, the metadata ones too: the flush's directory fsyncs failed (fs/flash_local.h).
     t.check(errs == [None, None] and made is None and renamed is None
             and before.get("meta_logged", 0) >= 4 and before["records"] > before["meta_logged"]
             and fl["records"] == before["records"] and fl["records_kept"] >= before["records"],
@@ -206,8 +206,9 @@ def disk_fails_mid_flush(t, work):
     t.check("Input/output error" in errors and "injected fault" in errors
             and "refused (kept in the log)" in out,
             "ghostctl stats reports the refused records and the disk's error", (errors, out))
-    t.check("syncfs" in errors and "every record kept" in errors,
-            "the flush's syncfs failed too, and the stats say every record was kept for it", errors)
+    t.check("sync the metadata changes of local/" in errors and "every record kept" in errors,
+            "the fsyncs of the flush's changed directories failed too, and the stats say every record was kept "
+            "for it", errors)
     t.check("kept in the log" in fs.output() and "Input/output error" in fs.output(),
             "ghostfs logs what the disk refused", fs.output()[-1500:])
     t.check(all(read(os.path.join(local, n)) == d for n, d in want.items()),

@@ -264,6 +264,52 @@ def track_mount(path):
     _tell(f"mount {path}")
 
 
+def holders(path):
+    """The processes with a file, directory or cwd under `path` open: what makes its unmount
+    fail with EBUSY. One "PID COMMAND: WHAT" line each."""
+    out = []
+    prefix = os.path.realpath(path)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        seen = []
+        for link in ["cwd", "root"] + [f"fd/{fd}" for fd in _listdir(f"/proc/{pid}/fd")]:
+            try:
+                target = os.readlink(f"/proc/{pid}/{link}")
+            except OSError:
+                continue
+            if target == prefix or target.startswith(prefix + "/"):
+                seen.append(f"{link} {target}")
+        if seen:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+            except OSError:
+                comm = "?"
+            out.append(f"{pid} {comm}: {', '.join(seen)}")
+    return out
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def unmount(path, tries=5):
+    """fusermount3 -u `path`, tried again while it fails (EBUSY: a process still has something
+    under it open). Returns None once unmounted, else what the last try said, with the
+    processes holding the mount."""
+    err = None
+    for i in range(tries):
+        r = subprocess.run(["fusermount3", "-u", path], capture_output=True, text=True)
+        if r.returncode == 0 or not is_mounted(path):
+            return None
+        err = (r.stderr.strip() or f"exit {r.returncode}")
+        time.sleep(0.2 * (i + 1))
+    held = holders(path)
+    return err + (f"; held by {'; '.join(held)}" if held else "; no process holds it")
+
+
 def is_mounted(path):
     """True while anything is mounted at `path`, a dead FUSE mount included (os.path.ismount
     says False for one: its stat fails with ENOTCONN)."""
@@ -841,6 +887,7 @@ class Ghostfs:
         self.stop_seconds = None
         self.stop_killed = False
         self.exit_code = None
+        self.unmount_error = None
 
     def command(self):
         """The daemon's command line (in the foreground)."""
@@ -872,8 +919,11 @@ class Ghostfs:
         if self.proc is None:
             return
         t0 = time.monotonic()
-        if os.path.ismount(self.mnt):
-            subprocess.run(["fusermount3", "-u", self.mnt], stderr=subprocess.DEVNULL)
+        # Asked of /proc/self/mountinfo, not os.path.ismount: that stats the mount's root through
+        # the daemon and says False when the stat fails, and then the daemon was never told.
+        self.unmount_error = None
+        if is_mounted(self.mnt):
+            self.unmount_error = unmount(self.mnt)
         try:
             # 30 s: the unmount's flush of the write queue and the flash log ends with a sync of
             # the whole file system, seconds on a busy machine. With 10 s, flash_edit's check
@@ -891,6 +941,8 @@ class Ghostfs:
             # abort, a crash) or did not finish its flush in time is seen there.
             how = f"did not exit within {STOP_WAIT} s of its unmount and was killed" if self.stop_killed else \
                 f"exited with status {self.exit_code} at its unmount"
+            if self.unmount_error:
+                how += f" (the unmount failed: {self.unmount_error})"
             print(f"# ghostfs ({self.mnt}) {how}; the tail of its log {self.log}:", file=sys.stderr)
             try:
                 with open(self.log, errors="replace") as f:

@@ -660,5 +660,23 @@ TEST_F(FlashLogTest, ABufferLargerThanTheCapacityIsRefused) {
   EXPECT_EQ(r.status().code(), Status::Code::kInvalidArgument);
 }
 
+// Progress: the line an unmount that waits long on its flush logs (ghostfs's shutdown watch):
+// what the flush is doing, and what waits behind it.
+TEST_F(FlashLogTest, ProgressSaysWhatARunningFlushIsDoingAndWhatWaits) {
+  OpenLog(Options());
+  ASSERT_TRUE(Write("a", 0, "first").ok());
+  EXPECT_EQ(log_->Progress(), "idle; 1 records, 0 appends and 0 flush requests waiting");
+  bool done = false;
+  log_->Flush(LogFlushReason::kExplicit, [&](const FlushReport&) { done = true; });
+  bool appended = false;
+  log_->AppendWrite(LogRecordKind::kLocalWrite, "b", 0, "second", [&](Result<std::uint64_t>) { appended = true; });
+  const std::string during = log_->Progress();
+  EXPECT_EQ(during.rfind("flushing (explicit): step 1 of 1", 0), 0u) << during;
+  EXPECT_NE(during.find("1 records, 1 appends and 1 flush requests waiting"), std::string::npos) << during;
+  RunUntil(done);
+  RunUntil(appended);
+  EXPECT_EQ(log_->Progress(), "idle; 1 records, 0 appends and 0 flush requests waiting");
+}
+
 }  // namespace
 }  // namespace ghost
