@@ -11,7 +11,6 @@ the client's view (sequence numbers, UIDs, flags, bodies, EXISTS, untagged EXPUN
 the model's; after a final flush dovecot itself must hold exactly the model's messages and
 flags, and the moved bodies in the other mailbox. --seed (or GHOST_SEED) picks the sequence
 (printed first); --ops its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
-import imaplib
 import os
 import random
 import re
@@ -25,23 +24,6 @@ import harness as h  # noqa: E402
 PLAN = 4
 FLAGS = ["\\Flagged", "\\Answered", "$Label1"]
 COUNT = 40
-
-
-class OrderedIMAP4(imaplib.IMAP4):
-    """imaplib.IMAP4 that also keeps the untagged EXISTS and EXPUNGE in the order they came
-    (`events`): imaplib files untagged responses by kind, so an EXISTS followed by an EXPUNGE
-    in one response (a flushed APPEND announced by the NOOP or the MOVE that also expunges)
-    cannot be told from the reverse, and the count the client was left with is only known in
-    order. `known`: the messages the client was told the mailbox holds."""
-
-    def __init__(self, *args):
-        self.events, self.known = [], 0
-        super().__init__(*args)
-
-    def _append_untagged(self, typ, dat):
-        if typ in ("EXISTS", "EXPUNGE") and isinstance(dat, bytes) and dat.isdigit():
-            self.events.append((typ, int(dat)))
-        super()._append_untagged(typ, dat)
 
 
 def message(i):
@@ -134,7 +116,7 @@ def main():
         c.known = len(view)
 
     def session():
-        c = OrderedIMAP4("127.0.0.1", imap.port)
+        c = h.OrderedIMAP4("127.0.0.1", imap.port)
         c._cmd_log_len = 80  # imaplib's ring of the last lines exchanged, for wire()
         current["c"] = c
         c.login(dc.user, dc.password)
