@@ -93,7 +93,7 @@ def main():
                 diag.append(f"  dovecot's INBOX now {server_uids()}")
                 diag.extend("  wire " + line for line in wire(current.get("c")))
 
-    def wire(c, n=40):
+    def wire(c, n=24):
         """The last `n` lines imaplib logged for `c` (sent ">", received "<"), oldest first."""
         ring = getattr(c, "_cmd_log", None) or {}
         return [text[:160] for text, _ in sorted(ring.values(), key=lambda e: e[1])][-n:]
@@ -336,11 +336,13 @@ def main():
     if os.environ.get("GHOST_RANDOM_LOG"):
         with open(os.environ["GHOST_RANDOM_LOG"], "w") as lf:
             lf.write("\n".join(log) + "\n")
+    # (Tap.check shows the first 40 lines of the detail on stderr: the failures, the proxy's
+    # last words, then what the first failure needs.)
     # Vacuous unless some changes waited in the journal (the card in PSM); those sent at once (after
     # the card was woken) are counted too.
     t.check(not wrong and told["deferred"] > 0,
             f"{len(log)} random operations, changes deferred {told['deferred']}, sent at once {told['at once']}: "
-            f"the client's view was always the model's (seed {seed}; APPENDs {appends})", "\n".join(wrong + diag) + "\n" + imap.tail())
+            f"the client's view was always the model's (seed {seed}; APPENDs {appends})", "\n".join(wrong) + "\n" + imap.tail(400) + "\n" + "\n".join(diag))
 
     subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
 
