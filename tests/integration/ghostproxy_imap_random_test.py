@@ -7,9 +7,10 @@ under the server's UID; and into Archive), FETCH of bodies by
 sequence number and by UID, SEARCH, FETCH 1:* (UID FLAGS), NOOP, `ghostctl flush` and new
 sessions: whether a change is deferred or sent at once (the card's mode decides, and body
 fetches from the server wake it) must not change what the client sees. After every command
-the client's view (sequence numbers, UIDs, flags, bodies, EXISTS, untagged EXPUNGEs) must be
-the model's; after a final flush dovecot itself must hold exactly the model's messages and
-flags, and the moved bodies in the other mailbox. --seed (or GHOST_SEED) picks the sequence
+the client's view (sequence numbers, UIDs, flags, bodies, untagged EXPUNGEs, and the count its
+EXISTS and EXPUNGEs leave it, applied in the order they came) must be the model's; after a
+final flush dovecot itself must hold exactly the model's messages and flags, and the moved
+bodies in the other mailbox. --seed (or GHOST_SEED) picks the sequence
 (printed first); --ops its length. TAP; skipped without root, /dev/fuse, dovecot or nginx."""
 import os
 import random
