@@ -61,6 +61,12 @@ def main():
             start = n if kind == "EXISTS" else start - 1
         return start
 
+    def taken():
+        """The untagged EXISTS and EXPUNGE since the last call, in order."""
+        events = list(c.events)
+        c.events.clear()
+        return events
+
     def view():
         typ, data = c.fetch("1:*", "(UID)")
         out = []
@@ -70,13 +76,20 @@ def main():
                 out.append((int(text.split()[0]), int(text.split("UID ")[1].split()[0].rstrip(")"))))
         return typ, out
 
+    def check_view(left, name):
+        """FETCH 1:* (UID) must number `left` 1..n and leave the client's count at n."""
+        typ, seen = view()
+        events = taken()
+        want = list(enumerate(left, 1))
+        t.check(typ == "OK" and seen == want and count(events, len(left)) == len(left), name,
+                f"{typ} {seen}, expected {want}; untagged {events} " + imap.tail())
+
     # A message arrives before the MOVE: the proxy reads the mailbox's map first (its own UID
     # SEARCH), which dovecot answers from the view of its last sync, announcing the new message
     # (EXISTS 6) only after that answer.
     appended_a, new_a, uid_a = another_append("hidden-a")
     typ, data = c._simple_command("UID", "MOVE", f"{uids[1]},{uids[3]}", "Archive")
-    events = list(c.events)
-    c.events.clear()
+    events = taken()
     t.check(typ == "OK" and b"deferred" in data[0] and [e for e in events if e[0] == "EXPUNGE"] ==
             [("EXPUNGE", 4), ("EXPUNGE", 2)] and count(events, 5) == 4 and len(dc.bodies("INBOX")) == 6,
             "UID MOVE of 2 of 5 is deferred after another client's APPEND: the client is told EXPUNGE 4 and 2 "
@@ -84,40 +97,27 @@ def main():
             f"APPEND {appended_a}; UID MOVE {typ} {data}, untagged in order {events}; "
             f"dovecot {len(dc.bodies('INBOX'))} " + imap.tail())
     left = [uids[0], uids[2], uids[4], uid_a]
-    typ, seen = view()
-    events = list(c.events)
-    c.events.clear()
-    want = list(enumerate(left, 1))
-    t.check(typ == "OK" and seen == want and count(events, 4) == 4,
-            "FETCH 1:* (UID) numbers the client's 4 messages 1..4, the new one last (the proxy's map holds it)",
-            f"{typ} {seen}, expected {want}; untagged {events} " + imap.tail())
+    check_view(left, "FETCH 1:* (UID) numbers the client's 4 messages 1..4, the new one last (the proxy's map holds it)")
 
     # Another message arrives while the 2 are hidden: the client's NOOP (passed on) brings
     # dovecot's EXISTS 7, which counts the hidden 2.
     appended_b, new_b, uid_b = another_append("hidden-b")
     typ, _ = c.noop()
-    events = list(c.events)
-    c.events.clear()
+    events = taken()
     t.check(typ == "OK" and events == [("EXISTS", 5)],
             "with 2 messages hidden, another client's APPEND is announced to the client as EXISTS 5 "
             "(its 4 and the new one; dovecot has 7)",
             f"APPEND {appended_b}; NOOP {typ}, untagged in order {events} (dovecot: {len(dc.bodies('INBOX'))}) "
             + imap.tail())
     left.append(uid_b)
-    typ, seen = view()
-    events = list(c.events)
-    c.events.clear()
-    want = list(enumerate(left, 1))
-    t.check(typ == "OK" and seen == want and count(events, 5) == 5,
-            "FETCH 1:* (UID) numbers the client's 5 messages 1..5",
-            f"{typ} {seen}, expected {want}; untagged {events} " + imap.tail())
+    check_view(left, "FETCH 1:* (UID) numbers the client's 5 messages 1..5")
 
     subprocess.run([ghostctl, "--control", imap.ctl, "flush"], capture_output=True, timeout=30)
     flushed = h.wait_for(lambda: len(dc.bodies("INBOX")) == 5 or None, timeout=15)
     typ, _ = c.noop()
     typ2, seen = view()
-    events = list(c.events)
-    t.check(bool(flushed) and typ == "OK" and count(events, 5) == 5 and seen == want and
+    events = taken()
+    t.check(bool(flushed) and typ == "OK" and count(events, 5) == 5 and seen == list(enumerate(left, 1)) and
             sorted(dc.bodies("INBOX")) == sorted([originals[0], originals[2], originals[4], new_a, new_b]) and
             sorted(dc.bodies("Archive")) == sorted([originals[1], originals[3]]),
             "after ghostctl flush dovecot holds exactly the client's 5 (and the 2 in Archive); no EXPUNGE reaches "
