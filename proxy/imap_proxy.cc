@@ -270,6 +270,11 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   std::optional<std::string> TranslateUntagged(std::string_view line);
   // Reads the map first when it is not known (the command waits); true when it started that.
   bool RefreshMapFirst(const std::string& line);
+  // Sends the map refresh (UID SEARCH RETURN (ALL) ALL) under a tag of the proxy's own.
+  void SendMapRefresh();
+  // An untagged EXISTS, EXPUNGE or VANISHED after the map refresh's answer: applied to it, or
+  // marks it stale.
+  void NoteAfterMap(std::string_view line);
   // APPEND (one message, to a mailbox other than the selected one, at most
   // max_deferred_append bytes): its literal is read here (the proxy says "+" to a synchronizing
   // one), journaled whole, and answered OK without APPENDUID. True when taken (the literal and
@@ -415,7 +420,12 @@ class ImapSession : public std::enable_shared_from_this<ImapSession> {
   std::string map_tag_;           // the outstanding map refresh
   std::string deferred_line_;     // a client command waiting for the map
   std::string after_sync_line_;   // a client command waiting for the proxy's NOOP
+  // The outstanding refresh's answer (its ESEARCH), kept up to date with the EXPUNGEs after it;
+  // stale when an EXISTS after it announced messages it does not hold (dovecot answers from the
+  // view of the last sync and announces what arrived since at the command's end).
   std::optional<std::vector<std::uint32_t>> map_result_;
+  bool map_stale_ = false;
+  bool map_retried_ = false;  // the command waiting for the map had it read a second time
 
   // A body being teed from the server into the cache.
   std::string fill_key_;
@@ -823,9 +833,8 @@ bool ImapSession::TryCacheFetch(const imapwire::Command& cmd, const imapwire::Bo
     // Read the map first, then decide (the command waits; no other client input is read).
     busy_ = true;
     deferred_line_ = std::move(line);
-    map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
-    own_[map_tag_] = Own::kMapRefresh;
-    ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
+    map_retried_ = false;
+    SendMapRefresh();
     return true;
   }
   std::uint32_t uid = 0, seq = 0;
@@ -1179,10 +1188,31 @@ bool ImapSession::RefreshMapFirst(const std::string& line) {
   if (map_valid_ || !esearch_ || !map_tag_.empty() || offline_ || !server_) return false;
   busy_ = true;
   deferred_line_ = line;
+  map_retried_ = false;
+  SendMapRefresh();
+  return true;
+}
+
+void ImapSession::SendMapRefresh() {
   map_tag_ = kOwnTagPrefix + std::to_string(++own_counter_);
   own_[map_tag_] = Own::kMapRefresh;
+  map_result_.reset();
+  map_stale_ = false;
   ToServer(map_tag_ + " UID SEARCH RETURN (ALL) ALL\r\n");
-  return true;
+}
+
+void ImapSession::NoteAfterMap(std::string_view line) {
+  if (std::optional<std::uint32_t> n = imapwire::UntaggedNumber(line, "EXISTS")) {
+    if (*n != map_result_->size()) map_stale_ = true;  // new messages, their UIDs unknown
+  } else if (std::optional<std::uint32_t> e = imapwire::UntaggedNumber(line, "EXPUNGE")) {
+    if (*e >= 1 && *e <= map_result_->size()) {
+      map_result_->erase(map_result_->begin() + (*e - 1));
+    } else {
+      map_stale_ = true;
+    }
+  } else if (line.size() > 10 && strncasecmp(line.data(), "* VANISHED", 10) == 0) {
+    map_stale_ = true;
+  }
 }
 
 bool ImapSession::TryDeferCopy(const imapwire::Command& cmd, const std::string& line) {
@@ -1629,6 +1659,7 @@ void ImapSession::HandleServerEvent(const imapwire::Event& ev) {
         server_dropping_ = true;
         return;
       }
+      if (map_result_) NoteAfterMap(line);
     }
     if (std::optional<std::uint32_t> v = imapwire::UidValidity(line)) pending_uidvalidity_ = *v;
     // With deferred expunges the client's numbers are not the server's (computed before the
@@ -1732,14 +1763,22 @@ void ImapSession::ServerTagged(std::string_view line) {
     }
     if (what == Own::kMapRefresh && tag == map_tag_) {
       map_tag_.clear();
-      if (ok && map_result_) {
+      const bool stale = map_stale_;
+      map_stale_ = false;
+      if (ok && map_result_ && !stale) {
         uids_ = std::move(*map_result_);
         map_valid_ = true;
         SaveSnapshot();
-      } else {
+      } else if (!ok || !map_result_) {
         esearch_ = false;  // the server did not take it: no map for this session
       }
       map_result_.reset();
+      if (stale && !deferred_line_.empty() && !map_retried_) {
+        // Messages came after the answer (its EXISTS): read once more, the command still waits.
+        map_retried_ = true;
+        SendMapRefresh();
+        return;
+      }
       if (!deferred_line_.empty()) {
         std::string deferred = std::move(deferred_line_);
         deferred_line_.clear();

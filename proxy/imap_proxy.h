@@ -45,8 +45,11 @@
 //     to decide whether to store it.
 //   - SELECT/EXAMINE, EXISTS, EXPUNGE: the selected mailbox, its UIDVALIDITY and its
 //     sequence-number -> UID map (read with "UID SEARCH RETURN (ALL) ALL", ESEARCH, under the
-//     proxy's own tag when a body fetch needs it, and kept with EXPUNGE; EXISTS growth or
-//     anything unknown makes it stale).
+//     proxy's own tag when a body fetch or a deferred change needs it, and kept with EXPUNGE;
+//     EXISTS growth or anything unknown makes it stale). The EXISTS and EXPUNGEs that follow
+//     the refresh's answer in its own response apply to that answer (dovecot answers from the
+//     view of its last sync and announces what arrived since at the command's end): an
+//     EXISTS beyond it has it read once more before the waiting command.
 //
 // Bad input: a line over the limit or a literal announced over `max_literal` from the client
 // gets "BAD" and "* BYE" and the connection is closed; from the server the client gets

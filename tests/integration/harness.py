@@ -5,6 +5,7 @@ test, and a reaper cleans up after a test that was killed (tests/integration/lef
 import argparse
 import atexit
 import hashlib
+import imaplib
 import json
 import os
 import random
@@ -810,6 +811,23 @@ class ImapJournalProxy:
         """The last `n` characters of the proxies' log."""
         with open(self.log) as f:
             return f.read()[-n:]
+
+
+class OrderedIMAP4(imaplib.IMAP4):
+    """imaplib.IMAP4 that also keeps the untagged EXISTS and EXPUNGE in the order they came
+    (`events`, ("EXISTS"|"EXPUNGE", number)): imaplib files untagged responses by kind, so an
+    EXISTS followed by an EXPUNGE in one response (a message another client added, announced by
+    the same command that expunges) cannot be told from the reverse, and the count the client
+    is left with is only known in order. `known` is free for the test's running count."""
+
+    def __init__(self, *args):
+        self.events, self.known = [], 0
+        super().__init__(*args)
+
+    def _append_untagged(self, typ, dat):
+        if typ in ("EXISTS", "EXPUNGE") and isinstance(dat, bytes) and dat.isdigit():
+            self.events.append((typ, int(dat)))
+        super()._append_untagged(typ, dat)
 
 
 class Tmux:
