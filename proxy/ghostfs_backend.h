@@ -34,9 +34,11 @@
 #ifndef GHOST_PROXY_GHOSTFS_BACKEND_H_
 #define GHOST_PROXY_GHOSTFS_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "common/base/file_io.h"
 #include "common/base/status.h"
 #include "common/base/units.h"
 #include "proxy/cache_backend.h"
@@ -51,6 +53,9 @@ struct GhostfsBackendOptions {
   Bytes memory_cache = 64ull << 20;
   // How long reads served from RAM are collected before they are reported to the daemon.
   Duration report_delay = std::chrono::milliseconds(50);
+  // Makes the FileIo that reads and writes bodies; unset: io_uring (UringFileIo), or pread/
+  // pwrite where that is unavailable. Tests pass one that holds requests back.
+  std::function<std::unique_ptr<FileIo>(event_base*)> file_io;
 };
 
 // Connects to the daemon at `control_path` (checking that `mountpoint` is its mount). Errors
