@@ -36,6 +36,16 @@ def body(i):
     return (f"f{i} |".encode() + os.urandom(SIZE))[:SIZE]
 
 
+def answer(port, request):
+    """Everything the proxy sends for `request` on a new connection, until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request.encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        return data
+
+
 def main():
     seconds = float(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("GHOST_ABORT_FILL_SECONDS", 15))
     h.require_root_and_fuse()
@@ -90,14 +100,7 @@ def main():
     def checker():
         while time.time() < stop:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                    s.sendall(f"GET {base}small.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-                    data = b""
-                    while True:
-                        c = s.recv(65536)
-                        if not c:
-                            break
-                        data += c
+                data = answer(port, f"GET {base}small.txt HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             except OSError as e:
                 with lock:
                     wrong.append(f"GET small.txt: {e}")
@@ -121,14 +124,7 @@ def main():
             f"{len(foreign)} of {checks[0]}:\n" + "\n".join(foreign[:10]))
     t.check(not wrong, "every GET of small.txt is a 200 with its whole body",
             f"{len(wrong)} of {checks[0]}:\n" + "\n".join(wrong[:10]))
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(b"GET /ghost/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        data = b""
-        while True:
-            c = s.recv(65536)
-            if not c:
-                break
-            data += c
+    data = answer(port, "GET /ghost/status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     try:
         cache = json.loads(data.partition(b"\r\n\r\n")[2])["cache"]
     except (ValueError, KeyError, TypeError):

@@ -1,8 +1,8 @@
 // The stored-head format GhostfsBackend keeps in the daemon's index (proxy/ghostfs_backend.h),
-// and a fill's file against a fake daemon (a ControlServer answering "store" with a path) and a
-// FileIo that holds writes back as UringFileIo's submitter thread may. The backend's traffic
-// with a real daemon is tested end to end by the proxy's integration tests
-// (tests/integration/ghostproxy_test.py, ghostproxy_random_test.py).
+// and a fill's file against a fake daemon (tests/proxy/fake_daemon.h, answering "store" with a
+// path) and a FileIo that holds writes back as UringFileIo's submitter thread may. The
+// backend's traffic with a real daemon is tested end to end by the proxy's integration tests
+// (tests/integration/ghostproxy_test.py, ghostproxy_random_test.py, ghostproxy_abort_fill_test.py).
 #include "proxy/ghostfs_backend.h"
 
 #include <event2/event.h>
@@ -11,19 +11,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/base/clock.h"
 #include "common/control/control.h"
 #include "common/control/protocol.h"
 #include "proxy/cache_backend.h"
+#include "tests/proxy/fake_daemon.h"
 
 namespace ghost {
 namespace {
@@ -144,61 +141,28 @@ class HeldFileIo final : public FileIo {
   std::vector<Held> held_;
 };
 
-class GhostfsFillTest : public ::testing::Test {
+class GhostfsFillTest : public FakeDaemonTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ghost-fill-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ASSERT_EQ(::mkdir((dir_ + "/mnt").c_str(), 0755), 0);
-    ASSERT_EQ(::mkdir((dir_ + "/mnt/.ghost").c_str(), 0755), 0);
-    base_ = event_base_new();
-    ASSERT_NE(base_, nullptr);
-    Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
-        base_, dir_ + "/ctl", [this](const ControlRequest& request, ControlServer::Reply reply) {
-          if (request.op != ControlOp::kStore) return reply(nlohmann::json::object());
-          // The daemon creates the fill file and names it (fs/store_tree.cc).
-          const std::string path = dir_ + "/mnt/.ghost/fill-" + std::to_string(++fills_);
-          const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-          if (fd >= 0) ::close(fd);
-          fill_path_ = path;
-          reply({{"path", path}});
-        });
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    server_ = std::move(*server);
+  void Answer(const ControlRequest& request, ControlServer::Reply reply) override {
+    if (request.op != ControlOp::kStore) return reply(nlohmann::json::object());
+    // The daemon creates the fill file and names it (fs/store_tree.cc).
+    fill_path_ = mnt_ + "/.ghost/fill-" + std::to_string(++fills_);
+    const int fd = ::open(fill_path_.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0) ::close(fd);
+    reply({{"path", fill_path_}});
+  }
+  GhostfsBackendOptions BackendOptions() override {
     GhostfsBackendOptions options;
     options.file_io = [this](event_base* base) {
       auto io = std::make_unique<HeldFileIo>(base);
       io_ = io.get();
       return io;
     };
-    Result<std::unique_ptr<CacheBackend>> backend =
-        MakeGhostfsBackend(base_, dir_ + "/mnt", dir_ + "/ctl", options);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(*backend);
+    return options;
   }
 
-  void TearDown() override {
-    backend_.reset();
-    server_.reset();
-    if (base_ != nullptr) event_base_free(base_);
-    std::system(("rm -rf " + dir_).c_str());
-  }
-
-  bool RunUntil(const std::function<bool()>& done) {
-    for (int i = 0; i < 5000; ++i) {
-      event_base_loop(base_, EVLOOP_NONBLOCK);
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
-  }
-
-  std::string dir_, fill_path_;
+  std::string fill_path_;
   int fills_ = 0;
-  event_base* base_ = nullptr;
-  std::unique_ptr<ControlServer> server_;
-  std::unique_ptr<CacheBackend> backend_;
   HeldFileIo* io_ = nullptr;
 };
 
