@@ -15,7 +15,9 @@
 //     the open is looked up again. Read here
 //     with io_uring (common/base/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
 //     a store names MOUNTPOINT/.ghost/fill/<token>, written the same way and closed to hand
-//     the fill to the daemon's deferred write queue (a sleeping disk stays asleep).
+//     the fill to the daemon's deferred write queue (a sleeping disk stays asleep). A fill
+//     abandoned (its client went away) is unlinked at once and closed once no write names its
+//     fd any more (common/base/file_io.h: the io_uring submitter may enter the kernel later).
 //   - Objects ghostfs fetched itself (through its origins) have no stored head; the proxy is
 //     given one made from what the index knows (status 200, Content-Type, ETag,
 //     Last-Modified), so a page read through the mount is a proxy hit too.
