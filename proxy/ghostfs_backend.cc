@@ -198,8 +198,9 @@ struct FillState : std::enable_shared_from_this<FillState> {
   // The file of an abandoned fill is closed once no write names its fd: a write the FileIo
   // has not yet handed to the kernel (UringFileIo's submitter thread enters it later) would
   // otherwise go to whatever the number names by then. Closing it under a queued write gave
-  // a client socket accepted meanwhile the fill's first 16 KiB before its own response
-  // (ghostproxy_random, seed 794409: a GET of small.txt answered with over-inline.bin's body).
+  // a client socket accepted meanwhile the fill's first bytes before its own response
+  // (ghostproxy_random, seed 794409: a GET of small.txt answered with over-inline.bin's body;
+  // ghostproxy_abort_fill), or sent them to the origin in a request (nginx answered 400).
   void CloseAbandoned() {
     if (fd < 0 || in_flight > 0) return;
     ::close(fd);
@@ -1064,11 +1065,9 @@ Result<std::unique_ptr<CacheBackend>> MakeGhostfsBackend(event_base* base,
   Result<std::unique_ptr<AsyncControlClient>> ctl = AsyncControlClient::Connect(base, control_path);
   if (!ctl.ok()) return ctl.status();
   std::unique_ptr<FileIo> io;
-  Result<std::unique_ptr<UringFileIo>> uring =
-      options.file_io ? Status::Unavailable("") : UringFileIo::Create(base);
   if (options.file_io) {
     io = options.file_io(base);
-  } else if (uring.ok()) {
+  } else if (Result<std::unique_ptr<UringFileIo>> uring = UringFileIo::Create(base); uring.ok()) {
     io = std::move(*uring);
   } else {
     LogError("io_uring unavailable; reading and writing bodies with pread/pwrite", uring.status());
