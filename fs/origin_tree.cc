@@ -916,6 +916,7 @@ void OriginTree::StartPrefetch(Handle& h, Bytes size) {
     p->done = true;
     p->ok = r.ok();
     if (r.ok()) p->data.resize(*r);
+    p->file.Close();  // a released handle's file, kept open for this read
     auto waiters = std::move(p->waiters);
     for (auto& w : waiters) w();
   });
@@ -1120,6 +1121,7 @@ void OriginTree::OriginRelease(Handle& h) {
     if (pv != page_versions_.end()) --pv->second.opens;
     h.page_counted = false;
   }
+  if (h.prefetch && !h.prefetch->done) h.prefetch->file = std::move(h.file);
   if (!h.stream) return;
   Stream& st = *h.stream;
   --st.opens;

@@ -127,6 +127,10 @@ struct Prefetch {
   bool done = false;
   bool ok = false;
   std::vector<std::function<void()>> waiters;  // reads that came before it finished
+  // The file of a handle released before the read finished, kept open until it has: the
+  // FileIo may hand the read to the kernel only later, and by then a closed number may name
+  // another file or a socket (common/base/file_io.h).
+  BodyFile file;
 };
 
 // How the kernel reads an open origin file (fs/fuse_passthrough.h: an inode is in cached or

@@ -15,7 +15,9 @@
 //     the open is looked up again. Read here
 //     with io_uring (common/base/uring_file_io.h) so a disk spin-up never stalls the proxy's loop;
 //     a store names MOUNTPOINT/.ghost/fill/<token>, written the same way and closed to hand
-//     the fill to the daemon's deferred write queue (a sleeping disk stays asleep).
+//     the fill to the daemon's deferred write queue (a sleeping disk stays asleep). A fill
+//     abandoned (its client went away) is unlinked at once and closed once no write names its
+//     fd any more (common/base/file_io.h: the io_uring submitter may enter the kernel later).
 //   - Objects ghostfs fetched itself (through its origins) have no stored head; the proxy is
 //     given one made from what the index knows (status 200, Content-Type, ETag,
 //     Last-Modified), so a page read through the mount is a proxy hit too.
@@ -34,9 +36,11 @@
 #ifndef GHOST_PROXY_GHOSTFS_BACKEND_H_
 #define GHOST_PROXY_GHOSTFS_BACKEND_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "common/base/file_io.h"
 #include "common/base/status.h"
 #include "common/base/units.h"
 #include "proxy/cache_backend.h"
@@ -51,6 +55,9 @@ struct GhostfsBackendOptions {
   Bytes memory_cache = 64ull << 20;
   // How long reads served from RAM are collected before they are reported to the daemon.
   Duration report_delay = std::chrono::milliseconds(50);
+  // Makes the FileIo that reads and writes bodies; unset: io_uring (UringFileIo), or pread/
+  // pwrite where that is unavailable. Tests pass one that holds requests back.
+  std::function<std::unique_ptr<FileIo>(event_base*)> file_io;
 };
 
 // Connects to the daemon at `control_path` (checking that `mountpoint` is its mount). Errors

@@ -15,6 +15,11 @@
 //  - Read moves up to buf.size() bytes; fewer only at end of file (0 at or past it). Write
 //    moves all of `data` or fails. Short transfers are retried inside the implementation.
 //  - Requests are independent: two requests on one fd may complete in any order.
+//  - `fd` must stay open, naming the same file, until `done` runs: UringFileIo resolves the
+//    number only when its submitter thread enters the kernel, which may be well after the call
+//    returned. A number closed before then may name another file or socket by then, which
+//    then gets the write (a fill abandoned with a write queued wrote its bytes into a client
+//    socket accepted meanwhile, ghostproxy round 17) or feeds the read.
 //  - Destroying a FileIo drops the callbacks of requests not yet completed (they never run).
 //    Read buffers must stay valid until `done` runs or the FileIo is destroyed.
 //

@@ -73,6 +73,25 @@ class Origin:
         with self.lock:
             return list(self.versions[name])
 
+    def whose(self, data):
+        """Which file's version (and where in it) `data` comes from: for an answer that is not
+        the file asked for (round 17: a GET of small.txt began with over-inline.bin's body)."""
+        probe = data[:64]
+        if len(probe) < 8:
+            return "too short to tell"
+        with self.lock:
+            found = [f"{name} v{n} at {v.find(probe)}" for name, vs in self.versions.items()
+                     for n, v in enumerate(vs) if probe in v]
+        return ", ".join(found) or "no version of any file"
+
+
+class NotAStatusLine(Exception):
+    """An answer that does not start with a status line; `data` holds its first bytes."""
+
+    def __init__(self, data):
+        super().__init__(f"no status line: {len(data)} bytes starting {data[:48]!r}")
+        self.data = data
+
 
 class Response:
     def __init__(self, status, headers, body):
@@ -85,6 +104,8 @@ def read_response(f, head_only=False):
     if not line:
         return None
     parts = line.decode("latin-1").split(" ", 2)
+    if not line.startswith(b"HTTP/1.") or len(parts) < 2 or not parts[1].isdigit():
+        raise NotAStatusLine(line)
     status = int(parts[1])
     headers = {}
     while True:
@@ -138,7 +159,8 @@ class Client:
             return
         if r.body not in self.origin.known(name):
             self.errors.append(f"{what} {name}: {len(r.body)} bytes that are no version "
-                               f"(versions' sizes {[len(v) for v in self.origin.known(name)]}, starts {r.body[:24]!r})")
+                               f"(versions' sizes {[len(v) for v in self.origin.known(name)]}, starts {r.body[:24]!r}: "
+                               f"{self.origin.whose(r.body)}; head {r.headers})")
         elif r.headers.get("etag"):
             self.etags[name] = r.headers["etag"]
 
@@ -311,6 +333,8 @@ class Client:
             except (ConnectionResetError, BrokenPipeError) as e:
                 if op not in (self.op_abort, self.op_malformed):
                     self.errors.append(f"{op.__name__} {name}: {e}")
+            except NotAStatusLine as e:
+                self.errors.append(f"{op.__name__} {name}: {e}: the bytes of {self.origin.whose(e.data)}")
             except Exception as e:  # a parse error of a broken answer is a finding too
                 self.errors.append(f"{op.__name__} {name}: {type(e).__name__}: {e}")
             if time.time() - t0 > OP_TIMEOUT:

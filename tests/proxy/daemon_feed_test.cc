@@ -2,27 +2,19 @@
 // download shaping's knob (DaemonKnob) and the mail proxies' NetworkWatch (the IMAP proxy's
 // deferred changes, the SMTP outbox) all follow the daemon over the backend's single control
 // connection, so a knob change reaches every one of them from the same event. Against a fake
-// daemon: a ControlServer on a temporary socket answering "knob" and "devices", and a directory
-// with .ghost/ in it standing for the mount.
-#include <event2/event.h>
+// daemon (tests/proxy/fake_daemon.h) answering "knob" and "devices".
 #include <gtest/gtest.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "common/control/control.h"
 #include "common/control/protocol.h"
 #include "proxy/cache_backend.h"
-#include "proxy/ghostfs_backend.h"
 #include "proxy/network_watch.h"
+#include "tests/proxy/fake_daemon.h"
 
 namespace ghost {
 namespace {
@@ -37,52 +29,23 @@ json Devices(double card_power_w) {
                        {"modes", json::array({{{"power_w", 0.1}}, {{"power_w", 1.4}}})}}});
 }
 
-class DaemonFeedTest : public ::testing::Test {
+class DaemonFeedTest : public FakeDaemonTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/ghost-feed-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    ASSERT_EQ(::mkdir((dir_ + "/mnt").c_str(), 0755), 0);
-    ASSERT_EQ(::mkdir((dir_ + "/mnt/.ghost").c_str(), 0755), 0);
-    socket_ = dir_ + "/ctl";
-    base_ = event_base_new();
-    ASSERT_NE(base_, nullptr);
-    Result<std::unique_ptr<ControlServer>> server = ControlServer::Listen(
-        base_, socket_, [this](const ControlRequest& request, ControlServer::Reply reply) {
-          switch (request.op) {
-            case ControlOp::kKnob:
-              return reply({{"knob", knob_}});
-            case ControlOp::kDevices:
-              return reply(devices_);
-            default:
-              return reply(json::object());
-          }
-        });
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    server_ = std::move(*server);
-    Result<std::unique_ptr<CacheBackend>> backend = MakeGhostfsBackend(base_, dir_ + "/mnt", socket_);
-    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
-    backend_ = std::move(*backend);
+  void Answer(const ControlRequest& request, ControlServer::Reply reply) override {
+    switch (request.op) {
+      case ControlOp::kKnob:
+        return reply({{"knob", knob_}});
+      case ControlOp::kDevices:
+        return reply(devices_);
+      default:
+        return reply(json::object());
+    }
   }
 
   void TearDown() override {
     imap_.reset();
     smtp_.reset();
-    backend_.reset();
-    server_.reset();
-    if (base_ != nullptr) event_base_free(base_);
-    std::system(("rm -rf " + dir_).c_str());
-  }
-
-  // Runs the loop until `done` holds (false after 5 s).
-  bool RunUntil(const std::function<bool()>& done) {
-    for (int i = 0; i < 5000; ++i) {
-      event_base_loop(base_, EVLOOP_NONBLOCK);
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
+    FakeDaemonTest::TearDown();
   }
 
   std::unique_ptr<NetworkWatch> Watch(const char* who, int* highs, int* flushes) {
@@ -92,10 +55,6 @@ class DaemonFeedTest : public ::testing::Test {
     return std::make_unique<NetworkWatch>(base_, backend_.get(), socket_, who, std::move(h));
   }
 
-  std::string dir_, socket_;
-  event_base* base_ = nullptr;
-  std::unique_ptr<ControlServer> server_;
-  std::unique_ptr<CacheBackend> backend_;
   std::unique_ptr<NetworkWatch> imap_, smtp_;
   int knob_ = 30;
   json devices_ = Devices(0.1);
