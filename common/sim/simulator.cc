@@ -51,15 +51,18 @@ class Run {
                     : trace.kind == TraceKind::kMail ? trace.mail.size()
                                                      : trace.block.size();
     responses_.reserve(n);
+    // The issuer holds itself only weakly (as WriteBack::WriteBatch's runner): the pending
+    // request's callbacks hold it until they issued the next one. A strong self-reference was
+    // a cycle that outlived the run (LeakSanitizer at ghostsim's exit).
     auto next = std::make_shared<std::function<void(std::size_t)>>();
     bool finished = n == 0;
-    *next = [&, next, n](std::size_t i) {
+    *next = [&, self = std::weak_ptr<std::function<void(std::size_t)>>(next), n](std::size_t i) {
       if (i == n) {
         finished = true;
         return;
       }
       TimePoint at = std::max(clock_.Now(), EventTime(trace, i));
-      clock_.ScheduleAt(at, [&, next, i] {
+      clock_.ScheduleAt(at, [&, next = self.lock(), i] {
         TimePoint start = clock_.Now();
         log_.push_back({start, Duration::zero(), "", 0, ""});
         Issue(trace, i, [&, next, i, start] {

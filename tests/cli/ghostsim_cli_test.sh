@@ -34,7 +34,7 @@ trace() {  # trace NAME LINES...: writes a web trace
   echo "$f"
 }
 
-echo "1..22"
+echo "1..23"
 
 out=$("$GHOSTSIM" --policy adaptive "$TRACES/web.trace")
 if python3 -c '
@@ -97,5 +97,21 @@ assert r["write_buffer_bytes"] == 65536 and r["writes"] > 0 and r["writes_waitin
 ' "$tmp/buf" 2>>"$tmp/err"; then ok "--write-buffer prints its fields"; else not_ok "--write-buffer" "$(cat "$tmp/err")"; fi
 expect_bad "write buffer that is a negative size" 'write-buffer: "-1"' --storage intel-flash --write-buffer -1 "$TRACES/nvcache.trace"
 expect_bad "write buffer in front of a disk" 'write buffer is for a flash device' --storage cu140 --write-buffer 64K "$TRACES/nvcache.trace"
+# A replay frees what it allocated (round 17): the suite runs with detect_leaks=0, so this one
+# run turns LeakSanitizer on, as ghostproxy_exit_fill does. The issuer of the trace's requests
+# held itself through a shared_ptr cycle: 192 bytes at every exit. Only in an ASan build.
+if ldd "$GHOSTSIM" 2>/dev/null | grep -q libasan; then
+  ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=1:log_path=stderr" \
+    "$GHOSTSIM" --profile ipaq-2004 "$TRACES/web.trace" >/dev/null 2>"$tmp/err"
+  rc=$?
+  if [ $rc -eq 0 ] && ! grep -q LeakSanitizer "$tmp/err"; then
+    ok "a replay leaks nothing at exit (LeakSanitizer)"
+  else
+    mapfile -t report < <(grep -E 'LeakSanitizer|SUMMARY|in Replay' "$tmp/err" | head -5)
+    not_ok "a replay leaks nothing at exit (LeakSanitizer)" "exit $rc" "${report[@]}"
+  fi
+else
+  ok "a replay leaks nothing at exit # SKIP not an ASan build"
+fi
 
 exit $failed

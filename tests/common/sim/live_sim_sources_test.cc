@@ -72,12 +72,13 @@ class LiveReplay {
     std::vector<std::string> sources(t.web.size());
     auto next = std::make_shared<std::function<void(std::size_t)>>();
     bool finished = t.web.empty();
-    *next = [&, next](std::size_t i) {
+    // Held weakly by itself, strongly by the pending request (as the simulator's Replay).
+    *next = [&, self = std::weak_ptr<std::function<void(std::size_t)>>(next)](std::size_t i) {
       if (i == t.web.size()) {
         finished = true;
         return;
       }
-      clock_.ScheduleAt(std::max(clock_.Now(), t.web[i].time), [&, next, i] {
+      clock_.ScheduleAt(std::max(clock_.Now(), t.web[i].time), [&, next = self.lock(), i] {
         Lookup(t.web[i], &sources[i], [next, i] { (*next)(i + 1); });
       });
     };
