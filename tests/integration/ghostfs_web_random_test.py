@@ -224,7 +224,7 @@ def main():
     alive = fs.proc.poll() is None
     if hung:  # where the readers and the daemon wait, before the unmount below ends it
         h.write_stacks(f"{len(hung)} reader(s) hung; ghostfs {'alive' if alive else 'exited'}",
-                       [fs.proc.pid] if alive else [])
+                       [fs.proc.pid] if alive else [], mounts=[fs.mnt])
     print(f"# ops {dict(sorted(sh.counts.items()))}", flush=True)
     print(f"# slowest open to close: {sh.slowest[0]:.1f} s ({sh.slowest[1]})", flush=True)
     for what, (secs, detail) in sorted(sh.worst.items()):

@@ -7,6 +7,7 @@ import atexit
 import hashlib
 import imaplib
 import json
+import ctypes
 import os
 import random
 import shutil
@@ -190,16 +191,49 @@ def stacks(pid, timeout=40):
                 return "\n".join(lines)
         except (OSError, subprocess.TimeoutExpired):
             pass
+    return kernel_stacks(pid) or "?"
+
+
+def kernel_stacks(pid):
+    """Each thread's kernel stack (root) or wait channel, one line each: where a thread blocked
+    in a system call waits (a FUSE request's answer, a page lock, an inode lock)."""
     out = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") else []:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+                name = fh.read().strip()
+        except OSError:
+            name = "?"
         for f in ("stack", "wchan"):
             try:
                 with open(f"/proc/{pid}/task/{tid}/{f}") as fh:
-                    out.append(f"thread {tid}: " + fh.read().strip().replace("\n", " | ")[:300])
+                    out.append(f"thread {tid} ({name}): " + fh.read().strip().replace("\n", " | ")[:400])
                 break
             except OSError:
                 pass
-    return "\n".join(out) or "?"
+    return "\n".join(out)
+
+
+def fuse_waiting(mnt):
+    """The requests the kernel's FUSE connection of the mount at `mnt` holds unanswered
+    (/sys/fs/fuse/connections/N/waiting, N the mount's device minor; found in mountinfo, not by
+    a stat, which a hung daemon would block), or None."""
+    conns = "/sys/fs/fuse/connections"
+    if os.path.isdir(conns) and not os.listdir(conns):  # fusectl not mounted (systemd mounts it)
+        # mount(2) itself: mount(8) stats mount points, and the hung mount's stat would hang too.
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mount(b"fusectl", conns.encode(), b"fusectl", ctypes.c_ulong(0), None)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == mount_point(mnt):
+                    minor = fields[2].split(":")[1]
+                    with open(f"/sys/fs/fuse/connections/{minor}/waiting") as w:
+                        return int(w.read().strip())
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def python_stacks():
@@ -214,11 +248,16 @@ def python_stacks():
     return "\n".join(out)
 
 
-def write_stacks(why, pids):
-    """Writes `why`, this test's other threads' Python stacks and the processes' stacks to
-    stderr (meson's report of a failed or timed-out test shows stderr)."""
+def write_stacks(why, pids, mounts=()):
+    """Writes `why`, this test's other threads' Python and kernel stacks, the requests each of
+    `mounts`' FUSE connections holds unanswered (0: the daemon answered everything, so a
+    thread waits in the kernel; more: a request waits for the daemon) and the processes'
+    stacks to stderr (meson's report of a failed or timed-out test shows stderr)."""
     print(f"# {why}", file=sys.stderr, flush=True)
     print(python_stacks(), file=sys.stderr, flush=True)
+    print(f"# this test's threads in the kernel:\n{kernel_stacks(os.getpid())}", file=sys.stderr, flush=True)
+    for mnt in mounts:
+        print(f"# FUSE requests unanswered on {mnt}: {fuse_waiting(mnt)}", file=sys.stderr, flush=True)
     for pid in pids:
         print(f"# process {pid}:\n{stacks(pid)}", file=sys.stderr, flush=True)
 
@@ -265,11 +304,18 @@ def track_mount(path):
     _tell(f"mount {path}")
 
 
+def mount_point(path):
+    """`path` made absolute with its parent resolved, as /proc/self/mountinfo names a mount
+    point; not os.path.realpath(path), whose stat of the mount point waits for a hung daemon."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+
+
 def holders(path):
     """The processes with a file, directory or cwd under `path` open: what makes its unmount
     fail with EBUSY. One "PID COMMAND: WHAT" line each."""
     out = []
-    prefix = os.path.realpath(path)
+    prefix = mount_point(path)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         seen = []
         for link in ["cwd", "root"] + [f"fd/{fd}" for fd in _listdir(f"/proc/{pid}/fd")]:
