@@ -582,12 +582,15 @@ void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool co
     auto running = streams_.find(url);
     // A running stream is joined only while it still holds the body's first bytes: once its
     // window moved on, a reader from the start gets its own fetch (one version each).
-    if (running != streams_.end() && validator_etag.empty() && running->second->base == 0) {
+    // Not a revalidation's: its 304 carries no body for a reader that joined it.
+    if (running != streams_.end() && validator_etag.empty() && running->second->base == 0 &&
+        !running->second->validating) {
       ctx_.reads.decisions[ino].source = ReadSource::kNetwork;
       return open_handle(ReadSource::kNetwork, running->second);
     }
     auto st = std::make_shared<Stream>();
     st->key = url;
+    st->validating = !validator_etag.empty() || !validator_date.empty();
     streams_[url] = st;
     auto opened = std::make_shared<bool>(false);
     HttpRequest rq;
@@ -617,10 +620,17 @@ void OriginTree::OpenObject(fuse_req_t req, Node* n, fuse_file_info* fi, bool co
         return false;  // no body to wait for
       }
       if (h.status != 200) {
-        st->status = Status::IoError(url + ": HTTP " + std::to_string(h.status));
+        const std::string why = url + ": HTTP " + std::to_string(h.status);
+        st->status = h.status == 404 || h.status == 410 ? Status::NotFound(why) : Status::IoError(why);
         st->no_body = true;
         *opened = true;
         streams_.erase(url);
+        // Opens that joined this fetch before its head came were answered at once: their reads
+        // end now (ESTALE for a gone object, else EIO), as nothing will come. Without this,
+        // on_done (which skips a bodiless stream) never served them, and a reader waited
+        // forever (ghostfs_web_random: a file removed from the origin, opened twice at once).
+        st->done = true;
+        ServeStream(*st);
         if (h.status >= 500 && MountEntry(url)) {
           // stale-if-error (RFC 5861): a failing origin does not hide the copy we have.
           std::fprintf(stderr, "ghostfs: %s answered HTTP %d; serving the cached copy (stale)\n", url.c_str(),

@@ -72,6 +72,7 @@ struct Stream {
   Status status;         // set when done
   bool emulated_ready = false;  // the emulated network device finished its part
   bool no_body = false;   // a 304 or an error status: nothing to stream or cache
+  bool validating = false;  // a revalidation's fetch (conditional): never joined by another open
   bool replaces = false;  // a changed object on revalidation: the fill replaces the copy
   FetchId fetch = 0;
   CacheEntry meta;       // validators and freshness from the reply head
