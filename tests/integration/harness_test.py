@@ -3,8 +3,11 @@
 mounted ghostfs and a daemon fails with a "left no process and no mount behind" line and they
 are removed; a test killed the way meson's timeout kills one (SIGTERM to its process group,
 SIGKILL 0.5 s later) while a ghostfs is mounted, a daemonised one too, is cleaned up by the
-reaper: no mount (dead or alive), no process, no temporary directory. TAP; skips without root,
-/dev/fuse or nginx."""
+reaper: no mount (dead or alive), no process, no temporary directory. A ghostfs whose mount
+another mount namespace copied (`unshare -m`, private propagation, as `ip netns exec` makes one)
+still ends at Ghostfs.stop(): the harness names the holder and aborts the FUSE connection, and the
+daemon runs its unmount flush and exits 0 instead of being killed 30 s later. TAP; skips without
+root, /dev/fuse or nginx."""
 import os
 import signal
 import subprocess
@@ -15,7 +18,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness as h  # noqa: E402
 
-PLAN = 5
+PLAN = 7
 
 # A test that mounts a ghostfs on nginx and, for "forget", drops its cleanups (a test that
 # loses track of what it started) and daemonises a second ghostfs no cleanup knows about; for
@@ -125,6 +128,40 @@ def main():
     ok, left = gone(cwork, pids)
     t.check(ok, "its reaper unmounts its ghostfs mounts, stops its daemons and removes its "
             "directory", left)
+
+    # A copy of the mount in another mount namespace, made after the mount, alive past stop().
+    mnt, cache = os.path.join(work, "held"), os.path.join(work, "held-cache")
+    os.makedirs(mnt)
+    ctl = os.path.join(work, "held.sock")
+    fs = h.Ghostfs(mnt, cache, {}, control=ctl, args=["--profile", "ipaq-2004", "--knob", "0",
+                                                      "--flash-log", os.path.join(work, "held-flash") + ":4M"])
+    if not fs.start():
+        t.check(False, "a ghostfs mounts for the held-mount case", fs.output()[-800:])
+        t.skip_rest(1, "not mounted")
+        t.done()
+    asleep = h.wait_for(lambda: any(d["kind"] == "disk" and d["mode"] == "standby"
+                                    for d in h.ghostctl_json(ctl, "devices")), 20)
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sleep", "120"])
+    h.on_exit(holder.kill)
+    h.wait_for(lambda: bool(h.mount_copies(fs.dev)), 10)
+    with open(os.path.join(mnt, "local", "saved.txt"), "wb") as f:
+        f.write(b"saved before the unmount\n")
+        f.flush()
+        os.fsync(f.fileno())  # into the flash log: the disk sleeps, the unmount flush applies it
+    fs.stop()
+    with open(os.path.join(cache, "local", "saved.txt"), "rb") as f:
+        on_disk = f.read()
+    t.check(any(str(holder.pid) in held for held in fs.held_elsewhere) and not fs.stop_killed
+            and fs.exit_code == 0 and fs.stop_seconds < 20,
+            "a ghostfs still mounted in another mount namespace after its unmount: the harness names "
+            "the holder and aborts the connection; the daemon exits 0",
+            f"held elsewhere {fs.held_elsewhere}, killed {fs.stop_killed}, exit {fs.exit_code}, "
+            f"{fs.stop_seconds:.1f} s")
+    t.check(asleep and on_disk == b"saved before the unmount\n",
+            "its unmount flush put the save the flash log held (the disk asleep) on the disk",
+            f"disk asleep before the save: {asleep}; on the disk: {on_disk!r}")
+    holder.kill()
+    holder.wait()
     t.done()
 
 
