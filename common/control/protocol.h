@@ -273,6 +273,10 @@ struct ControlRequest {
   ControlOp op;
   ControlArgs args;             // the alternative for `op`
   const nlohmann::json& json;   // the whole request object (borrowed for the call)
+  // The connection it came on: unique for the server's life, never 0 for a request the server
+  // read (0: made up by the daemon). ControlServer::SetCloseHandler reports its end, so state a
+  // client opens (a disclosed transfer) can end with it.
+  std::uint64_t connection = 0;
 };
 
 // ---- Results that several programs read ----

@@ -228,9 +228,13 @@ def main():
         if sent:
             break
         time.sleep(1.2)  # longer than the break-even time: the next hints start a new run
+    why = ""
+    if not sent:  # what the card's module and the daemon's open transfers were
+        why = "; " + "; ".join(d.get("policy", "") for d in ctlc.call("devices")["result"] if d["kind"] == "network")
+        why += f"; open transfers {ctlc.call('stats')['result']['proxy'].get('open_transfers')}"
     ctlc.close()
     t.check(quiet and sent, "the outbox goes when the network card enters its high-power mode",
-            f"quiet {quiet} sent {sent}; card {modes}; " + open(log).read()[-300:])
+            f"quiet {quiet} sent {sent}; card {modes}{why}; " + open(log).read()[-300:])
 
     # `ghostctl flush` reaches the proxy's outbox (ghostfs publishes a flush event).
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
