@@ -228,6 +228,9 @@ def main():
         if sent:
             break
         time.sleep(1.2)  # longer than the break-even time: the next hints start a new run
+    proxy_stats = ctlc.call("stats")["result"]["proxy"]
+    print(f"# daemon: open transfers {proxy_stats.get('open_transfers')}, ended with their connection "
+          f"{proxy_stats.get('orphaned_transfers')}", flush=True)
     why = ""
     if not sent:  # what the card's module and the daemon's open transfers were
         why = "; " + "; ".join(d.get("policy", "") for d in ctlc.call("devices")["result"] if d["kind"] == "network")
