@@ -455,6 +455,11 @@ Status Daemon::StartControl() {
       [this](const ControlRequest& request, ControlServer::Reply reply) { HandleControl(request, std::move(reply)); });
   if (!server.ok()) return server.status();
   control_ = std::move(server).value();
+  // A client gone in the middle of a transfer it disclosed (a proxy killed or stopped while
+  // sending) ends it: else the card's power policy would see activity for ever.
+  control_->SetCloseHandler([this](std::uint64_t connection) {
+    if (store_tree_) store_tree_->ConnectionClosed(connection);
+  });
   return Status::Ok();
 }
 

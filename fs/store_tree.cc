@@ -320,9 +320,10 @@ void StoreTree::Control(const ControlRequest& request, ControlServer::Reply repl
       ++store_stats_.held;
       ++held_now_;
       auto held = std::make_shared<std::pair<ControlArgs, nlohmann::json>>(request.args, request.json);
-      return ctx_.write_back.WhenFillBacklogBelow([this, handler, op, held, reply = std::move(reply)]() mutable {
+      return ctx_.write_back.WhenFillBacklogBelow([this, handler, op, held, connection = request.connection,
+                                                   reply = std::move(reply)]() mutable {
         --held_now_;
-        (this->*handler)(ControlRequest{op, std::move(held->first), held->second}, std::move(reply));
+        (this->*handler)(ControlRequest{op, std::move(held->first), held->second, connection}, std::move(reply));
       });
     }
     return (this->*handler)(request, std::move(reply));
@@ -332,19 +333,20 @@ void StoreTree::Control(const ControlRequest& request, ControlServer::Reply repl
 
 void StoreTree::ControlLookup(const ControlRequest& request, ControlServer::Reply reply) {
   const ObjectArgs& args = std::get<ObjectArgs>(request.args);
-  LookupObject(args.key, std::move(reply), args.begin_transfer);
+  LookupObject(args.key, std::move(reply), args.begin_transfer, request.connection);
 }
 
-nlohmann::json StoreTree::MissJson(bool begin_transfer) {
+nlohmann::json StoreTree::MissJson(bool begin_transfer, std::uint64_t connection, const ControlServer::Reply& reply) {
   LookupResult out;
-  if (begin_transfer) {
-    out.transfer = BeginProxyTransfer();
+  if (begin_transfer && reply.pending()) {
+    out.transfer = BeginProxyTransfer(connection);
     out.card = !ctx_.options.profile.empty();
   }
   return out.ToJson();
 }
 
-void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer) {
+void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer,
+                             std::uint64_t connection) {
   if (!objects_published_) {
     // From the first lookup on, a client may hold a copy of what it read in RAM (ghostproxy's
     // MemoryCache): every change to a stored object is pushed to it so it drops that copy.
@@ -356,9 +358,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   // A fill queued and not yet being written (one being written shows up when it commits).
   if (!e && ctx_.write_back.Writing(key)) {
     // Being written right now: answer once it is in the index.
-    return ctx_.write_back.WhenFillSettles(key, [this, key, begin_transfer, reply = std::move(reply)]() mutable {
+    return ctx_.write_back.WhenFillSettles(key, [this, key, begin_transfer, connection,
+                                                 reply = std::move(reply)]() mutable {
       --store_stats_.lookups;
-      LookupObject(key, std::move(reply), begin_transfer);
+      LookupObject(key, std::move(reply), begin_transfer, connection);
     });
   }
   const CacheEntry* pending = ctx_.write_back.QueuedMeta(key);
@@ -373,7 +376,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   // The page-cache model: a copy read or written lately is still in RAM.
   state.in_memory = ctx_.manager.InMemory(key);
   LookupResult out;
-  if (!state.on_disk && !state.in_write_queue) return reply(MissJson(begin_transfer));
+  if (!state.on_disk && !state.in_write_queue) return reply(MissJson(begin_transfer, connection, reply));
   state.size = state.in_write_queue ? queued_body->data->size() : e->size;
   ctx_.manager.Remember(key, state.size);
   std::string name = StoreName(key);
@@ -381,7 +384,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   // The version this answer describes: its size and head go with exactly these bytes, and
   // the path (and body_path's inode) open only them.
   const std::string version = StoreVersion(key);
-  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(MissJson(begin_transfer));
+  if (version.empty() || (version[0] == 'q') != state.in_write_queue) return reply(MissJson(begin_transfer, connection, reply));
   out.cached = true;
   out.path = ctx_.mount_path + "/.ghost/objects/" + name + "@" + version;
   out.version = version;
@@ -427,7 +430,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   // The body file's version names its size: it must be the index's (a body is renamed into
   // place and indexed in one turn of the loop, so they never differ; if they did, the answer
   // would pair one size with another's bytes).
-  if (!version.ends_with("-" + std::to_string(e->size))) return reply(MissJson(begin_transfer));
+  if (!version.ends_with("-" + std::to_string(e->size))) return reply(MissJson(begin_transfer, connection, reply));
   out.size = e->size;
   out.response = e->response;
   out.choice = local ? LookupChoice::kDisk : LookupChoice::kNetwork;
@@ -502,7 +505,7 @@ void StoreTree::ControlRefresh(const ControlRequest& request_args, ControlServer
 }
 
 void StoreTree::ControlTransfer(const ControlRequest& request, ControlServer::Reply reply) {
-  StoreTransfer(std::get<TransferArgs>(request.args), std::move(reply));
+  StoreTransfer(std::get<TransferArgs>(request.args), request.connection, std::move(reply));
 }
 
 void StoreTree::ControlInvalidate(const ControlRequest& request, ControlServer::Reply reply) {
@@ -534,10 +537,10 @@ void StoreTree::ControlServed(const ControlRequest& request_args, ControlServer:
 // The proxy's fetch from an origin, on the emulated card (see the file comment). The card's
 // policy sees one disclosed transfer, as ghostsim's card sees one I/O: under static the
 // default policy counts the transfer's begin as ghostsim counts its I/O's begin.
-void StoreTree::StoreTransfer(const TransferArgs& args, ControlServer::Reply reply) {
+void StoreTree::StoreTransfer(const TransferArgs& args, std::uint64_t connection, ControlServer::Reply reply) {
   switch (args.phase) {
     case TransferPhase::kBegin:
-      return reply({{"transfer", BeginProxyTransfer()}, {"card", !ctx_.options.profile.empty()}});
+      return reply({{"transfer", BeginProxyTransfer(connection)}, {"card", !ctx_.options.profile.empty()}});
     case TransferPhase::kData: {
       auto answer = std::make_shared<ControlServer::Reply>(reply);
       std::string error = ProxyTransferData(args.transfer, args.bytes, args.upload,
@@ -555,9 +558,9 @@ void StoreTree::StoreTransfer(const TransferArgs& args, ControlServer::Reply rep
   }
 }
 
-std::uint64_t StoreTree::BeginProxyTransfer() {
+std::uint64_t StoreTree::BeginProxyTransfer(std::uint64_t connection) {
   std::uint64_t id = next_transfer_id_++;
-  proxy_transfers_[id] = ProxyTransfer{};
+  proxy_transfers_[id] = ProxyTransfer{.connection = connection};
   ctx_.machine.pm().TransferBegin(ctx_.machine.network_id());
   if (!ctx_.options.profile.empty()) {
     IoRequest io;
@@ -604,6 +607,18 @@ std::string StoreTree::EndProxyTransfer(std::uint64_t id) {
   return "";
 }
 
+void StoreTree::ConnectionClosed(std::uint64_t connection) {
+  std::vector<std::uint64_t> orphans;
+  for (const auto& [id, t] : proxy_transfers_) {
+    if (connection != 0 && t.connection == connection && !t.ended) orphans.push_back(id);
+  }
+  for (std::uint64_t id : orphans) {
+    ++store_stats_.orphaned_transfers;
+    EndProxyTransfer(id);
+  }
+  if (!orphans.empty()) ctx_.stats_changed();
+}
+
 // Unlinking .ghost/fill/<token> before closing it abandons the fill.
 void StoreTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
   if (parent->path != kFillDir) return (void)fuse_reply_err(req, EROFS);
@@ -626,7 +641,9 @@ nlohmann::json StoreTree::StatsJson() const {
           // fill backlog was over its bound, in all and now.
           {"held", store_stats_.held},
           {"held_now", held_now_},
-          {"open_transfers", proxy_transfers_.size()}};
+          {"open_transfers", proxy_transfers_.size()},
+          // Transfers whose client closed its connection without ending them (ended then).
+          {"orphaned_transfers", store_stats_.orphaned_transfers}};
 }
 
 void StoreTree::LookupRoot(fuse_req_t req) {

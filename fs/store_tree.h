@@ -39,6 +39,7 @@ struct StoreFill {
 
 // A proxy's fetch that the emulated card carries (the "transfer" control op).
 struct ProxyTransfer {
+  std::uint64_t connection = 0;  // the control connection that began it (0: none)
   bool data_sent = false;
   int data_pending = 0;  // "data" I/Os the card has not finished
   bool ended = false;    // "end" came: the transfer closes once the data is through
@@ -47,6 +48,7 @@ struct ProxyTransfer {
 struct StoreStats {
   std::uint64_t lookups = 0, hits = 0, network_preferred = 0, fills = 0, refreshes = 0;
   std::uint64_t memory_hits = 0;  // reads a client served from its own RAM copy ("served")
+  std::uint64_t orphaned_transfers = 0;  // ended because their connection closed
   std::uint64_t inline_fills = 0;  // of `fills`, those whose body came in the "store" request
   std::uint64_t held = 0;  // store/refresh/invalidate requests held while the fill backlog was full
 };
@@ -78,6 +80,14 @@ class StoreTree final : public Tree {
   // ---- control operations (common/control/protocol.h) ----
   // lookup, store, refresh, invalidate, transfer, served; replies exactly once.
   void Control(const ControlRequest& request, ControlServer::Reply reply);
+  // A control connection closed (ControlServer::SetCloseHandler): the transfers it began and
+  // did not end are ended now, as if it had sent their "end" (the card's data already given
+  // still finishes first). A proxy killed, or stopped, between a transfer's begin and its end
+  // would otherwise leave it open for the daemon's life, and the network card's power policy,
+  // which sees an open disclosed transfer as activity, would start no new run, sample no gap
+  // and never arm its idle timer again: hints could not switch the card to CAM any more, nor
+  // would it return to PSM (ghostproxy_smtp check 14 under load, round 18).
+  void ConnectionClosed(std::uint64_t connection);
   // For `ghostctl stats` ("proxy").
   nlohmann::json StatsJson() const;
 
@@ -96,17 +106,21 @@ class StoreTree final : public Tree {
   void ControlTransfer(const ControlRequest& request, ControlServer::Reply reply);
   void ControlServed(const ControlRequest& request, ControlServer::Reply reply);
   // Answers a lookup of `key` with a LookupResult (waits for a fill of it being written).
-  // `begin_transfer`: a miss begins the fetch's transfer and answers its id (lookup's
-  // "begin_transfer").
-  void LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer = false);
-  // A miss's answer; with `begin_transfer`, the transfer begun for its fetch in it.
-  nlohmann::json MissJson(bool begin_transfer);
-  void StoreTransfer(const TransferArgs& args, ControlServer::Reply reply);
+  // `begin_transfer`: a miss begins the fetch's transfer, owned by `connection`, and answers
+  // its id (lookup's "begin_transfer").
+  void LookupObject(const std::string& key, ControlServer::Reply reply, bool begin_transfer = false,
+                    std::uint64_t connection = 0);
+  // A miss's answer; with `begin_transfer`, the transfer begun for its fetch (owned by
+  // `connection`) in it, unless nobody waits for the answer any more (`reply` not pending: its
+  // client has gone, and nobody would end the transfer).
+  nlohmann::json MissJson(bool begin_transfer, std::uint64_t connection, const ControlServer::Reply& reply);
+  void StoreTransfer(const TransferArgs& args, std::uint64_t connection, ControlServer::Reply reply);
   // The phases of a proxy's transfer (the "transfer" op; lookup and store fold begin and end
   // in). Begin returns the id. Data: the card carries `bytes`, then `done` (at once without
   // an emulated card). End: closes after its data. Both return an error text for an unknown
   // id or a second data phase, empty when done.
-  std::uint64_t BeginProxyTransfer();
+  // `connection`: the control connection that owns it (ConnectionClosed ends it).
+  std::uint64_t BeginProxyTransfer(std::uint64_t connection);
   std::string ProxyTransferData(std::uint64_t id, Bytes bytes, bool upload, std::function<void()> done);
   std::string EndProxyTransfer(std::uint64_t id);
 

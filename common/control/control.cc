@@ -769,7 +769,7 @@ void ControlServer::HandleRequest(Connection& c, std::string_view line) {
   }
   // No exception may cross libevent's C callback; a failing op still gets its one reply.
   try {
-    handler_(ControlRequest{*op, std::move(*args), request}, reply);
+    handler_(ControlRequest{*op, std::move(*args), request, c.id}, reply);
   } catch (const std::exception& e) {
     if (!state->done) reply.Error("internal error in " + state->op + ": " + e.what());
   } catch (...) {
@@ -845,6 +845,7 @@ void ControlServer::Close(Connection& c) {
     evconnlistener_enable(listener_.get());
     accepting_ = true;
   }
+  if (close_handler_) close_handler_(c.id);
 }
 
 // ---- Client ----

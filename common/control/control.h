@@ -177,6 +177,15 @@ class ControlServer {
   // nobody receives (on a hot path such as every open).
   bool Subscribed(const std::string& topic) const;
 
+  // Runs on the server's thread once for each connection that closes (the client hung up or
+  // died, or the server dropped it), with the id its requests carried (ControlRequest::
+  // connection); not when the server itself is destroyed. A client killed in the middle of
+  // something it opened — a proxy's transfer, disclosed to the card's power policy — leaves
+  // nobody to close it: the daemon closes it here. The handler must not destroy the server.
+  void SetCloseHandler(std::function<void(std::uint64_t connection)> handler) {
+    close_handler_ = std::move(handler);
+  }
+
   const std::string& path() const { return path_; }
   std::size_t connections() const { return connections_.size(); }
   std::size_t subscribers(const std::string& topic) const;
@@ -231,6 +240,7 @@ class ControlServer {
   std::uint64_t next_conn_ = 1;
   std::map<std::uint64_t, std::shared_ptr<Connection>> connections_;
   std::uint64_t writes_ = 0;
+  std::function<void(std::uint64_t)> close_handler_;
 };
 
 // Blocking client of the control socket: one request at a time, events queued while waiting.

@@ -103,6 +103,11 @@
 //       bytes sent to the origin (an IMAP APPEND's message), at the link's upload rate.
 //     {"phase": "end", "transfer": T}  the fetch is over (the transfer closes after its data).
 //       With "bytes": B, the data phase comes first (a transfer whose data was not given).
+//     A transfer (or a lookup's "begin_transfer") belongs to the connection that began it:
+//     when that connection closes with it still open, the daemon ends it as "end" would (a
+//     client gone mid-fetch cannot, and an open transfer keeps the card's policy busy for ever).
+//     Unkeyed "hint" transfer_begin/transfer_end are not tracked this way (a begin and its end
+//     may come from two ghostctl runs).
 //   served {"memory": {K: N, ...}, "bytes": B}  a client served N reads of each K from its own
 //       copy in RAM (the memory source, DESIGN §3.4; ghostproxy's MemoryCache), B body bytes in
 //       all, since its last report: counted as memory reads in stats, and each K becomes the
@@ -273,6 +278,10 @@ struct ControlRequest {
   ControlOp op;
   ControlArgs args;             // the alternative for `op`
   const nlohmann::json& json;   // the whole request object (borrowed for the call)
+  // The connection it came on: unique for the server's life, never 0 for a request the server
+  // read (0: made up by the daemon). ControlServer::SetCloseHandler reports its end, so state a
+  // client opens (a disclosed transfer) can end with it.
+  std::uint64_t connection = 0;
 };
 
 // ---- Results that several programs read ----

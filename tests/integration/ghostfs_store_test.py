@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from harness import wait_for  # noqa: E402
 
-PLAN = 25
+PLAN = 26
 
 
 def store(ctl, key, body, **fields):
@@ -230,6 +230,24 @@ def main():
             and not unknown["ok"] and "stored, but no open transfer 987654" in unknown["error"],
             "an inline store with transfer_end ends that transfer once the card has carried its bytes",
             (stored, again, unknown))
+
+    # A client that goes without ending its transfers (a proxy killed, or stopped, mid-send) has
+    # them ended when its connection closes: an open one is activity to the card's power policy,
+    # which then starts no new run and arms no idle timer (ghostproxy_smtp check 14, round 18).
+    # Another connection's transfer stays open.
+    mine = ctl.ok("transfer", phase="begin")["transfer"]
+    gone = h.Control(sock)
+    gone.ok("transfer", phase="begin")
+    gone.ok("lookup", key="http://example.test/orphan", begin_transfer=True)
+    open_before = ctl.ok("stats")["proxy"]["open_transfers"]
+    gone.close()
+    orphaned = wait_for(lambda: ctl.ok("stats")["proxy"]["open_transfers"] == 1, 10)
+    proxy_stats = ctl.ok("stats")["proxy"]
+    ended = ctl.call("transfer", phase="end", transfer=mine)
+    t.check(open_before == 3 and orphaned and proxy_stats.get("orphaned_transfers") == 2 and ended["ok"]
+            and ctl.ok("stats")["proxy"]["open_transfers"] == 0,
+            "a closed connection's open transfers end with it; another's stays open until its end",
+            (open_before, proxy_stats, ended))
 
     ctl.ok("flush")
     ctl.close()

@@ -228,12 +228,23 @@ def main():
         if sent:
             break
         time.sleep(1.2)  # longer than the break-even time: the next hints start a new run
+    proxy_stats = ctlc.call("stats")["result"]["proxy"]
+    print(f"# daemon: open transfers {proxy_stats.get('open_transfers')}, ended with their connection "
+          f"{proxy_stats.get('orphaned_transfers')}", flush=True)
+    why = ""
+    if not sent:  # what the card's module and the daemon's open transfers were
+        why = "; " + "; ".join(d.get("policy", "") for d in ctlc.call("devices")["result"] if d["kind"] == "network")
+        why += f"; open transfers {ctlc.call('stats')['result']['proxy'].get('open_transfers')}"
     ctlc.close()
     t.check(quiet and sent, "the outbox goes when the network card enters its high-power mode",
-            f"quiet {quiet} sent {sent}; card {modes}; " + open(log).read()[-300:])
+            f"quiet {quiet} sent {sent}; card {modes}{why}; " + open(log).read()[-300:])
 
-    # `ghostctl flush` reaches the proxy's outbox (ghostfs publishes a flush event).
+    # `ghostctl flush` reaches the proxy's outbox (ghostfs publishes a flush event). The send
+    # above may still be under way (it carries more than one message when an earlier proxy was
+    # stopped after the server had its mail but before taking it out of the outbox: those go
+    # again), so the count starts once the outbox is empty.
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
+    h.wait_for(lambda: outbox(box).get("waiting") == [], timeout=20)
     before = len(delivered(sink_dir))
     s = smtplib.SMTP("127.0.0.1", sport, timeout=20)
     s.sendmail("a@example.org", ["b@example.org"], message("flush", 50))
@@ -241,7 +252,7 @@ def main():
     quiet = len(delivered(sink_dir)) == before
     subprocess.run([ghostctl, "--control", ctl, "flush"], capture_output=True, timeout=30)
     t.check(quiet and h.wait_for(lambda: len(delivered(sink_dir)) > before, timeout=10),
-            "ghostctl flush sends the outbox", open(log).read()[-300:])
+            "ghostctl flush sends the outbox", f"quiet {quiet}; " + open(log).read()[-300:])
 
     # The deadline is scaled by ghostfs's knob: smtp_deadline 120 s at K=50 is 0 at K=100.
     subprocess.run([ghostctl, "--control", ctl, "knob", "100"], capture_output=True, timeout=30)

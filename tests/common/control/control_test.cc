@@ -186,6 +186,7 @@ class ControlTest : public ::testing::Test {
   // The fake daemon (the real one is tested through a mount: tests/integration).
   void Handle(const ControlRequest& checked, ControlServer::Reply reply) {
     ++handled_;
+    request_connections_.push_back(checked.connection);
     const json& request = checked.json;
     const std::string op(ControlOpName(checked.op));
     if (op == "stats") {
@@ -230,6 +231,7 @@ class ControlTest : public ::testing::Test {
   // the answered one is still being called (a vector's growth freed it under the call).
   std::deque<ControlServer::Reply> flushes_;
   std::optional<std::promise<void>> flush_seen_;
+  std::vector<std::uint64_t> request_connections_;  // ControlRequest::connection, in order
 };
 
 TEST_F(ControlTest, CallReturnsTheResultOfItsOwnRequest) {
@@ -312,6 +314,34 @@ TEST_F(ControlTest, ReplyAfterTheClientLeftIsDroppedSafely) {
   });
   ControlClient client = Connect();
   EXPECT_TRUE(client.Call("stats").ok());
+}
+
+// The daemon ends what a client opened and left open (a proxy's disclosed transfer) when its
+// connection closes: requests name their connection, and its close is reported once.
+TEST_F(ControlTest, AClosedConnectionIsReportedOnceWithTheIdItsRequestsCarried) {
+  Start();
+  std::vector<std::uint64_t> closed;  // loop thread
+  OnLoop([&] { server_->SetCloseHandler([&](std::uint64_t id) { closed.push_back(id); }); });
+  auto leaving = std::make_unique<ControlClient>(Connect());
+  ControlClient staying = Connect();
+  ASSERT_TRUE(leaving->Call("stats").ok());
+  ASSERT_TRUE(staying.Call("stats").ok());
+  ASSERT_TRUE(leaving->Call("stats").ok());
+  auto seen = OnLoop([&] { return request_connections_; });
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_NE(seen[0], 0u);
+  EXPECT_NE(seen[1], 0u);
+  EXPECT_NE(seen[0], seen[1]) << "two connections, two ids";
+  EXPECT_EQ(seen[2], seen[0]) << "one connection, one id";
+  EXPECT_TRUE(OnLoop([&] { return closed; }).empty());
+  leaving.reset();
+  ASSERT_TRUE(WaitForConnections(1));
+  Settle();
+  EXPECT_EQ(OnLoop([&] { return closed; }), std::vector<std::uint64_t>{seen[0]});
+  // The server's own end reports nothing (the daemon is going too).
+  StopLoop();
+  server_.reset();
+  EXPECT_EQ(closed, std::vector<std::uint64_t>{seen[0]});
 }
 
 TEST_F(ControlTest, AClientThatLeftHasItsRequestsDropped) {
