@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdio>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "common/base/clock.h"
@@ -131,6 +132,10 @@ class SmtpProxy::Impl {
   event* deadline_timer = nullptr;
   bool sending = false, again = false;
   std::thread worker;
+  // The worker's results, stored before it posts Sent: applied by Sent, or by ~Impl when the
+  // loop stopped before running it (else mail the server took would be sent again).
+  std::mutex done_mu;
+  std::vector<SendResult> done;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
   // ghostfs's network card, knob and `ghostctl flush` (proxy/network_watch.h).
   std::unique_ptr<NetworkWatch> watch;
@@ -149,7 +154,8 @@ class SmtpProxy::Impl {
     evtimer_add(deadline_timer, &tv);
   }
   void Flush(const char* why);
-  void Sent(std::vector<SendResult> results, std::uint64_t transfer);
+  void Sent(std::uint64_t transfer);
+  Bytes Apply();
   void SubscribeModes();
 };
 
@@ -428,15 +434,34 @@ void SmtpProxy::Impl::Flush(const char* why) {
                         base = base] {
     std::vector<SendResult> results;
     for (const SendJob& j : jobs) results.push_back(SendOne(origin, j));
-    RunSoon(base, [this, weak, results = std::move(results), transfer]() mutable {
-      if (weak.expired()) return;
-      Sent(std::move(results), transfer);
+    {
+      std::lock_guard lock(done_mu);
+      done = std::move(results);
+    }
+    RunSoon(base, [this, weak, transfer] {
+      if (weak.expired()) return;  // ~Impl applied the results
+      Sent(transfer);
     });
   });
 }
 
-void SmtpProxy::Impl::Sent(std::vector<SendResult> results, std::uint64_t transfer) {
+void SmtpProxy::Impl::Sent(std::uint64_t transfer) {
   sending = false;
+  backend->TransferEnd(transfer, Apply());
+  if (again) {
+    again = false;
+    Flush("again");
+  }
+  ArmDeadline();
+}
+
+// The worker's results not applied yet, to the outbox and the stats; the bytes sent.
+Bytes SmtpProxy::Impl::Apply() {
+  std::vector<SendResult> results;
+  {
+    std::lock_guard lock(done_mu);
+    results.swap(done);
+  }
   Bytes bytes = 0;
   for (const SendResult& r : results) {
     for (const OutboxMessage& m : outbox->waiting()) {
@@ -457,12 +482,7 @@ void SmtpProxy::Impl::Sent(std::vector<SendResult> results, std::uint64_t transf
     }
     if (!s.ok()) std::fprintf(stderr, "ghostproxy: smtp: %s\n", s.ToString().c_str());
   }
-  backend->TransferEnd(transfer, bytes);
-  if (again) {
-    again = false;
-    Flush("again");
-  }
-  ArmDeadline();
+  return bytes;
 }
 
 void SmtpProxy::Impl::SubscribeModes() {
@@ -492,6 +512,8 @@ void SmtpProxy::Impl::Remove(SmtpSession* s) {
 SmtpProxy::Impl::~Impl() {
   alive.reset();
   if (worker.joinable()) worker.join();
+  // Only the outbox part: the daemon ends the open transfer with this connection.
+  Apply();
   if (listener) evconnlistener_free(listener);
   sessions.clear();
   if (deadline_timer) event_free(deadline_timer);

@@ -240,9 +240,7 @@ def main():
             f"quiet {quiet} sent {sent}; card {modes}{why}; " + open(log).read()[-300:])
 
     # `ghostctl flush` reaches the proxy's outbox (ghostfs publishes a flush event). The send
-    # above may still be under way (it carries more than one message when an earlier proxy was
-    # stopped after the server had its mail but before taking it out of the outbox: those go
-    # again), so the count starts once the outbox is empty.
+    # above may still be under way, so the count starts once the outbox is empty.
     ghostctl = os.path.join(h.build_dir(), "fs", "ghostctl")
     h.wait_for(lambda: outbox(box).get("waiting") == [], timeout=20)
     before = len(delivered(sink_dir))
