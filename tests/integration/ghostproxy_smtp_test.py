@@ -34,11 +34,14 @@ class Handler:
         envelope.rcpt_tos.append(address)
         return "250 OK"
     async def handle_DATA(self, server, session, envelope):
-        n = len(os.listdir(out))
-        with open(os.path.join(out, f"{n:04d}.eml"), "wb") as f:
-            f.write(envelope.original_content)
-        with open(os.path.join(out, f"{n:04d}.auth"), "w") as f:
-            f.write(session.authenticated and str(session.auth_data.login, "utf-8") or "")
+        # The .auth first, each file renamed into place whole: the test reads both as soon as
+        # the .eml is there (written the other way round, check 6 once read an empty .auth).
+        n = len([f for f in os.listdir(out) if f.endswith(".eml")])
+        for name, data in ((f"{n:04d}.auth", (session.authenticated and str(session.auth_data.login, "utf-8") or "").encode()),
+                           (f"{n:04d}.eml", envelope.original_content)):
+            with open(os.path.join(out, ".tmp"), "wb") as f:
+                f.write(data)
+            os.rename(os.path.join(out, ".tmp"), os.path.join(out, name))
         return "250 Message accepted"
 def auth(server, session, envelope, mechanism, auth_data):
     ok = isinstance(auth_data, LoginPassword) and auth_data.login == user.encode() and auth_data.password == password.encode()
