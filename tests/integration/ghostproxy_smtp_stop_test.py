@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
-from ghostproxy_smtp_test import SYSTEM_PYTHON, delivered, message, outbox  # noqa: E402
+from ghostproxy_smtp_test import delivered, message, outbox, start_sink, start_smtp_proxy  # noqa: E402
 
 PLAN = 7
 HOLD = 3  # seconds the sink holds a DATA before its 250
@@ -38,38 +38,18 @@ while True:
 
 
 def main():
-    h.require_root_and_fuse()
-    if subprocess.run([SYSTEM_PYTHON, "-c", "import aiosmtpd"], capture_output=True).returncode != 0:
-        h.skip_all("python3-aiosmtpd is not installed")
-    work = h.tempdir()
-    sink_dir = os.path.join(work, "sink")
-    os.makedirs(sink_dir)
-    sink_port = h.free_port()
-    script = os.path.join(work, "sink.py")
-    with open(script, "w") as f:
-        f.write(SINK)
-    sink = subprocess.Popen([SYSTEM_PYTHON, script, sink_dir, str(sink_port), str(HOLD)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    h.on_exit(lambda: sink.poll() is None and sink.kill())
-    if not h.wait_port(sink_port, 15):
-        h.skip_all("the aiosmtpd sink did not start: " + (sink.stdout.read() if sink.poll() is not None else ""))
+    work, sink_dir, sink_port = start_sink(SINK, HOLD)
     t = h.Tap(PLAN)
     mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
     box = os.path.join(work, "outbox")
     sport = h.free_port()
-    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
     log = os.path.join(work, "ghostproxy.log")
 
     def start(deadline):
         conf = os.path.join(work, f"proxy-{deadline}.toml")
         with open(conf, "w") as f:
             f.write(f"smtp_deadline = {deadline}\n")
-        p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
-                              "--config", conf, "--smtp-listen", f"127.0.0.1:{sport}",
-                              "--smtp-origin", f"smtp://127.0.0.1:{sink_port}/", "--smtp-outbox", box],
-                             stdout=open(log, "a"), stderr=subprocess.STDOUT)
-        h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
-        return p
+        return start_smtp_proxy(mnt, ctl, conf, sport, sink_port, box, log)
     proxy = start(120)
     if not t.check(h.wait_port(sport, 15), "ghostproxy listens for SMTP", open(log).read()):
         t.skip_rest(PLAN, "no SMTP listener")

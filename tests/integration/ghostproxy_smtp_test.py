@@ -71,7 +71,10 @@ def outbox(dirpath):
     return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr}
 
 
-def main():
+def start_sink(script_text, *args):
+    """Runs the aiosmtpd sink `script_text` (argv: its directory, its port, then `args`) under
+    Debian's python3; -> (work directory, its directory, its port). Skips the whole test
+    without root, /dev/fuse or aiosmtpd, or when the sink does not start."""
     h.require_root_and_fuse()
     if subprocess.run([SYSTEM_PYTHON, "-c", "import aiosmtpd"], capture_output=True).returncode != 0:
         h.skip_all("python3-aiosmtpd is not installed")
@@ -81,12 +84,29 @@ def main():
     sink_port = h.free_port()
     script = os.path.join(work, "sink.py")
     with open(script, "w") as f:
-        f.write(SINK)
-    sink = subprocess.Popen([SYSTEM_PYTHON, script, sink_dir, str(sink_port), "ghost", "s3cret pass"],
+        f.write(script_text)
+    sink = subprocess.Popen([SYSTEM_PYTHON, script, sink_dir, str(sink_port), *map(str, args)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     h.on_exit(lambda: sink.poll() is None and sink.kill())
     if not h.wait_port(sink_port, 15):
         h.skip_all("the aiosmtpd sink did not start: " + (sink.stdout.read() if sink.poll() is not None else ""))
+    return work, sink_dir, sink_port
+
+
+def start_smtp_proxy(mnt, ctl, conf, smtp_port, sink_port, box, log):
+    """ghostproxy on the mount with config `conf`, taking mail on `smtp_port` into the outbox
+    `box` and sending it to the sink; its output appended to `log`; stopped at exit."""
+    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
+    p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
+                          "--config", conf, "--smtp-listen", f"127.0.0.1:{smtp_port}",
+                          "--smtp-origin", f"smtp://127.0.0.1:{sink_port}/", "--smtp-outbox", box],
+                         stdout=open(log, "a"), stderr=subprocess.STDOUT)
+    h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
+    return p
+
+
+def main():
+    work, sink_dir, sink_port = start_sink(SINK, "ghost", "s3cret pass")
     t = h.Tap(PLAN)
     mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
     box = os.path.join(work, "outbox")
@@ -94,16 +114,10 @@ def main():
     with open(conf, "w") as f:
         f.write("smtp_deadline = 4\n")
     sport = h.free_port()
-    exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
     log = os.path.join(work, "ghostproxy.log")
 
     def start(conf=conf):
-        p = subprocess.Popen([exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl,
-                              "--config", conf, "--smtp-listen", f"127.0.0.1:{sport}",
-                              "--smtp-origin", f"smtp://127.0.0.1:{sink_port}/", "--smtp-outbox", box],
-                             stdout=open(log, "a"), stderr=subprocess.STDOUT)
-        h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
-        return p
+        return start_smtp_proxy(mnt, ctl, conf, sport, sink_port, box, log)
     proxy = start()
     if not t.check(h.wait_port(sport, 15), "ghostproxy listens for SMTP with --smtp-listen", open(log).read()):
         t.skip_rest(PLAN, "no SMTP listener")
