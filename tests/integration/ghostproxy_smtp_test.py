@@ -173,24 +173,34 @@ def main():
     t.check(bool(ob.get("refused")) and "550" in ob["refused"][0].get("reply", "") and ob.get("waiting") == [],
             "a message the server refuses is kept in refused/ with its reply", ob)
 
-    # SIGKILL with mail journaled: nothing lost.
+    # SIGKILL with mail journaled: nothing lost. Judged by content, not by count: under load the
+    # 4 s deadline can send m3 before the kill, and a kill between the server's 250 and the
+    # journal's removal sends that message again after the restart (SMTP is at least once), so
+    # "two new files after the restart" failed 3 of 10 loaded runs (round 18) with nothing lost.
     m3, m4 = message("crash1", 100), message("crash2", 5000)
+    before = len(delivered(sink_dir))
     s = smtplib.SMTP("127.0.0.1", sport, timeout=20)
     s.sendmail("a@example.org", ["b@example.org"], m3)
     s.sendmail("a@example.org", ["b@example.org", "e@example.org"], m4)
     proxy.kill()
     proxy.wait()
     s.close()
-    before = len(delivered(sink_dir))
     proxy = start()
     h.wait_port(sport, 15)
-    got = h.wait_for(lambda: len(delivered(sink_dir)) >= before + 2 and delivered(sink_dir), timeout=20)
-    bodies = []
-    for n in (got or [])[before:]:
-        with open(os.path.join(sink_dir, n), "rb") as f:
-            bodies.append(f.read())
-    t.check(sorted(bodies) == sorted([m3, m4]), "mail journaled before a SIGKILL is sent after the restart",
-            f"{len(bodies)} delivered")
+
+    def bodies_since():
+        out = []
+        for n in delivered(sink_dir)[before:]:
+            with open(os.path.join(sink_dir, n), "rb") as f:
+                out.append(f.read())
+        return out
+    h.wait_for(lambda: m3 in bodies_since() and m4 in bodies_since() and outbox(box).get("waiting") == [],
+               timeout=20)
+    bodies = bodies_since()
+    t.check(m3 in bodies and m4 in bodies and set(bodies) <= {m3, m4},
+            "mail journaled before a SIGKILL is sent after the restart",
+            f"{len(bodies)} delivered: m3 x{bodies.count(m3)}, m4 x{bodies.count(m4)}, "
+            f"{len(bodies) - bodies.count(m3) - bodies.count(m4)} others; outbox {outbox(box)}")
 
     # Malformed input.
     def talk(payload):
