@@ -234,6 +234,11 @@ class SmtpSession {
     data_ = smtpwire::DataReader(kMaxDataLine);
   }
   void Authenticated(const std::string& user, const std::string& password) {
+    // The user is kept in the outbox's JSON envelope with each message (and passed upstream).
+    if (!smtpwire::IsUtf8(user)) {
+      state_ = State::kCommand;
+      return Reply("501 5.5.4 Ghost: the user name is not UTF-8");
+    }
     user_ = user;
     owner_->passwords[user] = password;  // RAM only: for this user's upstream sends
     Reply("235 2.7.0 Authentication accepted (Ghost: used for the upstream send)");
@@ -318,6 +323,8 @@ void SmtpSession::Data() {
   ResetTransaction();
   if (!m.ok()) {
     std::fprintf(stderr, "ghostproxy: smtp: %s\n", m.status().ToString().c_str());
+    if (m.status().code() == Status::Code::kInvalidArgument)  // would fail again as it is
+      return Reply("554 5.6.0 Ghost: cannot journal the message: " + m.status().message());
     return Reply("451 4.3.0 Ghost: cannot journal the message: " + m.status().message());
   }
   ++owner_->stats.accepted;
