@@ -254,7 +254,12 @@ const CacheEntry* OriginTree::MountEntry(const std::string& url) const {
   const CacheEntry* e = ctx_.store.index().Find(url);
   if (!e || e->response.empty()) return e;
   nlohmann::json head = nlohmann::json::parse(e->response, nullptr, /*allow_exceptions=*/false);
-  if (!head.is_object() || head.value("status", 0) != 200) return nullptr;
+  // Whatever a store request put there (any control client's "response" string, kept in the
+  // index across restarts): a "status" that is no integer is not a 200 (value() threw:
+  // ghostfs aborted at every open of the URL, round 19).
+  if (!head.is_object()) return nullptr;
+  auto status = head.find("status");
+  if (status == head.end() || !status->is_number_integer() || status->get<std::int64_t>() != 200) return nullptr;
   if (auto it = head.find("headers"); it != head.end() && it->is_array()) {
     for (const nlohmann::json& field : *it) {
       if (field.is_array() && field.size() == 2 && field[0].is_string() &&

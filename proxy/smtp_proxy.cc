@@ -68,7 +68,27 @@ int OnCurlDebug(CURL*, curl_infotype type, char* data, std::size_t size, void* a
   return 0;
 }
 
-SendResult SendOne(const std::string& origin, const SendJob& job) {
+// How long a send in progress may still take once the proxy is stopping: a server's late
+// answer to a DATA it has (ghostproxy_smtp_stop) still takes the message out of the outbox;
+// one that does not answer by then leaves it waiting (sent again after the next start), and
+// the proxy stops instead of waiting for curl's own timeouts (60 s: ghostproxy_smtp_hang).
+constexpr Duration kStopGrace = std::chrono::seconds(4);
+
+// When the worker must give up (steady_clock nanoseconds since its epoch), 0 while the proxy runs.
+using StopAt = std::atomic<std::int64_t>;
+
+std::int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// curl calls this about once a second even while nothing moves: nonzero aborts the transfer.
+int OnCurlProgress(void* arg, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  std::int64_t at = static_cast<const StopAt*>(arg)->load();
+  return at != 0 && SteadyNs() >= at ? 1 : 0;
+}
+
+SendResult SendOne(const std::string& origin, const SendJob& job, const StopAt& stop_at) {
   SendResult r;
   r.id = job.id;
   FILE* f = std::fopen(job.path.c_str(), "rb");
@@ -96,6 +116,9 @@ SendResult SendOne(const std::string& origin, const SendJob& job) {
   curl_easy_setopt(c, CURLOPT_VERBOSE, 1L);
   curl_easy_setopt(c, CURLOPT_DEBUGFUNCTION, &OnCurlDebug);
   curl_easy_setopt(c, CURLOPT_DEBUGDATA, &last_reply);
+  curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+  curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &OnCurlProgress);
+  curl_easy_setopt(c, CURLOPT_XFERINFODATA, const_cast<StopAt*>(&stop_at));
   if (origin.starts_with("smtp://")) curl_easy_setopt(c, CURLOPT_USE_SSL, static_cast<long>(CURLUSESSL_TRY));
   if (!job.user.empty()) {
     curl_easy_setopt(c, CURLOPT_USERNAME, job.user.c_str());
@@ -107,6 +130,7 @@ SendResult SendOne(const std::string& origin, const SendJob& job) {
   r.ok = rc == CURLE_OK;
   r.permanent = !r.ok && code >= 500 && code < 600;
   r.reply = last_reply.empty() ? std::string(error[0] ? error : curl_easy_strerror(rc)) : last_reply;
+  if (rc == CURLE_ABORTED_BY_CALLBACK) r.reply = "no answer from the server before the proxy stopped";
   curl_slist_free_all(rcpts);
   curl_easy_cleanup(c);
   std::fclose(f);
@@ -137,6 +161,8 @@ class SmtpProxy::Impl {
   std::mutex done_mu;
   std::vector<SendResult> done;
   std::shared_ptr<bool> alive = std::make_shared<bool>(true);
+  // Set by ~Impl: the worker's send in progress ends by then, and it starts no other.
+  StopAt stop_at{0};
   // ghostfs's network card, knob and `ghostctl flush` (proxy/network_watch.h).
   std::unique_ptr<NetworkWatch> watch;
 
@@ -208,6 +234,11 @@ class SmtpSession {
     data_ = smtpwire::DataReader(kMaxDataLine);
   }
   void Authenticated(const std::string& user, const std::string& password) {
+    // The user is kept in the outbox's JSON envelope with each message (and passed upstream).
+    if (!smtpwire::IsUtf8(user)) {
+      state_ = State::kCommand;
+      return Reply("501 5.5.4 Ghost: the user name is not UTF-8");
+    }
     user_ = user;
     owner_->passwords[user] = password;  // RAM only: for this user's upstream sends
     Reply("235 2.7.0 Authentication accepted (Ghost: used for the upstream send)");
@@ -292,6 +323,8 @@ void SmtpSession::Data() {
   ResetTransaction();
   if (!m.ok()) {
     std::fprintf(stderr, "ghostproxy: smtp: %s\n", m.status().ToString().c_str());
+    if (m.status().code() == Status::Code::kInvalidArgument)  // would fail again as it is
+      return Reply("554 5.6.0 Ghost: cannot journal the message: " + m.status().message());
     return Reply("451 4.3.0 Ghost: cannot journal the message: " + m.status().message());
   }
   ++owner_->stats.accepted;
@@ -433,7 +466,10 @@ void SmtpProxy::Impl::Flush(const char* why) {
   worker = std::thread([this, weak, transfer, jobs = std::move(jobs), origin = options.smtp_origin,
                         base = base] {
     std::vector<SendResult> results;
-    for (const SendJob& j : jobs) results.push_back(SendOne(origin, j));
+    for (const SendJob& j : jobs) {
+      if (stop_at.load() != 0) break;  // the rest keep waiting in the outbox
+      results.push_back(SendOne(origin, j, stop_at));
+    }
     {
       std::lock_guard lock(done_mu);
       done = std::move(results);
@@ -511,6 +547,7 @@ void SmtpProxy::Impl::Remove(SmtpSession* s) {
 
 SmtpProxy::Impl::~Impl() {
   alive.reset();
+  stop_at.store(SteadyNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(kStopGrace).count());
   if (worker.joinable()) worker.join();
   // Only the outbox part: the daemon ends the open transfer with this connection.
   Apply();

@@ -27,6 +27,11 @@
 // message over `max_message` gets 552 (its bytes are read and dropped); bad base64 gets 501.
 // A client silent for `timeout` mid-command or mid-message is closed.
 //
+// Stopping: a send in progress gets kStopGrace (4 s, smtp_proxy.cc) to finish, so a server's
+// late 250 still takes its message out of the outbox; one not answered by then is aborted
+// (curl's progress callback) and its message waits for the next start. A server that never
+// answers does not hold the stop for curl's own 60 s (ghostproxy_smtp_hang).
+//
 // Event model: the proxy's loop; the deadline timer exists only while mail waits; sends run in
 // one worker thread whose results come back to the loop. Thread-safety: loop thread only.
 #ifndef GHOST_PROXY_SMTP_PROXY_H_

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 
 namespace ghost::smtpwire {
 
@@ -36,9 +37,43 @@ std::optional<std::string> ParsePath(std::string_view arg, std::string_view pref
   for (char ch : path) {
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f || ch == '<' || ch == ' ') return std::nullopt;
   }
+  if (!IsUtf8(path)) return std::nullopt;
   std::string_view rest = arg.substr(close + 1);
   if (!rest.empty() && rest.front() != ' ') return std::nullopt;
   return std::string(path);
+}
+
+bool IsUtf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto b = static_cast<unsigned char>(text[i]);
+    int more = 0;
+    std::uint32_t cp = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if (b >= 0xc2 && b <= 0xdf) {
+      more = 1, cp = b & 0x1f;
+    } else if (b >= 0xe0 && b <= 0xef) {
+      more = 2, cp = b & 0x0f;
+    } else if (b >= 0xf0 && b <= 0xf4) {
+      more = 3, cp = b & 0x07;
+    } else {
+      return false;  // a continuation byte first, an overlong 2-byte lead, or past U+10FFFF
+    }
+    if (text.size() - i <= static_cast<std::size_t>(more)) return false;
+    for (int k = 1; k <= more; ++k) {
+      const auto c = static_cast<unsigned char>(text[i + k]);
+      if ((c & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (c & 0x3f);
+    }
+    if ((more == 2 && cp < 0x800) || (more == 3 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff)) {
+      return false;
+    }
+    i += static_cast<std::size_t>(more) + 1;
+  }
+  return true;
 }
 
 std::optional<std::string> Base64Decode(std::string_view text) {

@@ -26,8 +26,13 @@ std::optional<Command> ParseCommand(std::string_view line);
 
 // The path of "FROM:<path> params" / "TO:<path> params" (`prefix` "FROM:" or "TO:",
 // case-insensitive; a space after the colon tolerated). "" for the null path <>. nullopt when
-// malformed (no angle brackets, unbalanced, control characters, over 512 bytes).
+// malformed (no angle brackets, unbalanced, control characters, bytes that are not UTF-8,
+// over 512 bytes).
 std::optional<std::string> ParsePath(std::string_view arg, std::string_view prefix);
+
+// Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF). The outbox
+// keeps addresses and users in JSON, which holds nothing else (common/imap/outbox.h).
+bool IsUtf8(std::string_view text);
 
 // Base64 (RFC 4648) to bytes; nullopt when malformed or over 16 KiB.
 std::optional<std::string> Base64Decode(std::string_view text);

@@ -61,25 +61,49 @@ std::vector<std::string> Names(const std::string& dir, const std::string& suffix
   return out;
 }
 
-Result<OutboxMessage> ReadEnvelope(const std::string& path) {
+// `id` is the name the envelope is stored under (<id>.json). Every field is checked for its
+// type (nlohmann's value() throws on a wrong one), and the id inside must be that name: it
+// names the files Remove, Refuse and DataPath touch.
+Result<OutboxMessage> ReadEnvelope(const std::string& path, const std::string& id) {
   std::ifstream f(path);
   if (!f) return Status::IoError("cannot read " + path);
   nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption(path + " is not an outbox envelope");
+  auto bad = [&](const char* key, const char* want) {
+    return Status::Corruption(path + ": \"" + key + "\" must be " + want);
+  };
+  auto text = [&](const char* key, std::string* out) {
+    auto it = j.find(key);
+    if (it == j.end()) return true;
+    if (!it->is_string()) return false;
+    *out = it->get<std::string>();
+    return true;
+  };
   OutboxMessage m;
-  m.id = j.value("id", "");
-  m.from = j.value("from", "");
-  if (j.contains("rcpts") && j["rcpts"].is_array()) {
-    for (const auto& r : j["rcpts"]) {
-      if (r.is_string()) m.rcpts.push_back(r.get<std::string>());
+  if (!text("id", &m.id)) return bad("id", "a string");
+  if (m.id != id) return Status::Corruption(path + ": its \"id\" is not its file's name (" + id + ")");
+  if (!text("from", &m.from)) return bad("from", "a string");
+  if (!text("user", &m.user)) return bad("user", "a string");
+  if (!text("reply", &m.reply)) return bad("reply", "a string");
+  if (auto it = j.find("rcpts"); it != j.end()) {
+    if (!it->is_array()) return bad("rcpts", "an array of strings");
+    for (const auto& r : *it) {
+      if (!r.is_string()) return bad("rcpts", "an array of strings");
+      m.rcpts.push_back(r.get<std::string>());
     }
   }
-  m.user = j.value("user", "");
-  m.size = j.value("size", Bytes{0});
-  m.received_unix = j.value("received_unix", std::int64_t{0});
-  m.refused = j.value("refused", false);
-  m.reply = j.value("reply", "");
-  if (m.id.empty()) return Status::Corruption(path + " has no id");
+  if (auto it = j.find("size"); it != j.end()) {
+    if (!it->is_number_unsigned()) return bad("size", "a byte count");
+    m.size = it->get<Bytes>();
+  }
+  if (auto it = j.find("received_unix"); it != j.end()) {
+    if (!it->is_number_integer()) return bad("received_unix", "an integer");
+    m.received_unix = it->get<std::int64_t>();
+  }
+  if (auto it = j.find("refused"); it != j.end()) {
+    if (!it->is_boolean()) return bad("refused", "true or false");
+    m.refused = it->get<bool>();
+  }
   return m;
 }
 
@@ -107,7 +131,7 @@ Result<std::unique_ptr<Outbox>> Outbox::Open(const std::string& dir) {
     }
   }
   for (const std::string& id : envelopes) {
-    Result<OutboxMessage> m = ReadEnvelope(dir + "/msg/" + id + ".json");
+    Result<OutboxMessage> m = ReadEnvelope(dir + "/msg/" + id + ".json", id);
     if (!m.ok()) return m.status();
     o->waiting_.push_back(*m);
   }
@@ -134,8 +158,16 @@ Result<OutboxMessage> Outbox::Put(const std::string& from, const std::vector<std
     ::unlink((tmp + ".json").c_str());
     ::unlink((msg + ".eml").c_str());
   };
+  // The envelope is JSON: bytes that are not UTF-8 cannot be kept in it as they are (nlohmann's
+  // dump throws), and an address must not be altered. Refused before anything is written.
+  std::string envelope;
+  try {
+    envelope = m.ToJson().dump();
+  } catch (const nlohmann::json::exception&) {
+    return Status::InvalidArgument("the sender, a recipient or the user is not UTF-8");
+  }
   Status s = WriteDurably(tmp + ".eml", data);
-  if (s.ok()) s = WriteDurably(tmp + ".json", m.ToJson().dump());
+  if (s.ok()) s = WriteDurably(tmp + ".json", envelope);
   if (s.ok() && ::rename((tmp + ".eml").c_str(), (msg + ".eml").c_str()) != 0)
     s = Status::FromErrno(errno, "moving " + tmp + ".eml into the outbox");
   if (s.ok() && ::rename((tmp + ".json").c_str(), (msg + ".json").c_str()) != 0)
@@ -170,7 +202,8 @@ Status Outbox::Refuse(const std::string& id, const std::string& reply) {
   const std::string from = dir_ + "/msg/" + id, to = dir_ + "/refused/" + id;
   if (::rename((from + ".eml").c_str(), (to + ".eml").c_str()) != 0)
     return Status::FromErrno(errno, "moving " + from + ".eml to refused/");
-  Status s = WriteDurably(to + ".json", m.ToJson().dump());
+  // The server's reply is only shown: bytes that are not UTF-8 become U+FFFD (a plain dump throws).
+  Status s = WriteDurably(to + ".json", m.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   if (!s.ok()) return s;
   ::unlink((from + ".json").c_str());
   if (Status d = SyncDir(dir_ + "/refused"); !d.ok()) return d;
@@ -192,7 +225,7 @@ Result<nlohmann::json> ListOutbox(const std::string& dir) {
   for (const char* kind : {"msg", "refused"}) {
     std::string sub = dir + "/" + kind;
     for (const std::string& id : Names(sub, ".json")) {
-      Result<OutboxMessage> m = ReadEnvelope(sub + "/" + id + ".json");
+      Result<OutboxMessage> m = ReadEnvelope(sub + "/" + id + ".json", id);
       if (!m.ok()) continue;
       out[std::string(kind) == "msg" ? "waiting" : "refused"].push_back(m->ToJson());
     }

@@ -1,18 +1,24 @@
 // StoreTree against a context of fakes and small real parts (no mount, no FUSE): a virtual
 // clock, an ideal machine, a cache store in a temporary directory, and the control socket
-// served on the test's own loop.
+// served on the test's own loop. The same context serves a test of OriginTree's open-time
+// prefetch (its reads go through a FileIo that can hold them, as UringFileIo's submitter does).
 #include "fs/store_tree.h"
 
 #include <event2/event.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/base/clock.h"
 #include "common/base/file_io.h"
@@ -30,6 +36,59 @@
 namespace ghost {
 namespace {
 
+// A SyncFileIo whose reads can be held: a held read is done (pread on its fd *number*) only at
+// Release(), as UringFileIo's submitter thread looks the number up only when it enters the
+// kernel. It notes whether the number still names the file it named when the read was asked.
+class HoldingFileIo final : public FileIo {
+ public:
+  explicit HoldingFileIo(event_base* base) : inner_(base) {}
+  void Read(int fd, std::uint64_t offset, std::span<char> buf, Done done) override {
+    if (!hold_reads_) return inner_.Read(fd, offset, buf, std::move(done));
+    struct stat st{};
+    (void)::fstat(fd, &st);
+    held_.push_back({fd, offset, buf, std::move(done), st.st_dev, st.st_ino});
+  }
+  void Write(int fd, std::uint64_t offset, std::string data, Done done) override {
+    inner_.Write(fd, offset, std::move(data), std::move(done));
+  }
+  void Fsync(int fd, std::function<void(Status)> done) override { inner_.Fsync(fd, std::move(done)); }
+
+  void set_hold_reads(bool hold) { hold_reads_ = hold; }
+  std::size_t held() const { return held_.size(); }
+  int held_fd(std::size_t i) const { return held_[i].fd; }
+  // What the held reads found wrong with their fd when they were done.
+  const std::vector<std::string>& misuses() const { return misuses_; }
+  void Release() {
+    std::vector<Held> held = std::move(held_);
+    held_.clear();
+    for (Held& h : held) {
+      struct stat st{};
+      if (::fstat(h.fd, &st) != 0) {
+        misuses_.push_back("fd " + std::to_string(h.fd) + " was closed while a read naming it was still queued");
+      } else if (st.st_dev != h.dev || st.st_ino != h.ino) {
+        misuses_.push_back("fd " + std::to_string(h.fd) + " named another file (opened after the read was queued) when the read was done");
+      }
+      const ssize_t n = ::pread(h.fd, h.buf.data(), h.buf.size(), static_cast<off_t>(h.offset));
+      h.done(n >= 0 ? Result<std::size_t>(static_cast<std::size_t>(n))
+                    : Result<std::size_t>(Status::FromErrno(errno, "pread")));
+    }
+  }
+
+ private:
+  struct Held {
+    int fd;
+    std::uint64_t offset;
+    std::span<char> buf;
+    Done done;
+    dev_t dev;
+    ino_t ino;
+  };
+  SyncFileIo inner_;
+  bool hold_reads_ = false;
+  std::vector<Held> held_;
+  std::vector<std::string> misuses_;
+};
+
 class StoreTreeTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -46,7 +105,7 @@ class StoreTreeTest : public ::testing::Test {
     ASSERT_TRUE(machine.ok()) << machine.status().ToString();
     machine_ = std::move(machine).value();
     manager_ = std::make_unique<CacheManager>(clock_, *machine_, CacheManager::Options{});
-    io_ = std::make_unique<SyncFileIo>(base_);
+    io_ = std::make_unique<HoldingFileIo>(base_);
     Result<std::unique_ptr<CacheStore>> store = CacheStore::Open(root_ + "/objects-db", 0, clock_, *io_);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
     store_ = std::move(store).value();
@@ -136,7 +195,7 @@ class StoreTreeTest : public ::testing::Test {
   GhostfsOptions options_;
   std::unique_ptr<Machine> machine_;
   std::unique_ptr<CacheManager> manager_;
-  std::unique_ptr<FileIo> io_;
+  std::unique_ptr<HoldingFileIo> io_;
   std::unique_ptr<CacheStore> store_;
   std::unique_ptr<WriteBack> write_back_;
   std::unique_ptr<HttpFetcher> http_;
@@ -151,6 +210,45 @@ class StoreTreeTest : public ::testing::Test {
   std::unique_ptr<ControlServer> server_;
   std::unique_ptr<AsyncControlClient> client_;
 };
+
+// Round 17 (scripts/RESULTS.md, proxyrand17): a handle released before its open-time prefetch
+// read was done closed its body file under that read; the FileIo may resolve the number only
+// later, when it may name a file (or a socket, or /dev/fuse) opened meanwhile, which the read
+// then reads from. The prefetch keeps the released handle's file until its read is done.
+TEST_F(StoreTreeTest, PrefetchKeepsAReleasedHandlesFileUntilItsReadIsDone) {
+  const std::string body_path = root_ + "/body";
+  const std::string victim_path = root_ + "/victim";
+  { std::ofstream(body_path, std::ios::binary) << std::string(100, 'b'); }
+  { std::ofstream(victim_path, std::ios::binary) << std::string(100, 'v'); }
+  Result<BodyFile> file = BodyFile::Open(body_path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  Handle h;
+  h.kind = NodeKind::kOriginFile;
+  h.io_mode = IoMode::kDirect;  // no page-cache or passthrough bookkeeping to undo at release
+  h.key = "http://o/body";
+  h.source = ReadSource::kDisk;
+  h.file = std::move(file).value();
+  const int body_fd = h.file.fd();
+  io_->set_hold_reads(true);
+  std::uint64_t fh = origin_->AddHandle(std::move(h));
+  // Said to be longer than the file: the in-page-cache attempt (RWF_NOWAIT) comes back short,
+  // so the read goes through the FileIo, as for a body not in the page cache.
+  origin_->StartPrefetch(*origin_->FindHandle(fh), 4096);
+  ASSERT_EQ(io_->held(), 1u) << "the prefetch did not go through the FileIo";
+  ASSERT_EQ(io_->held_fd(0), body_fd);
+  origin_->ReleaseHandle(fh);
+  // A file opened now takes the lowest free number: the body's, had the release closed it.
+  const int victim_fd = ::open(victim_path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(victim_fd, 0);
+  io_->Release();
+  EXPECT_TRUE(io_->misuses().empty()) << io_->misuses().front();
+  EXPECT_NE(victim_fd, body_fd) << "the released handle's body file was closed before its prefetch read was done";
+  // Once the read is done, the prefetch closes the file it kept.
+  if (victim_fd != body_fd) {
+    EXPECT_EQ(::fcntl(body_fd, F_GETFD), -1) << "fd " << body_fd << " left open";
+  }
+  ::close(victim_fd);
+}
 
 TEST_F(StoreTreeTest, LookupOfAnUncachedKeyIsNotCached) {
   Result<nlohmann::json> r = Call(ControlOp::kLookup, {{"key", "http://o/none"}});

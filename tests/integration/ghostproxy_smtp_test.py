@@ -7,6 +7,7 @@ with the client's AUTH; a message the server refuses (550) is kept in refused/ w
 mail journaled before a SIGKILL is sent after the restart; `ghostctl flush` sends the outbox, and
 the deadline is scaled by ghostfs's knob (zero at K=100); malformed input gets 5xx (a close for
 an over-long line) and the proxy lives on. TAP; skipped without root, /dev/fuse or aiosmtpd."""
+import base64
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
-PLAN = 16
+PLAN = 17
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 SINK = r'''
@@ -223,6 +224,12 @@ def main():
     got = talk(b"AUTH PLAIN !!!notbase64\r\nMAIL FROM:a@b\r\nRCPT TO:<x@y>\r\nDATA\r\nQUIT\r\n")
     t.check(b"501 5.5.2 Malformed AUTH" in got and b"501 5.1.7" in got and b"503" in got and b"221" in got,
             "bad base64, a bad path and DATA without a transaction get 5xx", got)
+    # Bytes that are not UTF-8 in an address or an AUTH user: refused at the door (the outbox's
+    # envelope is JSON; before round 19 its dump threw at DATA's end and the proxy aborted).
+    got = talk(b"EHLO x\r\nMAIL FROM:<\xff@b>\r\nRCPT TO:<x\xc3@y>\r\nDATA\r\nSubject: x\r\n\r\nb\r\n.\r\n"
+               b"AUTH PLAIN " + base64.b64encode(b"\0us\xfeer\0pw") + b"\r\nQUIT\r\n")
+    t.check(b"501 5.1.7" in got and b"503" in got and b"501 5.5.4" in got and b"250 2.0.0 Ok: queued" not in got
+            and b"221" in got, "an address or AUTH user that is not UTF-8 gets 5xx, nothing is journaled", got)
     t.check(proxy.poll() is None, "the proxy lives on after malformed input")
 
     # The network card entering its high-power mode (a transfer through the mount) sends the

@@ -20,8 +20,22 @@ TEST(SmtpWireTest, ParsesPaths) {
   EXPECT_EQ(ParsePath("from: <a@b>", "FROM:"), "a@b");
   EXPECT_EQ(ParsePath("FROM:<>", "FROM:"), "");
   EXPECT_EQ(ParsePath("TO:<c@d>", "TO:"), "c@d");
-  for (const char* bad : {"FROM:a@b", "FROM:<a@b", "FROM:<a b>", "TO:<c@d>", "FROM:<a@b>x"}) {
+  for (const char* bad : {"FROM:a@b", "FROM:<a@b", "FROM:<a b>", "TO:<c@d>", "FROM:<a@b>x",
+                          "FROM:<\xff@b>", "FROM:<a@\xc3>"}) {
     EXPECT_FALSE(ParsePath(bad, "FROM:")) << bad;
+  }
+  EXPECT_EQ(ParsePath("FROM:<j\xc3\xa9r\xc3\xb4me@b>", "FROM:"), "j\xc3\xa9r\xc3\xb4me@b");  // UTF-8 stays
+}
+
+// Round 19: the outbox's envelope is JSON, so an address or user that is not UTF-8 is refused
+// at the door (before, the envelope's dump threw at DATA's end and ghostproxy aborted).
+TEST(SmtpWireTest, IsUtf8IsStrict) {
+  for (const char* good : {"", "plain", "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x93\xa7", "\xf4\x8f\xbf\xbf"}) {
+    EXPECT_TRUE(IsUtf8(good)) << good;
+  }
+  for (const char* bad : {"\xff", "\x80", "\xc3", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80",
+                          "\xf4\x90\x80\x80", "\xf8\x88\x80\x80\x80", "a\xe2\x82"}) {
+    EXPECT_FALSE(IsUtf8(bad)) << bad;
   }
 }
 

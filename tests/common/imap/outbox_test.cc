@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace ghost {
 namespace {
@@ -87,6 +88,74 @@ TEST_F(OutboxTest, ListOutboxNamesADirectoryThatIsNone) {
   auto list = ListOutbox(dir_ + "/nothing");
   ASSERT_FALSE(list.ok());
   EXPECT_NE(list.status().message().find("not an outbox"), std::string::npos);
+}
+
+// Round 19: an envelope whose fields have the wrong types threw nlohmann's type_error out of
+// ReadEnvelope (ghostctl outbox and ghostproxy's start aborted); one whose id is not its file's
+// name pointed Remove and DataPath at other files. Each is now an error naming the file (Open)
+// or left out of the listing (ListOutbox).
+TEST_F(OutboxTest, AnEnvelopeOfTheWrongShapeIsAnErrorNotACrash) {
+  const char* bad[] = {
+      R"({"id": 5})",
+      R"({"id": "x", "size": "big"})",
+      R"({"id": "x", "size": -1})",
+      R"({"id": "x", "size": 1.5})",
+      R"({"id": "x", "from": null})",
+      R"({"id": "x", "rcpts": "b@c"})",
+      R"({"id": "x", "rcpts": ["b@c", 7]})",
+      R"({"id": "x", "user": ["u"]})",
+      R"({"id": "x", "received_unix": "now"})",
+      R"({"id": "x", "refused": "no"})",
+      R"({"id": "x", "reply": 550})",
+      R"({"id": "../../elsewhere"})",
+      R"({"id": "y"})",
+      "[1, 2]",
+      "{\"id\": \"x\", \"from\": \"\xff\"}",
+  };
+  { ASSERT_TRUE(Outbox::Open(dir_).ok()); }
+  for (const char* text : bad) {
+    SCOPED_TRACE(text);
+    { std::ofstream(dir_ + "/msg/x.json") << text; }
+    { std::ofstream(dir_ + "/msg/x.eml") << "body"; }
+    Result<std::unique_ptr<Outbox>> o = Outbox::Open(dir_);
+    ASSERT_FALSE(o.ok());
+    EXPECT_NE(o.status().message().find(dir_ + "/msg/x.json"), std::string::npos) << o.status().ToString();
+    Result<nlohmann::json> list = ListOutbox(dir_);
+    ASSERT_TRUE(list.ok()) << list.status().ToString();
+    EXPECT_EQ((*list)["waiting"].size(), 0u) << list->dump();
+  }
+  // The same file with the right shape is read.
+  { std::ofstream(dir_ + "/msg/x.json") << R"({"id": "x", "from": "a@b", "rcpts": ["c@d"], "size": 4})"; }
+  Result<std::unique_ptr<Outbox>> o = Outbox::Open(dir_);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  ASSERT_EQ((*o)->waiting().size(), 1u);
+  EXPECT_EQ((*o)->waiting()[0].rcpts, std::vector<std::string>{"c@d"});
+}
+
+// Round 19: bytes that are not UTF-8 (an 8-bit address or AUTH user from a client, an 8-bit
+// reply from the server) made the envelope's JSON dump throw: ghostproxy aborted.
+TEST_F(OutboxTest, BytesThatAreNotUtf8AreRefusedOrReplacedNeverThrown) {
+  auto o = Outbox::Open(dir_);
+  ASSERT_TRUE(o.ok());
+  for (auto [from, rcpt, user] : {std::tuple<std::string, std::string, std::string>{"\xff@b", "c@d", ""},
+                                  {"a@b", "c\xc3@d", ""},
+                                  {"a@b", "c@d", "us\xfe" "er"}}) {
+    Result<OutboxMessage> m = (*o)->Put(from, {rcpt}, user, "body");
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.status().code(), Status::Code::kInvalidArgument) << m.status().ToString();
+  }
+  EXPECT_TRUE((*o)->waiting().empty());
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ + "/msg"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir_ + "/tmp"));
+  // A server's refusal with 8-bit bytes is kept, readably.
+  Result<OutboxMessage> m = (*o)->Put("a@b", {"c@d"}, "", "body");
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*o)->Refuse(m->id, "550 5.1.1 \xe9tranger inconnu").ok());
+  auto list = ListOutbox(dir_);
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ((*list)["refused"].size(), 1u);
+  EXPECT_EQ((*list)["refused"][0]["id"], m->id);
+  EXPECT_TRUE((*o)->waiting().empty());
 }
 
 }  // namespace
