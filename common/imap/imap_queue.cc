@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string_view>
 
+#include "common/base/json_fields.h"
+
 namespace ghost {
 namespace {
 
@@ -120,6 +122,70 @@ Result<std::unique_ptr<ImapQueue>> ImapQueue::Open(const ImapQueueOptions& optio
   return q;
 }
 
+namespace {
+
+// One record of the journal at `pos`: an operation (its header's checksum right, every field of
+// its type) or an ack. `*end`: where the next record starts.
+enum class Parsed { kOp, kAck, kDamaged };
+Parsed ParseRecord(const std::string& data, std::size_t pos, ImapOp* op, std::uint64_t* ack, std::size_t* end,
+                   std::string* why) {
+  namespace jf = json_fields;
+  const std::size_t nl = data.find('\n', pos);
+  if (nl == std::string::npos) {
+    *why = "an unterminated record header";
+    return Parsed::kDamaged;
+  }
+  nlohmann::json h = nlohmann::json::parse(data.begin() + static_cast<std::ptrdiff_t>(pos),
+                                           data.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+  if (h.is_discarded() || !h.is_object()) {
+    *why = "a record header that is not JSON";
+    return Parsed::kDamaged;
+  }
+  if (h.contains("ack")) {
+    if (h.size() != 1 || !jf::As(h["ack"], ack)) {
+      *why = "an ack that is not {\"ack\": SEQ}";
+      return Parsed::kDamaged;
+    }
+    *end = nl + 1;
+    return Parsed::kAck;
+  }
+  // The body's length first (the checksum covers the body), checked against what is left:
+  // nl + 1 + body_bytes + 1 wraps for a huge one.
+  std::uint64_t body_bytes = 0;
+  std::string sum;
+  if (!jf::As(h.value("body_bytes", nlohmann::json()), &body_bytes) || !jf::Get(h, "sum", &sum)) {
+    *why = "a record header without its body's length";
+    return Parsed::kDamaged;
+  }
+  if (body_bytes > data.size() - nl - 1 || data.size() - nl - 1 - body_bytes < 1 || data[nl + 1 + body_bytes] != '\n') {
+    *why = "a record cut short";
+    return Parsed::kDamaged;
+  }
+  h.erase("sum");
+  std::string_view body(data.data() + nl + 1, body_bytes);
+  if (sum != Hex64(Fnv1a64(Dump(h), body))) {
+    *why = "a record with a bad checksum";
+    return Parsed::kDamaged;
+  }
+  // Checked, so written by EncodeOp; still, a field of another type is a damaged record, not
+  // nlohmann's type_error (which aborted the daemon at every mount).
+  std::string kind;
+  if (!jf::Get(h, "op", &kind) || !KindFromName(kind, &op->kind) || !jf::Get(h, "seq", &op->seq) ||
+      !jf::Get(h, "origin", &op->origin) || !jf::Get(h, "mailbox", &op->mailbox) ||
+      !jf::Get(h, "uidvalidity", &op->uidvalidity) || !jf::Get(h, "uid", &op->uid) ||
+      !jf::Get(h, "flags", &op->flags) || !jf::Get(h, "remove_flags", &op->remove_flags) ||
+      !jf::Get(h, "destination", &op->destination) || !jf::Get(h, "internaldate", &op->internaldate) ||
+      !jf::Get(h, "message_size", &op->message_size) || !jf::Get(h, "local_name", &op->local_name)) {
+    *why = "a record with a field of the wrong type";
+    return Parsed::kDamaged;
+  }
+  op->body.assign(body);
+  *end = nl + 1 + body_bytes + 1;
+  return Parsed::kOp;
+}
+
+}  // namespace
+
 Status ImapQueue::Replay() {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return Status::FromErrno(errno, "stat " + options_.journal_path);
@@ -135,69 +201,76 @@ Status ImapQueue::Replay() {
   data.resize(got);
   std::size_t pos = 0;
   std::uint64_t max_seq = 0;
-  std::string torn;
+  bool skipped = false;       // a damaged region before a good record: the journal is rewritten
+  bool after_damage = false;  // the records after one may have been sent (their acks lost)
+  bool unkept = false;        // damage left in the journal: no compaction may drop it now
   while (pos < data.size()) {
-    std::size_t nl = data.find('\n', pos);
-    if (nl == std::string::npos) {
-      torn = "an unterminated record header";
-      break;
-    }
-    nlohmann::json h = nlohmann::json::parse(data.begin() + static_cast<std::ptrdiff_t>(pos),
-                                             data.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
-    if (h.is_discarded() || !h.is_object()) {
-      torn = "a record header that is not JSON";
-      break;
-    }
-    if (h.contains("ack")) {
-      std::uint64_t seq = h["ack"].get<std::uint64_t>();
+    ImapOp op;
+    std::uint64_t ack = 0;
+    std::size_t end = 0;
+    std::string why;
+    Parsed p = ParseRecord(data, pos, &op, &ack, &end, &why);
+    if (p == Parsed::kAck) {
       for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-        if (it->seq == seq) {
+        if (it->seq == ack) {
           pending_.erase(it);
           break;
         }
       }
       ++acks_since_compact_;
-      pos = nl + 1;
+      pos = end;
       continue;
     }
-    ImapOp op;
-    std::size_t body_bytes = h.value("body_bytes", std::size_t{0});
-    if (nl + 1 + body_bytes + 1 > data.size() || data[nl + 1 + body_bytes] != '\n') {
-      torn = "a record cut short";
+    if (p == Parsed::kOp) {
+      op.maybe_applied = after_damage;
+      max_seq = std::max(max_seq, op.seq);
+      pending_.push_back(std::move(op));
+      pos = end;
+      continue;
+    }
+    // A damaged record. At the tail it is most likely torn by a crash while it was written
+    // (Add had not returned: the reader was never told it is done); anywhere else, or if it is
+    // damage after all, it may hold a reader's change. Either way it is never just dropped: its
+    // bytes go to JOURNAL.damaged, and replay goes on at the next line that starts a record
+    // whose checksum is right (an ack cannot be told from a line of a message, so only an
+    // operation resumes it; the acks in between are lost: those operations are sent again).
+    std::size_t next = data.size();
+    for (std::size_t nl = data.find('\n', pos); nl != std::string::npos && nl + 1 < data.size();
+         nl = data.find('\n', nl + 1)) {
+      ImapOp probe;
+      std::uint64_t probe_ack;
+      std::size_t probe_end;
+      std::string probe_why;
+      if (data[nl + 1] == '{' &&
+          ParseRecord(data, nl + 1, &probe, &probe_ack, &probe_end, &probe_why) == Parsed::kOp) {
+        next = nl + 1;
+        break;
+      }
+    }
+    const std::string aside = options_.journal_path + ".damaged";
+    Status kept = KeepAside(aside, std::string_view(data).substr(pos, next - pos));
+    std::string what = options_.journal_path + ": " + std::to_string(next - pos) + " bytes at offset " +
+                       std::to_string(pos) + " (" + why + ")";
+    if (!kept.ok()) {
+      unkept = true;
+      // Left where it is (the next open finds it again; records appended go after it).
+      what += ", left in the journal: it could NOT be kept aside (" + kept.ToString() + ")";
+    } else if (next == data.size()) {
+      what += ", from a crash while it was written or damaged: cut off, kept in " + aside;
+    } else {
+      what += ", damaged: kept in " + aside + ", the records after it replayed";
+      skipped = true;
+    }
+    after_damage = true;
+    warnings_.push_back(what);
+    std::fprintf(stderr, "ghostfs: IMAP journal %s\n", warnings_.back().c_str());
+    if (kept.ok() && next == data.size()) {
+      if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0 || ::fdatasync(fd_) != 0) {
+        return Status::FromErrno(errno, "repairing " + options_.journal_path);
+      }
       break;
     }
-    std::string sum = h.value("sum", "");
-    h.erase("sum");
-    std::string_view body(data.data() + nl + 1, body_bytes);
-    if (sum != Hex64(Fnv1a64(Dump(h), body)) || !KindFromName(h.value("op", ""), &op.kind)) {
-      torn = "a record with a bad checksum";
-      break;
-    }
-    op.seq = h.value("seq", std::uint64_t{0});
-    op.origin = h.value("origin", "");
-    op.mailbox = h.value("mailbox", "");
-    op.uidvalidity = h.value("uidvalidity", std::uint32_t{0});
-    op.uid = h.value("uid", std::uint32_t{0});
-    if (h.contains("flags")) op.flags = h["flags"].get<std::vector<std::string>>();
-    if (h.contains("remove_flags")) op.remove_flags = h["remove_flags"].get<std::vector<std::string>>();
-    op.destination = h.value("destination", "");
-    op.internaldate = h.value("internaldate", std::int64_t{0});
-    op.message_size = h.value("message_size", std::uint64_t{0});
-    op.local_name = h.value("local_name", "");
-    op.body.assign(body);
-    max_seq = std::max(max_seq, op.seq);
-    pending_.push_back(std::move(op));
-    pos = nl + 1 + body_bytes + 1;
-  }
-  if (!torn.empty()) {
-    // Add had not returned for this record: the reader was never told it is done.
-    warnings_.push_back(options_.journal_path + ": cut off " + std::to_string(data.size() - pos) +
-                        " bytes at offset " + std::to_string(pos) + " (" + torn +
-                        ", from a crash while it was written)");
-    std::fprintf(stderr, "ghostfs: %s\n", warnings_.back().c_str());
-    if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0 || ::fdatasync(fd_) != 0) {
-      return Status::FromErrno(errno, "repairing " + options_.journal_path);
-    }
+    pos = next;
   }
   journal_size_ = pos;
   next_seq_ = max_seq + 1;
@@ -205,9 +278,19 @@ Status ImapQueue::Replay() {
   // Operations are sent one at a time, oldest first: the first may have been with the server
   // when the last run stopped (its answer, or its ack, lost).
   if (!pending_.empty()) pending_.front().maybe_applied = true;
-  // Acks and dropped records of the last run are not needed any more.
-  if (pending_.empty() && journal_size_ > 0) return Compact();
+  // Acks and dropped records of the last run are not needed any more; a damaged region in the
+  // middle goes too (its bytes kept aside above).
+  if (!unkept && ((pending_.empty() && journal_size_ > 0) || skipped)) return Compact();
   return Status::Ok();
+}
+
+Status ImapQueue::KeepAside(const std::string& path, std::string_view bytes) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return Status::FromErrno(errno, "opening " + path);
+  Status s = WriteAll(fd, std::string(bytes), path);
+  if (s.ok() && ::fdatasync(fd) != 0) s = Status::FromErrno(errno, "syncing " + path);
+  ::close(fd);
+  return s;
 }
 
 Status ImapQueue::AppendRecord(const std::string& record) {

@@ -53,6 +53,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/power/power_manager.h"
@@ -176,6 +177,8 @@ class ImapQueue {
   void Stopped();
   ImapQueue(const ImapQueueOptions& options, PowerManager& pm, DeviceId net, Sender sender);
   Status Replay();
+  // Appends `bytes` (a damaged region of the journal) to `path` and syncs it.
+  static Status KeepAside(const std::string& path, std::string_view bytes);
   Status AppendRecord(const std::string& record);
   Status Compact();
   void Start(Why why);
