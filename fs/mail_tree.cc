@@ -15,6 +15,7 @@
 #include <fstream>
 #include <set>
 
+#include "common/base/json_fields.h"
 #include "common/config/config.h"
 #include "common/imap/find_appended.h"
 #include "common/imap/maildir_names.h"
@@ -247,15 +248,31 @@ void MailTree::Start() {
     if (std::ifstream f(path); f) {
       // A whole line however long (a fixed buffer split a long mailbox or file name's line in
       // two, neither parsing: the UID was lost).
+      std::size_t line_no = 0;
       for (std::string line; std::getline(f, line);) {
+        ++line_no;
+        // A line of the wrong shape (damage; nlohmann's value() threw type_error on a field of
+        // another type, aborting ghostfs at every mount) is kept aside, named in the log: the
+        // rewrite below keeps only the lines read, and one may be the UID a queued change of a
+        // delivered message waits for.
+        namespace jf = json_fields;
         nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_object()) continue;
-        std::string origin = j.value("origin", ""), wire = j.value("mailbox", ""), unique = j.value("unique", "");
+        std::string origin, wire, unique;
+        std::uint32_t uidvalidity = 0, uid = 0;
+        if (!j.is_object() || !jf::Get(j, "origin", &origin) || !jf::Get(j, "mailbox", &wire) ||
+            !jf::Get(j, "unique", &unique) || !jf::Get(j, "uidvalidity", &uidvalidity) || !jf::Get(j, "uid", &uid)) {
+          if (line.empty()) continue;
+          std::string aside = path + ".damaged";
+          Status st = WriteDurably(aside, line + "\n", O_APPEND);
+          std::fprintf(stderr, "ghostfs: %s line %zu is damaged (not an appended message's UID): %s\n", path.c_str(),
+                       line_no, st.ok() ? ("kept in " + aside).c_str() : ("NOT kept: " + st.ToString()).c_str());
+          continue;
+        }
         bool waited = false;
         for (const ImapOp& op : queue_->pending()) waited = waited || WaitsForAppend(op, origin, wire, unique);
         if (!waited) continue;
         for (auto& mo : origins_) {
-          if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {j.value("uidvalidity", 0u), j.value("uid", 0u)};
+          if (mo && mo->name == origin) mo->appended[wire + "\n" + unique] = {uidvalidity, uid};
         }
         appended_lines_.push_back({origin, wire, unique, line + "\n"});
       }
@@ -437,15 +454,29 @@ void MailTree::WithMailboxes(MailOrigin& mo, std::function<void(Status)> then) {
     if (!e || mo.boxes_loaded) return finish(mo.boxes_loaded ? Status::Ok() : r.status());
     auto buf = std::make_shared<std::string>(e->size, '\0');
     ctx_.store.ReadBody(key, 0, std::span<char>(buf->data(), buf->size()),
-                        [buf, finish, apply, st = r.status()](Result<std::size_t> n) {
+                        [buf, finish, apply, st = r.status(), name = mo.name, key](Result<std::size_t> n) {
                           if (!n.ok()) return finish(st);
                           buf->resize(*n);
+                          // A saved list of the wrong shape (damaged, or put under its key by a
+                          // control client's "store"): get<>() threw type_error on an entry of
+                          // another type (ghostfs aborted), m[1] of a short entry read past it.
+                          // Not used: the folders known stay, the next LIST replaces it.
                           nlohmann::json j = nlohmann::json::parse(*buf, nullptr, false);
-                          if (!j.is_array()) return finish(st);
                           std::vector<std::pair<std::string, char>> list;
-                          for (const auto& m : j) {
-                            std::string delim = m[1].get<std::string>();
-                            list.emplace_back(m[0].get<std::string>(), delim.empty() ? '\0' : delim[0]);
+                          bool bad = !j.is_array();
+                          for (std::size_t i = 0; !bad && i < j.size(); ++i) {
+                            std::string folder, delim;
+                            if (!j[i].is_array() || j[i].size() != 2 || !json_fields::As(j[i][0], &folder) ||
+                                !json_fields::As(j[i][1], &delim)) {
+                              bad = true;
+                              break;
+                            }
+                            list.emplace_back(std::move(folder), delim.empty() ? '\0' : delim[0]);
+                          }
+                          if (bad) {
+                            std::fprintf(stderr, "ghostfs: %s: the saved list of mailboxes (cached as %s) is damaged; not used\n",
+                                         name.c_str(), key.c_str());
+                            return finish(st);
                           }
                           apply(list);
                           finish(Status::Ok());
@@ -580,20 +611,39 @@ void MailTree::LoadSavedBox(MailOrigin& mo, MailBox& box, Status why, std::funct
                       [this, &mo, &box, buf, why, then](Result<std::size_t> n) {
                         if (!n.ok()) return then(why);
                         buf->resize(*n);
-                        nlohmann::json j = nlohmann::json::parse(*buf, nullptr, false);
-                        if (!j.is_object()) return then(why);
-                        box.uidvalidity = j.value("uidvalidity", 0u);
-                        box.messages.clear();
-                        for (const auto& m : j["messages"]) {
+                        // A saved listing of the wrong shape (damaged, or put under its key by
+                        // a control client's "store") is no listing: value() and get<>() threw
+                        // type_error on a field of another type (ghostfs aborted), and m[0]..m[3]
+                        // of a short entry read past it. The server being down, the box shows
+                        // what is cached otherwise (then(why)); the listing is the server's, so
+                        // nothing of the reader's is lost, and the next listing replaces it.
+                        namespace jf = json_fields;
+                        const nlohmann::json j = nlohmann::json::parse(*buf, nullptr, false);
+                        std::uint32_t uidvalidity = 0;
+                        std::map<std::string, MailMessage> messages;
+                        const char* bad = nullptr;
+                        if (!j.is_object()) bad = "not a JSON object";
+                        else if (!jf::Get(j, "uidvalidity", &uidvalidity)) bad = "uidvalidity";
+                        else if (!j.contains("messages") || !j["messages"].is_array()) bad = "messages";
+                        for (std::size_t i = 0; !bad && i < j["messages"].size(); ++i) {
+                          const nlohmann::json& m = j["messages"][i];
                           MailMessage msg;
-                          msg.uid = m[0].get<std::uint32_t>();
-                          msg.size = m[1].get<Bytes>();
-                          msg.info = m[2].get<std::string>();
-                          msg.date = m[3].get<std::int64_t>();
+                          if (!m.is_array() || m.size() != 4 || !jf::As(m[0], &msg.uid) || !jf::As(m[1], &msg.size) ||
+                              !jf::As(m[2], &msg.info) || !jf::As(m[3], &msg.date)) {
+                            bad = "a message";
+                            break;
+                          }
                           msg.sub = MaildirSubdirFor(msg.info, box.left_new.count(msg.uid) > 0);
-                          msg.unique = UniqueOf(FormatMaildirFileName({box.uidvalidity, msg.uid, msg.size, ""}));
-                          box.messages[msg.unique] = std::move(msg);
+                          msg.unique = UniqueOf(FormatMaildirFileName({uidvalidity, msg.uid, msg.size, ""}));
+                          messages[msg.unique] = std::move(msg);
                         }
+                        if (bad) {
+                          std::fprintf(stderr, "ghostfs: %s: the saved listing of %s (cached as %s) is damaged (%s); not used\n",
+                                       mo.name.c_str(), box.wire.c_str(), (kListingPrefix + mo.url + box.wire).c_str(), bad);
+                          return then(why);
+                        }
+                        box.uidvalidity = uidvalidity;
+                        box.messages = std::move(messages);
                         box.loaded = true;
                         box.offline = true;
                         box.Changed();

@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <span>
+
+#include "common/base/json_fields.h"
 
 namespace ghost {
 
@@ -452,19 +455,35 @@ std::string WriteBack::EncodeFillMeta(const CacheEntry& meta) const {
 }
 
 Result<CacheEntry> WriteBack::DecodeFillMeta(const std::string& text) const {
+  namespace jf = json_fields;
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Status::Corruption("a fill commit record with no metadata");
   const auto wall_now = std::chrono::duration_cast<std::chrono::microseconds>(
                             std::chrono::system_clock::now().time_since_epoch()).count();
   const TimePoint now = pm_.clock().Now();
-  auto model = [&](std::int64_t us) { return now + Duration(us - wall_now); };
   CacheEntry e;
-  e.etag = j.value("etag", "");
-  e.last_modified = j.value("last_modified", "");
-  e.content_type = j.value("content_type", "");
-  e.response = j.value("response", "");
-  e.fetched = model(j.value("fetched_us", wall_now));
-  if (j.contains("expires_us") && j["expires_us"].is_number_integer()) e.expires = model(j["expires_us"].get<std::int64_t>());
+  std::int64_t fetched_us = wall_now;
+  std::optional<std::int64_t> expires_us;
+  // A field of another type is damage (nlohmann's value() threw type_error out of the mount's
+  // start: ghostfs aborted at every mount while the log held the record).
+  const char* bad = nullptr;
+  if (!jf::Get(j, "etag", &e.etag)) bad = "etag";
+  else if (!jf::Get(j, "last_modified", &e.last_modified)) bad = "last_modified";
+  else if (!jf::Get(j, "content_type", &e.content_type)) bad = "content_type";
+  else if (!jf::Get(j, "response", &e.response)) bad = "response";
+  else if (!jf::Get(j, "fetched_us", &fetched_us)) bad = "fetched_us";
+  else if (j.contains("expires_us") && !j["expires_us"].is_null() && !jf::As(j["expires_us"], &expires_us.emplace())) bad = "expires_us";
+  if (bad) return Status::Corruption(std::string("a fill commit record whose \"") + bad + "\" is of the wrong type");
+  // Times more than ~80000 years from now are damage too (us - wall_now overflowed for
+  // INT64_MIN: undefined behaviour).
+  constexpr std::int64_t kRange = std::int64_t{9} << 58;  // microseconds, under 2^63 / 3
+  auto in_range = [&](std::int64_t us) { return us > wall_now - kRange && us < wall_now + kRange; };
+  if (!in_range(fetched_us) || (expires_us && !in_range(*expires_us))) {
+    return Status::Corruption("a fill commit record with a time out of range");
+  }
+  auto model = [&](std::int64_t us) { return now + Duration(us - wall_now); };
+  e.fetched = model(fetched_us);
+  if (expires_us) e.expires = model(*expires_us);
   return e;
 }
 

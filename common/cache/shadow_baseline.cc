@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "common/base/json_fields.h"
+
 namespace ghost {
 
 Result<std::unique_ptr<ShadowBaseline>> ShadowBaseline::Build(Clock& clock, Machine& live,
@@ -124,9 +126,15 @@ Status ShadowBaseline::KeepDay(std::string path, std::function<std::string()> lo
   std::ifstream in(day_path_);
   if (!in) return Status::Ok();  // the first mount: today starts now
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j["date"].is_string() || !j["live_energy_j"].is_number() ||
-      !j["baseline_energy_j"].is_number() || !j["live_waiting_s"].is_number() ||
-      !j["baseline_waiting_s"].is_number()) {
+  // Every field of its type and in range: value() threw type_error on a "reads" of another type
+  // (ghostfs aborted at every mount that day), and a huge figure overflowed Seconds().
+  auto figure = [&j](const char* key) {
+    const nlohmann::json& v = j[key];
+    return v.is_number() && std::isfinite(v.get<double>()) && std::fabs(v.get<double>()) < 1e12;
+  };
+  std::uint64_t reads = 0;
+  if (!j.is_object() || !j["date"].is_string() || !figure("live_energy_j") || !figure("baseline_energy_j") ||
+      !figure("live_waiting_s") || !figure("baseline_waiting_s") || !json_fields::Get(j, "reads", &reads)) {
     return Status::InvalidArgument(day_path_ + ": not today's saved figures; today starts now");
   }
   if (j["date"].get<std::string>() != day_) return Status::Ok();  // an earlier day's
@@ -134,7 +142,7 @@ Status ShadowBaseline::KeepDay(std::string path, std::function<std::string()> lo
   carried_.baseline_energy = Energy::Joules(j["baseline_energy_j"].get<double>());
   carried_.live_waiting = Seconds(j["live_waiting_s"].get<double>());
   carried_.baseline_waiting = Seconds(j["baseline_waiting_s"].get<double>());
-  carried_.reads = j.value("reads", std::uint64_t{0});
+  carried_.reads = reads;
   return Status::Ok();
 }
 

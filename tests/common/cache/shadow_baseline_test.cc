@@ -203,6 +203,31 @@ TEST_F(ShadowBaselineTest, TodayIsCarriedAcrossRemountsAndRollsAtLocalMidnight) 
   std::filesystem::remove_all(dir);
 }
 
+// Round 19 (files19): the saved figures of the day are ghostfs's own file, read back at every
+// mount. A "reads" of another type threw nlohmann's type_error out of KeepDay (ghostfs aborted
+// at every mount that day); a huge figure overflowed Seconds() (undefined behaviour). Now both
+// are "not today's saved figures", naming the file, and today starts at zero.
+TEST_F(ShadowBaselineTest, DamagedSavedFiguresAreAnErrorNamingTheFileNotAnException) {
+  std::string dir = ::testing::TempDir() + "/shadow-damaged-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  std::string path = dir + "/saved-today.json";
+  const std::string head = R"({"date":"2026-11-25","live_energy_j":10,"baseline_energy_j":14,"live_waiting_s":1,)";
+  for (const std::string& tail : {std::string(R"("baseline_waiting_s":3,"reads":"4"})"),
+                                  std::string(R"("baseline_waiting_s":3,"reads":-4})"),
+                                  std::string(R"("baseline_waiting_s":1e300,"reads":4})")}) {
+    {
+      std::ofstream f(path, std::ios::trunc);
+      f << head << tail;
+    }
+    Status s = shadow_->KeepDay(path, [] { return std::string("2026-11-25"); });
+    EXPECT_FALSE(s.ok()) << tail;
+    EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
+    EXPECT_EQ(shadow_->today().reads, 0u) << tail;
+    EXPECT_NEAR(shadow_->today().saved().joules(), 0.0, 1e-9) << tail;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ShadowBaselineSentence, EachFigureSaysWhichWayItWent) {
   nlohmann::json j = {{"energy_j", -0.7}, {"percent", -1.5}, {"waiting_s", 0.9}, {"since_s", 12.0},
                       {"today", {{"energy_j", 2.0}, {"percent", 4.0}, {"waiting_s", -0.25}}}};
