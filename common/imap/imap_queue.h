@@ -30,7 +30,12 @@
 //   {"ack":N}\n                                   (the operation N is done or dropped)
 // Open replays it in order and keeps the operations with no ack. A torn tail (a crash in the
 // middle of an append: an unterminated header, a short body, a bad checksum) is cut off with
-// a warning; it was never acknowledged to the reader because Add had not returned. The
+// a warning; it was never acknowledged to the reader because Add had not returned. A damaged
+// record anywhere (not JSON, a field of another type, a body length past the end, a bad
+// checksum) is never just dropped, since it may be a reader's APPEND: its bytes are appended
+// to JOURNAL.damaged, a warning names both files, and replay resumes at the next line that
+// starts an operation with a right checksum (acks in between are lost: those operations go
+// out again, marked maybe_applied); the journal is then rewritten without it. The
 // journal is compacted once every operation is acknowledged (truncated to zero), or after
 // `compact_after` acks (the live operations are rewritten into a new file that replaces the
 // old one by rename), so it does not grow without bound.
@@ -164,7 +169,7 @@ class ImapQueue {
   bool sending() const { return sending_; }
   const ImapQueueStats& stats() const { return stats_; }
   Bytes queued_bytes() const;
-  // What Open repaired (a torn tail), one line each.
+  // What Open repaired (a torn tail, a damaged record kept aside), one line each.
   const std::vector<std::string>& warnings() const { return warnings_; }
   std::uint64_t journal_size() const { return journal_size_; }
 
