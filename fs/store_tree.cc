@@ -518,18 +518,20 @@ void StoreTree::ControlInvalidate(const ControlRequest& request, ControlServer::
   return reply({{"removed", s.ok() || queued}});
 }
 
-void StoreTree::ControlServed(const ControlRequest& request_args, ControlServer::Reply reply) {
-  const nlohmann::json& request = request_args.json;
+void StoreTree::ControlServed(const ControlRequest& request, ControlServer::Reply reply) {
+  // The checked arguments (protocol.cc ParseServed), not the request's JSON: its "memory" was
+  // read with operator[] on a const object, undefined for a missing key (round 19).
+  const ServedArgs& args = std::get<ServedArgs>(request.args);
   // Reads a client answered from its own RAM copy: the memory source (DESIGN §3.4), which
   // costs no device anything; counted, and the objects stay recently used on disk too.
   std::uint64_t reads = 0;
-  for (const auto& [served_key, n] : request["memory"].items()) {
+  for (const auto& [served_key, n] : args.memory) {
     ctx_.store.Touch(served_key);
-    reads += n.get<std::uint64_t>();
+    reads += n;
   }
   ctx_.reads.requests_by_source[ReadSource::kMemory] += static_cast<int>(reads);
   store_stats_.memory_hits += reads;
-  ctx_.reads.bytes_from_cache += request.value("bytes", Bytes{0});
+  ctx_.reads.bytes_from_cache += args.bytes;
   ctx_.stats_changed();
   return reply(nlohmann::json::object());
 }
