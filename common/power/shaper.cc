@@ -107,6 +107,62 @@ double DownloadShaper::MaxSlowdown() const {
   return options_.max_slowdown > 0 ? options_.max_slowdown : DefaultMaxSlowdown(options_.knob);
 }
 
+void DownloadShaper::SetDelayedAck(Duration ato) {
+  if (options_.delayed_ack > Duration::zero() && ato > Duration::zero()) options_.delayed_ack = ato;
+}
+
+void DownloadShaper::ClearDelayedAckSlot() {
+  if (delack_armed_ && delack_slot_ >= 0 &&
+      clumps_[delack_slot_] == *delack_armed_ + options_.delayed_ack) {
+    clumps_[delack_slot_] = TimePoint{};
+  }
+  delack_slot_ = -1;
+}
+
+void DownloadShaper::NoteDelayedAck(TimePoint now, double packets) {
+  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
+  if (reads_freely()) {
+    // Reading as data comes: the kernel ACKs every second segment; nothing is owed for long.
+    delack_armed_.reset();
+    delack_slot_ = -1;
+    delack_after_open_ = false;
+    return;
+  }
+  // A timer that fired before `now` sent its ACK: its entry stays in the ring (its data is due
+  // one min RTT after it), and the next segment not ACKed at once arms it again.
+  if (delack_armed_ && now >= *delack_armed_ + options_.delayed_ack) {
+    delack_armed_.reset();
+    delack_slot_ = -1;
+  }
+  if (delack_after_open_) {
+    delack_owed_ += packets;
+    if (delack_owed_ >= 2) {
+      // The second segment after the open's read: ACKed at once (the window grew), which also
+      // stops the timer the first one armed. Its clock is the clump's, already in the ring.
+      delack_after_open_ = false;
+      ClearDelayedAckSlot();
+      delack_armed_.reset();
+      return;
+    }
+  }
+  if (!delack_armed_) {
+    delack_armed_ = now;
+    delack_slot_ = clump_next_;
+    NoteClump(now + options_.delayed_ack);
+  }
+}
+
+void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
+  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
+  // The open's read sends the ACK owed (tcp_cleanup_rbuf): a timer that had not fired is
+  // cancelled, and its ring entry with it.
+  if (delack_armed_ && now < *delack_armed_ + options_.delayed_ack) ClearDelayedAckSlot();
+  delack_armed_.reset();
+  delack_slot_ = -1;
+  delack_after_open_ = true;
+  delack_owed_ = 0;
+}
+
 void DownloadShaper::SetMinRtt(Duration rtt) {
   if (rtt > Duration::zero()) min_rtt_ = rtt;
 }
@@ -292,6 +348,8 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     // Data before the wake-up: most often the ACK clock of a cwnd-limited sender (round 12).
     StartAckClock();
   }
+  // Round 19: whether the kernel ACKs these at once or arms its delayed-ACK timer.
+  NoteDelayedAck(now, packets);
   // Data long before the opened window can be back (a retransmission, the tail of a burst
   // judged ended too early) belongs to the last window, not to the next burst.
   const bool straggler = expected_ && now < *expected_ - min_rtt() / 4;
@@ -743,6 +801,7 @@ void DownloadShaper::OnOpened(TimePoint now) {
     open_slot_ = clump_next_;
     NoteClump(now);
   }
+  DelayedAckOnOpen(now);
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {

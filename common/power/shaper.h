@@ -262,6 +262,24 @@ struct ShaperOptions {
   // also arms slow start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
   // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
   bool wake_for_clocked_clumps = true;
+  // Round 19: the kernel's delayed ACK is a clock too. While the adapter does not read (the
+  // window closed, a part held, a straggler's window already open), Linux ACKs at once only
+  // the second segment after a read that grew the window (__tcp_ack_snd_check: "more than one
+  // full frame received and the right edge advances"); every other segment waits for the
+  // delayed-ACK timer, armed at the first segment not ACKed (tcpi_ato, at least TCP_DELACK_MIN
+  // = 40 ms, fired on a 4 ms jiffy at HZ=250), or for the next read. That ACK releases a
+  // cwnd-limited sender's next data one min RTT after it, ~40 ms after the clump the ring
+  // holds: read off the captures at 90 ms / 1% and 120 ms / 0.5% (RESULTS.md, round 19), 103
+  // of 118 "ack-clocked" misses came one RTT after an ACK sent 38–92 ms (median ~43) after the
+  // oldest segment it acknowledged, mid-hold (a hold lasts half a min RTT: 45 and 60 ms, past
+  // the timer; at 60 ms it is 30 ms and the open's update cancels the timer). With the clump
+  // wake on, the shaper models the timer: armed by the first segment the kernel does not ACK at
+  // once (the first after an open unless a second follows it; any after that), cancelled by an
+  // open before it fires; its firing time is a ring entry, so a nap ends one min RTT after it.
+  // `delayed_ack` is the time from the arming segment to the ACK (the adapter sets tcpi_ato +
+  // half a jiffy when it can read it: SetDelayedAck); 0 turns the model off (the proxy:
+  // GHOST_SHAPER_DELACK=0).
+  Duration delayed_ack = Millis(42);
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -312,6 +330,10 @@ class DownloadShaper {
   DownloadShaper& operator=(const DownloadShaper&) = delete;
 
   void SetCardListener(CardListener listener) { listener_ = std::move(listener); }
+
+  // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato plus half a
+  // jiffy). Ignored when the option is 0 (the model off) or `ato` is not positive.
+  void SetDelayedAck(Duration ato);
 
   // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
   // minimum; the first call may come from the connect handshake). Replaces the last value.
@@ -492,6 +514,17 @@ class DownloadShaper {
   TimePoint clumps_[kClumps] = {};
   int clump_count_ = 0, clump_next_ = 0;
   int open_slot_ = -1;  // the ring slot of the open whose data has not come (round 16)
+  // Round 19, the kernel's delayed ACK (ShaperOptions::delayed_ack): armed at the first segment
+  // not ACKed at once (nullopt: no ACK owed), its ring slot (its firing time), and whether the
+  // segments since the last open may still get the immediate ACK of a grown window.
+  std::optional<TimePoint> delack_armed_;
+  int delack_slot_ = -1;
+  bool delack_after_open_ = false;
+  double delack_owed_ = 0;  // packets since the open, while delack_after_open_
+  // The delayed ACK's model, at each arrival of `packets` at `now` and at each open.
+  void NoteDelayedAck(TimePoint now, double packets);
+  void DelayedAckOnOpen(TimePoint now);
+  void ClearDelayedAckSlot();
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
