@@ -348,10 +348,10 @@ std::size_t UpstreamShaper::Queued() const {
 }
 
 void UpstreamShaper::UpdateRtt(const tcp_info& info) {
-  // Round 19: the delayed-ACK timeout the kernel would use now (tcpi_ato: at least 40 ms, up to
-  // the smoothed RTT as the arrivals spread), plus half a 4 ms jiffy (HZ=250: the timer fires on
-  // a tick): the shaper's model of when the kernel ACKs what it did not ACK at once.
-  if (info.tcpi_ato > 0) shaper_->SetDelayedAck(Duration(info.tcpi_ato) + Millis(2));
+  // Round 19: the delayed-ACK timeout the kernel would use now (tcpi_ato: at least 40 ms, more
+  // as the arrivals spread): the shaper's model of when the kernel ACKs what it did not ACK at
+  // once (the timer's jiffy is in ShaperOptions::delayed_ack_slack).
+  if (info.tcpi_ato > 0) shaper_->SetDelayedAck(Duration(info.tcpi_ato));
   // The round trip from an open to its data is the receiver's: the handshake's RTT (given by
   // the owner) lowered by tcpi_rcv_rtt samples (from TCP timestamps), never raised (PathMinRtt).
   // tcpi_min_rtt now comes from the few segments this side sent (the request) and was seen far

@@ -274,12 +274,17 @@ struct ShaperOptions {
   // oldest segment it acknowledged, mid-hold (a hold lasts half a min RTT: 45 and 60 ms, past
   // the timer; at 60 ms it is 30 ms and the open's update cancels the timer). With the clump
   // wake on, the shaper models the timer: armed by the first segment the kernel does not ACK at
-  // once (the first after an open unless a second follows it; any after that), cancelled by an
-  // open before it fires; its firing time is a ring entry, so a nap ends one min RTT after it.
-  // `delayed_ack` is the time from the arming segment to the ACK (the adapter sets tcpi_ato +
-  // half a jiffy when it can read it: SetDelayedAck); 0 turns the model off (the proxy:
+  // once — the first after an open (a full drain's update advertised all the free space, so the
+  // next segment shrinks the window), or the next clump's (a drain in several reads whose first
+  // update advertised less than was freed: the first clump is then ACKed at once), so both get
+  // an entry; after a firing, the next segment — cancelled by an open before it fires; its
+  // firing time is a ring entry, so a nap ends one min RTT after it, and the card listens
+  // `delayed_ack_slack` longer for it (the timer fires on a 4 ms jiffy, and tcpi_ato moves).
+  // `delayed_ack` is the time from the arming segment to the ACK (the adapter sets tcpi_ato
+  // when it can read it: SetDelayedAck); 0 turns the model off (the proxy:
   // GHOST_SHAPER_DELACK=0).
-  Duration delayed_ack = Millis(42);
+  Duration delayed_ack = Millis(40);
+  Duration delayed_ack_slack = Millis(6);
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -331,8 +336,7 @@ class DownloadShaper {
 
   void SetCardListener(CardListener listener) { listener_ = std::move(listener); }
 
-  // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato plus half a
-  // jiffy). Ignored when the option is 0 (the model off) or `ato` is not positive.
+  // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato). Ignored when the option is 0 (the model off) or `ato` is not positive.
   void SetDelayedAck(Duration ato);
 
   // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
@@ -518,13 +522,16 @@ class DownloadShaper {
   // not ACKed at once (nullopt: no ACK owed), its ring slot (its firing time), and whether the
   // segments since the last open may still get the immediate ACK of a grown window.
   std::optional<TimePoint> delack_armed_;
-  int delack_slot_ = -1;
-  bool delack_after_open_ = false;
-  double delack_owed_ = 0;  // packets since the open, while delack_after_open_
-  // The delayed ACK's model, at each arrival of `packets` at `now` and at each open.
-  void NoteDelayedAck(TimePoint now, double packets);
+  bool delack_second_ok_ = false;  // the next clump may arm it instead (a partial update)
+  bool clump_delack_[kClumps] = {};  // the ring entry is a delayed ACK's firing time
+  static constexpr int kDelackPending = 4;
+  std::pair<int, TimePoint> delack_pending_[kDelackPending] = {};  // (slot, firing), since the open
+  int delack_pending_n_ = 0, delack_pending_next_ = 0;
+  void AddDelayedAckEntry(TimePoint fire);
+  // The delayed ACK's model, at each arrival (`new_clump`: it began a clump) and at each open.
+  void NoteDelayedAck(TimePoint now, bool new_clump);
   void DelayedAckOnOpen(TimePoint now);
-  void ClearDelayedAckSlot();
+  bool DueIsDelayedAck(TimePoint due) const;
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
