@@ -191,6 +191,8 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 19: the kernel's delayed ACK in the clump ring (ShaperOptions::delayed_ack; on by
   // default; =0 is round 16's behaviour).
   if (EnvIs("GHOST_SHAPER_DELACK", "0")) so.delayed_ack = Duration::zero();
+  if (const char* v = std::getenv("GHOST_SHAPER_DELACK_SLACK_MS"))
+    so.delayed_ack_slack = Millis(std::atof(v));  // a measurement aid (bench --variants)
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
