@@ -188,6 +188,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 15: the tail's wake armed by losses and misses too, for every recent clump (on by
   // default; =0 is round 14's behaviour).
   if (EnvIs("GHOST_SHAPER_CLUMP_WAKE", "0")) so.wake_for_clocked_clumps = false;
+  // Round 19: the kernel's delayed ACK in the clump ring (ShaperOptions::delayed_ack; on by
+  // default; =0 is round 16's behaviour).
+  if (EnvIs("GHOST_SHAPER_DELACK", "0")) so.delayed_ack = Duration::zero();
+  if (const char* v = std::getenv("GHOST_SHAPER_DELACK_SLACK_MS"))
+    so.delayed_ack_slack = Millis(std::atof(v));  // a measurement aid (bench --variants)
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
   if (const char* v = std::getenv("GHOST_SHAPER_TD_FULL_MS")) so.td_full = Millis(std::atof(v));
   // Round 11's two, for side-by-side runs: Td once a whole grant has come, and the wake lead.
@@ -345,6 +350,10 @@ std::size_t UpstreamShaper::Queued() const {
 }
 
 void UpstreamShaper::UpdateRtt(const tcp_info& info) {
+  // Round 19: the delayed-ACK timeout the kernel would use now (tcpi_ato: at least 40 ms, more
+  // as the arrivals spread): the shaper's model of when the kernel ACKs what it did not ACK at
+  // once (the timer's jiffy is in ShaperOptions::delayed_ack_slack).
+  if (info.tcpi_ato > 0) shaper_->SetDelayedAck(Duration(info.tcpi_ato));
   // The round trip from an open to its data is the receiver's: the handshake's RTT (given by
   // the owner) lowered by tcpi_rcv_rtt samples (from TCP timestamps), never raised (PathMinRtt).
   // tcpi_min_rtt now comes from the few segments this side sent (the request) and was seen far

@@ -151,6 +151,48 @@ def read_capture(pcap, port):
     return pkts
 
 
+def read_client_acks(pcap, port):
+    """The client's cumulative ACKs as (t, ack) and, per data sequence number, when a segment
+    starting there first came (round 19: how long the kernel held each ACK back)."""
+    out = subprocess.run(["tcpdump", "-r", pcap, "-tt", "-n", "-S"], capture_output=True,
+                         text=True).stdout
+    pat = re.compile(r"^(\d+\.\d+) IP [\d.]+\.(\d+) > [\d.]+\.\d+: Flags \[[^\]]*\]"
+                     r"(?:, seq (\d+)(?::(\d+))?)?(?:, ack (\d+))?", re.M)
+    acks, first = [], {}
+    for m in pat.finditer(out):
+        t, sport, seq, end, ack = m.groups()
+        if int(sport) == port:
+            if seq and end and int(end) > int(seq):
+                first.setdefault(int(seq), float(t))
+        elif ack:
+            acks.append((float(t), int(ack)))
+    return acks, first
+
+
+def delayed_ack_ages(pcap, port, detail, rtt_s):
+    """Round 19: for each "ack-clocked" missed packet, how long after the oldest segment it
+    acknowledged the client sent the ACK that clocked it (the latest client ACK RTT ± 1.5 ms
+    before the packet, as classify_missed). Linux ACKs at once only the second segment after a
+    read that grew the window; while the proxy does not read (a closed window, a held part)
+    the rest waits for the delayed-ACK timer (tcpi_ato, at least 40 ms, on a 4 ms jiffy), so
+    an age of 38 ms or more is that timer's ACK. Returns the ages in ms (None: not found)."""
+    import bisect
+    acks, first = read_client_acks(pcap, port)
+    at = [a[0] for a in acks]
+    ages = []
+    for m in detail:
+        if m["cause"] != "ack-clocked":
+            continue
+        i = bisect.bisect_right(at, m["t"] - rtt_s + 0.0015) - 1
+        if i < 1:
+            ages.append(None)
+            continue
+        oldest = first.get(acks[i - 1][1])
+        ages.append(round((acks[i][0] - oldest) * 1e3, 1) if oldest is not None and
+                    acks[i][1] > acks[i - 1][1] else None)
+    return ages
+
+
 def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
     """Why each missed packet was missed (the bench's --diagnose): replays the card log against
     the capture as wnic_energy does (a packet inside a nap, or inside the wake-up transition,
@@ -283,7 +325,10 @@ def classify_missed(pcap, card_log, port, wake_s=0.002, rtt_s=None):
         if di < len(data):
             delays.append((data[di][0] - o) * 1e3)
     delays.sort()
+    ages = delayed_ack_ages(pcap, port, detail, rtt_s)
     return {"counts": counts, "causes": causes, "missed": sum(counts.values()), "detail": detail,
+            # Round 19: the ack-clocked misses whose clocking ACK was the kernel's delayed ACK.
+            "delayed_ack": sum(1 for a in ages if a is not None and a >= 38), "ack_ages_ms": ages,
             "open_data_ms": [delays[int(q * (len(delays) - 1))] for q in (0, 0.05, 0.1, 0.5, 0.9)]
             if delays else []}
 
@@ -543,7 +588,8 @@ def run_link(build, rtt, loss, jitter, size, rounds, rate, profile, mode, name, 
                             d = shaped["diagnosis"]
                             row["diagnosis"] = d
                             log(f"# missed packets by cause (--diagnose): {d['counts']}; by cause (round 15): "
-                                f"{ {k: v for k, v in d['causes'].items() if v} }; open→data ms "
+                                f"{ {k: v for k, v in d['causes'].items() if v} } (ack-clocked by a "
+                                f"delayed ACK: {d.get('delayed_ack', 0)}); open→data ms "
                                 f"min/p5/p10/p50/p90 {[round(x, 1) for x in d['open_data_ms']]}")
                             b = d.get("budget")
                             if b:

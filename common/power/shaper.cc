@@ -107,6 +107,69 @@ double DownloadShaper::MaxSlowdown() const {
   return options_.max_slowdown > 0 ? options_.max_slowdown : DefaultMaxSlowdown(options_.knob);
 }
 
+void DownloadShaper::SetDelayedAck(Duration ato) {
+  if (options_.delayed_ack > Duration::zero() && ato > Duration::zero()) options_.delayed_ack = ato;
+}
+
+void DownloadShaper::AddDelayedAckEntry(TimePoint fire) {
+  const int slot = clump_next_;
+  NoteClump(fire);
+  clump_delack_[slot] = true;
+  delack_pending_[delack_pending_next_] = {slot, fire};
+  delack_pending_next_ = (delack_pending_next_ + 1) % kDelackPending;
+  delack_pending_n_ = std::min(delack_pending_n_ + 1, kDelackPending);
+}
+
+void DownloadShaper::NoteDelayedAck(TimePoint now, bool new_clump) {
+  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
+  if (reads_freely()) {
+    // Reading as data comes: the kernel ACKs every second segment; nothing is owed for long.
+    delack_armed_.reset();
+    delack_pending_n_ = 0;
+    delack_second_ok_ = false;
+    return;
+  }
+  // A timer that fired before `now` sent its ACK: its entry stays in the ring (its data is due
+  // one min RTT after it), and this segment, not ACKed at once, arms it again.
+  if (delack_armed_ && now >= *delack_armed_ + options_.delayed_ack) {
+    delack_armed_.reset();
+    delack_second_ok_ = false;
+  }
+  if (!delack_armed_) {
+    delack_armed_ = now;
+    AddDelayedAckEntry(now + options_.delayed_ack);
+  } else if (new_clump && delack_second_ok_) {
+    // After an open whose update advertised less than the drain freed (the drain's first read
+    // sends it, later reads do not), the kernel ACKs the first clump at once and the timer is
+    // armed by the next one instead: an entry for that case too.
+    delack_second_ok_ = false;
+    AddDelayedAckEntry(now + options_.delayed_ack);
+  }
+}
+
+void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
+  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
+  // The open's read sends the ACK owed (tcp_cleanup_rbuf): a timer that had not fired is
+  // cancelled, and its ring entry with it.
+  for (int i = 0; i < delack_pending_n_; ++i) {
+    const auto& [slot, fire] = delack_pending_[i];
+    if (fire > now && clumps_[slot] == fire) {
+      clumps_[slot] = TimePoint{};
+      clump_delack_[slot] = false;
+    }
+  }
+  delack_pending_n_ = 0;
+  delack_armed_.reset();
+  delack_second_ok_ = true;
+}
+
+bool DownloadShaper::DueIsDelayedAck(TimePoint due) const {
+  for (int i = 0; i < clump_count_; ++i) {
+    if (clump_delack_[i] && clumps_[i] + min_rtt() == due) return true;
+  }
+  return false;
+}
+
 void DownloadShaper::SetMinRtt(Duration rtt) {
   if (rtt > Duration::zero()) min_rtt_ = rtt;
 }
@@ -234,8 +297,11 @@ void DownloadShaper::OnTimer(TimePoint now) {
     const bool for_clump = options_.wake_for_clocked_clumps && tail_due_ && expected_ &&
                            *tail_due_ < *expected_;
     const TimePoint clump_due = tail_due_ ? *tail_due_ : TimePoint{};
+    // A delayed ACK's data: the timer fires on a jiffy and its timeout moves (tcpi_ato).
+    const Duration slack = for_clump && DueIsDelayedAck(clump_due) ? options_.delayed_ack_slack
+                                                                   : Duration::zero();
     Wake(*wake_at_);
-    if (for_clump) renap_at_ = clump_due + options_.td_min;
+    if (for_clump) renap_at_ = clump_due + options_.td_min + slack;
   }
   if (in_burst_ && !wants_open_) {
     const TimePoint end = BurstEnd();
@@ -380,6 +446,8 @@ void DownloadShaper::OnArrival(TimePoint now, Bytes bytes, bool missing_data) {
     held_gap_ = 0;
     held_ = false;
   }
+  // Round 19: whether these arm the kernel's delayed-ACK timer (a clump begun now may too).
+  NoteDelayedAck(now, in_burst_ && clump_first_ == now);
   burst_last_ = now;
   burst_packets_ += packets;
   burst_bytes_ += bytes;
@@ -743,6 +811,7 @@ void DownloadShaper::OnOpened(TimePoint now) {
     open_slot_ = clump_next_;
     NoteClump(now);
   }
+  DelayedAckOnOpen(now);
   cycle_clamped_ = clamp_ > 0;
   expected_ = DueAfter(now);
   if (!awake_) {
@@ -773,6 +842,7 @@ TimePoint DownloadShaper::WakeFor(TimePoint due) const {
 }
 
 void DownloadShaper::NoteClump(TimePoint first) {
+  clump_delack_[clump_next_] = false;
   clumps_[clump_next_] = first;
   clump_next_ = (clump_next_ + 1) % kClumps;
   clump_count_ = std::min(clump_count_ + 1, kClumps);

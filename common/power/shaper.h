@@ -262,6 +262,32 @@ struct ShaperOptions {
   // also arms slow start's tail. On by default since round 15 (measured against main interleaved, RESULTS.md);
   // the proxy's GHOST_SHAPER_CLUMP_WAKE=0 turns it off.
   bool wake_for_clocked_clumps = true;
+  // Round 19: the kernel's delayed ACK is a clock too. While the adapter does not read (the
+  // window closed, a part held, a straggler's window already open), Linux ACKs a segment at
+  // once only when more than one MSS is unacknowledged and the window's right edge would not
+  // move back (__tcp_ack_snd_check), which with nothing read holds at most for the first
+  // segments after a read that freed more than its update offered; every other segment waits
+  // for the delayed-ACK timer, armed at the first segment not ACKed (tcpi_ato, at least
+  // TCP_DELACK_MIN = 40 ms, fired on a 4 ms jiffy at HZ=250), or for the next read. That ACK releases a
+  // cwnd-limited sender's next data one min RTT after it, ~40 ms after the clump the ring
+  // holds: read off the captures at 90 ms / 1% and 120 ms / 0.5% (RESULTS.md, round 19), 103
+  // of 118 "ack-clocked" misses came one RTT after an ACK sent 38–92 ms (median ~43) after the
+  // oldest segment it acknowledged, mid-hold (a hold lasts half a min RTT: 45 and 60 ms, past
+  // the timer; at 60 ms it is 30 ms and the open's update cancels the timer). With the clump
+  // wake on, the shaper models the timer: armed by the first segment the kernel does not ACK at
+  // once — the first after an open (a full drain's update advertised all the free space, so the
+  // next segment shrinks the window), or the next clump's (a drain in several reads whose first
+  // update advertised less than was freed: the first clump is then ACKed at once), so both get
+  // an entry; after a firing, the next segment — cancelled by an open before it fires; its
+  // firing time is a ring entry, so a nap ends one min RTT after it, and the card listens
+  // `delayed_ack_slack` longer for it (the timer fires on a 4 ms jiffy, and tcpi_ato moves).
+  // `delayed_ack` is the time from the arming segment to the ACK (the adapter sets tcpi_ato
+  // when it can read it: SetDelayedAck); 0 turns the model off (the proxy:
+  // GHOST_SHAPER_DELACK=0). Measured interleaved against main (RESULTS.md, round 19): missed
+  // packets per download 44 → 27 at 90 ms / 1%, 22 → 10 at 120 ms / 0.5%, 18 → 6 at 60 ms /
+  // 0.5%; E×D not shown better (0.61 → 0.68×, 0.40 → 0.44×, 0.82 → 0.67×, ranges overlapping).
+  Duration delayed_ack = Millis(40);
+  Duration delayed_ack_slack = Millis(6);
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -312,6 +338,9 @@ class DownloadShaper {
   DownloadShaper& operator=(const DownloadShaper&) = delete;
 
   void SetCardListener(CardListener listener) { listener_ = std::move(listener); }
+
+  // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato). Ignored when the option is 0 (the model off) or `ato` is not positive.
+  void SetDelayedAck(Duration ato);
 
   // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
   // minimum; the first call may come from the connect handshake). Replaces the last value.
@@ -492,6 +521,20 @@ class DownloadShaper {
   TimePoint clumps_[kClumps] = {};
   int clump_count_ = 0, clump_next_ = 0;
   int open_slot_ = -1;  // the ring slot of the open whose data has not come (round 16)
+  // Round 19, the kernel's delayed ACK (ShaperOptions::delayed_ack): armed at the first segment
+  // not ACKed at once (nullopt: no ACK owed), its ring slot (its firing time), and whether the
+  // segments since the last open may still get the immediate ACK of a grown window.
+  std::optional<TimePoint> delack_armed_;
+  bool delack_second_ok_ = false;  // the next clump may arm it instead (a partial update)
+  bool clump_delack_[kClumps] = {};  // the ring entry is a delayed ACK's firing time
+  static constexpr int kDelackPending = 4;
+  std::pair<int, TimePoint> delack_pending_[kDelackPending] = {};  // (slot, firing), since the open
+  int delack_pending_n_ = 0, delack_pending_next_ = 0;
+  void AddDelayedAckEntry(TimePoint fire);
+  // The delayed ACK's model, at each arrival (`new_clump`: it began a clump) and at each open.
+  void NoteDelayedAck(TimePoint now, bool new_clump);
+  void DelayedAckOnOpen(TimePoint now);
+  bool DueIsDelayedAck(TimePoint due) const;
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
