@@ -17,28 +17,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 from ghostproxy_smtp_test import delivered, message, outbox, start_sink, start_smtp_proxy  # noqa: E402
+from ghostproxy_smtp_stop_test import SINK  # noqa: E402
 
 PLAN = 7
 # kStopGrace (4 s) + curl's progress call, about once a second + the rest of the stop; with
 # room for a loaded machine. Before the fix the stop took curl's LOW_SPEED_TIME, 60 s.
 STOP_BOUND = 9
-
-SINK = r'''
-import os, sys, time
-from aiosmtpd.controller import Controller
-out, port = sys.argv[1], int(sys.argv[2])
-class Handler:
-    async def handle_DATA(self, server, session, envelope):
-        n = len([f for f in os.listdir(out) if f.endswith(".eml")])
-        with open(os.path.join(out, f"{n:04d}.eml"), "wb") as f:
-            f.write(envelope.original_content)
-        return "250 Message accepted"
-c = Controller(Handler(), hostname="127.0.0.1", port=port)
-c.start()
-print("ready", flush=True)
-while True:
-    time.sleep(3600)
-'''
+# The sink is ghostproxy_smtp_stop's SINK with a hold of 0 s: it answers at once.
 
 
 def silent_server():
@@ -58,7 +43,7 @@ def silent_server():
 
 
 def main():
-    work, sink_dir, sink_port = start_sink(SINK)
+    work, sink_dir, sink_port = start_sink(SINK, 0)
     t = h.Tap(PLAN)
     mnt, ctl = h.sleeping_card_mount(t, PLAN, work)
     box = os.path.join(work, "outbox")
