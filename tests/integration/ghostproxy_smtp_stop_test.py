@@ -13,7 +13,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
-from ghostproxy_smtp_test import delivered, message, outbox, start_sink, start_smtp_proxy  # noqa: E402
+from ghostproxy_smtp_test import delivered, message, outbox, start_sink, start_with_deadline  # noqa: E402
 
 PLAN = 7
 HOLD = 3  # seconds the sink holds a DATA before its 250
@@ -46,10 +46,7 @@ def main():
     log = os.path.join(work, "ghostproxy.log")
 
     def start(deadline):
-        conf = os.path.join(work, f"proxy-{deadline}.toml")
-        with open(conf, "w") as f:
-            f.write(f"smtp_deadline = {deadline}\n")
-        return start_smtp_proxy(mnt, ctl, conf, sport, sink_port, box, log)
+        return start_with_deadline(work, deadline, mnt, ctl, sport, sink_port, box, log)
     proxy = start(120)
     if not t.check(h.wait_port(sport, 15), "ghostproxy listens for SMTP", open(log).read()):
         t.skip_rest(PLAN, "no SMTP listener")

@@ -106,6 +106,15 @@ def start_smtp_proxy(mnt, ctl, conf, smtp_port, sink_port, box, log):
     return p
 
 
+
+def start_with_deadline(work, deadline, mnt, ctl, smtp_port, server_port, box, log):
+    """start_smtp_proxy with a config of its own that sets only smtp_deadline = `deadline`."""
+    conf = os.path.join(work, f"proxy-{deadline}.toml")
+    with open(conf, "w") as f:
+        f.write(f"smtp_deadline = {deadline}\n")
+    return start_smtp_proxy(mnt, ctl, conf, smtp_port, server_port, box, log)
+
+
 def main():
     work, sink_dir, sink_port = start_sink(SINK, "ghost", "s3cret pass")
     t = h.Tap(PLAN)
