@@ -123,6 +123,7 @@ nlohmann::json Daemon::StatsJson() const {
   out["model"] = {{"power_w", (pm_->base_power() + pm_->IdlePowerOfOthers(-1)).watts()}};
   if (hardware_) out["measured"] = MeasuredJson(*hardware_, clock_->Now() - started_);
   if (flash_) out["flash_log"] = flash_->StatsJson();
+  out["kept_aside"] = KeptAsideJson();
   if (!options_.profile.empty()) {
     // Naps of shaped downloads on the emulated card (the nap op; DESIGN §3.6). Their energy
     // is in energy_j already: this says how much of it, and what they saved.

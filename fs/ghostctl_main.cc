@@ -319,6 +319,14 @@ std::string StatsText(const json& s) {
                       BytesText(Number(s, {"cache", "bytes"}));
   if (auto cap = Number(s, {"cache", "capacity"})) cache += " of " + BytesText(cap);
   rows.push_back({"cache", cache});
+  // Damaged state the daemon set aside at a start instead of losing it (fs/observability.cc):
+  // one row per file, so that nobody misses that a change may wait in one.
+  if (const json* kept = Find(s, {"kept_aside"}); kept != nullptr && kept->is_array()) {
+    for (const json& k : *kept) {
+      rows.push_back({"kept aside", Text(k, {"path"}) + " (" + BytesText(Number(k, {"bytes"})) +
+                                        "; damaged state, read it and remove it)"});
+    }
+  }
   return Table(rows);
 }
 

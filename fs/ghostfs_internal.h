@@ -188,6 +188,7 @@ class Daemon final : public GhostFs {
   std::unique_ptr<ShadowBaseline> shadow_;  // the static cache beside this one; null: no profile
   void StartObserving();                    // the two above, the log's hooks (observability.cc)
   nlohmann::json EnergyModelJson() const;    // stats "energy_model" (observability.cc)
+  nlohmann::json KeptAsideJson() const;      // stats "kept_aside" (observability.cc)
   void BaselineWrite(Bytes size);            // to the static baseline, if any (observability.cc)
   void BaselineFetch(Bytes size);
   // An IMAP origin's connection attempt, to origin health (observability.cc).

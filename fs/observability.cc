@@ -2,11 +2,16 @@
 // origin failures and state changes (common/http/origin_health.h, common/base/log.h), device
 // mode changes with who caused them, the static baseline run beside the live policy
 // (common/cache/shadow_baseline.h) and whether the energy figures are modelled at all.
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/base/log.h"
+#include "fs/flash_local.h"
 #include "fs/ghostfs_internal.h"
 
 namespace ghost {
@@ -87,6 +92,47 @@ nlohmann::json Daemon::EnergyModelJson() const {
           {"measured", false},
           {"note", "modelled from profile " + machine_->profile().name +
                        " (emulated devices and their delays; no energy meter measures this machine)"}};
+}
+
+namespace {
+
+// Whether a name in the cache or flash-log directory is damaged state set aside at a start:
+// FILE.damaged (the IMAP journal and appended UIDs: common/imap/imap_queue.cc,
+// fs/mail_tree.cc), objects-db.corrupt-* (common/cache/cache_store.cc) and the flash log's
+// corrupt-OFFSET[.N].bin (common/cache/flash_log.cc).
+bool SetAside(std::string_view name) {
+  auto ends = [&](std::string_view s) { return name.size() > s.size() && name.ends_with(s); };
+  return ends(".damaged") || name.find(".corrupt-") != std::string_view::npos ||
+         (name.starts_with("corrupt-") && ends(".bin"));
+}
+
+void ListSetAside(const std::string& dir, nlohmann::json* out) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::pair<std::string, Bytes>> found;
+  while (const dirent* e = ::readdir(d)) {
+    if (!SetAside(e->d_name)) continue;
+    std::string path = dir + "/" + e->d_name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) found.emplace_back(path, st.st_size);
+  }
+  ::closedir(d);
+  std::sort(found.begin(), found.end());
+  for (auto& [path, size] : found) out->push_back({{"path", path}, {"bytes", size}});
+}
+
+}  // namespace
+
+// Damaged state the daemon set aside rather than lose (it may hold a reader's only copy of a
+// change): never deleted by ghostfs; the user reads it and removes it. Listed from the
+// directories at each call, so a file removed by hand drops out.
+nlohmann::json Daemon::KeptAsideJson() const {
+  nlohmann::json out = nlohmann::json::array();
+  ListSetAside(options_.cache_dir, &out);
+  if (!options_.flash_log.empty()) {
+    if (Result<FlashLogSpec> spec = ParseFlashLogSpec(options_.flash_log); spec.ok()) ListSetAside(spec->dir, &out);
+  }
+  return out;
 }
 
 }  // namespace ghost

@@ -23,7 +23,7 @@ import harness  # noqa: E402
 from harness import wait_for  # noqa: E402
 from ghostfs_imap_bad_test import FakeImap  # noqa: E402
 
-PLANNED = 10
+PLANNED = 12
 
 # Saved listings of the wrong shape: each aborted ghostfs before (type_error 302 / 316, or const
 # operator[] past a short entry), and each is what a control client's "store" may put there.
@@ -207,6 +207,20 @@ def main():
             and f"kept in {appended}.damaged" in out,
             "each damaged appended-UID line is kept aside and named (file and line) in the log",
             f"aside {aside!r}\n{out[-2000:]}")
+    # The files set aside are listed by the daemon (stats "kept_aside") and by ghostctl stats,
+    # so that a user sees a change may wait in one; removed by hand, they drop out.
+    kept = ctl.ok("stats").get("kept_aside")
+    sizes = {k.get("path"): k.get("bytes") for k in kept} if isinstance(kept, list) else {}
+    text = harness.ghostctl(sock, "stats").stdout
+    rows = [next((line for line in text.splitlines() if f"{p}.damaged" in line), "") for p in (journal, appended)]
+    t.check(sizes == {journal + ".damaged": len(bad_ack), appended + ".damaged": len(aside)}
+            and all(row.lstrip().startswith("kept aside") for row in rows),
+            "ghostctl stats (and its JSON's kept_aside) lists both files set aside, with their sizes",
+            f"kept_aside {kept}\n{text}")
+    os.unlink(appended + ".damaged")
+    kept = ctl.ok("stats").get("kept_aside")
+    t.check(isinstance(kept, list) and [k.get("path") for k in kept] == [journal + ".damaged"],
+            "a file set aside and removed by hand is no longer listed", f"kept_aside {kept}")
     new = listing(os.path.join(box, "new"))
     t.check(isinstance(new, list) and any(n.startswith("m1") for n in new) and alive(fs),
             "the queued message is shown, the mount is up", f"new={new}\n{fs.output()[-800:]}")
