@@ -8,9 +8,11 @@ helper adv20):
   SIGSEGV at the first client: libevent reports a connect that fails at once inside
   bufferevent_socket_connect_hostname, the session went offline and freed its server
   bufferevent, and ImapSession::Start then enabled the freed (null) one;
-- the SMTP listener (and the IMAP one) under `ulimit -n 64` with 100 clients connected: while the
-  descriptors stay taken the proxy neither spins nor floods its log (it spun a core at 100% and
-  wrote 26–37 MB of libevent's "Error from accept() call: Too many open files" in 3 s), and once
+- the SMTP listener (and the IMAP one) under `ulimit -n 64` with 100 clients connected, and one
+  more at the HTTP listener: while the descriptors stay taken the proxy neither spins nor floods
+  its log (the SMTP and IMAP listeners spun a core and wrote 15–37 MB of libevent's "Error from
+  accept() call: Too many open files" in 3 s; the HTTP one, with no connection of its own to
+  wait for, spun silently), and once
   clients leave, the waiting ones and a new one are greeted (proxy/accept_pause.h). Run only in
   a plain build: with every descriptor taken, UBSan's vptr check cannot open the pipe it reads
   memory through and halts the proxy on live objects ("invalid vptr", "memory cannot be
@@ -46,10 +48,11 @@ def sanitized():
 
 
 def start_proxy(work, mnt, ctl, kind, origin, prefix=(), tag=""):
-    """ghostproxy with an IMAP or SMTP listener; -> (process, port, log path)."""
-    port = h.free_port()
+    """ghostproxy with an IMAP or SMTP listener (and its HTTP one); -> (process, port, log path,
+    HTTP port)."""
+    port, http_port = h.free_port(), h.free_port()
     exe = os.path.join(h.build_dir(), "proxy", "ghostproxy")
-    cmd = list(prefix) + [exe, "--listen", f"127.0.0.1:{h.free_port()}", "--mount", mnt, "--control", ctl]
+    cmd = list(prefix) + [exe, "--listen", f"127.0.0.1:{http_port}", "--mount", mnt, "--control", ctl]
     if kind == "smtp":
         cmd += ["--smtp-listen", f"127.0.0.1:{port}", "--smtp-origin", origin,
                 "--smtp-outbox", os.path.join(work, f"box{tag}")]
@@ -60,7 +63,7 @@ def start_proxy(work, mnt, ctl, kind, origin, prefix=(), tag=""):
     p = subprocess.Popen(cmd, stdout=open(log, "a"), stderr=subprocess.STDOUT)
     h.on_exit(lambda: p.poll() is None and (p.terminate(), p.wait(10)))
     h.wait_port(port, 20)
-    return p, port, log
+    return p, port, log, http_port
 
 
 def greeting(s, timeout):
@@ -78,7 +81,7 @@ def tail(log, n=2000):
 
 def exhaust(t, work, mnt, ctl, kind, origin, greet):
     """CLIENTS connections to a proxy limited to LIMIT descriptors: 3 checks."""
-    p, port, log = start_proxy(work, mnt, ctl, kind, origin,
+    p, port, log, http_port = start_proxy(work, mnt, ctl, kind, origin,
                                prefix=("prlimit", f"--nofile={LIMIT}:{LIMIT}", "setpriv", "--bounding-set",
                                        "-sys_resource"), tag="-limited")
     socks = []
@@ -87,15 +90,21 @@ def exhaust(t, work, mnt, ctl, kind, origin, greet):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         except OSError:
             break
+    # And one at the HTTP listener, which has no connection of its own whose close would free a
+    # slot: it spun silently (proxy.cc paused only while it had connections).
+    try:
+        socks.insert(0, socket.create_connection(("127.0.0.1", http_port), timeout=5))
+    except OSError:
+        pass
     time.sleep(1)  # the proxy has taken what it can
     alive = p.poll() is None
     c0, size0 = (cpu_seconds(p.pid) if alive else 0), os.path.getsize(log)
     time.sleep(3)
     alive = p.poll() is None
     used, grew = (cpu_seconds(p.pid) - c0 if alive else 0), os.path.getsize(log) - size0
-    t.check(alive and len(socks) == CLIENTS and used < CPU_BOUND and grew < LOG_BOUND,
-            f"[{kind}] {CLIENTS} clients against {LIMIT} descriptors: the proxy neither spins nor floods its log "
-            "while they stay",
+    t.check(alive and len(socks) == CLIENTS + 1 and used < CPU_BOUND and grew < LOG_BOUND,
+            f"[{kind}] {CLIENTS} clients (and one HTTP client) against {LIMIT} descriptors: the proxy neither "
+            "spins nor floods its log while they stay",
             f"alive {alive} (exit {p.poll()}), {len(socks)} connected, {used:.2f} s of CPU and {grew} bytes of "
             f"log in 3 s; log ends {tail(log, 400)!r}")
     for s in socks[:-10]:
@@ -129,7 +138,7 @@ def main():
         t.done()
 
     # 1-2. No route to the IMAP server: every client greeted from the cache, the proxy alive.
-    p, port, log = start_proxy(work, mnt, ctl, "imap", "imap://224.0.0.1:143/")
+    p, port, log, _ = start_proxy(work, mnt, ctl, "imap", "imap://224.0.0.1:143/")
     greets = []
     for _ in range(3):
         try:
