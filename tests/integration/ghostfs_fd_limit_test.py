@@ -8,11 +8,15 @@ client that creates files in local/ until creates fail:
   left the file: an O_EXCL retry got EEXIST); the same for mkdir;
 - the files that were created take their writes, read back whole, and keep them through an
   unmount and a mount with the usual limit (nothing lost);
+- a web/ file opened meanwhile fails with EMFILE (it was ENOTCONN, the log said "check that the
+  origin is up" and the origin was marked down: curl reports a socket(2) that fails as a
+  connection that failed, http_fetcher.cc keeps socket's errno now), and reads whole once
+  descriptors are free;
 - once the client's files are closed (and the kernel has forgotten the inodes), creates work
   again and the unmount is clean.
 Not in a sanitizer build: with every descriptor taken, UBSan's vptr check cannot open the pipe
 it reads memory through and halts the daemon on live objects (ghostproxy_hostile's check 7).
-TAP; skipped without root or /dev/fuse."""
+TAP; skipped without root, /dev/fuse or nginx."""
 import errno
 import os
 import subprocess
@@ -22,7 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 MODES = {"plain": [], "flash": ["--profile", "ipaq-2004", "--knob", "0", "--flash-log", "{work}/flash-{name}:512K"]}
-CHECKS = 5
+CHECKS = 7
 PLAN = CHECKS * len(MODES)
 LIMIT = 64
 N = 80
@@ -38,11 +42,11 @@ def body(i):
     return (f"local file {i}\n" * 700).encode()
 
 
-def run_mode(t, name, args, work):
+def run_mode(t, name, args, work, www, url):
     mnt, cache = os.path.join(work, f"mnt-{name}"), os.path.join(work, f"cache-{name}")
     os.makedirs(mnt)
     args = [a.format(work=work, name=name) for a in args]
-    fs = LimitedGhostfs(mnt, cache, {}, args=args)
+    fs = LimitedGhostfs(mnt, cache, {"web": url}, args=args)
     if not t.check(fs.start(), f"[{name}] mounts with {LIMIT} descriptors", fs.output()):
         t.skip_rest(t.n + CHECKS - 1, "not mounted")
         return
@@ -59,6 +63,14 @@ def run_mode(t, name, args, work):
             os.mkdir(os.path.join(local, f"d{i}"))
         except OSError as e:
             dirs_failed.append((i, e.errno))
+    web_errs = []
+    for i in range(3):
+        try:
+            with open(os.path.join(mnt, "web", f"w{i}.txt"), "rb") as f:
+                web_errs.append(len(f.read()))
+        except OSError as e:
+            web_errs.append(errno.errorcode.get(e.errno, e.errno))
+    t.check(web_errs == ["EMFILE"] * 3, f"[{name}] a web/ file opened meanwhile fails with EMFILE", web_errs)
     for i, fd in fds.items():
         os.write(fd, body(i))
     for fd in fds.values():
@@ -86,6 +98,15 @@ def run_mode(t, name, args, work):
         return bad
     bad = wrong()
     t.check(not bad, f"[{name}] the {len(fds)} files created read back whole", bad[:5])
+    web_bad = []
+    for i in range(3):
+        try:
+            with open(os.path.join(mnt, "web", f"w{i}.txt"), "rb") as f:
+                if f.read() != open(os.path.join(www, f"w{i}.txt"), "rb").read():
+                    web_bad.append(i)
+        except OSError as e:
+            web_bad.append((i, errno.errorcode.get(e.errno, e.errno)))
+    t.check(not web_bad, f"[{name}] the web/ files read whole once descriptors are free", web_bad)
     try:
         with open(os.path.join(local, "after"), "wb") as f:
             f.write(b"after")
@@ -96,7 +117,7 @@ def run_mode(t, name, args, work):
     t.check(after == b"after" and fs.exit_code == 0 and not fs.stop_killed,
             f"[{name}] a create once descriptors are free works; a clean unmount",
             f"{after!r}, exit {fs.exit_code}, killed {fs.stop_killed}")
-    again = h.Ghostfs(mnt, cache, {}, args=args)
+    again = h.Ghostfs(mnt, cache, {"web": url}, args=args)
     bad = wrong() if again.start() else ["no mount"]
     again.stop()
     t.check(not bad, f"[{name}] and after a mount with the usual limit", bad[:5])
@@ -108,10 +129,16 @@ def main():
     ldd = subprocess.run(["ldd", exe], capture_output=True, text=True).stdout
     if "libubsan" in ldd or "libasan" in ldd:
         h.skip_all("a sanitizer build's checks need free descriptors (UBSan's vptr check opens a pipe)")
-    t = h.Tap(PLAN)
     work = h.tempdir()
+    www = os.path.join(work, "www")
+    os.makedirs(www)
+    for i in range(3):
+        with open(os.path.join(www, f"w{i}.txt"), "wb") as f:
+            f.write(os.urandom(30000))
+    nginx = h.started_nginx(www)
+    t = h.Tap(PLAN)
     for name, args in MODES.items():
-        run_mode(t, name, args, work)
+        run_mode(t, name, args, work, www, nginx.url())
     t.done()
 
 
