@@ -4,8 +4,9 @@
 // accept() failing with EMFILE or ENFILE (or ENOBUFS, ENOMEM) leaves the connection pending, so
 // the listening socket is readable again at once: libevent calls accept again, and without an
 // error callback logs "Error from accept() call" each time. Under a low `ulimit -n` the IMAP and
-// SMTP listeners spun a core at 100% and wrote 26 MB of that line in 3 s (round 20, helper
-// adv20) for as long as the descriptors stayed taken. Here the listener is disabled for `pause`
+// SMTP listeners used 1-3 CPU-seconds and wrote 15-37 MB of that line per 3 s (round 20,
+// helper adv20) for as long as the descriptors stayed taken; the HTTP one, which paused only
+// while it had connections of its own, spun silently. Here the listener is disabled for `pause`
 // (a timer enables it again: descriptors taken by another part of the process free no slot this
 // listener would be told about), and the first pause of a run of them is logged once.
 //
