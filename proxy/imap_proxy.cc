@@ -39,10 +39,10 @@
 #include <map>
 #include <set>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/imap/imap_client.h"
 #include "common/imap/imap_client_internal.h"
-#include "proxy/accept_pause.h"
 #include "proxy/imap_deferred.h"
 #include "proxy/imap_wire.h"
 
@@ -128,7 +128,7 @@ class ImapProxy::Impl {
   // a deferred APPEND once the server gave its UID).
   void StoreBody(const std::string& key, std::shared_ptr<std::string> data);
 
-  // Out of descriptors, the listeners pause instead of spinning (proxy/accept_pause.h).
+  // Out of descriptors, the listeners pause instead of spinning (common/base/accept_pause.h).
   std::unique_ptr<AcceptPause> accept_pause;
 
   ~Impl();
@@ -2389,7 +2389,7 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
                                                   " does not match --imap-tls-cert " + options.tls_cert));
     impl->plain_login_ok = options.imap_listen && options.imap_listen->host.IsLoopback();
   }
-  impl->accept_pause = std::make_unique<AcceptPause>(base, "imap");
+  impl->accept_pause = std::make_unique<AcceptPause>(base, "ghostproxy: imap");
   if (options.imap_listen) {
     Result<evconnlistener*> l = Listen(base, &Impl::OnAccept, impl.get(), *options.imap_listen, "imap_listen", &impl->bound);
     if (!l.ok()) return l.status();

@@ -99,7 +99,7 @@ Status Impl::Listen() {
     return Status::FromErrno(err, "cannot listen on " + options.listen.ToString());
   }
   listener_.reset(l);
-  accept_pause_ = std::make_unique<AcceptPause>(base, "http");
+  accept_pause_ = std::make_unique<AcceptPause>(base, "ghostproxy: http");
   evconnlistener_set_error_cb(l, &Impl::OnAcceptError);
   // The bound address, with the kernel's port when 0 was asked for.
   sockaddr_storage got{};
@@ -244,7 +244,7 @@ void Impl::ReleasePlace(ClientConnection* c) {
 
 void Impl::OnAcceptError(evconnlistener* listener, void* arg) {
   // Out of descriptors: the pending connection would wake us forever. Stop accepting until a
-  // connection closes (Remove) or a moment passes (proxy/accept_pause.h).
+  // connection closes (Remove) or a moment passes (common/base/accept_pause.h).
   static_cast<Impl*>(arg)->accept_pause_->Failed(listener);
 }
 

@@ -42,9 +42,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/http/http_freshness.h"
-#include "proxy/accept_pause.h"
 #include "proxy/access_log.h"
 #include "proxy/address.h"
 #include "proxy/cache_backend.h"

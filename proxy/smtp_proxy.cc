@@ -23,10 +23,10 @@
 #include <mutex>
 #include <thread>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/control/control.h"
 #include "common/imap/imap_queue.h"
-#include "proxy/accept_pause.h"
 #include "proxy/network_watch.h"
 #include "common/imap/outbox.h"
 #include "proxy/smtp_wire.h"
@@ -167,7 +167,7 @@ class SmtpProxy::Impl {
   // ghostfs's network card, knob and `ghostctl flush` (proxy/network_watch.h).
   std::unique_ptr<NetworkWatch> watch;
 
-  // Out of descriptors, the listener pauses instead of spinning (proxy/accept_pause.h).
+  // Out of descriptors, the listener pauses instead of spinning (common/base/accept_pause.h).
   std::unique_ptr<AcceptPause> accept_pause;
 
   ~Impl();
@@ -600,7 +600,7 @@ Result<std::unique_ptr<SmtpProxy>> SmtpProxy::Start(event_base* base, CacheBacke
     return Status::FromErrno(errno, "smtp_listen " + options.smtp_listen->ToString() +
                                         " (address in use: is another proxy running?)");
   }
-  impl->accept_pause = std::make_unique<AcceptPause>(base, "smtp");
+  impl->accept_pause = std::make_unique<AcceptPause>(base, "ghostproxy: smtp");
   evconnlistener_set_error_cb(impl->listener, &Impl::OnAcceptError);
   impl->bound = *options.smtp_listen;
   sockaddr_storage got{};

@@ -12,6 +12,8 @@ client that creates files in local/ until creates fail:
   origin is up" and the origin was marked down: curl reports a socket(2) that fails as a
   connection that failed, http_fetcher.cc keeps socket's errno now), and reads whole once
   descriptors are free;
+- a control client that connects meanwhile does not make the daemon spin (the control socket
+  paused accepting only while it had connections: with none, 2 s of CPU in 2 s);
 - once the client's files are closed (and the kernel has forgotten the inodes), creates work
   again and the unmount is clean.
 Not in a sanitizer build: with every descriptor taken, UBSan's vptr check cannot open the pipe
@@ -19,14 +21,16 @@ it reads memory through and halts the daemon on live objects (ghostproxy_hostile
 TAP; skipped without root, /dev/fuse or nginx."""
 import errno
 import os
+import socket
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness as h  # noqa: E402
 
 MODES = {"plain": [], "flash": ["--profile", "ipaq-2004", "--knob", "0", "--flash-log", "{work}/flash-{name}:512K"]}
-CHECKS = 7
+CHECKS = 8
 PLAN = CHECKS * len(MODES)
 LIMIT = 64
 N = 80
@@ -38,6 +42,11 @@ class LimitedGhostfs(h.Ghostfs):
             super().command()
 
 
+def cpu_seconds(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def body(i):
     return (f"local file {i}\n" * 700).encode()
 
@@ -46,7 +55,8 @@ def run_mode(t, name, args, work, www, url):
     mnt, cache = os.path.join(work, f"mnt-{name}"), os.path.join(work, f"cache-{name}")
     os.makedirs(mnt)
     args = [a.format(work=work, name=name) for a in args]
-    fs = LimitedGhostfs(mnt, cache, {"web": url}, args=args)
+    ctl = os.path.join(work, f"ctl-{name}")
+    fs = LimitedGhostfs(mnt, cache, {"web": url}, args=args, control=ctl)
     if not t.check(fs.start(), f"[{name}] mounts with {LIMIT} descriptors", fs.output()):
         t.skip_rest(t.n + CHECKS - 1, "not mounted")
         return
@@ -71,10 +81,20 @@ def run_mode(t, name, args, work, www, url):
         except OSError as e:
             web_errs.append(errno.errorcode.get(e.errno, e.errno))
     t.check(web_errs == ["EMFILE"] * 3, f"[{name}] a web/ file opened meanwhile fails with EMFILE", web_errs)
+    # A control client meanwhile (ghostctl, ghostproxy): the daemon, with no control connection
+    # whose close would free a slot, must not spin on the pending accept.
+    c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    c.connect(ctl)
+    c0 = cpu_seconds(fs.proc.pid)
+    time.sleep(2)
+    used = cpu_seconds(fs.proc.pid) - c0
+    t.check(used < 0.4, f"[{name}] a control client meanwhile: the daemon does not spin on its accept",
+            f"{used:.2f} CPU-s in 2 s")
     for i, fd in fds.items():
         os.write(fd, body(i))
     for fd in fds.values():
         os.close(fd)
+    c.close()
     subprocess.run(["sh", "-c", "sync; echo 2 > /proc/sys/vm/drop_caches"])
     backing = os.path.join(cache, "local")
     left = sorted(f"f{i:03d}" for i in errs if os.path.lexists(os.path.join(backing, f"f{i:03d}")))

@@ -1,5 +1,5 @@
 // AcceptPause: a listener out of file descriptors stops accepting for a moment instead of
-// spinning.
+// spinning. Used by ghostproxy's HTTP, IMAP and SMTP listeners and by the control socket.
 //
 // accept() failing with EMFILE or ENFILE (or ENOBUFS, ENOMEM) leaves the connection pending, so
 // the listening socket is readable again at once: libevent calls accept again, and without an
@@ -11,8 +11,8 @@
 // listener would be told about), and the first pause of a run of them is logged once.
 //
 // Thread-safety: the loop's thread only.
-#ifndef GHOST_PROXY_ACCEPT_PAUSE_H_
-#define GHOST_PROXY_ACCEPT_PAUSE_H_
+#ifndef GHOST_COMMON_BASE_ACCEPT_PAUSE_H_
+#define GHOST_COMMON_BASE_ACCEPT_PAUSE_H_
 
 #include <chrono>
 #include <cstdint>
@@ -27,7 +27,7 @@ namespace ghost {
 
 class AcceptPause {
  public:
-  // `what` names the listener in the log ("imap", "smtp").
+  // `what` names the listener in the log ("ghostproxy: imap", "ghostfs: control socket").
   AcceptPause(event_base* base, std::string what,
               std::chrono::milliseconds pause = std::chrono::milliseconds(100));
   ~AcceptPause();
@@ -59,4 +59,4 @@ class AcceptPause {
 
 }  // namespace ghost
 
-#endif  // GHOST_PROXY_ACCEPT_PAUSE_H_
+#endif  // GHOST_COMMON_BASE_ACCEPT_PAUSE_H_

@@ -1,4 +1,4 @@
-#include "proxy/accept_pause.h"
+#include "common/base/accept_pause.h"
 
 #include <event2/event.h>
 #include <event2/listener.h>
@@ -32,7 +32,7 @@ void AcceptPause::Failed(evconnlistener* listener) {
   if (!logged_) {
     logged_ = true;
     std::fprintf(stderr,
-                 "ghostproxy: %s: cannot accept a connection: %s; not accepting for %lld ms at a "
+                 "%s: cannot accept a connection: %s; not accepting for %lld ms at a "
                  "time until descriptors are free (raise `ulimit -n`?)\n",
                  what_.c_str(), std::strerror(err), static_cast<long long>(pause_.count()));
   }
