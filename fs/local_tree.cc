@@ -159,6 +159,19 @@ void LocalTree::ReplyLookup(fuse_req_t req, Node* parent, const char* name) {
   fuse_reply_entry(req, &e);
 }
 
+void LocalTree::ReplyMade(fuse_req_t req, Node* parent, const char* name) {
+  struct stat st;
+  Result<Node*> n = LookupNode(parent, name, &st);
+  if (!n.ok()) {
+    // The lookup of the entry just made failed (EMFILE: its O_PATH descriptor): the caller is
+    // told the call failed, so the entry must not stay behind (a retry would get EEXIST).
+    unlinkat(NodeFd(parent), name, 0);
+    return (void)fuse_reply_err(req, n.status().ToErrno());
+  }
+  fuse_entry_param e = Entry(*n, st);
+  fuse_reply_entry(req, &e);
+}
+
 void LocalTree::Lookup(fuse_req_t req, Node* parent, const char* name) {
   if (int e = NameError(name)) return (void)fuse_reply_err(req, e);
   ReplyLookup(req, parent, name);
@@ -197,7 +210,10 @@ void LocalTree::Mkdir(fuse_req_t req, Node* parent, const char* name, mode_t mod
   }
   struct stat st;
   Result<Node*> n = LookupNode(parent, name, &st);
-  if (!n.ok()) return (void)fuse_reply_err(req, n.status().ToErrno());
+  if (!n.ok()) {
+    unlinkat(NodeFd(parent), name, AT_REMOVEDIR);  // failed (EMFILE): nothing made
+    return (void)fuse_reply_err(req, n.status().ToErrno());
+  }
   fuse_entry_param e = Entry(*n, st);
   LogMeta(MetaOp::kMkdir, NodeFd(parent), name, -1, st.st_mode, -1, nullptr, [req, e] { fuse_reply_entry(req, &e); });
 }
@@ -212,7 +228,7 @@ void LocalTree::Mknod(fuse_req_t req, Node* parent, const char* name, mode_t mod
     unlinkat(NodeFd(parent), name, 0);
     return (void)fuse_reply_err(req, s.ToErrno());
   }
-  ReplyLookup(req, parent, name);
+  ReplyMade(req, parent, name);
 }
 
 void LocalTree::Symlink(fuse_req_t req, const char* target, Node* parent, const char* name) {
@@ -222,7 +238,7 @@ void LocalTree::Symlink(fuse_req_t req, const char* target, Node* parent, const 
     unlinkat(NodeFd(parent), name, 0);
     return (void)fuse_reply_err(req, s.ToErrno());
   }
-  ReplyLookup(req, parent, name);
+  ReplyMade(req, parent, name);
 }
 
 void LocalTree::Readlink(fuse_req_t req, Node* n) {
@@ -239,7 +255,7 @@ void LocalTree::Link(fuse_req_t req, Node* n, Node* newparent, const char* newna
   if (int e = NameError(newname)) return (void)fuse_reply_err(req, e);
   // AT_EMPTY_PATH links the descriptor's own file (the daemon has CAP_DAC_READ_SEARCH).
   if (linkat(NodeFd(n), "", NodeFd(newparent), newname, AT_EMPTY_PATH) != 0) return (void)fuse_reply_err(req, errno);
-  ReplyLookup(req, newparent, newname);
+  ReplyMade(req, newparent, newname);
 }
 
 void LocalTree::Unlink(fuse_req_t req, Node* parent, const char* name) {
@@ -522,11 +538,20 @@ void LocalTree::Create(fuse_req_t req, Node* parent, const char* name, mode_t mo
       return (void)fuse_reply_err(req, s.ToErrno());
     }
   }
+  // Out of descriptors (EMFILE) past the file's creation: the create fails, so the file it made
+  // goes too (it stayed: an O_EXCL retry got EEXIST; round 20, helper adv20).
+  auto undo = [&] {
+    if (created) unlinkat(pfd, name, 0);
+  };
   struct stat st;
   Result<Node*> n = LookupNode(parent, name, &st);
-  if (!n.ok()) return (void)fuse_reply_err(req, n.status().ToErrno());
+  if (!n.ok()) {
+    undo();
+    return (void)fuse_reply_err(req, n.status().ToErrno());
+  }
   if (Status s = AddOpen(fi, std::move(owned)); !s.ok()) {
     ctx_.inodes.Forget((*n)->ino, 1);
+    undo();
     return (void)fuse_reply_err(req, s.ToErrno());
   }
   fuse_entry_param e = Entry(*n, st);

@@ -194,6 +194,9 @@ class LocalTree final : public Tree {
   fuse_entry_param Entry(Node* n, const struct stat& st) const;
   // Looks up `name` under `parent` and replies with its entry.
   void ReplyLookup(fuse_req_t req, Node* parent, const char* name);
+  // ReplyLookup for an entry this call just made (mknod, symlink, link): when the lookup fails
+  // the entry is removed again, so a call that fails leaves nothing.
+  void ReplyMade(fuse_req_t req, Node* parent, const char* name);
   // Registers an open of the file `fd` with fi->flags; sets fi->fh.
   Status AddOpen(fuse_file_info* fi, UniqueFd fd);
   // Makes a just-created entry `name` of `parent` the caller's (uid, gid, exact mode).

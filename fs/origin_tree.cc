@@ -1371,6 +1371,8 @@ void OriginTree::OriginProbe(int origin, const std::string& dir, const std::stri
         e.mtime_unix = ParseHttpDate(c->last_modified);
         return then(e);
       }
+      // Out of descriptors here: EMFILE, as a local open says it (not the origin's ENOTCONN).
+      if (IsLocalResourceErrno(s.ToErrno())) return then(Status::Unavailable(url + ": " + s.message()).WithErrno(s.ToErrno()));
       return then(Status::Unavailable(url + ": " + s.message()));
     }
     slot.expires = ctx_.clock.Now() + ctx_.options.heuristic_freshness;

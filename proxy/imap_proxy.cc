@@ -39,6 +39,7 @@
 #include <map>
 #include <set>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/imap/imap_client.h"
 #include "common/imap/imap_client_internal.h"
@@ -127,9 +128,15 @@ class ImapProxy::Impl {
   // a deferred APPEND once the server gave its UID).
   void StoreBody(const std::string& key, std::shared_ptr<std::string> data);
 
+  // Out of descriptors, the listeners pause instead of spinning (common/base/accept_pause.h).
+  std::unique_ptr<AcceptPause> accept_pause;
+
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
   static void OnAcceptTls(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  static void OnAcceptError(evconnlistener* l, void* arg) {
+    static_cast<Impl*>(arg)->accept_pause->Failed(l);
+  }
   void Accept(evutil_socket_t fd, bool implicit_tls);
   void Remove(ImapSession* s) {
     // Deferred: the session may be inside its own callback.
@@ -137,6 +144,7 @@ class ImapProxy::Impl {
     if (it == sessions.end()) return;
     std::shared_ptr<ImapSession> keep = it->second;
     sessions.erase(it);
+    if (accept_pause) accept_pause->Resume();  // a slot frees on the next turn (else it pauses again)
     RunSoon(base, [keep = std::move(keep)]() mutable { keep.reset(); });
   }
   // The prefix of every body key for `user` (MailTree::BodyKey's mo.url).
@@ -467,10 +475,14 @@ void ImapSession::Start() {
   bufferevent_setwatermark(server_, EV_WRITE, o->options.high_watermark / 2, 0);
   timeval tv = ToTimeval(o->options.timeout);
   bufferevent_set_timeouts(server_, &tv, nullptr);  // the connection and the greeting
-  if (bufferevent_socket_connect_hostname(server_, nullptr, AF_UNSPEC, o->origin.host.c_str(),
-                                          o->origin.port) != 0) {
-    return Close("* BYE Ghost: cannot connect to the IMAP server " + o->origin_text + "\r\n");
-  }
+  const int r = bufferevent_socket_connect_hostname(server_, nullptr, AF_UNSPEC, o->origin.host.c_str(),
+                                                    o->origin.port);
+  // A connect that fails at once (no route: ENETUNREACH offline; no descriptor: EMFILE) runs
+  // ServerEvent inside the call: the session has gone offline (server_ freed) or closed. Going
+  // on enabled a freed, null server_: ghostproxy died of SIGSEGV at each IMAP client while the
+  // network was down (round 20, helper adv20).
+  if (!server_ || closing_) return;
+  if (r != 0) return Close("* BYE Ghost: cannot connect to the IMAP server " + o->origin_text + "\r\n");
   upstream_clear_ = !o->origin.implicit_tls;
   // The client's bytes wait in the kernel until the server is there.
   bufferevent_enable(server_, EV_READ | EV_WRITE);
@@ -2245,6 +2257,7 @@ void ImapSession::HandleOffline(std::string_view line) {
 
 ImapProxy::Impl::~Impl() {
   alive.reset();
+  accept_pause.reset();  // its timer enables the listeners
   if (listener) evconnlistener_free(listener);
   if (tls_listener) evconnlistener_free(tls_listener);
   sessions.clear();
@@ -2376,16 +2389,19 @@ Result<std::unique_ptr<ImapProxy>> ImapProxy::Start(event_base* base, CacheBacke
                                                   " does not match --imap-tls-cert " + options.tls_cert));
     impl->plain_login_ok = options.imap_listen && options.imap_listen->host.IsLoopback();
   }
+  impl->accept_pause = std::make_unique<AcceptPause>(base, "ghostproxy: imap");
   if (options.imap_listen) {
     Result<evconnlistener*> l = Listen(base, &Impl::OnAccept, impl.get(), *options.imap_listen, "imap_listen", &impl->bound);
     if (!l.ok()) return l.status();
     impl->listener = *l;
+    evconnlistener_set_error_cb(impl->listener, &Impl::OnAcceptError);
   }
   if (options.imaps_listen) {
     ListenAddress bound;
     Result<evconnlistener*> l = Listen(base, &Impl::OnAcceptTls, impl.get(), *options.imaps_listen, "imaps_listen", &bound);
     if (!l.ok()) return l.status();
     impl->tls_listener = *l;
+    evconnlistener_set_error_cb(impl->tls_listener, &Impl::OnAcceptError);
     impl->tls_bound = bound;
     if (!options.imap_listen) impl->bound = bound;
   }

@@ -61,6 +61,7 @@ Impl::~Impl() {
     resolver->alive = false;  // resolver threads still running post nothing now
   }
   alive.reset();
+  accept_pause_.reset();  // its timer enables the listener
   listener_.reset();
   // Close every connection; Close() removes it from the map, so walk a copy.
   std::vector<std::shared_ptr<ClientConnection>> all;
@@ -98,6 +99,7 @@ Status Impl::Listen() {
     return Status::FromErrno(err, "cannot listen on " + options.listen.ToString());
   }
   listener_.reset(l);
+  accept_pause_ = std::make_unique<AcceptPause>(base, "ghostproxy: http");
   evconnlistener_set_error_cb(l, &Impl::OnAcceptError);
   // The bound address, with the kernel's port when 0 was asked for.
   sockaddr_storage got{};
@@ -241,15 +243,9 @@ void Impl::ReleasePlace(ClientConnection* c) {
 }
 
 void Impl::OnAcceptError(evconnlistener* listener, void* arg) {
-  auto* self = static_cast<Impl*>(arg);
-  const int err = EVUTIL_SOCKET_ERROR();
   // Out of descriptors: the pending connection would wake us forever. Stop accepting until a
-  // connection closes (Remove re-enables).
-  if ((err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) &&
-      !self->connections.empty()) {
-    evconnlistener_disable(listener);
-    self->accepting_ = false;
-  }
+  // connection closes (Remove) or a moment passes (common/base/accept_pause.h).
+  static_cast<Impl*>(arg)->accept_pause_->Failed(listener);
 }
 
 void Impl::Remove(std::uint64_t id) {
@@ -257,10 +253,7 @@ void Impl::Remove(std::uint64_t id) {
   if (it == connections.end()) return;
   ReleasePlace(it->second.get());
   connections.erase(it);
-  if (!accepting_ && listener_) {
-    evconnlistener_enable(listener_.get());
-    accepting_ = true;
-  }
+  if (accept_pause_) accept_pause_->Resume();
 }
 
 std::unique_ptr<OriginConn> Impl::TakeIdle(const std::string& pool_key) {

@@ -42,6 +42,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/http/http_freshness.h"
 #include "proxy/access_log.h"
@@ -276,7 +277,9 @@ class Impl {
   bool PreemptWaiting();
 
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
-  bool accepting_ = true;
+  // Out of descriptors: accepting pauses until a connection closes or 100 ms pass (a proxy whose
+  // descriptors the IMAP sessions hold has no connection of its own to wait for).
+  std::unique_ptr<AcceptPause> accept_pause_;
   std::map<std::string, std::deque<std::unique_ptr<OriginConn>>> idle_;
   std::unique_ptr<AccessLog> access_log_;
   std::string log_line_;  // LogAccess's line, its capacity kept from one request to the next

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/base/accept_pause.h"
 #include "common/base/clock.h"
 #include "common/control/control.h"
 #include "common/imap/imap_queue.h"
@@ -166,8 +167,14 @@ class SmtpProxy::Impl {
   // ghostfs's network card, knob and `ghostctl flush` (proxy/network_watch.h).
   std::unique_ptr<NetworkWatch> watch;
 
+  // Out of descriptors, the listener pauses instead of spinning (common/base/accept_pause.h).
+  std::unique_ptr<AcceptPause> accept_pause;
+
   ~Impl();
   static void OnAccept(evconnlistener*, evutil_socket_t fd, sockaddr*, int, void* arg);
+  static void OnAcceptError(evconnlistener* l, void* arg) {
+    static_cast<Impl*>(arg)->accept_pause->Failed(l);
+  }
   static void OnDeadline(evutil_socket_t, short, void* arg) {
     static_cast<Impl*>(arg)->Flush("deadline");
   }
@@ -541,6 +548,7 @@ void SmtpProxy::Impl::Remove(SmtpSession* s) {
   if (it == sessions.end()) return;
   std::shared_ptr<SmtpSession> owned(it->second.release());
   sessions.erase(it);
+  if (accept_pause) accept_pause->Resume();  // a slot frees on the next turn (else it pauses again)
   // Deferred: the session may be inside its own callback.
   RunSoon(base, [owned = std::move(owned)]() mutable { owned.reset(); });
 }
@@ -551,6 +559,7 @@ SmtpProxy::Impl::~Impl() {
   if (worker.joinable()) worker.join();
   // Only the outbox part: the daemon ends the open transfer with this connection.
   Apply();
+  accept_pause.reset();  // its timer enables the listener
   if (listener) evconnlistener_free(listener);
   sessions.clear();
   if (deadline_timer) event_free(deadline_timer);
@@ -591,6 +600,8 @@ Result<std::unique_ptr<SmtpProxy>> SmtpProxy::Start(event_base* base, CacheBacke
     return Status::FromErrno(errno, "smtp_listen " + options.smtp_listen->ToString() +
                                         " (address in use: is another proxy running?)");
   }
+  impl->accept_pause = std::make_unique<AcceptPause>(base, "ghostproxy: smtp");
+  evconnlistener_set_error_cb(impl->listener, &Impl::OnAcceptError);
   impl->bound = *options.smtp_listen;
   sockaddr_storage got{};
   socklen_t got_len = sizeof got;

@@ -519,11 +519,13 @@ Result<std::unique_ptr<ControlServer>> ControlServer::Listen(event_base* base,
     return Status::Internal("cannot watch control socket " + path + " with libevent");
   fd.release();  // the listener owns it now
   server->listener_.reset(l);
+  server->accept_pause_ = std::make_unique<AcceptPause>(base, "control socket " + path);
   evconnlistener_set_error_cb(l, &ControlServer::OnAcceptError);
   return server;
 }
 
 ControlServer::~ControlServer() {
+  accept_pause_.reset();  // its timer enables the listener
   listener_.reset();
   for (auto& [id, c] : connections_) {
     c->state = ConnState::kClosed;
@@ -578,16 +580,9 @@ void ControlServer::Accept(int fd, bool* owned) {
 }
 
 void ControlServer::OnAcceptError(evconnlistener* listener, void* arg) {
-  auto* self = static_cast<ControlServer*>(arg);
-  int err = EVUTIL_SOCKET_ERROR();
-  // Out of descriptors: the pending connection would wake us forever. Stop accepting until a
-  // connection closes (Close re-enables). Other errors concern one connection only.
-  if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-    if (!self->connections_.empty()) {
-      evconnlistener_disable(listener);
-      self->accepting_ = false;
-    }
-  }
+  // Out of descriptors: the pending connection would wake us forever (common/base/accept_pause.h).
+  // Other errors concern one connection only.
+  static_cast<ControlServer*>(arg)->accept_pause_->Failed(listener);
 }
 
 void ControlServer::OnRead(bufferevent*, void* arg) {
@@ -841,10 +836,7 @@ void ControlServer::Close(Connection& c) {
   c.state = ConnState::kClosed;
   c.bev.reset();             // closes the socket; unsent output is dropped
   connections_.erase(c.id);  // the caller holds a shared_ptr to `c`
-  if (!accepting_ && listener_) {
-    evconnlistener_enable(listener_.get());
-    accepting_ = true;
-  }
+  if (accept_pause_) accept_pause_->Resume();
   if (close_handler_) close_handler_(c.id);
 }
 

@@ -65,6 +65,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/base/accept_pause.h"
 #include "common/base/status.h"
 #include "common/base/units.h"
 #include "common/control/protocol.h"
@@ -234,7 +235,10 @@ class ControlServer {
     void operator()(evconnlistener* l) const;
   };
   std::unique_ptr<evconnlistener, ListenerDeleter> listener_;
-  bool accepting_ = true;  // false while accept() fails for lack of fds
+  // Out of descriptors: accepting pauses until a connection closes or 100 ms pass. It paused only
+  // while it had connections: a ghostctl or ghostproxy connecting to a daemon with none and no
+  // descriptor left made it spin (round 20, helper adv20).
+  std::unique_ptr<AcceptPause> accept_pause_;
   dev_t socket_dev_ = 0;   // identity of our socket file, so we unlink only our own
   ino_t socket_ino_ = 0;
   std::uint64_t next_conn_ = 1;

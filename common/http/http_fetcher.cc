@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 #include <event2/event.h>
+#include <sys/socket.h>
 
 #include <array>
 #include <cassert>
@@ -12,6 +13,8 @@
 #include <mutex>
 #include <type_traits>
 #include <utility>
+
+#include "common/http/origin_health.h"
 
 namespace ghost {
 namespace {
@@ -109,6 +112,7 @@ struct HttpFetcher::Transfer {
   bool head_delivered = false;
   bool paused = false;  // receiving paused (Pause)
   Status failure;  // why we aborted it ourselves (receiver's refusal, a throw), or kFailed's
+  int socket_errno = 0;  // socket(2)'s errno when curl could not open one (EMFILE: OnCurlOpenSocket)
 };
 
 // One socket curl asked us to watch; freed on CURL_POLL_REMOVE or with the fetcher.
@@ -310,6 +314,18 @@ Status HttpFetcher::Configure(Transfer& t) {
   set(CURLOPT_HEADERDATA, static_cast<void*>(&t));
   set(CURLOPT_WRITEFUNCTION, &HttpFetcher::OnCurlWrite);
   set(CURLOPT_WRITEDATA, static_cast<void*>(&t));
+  // curl reports a socket(2) that failed as CURLE_COULDNT_CONNECT with no errno
+  // (CURLINFO_OS_ERRNO 0): out of descriptors looked like an origin refusing connections,
+  // readers got ENOTCONN and the log said "check that the origin is up" (round 20, helper
+  // adv20). The errno is kept for StatusFor.
+  curl_opensocket_callback open_socket = [](void* arg, curlsocktype,
+                                            curl_sockaddr* a) -> curl_socket_t {
+    const int fd = ::socket(a->family, a->socktype, a->protocol);
+    if (fd < 0) static_cast<Transfer*>(arg)->socket_errno = errno;
+    return fd < 0 ? CURL_SOCKET_BAD : fd;
+  };
+  set(CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  set(CURLOPT_OPENSOCKETDATA, static_cast<void*>(&t));
   set(CURLOPT_PROTOCOLS_STR, "http,https");
   set(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
   set(CURLOPT_FOLLOWLOCATION, 1L);
@@ -512,6 +528,11 @@ Status HttpFetcher::StatusFor(const Transfer& t, int curl_code) const {
                                  "; check the host name in the URL and the network")
           .WithErrno(EHOSTUNREACH);
     case CURLE_COULDNT_CONNECT: {
+      // No socket at all: this process's limits, not the origin (OriginHealth keeps it up).
+      if (IsLocalResourceErrno(t.socket_errno)) {
+        return Status::FromErrno(t.socket_errno, what + ": cannot open a socket (the process's "
+                                                        "descriptor limit, `ulimit -n`?)");
+      }
       // The socket's own errno: ECONNREFUSED (nothing listens), EHOSTUNREACH, ENETUNREACH.
       long os_errno = 0;
       curl_easy_getinfo(t.easy.get(), CURLINFO_OS_ERRNO, &os_errno);

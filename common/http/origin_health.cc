@@ -11,6 +11,7 @@ int OriginErrno(const Status& transport, int http_status) {
   if (http_status == 401 || http_status == 403) return EACCES;
   if (http_status >= 400) return EIO;
   if (transport.ok()) return EIO;
+  if (IsLocalResourceErrno(transport.ToErrno())) return transport.ToErrno();
   switch (transport.code()) {
     case Status::Code::kUnavailable: {
       int e = transport.ToErrno();
@@ -42,6 +43,8 @@ const char* ErrnoName(int err) {
     case ECONNREFUSED: return "ECONNREFUSED";
     case ETIMEDOUT: return "ETIMEDOUT";
     case ENOTCONN: return "ENOTCONN";
+    case EMFILE: return "EMFILE";
+    case ENFILE: return "ENFILE";
     default: return "errno";
   }
 }
@@ -107,7 +110,7 @@ void OriginHealth::Outcome(Entry* e, bool answered, bool failed, int err, const 
   State next = e->state;
   if (answered) {
     next = State::kUp;
-  } else if (failed) {
+  } else if (failed && !IsLocalResourceErrno(err)) {  // out of descriptors here: not the origin's doing
     next = State::kDown;
   }
   if (next == e->state) return;

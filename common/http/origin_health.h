@@ -17,6 +17,7 @@
 #ifndef GHOST_COMMON_HTTP_ORIGIN_HEALTH_H_
 #define GHOST_COMMON_HTTP_ORIGIN_HEALTH_H_
 
+#include <cerrno>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,10 @@
 #include "common/base/status.h"
 
 namespace ghost {
+
+// An errno that says this process ran out of something (descriptors, buffers, memory) before
+// the origin was tried: readers get it as it is, and the origin is not marked down for it.
+inline bool IsLocalResourceErrno(int e) { return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM; }
 
 // The errno a reader gets for an origin fetch that failed: 404 and 410 → ENOENT, 401 and 403
 // → EACCES, other HTTP errors → EIO; no response: the transport status's errno (EHOSTUNREACH

@@ -64,6 +64,22 @@ TEST_F(OriginHealthTest, GoesDownWhenUnreachableAndUpAgainOnAnyAnswer) {
   EXPECT_EQ(j["web"]["last_failure"]["url"], "http://127.0.0.1:8080/c.txt");
 }
 
+// Out of descriptors here (curl's socket(2) failed with EMFILE, HttpFetcher::StatusFor): the
+// reader gets EMFILE, and the origin, never tried, stays up (it went down, and readers got
+// ENOTCONN; round 20, helper adv20).
+TEST_F(OriginHealthTest, OutOfDescriptorsHereIsNotTheOriginsFailure) {
+  health_.Record("GET", "http://127.0.0.1:8080/a.txt", 200, Status::Ok());
+  const Status no_fd = Status::FromErrno(EMFILE, "GET http://127.0.0.1:8080/b.txt: cannot open a socket");
+  EXPECT_EQ(OriginErrno(no_fd, 0), EMFILE);
+  EXPECT_EQ(OriginErrno(Status::FromErrno(ENFILE, "x"), 0), ENFILE);
+  health_.Record("GET", "http://127.0.0.1:8080/b.txt", 0, no_fd);
+  EXPECT_EQ(health_.state("web"), OriginHealth::State::kUp);
+  nlohmann::json j = health_.ToJson();
+  EXPECT_EQ(j["web"]["failures"], 1);
+  EXPECT_EQ(j["web"]["last_failure"]["errno"], "EMFILE");
+  ASSERT_EQ(changes_.size(), 1u);  // only unknown -> up
+}
+
 TEST_F(OriginHealthTest, AFetchBelongsToTheLongestMatchingOrigin) {
   health_.Record("GET", "http://127.0.0.1:8080/docs/x.pdf", 0, Status::TimedOut("stalled"));
   EXPECT_EQ(health_.state("docs"), OriginHealth::State::kDown);
