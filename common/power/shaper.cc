@@ -163,6 +163,47 @@ void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
   delack_second_ok_ = true;
 }
 
+std::optional<TimePoint> DownloadShaper::FlushDue() const {
+  // Round 20 (ShaperOptions::flush_ack_on_hold): only where the ring awaits the data the ACK
+  // releases (the clocked regime), once per hold start, and only for an ACK the kernel owes
+  // and would send by its timer before the hold runs out (else the open's read sends it).
+  if (!options_.flush_ack_on_hold || !options_.wake_for_clocked_clumps ||
+      options_.delayed_ack <= Duration::zero() || !tail_clocked_ || wants_ack_flush_ ||
+      !delack_armed_ || !HoldsPart()) {
+    return std::nullopt;
+  }
+  if (flushed_for_ && *flushed_for_ == burst_last_) return std::nullopt;
+  // TCP_QUICKACK sends a scheduled ACK only when more than one MSS is unacknowledged.
+  if (since_open_ <= options_.mss) return std::nullopt;
+  const TimePoint start = burst_last_ + BurstEndThreshold();
+  const TimePoint fire = *delack_armed_ + options_.delayed_ack;
+  const TimePoint hold_end =
+      burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts);
+  if (fire >= hold_end || fire <= start) return std::nullopt;
+  return start;
+}
+
+void DownloadShaper::OnAckFlushed(TimePoint now) {
+  if (!wants_ack_flush_) return;
+  wants_ack_flush_ = false;
+  flushed_for_ = burst_last_;
+  ++ack_flushes_;
+  // The ACK sent stops the kernel's delayed-ACK timer: its guessed entries leave the ring, and
+  // the next segment (which shrinks the window again: nothing was read) arms it afresh.
+  for (int i = 0; i < delack_pending_n_; ++i) {
+    const auto& [slot, fire] = delack_pending_[i];
+    if (fire > now && clumps_[slot] == fire) {
+      clumps_[slot] = TimePoint{};
+      clump_delack_[slot] = false;
+    }
+  }
+  delack_pending_n_ = 0;
+  delack_armed_.reset();
+  delack_second_ok_ = false;
+  // What the ACK releases comes one min RTT after it, a time the shaper now knows.
+  NoteClump(now);
+}
+
 bool DownloadShaper::DueIsDelayedAck(TimePoint due) const {
   for (int i = 0; i < clump_count_; ++i) {
     if (clump_delack_[i] && clumps_[i] + min_rtt() == due) return true;
@@ -286,6 +327,7 @@ std::optional<TimePoint> DownloadShaper::NextDeadline() const {
   if (wake_at_) consider(*wake_at_);
   if (opened_at_) consider(*opened_at_ + 2 * min_rtt() + kLostOpenSlack);
   if (renap_at_) consider(*renap_at_);
+  if (std::optional<TimePoint> f = FlushDue()) consider(*f);
   return next;
 }
 
@@ -303,6 +345,7 @@ void DownloadShaper::OnTimer(TimePoint now) {
     Wake(*wake_at_);
     if (for_clump) renap_at_ = clump_due + options_.td_min + slack;
   }
+  if (std::optional<TimePoint> f = FlushDue(); f && now >= *f) wants_ack_flush_ = true;
   if (in_burst_ && !wants_open_) {
     const TimePoint end = BurstEnd();
     if (now >= end) EndBurst(end, burst_last_);
@@ -789,6 +832,7 @@ void DownloadShaper::Enter(ShaperState next) {
     clock_first_.reset();
     last_open_.reset();
     wants_open_ = false;
+    wants_ack_flush_ = false;
     settle_until_.reset();
     opened_at_.reset();
     expected_.reset();
@@ -801,6 +845,7 @@ void DownloadShaper::Enter(ShaperState next) {
 void DownloadShaper::OnOpened(TimePoint now) {
   if (finished_) return;
   wants_open_ = false;
+  wants_ack_flush_ = false;  // the open's read sends the ACK owed
   if (reads_freely()) return;
   since_open_ = 0;
   opened_at_ = now;
@@ -882,6 +927,7 @@ void DownloadShaper::Finish(TimePoint now) {
   since_ = now;
   finished_ = true;
   wants_open_ = false;
+  wants_ack_flush_ = false;
   settle_until_.reset();
   opened_at_.reset();
   expected_.reset();

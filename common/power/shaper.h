@@ -288,6 +288,17 @@ struct ShaperOptions {
   // 0.5%; E×D not shown better (0.61 → 0.68×, 0.40 → 0.44×, 0.82 → 0.67×, ranges overlapping).
   Duration delayed_ack = Millis(40);
   Duration delayed_ack_slack = Millis(6);
+  // Round 20: the ACK a hold owes is flushed instead of awaited. With the delayed-ACK model on
+  // (delayed_ack > 0, wake_for_clocked_clumps, the clocked regime armed), when a part-window is
+  // held (the burst judged ended by Td, HoldsPart) and the model's timer, armed by a segment of
+  // the part, would fire before the hold runs out (at 90 and 120 ms, hold_rtts·RTT > tcpi_ato;
+  // at 30 and 60 ms the open's read cancels it first), and more than one MSS came since the
+  // open (the kernel flushes only then: tcp_cleanup_rbuf), the shaper asks the adapter to send
+  // that ACK now (wants_ack_flush(): TCP_QUICKACK = 1 on the socket) at the hold's start. The
+  // data it releases is then due one min RTT after a time the shaper knows (OnAckFlushed puts
+  // it in the clump ring), and the timer's guessed entries armed before it are dropped (the
+  // ACK sent stops the kernel's timer). The proxy: GHOST_SHAPER_HOLD_QUICKACK=0 turns it off.
+  bool flush_ack_on_hold = true;
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -341,6 +352,13 @@ class DownloadShaper {
 
   // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato). Ignored when the option is 0 (the model off) or `ato` is not positive.
   void SetDelayedAck(Duration ato);
+
+  // Round 20 (ShaperOptions::flush_ack_on_hold): a hold began and the kernel owes an ACK for
+  // the part: the adapter should send it now (TCP_QUICKACK = 1) and call OnAckFlushed.
+  bool wants_ack_flush() const { return wants_ack_flush_; }
+  // The adapter flushed the ACK owed at `now`: its data is due one min RTT later (a ring entry).
+  void OnAckFlushed(TimePoint now);
+  std::uint64_t ack_flushes() const { return ack_flushes_; }
 
   // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
   // minimum; the first call may come from the connect handshake). Replaces the last value.
@@ -535,6 +553,13 @@ class DownloadShaper {
   void NoteDelayedAck(TimePoint now, bool new_clump);
   void DelayedAckOnOpen(TimePoint now);
   bool DueIsDelayedAck(TimePoint due) const;
+  // Round 20: the hold's ACK flush (ShaperOptions::flush_ack_on_hold). flushed_for_: the
+  // burst_last_ whose hold was flushed (one flush per hold start); FlushDue: when the hold in
+  // progress should flush (its start, Td after the part's last packet), nullopt if it should not.
+  bool wants_ack_flush_ = false;
+  std::optional<TimePoint> flushed_for_;
+  std::uint64_t ack_flushes_ = 0;
+  std::optional<TimePoint> FlushDue() const;
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still

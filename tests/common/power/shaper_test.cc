@@ -630,6 +630,10 @@ class Scripted {
     for (std::optional<TimePoint> d = s().NextDeadline(); d && *d <= until; d = s().NextDeadline()) {
       now = std::max(now, *d);
       s().OnTimer(now);
+      if (flush_acks && s().wants_ack_flush()) {  // the adapter's TCP_QUICKACK (round 20)
+        s().OnAckFlushed(now);
+        flushes.push_back(now);
+      }
       if (s().wants_open()) Open(now);
     }
     now = std::max(now, until);
@@ -679,6 +683,8 @@ class Scripted {
 
   TimePoint now{}, last{};
   std::vector<TimePoint> opens, sleeps;
+  bool flush_acks = false;  // the harness flushes the ACKs the shaper asks for (round 20)
+  std::vector<TimePoint> flushes;
 
  private:
   std::unique_ptr<DownloadShaper> shaper_;
@@ -1571,6 +1577,65 @@ TEST_F(DownloadShaperTest, DataClockedByTheKernelsDelayedAckIsAwaited) {
       EXPECT_EQ(model.bad_bursts, 0u);
     }
   }
+}
+
+TEST_F(DownloadShaperTest, AckOwedAtAHoldsStartIsFlushedAndItsDataAwaited) {
+  // Round 20: after a loss (the clocked regime), a 6-packet part one RTT after an open is held
+  // for the rest of its grant. The kernel owes the part an ACK (nothing read: no immediate
+  // ACK) and its delayed-ACK timer would send it ~40 ms after the part's first packet, mid-hold
+  // at 90 ms (the hold is 45 ms). The shaper asks for it at the hold's start instead
+  // (wants_ack_flush: the adapter's TCP_QUICKACK), and the rest of the grant that ACK releases
+  // (a sender short of cwnd) comes one RTT after the flush, mid-nap unless awaited. Without a
+  // flush asked (the harness not flushing) the kernel's timer sends it: round 19's model
+  // awaits that. At 60 ms (a 30 ms hold) the open's read sends the ACK first: no flush.
+  struct Result {
+    ShaperStats stats;
+    std::vector<TimePoint> flushes;
+    TimePoint part_last{};
+    Duration td{};
+  };
+  auto run = [](Duration rtt, bool flush) {
+    Scripted sc(true, rtt, 0, Millis(3), false, false, false, /*tail_wake=*/false,
+                /*clump_wake=*/true, Millis(40));
+    sc.flush_acks = flush;
+    sc.WholeWindows(3, rtt);
+    sc.Packets(sc.opens.back() + rtt, 15, /*missing=*/true);  // a loss arms the clump wake
+    sc.RunTo(sc.last + Millis(5));
+    EXPECT_EQ(sc.s().state(), ShaperState::kRecovery);
+    const TimePoint part = sc.opens.back() + rtt;
+    sc.Packets(part, 6);
+    Result r;
+    r.part_last = sc.last;
+    r.td = sc.s().BurstEndThreshold();
+    sc.RunTo(sc.last + rtt / 2 + Millis(1));  // the hold runs out: open, kSaving, nap
+    EXPECT_EQ(sc.s().state(), ShaperState::kSaving);
+    EXPECT_FALSE(sc.s().card_awake());
+    // The ACK of the part: flushed, or sent by the kernel's timer 40.5 ms after its first packet.
+    const TimePoint acked = !sc.flushes.empty() ? sc.flushes.front() : part + Millis(40.5);
+    sc.Packets(acked + rtt, 10);  // the rest of the grant, released by that ACK
+    sc.RunTo(sc.last + Millis(300));
+    r.stats = sc.s().stats();
+    r.flushes = sc.flushes;
+    return r;
+  };
+  const Result flushed = run(Millis(90), true);
+  const Result awaited = run(Millis(90), false);
+  std::printf("90 ms: flushed %zu time(s), %.1f ms after the part's last packet (Td %.1f ms); "
+              "missed %llu (awaited: %llu), sleep %.1f ms (awaited: %.1f)\n",
+              flushed.flushes.size(),
+              flushed.flushes.empty() ? -1.0 : ToSeconds(flushed.flushes.front() - flushed.part_last) * 1e3,
+              ToSeconds(flushed.td) * 1e3,
+              static_cast<unsigned long long>(flushed.stats.missed_packets),
+              static_cast<unsigned long long>(awaited.stats.missed_packets),
+              ToSeconds(flushed.stats.sleep) * 1e3, ToSeconds(awaited.stats.sleep) * 1e3);
+  ASSERT_EQ(flushed.flushes.size(), 1u) << "the hold's start asks for the ACK owed";
+  EXPECT_EQ(flushed.flushes.front(), flushed.part_last + flushed.td) << "at the hold's start";
+  EXPECT_EQ(flushed.stats.missed_packets, 0u) << "the flushed ACK's data came mid-nap";
+  EXPECT_EQ(flushed.stats.bad_bursts, 0u);
+  EXPECT_EQ(awaited.stats.missed_packets, 0u);
+  const Result at60 = run(Millis(60), true);
+  EXPECT_TRUE(at60.flushes.empty()) << "at 60 ms the open's read sends the ACK before the timer";
+  EXPECT_EQ(at60.stats.missed_packets, 0u);
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
