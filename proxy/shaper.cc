@@ -191,9 +191,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 19: the kernel's delayed ACK in the clump ring (ShaperOptions::delayed_ack; on by
   // default; =0 is round 16's behaviour).
   if (EnvIs("GHOST_SHAPER_DELACK", "0")) so.delayed_ack = Duration::zero();
-  // Round 20: the ACK a hold owes flushed at the hold's start (ShaperOptions::flush_ack_on_hold;
-  // =0 is round 19's behaviour).
-  if (EnvIs("GHOST_SHAPER_HOLD_QUICKACK", "0")) so.flush_ack_on_hold = false;
+  // Round 20, both opt-in (not measured better): the ACK a hold owes flushed at the hold's start
+  // (ShaperOptions::flush_ack_on_hold), or the hold ended before the delayed-ACK timer fires
+  // (ShaperOptions::hold_ends_before_delayed_ack).
+  if (EnvIs("GHOST_SHAPER_HOLD_QUICKACK", "1")) so.flush_ack_on_hold = true;
+  if (EnvIs("GHOST_SHAPER_HOLD_BEFORE_DELACK", "1")) so.hold_ends_before_delayed_ack = true;
   if (const char* v = std::getenv("GHOST_SHAPER_DELACK_SLACK_MS"))
     so.delayed_ack_slack = Millis(std::atof(v));  // a measurement aid (bench --variants)
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.

@@ -305,7 +305,15 @@ TimePoint DownloadShaper::BurstEnd() const {
   TimePoint end = burst_last_ + BurstEndThreshold();
   // A part-window is held: the rest of its grant is in transit or a round trip behind it.
   if (HoldsPart()) {
-    end = std::max(end, burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts));
+    TimePoint hold_end =
+        burst_last_ + std::chrono::duration_cast<Duration>(min_rtt() * options_.hold_rtts);
+    // Round 20: open before the kernel's delayed-ACK timer sends the part's ACK mid-hold
+    // (ShaperOptions::hold_ends_before_delayed_ack).
+    if (options_.hold_ends_before_delayed_ack && options_.wake_for_clocked_clumps &&
+        options_.delayed_ack > Duration::zero() && delack_armed_) {
+      hold_end = std::min(hold_end, *delack_armed_ + options_.delayed_ack - options_.delayed_ack_margin);
+    }
+    end = std::max(end, hold_end);
   }
   if (ClockHolds()) end = std::max(end, *last_open_ + min_rtt() + options_.td_min);
   return settle_until_ ? std::max(end, *settle_until_) : end;

@@ -297,8 +297,20 @@ struct ShaperOptions {
   // that ACK now (wants_ack_flush(): TCP_QUICKACK = 1 on the socket) at the hold's start. The
   // data it releases is then due one min RTT after a time the shaper knows (OnAckFlushed puts
   // it in the clump ring), and the timer's guessed entries armed before it are dropped (the
-  // ACK sent stops the kernel's timer). The proxy: GHOST_SHAPER_HOLD_QUICKACK=0 turns it off.
-  bool flush_ack_on_hold = true;
+  // ACK sent stops the kernel's timer). Off by default: measured interleaved against main
+  // (RESULTS.md, round 20) missed packets did not fall and E×D was worse at 90 ms / 1% and
+  // 120 ms / 0.5% (the flushed ACK's data comes half a round trip before the open's, two clumps
+  // a cycle where the timer's came close to the open's). The proxy: GHOST_SHAPER_HOLD_QUICKACK=1.
+  bool flush_ack_on_hold = false;
+  // Round 20, the other way to avoid the delayed ACK: a hold ends (the open's read sends the ACK
+  // owed, with the window update) `delayed_ack_margin` before the model's timer would fire
+  // (armed + delayed_ack), if that is sooner than hold_rtts after the part; never before Td.
+  // The rest of a cwnd-limited part then comes with the open's data, one round trip after the
+  // open, instead of one round trip after the timer's ACK, mid-nap. The timer fires on a jiffy
+  // (4 ms here): up to 4 ms before armed + tcpi_ato. Off by default (the proxy:
+  // GHOST_SHAPER_HOLD_BEFORE_DELACK=1).
+  bool hold_ends_before_delayed_ack = false;
+  Duration delayed_ack_margin = Millis(4.5);
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last

@@ -606,7 +606,8 @@ class Scripted {
   explicit Scripted(bool hold, Duration rtt = Millis(60), Bytes size = 0,
                     Duration td_grant = Millis(3), bool ack_clock = false, bool clamp = false,
                     bool clamp_when_pays = false, bool tail_wake = true, bool clump_wake = false,
-                    std::optional<Duration> delayed_ack = std::nullopt) {
+                    std::optional<Duration> delayed_ack = std::nullopt,
+                    const std::function<void(ShaperOptions&)>& tweak = nullptr) {
     ShaperOptions o = Options();
     o.wake_for_clocked_clumps = clump_wake;
     if (delayed_ack) o.delayed_ack = *delayed_ack;
@@ -618,6 +619,7 @@ class Scripted {
     o.hold_part_windows = hold;
     o.td_grant = td_grant;
     o.ack_clock_after_loss = ack_clock;
+    if (tweak) tweak(o);
     shaper_ = std::make_unique<DownloadShaper>(o, TimePoint{});
     shaper_->SetMinRtt(rtt);
     shaper_->SetCardListener([this](TimePoint at, bool awake) {
@@ -1596,7 +1598,8 @@ TEST_F(DownloadShaperTest, AckOwedAtAHoldsStartIsFlushedAndItsDataAwaited) {
   };
   auto run = [](Duration rtt, bool flush) {
     Scripted sc(true, rtt, 0, Millis(3), false, false, false, /*tail_wake=*/false,
-                /*clump_wake=*/true, Millis(40));
+                /*clump_wake=*/true, Millis(40),
+                [](ShaperOptions& o) { o.flush_ack_on_hold = true; });  // opt-in
     sc.flush_acks = flush;
     sc.WholeWindows(3, rtt);
     sc.Packets(sc.opens.back() + rtt, 15, /*missing=*/true);  // a loss arms the clump wake
@@ -1636,6 +1639,40 @@ TEST_F(DownloadShaperTest, AckOwedAtAHoldsStartIsFlushedAndItsDataAwaited) {
   const Result at60 = run(Millis(60), true);
   EXPECT_TRUE(at60.flushes.empty()) << "at 60 ms the open's read sends the ACK before the timer";
   EXPECT_EQ(at60.stats.missed_packets, 0u);
+}
+
+TEST_F(DownloadShaperTest, HoldEndsBeforeTheKernelsDelayedAckFires) {
+  // Round 20 (ShaperOptions::hold_ends_before_delayed_ack): the same held 6-packet part at
+  // 90 ms. The kernel's timer, armed by the part's first packet, would send its ACK ~40 ms
+  // later, mid-hold (45 ms after the part's last packet); with the option the hold ends, and
+  // the open's read sends that ACK, 4.5 ms before then, never before Td.
+  auto open_after_part = [](bool before) {
+    const Duration rtt = Millis(90);
+    Scripted sc(true, rtt, 0, Millis(3), false, false, false, /*tail_wake=*/false,
+                /*clump_wake=*/true, Millis(40),
+                [before](ShaperOptions& o) { o.hold_ends_before_delayed_ack = before; });
+    sc.WholeWindows(3, rtt);
+    sc.Packets(sc.opens.back() + rtt, 15, /*missing=*/true);
+    sc.RunTo(sc.last + Millis(5));
+    const TimePoint part = sc.opens.back() + rtt;
+    sc.Packets(part, 6);
+    const Duration td = sc.s().BurstEndThreshold();
+    const TimePoint last = sc.last;
+    sc.RunTo(sc.last + rtt / 2 + Millis(1));
+    EXPECT_EQ(sc.opens.back() >= last + td, true);
+    const TimePoint open = sc.opens.back();
+    // Whatever the ACK owed released comes with the open's data, one RTT after the open.
+    sc.Packets(open + rtt, 16);
+    sc.RunTo(sc.last + Millis(300));
+    EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+    return open - part;
+  };
+  const Duration before = open_after_part(true);
+  const Duration held = open_after_part(false);
+  std::printf("open %.1f ms after the part's first packet (hold to half an RTT: %.1f ms)\n",
+              ToSeconds(before) * 1e3, ToSeconds(held) * 1e3);
+  EXPECT_EQ(before, Millis(40) - Millis(4.5));
+  EXPECT_GT(held, Millis(40)) << "without the option the hold outlasts the timer";
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
