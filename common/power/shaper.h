@@ -430,7 +430,9 @@ class DownloadShaper {
   // before the settle time (settle_after_slow_start).
   TimePoint BurstEnd() const;
   // `cut`: a flight read freely was cut at a window's worth, not ended by a gap.
-  void EndBurst(TimePoint now, TimePoint last, bool cut = false);
+  // `nap` false: the burst is ended by the next one's first packet (a straggler's burst
+  // followed at once by the open's data), so the card must not nap behind it (round 20).
+  void EndBurst(TimePoint now, TimePoint last, bool cut = false, bool nap = true);
   void Judge(bool missing, bool mistaken, bool saturated, double packets);
   void Enter(ShaperState next);
   void Sleep(TimePoint now, TimePoint due);

@@ -1675,6 +1675,39 @@ TEST_F(DownloadShaperTest, HoldEndsBeforeTheKernelsDelayedAckFires) {
   EXPECT_GT(held, Millis(40)) << "without the option the hold outlasts the timer";
 }
 
+TEST_F(DownloadShaperTest, NoNapBehindAStragglerEndedByTheNextBurst) {
+  // Round 20: a straggler's burst (a clocked clump long before the open's data is due) ended by
+  // the next burst's first packet (within the straggler's Td, but late enough to be the open's
+  // burst). The shaper napped behind the straggler while the new burst ran: its packets were
+  // not counted, and a loss in it sent the shaper to kRecovery with the card asleep (the
+  // invariant's abort, seen on the emulated link at 90 ms / 1%).
+  const Duration rtt = Millis(90);
+  Scripted sc(true, rtt, 0, Millis(3), false, false, false, /*tail_wake=*/false,
+              /*clump_wake=*/true);
+  sc.WholeWindows(1, rtt);
+  const TimePoint part = sc.opens.back() + rtt;
+  sc.Packets(part, 6);                 // a part, held
+  sc.Packets(part + Millis(25), 10);   // the rest: a whole grant, opened at once
+  sc.RunTo(sc.last + Millis(10));
+  ASSERT_GT(sc.opens.back(), part + Millis(25));
+  const TimePoint open = sc.opens.back();
+  sc.RunTo(part + rtt - Millis(1));    // the card wakes for the part's clocked clump
+  ASSERT_EQ(sc.s().state(), ShaperState::kSaving);
+  ASSERT_TRUE(sc.s().card_awake());
+  sc.Packets(part + rtt + Millis(2.5), 1);  // a straggler (long before open + RTT)
+  ASSERT_TRUE(sc.s().card_awake());
+  const TimePoint next = open + rtt - rtt / 4 + Millis(0.05);  // the open's burst, not a straggler
+  ASSERT_LT(next, sc.last + sc.s().BurstEndThreshold())
+      << "within the straggler's Td: " << ToSeconds(next - sc.last) * 1e3 << " ms, Td "
+      << ToSeconds(sc.s().BurstEndThreshold()) * 1e3;
+  sc.Packets(next, 1);
+  EXPECT_TRUE(sc.s().card_awake()) << "napped behind the straggler with the next burst begun";
+  EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+  sc.Packets(next + Millis(0.6), 5, /*missing=*/true);  // a loss in that burst: kRecovery
+  sc.RunTo(sc.last + Millis(300));     // (aborted on the invariant before the fix)
+  EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+}
+
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
   EXPECT_EQ(ParseShapeMode("off"), ShapeMode::kOff);
   EXPECT_EQ(ParseShapeMode("auto"), ShapeMode::kAuto);
