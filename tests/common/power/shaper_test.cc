@@ -1681,9 +1681,14 @@ TEST_F(DownloadShaperTest, NoNapBehindAStragglerEndedByTheNextBurst) {
   // burst). The shaper napped behind the straggler while the new burst ran: its packets were
   // not counted, and a loss in it sent the shaper to kRecovery with the card asleep (the
   // invariant's abort, seen on the emulated link at 90 ms / 1%).
+  // With hold_ends_before_delayed_ack no nap is taken; by default (main's behaviour, measured)
+  // the nap is taken and the card wakes at once for the new burst's first packet, counted
+  // missed. Either way the card is awake through the new burst.
+  for (const bool no_nap : {true, false}) {
   const Duration rtt = Millis(90);
   Scripted sc(true, rtt, 0, Millis(3), false, false, false, /*tail_wake=*/false,
-              /*clump_wake=*/true);
+              /*clump_wake=*/true, std::nullopt,
+              [no_nap](ShaperOptions& o) { o.hold_ends_before_delayed_ack = no_nap; });
   sc.WholeWindows(1, rtt);
   const TimePoint part = sc.opens.back() + rtt;
   sc.Packets(part, 6);                 // a part, held
@@ -1701,11 +1706,13 @@ TEST_F(DownloadShaperTest, NoNapBehindAStragglerEndedByTheNextBurst) {
       << "within the straggler's Td: " << ToSeconds(next - sc.last) * 1e3 << " ms, Td "
       << ToSeconds(sc.s().BurstEndThreshold()) * 1e3;
   sc.Packets(next, 1);
-  EXPECT_TRUE(sc.s().card_awake()) << "napped behind the straggler with the next burst begun";
-  EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+  EXPECT_TRUE(sc.s().card_awake()) << "asleep behind the straggler with the next burst begun";
+  const std::uint64_t missed = no_nap ? 0u : 1u;
+  EXPECT_EQ(sc.s().stats().missed_packets, missed) << no_nap;
   sc.Packets(next + Millis(0.6), 5, /*missing=*/true);  // a loss in that burst: kRecovery
-  sc.RunTo(sc.last + Millis(300));     // (aborted on the invariant before the fix)
-  EXPECT_EQ(sc.s().stats().missed_packets, 0u);
+  sc.RunTo(sc.last + Millis(300));
+  EXPECT_EQ(sc.s().stats().missed_packets, missed) << no_nap;
+  }
 }
 
 TEST_F(DownloadShaperTest, ParsesShapeModes) {
