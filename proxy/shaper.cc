@@ -191,6 +191,11 @@ UpstreamShaper::UpstreamShaper(Clock* clock, bufferevent* bev, const ShapingOpti
   // Round 19: the kernel's delayed ACK in the clump ring (ShaperOptions::delayed_ack; on by
   // default; =0 is round 16's behaviour).
   if (EnvIs("GHOST_SHAPER_DELACK", "0")) so.delayed_ack = Duration::zero();
+  // Round 20, both opt-in (not measured better): the ACK a hold owes flushed at the hold's start
+  // (ShaperOptions::flush_ack_on_hold), or the hold ended before the delayed-ACK timer fires
+  // (ShaperOptions::hold_ends_before_delayed_ack).
+  if (EnvIs("GHOST_SHAPER_HOLD_QUICKACK", "1")) so.flush_ack_on_hold = true;
+  if (EnvIs("GHOST_SHAPER_HOLD_BEFORE_DELACK", "1")) so.hold_ends_before_delayed_ack = true;
   if (const char* v = std::getenv("GHOST_SHAPER_DELACK_SLACK_MS"))
     so.delayed_ack_slack = Millis(std::atof(v));  // a measurement aid (bench --variants)
   // A measurement aid (bench_shaping.py --variants): Td's floor once a burst holds a whole window.
@@ -687,6 +692,16 @@ void UpstreamShaper::ApplyGrant() {
 void UpstreamShaper::Step() {
   DrainTap();
   const TimePoint now = std::max(clock_->Now(), last_arrival_);
+  if (shaper_->wants_ack_flush()) {
+    // Round 20: a hold began with an ACK owed for the part: send it now (TCP_QUICKACK = 1 sends
+    // a scheduled ACK when over one MSS is unacknowledged; nothing is read, so it moves the
+    // cumulative ACK, not the window's right edge), so what it releases comes one min RTT after
+    // now rather than after the kernel's delayed-ACK timer.
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+    shaper_->OnAckFlushed(now);
+    if (std::getenv("GHOST_SHAPER_TRACE")) std::fprintf(stderr, "%.4f ack flushed (hold)\n", ToSeconds(now));
+  }
   if (shaper_->stats().declined && !fixed_at_connect_) ReleaseBuffer();
   // Back to the whole buffer once the shaper reads freely (plain TCP, slow start again).
   if (shaper_->reads_freely() && applied_buffer_ != buffer_) ApplyGrant();

@@ -288,6 +288,29 @@ struct ShaperOptions {
   // 0.5%; E×D not shown better (0.61 → 0.68×, 0.40 → 0.44×, 0.82 → 0.67×, ranges overlapping).
   Duration delayed_ack = Millis(40);
   Duration delayed_ack_slack = Millis(6);
+  // Round 20: the ACK a hold owes is flushed instead of awaited. With the delayed-ACK model on
+  // (delayed_ack > 0, wake_for_clocked_clumps, the clocked regime armed), when a part-window is
+  // held (the burst judged ended by Td, HoldsPart) and the model's timer, armed by a segment of
+  // the part, would fire before the hold runs out (at 90 and 120 ms, hold_rtts·RTT > tcpi_ato;
+  // at 30 and 60 ms the open's read cancels it first), and more than one MSS came since the
+  // open (the kernel flushes only then: tcp_cleanup_rbuf), the shaper asks the adapter to send
+  // that ACK now (wants_ack_flush(): TCP_QUICKACK = 1 on the socket) at the hold's start. The
+  // data it releases is then due one min RTT after a time the shaper knows (OnAckFlushed puts
+  // it in the clump ring), and the timer's guessed entries armed before it are dropped (the
+  // ACK sent stops the kernel's timer). Off by default: measured interleaved against main
+  // (RESULTS.md, round 20) missed packets did not fall and E×D was worse at 90 ms / 1% and
+  // 120 ms / 0.5% (the flushed ACK's data comes half a round trip before the open's, two clumps
+  // a cycle where the timer's came close to the open's). The proxy: GHOST_SHAPER_HOLD_QUICKACK=1.
+  bool flush_ack_on_hold = false;
+  // Round 20, the other way to avoid the delayed ACK: a hold ends (the open's read sends the ACK
+  // owed, with the window update) `delayed_ack_margin` before the model's timer would fire
+  // (armed + delayed_ack), if that is sooner than hold_rtts after the part; never before Td.
+  // The rest of a cwnd-limited part then comes with the open's data, one round trip after the
+  // open, instead of one round trip after the timer's ACK, mid-nap. The timer fires on a jiffy
+  // (4 ms here): up to 4 ms before armed + tcpi_ato. Off by default (the proxy:
+  // GHOST_SHAPER_HOLD_BEFORE_DELACK=1).
+  bool hold_ends_before_delayed_ack = false;
+  Duration delayed_ack_margin = Millis(4.5);
   int pays_cycles = 4;
   // While the clock runs, a clocked piece is held (the card awake) for its open's data, due one
   // min RTT after the open, when that is due within this many min RTTs of the piece's last
@@ -341,6 +364,13 @@ class DownloadShaper {
 
   // The kernel's delayed-ACK timeout now (ShaperOptions::delayed_ack; tcpi_ato). Ignored when the option is 0 (the model off) or `ato` is not positive.
   void SetDelayedAck(Duration ato);
+
+  // Round 20 (ShaperOptions::flush_ack_on_hold): a hold began and the kernel owes an ACK for
+  // the part: the adapter should send it now (TCP_QUICKACK = 1) and call OnAckFlushed.
+  bool wants_ack_flush() const { return wants_ack_flush_; }
+  // The adapter flushed the ACK owed at `now`: its data is due one min RTT later (a ring entry).
+  void OnAckFlushed(TimePoint now);
+  std::uint64_t ack_flushes() const { return ack_flushes_; }
 
   // The connection's minimum RTT now (TCP_INFO's tcpi_min_rtt, the kernel's windowed
   // minimum; the first call may come from the connect handshake). Replaces the last value.
@@ -400,7 +430,9 @@ class DownloadShaper {
   // before the settle time (settle_after_slow_start).
   TimePoint BurstEnd() const;
   // `cut`: a flight read freely was cut at a window's worth, not ended by a gap.
-  void EndBurst(TimePoint now, TimePoint last, bool cut = false);
+  // `nap` false: the burst is ended by the next one's first packet (a straggler's burst
+  // followed at once by the open's data), so the card must not nap behind it (round 20).
+  void EndBurst(TimePoint now, TimePoint last, bool cut = false, bool nap = true);
   void Judge(bool missing, bool mistaken, bool saturated, double packets);
   void Enter(ShaperState next);
   void Sleep(TimePoint now, TimePoint due);
@@ -535,6 +567,13 @@ class DownloadShaper {
   void NoteDelayedAck(TimePoint now, bool new_clump);
   void DelayedAckOnOpen(TimePoint now);
   bool DueIsDelayedAck(TimePoint due) const;
+  // Round 20: the hold's ACK flush (ShaperOptions::flush_ack_on_hold). flushed_for_: the
+  // burst_last_ whose hold was flushed (one flush per hold start); FlushDue: when the hold in
+  // progress should flush (its start, Td after the part's last packet), nullopt if it should not.
+  bool wants_ack_flush_ = false;
+  std::optional<TimePoint> flushed_for_;
+  std::uint64_t ack_flushes_ = 0;
+  std::optional<TimePoint> FlushDue() const;
   void NoteClump(TimePoint first);
   // When the tail's nap from `end` must end: one min RTT after the last clump's first packet,
   // or (wake_for_clocked_clumps) after the earliest recent clump's whose clocked data is still
