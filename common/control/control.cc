@@ -453,6 +453,14 @@ void ControlServer::Reply::operator()(json result) const {
   state_->Finish(ReplyLine(state_->id, std::move(result)));
 }
 
+void ControlServer::Reply::Text(std::string_view result_text) const {
+  std::string line = "{\"id\":" + Dump(state_->id) + ",\"ok\":true,\"result\":";
+  line.reserve(line.size() + result_text.size() + 2);
+  line += result_text;
+  line += "}\n";
+  state_->Finish(std::move(line));
+}
+
 void ControlServer::Reply::Error(const std::string& message) const {
   state_->Finish(ErrorLine(state_->id, message));
 }
