@@ -586,13 +586,15 @@ void ClientConnection::WriteResponseHead(int status, const std::string& reason,
 
 void ClientConnection::WriteBody(std::string_view data) {
   Exchange& ex = *ex_;
-  if (!data.empty() && ex.framing != Exchange::Framing::kChunked && evbuffer_get_length(output()) == 0) {
-    // Nothing queued before it: the (deferred head and the) slice go to the socket now, in one
-    // sendmsg, as WriteMemoryBody does for a hit from RAM. A cached body read from the daemon
-    // (a packed one comes with the lookup's answer) that fits the socket's send buffer then
-    // arms no write event: no epoll_ctl to add it, no loop turn to wait for it, no epoll_ctl
-    // to remove it. What the socket does not take, or all of it on any error (the
-    // bufferevent's own write then reports it), is queued as before.
+  if (ex.step == Exchange::Step::kCacheBody && !data.empty() && ex.framing != Exchange::Framing::kChunked &&
+      evbuffer_get_length(output()) == 0) {
+    // A slice of a cached body (ReadNextCacheSlice), nothing queued before it: the (deferred
+    // head and the) slice go to the socket now, in one sendmsg, as WriteMemoryBody does for a
+    // hit from RAM. A cached body read from the daemon (a packed one comes with the lookup's
+    // answer) that fits the socket's send buffer then arms no write event: no epoll_ctl to add
+    // it, no loop turn to wait for it, no epoll_ctl to remove it. What the socket does not
+    // take, or all of it on any error (the bufferevent's own write then reports it), is queued
+    // as before. (An origin's body streamed to the client keeps the buffered write.)
     const std::string head = std::move(ex.deferred_head);
     ex.deferred_head.clear();
     ex.bytes_sent += head.size() + data.size();
