@@ -421,9 +421,9 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
     Device* flash = ctx_.machine.flash();
     if (d.source == ReadSource::kFlash && flash != nullptr && out.packed_body && !out.packed_body->empty()) {
       return flash->Submit({out.packed_body->size(), false},
-                           [reply = std::move(reply), out = out.ToJson()]() mutable { reply(out); });
+                           [reply = std::move(reply), out = out.ToJsonText()]() mutable { reply.Text(out); });
     }
-    return reply(out.ToJson());
+    return reply.Text(out.ToJsonText());
   }
   const Choice& c = d.choice;
   bool local = IsLocal(d.source);
@@ -441,7 +441,7 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   ++(local ? store_stats_.hits : store_stats_.network_preferred);
   if (!local) {
     ctx_.stats_changed();
-    return reply(out.ToJson());
+    return reply.Text(out.ToJsonText());
   }
   // The cheapest equivalent of reading .ghost/objects/<name>: the body file itself.
   // A packed body has no file of its own: it goes with the answer.
@@ -453,10 +453,10 @@ void StoreTree::LookupObject(const std::string& key, ControlServer::Reply reply,
   ctx_.store.Touch(key);
   ctx_.reads.bytes_from_cache += e->size;
   ctx_.stats_changed();
-  if (d.source == ReadSource::kMemory || ctx_.options.profile.empty()) return reply(out.ToJson());
+  if (d.source == ReadSource::kMemory || ctx_.options.profile.empty()) return reply.Text(out.ToJsonText());
   // The emulated disk does the read the caller is about to make; the answer waits for it.
   ctx_.machine.storage().Submit({e->size, false},
-                [reply = std::move(reply), out = out.ToJson()]() mutable { reply(out); });
+                [reply = std::move(reply), out = out.ToJsonText()]() mutable { reply.Text(out); });
 }
 
 void StoreTree::ControlStore(const ControlRequest& request_args, ControlServer::Reply reply) {

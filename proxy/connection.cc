@@ -586,6 +586,34 @@ void ClientConnection::WriteResponseHead(int status, const std::string& reason,
 
 void ClientConnection::WriteBody(std::string_view data) {
   Exchange& ex = *ex_;
+  if (ex.step == Exchange::Step::kCacheBody && !data.empty() && ex.framing != Exchange::Framing::kChunked &&
+      evbuffer_get_length(output()) == 0) {
+    // A slice of a cached body (ReadNextCacheSlice), nothing queued before it: the (deferred
+    // head and the) slice go to the socket now, in one sendmsg, as WriteMemoryBody does for a
+    // hit from RAM. A cached body read from the daemon (a packed one comes with the lookup's
+    // answer) that fits the socket's send buffer then arms no write event: no epoll_ctl to add
+    // it, no loop turn to wait for it, no epoll_ctl to remove it. What the socket does not
+    // take, or all of it on any error (the bufferevent's own write then reports it), is queued
+    // as before. (An origin's body streamed to the client keeps the buffered write.)
+    const std::string head = std::move(ex.deferred_head);
+    ex.deferred_head.clear();
+    ex.bytes_sent += head.size() + data.size();
+    iovec iov[2] = {{const_cast<char*>(head.data()), head.size()},
+                    {const_cast<char*>(data.data()), data.size()}};
+    msghdr msg{};
+    msg.msg_iov = head.empty() ? iov + 1 : iov;
+    msg.msg_iovlen = head.empty() ? 1 : 2;
+    const ssize_t n = ::sendmsg(bufferevent_getfd(bev_.get()), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    std::size_t sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    if (sent < head.size()) {
+      evbuffer_add(output(), head.data() + sent, head.size() - sent);
+      sent = 0;
+    } else {
+      sent -= head.size();
+    }
+    if (sent < data.size()) evbuffer_add(output(), data.data() + sent, data.size() - sent);
+    return;
+  }
   if (!ex.deferred_head.empty()) {
     ex.bytes_sent += ex.deferred_head.size();
     evbuffer_add(output(), ex.deferred_head.data(), ex.deferred_head.size());

@@ -144,8 +144,10 @@ json ParseReplyBodyLast(std::string_view line) {
 }
 
 // Replies are written by hand so their keys read in protocol order (id, ok, result/error).
-std::string ReplyLine(const json& id, const json& result) {
-  return "{\"id\":" + Dump(id) + ",\"ok\":true,\"result\":" + DumpBodyLast(result) + "}\n";
+// `result` by value: a caller's temporary is moved on to DumpBodyLast, not copied (a deep copy
+// of a packed hit's answer, its base64 and head included, for each lookup).
+std::string ReplyLine(const json& id, json result) {
+  return "{\"id\":" + Dump(id) + ",\"ok\":true,\"result\":" + DumpBodyLast(std::move(result)) + "}\n";
 }
 std::string ErrorLine(const json& id, const std::string& message) {
   return "{\"id\":" + Dump(id) + ",\"ok\":false,\"error\":" + Dump(json(message)) + "}\n";
@@ -448,7 +450,15 @@ struct ControlServer::Reply::State {
 };
 
 void ControlServer::Reply::operator()(json result) const {
-  state_->Finish(ReplyLine(state_->id, result));
+  state_->Finish(ReplyLine(state_->id, std::move(result)));
+}
+
+void ControlServer::Reply::Text(std::string_view result_text) const {
+  std::string line = "{\"id\":" + Dump(state_->id) + ",\"ok\":true,\"result\":";
+  line.reserve(line.size() + result_text.size() + 2);
+  line += result_text;
+  line += "}\n";
+  state_->Finish(std::move(line));
 }
 
 void ControlServer::Reply::Error(const std::string& message) const {
@@ -926,7 +936,17 @@ void AsyncControlClient::Call(ControlOp op, nlohmann::json args, Done done) {
   args["op"] = ControlOpName(op);
   std::string line = DumpBodyLast(std::move(args)) + "\n";
   waiting_.emplace(id, std::move(done));
-  bufferevent_write(bev_.get(), line.data(), line.size());
+  // Written through when nothing waits before it, as ControlServer::Write does: the request
+  // leaves now instead of after a write event is armed (epoll_ctl), waited for (a turn of the
+  // loop) and disarmed (epoll_ctl), ~4 syscalls fewer on each lookup of a hit. What the
+  // socket does not take now, or all of it on any error (the bufferevent meets the error on
+  // its own write, as before), is queued behind, in order.
+  std::size_t sent = 0;
+  if (evbuffer_get_length(bufferevent_get_output(bev_.get())) == 0) {
+    const ssize_t n = ::send(bufferevent_getfd(bev_.get()), line.data(), line.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) sent = static_cast<std::size_t>(n);
+  }
+  if (sent < line.size()) bufferevent_write(bev_.get(), line.data() + sent, line.size() - sent);
 }
 
 void AsyncControlClient::OnRead(bufferevent* bev, void* arg) {
@@ -958,7 +978,7 @@ void AsyncControlClient::ReadReplies(bufferevent* bev) {
     auto ok = msg.find("ok");
     if (ok != msg.end() && ok->is_boolean() && ok->get<bool>()) {
       auto result = msg.find("result");
-      done(result != msg.end() ? *result : json());
+      done(result != msg.end() ? std::move(*result) : json());  // (msg is dropped next)
     } else {
       auto error = msg.find("error");
       done(Status::InvalidArgument(error != msg.end() && error->is_string()

@@ -136,6 +136,9 @@ class ControlServer {
    public:
     // Replies {"ok":true,"result":result}.
     void operator()(nlohmann::json result) const;
+    // Replies {"ok":true,"result":<result_text>}: `result_text`, a JSON object's text as the
+    // server would write it (LookupResult::ToJsonText), goes into the line as is.
+    void Text(std::string_view result_text) const;
     // Replies {"ok":false,"error":message}.
     void Error(const std::string& message) const;
     // Replies with the status's message. Precondition: !status.ok().

@@ -483,6 +483,102 @@ json LookupResult::ToJson() const {
   return out;
 }
 
+namespace {
+
+std::string DumpReplaced(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// `s` as nlohmann::json dumps a string (ensure_ascii off, invalid UTF-8 replaced): ASCII is
+// escaped here as nlohmann escapes it; a string with any other byte goes through nlohmann.
+void AppendJsonString(std::string_view s, std::string* out) {
+  for (const char ch : s) {
+    if (static_cast<unsigned char>(ch) >= 0x80) {
+      *out += DumpReplaced(json(std::string(s)));
+      return;
+    }
+  }
+  *out += '"';
+  for (const char ch : s) {
+    switch (ch) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          static constexpr char kHex[] = "0123456789abcdef";
+          *out += "\\u00";
+          *out += kHex[(ch >> 4) & 0xf];
+          *out += kHex[ch & 0xf];
+        } else {
+          *out += ch;
+        }
+    }
+  }
+  *out += '"';
+}
+
+}  // namespace
+
+std::string LookupResult::ToJsonText() const {
+  if (!cached) return DumpReplaced(ToJson());
+  std::string out;
+  out.reserve(400 + path.size() + body_path.size() + response.size() * 5 / 4 +
+              (packed_body ? packed_body->size() * 4 / 3 + 32 : 0));
+  out += '{';
+  bool first = true;
+  auto member = [&](std::string_view name) {
+    if (!first) out += ',';
+    first = false;
+    out += '"';
+    out += name;
+    out += "\":";
+  };
+  // The members in std::map's order, as ToJson() builds them.
+  if (!body_path.empty()) {
+    member("body_path");
+    AppendJsonString(body_path, &out);
+  }
+  member("cached");
+  out += "true";
+  member("choice");
+  out += choice == LookupChoice::kNetwork ? "\"network\"" : "\"disk\"";
+  member("content_type");
+  AppendJsonString(content_type, &out);
+  if (!cost.is_null()) {
+    member("cost");
+    out += DumpReplaced(cost);
+  }
+  member("etag");
+  AppendJsonString(etag, &out);
+  member("expires_unix");
+  out += expires_unix ? std::to_string(*expires_unix) : "null";
+  member("ghost_hint");
+  out += ghost_hint ? "true" : "false";
+  member("last_modified");
+  AppendJsonString(last_modified, &out);
+  member("path");
+  AppendJsonString(path, &out);
+  member("response");
+  AppendJsonString(response, &out);
+  member("size");
+  out += std::to_string(size);
+  member("source");
+  AppendJsonString(source, &out);
+  member("version");
+  AppendJsonString(version, &out);
+  if (packed_body) {  // last, as DumpBodyLast writes it (base64 needs no escaping)
+    member("body_base64");
+    out += '"';
+    out += Base64(*packed_body);
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
 Result<LookupResult> LookupResult::FromJson(const json& j) {
   if (!j.is_object()) return Bad("the lookup result is not an object");
   LookupResult out;

@@ -1063,6 +1063,62 @@ TEST(ControlProtocolTest, LookupResultCarriesAPackedBodyAsBase64) {
   EXPECT_FALSE(file.ToJson().contains("body_base64"));
 }
 
+// The daemon replies to a lookup with ToJsonText(), written without building the json: it must
+// be byte for byte what the server wrote for ToJson() (its dump with "body_base64" moved last,
+// common/control/control.cc DumpBodyLast), for every member and every kind of string.
+TEST(ControlProtocolTest, LookupResultTextIsItsJsonAsTheServerWritesIt) {
+  auto as_server_writes = [](json j) {
+    std::optional<std::string> body;
+    if (auto it = j.find("body_base64"); it != j.end()) {
+      body = it->get<std::string>();
+      j.erase(it);
+    }
+    std::string out = j.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (body) {
+      out.pop_back();
+      out += ",\"body_base64\":\"" + *body + "\"}";
+    }
+    return out;
+  };
+  const std::vector<std::string> texts = {
+      "", "plain", "quote \" and \\ backslash", std::string("ctl \x01\x02\x1f\x7f \b\f\n\r\t", 14),
+      "utf-8 \xc3\xa9 \xe2\x82\xac", "bad utf-8 \xff\xfe end", std::string("nul \0 inside", 12),
+      R"({"expires_unix":1795825216,"headers":[["ETag","\"6b0a1030-200\""]],"status":200})"};
+  json cost = {{"chosen", "disk"}, {"disk", {{"cost", 0.0}, {"energy_j", 1.5e-7}, {"time_ms", 0.125}}},
+               {"ghost_hint", false}, {"knob", 50}, {"memory", {{"cost", 0.00025}}}};
+  int checked = 0;
+  for (std::size_t t = 0; t < texts.size(); ++t) {
+    for (int variant = 0; variant < 8; ++variant) {
+      LookupResult r;
+      r.cached = variant != 7;
+      const std::string& s = texts[t];
+      const std::string& other = texts[(t + 3) % texts.size()];
+      r.size = variant == 3 ? std::numeric_limits<std::uint64_t>::max() : s.size();
+      r.response = s;
+      r.choice = variant % 2 ? LookupChoice::kNetwork : LookupChoice::kDisk;
+      r.source = variant % 3 ? "disk" : other;
+      r.ghost_hint = variant % 2 == 0;
+      r.etag = other;
+      r.last_modified = s;
+      r.content_type = variant == 4 ? "" : other;
+      if (variant % 4 == 1) r.expires_unix = 1795825216;
+      if (variant == 2) r.expires_unix = -5;
+      r.path = "/mnt/.ghost/objects/" + s + "@p1-5";
+      if (variant == 5) r.body_path = "/cache/objects/ab/" + other;
+      if (variant % 2 == 0) r.packed_body = s;
+      r.version = variant == 6 ? s : "p9adfac15660b86c2-512";
+      if (variant % 3 == 1) r.cost = cost;
+      if (variant == 7 && t % 2) r.transfer = 12;
+      if (variant == 7 && t % 3) r.card = t % 2 == 0;
+      const json j = r.ToJson();
+      EXPECT_EQ(r.ToJsonText(), as_server_writes(j)) << "text " << t << " variant " << variant;
+      EXPECT_EQ(json::parse(r.ToJsonText(), nullptr, false), json::parse(as_server_writes(j), nullptr, false));
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 64);
+}
+
 TEST(ControlProtocolTest, StoreCarriesASmallBodyInlineAsBase64) {
   for (std::string body : {std::string(""), std::string("a"), std::string("ab"), std::string("abc"),
                            std::string("\0\xff binary\n", 10), std::string(kMaxInlineStoreBytes, 'z')}) {
