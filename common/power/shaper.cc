@@ -147,10 +147,7 @@ void DownloadShaper::NoteDelayedAck(TimePoint now, bool new_clump) {
   }
 }
 
-void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
-  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
-  // The open's read sends the ACK owed (tcp_cleanup_rbuf): a timer that had not fired is
-  // cancelled, and its ring entry with it.
+void DownloadShaper::CancelDelayedAck(TimePoint now) {
   for (int i = 0; i < delack_pending_n_; ++i) {
     const auto& [slot, fire] = delack_pending_[i];
     if (fire > now && clumps_[slot] == fire) {
@@ -160,6 +157,13 @@ void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
   }
   delack_pending_n_ = 0;
   delack_armed_.reset();
+}
+
+void DownloadShaper::DelayedAckOnOpen(TimePoint now) {
+  if (!options_.wake_for_clocked_clumps || options_.delayed_ack <= Duration::zero()) return;
+  // The open's read sends the ACK owed (tcp_cleanup_rbuf): a timer that had not fired is
+  // cancelled, and its ring entry with it.
+  CancelDelayedAck(now);
   delack_second_ok_ = true;
 }
 
@@ -190,15 +194,7 @@ void DownloadShaper::OnAckFlushed(TimePoint now) {
   ++ack_flushes_;
   // The ACK sent stops the kernel's delayed-ACK timer: its guessed entries leave the ring, and
   // the next segment (which shrinks the window again: nothing was read) arms it afresh.
-  for (int i = 0; i < delack_pending_n_; ++i) {
-    const auto& [slot, fire] = delack_pending_[i];
-    if (fire > now && clumps_[slot] == fire) {
-      clumps_[slot] = TimePoint{};
-      clump_delack_[slot] = false;
-    }
-  }
-  delack_pending_n_ = 0;
-  delack_armed_.reset();
+  CancelDelayedAck(now);
   delack_second_ok_ = false;
   // What the ACK releases comes one min RTT after it, a time the shaper now knows.
   NoteClump(now);

@@ -566,6 +566,9 @@ class DownloadShaper {
   // The delayed ACK's model, at each arrival (`new_clump`: it began a clump) and at each open.
   void NoteDelayedAck(TimePoint now, bool new_clump);
   void DelayedAckOnOpen(TimePoint now);
+  // An ACK went out (an open's read, or a flush): the timer stops, its entries not yet due
+  // leave the ring.
+  void CancelDelayedAck(TimePoint now);
   bool DueIsDelayedAck(TimePoint due) const;
   // Round 20: the hold's ACK flush (ShaperOptions::flush_ack_on_hold). flushed_for_: the
   // burst_last_ whose hold was flushed (one flush per hold start); FlushDue: when the hold in
