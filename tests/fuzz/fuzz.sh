@@ -22,7 +22,7 @@ declare -A TARGETS=(
   [http1]="proxy/http1.cc common/http/http_message.cc common/base/status.cc |"
   [http_head]="common/http/http_message.cc common/http/http_freshness.cc common/base/status.cc |"
   [autoindex]="common/http/autoindex.cc common/http/http_message.cc common/base/status.cc |"
-  [control]="common/control/control.cc common/control/protocol.cc? common/base/status.cc
+  [control]="common/control/control.cc common/control/protocol.cc? common/base/status.cc common/base/accept_pause.cc?
              common/base/mounts.cc? common/base/clock.cc | libevent_pthreads libevent_core nlohmann_json openssl"
   [imap]="common/imap/imap_client.cc common/imap/maildir_names.cc common/base/status.cc
           common/base/clock.cc | libevent_pthreads libevent_core libevent_extra libevent_openssl openssl nlohmann_json"

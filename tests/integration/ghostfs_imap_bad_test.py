@@ -313,10 +313,33 @@ def names(t, work, pwfile_for):
         return d[0].split()
 
     wait_for(lambda: in_box("INBOX"), 15)
-    cur_names = [(s_, n) for s_ in ("new", "cur") for n in os.listdir(os.path.join(root, s_))
-                 if "Subject: moved" in open(os.path.join(root, s_, n), errors="replace").read(200)]
-    if cur_names:
-        os.rename(os.path.join(root, *cur_names[0]), os.path.join(root, ".%2E%2Ex", "cur", cur_names[0][1]))
+
+    def moved_names():
+        found = []
+        for s_ in ("new", "cur"):
+            for n in os.listdir(os.path.join(root, s_)):
+                try:
+                    with open(os.path.join(root, s_, n), errors="replace") as f:
+                        if "Subject: moved" in f.read(200):
+                            found.append((s_, n))
+                except FileNotFoundError:
+                    pass
+        return found
+
+    # The message's name in the view can change between the listing and the rename (CI, round
+    # 20: the name listed in new/ was gone at the rename, once); as a mail client does, list
+    # again and retry. Each name that vanished is printed, so a name that keeps changing shows.
+    cur_names = []
+    for _ in range(5):
+        cur_names = moved_names()
+        if not cur_names:
+            break
+        try:
+            os.rename(os.path.join(root, *cur_names[0]), os.path.join(root, ".%2E%2Ex", "cur", cur_names[0][1]))
+            break
+        except FileNotFoundError:
+            print(f"# {cur_names[0]} vanished before the rename; listing again: {moved_names()}", flush=True)
+            time.sleep(0.2)
     t.check(wait_for(lambda: in_box("..x"), 15) and not in_box("INBOX"),
             "a message moved into .%2E%2Ex reaches mailbox \"..x\" (names map back)", f"{sub} {cur_names}\n{fs.output()[-800:]}")
     fs.stop()
